@@ -1,0 +1,44 @@
+# tickwire: `make test` and `make demo` bootstrap everything they need into .venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: test test-fast test-slow demo bench java-check regen clean
+
+$(STAMP): pyproject.toml setup.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	@touch $(STAMP)
+
+java-check:
+	@if command -v java >/dev/null 2>&1; then java -version 2>&1 | head -1; \
+	else echo "java: not found (needed for Spark and the Deephaven interop tests; install a JDK 17, e.g. apt-get install openjdk-17-jre-headless)"; fi
+
+## test: everything, slow interop tests included (this is what CI runs)
+test: $(STAMP) java-check
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## test-fast: skip the tests marked slow
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+## test-slow: only the slow interop tests
+test-slow: $(STAMP) java-check
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+demo: $(STAMP) java-check
+	$(PY) -m tickwire demo
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+## regen: regenerate the committed flatbuffer code from flatbuffers/*.fbs
+regen: $(STAMP)
+	$(PY) flatbuffers/generate.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

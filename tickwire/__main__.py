@@ -1,0 +1,3 @@
+from tickwire.cli import main
+
+raise SystemExit(main())
