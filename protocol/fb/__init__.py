@@ -1,0 +1,2 @@
+# GENERATED CODE: written by flatbuffers/generate.py from flatbuffers/*.fbs with flatc version 2.0.8. Do not edit.
+"""Generated flatbuffer accessors (see flatbuffers/)."""

@@ -1,0 +1,1 @@
+# GENERATED CODE: written by flatbuffers/generate.py from flatbuffers/arrow.fbs with flatc version 2.0.8. Do not edit.
