@@ -448,6 +448,12 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
 _EMPTY = pa.py_buffer(b"")
 
 
+def _has_var_width(t: pa.DataType) -> bool:
+    if pa.types.is_list(t):
+        return _has_var_width(t.value_type)
+    return pa.types.is_string(t) or pa.types.is_binary(t)
+
+
 def _from_buffers(t, n, buffers, nulls, name, children=None) -> pa.Array:
     try:
         return pa.Array.from_buffers(t, n, buffers, null_count=nulls, children=children)
@@ -484,7 +490,9 @@ def decode_record_batch(info: MessageInfo, body, fields: Sequence[pa.Field], *,
                             f"buffer(s) left over after {len(fields)} column(s)")
     for f, arr in zip(fields, out):
         try:
-            arr.validate(full=True)
+            # full validation is for UTF-8 and offsets; temporal values are checked structurally only,
+            # because Deephaven's null sentinel (-2^63) is not a valid date or time of day
+            arr.validate(full=_has_var_width(arr.type))
         except (pa.ArrowInvalid, pa.ArrowException) as exc:
             raise ProtocolError(f"record batch: column {f.name!r} is invalid: {exc}") from None
     return out

@@ -44,3 +44,46 @@ def read_cap(path: Path) -> list[Record]:
 def captures(method_suffix: str) -> list[Path]:
     """All capture files whose name ends with `_<method_suffix>.cap`, e.g. 'FlightService_DoExchange'."""
     return sorted(p for d in golden_dirs() for p in d.glob(f"*_{method_suffix}.cap"))
+
+
+def flight_streams():
+    """Every DoGet/DoExchange capture as (path, client options, server payloads).
+
+    Client options come from the first Barrage request of a DoExchange (None for DoGet, whose
+    client record is a Ticket)."""
+    from tickwire.protocol.barrage import unwrap
+    from tickwire.protocol.flight import decode_flight_data
+
+    out = []
+    for p in captures("FlightService_DoExchange") + captures("FlightService_DoGet"):
+        options = None
+        client_md = []
+        server = []
+        for r in read_cap(p):
+            if r.direction == "S":
+                server.append(r)
+            elif "DoExchange" in p.name:
+                fd = decode_flight_data(r.payload)
+                if fd.app_metadata is not None:
+                    client_md.append(fd.app_metadata)
+                    if options is None:
+                        options = unwrap(fd.app_metadata)[1].options
+        out.append((p, options, client_md, server))
+    return out
+
+
+def decoded_sections(folder: Path) -> dict[int, str]:
+    """decoded.txt split by call: {call number: text of that call's section}."""
+    import re
+
+    text = (folder / "decoded.txt").read_text()
+    parts = re.split(r"^=== \[(\d+)\] ", text, flags=re.M)
+    return {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def decoded_records(section: str) -> dict[int, str]:
+    """A call's section split by record: {record number (1-based, both directions): text}."""
+    import re
+
+    parts = re.split(r"^  (?:C->S|S->C) #(\d+) ", section, flags=re.M)
+    return {int(parts[i]): parts[i + 1] for i in range(1, len(parts) - 1, 2)}
