@@ -296,3 +296,14 @@ def test_wire_value_conversions():
 def test_malformed_schema_message():
     with pytest.raises(ProtocolError, match="Schema"):
         read_schema_message(b"\x01\x02\x03\x04")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.none() | st.decimals(min_value=-10**13, max_value=10**13, places=4, allow_nan=False),
+                max_size=30))
+def test_vectorized_decimal_encoding_matches_general_one(values):
+    from tickwire.protocol.schema import _decimal64_to_dh_binary, _decimal_to_dh_binary_any
+
+    arr = pa.array(values, pa.decimal128(18, 4))
+    assert _decimal64_to_dh_binary(arr).to_pylist() == _decimal_to_dh_binary_any(arr).to_pylist()
+    assert _decimal64_to_dh_binary(arr.slice(1)).to_pylist() == _decimal_to_dh_binary_any(arr.slice(1)).to_pylist()
