@@ -88,7 +88,7 @@ def deephaven_type_for(t: pa.DataType) -> str:
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         inner = deephaven_type_for(t.value_type)
         return _PRIMITIVE_ARRAY_NAMES.get(inner, inner + "[]")
-    if pa.types.is_interval(t):
+    if t == pa.month_day_nano_interval():
         return "org.apache.arrow.vector.PeriodDuration"
     raise ProtocolError(f"no Deephaven type for Arrow type {t}")
 
