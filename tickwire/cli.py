@@ -10,6 +10,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("version", help="print the version")
+    demo = sub.add_parser("demo", help="run the demo tables fed by a Python ticker (Ctrl-C stops)")
+    demo.add_argument("--interval-ms", type=float, default=100.0, help="update graph cycle interval")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    demo.add_argument("--no-spark", action="store_true", help="feed the tables from the Python ticker only")
     return parser
 
 
@@ -21,5 +25,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    if args.command == "demo":
+        from tickwire.server.demo import run_demo
+
+        return run_demo(interval_ms=args.interval_ms, duration_s=args.duration)
     parser.print_help(sys.stderr)
     return 2

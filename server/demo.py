@@ -1,0 +1,117 @@
+"""The demo tables and the Python ticker that feeds them.
+
+Tables (names kept stable for the server and its clients):
+- static_mixed: 1,000 deterministic rows covering the supported types, with nulls;
+- ticking_append: an append-only table of trades;
+- ticking_keyed: the latest trade per symbol (upserts over 20 keys);
+- blink: each cycle's trades only;
+- ticking_ring: the last 1,000 trades.
+"""
+from __future__ import annotations
+
+import datetime
+import signal
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.server.graph import UpdateGraph
+
+TRADES = pa.schema([("Timestamp", pa.timestamp("ns", "UTC")), ("Sym", pa.string()), ("Price", pa.float64()),
+                    ("Size", pa.int32()), ("Seq", pa.int64())])
+SYMBOLS = [f"SYM{i:02d}" for i in range(20)]
+
+
+def static_mixed(n: int = 1000) -> pa.Table:
+    i = np.arange(n)
+    null = i % 13 == 0
+    base = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    return pa.table({
+        "I8": pa.array((i % 200 - 100).astype(np.int8), mask=null),
+        "I16": pa.array((i * 7 % 30000).astype(np.int16), mask=null),
+        "I32": pa.array((i * 1000003).astype(np.int32), mask=null),
+        "I64": pa.array(i.astype(np.int64) * 10000000019, mask=null),
+        "F32": pa.array((i * 0.125).astype(np.float32), mask=null),
+        "F64": pa.array(i * 1.25 - 100.0, mask=null),
+        "Bool": pa.array(i % 2 == 0, mask=i % 11 == 0),
+        "Str": pa.array([f"s{x}" for x in i.tolist()], mask=i % 9 == 0),
+        "Ts": pa.array([base + datetime.timedelta(seconds=int(x)) for x in i.tolist()], pa.timestamp("ns", "UTC"),
+                       mask=null),
+        "Ch": pa.array((65 + i % 26).astype(np.uint16), mask=null),
+    })
+
+
+class DemoTicker:
+    """Feeds the ticking demo tables from a background thread."""
+
+    def __init__(self, graph: UpdateGraph, rows_per_tick: int = 5, interval_s: float = 0.1, seed: int = 7):
+        self.graph = graph
+        self.rows = rows_per_tick
+        self.interval = interval_s
+        self.rng = np.random.default_rng(seed)
+        self.seq = 0
+        self.graph.static_table("static_mixed", static_mixed())
+        self.append = graph.append_table("ticking_append", TRADES)
+        self.keyed = graph.keyed_table("ticking_keyed", TRADES, ["Sym"])
+        self.blink = graph.blink_table("blink", TRADES)
+        self.ring = graph.ring_table("ticking_ring", TRADES, 1000)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def tick(self) -> pa.Table:
+        n = self.rows
+        now = time.time_ns()
+        seq = np.arange(self.seq, self.seq + n, dtype=np.int64)
+        self.seq += n
+        t = pa.table({
+            "Timestamp": pa.array(np.full(n, now, dtype=np.int64)).view(pa.timestamp("ns", "UTC")),
+            "Sym": pa.array(np.array(SYMBOLS, dtype=object)[self.rng.integers(0, len(SYMBOLS), n)]),
+            "Price": pa.array(np.round(100 + self.rng.normal(0, 5, n), 2)),
+            "Size": pa.array(self.rng.integers(1, 1000, n).astype(np.int32)),
+            "Seq": pa.array(seq),
+        }, schema=TRADES)
+        for table in (self.append, self.keyed, self.blink, self.ring):
+            table.add(t)
+        return t
+
+    def start(self) -> "DemoTicker":
+        self._thread = threading.Thread(target=self._run, name="tickwire-demo-ticker", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print) -> int:
+    """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second."""
+    graph = UpdateGraph(interval_ms=interval_ms).start()
+    ticker = DemoTicker(graph, interval_s=interval_ms / 1000.0).start()
+    done = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda *_: done.set())
+    out(f"tickwire demo: tables {', '.join(sorted(graph.tables))}; Ctrl-C stops")
+    started = time.monotonic()
+    try:
+        while not done.wait(1.0):
+            sizes = ", ".join(f"{name}={graph.tables[name].size}" for name in sorted(graph.tables))
+            out(f"step {graph.step}: {sizes}")
+            if duration_s is not None and time.monotonic() - started >= duration_s:
+                break
+    finally:
+        ticker.stop()
+        graph.stop()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+    out("tickwire demo: stopped")
+    return 0

@@ -1,0 +1,50 @@
+import subprocess
+import sys
+
+import numpy as np
+
+from tickwire.server.demo import DemoTicker, static_mixed
+from tickwire.server.graph import UpdateGraph
+
+
+def test_static_mixed_is_deterministic_with_nulls():
+    a, b = static_mixed(), static_mixed()
+    assert a.equals(b) and a.num_rows == 1000
+    assert all(a.column(i).null_count > 0 for i in range(a.num_columns))
+
+
+def test_ticker_feeds_every_table():
+    g = UpdateGraph()
+    ticker = DemoTicker(g, rows_per_tick=5)
+    for _ in range(300):
+        ticker.tick()
+        g.run_cycle()
+    assert g.get("ticking_append").size == 1500
+    assert g.get("ticking_keyed").size == 20
+    assert g.get("blink").size == 5
+    assert g.get("ticking_ring").size == 1000
+    assert np.array_equal(g.get("ticking_ring").to_arrow()["Seq"].to_numpy(), np.arange(500, 1500))
+
+
+def test_demo_command_runs_and_stops_cleanly():
+    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--duration", "1.5", "--interval-ms", "50"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "ticking_keyed=20" in r.stdout and "stopped" in r.stdout
+
+
+def test_demo_stops_on_ctrl_c_with_exit_code_0():
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "tickwire", "demo", "--interval-ms", "50"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "stopped" in out
