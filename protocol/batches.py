@@ -2,14 +2,30 @@
 
 pyarrow cannot make a record batch whose columns have different lengths, which Barrage
 modification batches need (an unmodified column is sent as field node (0, 0) while the others
-carry their modified rows), nor the `columns_as_list` form. This module writes the Arrow Message
-flatbuffer and the body itself, with Deephaven's layout: every buffer padded to 8 bytes and its
-padded length reported, validity bitmaps as whole 64-bit words and only when there are nulls,
-sentinels in the data buffer at null slots, no validity for fixed-width columns under
-`use_deephaven_nulls`, an empty offsets buffer for a 0-row string column.
+carry their modified rows), nor does it write the `columns_as_list` form. This module writes the
+Arrow Message flatbuffer and the body itself, with Deephaven's layout (§5.7):
+
+- field nodes and buffers depth-first, column by column; every buffer padded to 8 bytes and its
+  padded length reported; offsets cumulative from the start of the body;
+- a validity bitmap only when null_count > 0, as whole 64-bit words, bits past the end zero;
+- the null sentinel in the data buffer at every null slot; under `use_deephaven_nulls`,
+  fixed-width columns with a sentinel report null_count 0 and send no validity; Bool, Utf8,
+  Binary and List always use a bitmap;
+- Utf8/Binary/List offsets rebased to 0, n + 1 int32 entries padded to 8, and an empty offsets
+  buffer for a 0-row column;
+- in list mode each column is preceded by its wrapper: node (1, 0), an empty validity buffer,
+  offsets `[0, k]`, and RecordBatch.length is 1.
+
+Input arrays may be slices (any offset); their buffers are referenced, not copied, except where a
+bitmap starts mid-byte or offsets must be rebased.
 
 Reading produces one array per column, each with its own length, sliced from the body without
-copying; every offset and length is checked first.
+copying; every node, offset and length is checked first and anything inconsistent raises
+ProtocolError.
+
+`encode_batches` splits the rows of one phase (adds or mods) of a logical update into batches
+following Deephaven's `batch_size` / `max_message_size` rules (§6.7); `BatchSizer` holds those
+rules and `split_rows` plays them out for a given row size.
 """
 from __future__ import annotations
 
@@ -26,27 +42,32 @@ from tickwire.protocol.fb.arrow import FieldNode as FbFieldNode
 from tickwire.protocol.fb.arrow import Message as FbMessage
 from tickwire.protocol.fb.arrow import RecordBatch as FbRecordBatch
 from tickwire.protocol.fbread import root
-from tickwire.protocol.nulls import fill_sentinels, has_sentinel
+from tickwire.protocol.flight import encode_flight_data, flight_data_size
+from tickwire.protocol.schema import fill_sentinels, has_sentinel, is_list_wrapper_field
 
 __all__ = [
     "HEADER_SCHEMA",
     "HEADER_DICTIONARY_BATCH",
     "HEADER_RECORD_BATCH",
-    "EncodedBatch",
-    "MessageInfo",
-    "encode_record_batch",
-    "encode_batches",
-    "read_message_header",
-    "decode_record_batch",
+    "METADATA_V5",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "INITIAL_BATCH_SIZE",
+    "EncodedBatch",
+    "MessageInfo",
+    "BatchSizer",
+    "encode_record_batch",
+    "encode_batches",
+    "split_rows",
+    "read_message_header",
+    "decode_record_batch",
 ]
 
 HEADER_SCHEMA, HEADER_DICTIONARY_BATCH, HEADER_RECORD_BATCH = 1, 2, 3
-_V5 = 4
-_ZEROS = bytes(64)
+METADATA_V5 = 4
 DEFAULT_MAX_MESSAGE_SIZE = 100 * 1024 * 1024
 INITIAL_BATCH_SIZE = 4096
+_MAX_BATCH = 2**31 - 1
+_ZEROS = bytes(64)
 
 
 def _pad8(n: int) -> int:
@@ -54,15 +75,23 @@ def _pad8(n: int) -> int:
 
 
 def _fixed_width(t: pa.DataType) -> Optional[int]:
-    """Byte width of a fixed-width primitive type, None otherwise."""
-    if pa.types.is_boolean(t):
+    """Byte width of a fixed-width (non-bit) type, None otherwise."""
+    if pa.types.is_boolean(t) or pa.types.is_nested(t) or pa.types.is_dictionary(t):
         return None
     try:
         bits = t.bit_width
     except ValueError:
         return None
-    return bits // 8 if bits >= 8 else None
+    return bits // 8 if bits >= 8 and bits % 8 == 0 else None
 
+
+def _is_var_binary(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_binary(t)
+
+
+# ----------------------------------------------------------------------------------------------
+# writing
+# ----------------------------------------------------------------------------------------------
 
 class _BodyWriter:
     __slots__ = ("parts", "buffers", "nodes", "offset")
@@ -73,143 +102,150 @@ class _BodyWriter:
         self.nodes: list[tuple[int, int]] = []
         self.offset = 0
 
-    def add(self, data, nbytes: Optional[int] = None) -> None:
-        """Appends a buffer (`nbytes` of `data`, or all of it), padded to 8 bytes."""
-        if data is None:
-            self.buffers.append((self.offset, 0))
-            return
-        mv = memoryview(data).cast("B")
-        if nbytes is not None:
-            mv = mv[:nbytes]
-        n = mv.nbytes
+    def empty(self) -> None:
+        self.buffers.append((self.offset, 0))
+
+    def add(self, *pieces) -> None:
+        """Appends one buffer made of `pieces` (bytes-like), zero-padded to a multiple of 8."""
+        n = 0
+        for p in pieces:
+            size = memoryview(p).nbytes
+            if size:
+                self.parts.append(p)
+                n += size
         padded = _pad8(n)
-        if n:
-            self.parts.append(mv)
         if padded > n:
             self.parts.append(_ZEROS[: padded - n])
         self.buffers.append((self.offset, padded))
         self.offset += padded
 
-    def add_bytes_exact(self, data: bytes) -> None:
-        self.add(data)
 
-
-def _validity_words(arr: pa.Array) -> bytes | memoryview:
-    """The validity bitmap of `arr` starting at bit 0, as whole 64-bit words."""
-    n = len(arr)
+def _bitmap_pieces(buf: Optional[pa.Buffer], bit_offset: int, n: int) -> list:
+    """Bits [bit_offset, bit_offset + n) of `buf` starting at bit 0, bits past n zeroed, padded to
+    whole 64-bit words. Byte-aligned input is referenced, not copied (except the last partial byte)."""
     words = ((n + 63) // 64) * 8
-    bitmap = arr.buffers()[0]
-    if bitmap is not None and arr.offset == 0 and bitmap.size >= words:
-        return memoryview(bitmap)[:words]
-    import pyarrow.compute as pc
-
-    valid = pc.is_valid(arr).buffers()[1]
-    mv = memoryview(valid)
-    if mv.nbytes >= words:
-        return mv[:words]
-    return bytes(mv) + bytes(words - mv.nbytes)
-
-
-def _bool_bits(arr: pa.Array) -> bytes | memoryview:
-    n = len(arr)
-    words = ((n + 63) // 64) * 8
-    data = arr.buffers()[1]
-    if arr.offset == 0 and data is not None and data.size >= words:
-        return memoryview(data)[:words]
-    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[arr.offset:arr.offset + n] \
-        if data is not None else np.zeros(n, dtype=np.uint8)
-    packed = np.packbits(bits, bitorder="little").tobytes()
-    return packed + bytes(words - len(packed))
+    nbytes = (n + 7) // 8
+    if buf is None:
+        raise ProtocolError("missing bitmap buffer")
+    if bit_offset % 8 == 0:
+        start = bit_offset // 8
+        mv = memoryview(buf)[start:start + nbytes]
+        if mv.nbytes < nbytes:
+            raise ProtocolError(f"bitmap of {mv.nbytes} bytes is too short for {n} bits")
+        full, rem = divmod(n, 8)
+        pieces = [mv[:full]] if full else []
+        if rem:
+            pieces.append(bytes([mv[full] & ((1 << rem) - 1)]))
+    else:
+        bits = np.unpackbits(np.frombuffer(buf, dtype=np.uint8), bitorder="little")[bit_offset:bit_offset + n]
+        pieces = [np.packbits(bits, bitorder="little").tobytes()]
+    if words > nbytes:
+        pieces.append(_ZEROS[: words - nbytes] if words - nbytes <= len(_ZEROS) else bytes(words - nbytes))
+    return pieces
 
 
-def _offsets(arr: pa.Array) -> tuple[np.ndarray, int, int]:
-    """int32 offsets of a string/binary/list array rebased to 0, and the value range they cover."""
+def _rebased_offsets(arr: pa.Array) -> tuple[np.ndarray, int, int]:
+    """int32 offsets of a string/binary/list array starting at 0, and the child/data range they cover."""
     n = len(arr)
     raw = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=arr.offset + n + 1)[arr.offset:]
     first, last = int(raw[0]), int(raw[-1])
-    return (raw - first if first else raw), first, last
+    return (raw - np.int32(first) if first else raw), first, last
+
+
+def _write_empty(w: _BodyWriter, t: pa.DataType) -> None:
+    """A column with no rows: field node (0, 0) and zero-length buffers (children included)."""
+    w.nodes.append((0, 0))
+    w.empty()
+    if _is_var_binary(t):
+        w.empty()
+        w.empty()
+    elif pa.types.is_list(t):
+        w.empty()
+        _write_empty(w, t.value_type)
+    elif pa.types.is_boolean(t) or _fixed_width(t) is not None:
+        w.empty()
+    else:
+        raise ProtocolError(f"unsupported Arrow type for Barrage: {t}")
+
+
+def _write_validity(w: _BodyWriter, arr: pa.Array, nulls: int) -> None:
+    if nulls:
+        w.add(*_bitmap_pieces(arr.buffers()[0], arr.offset, len(arr)))
+    else:
+        w.empty()
 
 
 def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
     t = arr.type
     n = len(arr)
-    if isinstance(arr, pa.ChunkedArray):
-        raise TypeError("pass pa.Array, not ChunkedArray")
-    if pa.types.is_dictionary(t):
-        raise ProtocolError(f"dictionary-encoded columns are not written ({t}); decode them first")
-    if pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t):
-        raise ProtocolError(f"64-bit offset type {t} is not part of Barrage; convert to the 32-bit form first")
-    nulls = arr.null_count
-    width = _fixed_width(t)
-    if width is not None and not pa.types.is_decimal(t) and not pa.types.is_fixed_size_binary(t):
-        if nulls and has_sentinel(t):
-            arr = fill_sentinels(arr)
-        skip_validity = dh_nulls and has_sentinel(t)
-        w.nodes.append((n, 0 if skip_validity else nulls))
-        w.add(_validity_words(arr) if nulls and not skip_validity else None)
-        data = arr.buffers()[1]
-        start = arr.offset * width
-        w.add(memoryview(data)[start:start + n * width] if n else None)
+    if n == 0:
+        _write_empty(w, t)
         return
+    nulls = arr.null_count
     if pa.types.is_boolean(t):
         w.nodes.append((n, nulls))
-        w.add(_validity_words(arr) if nulls else None)
-        w.add(_bool_bits(arr) if n else None)
+        _write_validity(w, arr, nulls)
+        w.add(*_bitmap_pieces(arr.buffers()[1], arr.offset, n))
         return
-    if pa.types.is_string(t) or pa.types.is_binary(t):
+    if _is_var_binary(t):
         w.nodes.append((n, nulls))
-        w.add(_validity_words(arr) if nulls else None)
-        if n == 0:
-            w.add(None)
-            w.add(None)
-            return
-        offs, first, last = _offsets(arr)
-        w.add(offs.astype(np.int32, copy=False).data)
-        data = arr.buffers()[2]
-        w.add(memoryview(data)[first:last] if data is not None and last > first else None)
+        _write_validity(w, arr, nulls)
+        offs, first, last = _rebased_offsets(arr)
+        w.add(offs)
+        if last > first:
+            w.add(memoryview(arr.buffers()[2])[first:last])
+        else:
+            w.empty()
         return
     if pa.types.is_list(t):
         w.nodes.append((n, nulls))
-        w.add(_validity_words(arr) if nulls else None)
-        if n == 0:
-            w.add(None)
-            _write_column(w, arr.values.slice(0, 0), dh_nulls)
-            return
-        offs, first, last = _offsets(arr)
-        w.add(offs.astype(np.int32, copy=False).data)
+        _write_validity(w, arr, nulls)
+        offs, first, last = _rebased_offsets(arr)
+        w.add(offs)
         _write_column(w, arr.values.slice(first, last - first), dh_nulls)
         return
-    raise ProtocolError(f"unsupported Arrow type for Barrage: {t}")
-
-
-def _empty_like(t: pa.DataType, w: _BodyWriter) -> None:
-    """Field node (0, 0) and zero-length buffers for a column not sent in this batch."""
-    w.nodes.append((0, 0))
-    for _ in range(_buffer_count(t)):
-        w.buffers.append((w.offset, 0))
-    if pa.types.is_list(t):
-        _empty_like(t.value_type, w)
-
-
-def _buffer_count(t: pa.DataType) -> int:
-    if pa.types.is_string(t) or pa.types.is_binary(t):
-        return 3
-    return 2
+    width = _fixed_width(t)
+    if width is None or pa.types.is_decimal(t) or pa.types.is_fixed_size_binary(t):
+        raise ProtocolError(f"unsupported Arrow type for Barrage: {t} (convert with schema.to_wire_array first)")
+    sentinel = has_sentinel(t)
+    if nulls and sentinel:
+        arr = fill_sentinels(arr)
+    skip_validity = dh_nulls and sentinel
+    w.nodes.append((n, 0 if skip_validity else nulls))
+    _write_validity(w, arr, 0 if skip_validity else nulls)
+    start = arr.offset * width
+    w.add(memoryview(arr.buffers()[1])[start:start + n * width])
 
 
 @dataclass
 class EncodedBatch:
+    """One encoded RecordBatch: the Message flatbuffer, the body as a list of buffers, the body's
+    length, and the number of rows it carries (the largest column length). Unpacks as
+    `header, body_parts, body_length = batch`."""
+
     header: bytes
     body_parts: list
     body_length: int
     rows: int
 
-    def size(self) -> int:
-        return len(self.header) + self.body_length
+    def __iter__(self):
+        return iter((self.header, self.body_parts, self.body_length))
+
+    def body(self) -> bytes:
+        return b"".join(self.body_parts)
+
+    def flight_data(self, app_metadata: Optional[bytes] = None) -> bytes:
+        """The serialized FlightData carrying this batch (body field always present)."""
+        return encode_flight_data(self.header, app_metadata, body_parts=self.body_parts)
+
+    def flight_data_size(self, app_metadata_size: Optional[int] = None) -> int:
+        return flight_data_size(len(self.header), self.body_length, app_metadata_size)
 
 
-def _header(length: int, nodes: list[tuple[int, int]], buffers: list[tuple[int, int]], body_length: int) -> bytes:
-    b = flatbuffers.Builder(64 + 16 * (len(nodes) + len(buffers)))
+def _message_header(length: int, nodes: list[tuple[int, int]], buffers: list[tuple[int, int]],
+                    body_length: int) -> bytes:
+    """Message{RecordBatch} in Deephaven's builder order (§6.5)."""
+    b = flatbuffers.Builder(128 + 16 * (len(nodes) + len(buffers)))
     FbRecordBatch.StartNodesVector(b, len(nodes))
     for ln, nc in reversed(nodes):
         FbFieldNode.CreateFieldNode(b, ln, nc)
@@ -226,7 +262,7 @@ def _header(length: int, nodes: list[tuple[int, int]], buffers: list[tuple[int, 
     FbMessage.Start(b)
     FbMessage.AddHeaderType(b, HEADER_RECORD_BATCH)
     FbMessage.AddHeader(b, rb)
-    FbMessage.AddVersion(b, _V5)
+    FbMessage.AddVersion(b, METADATA_V5)
     FbMessage.AddBodyLength(b, body_length)
     b.Finish(FbMessage.End(b))
     return bytes(b.Output())
@@ -234,83 +270,121 @@ def _header(length: int, nodes: list[tuple[int, int]], buffers: list[tuple[int, 
 
 def encode_record_batch(
     columns: Sequence[Optional[pa.Array]],
-    types: Sequence[pa.DataType],
+    types: Optional[Sequence[pa.DataType]] = None,
     *,
     use_deephaven_nulls: bool = False,
     columns_as_list: bool = False,
 ) -> EncodedBatch:
-    """One RecordBatch message: `columns[i]` is column i's rows in this batch, or None when the
-    column is not sent (field node (0, 0)). `types` are the (unwrapped) wire types of all columns.
-    Returns the Message flatbuffer, the body as a list of buffers, and the row count
-    (RecordBatch.length is the largest column length, or 1 in list mode)."""
-    if len(columns) != len(types):
+    """One RecordBatch message.
+
+    `columns[i]` holds column i's rows in this batch (wire types, see `schema.to_wire_array`), or
+    None when the column is not sent (field node (0, 0) and zero-length buffers; in list mode an
+    empty list). `types` are the unwrapped wire types of all columns; they are required when a
+    column is None and are checked against the arrays otherwise. RecordBatch.length is the
+    largest column length (1 in list mode)."""
+    if types is not None and len(columns) != len(types):
         raise ValueError(f"{len(columns)} columns for a schema of {len(types)}")
     w = _BodyWriter()
     rows = 0
-    for arr, t in zip(columns, types):
+    for i, arr in enumerate(columns):
+        t = types[i] if types is not None else None
+        if arr is not None:
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+            if t is not None and arr.type != t:
+                raise ProtocolError(f"column {i} has type {arr.type} where the schema says {t}")
+            t = arr.type
+        elif t is None:
+            raise ValueError(f"column {i} is None and no type was given for it")
         k = 0 if arr is None else len(arr)
         rows = max(rows, k)
         if columns_as_list:
             w.nodes.append((1, 0))
-            w.buffers.append((w.offset, 0))
-            w.add(np.array([0, k], dtype=np.int32).data)
+            w.empty()
+            w.add(np.array([0, k], dtype=np.int32))
         if arr is None:
-            if columns_as_list:
-                # an empty list: the child column with 0 rows
-                _write_column(w, pa.array([], type=t), use_deephaven_nulls)
-            else:
-                _empty_like(t, w)
+            _write_empty(w, t)
         else:
-            if arr.type != t:
-                raise ProtocolError(f"column of type {arr.type} where the schema says {t}")
             _write_column(w, arr, use_deephaven_nulls)
-    length = 1 if columns_as_list else rows
-    header = _header(length, w.nodes, w.buffers, w.offset)
+    header = _message_header(1 if columns_as_list else rows, w.nodes, w.buffers, w.offset)
     return EncodedBatch(header, w.parts, w.offset, rows)
+
+
+class BatchSizer:
+    """Deephaven's batch sizing (§6.7, `processBatches`).
+
+    `next_rows` is the row count to try next: min(4096, batch_size) at first, then
+    min(batch_size, max(1, int(limit // bytes_per_row * 0.9))) from the last attempt's
+    bytes per row (unchanged when that is 0). `accept(rows, nbytes)` records an attempt and says
+    whether to send it: a FlightData of `limit` bytes or more is dropped and retried smaller
+    (always fewer rows), unless it holds a single row."""
+
+    def __init__(self, batch_size: int = 0, max_message_size: int = 0):
+        self.max_batch = batch_size if batch_size > 0 else _MAX_BATCH
+        self.limit = max_message_size if max_message_size > 0 else DEFAULT_MAX_MESSAGE_SIZE
+        self.next_rows = min(INITIAL_BATCH_SIZE, self.max_batch)
+
+    def accept(self, rows: int, nbytes: int) -> bool:
+        if rows <= 0:
+            raise ValueError("a batch holds at least one row")
+        ok = nbytes < self.limit or rows == 1
+        per_row = nbytes // rows
+        nxt = self.next_rows
+        if per_row > 0:
+            nxt = min(self.max_batch, max(1, int((self.limit // per_row) * 0.9)))
+        if not ok:
+            nxt = min(nxt, rows - 1)
+        self.next_rows = nxt
+        return ok
+
+
+def split_rows(n_rows: int, *, batch_size: int = 0, max_message_size: int = 0, bytes_per_row: int,
+               fixed_bytes: int = 0) -> list[int]:
+    """The batch sizes Deephaven's rules give for `n_rows` rows when a batch of r rows serializes
+    to `fixed_bytes + r * bytes_per_row` bytes."""
+    sizer = BatchSizer(batch_size, max_message_size)
+    out: list[int] = []
+    done = 0
+    while done < n_rows:
+        rows = max(1, min(sizer.next_rows, n_rows - done))
+        if sizer.accept(rows, fixed_bytes + rows * bytes_per_row):
+            out.append(rows)
+            done += rows
+    return out
 
 
 def encode_batches(
     columns: Sequence[Optional[pa.Array]],
-    types: Sequence[pa.DataType],
+    types: Optional[Sequence[pa.DataType]] = None,
     *,
     use_deephaven_nulls: bool = False,
     columns_as_list: bool = False,
     batch_size: int = 0,
     max_message_size: int = 0,
     overhead: int = 0,
+    metadata_size: int = 0,
 ) -> Iterator[EncodedBatch]:
-    """Splits one phase (adds or mods) of a logical update into record batches (BARRAGE-WIRE.md §6.7).
+    """Splits one phase (adds or mods) of a logical update into record batches (§6.7).
 
-    Batch j covers the ordinal rows [o, o+L) of every column (ragged columns give fewer or no rows).
-    The first batch has min(4096, batch_size) rows; later sizes follow the measured bytes per row so
-    each FlightData stays under `max_message_size` (default 100 MiB), at most `batch_size` rows
-    (unlimited when <= 0). A batch over the limit is encoded again smaller unless it holds one row,
-    which is sent anyway. `overhead` is added to each batch's size (FlightData framing, metadata).
-    Yields nothing when every column is empty or None.
-    """
+    Batch j covers the ordinals [o, o + L) of every column: ragged columns give fewer rows or
+    none (an empty column), columns that are None stay unsent. Columns are sliced without copying.
+    Each attempt is measured as its FlightData size (header and body fields) plus `overhead`, plus
+    `metadata_size` for the first batch (the one that carries the app_metadata); `BatchSizer`
+    decides the sizes. Yields nothing when every column is empty or None."""
     total = max((len(c) for c in columns if c is not None), default=0)
-    max_batch = batch_size if batch_size > 0 else 1 << 62
-    limit = max_message_size if max_message_size > 0 else DEFAULT_MAX_MESSAGE_SIZE
+    sizer = BatchSizer(batch_size, max_message_size)
+    extra = overhead + metadata_size
     o = 0
-    want = min(INITIAL_BATCH_SIZE, max_batch)
     while o < total:
-        rows = max(1, min(want, total - o))
-        while True:
-            part = [None if c is None else c.slice(o, max(0, min(rows, len(c) - o))) for c in columns]
-            enc = encode_record_batch(part, types, use_deephaven_nulls=use_deephaven_nulls,
-                                      columns_as_list=columns_as_list)
-            size = enc.size() + overhead
-            if size < limit or rows == 1:
-                break
-            rows = max(1, rows // 2)
+        rows = max(1, min(sizer.next_rows, total - o))
+        part = [None if c is None else c.slice(min(o, len(c)), max(0, min(rows, len(c) - o))) for c in columns]
+        enc = encode_record_batch(part, types, use_deephaven_nulls=use_deephaven_nulls,
+                                  columns_as_list=columns_as_list)
         enc.rows = rows
-        yield enc
-        o += rows
-        per_row = size // rows
-        if per_row > 0:
-            want = min(max_batch, max(1, int((limit // per_row) * 0.9)))
-        else:
-            want = max_batch
+        if sizer.accept(rows, enc.flight_data_size() + extra):
+            yield enc
+            o += rows
+            extra = overhead
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,11 +393,15 @@ def encode_batches(
 
 @dataclass
 class MessageInfo:
+    """A parsed Arrow Message header. For batches, `nodes` is an (k, 2) int64 array of
+    (length, null_count) and `buffers` an (m, 2) int64 array of (offset, length)."""
+
     header_type: int
     body_length: int
+    version: int = METADATA_V5
     length: int = 0
-    nodes: Optional[np.ndarray] = None  # (k, 2) int64: length, null_count
-    buffers: Optional[np.ndarray] = None  # (m, 2) int64: offset, length
+    nodes: Optional[np.ndarray] = None
+    buffers: Optional[np.ndarray] = None
     dictionary_id: int = 0
     is_delta: bool = False
     compressed: bool = False
@@ -339,16 +417,19 @@ def _struct_array(t, slot: int, name: str) -> np.ndarray:
 
 def read_message_header(header) -> MessageInfo:
     """Parses an Arrow Message flatbuffer (raw, as in FlightData.data_header)."""
+    if isinstance(header, MessageInfo):
+        return header
     msg = root(header, "arrow Message")
     version = msg.scalar(0, "<h", 0, "version")
-    if version < 3:
+    if version < 3 or version > METADATA_V5:
         raise ProtocolError(f"arrow Message: unsupported metadata version V{version + 1}")
     htype = msg.scalar(1, "<B", 0, "header_type")
     body_length = msg.scalar(3, "<q", 0, "bodyLength")
     if body_length < 0:
         raise ProtocolError(f"arrow Message: negative bodyLength {body_length}")
-    info = MessageInfo(htype, body_length)
-    rb = None
+    info = MessageInfo(htype, body_length, version)
+    if htype == HEADER_SCHEMA:
+        return info
     if htype == HEADER_RECORD_BATCH:
         rb = msg.table(2, "header")
     elif htype == HEADER_DICTIONARY_BATCH:
@@ -358,8 +439,6 @@ def read_message_header(header) -> MessageInfo:
         info.dictionary_id = db.scalar(0, "<q", 0, "id")
         info.is_delta = bool(db.scalar(2, "<B", 0, "isDelta"))
         rb = db.table(1, "data")
-    elif htype == HEADER_SCHEMA:
-        return info
     else:
         raise ProtocolError(f"arrow Message: unsupported header type {htype}")
     if rb is None:
@@ -368,16 +447,18 @@ def read_message_header(header) -> MessageInfo:
     info.nodes = _struct_array(rb, 1, "nodes")
     info.buffers = _struct_array(rb, 2, "buffers")
     info.compressed = rb.table(3, "compression") is not None
-    if info.length < 0 or (info.nodes.size and info.nodes.min() < 0):
-        raise ProtocolError("arrow RecordBatch: negative length or null count")
+    if info.length < 0:
+        raise ProtocolError(f"arrow RecordBatch: negative length {info.length}")
+    if info.nodes.size and info.nodes.min() < 0:
+        raise ProtocolError("arrow RecordBatch: negative field node length or null count")
     return info
 
 
 class _Reader:
-    def __init__(self, info: MessageInfo, body):
+    def __init__(self, info: MessageInfo, body: pa.Buffer):
         self.nodes = info.nodes
         self.buffers = info.buffers
-        self.body = pa.py_buffer(body) if not isinstance(body, pa.Buffer) else body
+        self.body = body
         self.ni = 0
         self.bi = 0
 
@@ -386,6 +467,10 @@ class _Reader:
             raise ProtocolError(f"record batch: no field node left for column {name!r}")
         ln, nc = (int(x) for x in self.nodes[self.ni])
         self.ni += 1
+        if nc > ln:
+            raise ProtocolError(f"record batch: column {name!r} has null_count {nc} > length {ln}")
+        if ln >= 2**31 - 1:
+            raise ProtocolError(f"record batch: column {name!r} length {ln} is too large")
         return ln, nc
 
     def buffer(self, name: str) -> Optional[pa.Buffer]:
@@ -405,28 +490,37 @@ def _need(buf: Optional[pa.Buffer], nbytes: int, what: str, name: str) -> None:
         raise ProtocolError(f"record batch: column {name!r} {what} buffer has {have} bytes, needs {nbytes}")
 
 
+_EMPTY = pa.py_buffer(b"")
+_ZERO_OFFSET = pa.py_buffer(np.zeros(1, dtype=np.int32).tobytes())
+
+
+def _from_buffers(t, n, buffers, nulls, name, children=None) -> pa.Array:
+    try:
+        return pa.Array.from_buffers(t, n, buffers, null_count=nulls, children=children)
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise ProtocolError(f"record batch: column {name!r} ({t}) is malformed: {exc}") from None
+
+
 def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
     n, nulls = r.node(name)
     validity = r.buffer(name)
-    if nulls > n:
-        raise ProtocolError(f"record batch: column {name!r} has null_count {nulls} > length {n}")
     if nulls:
         _need(validity, (n + 7) // 8, "validity", name)
     else:
         validity = None
-    if pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_list(t):
+    if _is_var_binary(t) or pa.types.is_list(t):
         offsets = r.buffer(name)
         if n:
             _need(offsets, 4 * (n + 1), "offsets", name)
             offs = np.frombuffer(offsets, dtype="<i4", count=n + 1)
-            if offs[0] < 0 or np.any(np.diff(offs) < 0):
-                raise ProtocolError(f"record batch: column {name!r} has decreasing or negative offsets")
+            if offs[0] < 0 or (n and np.any(offs[1:] < offs[:-1])):
+                raise ProtocolError(f"record batch: column {name!r} has negative or decreasing offsets")
             end = int(offs[-1])
         else:
-            offsets = pa.py_buffer(np.zeros(1, dtype=np.int32).tobytes())
+            offsets = _ZERO_OFFSET
             end = 0
         if pa.types.is_list(t):
-            child = _read_column(r, t.value_type, name + ".item")
+            child = _read_column(r, t.value_type, name + "[]")
             if len(child) < end:
                 raise ProtocolError(f"record batch: list column {name!r} offsets reach {end} but the child has "
                                     f"{len(child)} values")
@@ -445,54 +539,75 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
     return _from_buffers(t, n, [validity, data if data is not None else _EMPTY], nulls, name)
 
 
-_EMPTY = pa.py_buffer(b"")
-
-
 def _has_var_width(t: pa.DataType) -> bool:
     if pa.types.is_list(t):
         return _has_var_width(t.value_type)
-    return pa.types.is_string(t) or pa.types.is_binary(t)
+    return _is_var_binary(t)
 
 
-def _from_buffers(t, n, buffers, nulls, name, children=None) -> pa.Array:
-    try:
-        return pa.Array.from_buffers(t, n, buffers, null_count=nulls, children=children)
-    except (pa.ArrowException, ValueError, TypeError) as exc:
-        raise ProtocolError(f"record batch: column {name!r} ({t}) is malformed: {exc}") from None
+def _column_fields(schema, columns_as_list: bool) -> list[tuple[str, pa.DataType]]:
+    out = []
+    for i, f in enumerate(schema):
+        if isinstance(f, pa.DataType):
+            out.append((f"#{i}", f))
+        elif columns_as_list and is_list_wrapper_field(f):
+            out.append((f.name, f.type.value_type))
+        else:
+            out.append((f.name, f.type))
+    return out
 
 
-def decode_record_batch(info: MessageInfo, body, fields: Sequence[pa.Field], *,
-                        columns_as_list: bool = False) -> list[pa.Array]:
-    """Reads a RecordBatch body into one array per field, each with its own length.
+def decode_record_batch(header, body, schema, *, columns_as_list: bool = False) -> list[pa.Array]:
+    """Reads a RecordBatch into one array per column, each with its own length (ragged batches).
 
-    `fields` are the unwrapped fields (in list mode the schema's List<T> wrapper is expected on the
-    wire around each of them and the arrays returned are the wrapped values)."""
-    if info.header_type != HEADER_RECORD_BATCH and info.header_type != HEADER_DICTIONARY_BATCH:
-        raise ProtocolError("not a record batch message")
+    `header` is the Message flatbuffer (or a `MessageInfo` from `read_message_header`), `body`
+    the FlightData body (bytes, memoryview or pa.Buffer; arrays reference it without copying),
+    `schema` a pa.Schema, a list of fields or a list of types. In list mode each column arrives
+    wrapped in a one-element list (§6.6) and the values inside are returned; the schema may be the
+    wrapped one from the stream's Schema message (`list_wrapped_schema`) or the unwrapped one.
+    Sentinels are not converted (see `schema.sentinels_to_nulls`)."""
+    info = read_message_header(header)
+    if info.header_type not in (HEADER_RECORD_BATCH, HEADER_DICTIONARY_BATCH):
+        raise ProtocolError(f"arrow Message of header type {info.header_type} is not a record batch")
     if info.compressed:
         raise ProtocolError("compressed record batch bodies are not supported")
+    if body is None:
+        body = _EMPTY
+    elif not isinstance(body, pa.Buffer):
+        try:
+            body = pa.py_buffer(body)
+        except TypeError:
+            raise ProtocolError(f"record batch body must be bytes-like, got {type(body).__name__}") from None
+    if body.size < info.body_length:
+        raise ProtocolError(f"record batch: body has {body.size} bytes, the header declares {info.body_length}")
+    fields = _column_fields(schema, columns_as_list)
     r = _Reader(info, body)
     out = []
-    for f in fields:
+    for name, t in fields:
         if columns_as_list:
-            wrapper = _read_column(r, pa.list_(f.type), f.name)
-            if len(wrapper) == 0:
-                out.append(pa.array([], type=f.type))
-                continue
+            wrapper = _read_column(r, pa.list_(pa.field(name, t)), name)
             if len(wrapper) != 1:
-                raise ProtocolError(f"list-wrapped column {f.name!r} has {len(wrapper)} lists, expected 1")
-            offs = wrapper.offsets
-            out.append(wrapper.values.slice(offs[0].as_py(), offs[1].as_py() - offs[0].as_py()))
+                raise ProtocolError(f"list-wrapped column {name!r} has {len(wrapper)} lists, expected 1")
+            if wrapper.null_count:
+                raise ProtocolError(f"list-wrapped column {name!r} is null")
+            start, stop = (int(x) for x in np.frombuffer(wrapper.buffers()[1], dtype="<i4", count=2))
+            out.append(wrapper.values.slice(start, stop - start))
         else:
-            out.append(_read_column(r, f.type, f.name))
+            arr = _read_column(r, t, name)
+            if len(arr) > info.length:
+                raise ProtocolError(f"record batch: column {name!r} has {len(arr)} rows, more than the batch "
+                                    f"length {info.length}")
+            out.append(arr)
+    if columns_as_list and fields and info.length != 1:
+        raise ProtocolError(f"list-mode record batch has length {info.length}, expected 1")
     if r.ni != len(r.nodes) or r.bi != len(r.buffers):
         raise ProtocolError(f"record batch: {len(r.nodes) - r.ni} field node(s) and {len(r.buffers) - r.bi} "
                             f"buffer(s) left over after {len(fields)} column(s)")
-    for f, arr in zip(fields, out):
+    for (name, _t), arr in zip(fields, out):
         try:
-            # full validation is for UTF-8 and offsets; temporal values are checked structurally only,
+            # full validation checks offsets and UTF-8; fixed-width values are only checked structurally,
             # because Deephaven's null sentinel (-2^63) is not a valid date or time of day
             arr.validate(full=_has_var_width(arr.type))
-        except (pa.ArrowInvalid, pa.ArrowException) as exc:
-            raise ProtocolError(f"record batch: column {f.name!r} is invalid: {exc}") from None
+        except pa.ArrowException as exc:
+            raise ProtocolError(f"record batch: column {name!r} is invalid: {exc}") from None
     return out

@@ -1,17 +1,33 @@
-"""Schemas with Deephaven's metadata, and the Arrow <-> Deephaven type mapping (BARRAGE-WIRE.md §5).
+"""Schemas with Deephaven's metadata, the Arrow <-> Deephaven type mapping, value conversion and
+null sentinels (BARRAGE-WIRE.md §5).
 
-Outgoing: `to_deephaven_schema` turns any Arrow schema into the one Deephaven's clients expect
-(wire types, `deephaven:type` and friends, table attributes), and `to_wire_array` converts a
-column's values to that wire type (timestamps to ns UTC, dates to Date(ms), decimals to
-Deephaven's BigDecimal binary encoding, large types to 32-bit offsets).
+Outgoing: `to_deephaven_schema` turns any Arrow schema into the one Deephaven's clients expect:
+wire types (§5.3), `deephaven:type` and its companions on every field (§5.2), table attributes
+as schema metadata (§5.1). `to_wire_array` / `to_wire_arrays` convert column values to those wire
+types (timestamps to ns UTC, dates to Date(ms), times to ns, durations to ns, decimals to
+Deephaven's BigDecimal binary, uint64 to BigInteger binary, large and fixed-size types to their
+32-bit-offset forms).
 
-Incoming: `deephaven_type_for` names the Deephaven type of a foreign Arrow type (§5.4) and
-`from_wire_array` turns wire values back into natural Arrow values using `deephaven:type`.
+Incoming: `deephaven_type_for` names the Deephaven type of a foreign Arrow type (§5.4),
+`arrow_type_for_deephaven` gives the wire Arrow type of a Deephaven type name, and
+`from_wire_array` / `from_wire_arrays` turn wire values back into natural Arrow values using
+`deephaven:type` (BigDecimal binary -> decimal, LocalDate -> date32, ...).
+
+Schema messages: `schema_message` is the raw Message flatbuffer carried by FlightData.data_header,
+`ipc_encapsulated_schema` the `FF FF FF FF`-framed form of FlightInfo.schema, SchemaResult and
+ExportedTableCreationResponse.schema_header; `read_schema_message` reads both.
+
+Nulls (§5.5): `sentinel_for`, `fill_sentinels` (Arrow nulls -> sentinel values in the data
+buffer, validity kept) and `sentinels_to_nulls` (the reading of `use_deephaven_nulls`).
+
+Everything on a data path works on whole columns with numpy / pyarrow compute; the BigDecimal and
+BigInteger codecs do multi-word arithmetic on 32-bit limbs, looping over limbs and digits, never
+over rows.
 """
 from __future__ import annotations
 
 import struct
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,37 +38,127 @@ from tickwire.protocol.errors import ProtocolError
 __all__ = [
     "DH_TYPE",
     "DH_COMPONENT_TYPE",
+    "DH_IS_SORTABLE",
     "deephaven_type_for",
+    "arrow_type_for_deephaven",
     "wire_type_for",
+    "is_sortable_type",
     "to_deephaven_schema",
+    "attributes_from_schema",
     "list_wrapped_schema",
     "unwrap_list_schema",
+    "is_list_wrapper_field",
     "to_wire_array",
+    "to_wire_arrays",
     "from_wire_array",
+    "from_wire_arrays",
+    "decimal_to_deephaven_binary",
+    "deephaven_binary_to_decimal",
     "schema_message",
     "ipc_encapsulated_schema",
     "read_schema_message",
-    "attributes_from_schema",
+    "sentinel_for",
+    "has_sentinel",
+    "fill_sentinels",
+    "sentinels_to_nulls",
 ]
 
 DH_TYPE = b"deephaven:type"
 DH_COMPONENT_TYPE = b"deephaven:componentType"
-_SORTABLE = b"deephaven:isSortable"
+DH_IS_SORTABLE = b"deephaven:isSortable"
+_TRUE = b"true"
 
-_ATTRIBUTE_TYPES = {
-    bool: "java.lang.Boolean",
-    int: "java.lang.Long",
-    float: "java.lang.Double",
-    str: "java.lang.String",
+ROW_STYLE_COLUMN = "__ROW__TABLE_STYLE_FORMAT"
+_STYLE_SUFFIX = "__TABLE_STYLE_FORMAT"
+_NUMBER_FORMAT_SUFFIX = "__TABLE_NUMBER_FORMAT"
+_DATE_FORMAT_SUFFIX = "__TABLE_DATE_FORMAT"
+
+BIG_DECIMAL = "java.math.BigDecimal"
+BIG_INTEGER = "java.math.BigInteger"
+LOCAL_DATE = "java.time.LocalDate"
+
+_TS_NS_UTC = pa.timestamp("ns", "UTC")
+_UTC_NAMES = (None, "UTC", "Z", "+00:00", "Etc/UTC", "GMT", "Etc/GMT")
+
+# Deephaven type name -> wire Arrow type (§5.3)
+_SCALAR_WIRE_TYPES: dict[str, pa.DataType] = {
+    "byte": pa.int8(), "java.lang.Byte": pa.int8(),
+    "short": pa.int16(), "java.lang.Short": pa.int16(),
+    "int": pa.int32(), "java.lang.Integer": pa.int32(),
+    "long": pa.int64(), "java.lang.Long": pa.int64(),
+    "char": pa.uint16(), "java.lang.Character": pa.uint16(),
+    "float": pa.float32(), "java.lang.Float": pa.float32(),
+    "double": pa.float64(), "java.lang.Double": pa.float64(),
+    "boolean": pa.bool_(), "java.lang.Boolean": pa.bool_(),
+    "java.lang.String": pa.string(),
+    "java.time.Instant": _TS_NS_UTC,
+    "java.time.ZonedDateTime": _TS_NS_UTC,
+    LOCAL_DATE: pa.date64(),
+    "java.time.LocalTime": pa.time64("ns"),
+    "java.time.Duration": pa.duration("ns"),
+    "org.apache.arrow.vector.PeriodDuration": pa.month_day_nano_interval(),
+    BIG_DECIMAL: pa.binary(),
+    BIG_INTEGER: pa.binary(),
+    "byte[]": pa.binary(),
 }
-_PRIMITIVE_ARRAY_NAMES = {
-    "byte": "byte[]", "short": "short[]", "int": "int[]", "long": "long[]", "float": "float[]",
-    "double": "double[]", "char": "char[]", "java.lang.Boolean": "java.lang.Boolean[]",
+
+# io.deephaven.vector.<X>Vector -> element type name
+_VECTOR_COMPONENTS = {
+    "io.deephaven.vector.ByteVector": "byte",
+    "io.deephaven.vector.ShortVector": "short",
+    "io.deephaven.vector.IntVector": "int",
+    "io.deephaven.vector.LongVector": "long",
+    "io.deephaven.vector.CharVector": "char",
+    "io.deephaven.vector.FloatVector": "float",
+    "io.deephaven.vector.DoubleVector": "double",
+}
+_OBJECT_VECTOR = "io.deephaven.vector.ObjectVector"
+
+# types that are primitive or implement java.lang.Comparable (get deephaven:isSortable)
+_SORTABLE = frozenset([
+    "byte", "short", "int", "long", "char", "float", "double", "boolean",
+    "java.lang.Byte", "java.lang.Short", "java.lang.Integer", "java.lang.Long", "java.lang.Character",
+    "java.lang.Float", "java.lang.Double", "java.lang.Boolean", "java.lang.String",
+    "java.time.Instant", "java.time.ZonedDateTime", "java.time.LocalDate", "java.time.LocalTime",
+    "java.time.Duration", BIG_DECIMAL, BIG_INTEGER,
+])
+
+_F32_NULL = float(-np.finfo(np.float32).max)
+_F64_NULL = float(-np.finfo(np.float64).max)
+
+# Deephaven type name -> null sentinel (§5.5); the boxed types share their primitive's sentinel
+_DH_SENTINELS: dict[str, object] = {
+    "byte": -(2**7), "java.lang.Byte": -(2**7),
+    "short": -(2**15), "java.lang.Short": -(2**15),
+    "int": -(2**31), "java.lang.Integer": -(2**31),
+    "long": -(2**63), "java.lang.Long": -(2**63),
+    "char": 0xFFFF, "java.lang.Character": 0xFFFF,
+    "float": _F32_NULL, "java.lang.Float": _F32_NULL,
+    "double": _F64_NULL, "java.lang.Double": _F64_NULL,
+    "java.time.Instant": -(2**63), "java.time.ZonedDateTime": -(2**63), LOCAL_DATE: -(2**63),
+    "java.time.LocalTime": -(2**63), "java.time.Duration": -(2**63),
 }
 
 
-def deephaven_type_for(t: pa.DataType) -> str:
-    """The Deephaven column type (Java canonical name) for an Arrow type (§5.3 / §5.4)."""
+# ----------------------------------------------------------------------------------------------
+# type mapping
+# ----------------------------------------------------------------------------------------------
+
+def _is_any_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
+        or pa.types.is_list_view(t) or pa.types.is_large_list_view(t)
+
+
+def deephaven_type_for(t: pa.DataType, *, nullable: bool = True, allow_large: bool = True) -> str:
+    """The Deephaven column type (Java canonical name) for an Arrow type without `deephaven:type` (§5.4).
+
+    List types map to `<component>[]` (`int[]`, `java.lang.String[]`, `int[][]`). A non-nullable
+    Bool maps to `boolean`. With `allow_large=False`, LargeUtf8/LargeBinary/LargeList are rejected
+    the way Deephaven rejects them on input. Unsupported types raise ProtocolError."""
+    if pa.types.is_dictionary(t):
+        raise ProtocolError(f"dictionary-encoded type {t} has no Deephaven column type (decode it first)")
+    if not allow_large and (pa.types.is_large_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_list(t)):
+        raise ProtocolError(f"Arrow type {t} is not accepted by Deephaven (64-bit offsets)")
     if pa.types.is_int8(t):
         return "byte"
     if pa.types.is_int16(t) or pa.types.is_uint8(t):
@@ -64,269 +170,735 @@ def deephaven_type_for(t: pa.DataType) -> str:
     if pa.types.is_uint16(t):
         return "char"
     if pa.types.is_uint64(t):
-        return "java.math.BigInteger"
+        return BIG_INTEGER
     if pa.types.is_float16(t) or pa.types.is_float32(t):
         return "float"
     if pa.types.is_float64(t):
         return "double"
     if pa.types.is_boolean(t):
-        return "java.lang.Boolean"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "java.lang.Boolean" if nullable else "boolean"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return "java.lang.String"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) \
+            or pa.types.is_binary_view(t):
         return "byte[]"
     if pa.types.is_timestamp(t):
-        return "java.time.Instant" if t.tz in (None, "UTC", "Z", "+00:00", "Etc/UTC") else "java.time.ZonedDateTime"
+        return "java.time.Instant" if t.tz in _UTC_NAMES else "java.time.ZonedDateTime"
     if pa.types.is_date(t):
-        return "java.time.LocalDate"
+        return LOCAL_DATE
     if pa.types.is_time(t):
         return "java.time.LocalTime"
     if pa.types.is_duration(t):
         return "java.time.Duration"
     if pa.types.is_decimal(t):
-        return "java.math.BigDecimal"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        inner = deephaven_type_for(t.value_type)
-        return _PRIMITIVE_ARRAY_NAMES.get(inner, inner + "[]")
+        return BIG_DECIMAL
     if t == pa.month_day_nano_interval():
         return "org.apache.arrow.vector.PeriodDuration"
-    raise ProtocolError(f"no Deephaven type for Arrow type {t}")
+    if _is_any_list(t):
+        return deephaven_type_for(t.value_type, allow_large=allow_large) + "[]"
+    if pa.types.is_map(t):
+        return "java.util.Map"
+    if pa.types.is_null(t) or pa.types.is_union(t):
+        return "java.lang.Object"
+    raise ProtocolError(f"no Deephaven column type for Arrow type {t}")
+
+
+def arrow_type_for_deephaven(dh_type: str, component_type: Optional[str] = None) -> pa.DataType:
+    """The Arrow wire type Deephaven uses for a column of Deephaven type `dh_type` (§5.3).
+
+    Arrays (`int[]`, `java.lang.String[]`) and vectors (`io.deephaven.vector.IntVector`, or
+    `ObjectVector` with `component_type`) are Lists whose child is named "" and nullable; `byte[]`
+    is Binary. Any other class name is sent as its `toString()`, i.e. Utf8. `java.time.Period`
+    (Interval YEAR_MONTH) has no pyarrow type and raises ProtocolError."""
+    t = _SCALAR_WIRE_TYPES.get(dh_type)
+    if t is not None:
+        return t
+    if dh_type == "java.time.Period":
+        raise ProtocolError("java.time.Period (Arrow Interval YEAR_MONTH) has no pyarrow type")
+    if dh_type.endswith("[]"):
+        inner = dh_type[:-2]
+        return pa.list_(pa.field("", arrow_type_for_deephaven(inner), nullable=True))
+    if dh_type in _VECTOR_COMPONENTS:
+        return pa.list_(pa.field("", arrow_type_for_deephaven(_VECTOR_COMPONENTS[dh_type]), nullable=True))
+    if dh_type == _OBJECT_VECTOR:
+        inner = component_type or "java.lang.String"
+        return pa.list_(pa.field("", arrow_type_for_deephaven(inner), nullable=True))
+    return pa.string()
 
 
 def wire_type_for(t: pa.DataType) -> pa.DataType:
-    """The Arrow type Deephaven's clients receive for a column of Arrow type `t`."""
+    """The Arrow type Deephaven's clients receive for a column of Arrow type `t` (§5.3)."""
+    if pa.types.is_dictionary(t):
+        return wire_type_for(t.value_type)
     if pa.types.is_timestamp(t):
-        return pa.timestamp("ns", "UTC")
+        return _TS_NS_UTC
     if pa.types.is_date(t):
         return pa.date64()
     if pa.types.is_time(t):
         return pa.time64("ns")
     if pa.types.is_duration(t):
         return pa.duration("ns")
-    if pa.types.is_large_string(t):
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
-    if pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_decimal(t):
+    if pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t) \
+            or pa.types.is_decimal(t) or pa.types.is_uint64(t):
         return pa.binary()
     if pa.types.is_uint8(t):
         return pa.int16()
     if pa.types.is_uint32(t):
         return pa.int64()
-    if pa.types.is_uint64(t):
-        return pa.binary()
     if pa.types.is_float16(t):
         return pa.float32()
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    if _is_any_list(t):
         return pa.list_(pa.field("", wire_type_for(t.value_type), nullable=True))
-    return t
+    if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
+            or pa.types.is_binary(t) or t == pa.month_day_nano_interval()):
+        return t
+    raise ProtocolError(f"Arrow type {t} has no Barrage wire mapping")
 
+
+def is_sortable_type(dh_type: str) -> bool:
+    """Whether Deephaven marks a column of this type `isSortable` (primitive or Comparable)."""
+    return dh_type in _SORTABLE
+
+
+# ----------------------------------------------------------------------------------------------
+# schemas
+# ----------------------------------------------------------------------------------------------
 
 def _field_metadata(f: pa.Field, names: set[str]) -> dict[bytes, bytes]:
-    md = dict(f.metadata or {})
-    dh = md.get(DH_TYPE, b"").decode() or deephaven_type_for(f.type)
+    user = dict(f.metadata or {})
+    explicit = user.get(DH_TYPE)
+    dh = explicit.decode() if explicit else deephaven_type_for(f.type)
+    md: dict[bytes, bytes] = {}
+    if is_sortable_type(dh):
+        md[DH_IS_SORTABLE] = _TRUE
     md[DH_TYPE] = dh.encode()
-    t = f.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        md.setdefault(DH_COMPONENT_TYPE, deephaven_type_for(t.value_type).encode())
-    elif not dh.endswith("[]") and dh != "byte[]":
-        md.setdefault(_SORTABLE, b"true")
+    if _is_any_list(f.type) and DH_COMPONENT_TYPE not in user:
+        md[DH_COMPONENT_TYPE] = deephaven_type_for(f.type.value_type).encode()
     name = f.name
-    if name == "__ROW__TABLE_STYLE_FORMAT":
-        md[b"deephaven:isRowStyle"] = b"true"
-    if name.endswith("__TABLE_STYLE_FORMAT"):
-        md[b"deephaven:isStyle"] = b"true"
-    if name.endswith("__TABLE_NUMBER_FORMAT"):
-        md[b"deephaven:isNumberFormat"] = b"true"
-    if name.endswith("__TABLE_DATE_FORMAT"):
-        md[b"deephaven:isDateFormat"] = b"true"
-    for suffix, key in (("__TABLE_STYLE_FORMAT", b"deephaven:styleColumn"),
-                        ("__TABLE_NUMBER_FORMAT", b"deephaven:numberFormatColumn"),
-                        ("__TABLE_DATE_FORMAT", b"deephaven:dateFormatColumn")):
+    for suffix, key in ((_STYLE_SUFFIX, b"deephaven:styleColumn"),
+                        (_NUMBER_FORMAT_SUFFIX, b"deephaven:numberFormatColumn"),
+                        (_DATE_FORMAT_SUFFIX, b"deephaven:dateFormatColumn")):
         if name + suffix in names:
             md[key] = (name + suffix).encode()
+    if name == ROW_STYLE_COLUMN:
+        md[b"deephaven:isRowStyle"] = _TRUE
+    if name.endswith(_STYLE_SUFFIX):
+        md[b"deephaven:isStyle"] = _TRUE
+    if name.endswith(_NUMBER_FORMAT_SUFFIX):
+        md[b"deephaven:isNumberFormat"] = _TRUE
+    if name.endswith(_DATE_FORMAT_SUFFIX):
+        md[b"deephaven:isDateFormat"] = _TRUE
+    md.update(user)  # metadata already on the field wins (description, partitioning, input-table keys, ...)
     return md
 
 
+def _attribute_entry(value) -> Optional[tuple[str, str]]:
+    """(text, Java class) of an attribute value Deephaven sends as metadata, None otherwise."""
+    if isinstance(value, (bool, np.bool_)):
+        return ("true" if value else "false"), "java.lang.Boolean"
+    if isinstance(value, np.integer):
+        java = {1: "java.lang.Byte", 2: "java.lang.Short", 4: "java.lang.Integer"}.get(value.dtype.itemsize,
+                                                                                      "java.lang.Long")
+        return str(int(value)), java
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**63:
+            return str(value), "java.lang.Long"
+        return None
+    if isinstance(value, np.floating):
+        return repr(float(value)), ("java.lang.Float" if value.dtype.itemsize == 4 else "java.lang.Double")
+    if isinstance(value, float):
+        return repr(value), "java.lang.Double"
+    if isinstance(value, str):
+        return value, "java.lang.String"
+    return None
+
+
 def to_deephaven_schema(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> pa.Schema:
-    """The schema Deephaven's clients expect for a table of `schema` (wire types + metadata)."""
+    """The schema Deephaven's clients expect for a table of `schema` (wire types + metadata).
+
+    Every field becomes nullable with its wire type (§5.3) and gets `deephaven:type` (an explicit
+    one on the input field wins), `isSortable` for primitive/Comparable types, `componentType` for
+    lists, and the style/format markers of §5.2. `attributes` become schema metadata (§5.1):
+    `deephaven:attribute.<Name>` + `deephaven:attribute_type.<Name>` for bool (Boolean), int
+    (Long; numpy ints by width), float (Double; numpy float32 -> Float) and str (String) values,
+    and `deephaven:unsent.attribute.<Name>` for anything else. Typical attributes: IsFlat,
+    BlinkTable, AddOnly, AppendOnly. Schema metadata already present on `schema` is kept."""
     names = set(schema.names)
-    fields = []
-    for f in schema:
-        fields.append(pa.field(f.name, wire_type_for(f.type), nullable=True, metadata=_field_metadata(f, names)))
-    md: dict[bytes, bytes] = {}
+    fields = [pa.field(f.name, wire_type_for(f.type), nullable=True, metadata=_field_metadata(f, names))
+              for f in schema]
+    md: dict[bytes, bytes] = dict(schema.metadata or {})
     for key, value in (attributes or {}).items():
-        java = _ATTRIBUTE_TYPES.get(type(value))
-        if java is None:
+        entry = _attribute_entry(value)
+        if entry is None:
             md[f"deephaven:unsent.attribute.{key}".encode()] = b""
             continue
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        text, java = entry
         md[f"deephaven:attribute.{key}".encode()] = text.encode()
         md[f"deephaven:attribute_type.{key}".encode()] = java.encode()
     return pa.schema(fields, metadata=md or None)
 
 
 def attributes_from_schema(schema: pa.Schema) -> dict[str, object]:
-    """Typed table attributes from `deephaven:attribute.*` metadata."""
+    """Typed table attributes from `deephaven:attribute.*` / `deephaven:attribute_type.*` metadata."""
     md = schema.metadata or {}
     out: dict[str, object] = {}
+    prefix = b"deephaven:attribute."
     for k, v in md.items():
-        key = k.decode()
-        if not key.startswith("deephaven:attribute."):
+        if not k.startswith(prefix):
             continue
-        name = key[len("deephaven:attribute."):]
-        java = md.get(f"deephaven:attribute_type.{name}".encode(), b"java.lang.String").decode()
+        name = k[len(prefix):].decode()
+        java = md.get(b"deephaven:attribute_type." + k[len(prefix):], b"java.lang.String").decode()
         text = v.decode()
-        if java == "java.lang.Boolean":
-            out[name] = text == "true"
-        elif java in ("java.lang.Byte", "java.lang.Short", "java.lang.Integer", "java.lang.Long"):
-            out[name] = int(text)
-        elif java in ("java.lang.Float", "java.lang.Double"):
-            out[name] = float(text)
-        else:
-            out[name] = text
+        try:
+            if java == "java.lang.Boolean":
+                out[name] = text.lower() == "true"
+            elif java in ("java.lang.Byte", "java.lang.Short", "java.lang.Integer", "java.lang.Long"):
+                out[name] = int(text)
+            elif java in ("java.lang.Float", "java.lang.Double"):
+                out[name] = float(text)
+            elif java == "java.lang.Character":
+                out[name] = text[:1]
+            else:
+                out[name] = text
+        except ValueError:
+            raise ProtocolError(f"schema attribute {name!r}: {text!r} is not a valid {java}") from None
     return out
 
 
 def list_wrapped_schema(schema: pa.Schema) -> pa.Schema:
-    """The `columns_as_list` schema: each field becomes a non-nullable List of itself (§5.6)."""
+    """The `columns_as_list` schema (§5.6): each field becomes a non-nullable List with the same name
+    and metadata, whose single child is the original field."""
     fields = [pa.field(f.name, pa.list_(f), nullable=False, metadata=f.metadata) for f in schema]
     return pa.schema(fields, metadata=schema.metadata)
 
 
+def is_list_wrapper_field(f: pa.Field) -> bool:
+    """True for a `columns_as_list` wrapper: a non-nullable List whose child has the field's own name.
+    (A real list column is nullable and its child is named "".)"""
+    return pa.types.is_list(f.type) and not f.nullable and f.type.value_field.name == f.name
+
+
 def unwrap_list_schema(schema: pa.Schema) -> pa.Schema:
+    """The inverse of `list_wrapped_schema`: each List field is replaced by its child, keeping the name."""
     fields = []
     for f in schema:
         if not pa.types.is_list(f.type):
             raise ProtocolError(f"column {f.name!r} is not list-wrapped ({f.type})")
         child = f.type.value_field
-        fields.append(pa.field(f.name, child.type, nullable=True, metadata=child.metadata or f.metadata))
+        fields.append(pa.field(f.name, child.type, nullable=child.nullable, metadata=child.metadata or f.metadata))
     return pa.schema(fields, metadata=schema.metadata)
 
 
 # ----------------------------------------------------------------------------------------------
-# values
+# multi-word integers on 32-bit limbs: (n, L) uint64 arrays, limb 0 least significant
 # ----------------------------------------------------------------------------------------------
 
-def _decimal_to_dh_binary(arr: pa.Array) -> pa.Array:
-    """Decimal values -> Deephaven's BigDecimal bytes: int32 LE scale (trailing zeros stripped),
-    then the unscaled value as minimal big-endian two's complement."""
-    if pa.types.is_decimal128(arr.type) and arr.type.precision <= 18:
-        return _decimal64_to_dh_binary(arr)
-    return _decimal_to_dh_binary_any(arr)
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
 
 
-def _decimal64_to_dh_binary(arr: pa.Array) -> pa.Array:
-    """Vectorized form for precisions up to 18, whose unscaled values fit in int64."""
-    n = len(arr)
-    words = np.frombuffer(arr.buffers()[1], dtype="<i8", count=2 * (arr.offset + n))[2 * arr.offset:]
-    v = words[0::2].copy()  # low 64 bits hold the whole value when precision <= 18
-    scale = np.full(n, arr.type.scale, dtype=np.int64)
-    for _ in range(arr.type.scale + 18):
-        strip = (v % 10 == 0) & (v != 0)
-        if not strip.any():
-            break
-        v = np.where(strip, v // 10, v)
-        scale = np.where(strip, scale - 1, scale)
-    scale = np.where(v == 0, 0, scale)
-    k = np.ones(n, dtype=np.int64)
-    for j in range(1, 8):
-        k += (v >= (1 << (8 * j - 1))) | (v < -(1 << (8 * j - 1)))
-    rows = np.empty((n, 12), dtype=np.uint8)
-    rows[:, :4] = scale.astype("<i4").view(np.uint8).reshape(n, 4)
-    rows[:, 4:] = v.astype(">i8").view(np.uint8).reshape(n, 8)
-    keep = (np.arange(12) < 4) | (np.arange(12) >= (12 - k)[:, None])
-    data = rows[keep]
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(4 + k, out=offsets[1:])
-    validity = None if arr.null_count == 0 else pa.compute.is_valid(arr).buffers()[1]
-    out = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
-                                null_count=arr.null_count)
-    if arr.null_count:
-        # null slots carry no bytes (offsets repeat), as Deephaven writes them
-        out = pa.compute.if_else(pa.compute.is_valid(arr), out, pa.scalar(None, pa.binary()))
+def _limbs_from_le(raw: np.ndarray) -> np.ndarray:
+    """(n, 4L) little-endian bytes -> (n, L) limbs."""
+    raw = np.ascontiguousarray(raw)
+    n, w = raw.shape
+    return raw.view("<u4").reshape(n, w // 4).astype(np.uint64)
+
+
+def _limbs_to_le(limbs: np.ndarray) -> np.ndarray:
+    """(n, L) limbs -> (n, 4L) little-endian bytes."""
+    n, L = limbs.shape
+    return np.ascontiguousarray(limbs.astype("<u4")).view(np.uint8).reshape(n, 4 * L)
+
+
+def _negate_rows(limbs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Two's complement negation (mod 2^(32L)) of the rows selected by the bool mask `rows`."""
+    out = limbs.copy()
+    if not rows.any():
+        return out
+    sub = (~limbs[rows]) & _M32
+    carry = np.ones(sub.shape[0], dtype=np.uint64)
+    for i in range(sub.shape[1]):
+        cur = sub[:, i] + carry
+        sub[:, i] = cur & _M32
+        carry = cur >> _S32
+    out[rows] = sub
     return out
 
 
-def _decimal_to_dh_binary_any(arr: pa.Array) -> pa.Array:
-    out = []
-    for v in arr.to_pylist():
-        if v is None:
-            out.append(None)
-            continue
-        sign, digits, exp = v.normalize().as_tuple()
-        unscaled = int("".join(map(str, digits))) if digits else 0
-        if sign:
-            unscaled = -unscaled
-        scale = -exp
-        nbytes = max(1, (unscaled + (unscaled < 0)).bit_length() // 8 + 1)
-        out.append(struct.pack("<i", scale) + unscaled.to_bytes(nbytes, "big", signed=True))
-    return pa.array(out, type=pa.binary())
+def _divmod10(mag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    q = np.empty_like(mag)
+    r = np.zeros(mag.shape[0], dtype=np.uint64)
+    for i in range(mag.shape[1] - 1, -1, -1):
+        cur = (r << _S32) | mag[:, i]
+        q[:, i] = cur // np.uint64(10)
+        r = cur % np.uint64(10)
+    return q, r
 
 
-def _dh_binary_to_decimal(arr: pa.Array) -> pa.Array:
-    import decimal
-
-    vals = []
-    for b in arr.to_pylist():
-        if b is None:
-            vals.append(None)
-            continue
-        if len(b) < 5:
-            raise ProtocolError(f"BigDecimal value of {len(b)} bytes is too short")
-        scale = struct.unpack("<i", b[:4])[0]
-        unscaled = int.from_bytes(b[4:], "big", signed=True)
-        vals.append(decimal.Decimal(unscaled).scaleb(-scale))
-    return pa.array(vals)
+def _mul10(mag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    out = np.empty_like(mag)
+    carry = np.zeros(mag.shape[0], dtype=np.uint64)
+    for i in range(mag.shape[1]):
+        cur = mag[:, i] * np.uint64(10) + carry
+        out[:, i] = cur & _M32
+        carry = cur >> _S32
+    return out, carry
 
 
-def to_wire_array(arr: pa.Array) -> pa.Array:
-    """Converts one column's values to the wire type `wire_type_for(arr.type)`."""
+def _bit_length(mag: np.ndarray) -> np.ndarray:
+    n, L = mag.shape
+    nz = mag != 0
+    has = nz.any(axis=1)
+    top = L - 1 - np.argmax(nz[:, ::-1], axis=1)
+    top_limb = mag[np.arange(n), top]
+    bits = np.frexp(top_limb.astype(np.float64))[1].astype(np.int64)  # exact below 2^53
+    return np.where(has, 32 * top.astype(np.int64) + bits, 0)
+
+
+def _pow10_limbs(p: int, L: int) -> np.ndarray:
+    v = 10 ** p
+    return np.array([(v >> (32 * i)) & 0xFFFFFFFF for i in range(L)], dtype=np.uint64)
+
+
+def _less_than(mag: np.ndarray, const: np.ndarray) -> np.ndarray:
+    lt = np.zeros(mag.shape[0], dtype=bool)
+    eq = np.ones(mag.shape[0], dtype=bool)
+    for i in range(mag.shape[1] - 1, -1, -1):
+        lt |= eq & (mag[:, i] < const[i])
+        eq &= mag[:, i] == const[i]
+    return lt
+
+
+def _validity_buffer(valid: np.ndarray) -> tuple[Optional[pa.Buffer], int]:
+    nulls = int(valid.size - np.count_nonzero(valid))
+    if nulls == 0:
+        return None, 0
+    return pa.py_buffer(np.packbits(valid, bitorder="little")), nulls
+
+
+def _valid_mask(arr: pa.Array) -> np.ndarray:
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=bool)
+    return pc.is_valid(arr).to_numpy(zero_copy_only=False)
+
+
+def _signed_to_min_bytes(neg: np.ndarray, mag: np.ndarray, valid: np.ndarray,
+                         scale: Optional[np.ndarray]) -> pa.Array:
+    """Binary values: [int32 LE scale] + minimal big-endian two's complement of (-1)^neg * mag,
+    as Java's `BigInteger.toByteArray`. Null rows get no bytes."""
+    n, L = mag.shape
+    mag = np.concatenate([mag, np.zeros((n, 1), dtype=np.uint64)], axis=1)  # room for the sign bit
+    L += 1
+    # bytes needed: bitLength(v >= 0 ? v : -v - 1) / 8 + 1
+    for_len = mag.copy()
+    dec = neg & valid
+    if dec.any():
+        # mag - 1 for negative rows (mag >= 1 there)
+        sub = for_len[dec]
+        borrow = np.ones(sub.shape[0], dtype=np.uint64)
+        for i in range(L):
+            cur = sub[:, i] - borrow
+            new_borrow = (sub[:, i] < borrow).astype(np.uint64)
+            sub[:, i] = cur & _M32
+            borrow = new_borrow
+        for_len[dec] = sub
+    k = _bit_length(for_len) // 8 + 1
+    twos = _negate_rows(mag, dec)
+    be = _limbs_to_le(twos)[:, ::-1]
+    width = 4 * L
+    prefix = 0 if scale is None else 4
+    rows = np.empty((n, prefix + width), dtype=np.uint8)
+    if scale is not None:
+        rows[:, :4] = np.ascontiguousarray(scale.astype("<i4")).view(np.uint8).reshape(n, 4)
+    rows[:, prefix:] = be
+    k = np.where(valid, k, 0)
+    cols = np.arange(prefix + width)
+    keep = ((cols < prefix)[None, :] & valid[:, None]) | (cols[None, :] >= (prefix + width - k)[:, None])
+    data = rows[keep]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    lengths = np.where(valid, prefix + k, 0)
+    np.cumsum(lengths, out=offsets[1:])
+    validity, nulls = _validity_buffer(valid)
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                 null_count=nulls)
+
+
+def _decimal_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(negative, magnitude limbs, valid) of a decimal32/64/128/256 array."""
+    n = len(arr)
+    width = arr.type.bit_width // 8
+    raw = np.frombuffer(arr.buffers()[1], dtype=np.uint8, count=(arr.offset + n) * width)[arr.offset * width:]
+    raw = raw.reshape(n, width)
+    limbs = _limbs_from_le(raw)
+    valid = _valid_mask(arr)
+    neg = ((raw[:, -1] & 0x80) != 0) & valid
+    mag = _negate_rows(limbs, neg)
+    mag[~valid] = 0
+    return neg, mag, valid
+
+
+def decimal_to_deephaven_binary(arr: pa.Array) -> pa.Array:
+    """Decimal values -> Deephaven's BigDecimal wire bytes: int32 LE scale of the value with trailing
+    zeros stripped (0 for zero, negative for e.g. 100 -> 1E+2), then the unscaled value as minimal
+    big-endian two's complement. Nulls stay null with no bytes."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    if not pa.types.is_decimal(arr.type):
+        raise TypeError(f"expected a decimal array, got {arr.type}")
+    neg, mag, valid = _decimal_parts(arr)
+    n = len(arr)
+    scale = np.full(n, arr.type.scale, dtype=np.int64)
+    nonzero = mag.any(axis=1)
+    scale[~nonzero] = 0
+    active = np.flatnonzero(nonzero & valid)
+    while active.size:
+        q, r = _divmod10(mag[active])
+        strip = r == 0
+        done = active[strip]
+        mag[done] = q[strip]
+        scale[done] -= 1
+        active = done
+    return _signed_to_min_bytes(neg, mag, valid, scale)
+
+
+def _unsigned_to_biginteger(arr: pa.Array) -> pa.Array:
+    n = len(arr)
+    valid = _valid_mask(arr)
+    v = np.frombuffer(arr.buffers()[1], dtype="<u8", count=arr.offset + n)[arr.offset:].copy()
+    v[~valid] = 0
+    mag = np.stack([v & _M32, v >> _S32], axis=1)
+    return _signed_to_min_bytes(np.zeros(n, dtype=bool), mag, valid, None)
+
+
+def _parse_min_bytes(arr: pa.Array, with_scale: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of `_signed_to_min_bytes`: (negative, magnitude limbs, scale, valid)."""
+    what = "BigDecimal" if with_scale else "BigInteger"
+    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        raise ProtocolError(f"{what} column must be Binary on the wire, got {arr.type}")
+    n = len(arr)
+    odt = np.int32 if pa.types.is_binary(arr.type) else np.int64
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=odt, count=arr.offset + n + 1)[arr.offset:].astype(np.int64) \
+        if n else np.zeros(1, dtype=np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
+    valid = _valid_mask(arr)
+    lengths = np.diff(offsets)
+    prefix = 4 if with_scale else 0
+    short = valid & (lengths < prefix + 1)
+    if short.any():
+        i = int(np.flatnonzero(short)[0])
+        raise ProtocolError(f"{what} value {i} has {int(lengths[i])} bytes, needs at least {prefix + 1}")
+    u = np.where(valid, lengths - prefix, 0)
+    L = max(1, int(-(-int(u.max(initial=0)) // 4)))
+    width = 4 * L
+    starts = offsets[:-1] + prefix
+    neg = np.zeros(n, dtype=bool)
+    has = u > 0
+    neg[has] = (data[starts[has]] & 0x80) != 0
+    be = np.zeros((n, width), dtype=np.uint8)
+    be[neg] = 0xFF
+    total = int(u.sum())
+    if total:
+        row = np.repeat(np.arange(n), u)
+        within = np.arange(total) - np.repeat(np.cumsum(u) - u, u)
+        be[row, np.repeat(width - u, u) + within] = data[np.repeat(starts, u) + within]
+    limbs = _limbs_from_le(be[:, ::-1])
+    mag = _negate_rows(limbs, neg)
+    scale = np.zeros(n, dtype=np.int64)
+    if with_scale and valid.any():
+        idx = offsets[:-1][valid][:, None] + np.arange(4)
+        scale[valid] = np.ascontiguousarray(data[idx]).view("<i4").reshape(-1)
+    return neg, mag, scale, valid
+
+
+def _assemble_decimal(neg, mag, scale, valid, target: Optional[pa.DataType], what: str) -> pa.Array:
+    n = mag.shape[0]
+    nonzero = mag.any(axis=1) & valid
+    if target is not None:
+        out_scale = target.scale
+    else:
+        out_scale = max(0, int(scale[nonzero].max(initial=0)))
+    exp = np.where(nonzero, out_scale - scale, 0)
+    if (exp < 0).any():
+        i = int(np.flatnonzero(exp < 0)[0])
+        raise ProtocolError(f"{what} value {i} has scale {int(scale[i])}, more than the target scale {out_scale}")
+    if int(exp.max(initial=0)) > 76:
+        raise ProtocolError(f"{what} values span more than 76 decimal digits of scale")
+    work = np.concatenate([mag, np.zeros((n, max(0, 9 - mag.shape[1])), dtype=np.uint64)], axis=1)
+    for step in range(int(exp.max(initial=0))):
+        rows = np.flatnonzero(exp > step)
+        prod, carry = _mul10(work[rows])
+        if carry.any():
+            raise ProtocolError(f"{what} value too large for a decimal256")
+        work[rows] = prod
+    if target is None:
+        precision = 38 if _less_than(work, _pow10_limbs(38, work.shape[1])).all() else 76
+        target = pa.decimal128(38, out_scale) if precision == 38 else pa.decimal256(76, out_scale)
+    if not _less_than(work, _pow10_limbs(target.precision, work.shape[1])).all():
+        raise ProtocolError(f"{what} value does not fit {target}")
+    out_limbs = target.bit_width // 32
+    twos = _negate_rows(work[:, :out_limbs], neg & valid)
+    twos[~valid] = 0
+    validity, nulls = _validity_buffer(valid)
+    return pa.Array.from_buffers(target, n, [validity, pa.py_buffer(_limbs_to_le(twos))], null_count=nulls)
+
+
+def deephaven_binary_to_decimal(arr: pa.Array, target: Optional[pa.DataType] = None) -> pa.Array:
+    """Deephaven BigDecimal wire bytes -> a decimal array. Without `target`, the scale is the
+    largest value scale (at least 0) and the type decimal128(38, s), or decimal256(76, s) when a
+    value needs more digits. Values that would need rounding or do not fit raise ProtocolError."""
+    if target is not None and not pa.types.is_decimal(target):
+        raise TypeError(f"target must be a decimal type, got {target}")
+    neg, mag, scale, valid = _parse_min_bytes(arr, True)
+    return _assemble_decimal(neg, mag, scale, valid, target, "BigDecimal")
+
+
+def _biginteger_to_arrow(arr: pa.Array, target: Optional[pa.DataType]) -> pa.Array:
+    neg, mag, scale, valid = _parse_min_bytes(arr, False)
+    dec_target = target if target is not None and pa.types.is_decimal(target) else None
+    out = _assemble_decimal(neg, mag, scale, valid, dec_target, "BigInteger")
+    if target is not None and not pa.types.is_decimal(target):
+        try:
+            out = pc.cast(out, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ProtocolError(f"BigInteger values do not fit {target}: {exc}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# value conversion
+# ----------------------------------------------------------------------------------------------
+
+def _rebuild_list(arr: pa.Array, values: pa.Array) -> pa.Array:
+    """A List array with `arr`'s offsets and validity over new child `values`."""
+    t = pa.list_(pa.field("", values.type, nullable=True))
+    validity = arr.buffers()[0] if arr.null_count else None
+    return pa.Array.from_buffers(t, len(arr), [validity, arr.buffers()[1]], null_count=arr.null_count,
+                                 offset=arr.offset, children=[values])
+
+
+def to_wire_array(arr) -> pa.Array:
+    """Converts one column's values to `wire_type_for(arr.type)` (§5.3); wire-typed input is
+    returned unchanged (no copy)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     t = arr.type
+    if pa.types.is_dictionary(t):
+        return to_wire_array(arr.dictionary_decode())
     target = wire_type_for(t)
+    if pa.types.is_list(t):
+        values = arr.values
+        wire_values = to_wire_array(values)
+        if wire_values is values and t.value_field.name == "" and t.value_field.nullable \
+                and not t.value_field.metadata:
+            return arr
+        return _rebuild_list(arr, wire_values)
+    if _is_any_list(t):
+        return to_wire_array(pc.cast(arr, pa.list_(t.value_field)))
     if target == t:
         return arr
     if pa.types.is_decimal(t):
-        return _decimal_to_dh_binary(arr)
-    if pa.types.is_date32(t):
-        return pc.cast(arr, pa.date64())
-    if pa.types.is_timestamp(t):
-        return pc.cast(arr, pa.timestamp("ns", t.tz)).view(pa.int64()).view(pa.timestamp("ns", "UTC"))
+        return decimal_to_deephaven_binary(arr)
     if pa.types.is_uint64(t):
-        raise ProtocolError("uint64 columns are not supported; cast them to int64 or decimal first")
+        return _unsigned_to_biginteger(arr)
+    if pa.types.is_timestamp(t):
+        return pc.cast(arr, pa.timestamp("ns", t.tz)).view(pa.int64()).view(_TS_NS_UTC)
     return pc.cast(arr, target)
 
 
-def from_wire_array(arr: pa.Array, dh_type: Optional[str]) -> pa.Array:
-    """Wire values back to a natural Arrow type (BigDecimal binary -> decimal); others unchanged."""
-    if dh_type == "java.math.BigDecimal" and pa.types.is_binary(arr.type):
-        return _dh_binary_to_decimal(arr)
-    return arr
+def to_wire_arrays(data) -> list[pa.Array]:
+    """`to_wire_array` for every column of a Table, RecordBatch or sequence of arrays."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        data = data.columns
+    return [to_wire_array(c) for c in data]
+
+
+def _component_of(dh_type: Optional[str], component: Optional[str]) -> Optional[str]:
+    if component:
+        return component
+    if dh_type is None:
+        return None
+    if dh_type.endswith("[]"):
+        return dh_type[:-2]
+    return _VECTOR_COMPONENTS.get(dh_type)
+
+
+def from_wire_array(arr, dh_type: Optional[str] = None, *, component_type: Optional[str] = None,
+                    target_type: Optional[pa.DataType] = None) -> pa.Array:
+    """Wire values back to natural Arrow values, guided by the Deephaven type.
+
+    BigDecimal binary -> decimal (see `deephaven_binary_to_decimal`), BigInteger binary -> decimal
+    with scale 0, LocalDate Date(ms) -> date32; list children are converted by their component
+    type. With `target_type` the result is cast to that type (e.g. back to a user schema's
+    timestamp unit or zone, uint8, date64). Other values are returned unchanged (no copy).
+    Sentinels are left alone (see `sentinels_to_nulls`)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    t = arr.type
+    if dh_type == BIG_DECIMAL and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        dec_target = target_type if target_type is not None and pa.types.is_decimal(target_type) else None
+        out = deephaven_binary_to_decimal(arr, dec_target)
+    elif dh_type == BIG_INTEGER and (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return _biginteger_to_arrow(arr, target_type)
+    elif dh_type == LOCAL_DATE and pa.types.is_date64(t) and target_type is None:
+        return pc.cast(arr, pa.date32())
+    elif pa.types.is_list(t):
+        comp = _component_of(dh_type, component_type)
+        child_target = target_type.value_type if target_type is not None and _is_any_list(target_type) else None
+        values = from_wire_array(arr.values, comp, target_type=child_target)
+        out = arr if values is arr.values else _rebuild_list(arr, values)
+    else:
+        out = arr
+    if target_type is not None and out.type != target_type:
+        try:
+            out = pc.cast(out, target_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ProtocolError(f"cannot convert {t} values to {target_type}: {exc}") from None
+    return out
+
+
+def from_wire_arrays(arrays: Sequence, schema: pa.Schema, target_schema: Optional[pa.Schema] = None) -> list[pa.Array]:
+    """`from_wire_array` for every column, with each field's `deephaven:type` and `componentType`
+    (list-wrapped schemas are unwrapped first) and, optionally, the types of `target_schema`."""
+    fields = [f.type.value_field if is_list_wrapper_field(f) else f for f in schema]
+    if len(arrays) != len(fields):
+        raise ValueError(f"{len(arrays)} arrays for a schema of {len(fields)} fields")
+    out = []
+    for i, (arr, f) in enumerate(zip(arrays, fields)):
+        md = f.metadata or {}
+        dh = md.get(DH_TYPE)
+        comp = md.get(DH_COMPONENT_TYPE)
+        target = target_schema.field(i).type if target_schema is not None else None
+        out.append(from_wire_array(arr, dh.decode() if dh else None,
+                                   component_type=comp.decode() if comp else None, target_type=target))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # schema messages
 # ----------------------------------------------------------------------------------------------
 
+_CONTINUATION = b"\xff\xff\xff\xff"
+
+
 def ipc_encapsulated_schema(schema: pa.Schema) -> bytes:
-    """FF FF FF FF, int32 length, the Schema Message flatbuffer, zero padding to 8 (§1.2)."""
+    """`FF FF FF FF`, int32 LE length, the Schema Message flatbuffer, zero padding to a multiple of 8
+    (§1.2): the form of FlightInfo.schema, SchemaResult.schema and ExportedTableCreationResponse.schema_header."""
     return schema.serialize().to_pybytes()
 
 
 def schema_message(schema: pa.Schema) -> bytes:
-    """The raw Schema Message flatbuffer, as FlightData.data_header carries it."""
+    """The raw Schema Message flatbuffer (root offset first, no continuation, no length), as
+    FlightData.data_header carries it."""
     enc = schema.serialize().to_pybytes()
     length = struct.unpack_from("<i", enc, 4)[0]
     return enc[8:8 + length]
 
 
 def read_schema_message(data) -> pa.Schema:
-    """Reads a Schema message in either form (raw flatbuffer or IPC-encapsulated)."""
+    """Reads a Schema message in either form: raw flatbuffer or IPC-encapsulated."""
     raw = bytes(data)
-    if raw[:4] != b"\xff\xff\xff\xff":
-        pad = (8 - len(raw) % 8) % 8
-        raw = b"\xff\xff\xff\xff" + struct.pack("<i", len(raw) + pad) + raw + b"\x00" * pad
+    if len(raw) < 8:
+        raise ProtocolError(f"Arrow Schema message of {len(raw)} bytes is too short")
+    if raw[:4] == _CONTINUATION:
+        length = struct.unpack_from("<i", raw, 4)[0]
+        if length < 8 or length > len(raw) - 8:
+            raise ProtocolError(f"IPC-encapsulated schema: length {length} does not fit in {len(raw) - 8} bytes")
+        raw = raw[8:8 + length]
+    pad = (8 - len(raw) % 8) % 8
+    framed = _CONTINUATION + struct.pack("<i", len(raw) + pad) + raw + b"\x00" * pad
     try:
-        return pa.ipc.read_schema(pa.py_buffer(raw))
-    except (pa.ArrowException, ValueError, OSError) as exc:
+        return pa.ipc.read_schema(pa.py_buffer(framed))
+    except (pa.ArrowException, ValueError, OSError, IndexError) as exc:
         raise ProtocolError(f"malformed Arrow Schema message: {exc}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# null sentinels
+# ----------------------------------------------------------------------------------------------
+
+def _int_storage(t: pa.DataType) -> Optional[pa.DataType]:
+    """The integer type a temporal type is stored as, None for non-temporal types."""
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
+        return pa.int64()
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pa.int32()
+    return None
+
+
+def sentinel_for(t: pa.DataType):
+    """The Deephaven null sentinel stored at a null slot of a column of Arrow wire type `t`, or None."""
+    if pa.types.is_int8(t):
+        return -(2**7)
+    if pa.types.is_int16(t):
+        return -(2**15)
+    if pa.types.is_int32(t):
+        return -(2**31)
+    if pa.types.is_int64(t):
+        return -(2**63)
+    if pa.types.is_uint16(t):
+        return 0xFFFF
+    if pa.types.is_float32(t):
+        return _F32_NULL
+    if pa.types.is_float64(t):
+        return _F64_NULL
+    storage = _int_storage(t)
+    if storage is not None:
+        return sentinel_for(storage)
+    return None
+
+
+def has_sentinel(t: pa.DataType) -> bool:
+    return sentinel_for(t) is not None
+
+
+def _storage_view(arr: pa.Array) -> pa.Array:
+    storage = _int_storage(arr.type)
+    return arr if storage is None else arr.view(storage)
+
+
+def fill_sentinels(arr: pa.Array) -> pa.Array:
+    """`arr` with the type's sentinel written into the data buffer at every null slot; the nulls
+    (validity) are kept. Types without a sentinel, and arrays without nulls, come back unchanged."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if arr.null_count == 0 or not has_sentinel(arr.type):
+        return arr
+    storage = _storage_view(arr)
+    filled = pc.fill_null(storage, pa.scalar(sentinel_for(storage.type), type=storage.type))
+    if filled.offset:
+        filled = pa.concat_arrays([filled])  # compacts to offset 0
+    validity = pc.is_valid(arr).buffers()[1]
+    out = pa.Array.from_buffers(storage.type, len(arr), [validity, filled.buffers()[1]],
+                                null_count=arr.null_count)
+    return out.view(arr.type) if storage.type != arr.type else out
+
+
+def sentinels_to_nulls(arr: pa.Array, dh_type: Optional[str] = None, *,
+                       component_type: Optional[str] = None) -> pa.Array:
+    """Marks every slot holding the Deephaven null sentinel as null (the `use_deephaven_nulls` reading).
+
+    `dh_type` is the column's `deephaven:type`; without it the sentinel follows from the Arrow
+    type. A type without a sentinel (Boolean, String, BigDecimal, unknown classes) is returned
+    unchanged; array and vector types are converted in their elements. Existing nulls stay null."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_list(t):
+        comp = _component_of(dh_type, component_type)
+        values = sentinels_to_nulls(arr.values, comp)
+        return arr if values is arr.values else pa.Array.from_buffers(
+            t, len(arr), [arr.buffers()[0] if arr.null_count else None, arr.buffers()[1]],
+            null_count=arr.null_count, offset=arr.offset, children=[values])
+    if dh_type is not None and dh_type not in _DH_SENTINELS:
+        return arr
+    if not has_sentinel(t) or len(arr) == 0:
+        return arr
+    storage = _storage_view(arr)
+    is_null = pc.equal(storage, pa.scalar(sentinel_for(storage.type), type=storage.type))
+    if not pc.any(is_null).as_py():
+        return arr
+    out = pc.if_else(is_null, pa.scalar(None, type=storage.type), storage)
+    return out.view(t) if storage.type != t else out

@@ -24,7 +24,7 @@ from tickwire.protocol.batches import (
 )
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.flight import FlightData, decode_flight_data, encode_flight_data
-from tickwire.protocol.nulls import sentinels_to_nulls
+from tickwire.protocol.schema import sentinels_to_nulls
 from tickwire.protocol.schema import list_wrapped_schema, read_schema_message, schema_message, unwrap_list_schema
 
 __all__ = ["BarrageUpdate", "encode_schema", "encode_update", "StreamDecoder"]

@@ -16,7 +16,7 @@ from tickwire.protocol import barrage
 from tickwire.protocol.batches import decode_record_batch, encode_batches, encode_record_batch, read_message_header
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.flight import decode_flight_data
-from tickwire.protocol.nulls import fill_sentinels, sentinels_to_nulls
+from tickwire.protocol.schema import fill_sentinels, sentinels_to_nulls
 from tickwire.protocol.schema import (
     deephaven_type_for,
     from_wire_array,
@@ -300,10 +300,20 @@ def test_malformed_schema_message():
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.none() | st.decimals(min_value=-10**13, max_value=10**13, places=4, allow_nan=False),
-                max_size=30))
-def test_vectorized_decimal_encoding_matches_general_one(values):
-    from tickwire.protocol.schema import _decimal64_to_dh_binary, _decimal_to_dh_binary_any
+                max_size=30), st.integers(0, 3))
+def test_decimal_wire_encoding_matches_a_per_value_reference(values, cut):
+    from tickwire.protocol.schema import decimal_to_deephaven_binary
 
-    arr = pa.array(values, pa.decimal128(18, 4))
-    assert _decimal64_to_dh_binary(arr).to_pylist() == _decimal_to_dh_binary_any(arr).to_pylist()
-    assert _decimal64_to_dh_binary(arr.slice(1)).to_pylist() == _decimal_to_dh_binary_any(arr.slice(1)).to_pylist()
+    def reference(v):
+        if v is None:
+            return None
+        sign, digits, exp = v.normalize().as_tuple()
+        unscaled = int("".join(map(str, digits))) * (-1 if sign else 1)
+        scale = -exp
+        if unscaled == 0:
+            scale = 0
+        nbytes = max(1, (unscaled + (unscaled < 0)).bit_length() // 8 + 1)
+        return struct.pack("<i", scale) + unscaled.to_bytes(nbytes, "big", signed=True)
+
+    arr = pa.array(values, pa.decimal128(18, 4)).slice(min(cut, len(values)))
+    assert decimal_to_deephaven_binary(arr).to_pylist() == [reference(v) for v in arr.to_pylist()]

@@ -7,6 +7,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
+# a buffer's position in the message body: offset from the body start and length in bytes
 class Buffer(object):
     __slots__ = ['_tab']
 

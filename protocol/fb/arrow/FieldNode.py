@@ -7,6 +7,7 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
+# length and null count of one array at one level of the (flattened, depth-first) field tree
 class FieldNode(object):
     __slots__ = ['_tab']
 
