@@ -3,37 +3,40 @@
 Every message has `to_bytes()` and `from_bytes(data)`. Writing uses the generated builders in
 `tickwire.protocol.fb.barrage` in Deephaven's call order, so a decoded Deephaven message re-encodes
 to the same bytes; scalars equal to their default are not written (as Java's FlatBufferBuilder
-does). Reading goes through a bounds-checked table reader: any offset, vtable or vector that
-points outside the buffer raises ProtocolError naming the field, never IndexError or garbage.
+does with force_defaults=false). Reading goes through the bounds-checked table reader of
+`tickwire.protocol.fbread`: any offset, vtable or vector that points outside the buffer raises
+ProtocolError naming the field, never IndexError, struct.error or silently wrong values.
 
-Row sets are numpy (n, 2) int64 range arrays, column sets 1-D int64 index arrays, shift data a
-tuple (starts, ends, dests). `None` means the field is absent, which Barrage distinguishes from
-present-but-empty (absent columns = all columns; an empty array = no columns).
+Decoded values:
+- row sets (viewports, added/removed rows, ...): numpy (n, 2) int64 arrays of closed ranges;
+- column sets (`columns`, `effective_column_set`): 1-D int64 arrays of column indices;
+- `shift_data`: a tuple (starts, ends, dests) of 1-D int64 arrays;
+- `mod_column_nodes`: a list with one range array per column.
+`None` means the field is absent, which Barrage distinguishes from present-but-empty (absent
+`columns` = all columns, an empty array = no columns; absent `viewport` = full subscription).
 """
 from __future__ import annotations
 
 import enum
-import struct
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from dataclasses import dataclass, fields
+from typing import Any, Callable, ClassVar, Optional
 
 import flatbuffers
 import numpy as np
 
 from tickwire.protocol import rowset as rs
 from tickwire.protocol.errors import ProtocolError
-from tickwire.protocol.fbread import FbTable as _Table, root as _root
-from tickwire.protocol.fb.barrage import (
-    BarrageMessageWrapper as FbWrapper,
-    BarrageModColumnMetadata as FbModCol,
-    BarragePublicationOptions as FbPubOpts,
-    BarragePublicationRequest as FbPubReq,
-    BarrageSnapshotOptions as FbSnapOpts,
-    BarrageSnapshotRequest as FbSnapReq,
-    BarrageSubscriptionOptions as FbSubOpts,
-    BarrageSubscriptionRequest as FbSubReq,
-    BarrageUpdateMetadata as FbUpdate,
-)
+from tickwire.protocol.fbread import FbTable as _Table
+from tickwire.protocol.fbread import root as _root
+from tickwire.protocol.fb.barrage import BarrageMessageWrapper as FbWrapper
+from tickwire.protocol.fb.barrage import BarrageModColumnMetadata as FbModCol
+from tickwire.protocol.fb.barrage import BarragePublicationOptions as FbPubOpts
+from tickwire.protocol.fb.barrage import BarragePublicationRequest as FbPubReq
+from tickwire.protocol.fb.barrage import BarrageSnapshotOptions as FbSnapOpts
+from tickwire.protocol.fb.barrage import BarrageSnapshotRequest as FbSnapReq
+from tickwire.protocol.fb.barrage import BarrageSubscriptionOptions as FbSubOpts
+from tickwire.protocol.fb.barrage import BarrageSubscriptionRequest as FbSubReq
+from tickwire.protocol.fb.barrage import BarrageUpdateMetadata as FbUpdate
 
 __all__ = [
     "MAGIC",
@@ -50,7 +53,10 @@ __all__ = [
     "unwrap",
 ]
 
-MAGIC = 0x6E687064  # b"dphn" little-endian
+MAGIC = 0x6E687064  # the bytes 64 70 68 6e, ASCII "dphn", as a little-endian uint32
+
+# Values of the schema's BarrageMessageType enum (0 None, 1-3 formerly session messages, 4-8 below).
+_SCHEMA_MSG_TYPES = range(0, 9)
 
 
 class BarrageMessageType(enum.IntEnum):
@@ -62,7 +68,12 @@ class BarrageMessageType(enum.IntEnum):
     PUBLICATION_REQUEST = 8
 
 
-def _decode(kind: str, fn, raw: Optional[bytes], what: str):
+# ----------------------------------------------------------------------------------------------
+# field codecs
+# ----------------------------------------------------------------------------------------------
+
+def _decode(fn: Callable[[bytes], Any], raw: Optional[bytes], what: str):
+    """Applies a row-set codec to a present field; codec errors name the field."""
     if raw is None:
         return None
     try:
@@ -71,20 +82,12 @@ def _decode(kind: str, fn, raw: Optional[bytes], what: str):
         raise ProtocolError(f"{what}: {exc}") from None
 
 
-def _rows(raw, what):
-    return _decode("rowset", rs.decode_rowset, raw, what)
+def _rows(raw: Optional[bytes], what: str) -> Optional[np.ndarray]:
+    return _decode(rs.decode_rowset, raw, what)
 
 
-def _cols(raw, what):
-    return _decode("bitset", rs.decode_bitset, raw, what)
-
-
-# ----------------------------------------------------------------------------------------------
-# writing helpers
-# ----------------------------------------------------------------------------------------------
-
-def _vec(builder: flatbuffers.Builder, data: Optional[bytes]) -> int:
-    return 0 if data is None else builder.CreateByteVector(bytes(data))
+def _cols(raw: Optional[bytes], what: str) -> Optional[np.ndarray]:
+    return _decode(rs.decode_bitset, raw, what)
 
 
 def _enc_rows(r) -> Optional[bytes]:
@@ -95,29 +98,48 @@ def _enc_cols(c) -> Optional[bytes]:
     return None if c is None else rs.encode_bitset(c)
 
 
+def _enc_shifts(s) -> Optional[bytes]:
+    return None if s is None else rs.encode_shifts(*s)
+
+
+def _vec(builder: flatbuffers.Builder, data: Optional[bytes]) -> int:
+    """A byte vector, or 0 (absent) for None. A created vector's offset is never 0."""
+    return 0 if data is None else builder.CreateByteVector(bytes(data))
+
+
 def _finish(builder: flatbuffers.Builder, root: int) -> bytes:
     builder.Finish(root)
     return bytes(builder.Output())
 
 
+def _int(value, bits: int, name: str) -> int:
+    v = int(value)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}={v} does not fit in int{bits}")
+    return v
+
+
 def _eq(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return a is not None and b is not None and np.array_equal(np.asarray(a), np.asarray(b)) \
-            and np.asarray(a).shape == np.asarray(b).shape
-    if isinstance(a, tuple) and isinstance(b, tuple):
-        return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
-    if isinstance(a, list) and isinstance(b, list):
+        if a is None or b is None:
+            return False
+        x, y = np.asarray(a), np.asarray(b)
+        return x.shape == y.shape and bool(np.array_equal(x, y))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
     return a == b
 
 
 class _Message:
-    """Field-wise equality that understands numpy arrays."""
+    """Field-wise equality that understands numpy arrays (and None vs empty)."""
 
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
         return all(_eq(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+    __hash__ = None  # mutable, compared by value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,6 +148,8 @@ class _Message:
 
 @dataclass(eq=False)
 class SubscriptionOptions(_Message):
+    """BarrageSubscriptionOptions (§2.3)."""
+
     column_conversion_mode: int = 1  # deprecated and ignored; kept for byte-exact round trips
     use_deephaven_nulls: bool = False
     min_update_interval_ms: int = 0
@@ -135,15 +159,16 @@ class SubscriptionOptions(_Message):
     preview_list_length_limit: int = 0
 
     def _build(self, b: flatbuffers.Builder) -> int:
-        # flatc's create order (largest fields first, then by descending slot), as the clients build it
+        # flatc's generated create-order (widest fields first, then by descending slot); this is how
+        # both the Java and the C++ client build it
         FbSubOpts.Start(b)
-        FbSubOpts.AddPreviewListLengthLimit(b, self.preview_list_length_limit)
-        FbSubOpts.AddMaxMessageSize(b, self.max_message_size)
-        FbSubOpts.AddBatchSize(b, self.batch_size)
-        FbSubOpts.AddMinUpdateIntervalMs(b, self.min_update_interval_ms)
-        FbSubOpts.AddColumnsAsList(b, self.columns_as_list)
-        FbSubOpts.AddUseDeephavenNulls(b, self.use_deephaven_nulls)
-        FbSubOpts.AddColumnConversionMode(b, self.column_conversion_mode)
+        FbSubOpts.AddPreviewListLengthLimit(b, _int(self.preview_list_length_limit, 64, "preview_list_length_limit"))
+        FbSubOpts.AddMaxMessageSize(b, _int(self.max_message_size, 32, "max_message_size"))
+        FbSubOpts.AddBatchSize(b, _int(self.batch_size, 32, "batch_size"))
+        FbSubOpts.AddMinUpdateIntervalMs(b, _int(self.min_update_interval_ms, 32, "min_update_interval_ms"))
+        FbSubOpts.AddColumnsAsList(b, bool(self.columns_as_list))
+        FbSubOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
+        FbSubOpts.AddColumnConversionMode(b, _int(self.column_conversion_mode, 8, "column_conversion_mode"))
         return FbSubOpts.End(b)
 
     @classmethod
@@ -161,6 +186,8 @@ class SubscriptionOptions(_Message):
 
 @dataclass(eq=False)
 class SnapshotOptions(_Message):
+    """BarrageSnapshotOptions (§2.5)."""
+
     column_conversion_mode: int = 1
     use_deephaven_nulls: bool = False
     batch_size: int = 0
@@ -169,11 +196,11 @@ class SnapshotOptions(_Message):
 
     def _build(self, b: flatbuffers.Builder) -> int:
         FbSnapOpts.Start(b)
-        FbSnapOpts.AddPreviewListLengthLimit(b, self.preview_list_length_limit)
-        FbSnapOpts.AddMaxMessageSize(b, self.max_message_size)
-        FbSnapOpts.AddBatchSize(b, self.batch_size)
-        FbSnapOpts.AddUseDeephavenNulls(b, self.use_deephaven_nulls)
-        FbSnapOpts.AddColumnConversionMode(b, self.column_conversion_mode)
+        FbSnapOpts.AddPreviewListLengthLimit(b, _int(self.preview_list_length_limit, 64, "preview_list_length_limit"))
+        FbSnapOpts.AddMaxMessageSize(b, _int(self.max_message_size, 32, "max_message_size"))
+        FbSnapOpts.AddBatchSize(b, _int(self.batch_size, 32, "batch_size"))
+        FbSnapOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
+        FbSnapOpts.AddColumnConversionMode(b, _int(self.column_conversion_mode, 8, "column_conversion_mode"))
         return FbSnapOpts.End(b)
 
     @classmethod
@@ -189,11 +216,13 @@ class SnapshotOptions(_Message):
 
 @dataclass(eq=False)
 class PublicationOptions(_Message):
+    """BarragePublicationOptions (§2.7)."""
+
     use_deephaven_nulls: bool = False
 
     def _build(self, b: flatbuffers.Builder) -> int:
         FbPubOpts.Start(b)
-        FbPubOpts.AddUseDeephavenNulls(b, self.use_deephaven_nulls)
+        FbPubOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
         return FbPubOpts.End(b)
 
     @classmethod
@@ -207,18 +236,20 @@ class PublicationOptions(_Message):
 
 @dataclass(eq=False)
 class SubscriptionRequest(_Message):
+    """BarrageSubscriptionRequest (§2.4). `options` is the schema's `subscription_options`."""
+
     ticket: Optional[bytes] = None
-    columns: Optional[np.ndarray] = None  # column indices; None = all
+    columns: Optional[np.ndarray] = None  # column indices; None = all columns
     viewport: Optional[np.ndarray] = None  # position ranges; None = full subscription
     options: Optional[SubscriptionOptions] = None
     reverse_viewport: bool = False
     subscription_token: Optional[bytes] = None
 
-    MSG_TYPE = BarrageMessageType.SUBSCRIPTION_REQUEST
+    MSG_TYPE: ClassVar[BarrageMessageType] = BarrageMessageType.SUBSCRIPTION_REQUEST
 
     def to_bytes(self) -> bytes:
         b = flatbuffers.Builder(64)
-        # Deephaven's creation order: columns, viewport, options, ticket
+        # the clients' creation order: columns, viewport, options, ticket
         cols = _vec(b, _enc_cols(self.columns))
         vp = _vec(b, _enc_rows(self.viewport))
         opts = self.options._build(b) if self.options is not None else 0
@@ -233,19 +264,20 @@ class SubscriptionRequest(_Message):
             FbSubReq.AddSubscriptionOptions(b, opts)
         if ticket:
             FbSubReq.AddTicket(b, ticket)
-        FbSubReq.AddReverseViewport(b, self.reverse_viewport)
+        FbSubReq.AddReverseViewport(b, bool(self.reverse_viewport))
         if token:
             FbSubReq.AddSubscriptionToken(b, token)
         return _finish(b, FbSubReq.End(b))
 
     @classmethod
     def from_bytes(cls, data) -> "SubscriptionRequest":
-        t = _root(data, "BarrageSubscriptionRequest")
+        w = "BarrageSubscriptionRequest"
+        t = _root(data, w)
         opts = t.table(3, "subscription_options")
         return cls(
             ticket=t.bytes_field(0, "ticket"),
-            columns=_cols(t.bytes_field(1, "columns"), "BarrageSubscriptionRequest.columns"),
-            viewport=_rows(t.bytes_field(2, "viewport"), "BarrageSubscriptionRequest.viewport"),
+            columns=_cols(t.bytes_field(1, "columns"), f"{w}.columns"),
+            viewport=_rows(t.bytes_field(2, "viewport"), f"{w}.viewport"),
             options=None if opts is None else SubscriptionOptions._read(opts),
             reverse_viewport=bool(t.scalar(4, "<B", 0, "reverse_viewport")),
             subscription_token=t.bytes_field(5, "subscription_token"),
@@ -254,13 +286,15 @@ class SubscriptionRequest(_Message):
 
 @dataclass(eq=False)
 class SnapshotRequest(_Message):
+    """BarrageSnapshotRequest (§2.6). `options` is the schema's `snapshot_options`."""
+
     ticket: Optional[bytes] = None
     columns: Optional[np.ndarray] = None
     viewport: Optional[np.ndarray] = None
     options: Optional[SnapshotOptions] = None
     reverse_viewport: bool = False
 
-    MSG_TYPE = BarrageMessageType.SNAPSHOT_REQUEST
+    MSG_TYPE: ClassVar[BarrageMessageType] = BarrageMessageType.SNAPSHOT_REQUEST
 
     def to_bytes(self) -> bytes:
         b = flatbuffers.Builder(64)
@@ -277,17 +311,18 @@ class SnapshotRequest(_Message):
             FbSnapReq.AddSnapshotOptions(b, opts)
         if ticket:
             FbSnapReq.AddTicket(b, ticket)
-        FbSnapReq.AddReverseViewport(b, self.reverse_viewport)
+        FbSnapReq.AddReverseViewport(b, bool(self.reverse_viewport))
         return _finish(b, FbSnapReq.End(b))
 
     @classmethod
     def from_bytes(cls, data) -> "SnapshotRequest":
-        t = _root(data, "BarrageSnapshotRequest")
+        w = "BarrageSnapshotRequest"
+        t = _root(data, w)
         opts = t.table(3, "snapshot_options")
         return cls(
             ticket=t.bytes_field(0, "ticket"),
-            columns=_cols(t.bytes_field(1, "columns"), "BarrageSnapshotRequest.columns"),
-            viewport=_rows(t.bytes_field(2, "viewport"), "BarrageSnapshotRequest.viewport"),
+            columns=_cols(t.bytes_field(1, "columns"), f"{w}.columns"),
+            viewport=_rows(t.bytes_field(2, "viewport"), f"{w}.viewport"),
             options=None if opts is None else SnapshotOptions._read(opts),
             reverse_viewport=bool(t.scalar(4, "<B", 0, "reverse_viewport")),
         )
@@ -295,10 +330,12 @@ class SnapshotRequest(_Message):
 
 @dataclass(eq=False)
 class PublicationRequest(_Message):
+    """BarragePublicationRequest (§2.7). `options` is the schema's `publish_options`."""
+
     ticket: Optional[bytes] = None
     options: Optional[PublicationOptions] = None
 
-    MSG_TYPE = BarrageMessageType.PUBLICATION_REQUEST
+    MSG_TYPE: ClassVar[BarrageMessageType] = BarrageMessageType.PUBLICATION_REQUEST
 
     def to_bytes(self) -> bytes:
         b = flatbuffers.Builder(32)
@@ -328,6 +365,12 @@ Shifts = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 @dataclass(eq=False)
 class UpdateMetadata(_Message):
+    """BarrageUpdateMetadata (§2.9).
+
+    `mod_column_nodes[c]` is the `modified_rows` row set of column c; an entry is None only when a
+    BarrageModColumnMetadata table lacks the field (Deephaven always writes it).
+    """
+
     first_seq: int = 0
     last_seq: int = 0
     is_snapshot: bool = False
@@ -338,55 +381,60 @@ class UpdateMetadata(_Message):
     removed_rows: Optional[np.ndarray] = None
     shift_data: Optional[Shifts] = None
     added_rows_included: Optional[np.ndarray] = None
-    mod_column_nodes: Optional[list[np.ndarray]] = None
+    mod_column_nodes: Optional[list[Optional[np.ndarray]]] = None
     table_size: int = 0
 
-    MSG_TYPE = BarrageMessageType.UPDATE_METADATA
+    MSG_TYPE: ClassVar[BarrageMessageType] = BarrageMessageType.UPDATE_METADATA
 
     def to_bytes(self) -> bytes:
         return self.encode_with()
 
-    def encode_with(self, **raw: bytes) -> bytes:
-        """Encodes; `raw` may supply already-encoded row-set bytes by field name (e.g. added_rows=b'...')
-        so a publisher can reuse the bytes it shares between subscribers."""
+    def encode_with(self, **raw) -> bytes:
+        """Encodes, taking already-encoded bytes for any field named in `raw`.
+
+        `raw` maps a field name to its wire bytes (`added_rows=b"..."`, `shift_data=b"..."`, ...) or,
+        for `mod_column_nodes`, to a list of per-column `modified_rows` bytes; a publisher uses it to
+        encode a row set once and share the bytes between subscribers. A raw value of None means absent.
+        """
         b = flatbuffers.Builder(256)
 
-        def rows(name):
-            if name in raw:
-                return _vec(b, raw[name])
-            return _vec(b, _enc_rows(getattr(self, name)))
+        def vec(name: str, encode) -> int:
+            return _vec(b, raw[name] if name in raw else encode(getattr(self, name)))
 
-        ev = rows("effective_viewport")
-        ecs = _vec(b, raw.get("effective_column_set", _enc_cols(self.effective_column_set)))
-        added = rows("added_rows")
-        removed = rows("removed_rows")
-        if "shift_data" in raw:
-            shifts = _vec(b, raw["shift_data"])
+        # §2.12 step 1: the vectors, in Deephaven's order
+        ev = vec("effective_viewport", _enc_rows)
+        ecs = vec("effective_column_set", _enc_cols)
+        added = vec("added_rows", _enc_rows)
+        removed = vec("removed_rows", _enc_rows)
+        shifts = vec("shift_data", _enc_shifts)
+        included = vec("added_rows_included", _enc_rows)
+        if "mod_column_nodes" in raw:
+            node_bytes = raw["mod_column_nodes"]
+        elif self.mod_column_nodes is not None:
+            node_bytes = [_enc_rows(m) for m in self.mod_column_nodes]
         else:
-            shifts = _vec(b, None if self.shift_data is None else rs.encode_shifts(*self.shift_data))
-        included = rows("added_rows_included")
+            node_bytes = None
         mods = 0
-        if self.mod_column_nodes is not None or "mod_column_nodes" in raw:
-            encoded = raw.get("mod_column_nodes")
-            if encoded is None:
-                encoded = [rs.encode_rowset(m) for m in self.mod_column_nodes]
+        if node_bytes is not None:
             nodes = []
-            for data in encoded:
-                v = b.CreateByteVector(bytes(data))
+            for data in node_bytes:
+                v = _vec(b, data)
                 FbModCol.Start(b)
-                FbModCol.AddModifiedRows(b, v)
+                if v:
+                    FbModCol.AddModifiedRows(b, v)
                 nodes.append(FbModCol.End(b))
             FbUpdate.StartModColumnNodesVector(b, len(nodes))
             for n in reversed(nodes):
                 b.PrependUOffsetTRelative(n)
             mods = b.EndVector()
+        # step 2: the table, fields in Deephaven's order
         FbUpdate.Start(b)
-        FbUpdate.AddIsSnapshot(b, self.is_snapshot)
-        FbUpdate.AddFirstSeq(b, self.first_seq)
-        FbUpdate.AddLastSeq(b, self.last_seq)
+        FbUpdate.AddIsSnapshot(b, bool(self.is_snapshot))
+        FbUpdate.AddFirstSeq(b, _int(self.first_seq, 64, "first_seq"))
+        FbUpdate.AddLastSeq(b, _int(self.last_seq, 64, "last_seq"))
         if ev:
             FbUpdate.AddEffectiveViewport(b, ev)
-        if ecs or (self.effective_column_set is not None or "effective_column_set" in raw):
+        if ecs:
             FbUpdate.AddEffectiveColumnSet(b, ecs)
         if added:
             FbUpdate.AddAddedRows(b, added)
@@ -398,22 +446,19 @@ class UpdateMetadata(_Message):
             FbUpdate.AddAddedRowsIncluded(b, included)
         if mods:
             FbUpdate.AddModColumnNodes(b, mods)
-        FbUpdate.AddEffectiveReverseViewport(b, self.effective_reverse_viewport)
-        FbUpdate.AddTableSize(b, self.table_size)
+        FbUpdate.AddEffectiveReverseViewport(b, bool(self.effective_reverse_viewport))
+        FbUpdate.AddTableSize(b, _int(self.table_size, 64, "table_size"))
         return _finish(b, FbUpdate.End(b))
 
     @classmethod
     def from_bytes(cls, data) -> "UpdateMetadata":
-        t = _root(data, "BarrageUpdateMetadata")
         w = "BarrageUpdateMetadata"
-        shift_raw = t.bytes_field(8, "shift_data")
+        t = _root(data, w)
         mod_tables = t.tables(10, "mod_column_nodes")
         mods = None
         if mod_tables is not None:
-            mods = []
-            for i, mt in enumerate(mod_tables):
-                raw = mt.bytes_field(0, "modified_rows")
-                mods.append(rs.EMPTY_RANGES.copy() if raw is None else _rows(raw, f"{w}.mod_column_nodes[{i}]"))
+            mods = [_rows(mt.bytes_field(0, "modified_rows"), f"{w}.mod_column_nodes[{i}].modified_rows")
+                    for i, mt in enumerate(mod_tables)]
         return cls(
             first_seq=t.scalar(0, "<q", 0, "first_seq"),
             last_seq=t.scalar(1, "<q", 0, "last_seq"),
@@ -423,7 +468,7 @@ class UpdateMetadata(_Message):
             effective_column_set=_cols(t.bytes_field(5, "effective_column_set"), f"{w}.effective_column_set"),
             added_rows=_rows(t.bytes_field(6, "added_rows"), f"{w}.added_rows"),
             removed_rows=_rows(t.bytes_field(7, "removed_rows"), f"{w}.removed_rows"),
-            shift_data=_decode("shifts", rs.decode_shifts, shift_raw, f"{w}.shift_data"),
+            shift_data=_decode(rs.decode_shifts, t.bytes_field(8, "shift_data"), f"{w}.shift_data"),
             added_rows_included=_rows(t.bytes_field(9, "added_rows_included"), f"{w}.added_rows_included"),
             mod_column_nodes=mods,
             table_size=t.scalar(11, "<q", 0, "table_size"),
@@ -436,7 +481,10 @@ class UpdateMetadata(_Message):
         return 0 if src is None else rs.rowset_size(src)
 
     def mod_counts(self) -> list[int]:
-        return [] if self.mod_column_nodes is None else [rs.rowset_size(m) for m in self.mod_column_nodes]
+        """Rows of modified data per column (0 for an absent `modified_rows`); [] without nodes."""
+        if self.mod_column_nodes is None:
+            return []
+        return [0 if m is None else rs.rowset_size(m) for m in self.mod_column_nodes]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,35 +493,52 @@ class UpdateMetadata(_Message):
 
 @dataclass(eq=False)
 class BarrageMessageWrapper(_Message):
+    """BarrageMessageWrapper (§2.2): the `app_metadata` of every Barrage FlightData."""
+
     msg_type: int = 0
-    payload: Optional[bytes] = None
+    payload: Optional[bytes] = None  # the schema's msg_payload: a separately finished flatbuffer
     magic: int = MAGIC
 
     def to_bytes(self) -> bytes:
+        mt = int(self.msg_type)
+        if not -128 <= mt <= 255:
+            raise ValueError(f"msg_type {mt} does not fit in a byte")
+        mt = mt - 256 if mt > 127 else mt  # the schema's type is a signed byte
+        magic = int(self.magic)
+        if not 0 <= magic <= 0xFFFFFFFF:
+            raise ValueError(f"magic {magic} does not fit in a uint32")
         b = flatbuffers.Builder(len(self.payload or b"") + 32)
         payload = _vec(b, self.payload)
         FbWrapper.Start(b)
-        if int(self.msg_type) == BarrageMessageType.UPDATE_METADATA:
+        if mt == BarrageMessageType.UPDATE_METADATA:
             # the server's order (BarrageMessageWriterImpl)
-            FbWrapper.AddMagic(b, self.magic)
-            FbWrapper.AddMsgType(b, int(self.msg_type))
+            FbWrapper.AddMagic(b, magic)
+            FbWrapper.AddMsgType(b, mt)
             if payload:
                 FbWrapper.AddMsgPayload(b, payload)
         else:
-            # the clients' order for requests (payload first)
+            # the order of the Java and C++ clients' requests: payload first
             if payload:
                 FbWrapper.AddMsgPayload(b, payload)
-            FbWrapper.AddMagic(b, self.magic)
-            FbWrapper.AddMsgType(b, int(self.msg_type))
+            FbWrapper.AddMagic(b, magic)
+            FbWrapper.AddMsgType(b, mt)
         return _finish(b, FbWrapper.End(b))
 
     @classmethod
     def from_bytes(cls, data, *, check_magic: bool = True) -> "BarrageMessageWrapper":
+        """Parses a wrapper; raises ProtocolError for a wrong magic (unless `check_magic` is false),
+        a message type the schema does not define, or a malformed buffer."""
         t = _root(data, "BarrageMessageWrapper")
         magic = t.scalar(0, "<I", 0, "magic")
         if check_magic and magic != MAGIC:
             raise ProtocolError(f"wrong Barrage magic 0x{magic:08x}; expected 0x{MAGIC:08x} ('dphn')")
         msg_type = t.scalar(1, "<b", 0, "msg_type")
+        if msg_type not in _SCHEMA_MSG_TYPES:
+            if msg_type < 0:
+                why = f"byte 0x{msg_type & 0xFF:02x}, a value reserved for custom use"
+            else:
+                why = "not defined by Barrage 1.0.0"
+            raise ProtocolError(f"unhandled BarrageMessageType: {msg_type} ({why})")
         return cls(msg_type=msg_type, payload=t.bytes_field(2, "msg_payload"), magic=magic)
 
 
@@ -488,21 +553,25 @@ _BY_TYPE = {
 
 
 def wrap(message, msg_type: Optional[int] = None) -> bytes:
-    """Wraps a request or metadata object in a BarrageMessageWrapper and returns its bytes."""
+    """Wraps a request or metadata object in a BarrageMessageWrapper and returns its bytes.
+
+    The message type comes from the object's class unless `msg_type` is given (e.g.
+    SERIALIZATION_OPTIONS for a SubscriptionRequest sent as DoPut options)."""
     mt = int(msg_type if msg_type is not None else message.MSG_TYPE)
     return BarrageMessageWrapper(msg_type=mt, payload=message.to_bytes()).to_bytes()
 
 
-def unwrap(data):
+def unwrap(data) -> tuple[BarrageMessageType, Any]:
     """Parses wrapper bytes and returns (msg_type, typed message object).
 
-    Raises ProtocolError for a wrong magic, an unknown message type, or a malformed payload.
+    Raises ProtocolError for a wrong magic, a message type this module does not handle (None,
+    the unused session types 1-3, custom types), a missing payload, or a malformed payload.
     """
     w = BarrageMessageWrapper.from_bytes(data)
     try:
         kind = BarrageMessageType(w.msg_type)
     except ValueError:
-        raise ProtocolError(f"unhandled BarrageMessageType: {w.msg_type}") from None
+        raise ProtocolError(f"unhandled BarrageMessageType: {w.msg_type} (an unused session message type)") from None
     cls = _BY_TYPE.get(kind)
     if cls is None:
         raise ProtocolError(f"unhandled BarrageMessageType: {w.msg_type} ({kind.name})")
