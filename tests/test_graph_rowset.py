@@ -1,17 +1,32 @@
-"""RowSet and RowSetShiftData against plain numpy/set models."""
+"""RowSet, RowSetShiftData and TableUpdate against plain numpy / Python-set models.
+
+Randomized tests use hypothesis or seeded numpy generators; a failing seeded test prints its seed.
+"""
 from __future__ import annotations
 
+import time
+
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tickwire.protocol.rowset import decode_rowset, encode_rowset
-from tickwire.server.graph import RowSet, RowSetShiftData
+from tickwire.protocol.rowset import decode_rowset, decode_shifts, encode_rowset, encode_shifts
+from tickwire.server.graph import (
+    ModifiedColumnSet,
+    RowSet,
+    RowSetShiftData,
+    RowSetShiftDataBuilder,
+    TableUpdate,
+    UpdateValidationError,
+)
 
 keysets = st.one_of(
     st.sets(st.integers(0, 300), max_size=60),
     st.builds(lambda a, n: set(range(a, a + n)), st.integers(0, 10**12), st.integers(0, 50)),
+    st.builds(lambda a, b: set(range(0, a)) | set(range(a + 5, a + 5 + b)), st.integers(0, 70_000),
+              st.integers(0, 70_000)),
     st.sets(st.integers(0, 2**62), max_size=10),
 )
 
@@ -20,90 +35,255 @@ def rs(keys) -> RowSet:
     return RowSet.from_keys(np.array(sorted(keys), dtype=np.int64))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(keysets, keysets)
 def test_set_algebra_matches_python_sets(a, b):
     ra, rb = rs(a), rs(b)
     assert ra.union(rb).keys().tolist() == sorted(a | b)
     assert ra.intersect(rb).keys().tolist() == sorted(a & b)
     assert ra.minus(rb).keys().tolist() == sorted(a - b)
-    assert ra.is_subset_of(rb) == (a <= b)
+    assert ra.is_subset_of(rb) == (a <= b) == ra.is_subset(rb)
+    assert ra.overlaps(rb) == bool(a & b)
     assert len(ra) == len(a)
-    assert (ra == rs(a)) and (ra == rb) == (a == b)
+    assert (ra == rs(a)) and ((ra == rb) == (a == b))
+    assert ra.is_single_range == (not a or max(a) - min(a) + 1 == len(a))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(keysets, st.data())
-def test_positions_and_ranges(a, data):
+def test_positions_keys_and_ranges(a, data):
     r = rs(a)
-    keys = sorted(a)
-    if keys:
-        pos = data.draw(st.lists(st.integers(0, len(keys) - 1), max_size=10))
-        assert r.select(pos).tolist() == [keys[p] for p in pos]
-        assert r.find([keys[p] for p in pos]).tolist() == pos
-        lo = data.draw(st.integers(0, len(keys) - 1))
-        hi = data.draw(st.integers(lo, len(keys) + 3))
-        assert r.subset_by_positions(lo, hi).keys().tolist() == keys[lo:hi + 1]
-    missing = max(keys, default=0) + 1
-    assert r.find([missing]).tolist() == [-1]
-    # ranges convert through the wire codec and back
-    assert RowSet.from_ranges(decode_rowset(encode_rowset(r.ranges()))) == r
+    keys = np.array(sorted(a), dtype=np.int64)
+    if keys.size:
+        pos = np.array(data.draw(st.lists(st.integers(0, keys.size - 1), max_size=12)), dtype=np.int64)
+        assert r.select(pos).tolist() == keys[pos].tolist()
+        assert r.get_keys_at_positions(pos).tolist() == keys[pos].tolist()
+        assert r.find(keys[pos]).tolist() == pos.tolist()
+        lo = data.draw(st.integers(0, keys.size - 1))
+        hi = data.draw(st.integers(lo, keys.size + 3))
+        assert r.subset_by_positions(lo, hi).keys().tolist() == keys[lo:hi + 1].tolist()
+        kl = data.draw(st.integers(0, int(keys[-1]) + 2))
+        kh = data.draw(st.integers(kl, int(keys[-1]) + 5))
+        assert r.subset_by_key_range(kl, kh).keys().tolist() == keys[(keys >= kl) & (keys <= kh)].tolist()
+        with pytest.raises(IndexError):
+            r.select([keys.size])
+    probes = np.array(data.draw(st.lists(st.integers(0, 2**62), max_size=8)) + [0, 1, 5], dtype=np.int64)
+    assert r.rank(probes).tolist() == np.searchsorted(keys, probes, side="left").tolist()
+    expected_find = [int(np.searchsorted(keys, p)) if p in a else -1 for p in probes.tolist()]
+    assert r.find(probes).tolist() == expected_find
+    assert r.contains(probes).tolist() == [p in a for p in probes.tolist()]
+    # ranges: maximal, and they go through the wire codec and back
+    rng_arr = r.ranges()
+    assert rng_arr.dtype == np.int64 and rng_arr.shape[1] == 2
+    if rng_arr.shape[0] > 1:
+        assert np.all(rng_arr[1:, 0] > rng_arr[:-1, 1] + 1)
+    assert list(r.iter_ranges()) == [tuple(x) for x in rng_arr.tolist()]
+    assert RowSet.from_ranges(decode_rowset(encode_rowset(rng_arr))) == r
 
 
-def test_single_range_fast_path():
+@settings(max_examples=150, deadline=None)
+@given(keysets, st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), max_size=6))
+def test_position_ranges_and_positions_of(a, pranges):
+    r = rs(a)
+    keys = np.array(sorted(a), dtype=np.int64)
+    ranges = np.array([[s, s + n] for s, n in pranges], dtype=np.int64).reshape(-1, 2)
+    want = sorted({int(keys[p]) for s, e in ranges.tolist() for p in range(s, min(e, keys.size - 1) + 1)})
+    got = r.subset_by_position_ranges(ranges)
+    assert got.keys().tolist() == want
+    # positions_of is the inverse: the positions of a subset of keys
+    assert r.positions_of(got).keys().tolist() == sorted(int(np.searchsorted(keys, k)) for k in want)
+
+
+def test_from_ranges_accepts_unsorted_overlapping_and_long_ranges():
+    r = RowSet.from_ranges([[100, 199], [5, 7], [6, 9], [200, 200], [1000, 10**9]])
+    assert r.ranges().tolist() == [[5, 9], [100, 200], [1000, 10**9]]
+    assert len(r) == 5 + 101 + 10**9 - 999
+    with pytest.raises(ValueError):
+        RowSet.from_ranges([[5, 4]])
+    with pytest.raises(ValueError):
+        RowSet.from_keys([-1, 3])
+    assert RowSet.range(3, 2).is_empty() and RowSet.range(0, 0).keys().tolist() == [0]
+
+
+def test_a_million_singleton_ranges_convert_fast():
+    keys = np.arange(0, 2_000_000, 2, dtype=np.int64)
+    ranges = np.stack((keys, keys), axis=1)
+    t0 = time.perf_counter()
+    r = RowSet.from_ranges(ranges)
+    back = r.ranges()
+    k = r.keys()
+    took = time.perf_counter() - t0
+    assert len(r) == 1_000_000 and np.array_equal(back, ranges) and np.array_equal(k, keys)
+    assert took < 1.5, f"1M singleton ranges took {took:.2f}s"
+    t0 = time.perf_counter()
+    assert RowSet.from_keys(keys) == r
+    assert r.select(np.arange(0, 1_000_000, 7)).tolist() == keys[::7].tolist()
+    assert r.find(keys[::3]).tolist() == list(range(0, 1_000_000, 3))
+    assert time.perf_counter() - t0 < 1.5
+
+
+def test_single_range_fast_path_is_arithmetic():
     r = RowSet.range(0, 9_999_999)
     assert r.is_single_range and len(r) == 10_000_000
     assert r.select([0, 5_000_000]).tolist() == [0, 5_000_000]
+    assert r.find([9_999_999, 10_000_000]).tolist() == [9_999_999, -1]
     assert r.union(RowSet.range(10_000_000, 10_000_009)).is_single_range
     assert not r.minus(RowSet.from_keys([5])).is_single_range
     assert r.minus(RowSet.range(0, 9)).is_single_range
+    assert r.subset_by_positions(10, 19) == RowSet.range(10, 19)
+    assert r.positions_of(RowSet.from_keys([3, 9_000_000])).keys().tolist() == [3, 9_000_000]
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        r = r.union(RowSet.range(len(r), len(r) + 99))
+    assert r.is_single_range and len(r) == 10_200_000
+    assert time.perf_counter() - t0 < 0.5
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.sets(st.integers(0, 400), max_size=80), st.data())
-def test_shift_apply_and_unapply(a, data):
-    # non-overlapping order-preserving shifts built from random cut points
-    cuts = sorted(data.draw(st.sets(st.integers(0, 420), min_size=2, max_size=8)))
-    starts, ends, deltas = [], [], []
-    prev_dest_end = -1
-    for s, e in zip(cuts[:-1], cuts[1:]):
-        e = e - 1
-        if e < s:
-            continue
-        d = data.draw(st.integers(-3, 3))
-        if s + d <= prev_dest_end or s + d < 0:
-            d = 0
-        if d:
-            starts.append(s)
-            ends.append(e)
-            deltas.append(d)
-            prev_dest_end = e + d
-        else:
-            prev_dest_end = e
-    sd = RowSetShiftData.build(starts, ends, deltas)
-    r = rs(a)
-    keys = np.array(sorted(a), dtype=np.int64)
-    if np.any(np.diff(sd.apply_to_keys(keys)) <= 0):
-        return  # the shifts would reorder or collide rows of this set: not a valid update for it
-    stay = keys[sd.apply_to_keys(keys) == keys]
-    if stay.size and np.any(sd.unapply_keys(stay) != stay):
-        return  # an unshifted row sits in a destination range: not a valid update for this row set
+def _random_order_preserving(rng, kept: np.ndarray, span: int):
+    """New keys for `kept` (ascending, order kept) and the shift data that produces them."""
+    if kept.size == 0:
+        return kept, RowSetShiftData()
+    gaps = rng.integers(0, 3, kept.size)
+    gaps[rng.random(kept.size) < 0.6] = 1  # keep many gaps unchanged so runs of equal delta form
+    new = np.cumsum(np.maximum(gaps, 1)) + rng.integers(0, span) - 1 + kept[0] // 2
+    delta = new - kept
+    change = np.flatnonzero(np.diff(delta) != 0) + 1
+    starts = np.split(kept, change)
+    ds = np.split(delta, change)
+    s = [int(x[0]) for x in starts]
+    e = [int(x[-1]) for x in starts]
+    d = [int(x[0]) for x in ds]
+    return new, RowSetShiftData.build(s, e, d)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_updates_with_shifts_validate_and_apply(seed):
+    rng = np.random.default_rng(seed)
     try:
-        shifted = sd.apply(r)
-    except ValueError:
-        return  # a shift onto unshifted rows: the update model forbids it, and apply reports it
-    expected = sorted(sd.apply_to_keys(np.array(sorted(a), dtype=np.int64)).tolist())
-    assert shifted.keys().tolist() == expected
-    assert sd.unapply(shifted) == r
-    assert sd.unapply_keys(shifted.keys()).tolist() == sorted(a)
+        prev_keys = np.unique(rng.integers(0, 500, rng.integers(0, 120)))
+        prev = RowSet.from_keys(prev_keys)
+        removed_keys = prev_keys[rng.random(prev_keys.size) < 0.2]
+        kept = np.setdiff1d(prev_keys, removed_keys)
+        new_kept, shifts = _random_order_preserving(rng, kept, 20)
+        assert np.array_equal(shifts.apply_to_keys(kept), new_kept)
+        assert np.array_equal(shifts.unapply_keys(new_kept), kept)
+        survivors = RowSet.from_keys(new_kept)
+        assert shifts.apply(RowSet.from_keys(kept)) == survivors
+        assert shifts.unapply(survivors) == RowSet.from_keys(kept)
+        candidates = np.setdiff1d(np.arange(0, 800), new_kept)
+        added = RowSet.from_keys(rng.choice(candidates, rng.integers(0, 30), replace=False))
+        modified = RowSet.from_keys(new_kept[rng.random(new_kept.size) < 0.3])
+        cols = ModifiedColumnSet(["a"]) if not modified.is_empty() else ModifiedColumnSet()
+        up = TableUpdate(added=added, removed=RowSet.from_keys(removed_keys), modified=modified, shifted=shifts,
+                         modified_columns=cols)
+        new = survivors.union(added)
+        up.validate(prev, new)
+        assert up.apply_to(prev) == new
+        # each broken variant is rejected
+        if not survivors.is_empty():
+            bad = TableUpdate(added=added.union(RowSet.from_keys(new_kept[:1])), removed=up.removed,
+                              modified=modified, shifted=shifts, modified_columns=cols)
+            with pytest.raises(UpdateValidationError, match="collide"):
+                bad.validate(prev, new)
+        if not added.is_empty():
+            bad = TableUpdate(added=added, removed=up.removed, modified=modified.union(added), shifted=shifts,
+                              modified_columns=["a"])
+            with pytest.raises(UpdateValidationError, match="modified rows"):
+                bad.validate(prev, new)
+        if not modified.is_empty():
+            bad = TableUpdate(added=added, removed=up.removed, modified=modified, shifted=shifts)
+            with pytest.raises(UpdateValidationError, match="modified columns"):
+                bad.validate(prev, new)
+        bad = TableUpdate(added=added, removed=up.removed.union(RowSet.range(900, 901)), modified=modified,
+                          shifted=shifts, modified_columns=cols)
+        with pytest.raises(UpdateValidationError, match="removed"):
+            bad.validate(prev, new)
+        with pytest.raises(UpdateValidationError, match="new row set"):
+            up.validate(prev, new.union(RowSet.range(5000, 5000)))
+    except AssertionError:
+        print(f"replay: seed {seed}")
+        raise
 
 
-def test_shift_builder_merges_and_validates():
-    sd = RowSetShiftData.build([10, 20, 30], [19, 29, 39], [5, 5, 0])
+def test_validate_rejects_shifts_that_reorder_or_collide():
+    prev = RowSet.from_keys([10, 11, 12, 20, 30])
+    # [10, 12] +15 jumps over key 20, which stays: order changes
+    up = TableUpdate(shifted=RowSetShiftData.build([10], [12], [15]))
+    with pytest.raises(UpdateValidationError, match="order"):
+        up.validate(prev, RowSet.from_keys([25, 26, 27, 20, 30]))
+    # [10, 12] +8 lands on key 20, which stays
+    up = TableUpdate(shifted=RowSetShiftData.build([10], [12], [8]))
+    with pytest.raises(UpdateValidationError, match="shift"):
+        up.validate(prev, RowSet.from_keys([18, 19, 20, 30]))
+    # once 20 is removed the same shift is fine
+    up = TableUpdate(removed=RowSet.from_keys([20]), shifted=RowSetShiftData.build([10], [12], [8]))
+    up.validate(prev, RowSet.from_keys([18, 19, 20, 30]))
+
+
+def test_shift_builder_normalises_and_validates():
+    sd = RowSetShiftData.build([30, 10, 20], [39, 19, 29], [0, 5, 5])
     assert (sd.starts.tolist(), sd.ends.tolist(), sd.deltas.tolist()) == ([10], [29], [5])
+    clamped = RowSetShiftData.build([0], [10], [-5])  # keys below 5 would go negative: start clamps to 5
+    assert (clamped.starts.tolist(), clamped.ends.tolist(), clamped.deltas.tolist()) == ([5], [10], [-5])
+    with pytest.raises(ValueError, match="overlaps"):
+        RowSetShiftData.build([10, 15], [20, 25], [1, 1])
+    with pytest.raises(ValueError, match="order"):
+        RowSetShiftData.build([10, 21], [20, 25], [5, -3])
+    with pytest.raises(ValueError, match="merged"):
+        RowSetShiftData([1, 3], [2, 4], [1, 1]).validate()
+    b = RowSetShiftDataBuilder().shift_range(100, 199, 1).shift_range(200, 200, 1).shift_range(300, 300, 2)
+    built = b.build()
+    assert (built.starts.tolist(), built.ends.tolist(), built.deltas.tolist()) == ([100, 300], [200, 300], [1, 2])
     with pytest.raises(ValueError):
-        RowSetShiftData.build([10, 15], [20, 25], [1, 1])  # overlapping
-    with pytest.raises(ValueError):
-        RowSetShiftData.build([0], [5], [-1])  # below zero
-    s, e, d = sd.to_wire()
-    assert RowSetShiftData.from_wire(s, e, d) == sd
+        RowSetShiftDataBuilder().shift_range(10, 20, 1).shift_range(15, 30, 2)
+    # wire form round trip through the protocol codec (BARRAGE-WIRE.md §4.1 example 3)
+    sd = RowSetShiftData.build([100, 200], [199, 200], [1, 2])
+    wire = encode_shifts(*sd.to_wire())
+    assert wire.hex() == "1c02646420" "09c7000cff20" "1c02656520"
+    assert RowSetShiftData.from_wire(*decode_shifts(wire)) == sd
+
+
+def test_shift_apply_on_large_sets_costs_per_range():
+    r = RowSet.range(0, 9_999_999).minus(RowSet.from_keys([5_000_000]))
+    sd = RowSetShiftData.build([5_000_001], [9_999_999], [-1])
+    t0 = time.perf_counter()
+    out = sd.apply(r)
+    assert time.perf_counter() - t0 < 0.2
+    assert out == RowSet.range(0, 9_999_998)
+    assert sd.unapply(out) == r
+
+
+def test_modified_column_set_maps_to_schema_indices():
+    schema = pa.schema([("a", pa.int32()), ("b", pa.string()), ("c", pa.float64())])
+    m = ModifiedColumnSet(["c", "a"])
+    assert m.indices(schema).tolist() == [0, 2]
+    assert ModifiedColumnSet.from_indices(schema, [1]) == {"b"}
+    with pytest.raises(KeyError):
+        ModifiedColumnSet(["zz"]).indices(schema)
+    up = TableUpdate(modified=RowSet.range(0, 1), modified_columns=["b"])
+    assert isinstance(up.modified_columns, ModifiedColumnSet)
+    assert up.modified_rows_for("b") == RowSet.range(0, 1) and up.modified_rows_for("a").is_empty()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ranges_of_large_sets_mix_long_runs_and_fragments(seed):
+    rng = np.random.default_rng(seed)
+    parts = []
+    start = 0
+    for _ in range(40):
+        kind = rng.integers(0, 3)
+        if kind == 0:  # a long run
+            length = int(rng.integers(1, 300_000))
+            parts.append([start, start + length - 1])
+            start += length + int(rng.integers(1, 5))
+        else:  # a fragmented stretch of short runs
+            for _ in range(int(rng.integers(1, 3000))):
+                length = int(rng.integers(1, 4))
+                parts.append([start, start + length - 1])
+                start += length + int(rng.integers(1, 4))
+    ranges = np.array(parts, dtype=np.int64)
+    r = RowSet.from_ranges(ranges)
+    assert np.array_equal(r.ranges(), ranges), f"seed {seed}"
+    assert len(r) == int((ranges[:, 1] - ranges[:, 0] + 1).sum())
+    long_ = RowSet.from_ranges([[0, 10**9], [10**9 + 2, 2 * 10**9]])
+    assert long_.ranges().tolist() == [[0, 10**9], [10**9 + 2, 2 * 10**9]]

@@ -5,18 +5,18 @@ A failing random test prints its seed and cycle; replay with TICKWIRE_SEED=<seed
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import RowSet, SchemaMismatchError, TableUpdate, UpdateGraph
+from tickwire.server.graph import FilterTable, RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, apply_update
 
 SCHEMA = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),
                     ("flag", pa.bool_()), ("ts", pa.timestamp("ns", "UTC")), ("tags", pa.list_(pa.string()))])
-SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [1, 2, 3, 4, 5]
+SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [1, 2, 3, 4]
+CYCLES = 350
 
 
 def random_rows(rng: np.random.Generator, n: int, keys: int = 25) -> pa.Table:
@@ -42,10 +42,15 @@ class Checker:
         self.rowset = RowSet()
         self.rows: dict[int, dict] = {}
         self.updates = 0
+        # the state as an Arrow table with row keys, advanced by apply_update
+        self.arrow_state = table.gather_with_keys()
         table.add_listener(self.on_update)
 
     def on_update(self, table, update: TableUpdate, step: int):
         update.validate(self.rowset, table.rowset)
+        assert table.prev_rowset == self.rowset
+        assert update.apply_to(self.rowset) == table.rowset
+        assert table.last_step == step
         for k in update.removed.keys().tolist():
             del self.rows[k]
         if not update.shifted.is_empty():
@@ -56,18 +61,19 @@ class Checker:
         for k, row in zip(update.added.keys().tolist(), added):
             self.rows[k] = row
         if not update.modified.is_empty():
-            before = table.prev_gather(None, update.modified.keys()).to_pylist() if table.name.startswith("keyed") \
-                else None
+            before = table.prev_gather(None, update.modified.keys()).to_pylist()
             after = table.gather(None, update.modified).to_pylist()
             for i, (k, row) in enumerate(zip(update.modified.keys().tolist(), after)):
-                if before is not None:
-                    assert self.rows[k] == before[i]  # previous values are what the rows held
+                assert self.rows[k] == before[i]  # previous values are what the rows held
                 for col in SCHEMA.names:
                     if col not in update.modified_columns:
                         assert self.rows[k][col] == row[col], (k, col)
                 self.rows[k] = row
         self.rowset = table.rowset
         self.updates += 1
+        new_values = table.gather_with_keys(None, update.added.union(update.modified))
+        self.arrow_state = apply_update(self.arrow_state, update, new_values)
+        assert self.arrow_state.equals(table.gather_with_keys()), f"{table.name} at step {step}"
 
     def state(self) -> list[dict]:
         return [self.rows[k] for k in sorted(self.rows)]
@@ -81,13 +87,15 @@ def test_random_traffic_matches_models(seed):
     keyed = g.keyed_table("keyed", SCHEMA, ["sym", "k"])
     blink = g.blink_table("blink", SCHEMA)
     ring = g.ring_table("ring", SCHEMA, 40)
-    checkers = {t.name: Checker(t) for t in (app, keyed, blink, ring)}
+    cheap = keyed.where(lambda v: pa.compute.less(v["qty"], 2), name="keyed_cheap", columns=["qty"])
+    flagged = app.where(lambda v: v["flag"], name="append_flagged")
+    checkers = {t.name: Checker(t) for t in (app, keyed, blink, ring, cheap, flagged)}
     all_appended: list[pa.Table] = []
     key_model: dict = {}  # (sym, k) -> row, insertion order = row key order of live keys
     blink_last: list[pa.Table] = []
     ring_inputs: list[dict] = []
     batch_id = 0
-    for cycle in range(400):
+    for cycle in range(CYCLES):
         try:
             for _ in range(rng.integers(0, 3)):
                 t = random_rows(rng, int(rng.integers(0, 12)))
@@ -116,6 +124,7 @@ def test_random_traffic_matches_models(seed):
                     for row in t.to_pylist():
                         key_model.pop((row["sym"], row["k"]), None)
             g.run_cycle()
+            assert not g.errors, g.errors[0]  # a Checker assertion inside a listener is recorded here
             blink_last = blink_now
             expected_append = pa.concat_tables(all_appended).to_pylist() if all_appended else []
             assert app.to_arrow().to_pylist() == expected_append
@@ -125,6 +134,11 @@ def test_random_traffic_matches_models(seed):
             exp_blink = pa.concat_tables(blink_last).to_pylist() if blink_last else []
             assert blink.to_arrow().to_pylist() == exp_blink
             assert checkers["blink"].state() == exp_blink
+            exp_cheap = [r for r in key_model.values() if r["qty"] < 2]
+            assert cheap.to_arrow().to_pylist() == exp_cheap
+            assert checkers["keyed_cheap"].state() == exp_cheap
+            exp_flagged = [r for r in expected_append if r["flag"]]
+            assert checkers["append_flagged"].state() == exp_flagged
             exp_ring = ring_inputs[-40:]
             assert ring.to_arrow().to_pylist() == exp_ring
             assert checkers["ring"].state() == exp_ring
@@ -132,7 +146,7 @@ def test_random_traffic_matches_models(seed):
             print(f"replay with TICKWIRE_SEED={seed} (failed at cycle {cycle})")
             raise
     assert not g.errors
-    assert all(c.updates > 50 for c in checkers.values())
+    assert all(c.updates > 50 for c in checkers.values()), {n: c.updates for n, c in checkers.items()}
 
 
 def test_ring_keeps_the_last_rows():
@@ -146,6 +160,7 @@ def test_ring_keeps_the_last_rows():
         ring.add(t)
         everything.append(t)
         g.run_cycle()
+        assert not g.errors, g.errors[0]
         expected = pa.concat_tables(everything).to_pylist()[-10:]
         assert ring.to_arrow().to_pylist() == expected
         assert c.state() == expected
@@ -227,56 +242,222 @@ def test_listener_error_is_reported_and_others_continue():
     assert a.size == 4 and a.last_step == 1
 
 
-def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
-    g = UpdateGraph(interval_ms=5).start()
-    s = pa.schema([("producer", pa.int32()), ("batch", pa.int64()), ("i", pa.int32())])
-    t = g.append_table("t", s)
-    keyed = g.keyed_table("kt", pa.schema([("producer", pa.int32()), ("n", pa.int64())]), ["producer"])
-    batch_rows = 17
-    stop = threading.Event()
-    errors = []
+def test_keyed_cycle_with_several_operations_reports_net_change_and_previous_values():
+    g = UpdateGraph()
+    s = pa.schema([("id", pa.string()), ("n", pa.int32()), ("v", pa.float64()), ("note", pa.string())])
+    t = g.keyed_table("t", s, ["id", "n"])
+    t.add(pa.table({"id": ["a", "b", "c", None], "n": [1, 1, 1, 1], "v": [1.0, 2.0, float("nan"), 4.0],
+                    "note": ["x", "y", "z", None]}, schema=s))
+    assert g.run_cycle()["t"].added == RowSet.range(0, 3)
+    seen = []
+    t.add_listener(lambda table, up, step: seen.append((up, table.prev_gather().to_pylist(), table.gather(
+        None, up.modified).to_pylist())))
+    # in one cycle: change a twice (ending with its old v), change b's note, rewrite c with NaN again,
+    # add d then delete it, delete the null-keyed row, and upsert duplicates of e (last wins)
+    assert t.apply_ops([
+        ("add", pa.table({"id": ["a", "b"], "n": [1, 1], "v": [9.0, 2.0], "note": ["x", "y2"]}, schema=s)),
+        ("add", pa.table({"id": ["a", "c", "d"], "n": [1, 1, 1], "v": [1.0, float("nan"), 5.0],
+                          "note": ["x2", "z", "w"]}, schema=s)),
+        ("delete", pa.table({"id": ["d", None, "zz"], "n": pa.array([1, 1, 1], pa.int32())})),
+        ("add", pa.table({"id": ["e", "e", "e"], "n": [1, 1, 1], "v": [1.0, 2.0, 3.0], "note": ["p", "q", "r"]},
+                         schema=s)),
+    ], batch_id="b1")
+    assert not t.apply_ops([("delete", pa.table({"id": ["a"], "n": pa.array([1], pa.int32())}))], batch_id="b1")  # replayed: ignored
+    up = g.run_cycle()["t"]
+    assert up.removed.keys().tolist() == [3]
+    assert up.added.keys().tolist() == [5]  # d (key 4) came and went; e got key 5
+    assert up.modified.keys().tolist() == [0, 1]  # c was rewritten with equal values: not modified
+    assert up.modified_columns == {"note"}  # a's v went 1 -> 9 -> 1: unchanged over the cycle
+    (seen_up, before, after), = seen
+    assert before == [{"id": "a", "n": 1, "v": 1.0, "note": "x"}, {"id": "b", "n": 1, "v": 2.0, "note": "y"}]
+    assert after == [{"id": "a", "n": 1, "v": 1.0, "note": "x2"}, {"id": "b", "n": 1, "v": 2.0, "note": "y2"}]
+    assert t.to_arrow().column("id").to_pylist() == ["a", "b", "c", "e"]
+    assert t.to_arrow().column("note").to_pylist() == ["x2", "y2", "z", "r"]
+    probe = pa.table({"id": ["e", "d", "a", None], "n": pa.array([1, 1, 1, 1], pa.int32())})
+    assert t.row_keys_for(probe).tolist() == [5, -1, 0, -1]
+    with pytest.raises(RuntimeError):
+        t.prev_gather()  # only during the cycle
 
-    def producer(pid):
-        n = 0
-        while not stop.is_set() and n < 300:
-            t.add(pa.table({"producer": pa.array([pid] * batch_rows, pa.int32()),
-                            "batch": pa.array([n] * batch_rows, pa.int64()),
-                            "i": pa.array(range(batch_rows), pa.int32())}, schema=s))
-            keyed.add(pa.table({"producer": pa.array([pid], pa.int32()), "n": pa.array([n], pa.int64())}))
-            n += 1
 
-    def reader():
-        seen_sizes: dict[int, int] = {}
-        while not stop.is_set():
-            with g.shared_lock():
-                step = g.step
-                snap = t.gather()
-                counts = keyed.gather()
-            sizes = snap.group_by(["producer", "batch"]).aggregate([("i", "count")])
-            if sizes.num_rows and set(sizes["i_count"].to_pylist()) != {batch_rows}:
-                errors.append(f"half-applied batch at step {step}")
-            if step in seen_sizes and seen_sizes[step] != snap.num_rows:
-                errors.append(f"two sizes for step {step}")
-            seen_sizes[step] = snap.num_rows
-            # per producer, every row batch up to the keyed counter's value... is present in order
-            for pid, n in zip(counts["producer"].to_pylist(), counts["n"].to_pylist()):
-                got = snap.filter(pa.compute.equal(snap["producer"], pid))["batch"]
-                if len(got) and pa.compute.max(got).as_py() < n:
-                    errors.append(f"keyed table ahead of the append table at step {step}")
-            time.sleep(0.001)
-
-    producers = [threading.Thread(target=producer, args=(p,)) for p in range(3)]
-    readers = [threading.Thread(target=reader) for _ in range(2)]
-    for th in producers + readers:
-        th.start()
-    for th in producers:
-        th.join(30)
-    time.sleep(0.1)
-    stop.set()
-    for th in readers:
-        th.join(10)
-    g.stop()
-    assert not errors, errors[:5]
+def test_batch_ids_make_every_source_exactly_once():
+    g = UpdateGraph()
+    s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    tables = [g.append_table("a", s), g.keyed_table("k", s, ["k"]), g.blink_table("b", s), g.ring_table("r", s, 5)]
+    rows = pa.table({"k": [1, 2], "v": [10, 20]}, schema=s)
+    for t in tables:
+        assert t.add(rows, batch_id=7)
+        assert not t.add(rows, batch_id=7)
+        assert t.has_batch(7) and not t.has_batch(8)
+    keyed = tables[1]
+    assert keyed.delete(pa.table({"k": [1]}), batch_id=8)
+    assert not keyed.delete(pa.table({"k": [2]}), batch_id=8)
     g.run_cycle()
-    assert t.size == 3 * 300 * batch_rows
-    assert keyed.to_arrow()["n"].to_pylist() == [299, 299, 299]
+    assert [t.size for t in tables] == [2, 1, 2, 2]
+
+
+def test_schema_errors_for_keyed_tables_name_the_key_column():
+    g = UpdateGraph()
+    s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    t = g.keyed_table("prices", s, ["k"])
+    with pytest.raises(SchemaMismatchError, match=r"table 'prices': column 'k' has type string, expected int64"):
+        t.delete(pa.table({"k": ["1"]}))
+    with pytest.raises(SchemaMismatchError, match="missing column 'k'"):
+        t.delete(pa.table({"v": [1]}))
+    with pytest.raises(ValueError, match="not in the schema"):
+        g.keyed_table("bad", s, ["nope"])
+    with pytest.raises(ValueError, match="cannot be a key"):
+        g.keyed_table("bad2", pa.schema([("l", pa.list_(pa.int64()))]), ["l"])
+    with pytest.raises(ValueError, match="already exists"):
+        g.append_table("prices", s)
+    assert t.pending_rows() == 0 and "prices" not in g.run_cycle()
+
+
+def test_derived_tables_update_after_their_parents_in_one_cycle():
+    g = UpdateGraph()
+    s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    src = g.keyed_table("src", s, ["k"])
+    big = src.where(lambda v: pa.compute.greater(v["v"], 10), name="big")
+    bigger = big.where(lambda v: pa.compute.greater(v["v"], 100), name="bigger")
+    order = []
+    for t in (bigger, big, src):  # registered in reverse: the graph still runs parents first
+        t.add_listener(lambda table, up, step: order.append((table.name, step, src.size, big.size, bigger.size)))
+    src.add(pa.table({"k": [1, 2, 3], "v": [5, 50, 500]}, schema=s))
+    g.run_cycle()
+    assert [o[0] for o in order] == ["src", "big", "bigger"]
+    assert order[-1][1:] == (1, 3, 2, 1)  # the last listener sees every table after the cycle
+    # a modification moves a row out of one filter and into the other
+    order.clear()
+    src.add(pa.table({"k": [1, 3], "v": [1000, 7]}, schema=s))
+    ups = g.run_cycle()
+    assert ups["big"].added.keys().tolist() == [0] and ups["big"].removed.keys().tolist() == [2]
+    assert ups["bigger"].added.keys().tolist() == [0] and ups["bigger"].removed.keys().tolist() == [2]
+    assert big.to_arrow().to_pylist() == [{"k": 1, "v": 1000}, {"k": 2, "v": 50}]
+    assert bigger.last_step == 2 and isinstance(bigger, FilterTable) and bigger.depth == 2
+    with pytest.raises(ValueError, match="derived tables"):
+        g.remove_table("big")
+
+
+def test_a_failing_source_or_derived_table_is_reported_and_the_rest_updates():
+    g = UpdateGraph()
+    s = pa.schema([("k", pa.int64())])
+    a = g.append_table("a", s)
+    b = g.append_table("b", s)
+
+    def bad_predicate(values):
+        raise ZeroDivisionError("predicate broke")
+
+    a.add(pa.table({"k": [1]}, schema=s))
+    broken = a.where(lambda v: pa.compute.greater(v["k"], 0), name="broken")
+    broken.predicate = bad_predicate
+    a.add(pa.table({"k": [2]}, schema=s))
+    b.add(pa.table({"k": [3]}, schema=s))
+    ups = g.run_cycle()
+    assert set(ups) == {"a", "b"} and a.size == 2 and b.size == 1
+    assert [e.table for e in g.errors] == ["broken"] and isinstance(g.errors[0].error, ZeroDivisionError)
+
+
+def test_column_types_survive_storage_and_overwrites():
+    import datetime
+    import decimal
+    s = pa.schema([
+        ("i8", pa.int8()), ("u64", pa.uint64()), ("f32", pa.float32()), ("b", pa.bool_()),
+        ("d32", pa.date32()), ("t64", pa.time64("us")), ("ts", pa.timestamp("ms", "America/New_York")),
+        ("dur", pa.duration("ns")), ("dec", pa.decimal128(12, 3)), ("s", pa.string()), ("ls", pa.large_string()),
+        ("bin", pa.binary()), ("lst", pa.list_(pa.int32())), ("st", pa.struct([("x", pa.int16()), ("y", pa.string())])),
+        ("k", pa.int64()),
+    ])
+    rng = np.random.default_rng(11)
+
+    def make(n, base):
+        nul = rng.random(n) < 0.2
+        return pa.table({
+            "i8": pa.array(rng.integers(-128, 127, n), pa.int8(), mask=nul),
+            "u64": pa.array(rng.integers(0, 2**63, n, dtype=np.uint64) * 2, pa.uint64(), mask=nul),
+            "f32": pa.array(rng.random(n).astype(np.float32), mask=nul),
+            "b": pa.array(rng.random(n) < 0.5, mask=nul),
+            "d32": pa.array([datetime.date(2020, 1, 1 + i % 28) for i in range(n)], pa.date32(), mask=nul),
+            "t64": pa.array(rng.integers(0, 86_400_000_000, n), pa.time64("us"), mask=nul),
+            "ts": pa.array(rng.integers(0, 2**40, n), pa.timestamp("ms", "America/New_York"), mask=nul),
+            "dur": pa.array(rng.integers(-10**12, 10**12, n), pa.duration("ns"), mask=nul),
+            "dec": pa.array([decimal.Decimal(int(x)) / 1000 for x in rng.integers(-10**9, 10**9, n)],
+                            pa.decimal128(12, 3), mask=nul),
+            "s": pa.array([f"é{x}" * int(x % 4) for x in rng.integers(0, 100, n)], pa.string(), mask=nul),
+            "ls": pa.array([f"L{x}" for x in rng.integers(0, 100, n)], pa.large_string(), mask=nul),
+            "bin": pa.array([bytes([x % 256]) * (x % 5) for x in rng.integers(0, 1000, n)], pa.binary(), mask=nul),
+            "lst": pa.array([None if x % 7 == 0 else [int(x), None] for x in rng.integers(0, 100, n)],
+                            pa.list_(pa.int32())),
+            "st": pa.array([None if x % 5 == 0 else {"x": int(x), "y": str(x)} for x in rng.integers(0, 99, n)],
+                           s.field("st").type),
+            "k": pa.array(np.arange(base, base + n)),
+        }, schema=s)
+
+    g = UpdateGraph()
+    t = g.keyed_table("typed", s, ["k"])
+    model = {}
+    for cycle in range(30):
+        batch = make(int(rng.integers(1, 200)), int(rng.integers(0, 400)))
+        t.add(batch.slice(1) if cycle % 3 == 0 else batch)  # sliced input: buffers with an offset
+        for row in (batch.slice(1) if cycle % 3 == 0 else batch).to_pylist():
+            model[row["k"]] = row
+        g.run_cycle()
+        got = t.to_arrow()
+        assert got.schema == s
+        assert got.to_pylist() == list(model.values()), f"cycle {cycle}"  # keys never deleted: first-seen order
+        keys = t.rowset.keys()
+        pick = rng.permutation(keys)[:50]  # gathers in any order
+        all_rows = got.to_pylist()
+        assert t.gather(None, pick).to_pylist() == [all_rows[i] for i in t.rowset.find(pick).tolist()]
+
+
+def test_table_properties_static_tables_and_snapshots():
+    g = UpdateGraph()
+    assert g.interval_ms == 100.0
+    s = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    data = pa.table({"k": [1, 2, 3], "v": ["a", None, "c"]}, schema=s)
+    st = g.static_table("st", data)
+    app, keyed, blink, ring = (g.append_table("a", s), g.keyed_table("kt", s, ["k"]), g.blink_table("b", s),
+                               g.ring_table("r", s, 2))
+    assert g.tables == {"st": st, "a": app, "kt": keyed, "b": blink, "r": ring}
+    assert not st.is_refreshing and all(t.is_refreshing for t in (app, keyed, blink, ring))
+    assert st.to_arrow().equals(data) and st.rowset == RowSet.range(0, 2) and st.size == 3
+    assert app.attributes == {"AddOnly": True, "AppendOnly": True}
+    assert blink.attributes == {"BlinkTable": True}
+    assert issubclass(SchemaMismatchError, ValueError)
+    for t in (app, keyed, blink, ring):
+        t.add(data)
+    assert g.snapshot(app) == (0, s.empty_table())  # queued input is invisible until a cycle runs
+    g.run_cycle()
+    blink.add(data.slice(0, 1))
+    g.run_cycle()
+    step, snap = g.snapshot("a", columns=["v"])
+    assert step == 2 and snap.column_names == ["v"] and snap["v"].to_pylist() == ["a", None, "c"]
+    assert app.last_step == 1 and blink.last_step == 2 and st.last_step == 0
+    assert blink.rowset == RowSet.range(0, 0) and blink.to_arrow().equals(data.slice(0, 1))
+    assert ring.rowset == RowSet.range(1, 2) and ring.to_arrow().equals(data.slice(1))
+    assert app.gather_column("v", RowSet.from_keys([2, 0])).to_pylist() == ["a", "c"]
+    assert app.gather(["k"], np.array([2, 0])).column("k").to_pylist() == [3, 1]  # keys in the given order
+    assert keyed.gather_with_keys(["v"]).to_pydict() == {"__row_key": [0, 1, 2], "v": ["a", None, "c"]}
+
+
+def test_the_graph_thread_applies_input_on_its_interval_and_stops():
+    g = UpdateGraph(interval_ms=10)
+    s = pa.schema([("k", pa.int64())])
+    t = g.append_table("a", s)
+    steps = []
+    t.add_listener(lambda table, up, step: steps.append((step, len(up.added))))
+    with g:
+        assert g.running
+        t.add(pa.table({"k": [1, 2]}, schema=s))
+        deadline = time.monotonic() + 5
+        while t.size < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert t.size == 2
+        while g.step < 5 and time.monotonic() < deadline:  # cycles keep running without input
+            time.sleep(0.005)
+        assert g.step >= 5
+    assert not g.running
+    stopped_at = g.step
+    t.add(pa.table({"k": [3]}, schema=s))
+    time.sleep(0.05)
+    assert g.step == stopped_at and t.size == 2  # no cycles after stop()
+    assert len(steps) == 1 and steps[0][1] == 2  # one update, one listener call for the change

@@ -1,18 +1,17 @@
 """tickwire.server.graph: the table update model (row sets, updates, tables, the update graph)."""
+from tickwire.server.graph.columns import ColumnStore, equal_mask, hash_columns
 from tickwire.server.graph.graph import ListenerError, UpdateGraph
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData
-from tickwire.server.graph.tables import (
-    AppendOnlyTable,
-    BlinkTable,
-    KeyedTable,
-    RingTable,
-    SchemaMismatchError,
-    StaticTable,
-    Table,
-)
-from tickwire.server.graph.update import TableUpdate, UpdateValidationError
+from tickwire.server.graph.keyindex import KeyIndex
+from tickwire.server.graph.rowset import RowSet, RowSetShiftData, RowSetShiftDataBuilder
+from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, SourceTable
+from tickwire.server.graph.tables import FilterTable, SchemaMismatchError, StaticTable, Table
+from tickwire.server.graph.update import ROW_KEY, ModifiedColumnSet, TableUpdate, UpdateValidationError, apply_update
 
 __all__ = [
-    "UpdateGraph", "ListenerError", "RowSet", "RowSetShiftData", "TableUpdate", "UpdateValidationError",
-    "Table", "StaticTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable", "SchemaMismatchError",
+    "UpdateGraph", "ListenerError",
+    "RowSet", "RowSetShiftData", "RowSetShiftDataBuilder",
+    "TableUpdate", "ModifiedColumnSet", "UpdateValidationError", "apply_update", "ROW_KEY",
+    "Table", "StaticTable", "FilterTable", "SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable",
+    "SchemaMismatchError",
+    "ColumnStore", "KeyIndex", "equal_mask", "hash_columns",
 ]

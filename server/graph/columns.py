@@ -1,8 +1,16 @@
-"""Column storage addressed by slot: bulk writes and bulk gathers, no per-row Python code.
+"""Column storage addressed by slot, row-wise value comparison, and key hashing; all in bulk.
 
 Fixed-width columns (integers, floats, booleans, temporal types) live in numpy arrays of their
-storage type with a separate validity array; other columns (strings, binaries, lists, decimals)
-live in numpy object arrays filled and read by C-level conversions. Capacity grows by doubling.
+storage type with a separate validity array. Strings and binaries live in a byte heap with a
+start and length per slot (`_BytesColumn`). Other types (lists, structs, decimals, ...) live in
+numpy object arrays filled through Arrow's Python conversion. Reads (`gather`) build one Arrow array per column from the
+requested slots with one numpy take and one Arrow conversion. Capacity grows by doubling, so
+writes are amortised O(rows written).
+
+`equal_mask` compares two Arrow arrays row by row (nulls equal nulls, NaN equals NaN), recursing
+into lists and structs with whole-array operations. `hash_columns` gives every row of a set of
+key columns a 64-bit hash computed from the Arrow buffers with numpy (strings and binaries by a
+polynomial over their bytes), for the keyed tables' hash index.
 """
 from __future__ import annotations
 
@@ -12,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ColumnStore"]
+__all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable"]
 
 
 def _storage_dtype(t: pa.DataType) -> Optional[np.dtype]:
@@ -27,8 +35,13 @@ def _storage_dtype(t: pa.DataType) -> Optional[np.dtype]:
     return None
 
 
+def _is_c_convertible(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+        or pa.types.is_large_binary(t)
+
+
 class _Column:
-    __slots__ = ("type", "dtype", "values", "valid", "storage_type")
+    __slots__ = ("type", "dtype", "values", "valid", "storage_type", "_fill")
 
     def __init__(self, t: pa.DataType, capacity: int):
         self.type = t
@@ -38,7 +51,8 @@ class _Column:
             self.storage_type = t
         else:
             self.values = np.zeros(capacity, dtype=self.dtype)
-            self.storage_type = pa.from_numpy_dtype(self.dtype) if self.dtype != bool else pa.bool_()
+            self.storage_type = pa.bool_() if self.dtype == bool else pa.from_numpy_dtype(self.dtype)
+            self._fill = pa.scalar(False if self.dtype == bool else 0, self.storage_type)
         self.valid = np.zeros(capacity, dtype=bool)
 
     def grow(self, capacity: int) -> None:
@@ -48,7 +62,8 @@ class _Column:
             new[: old.size] = old
             setattr(self, name, new)
 
-    def write(self, slots: np.ndarray, arr: pa.Array) -> None:
+    def write(self, slots, arr: pa.Array) -> None:
+        """Writes `arr` at `slots` (an int64 array or a slice)."""
         if arr.null_count:
             self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False)
         else:
@@ -59,10 +74,10 @@ class _Column:
         if self.storage_type != arr.type:
             arr = arr.view(self.storage_type)
         if arr.null_count:
-            arr = pc.fill_null(arr, pa.scalar(False if self.dtype == bool else 0, self.storage_type))
+            arr = pc.fill_null(arr, self._fill)
         self.values[slots] = arr.to_numpy(zero_copy_only=False)
 
-    def gather(self, slots: np.ndarray) -> pa.Array:
+    def gather(self, slots) -> pa.Array:
         valid = self.valid[slots]
         mask = None if valid.all() else ~valid
         if self.dtype is None:
@@ -71,16 +86,105 @@ class _Column:
         return out if self.storage_type == self.type else out.view(self.type)
 
 
+class _BytesColumn:
+    """Strings and binaries: each slot's bytes live in one growing byte heap (start, length per
+    slot). Appends copy the input's data buffer once; gathers copy the bytes of the requested
+    slots with one numpy take and build the Arrow array from buffers. Overwritten bytes are
+    garbage until the heap is compacted, which happens when garbage exceeds the live bytes and
+    costs O(heap), amortised over at least as many bytes written."""
+
+    __slots__ = ("type", "large", "start", "length", "valid", "heap", "used", "garbage")
+    min_garbage = 1 << 20  # bytes of garbage below which the heap is never compacted
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        self.type = t
+        self.large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        self.start = np.zeros(capacity, dtype=np.int64)
+        self.length = np.zeros(capacity, dtype=np.int64)
+        self.valid = np.zeros(capacity, dtype=bool)
+        self.heap = np.zeros(1 << 16, dtype=np.uint8)
+        self.used = 0
+        self.garbage = 0
+
+    def grow(self, capacity: int) -> None:
+        for name in ("start", "length", "valid"):
+            old = getattr(self, name)
+            new = np.zeros(capacity, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+
+    def _reserve(self, nbytes: int) -> None:
+        need = self.used + nbytes
+        if need <= self.heap.size:
+            return
+        size = self.heap.size
+        while size < need:
+            size *= 2
+        heap = np.zeros(size, dtype=np.uint8)
+        heap[: self.used] = self.heap[: self.used]
+        self.heap = heap
+
+    def write(self, slots, arr: pa.Array) -> None:
+        n = len(arr)
+        bufs = arr.buffers()
+        off = np.frombuffer(bufs[1], dtype=np.int64 if self.large else np.int32, count=n + 1,
+                            offset=arr.offset * (8 if self.large else 4)).astype(np.int64)
+        first, total = int(off[0]), int(off[-1] - off[0])
+        self.garbage += int(self.length[slots].sum())
+        if self.garbage > max(self.used // 2, self.min_garbage):
+            self._compact()
+        self._reserve(total)
+        if total:
+            self.heap[self.used:self.used + total] = np.frombuffer(bufs[2], dtype=np.uint8, count=total, offset=first)
+        self.start[slots] = self.used + off[:-1] - first
+        self.length[slots] = np.diff(off)
+        self.used += total
+        self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else True
+
+    def _bytes(self, start: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return offsets, np.zeros(0, dtype=np.uint8)
+        idx = np.repeat(start - offsets[:-1], lengths)
+        idx += np.arange(total, dtype=np.int64)
+        return offsets, self.heap[idx]
+
+    def _compact(self) -> None:
+        used = np.flatnonzero(self.length)
+        offsets, data = self._bytes(self.start[used], self.length[used])
+        heap = np.zeros(max(1 << 16, 2 * data.size), dtype=np.uint8)
+        heap[: data.size] = data
+        self.heap, self.used, self.garbage = heap, int(data.size), 0
+        self.start[used] = offsets[:-1]
+
+    def gather(self, slots) -> pa.Array:
+        valid = self.valid[slots]
+        lengths = np.where(valid, self.length[slots], 0)
+        offsets, data = self._bytes(self.start[slots], lengths)
+        n = lengths.size
+        if not self.large:
+            if offsets[-1] > np.iinfo(np.int32).max:
+                raise ValueError(f"gathering {int(offsets[-1])} bytes into one {self.type} array; use a large type")
+            offsets = offsets.astype(np.int32)
+        validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                     null_count=-1 if validity is not None else 0)
+
+
 class ColumnStore:
-    """Columns of one table, addressed by integer slots."""
+    """The columns of one table, addressed by integer slots; bulk writes and gathers."""
 
     def __init__(self, schema: pa.Schema, capacity: int = 1024):
         self.schema = schema
-        self.capacity = max(16, capacity)
-        self.columns = [_Column(f.type, self.capacity) for f in schema]
+        self.capacity = max(16, int(capacity))
+        self.columns = [(_BytesColumn if _is_c_convertible(f.type) else _Column)(f.type, self.capacity)
+                        for f in schema]
         self.index = {name: i for i, name in enumerate(schema.names)}
 
     def ensure(self, capacity: int) -> None:
+        """Makes room for slots below `capacity` (doubling)."""
         if capacity <= self.capacity:
             return
         new = self.capacity
@@ -91,17 +195,199 @@ class ColumnStore:
         self.capacity = new
 
     def write(self, slots: np.ndarray, table: pa.Table) -> None:
-        """Writes every column of `table` (same column order as the schema) at `slots`."""
-        if len(slots) == 0:
+        """Writes every column of `table` (columns in schema order) at `slots`."""
+        n = len(slots)
+        if n == 0:
             return
-        self.ensure(int(slots.max()) + 1)
+        lo, hi = int(slots[0]), int(slots[-1])
+        self.ensure(max(hi, int(slots.max()) if n > 1 else hi) + 1)
+        # contiguous ascending slots (appends) are written through a slice view
+        where = slice(lo, hi + 1) if hi - lo + 1 == n and (n == 1 or bool(np.all(np.diff(slots) == 1))) else slots
         for c, col in zip(self.columns, table.columns):
-            c.write(slots, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+            c.write(where, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
 
     def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """The values at `slots` as a table (all columns, or `columns` in that order)."""
         names = list(columns) if columns is not None else self.schema.names
         arrays = [self.columns[self.index[n]].gather(slots) for n in names]
         return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(n) for n in names]))
 
     def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
         return self.columns[self.index[name]].gather(slots)
+
+
+# ----------------------------------------------------------------------------------------------
+# row-wise equality
+# ----------------------------------------------------------------------------------------------
+
+def _as_array(a) -> pa.Array:
+    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+
+
+def _validity(a: pa.Array) -> np.ndarray:
+    if a.null_count == 0:
+        return np.ones(len(a), dtype=bool)
+    return a.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _segments_all(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """For each segment [start, start + length) of `flags`: are all flags true (empty: true)."""
+    bad = np.concatenate(([0], np.cumsum(~flags, dtype=np.int64)))
+    return bad[starts + lengths] - bad[starts] == 0
+
+
+def equal_mask(a, b) -> np.ndarray:
+    """Row-wise equality of two arrays of one type: a bool array, True where the rows are equal.
+
+    Nulls equal nulls; NaN equals NaN. Lists compare element by element, structs field by field.
+    Types without a comparison kernel compare as different (a conservative answer).
+    """
+    a, b = _as_array(a), _as_array(b)
+    n = len(a)
+    if len(b) != n:
+        raise ValueError(f"arrays differ in length ({n} and {len(b)})")
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    t = a.type
+    va, vb = _validity(a), _validity(b)
+    both_valid = va & vb
+    out = va == vb  # both null -> equal; one null -> different; both valid -> decided below
+    if not both_valid.any():
+        return out
+    if pa.types.is_dictionary(t):
+        return equal_mask(a.dictionary_decode(), b.dictionary_decode())
+    if pa.types.is_null(t):
+        return np.ones(n, dtype=bool)
+    if pa.types.is_struct(t):
+        eq = np.ones(n, dtype=bool)
+        for i in range(t.num_fields):
+            eq &= equal_mask(a.field(i), b.field(i))
+        return np.where(both_valid, eq, out)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t) or pa.types.is_fixed_size_list(t):
+        if pa.types.is_fixed_size_list(t):
+            size = t.list_size
+            oa = (np.arange(n + 1, dtype=np.int64) + a.offset) * size
+            ob = (np.arange(n + 1, dtype=np.int64) + b.offset) * size
+        else:
+            oa = a.offsets.to_numpy().astype(np.int64)
+            ob = b.offsets.to_numpy().astype(np.int64)
+        la, lb = np.diff(oa), np.diff(ob)
+        same_len = both_valid & (la == lb)
+        rows = np.flatnonzero(same_len)
+        lens = la[rows]
+        total = int(lens.sum())
+        eq = np.zeros(n, dtype=bool)
+        if total == 0:
+            eq[rows] = True
+        else:
+            within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+            ia = np.repeat(oa[rows], lens) + within
+            ib = np.repeat(ob[rows], lens) + within
+            elem = equal_mask(a.values.take(pa.array(ia)), b.values.take(pa.array(ib)))
+            eq[rows] = _segments_all(elem, np.cumsum(lens) - lens, lens)
+        return np.where(both_valid, eq, out)
+    try:
+        e = pc.equal(a, b)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return np.where(both_valid, False, out)
+    eq = pc.fill_null(e, False).to_numpy(zero_copy_only=False)
+    if pa.types.is_floating(t):
+        eq |= pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False).to_numpy(zero_copy_only=False)
+    return np.where(both_valid, eq, out)
+
+
+# ----------------------------------------------------------------------------------------------
+# hashing of key columns
+# ----------------------------------------------------------------------------------------------
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_BYTE_BASE = np.uint64(0x100000001B3)
+_NULL_HASH = np.uint64(0x6A09E667F3BCC909)
+_POWERS = np.ones(1, dtype=np.uint64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise (uint64 arithmetic wraps)."""
+    x = x ^ (x >> np.uint64(30))
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _powers(n: int) -> np.ndarray:
+    global _POWERS
+    if _POWERS.size < n:
+        size = max(n, 2 * _POWERS.size)
+        p = np.full(size, _BYTE_BASE, dtype=np.uint64)
+        p[0] = 1
+        _POWERS = np.cumprod(p, dtype=np.uint64)
+    return _POWERS[:n]
+
+
+def _bytes_hash(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Polynomial hash of each byte string data[offsets[i]:offsets[i+1]]."""
+    starts = offsets[:-1]
+    lengths = np.diff(offsets)
+    total = int(lengths.sum())
+    out = lengths.astype(np.uint64) * _GOLD
+    if total == 0:
+        return out
+    first = int(starts[0])
+    seg = data[first:first + total].astype(np.uint64)
+    rel = starts - first
+    within = np.arange(total, dtype=np.int64) - np.repeat(rel, lengths)
+    seg *= _powers(int(lengths.max()))[within]
+    sums = np.add.reduceat(np.append(seg, np.uint64(0)), np.minimum(rel, total))
+    sums[lengths == 0] = 0
+    return out ^ sums
+
+
+_HASHABLE = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_temporal,
+             pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+             pa.types.is_fixed_size_binary, pa.types.is_decimal)
+
+
+def check_hashable(t: pa.DataType) -> bool:
+    return any(f(t) for f in _HASHABLE)
+
+
+def _column_hash(a: pa.Array) -> np.ndarray:
+    t = a.type
+    n = len(a)
+    bufs = a.buffers()
+    if pa.types.is_boolean(t):
+        h = a.to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1)
+    elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        off = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32, count=n + 1,
+                            offset=a.offset * (8 if wide else 4)).astype(np.int64)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        h = _bytes_hash(off, data)
+    elif pa.types.is_fixed_size_binary(t) or t.bit_width not in (8, 16, 32, 64):
+        w = t.bit_width // 8
+        off = (np.arange(n + 1, dtype=np.int64) + a.offset) * w
+        h = _bytes_hash(off, np.frombuffer(bufs[1], dtype=np.uint8))
+    elif pa.types.is_floating(t):
+        v = np.frombuffer(bufs[1], dtype=t.to_pandas_dtype(), count=n, offset=a.offset * t.bit_width // 8)
+        v = np.where(np.isnan(v), np.nan, v + 0.0).astype(np.float64)  # one NaN, and -0.0 == 0.0
+        h = v.view(np.uint64).copy()
+    else:
+        w = t.bit_width // 8
+        h = np.frombuffer(bufs[1], dtype=np.dtype(f"<u{w}"), count=n, offset=a.offset * w).astype(np.uint64)
+    h = _mix(h ^ _GOLD)
+    if a.null_count:
+        h[~_validity(a)] = _NULL_HASH
+    return h
+
+
+def hash_columns(columns: Sequence[pa.Array]) -> np.ndarray:
+    """A 64-bit hash per row of the given key columns (equal keys give equal hashes)."""
+    h = None
+    for col in columns:
+        ch = _column_hash(_as_array(col))
+        h = ch if h is None else _mix(h * _GOLD + ch)
+    return h

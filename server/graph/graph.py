@@ -1,9 +1,17 @@
-"""The update graph: one thread runs cycles; each cycle applies every source's pending input and
-delivers one consistent update per changed table to its listeners.
+"""The update graph: one thread runs cycles; a cycle applies every source's queued input and
+delivers one consistent update per changed table to its listeners, in dependency order.
 
-The step counter is the logical clock: each cycle increments it, and each table records the step
-of its last change. Everything a cycle does happens under the graph's lock, so a reader holding
-`shared_lock()` (or calling `snapshot`) sees the tables as they were at a cycle boundary.
+The step counter is the logical clock: each cycle increments it, and each changed table records
+it as its `last_step`. A cycle runs entirely under the graph's lock (`graph.lock`), so a reader
+holding `shared_lock()` (or calling `snapshot`) sees every table as it was at a cycle boundary.
+Producers never wait for a cycle: `add` only takes the short intake lock.
+
+Cycle order: (1) take every source's queued input at once; (2) apply it to each source; (3) walk
+the tables in dependency order (parents before the tables derived from them): a derived table
+follows its parents' updates, then each changed table's listeners run; (4) cycle listeners run;
+(5) the per-cycle state (previous values and row sets) is dropped. A source or derived table that
+fails, or a listener that raises, is logged with the table's name and recorded in `errors`; the
+other tables still update.
 """
 from __future__ import annotations
 
@@ -12,18 +20,12 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pyarrow as pa
 
-from tickwire.server.graph.tables import (
-    AppendOnlyTable,
-    BlinkTable,
-    KeyedTable,
-    RingTable,
-    StaticTable,
-    Table,
-)
+from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable
+from tickwire.server.graph.tables import FilterTable, StaticTable, Table
 from tickwire.server.graph.update import TableUpdate
 
 __all__ = ["UpdateGraph", "ListenerError"]
@@ -32,6 +34,8 @@ log = logging.getLogger("tickwire.graph")
 
 
 class ListenerError:
+    """A failure during a cycle: the step, the table's name ('<cycle>' for cycle listeners) and the error."""
+
     __slots__ = ("step", "table", "error")
 
     def __init__(self, step: int, table: str, error: BaseException):
@@ -42,45 +46,70 @@ class ListenerError:
 
 
 class UpdateGraph:
-    def __init__(self, interval_ms: float = 100.0):
-        self.interval = interval_ms / 1000.0
+    """Runs cycles every `interval_ms` on one daemon thread (`start`/`stop`), or on demand with
+    `run_cycle()` (deterministic stepping for tests)."""
+
+    def __init__(self, interval_ms: float = 100.0, max_errors: int = 1000):
+        if interval_ms <= 0:
+            raise ValueError(f"interval_ms must be positive, got {interval_ms}")
+        self.interval_ms = float(interval_ms)
         self.step = 0
         self.tables: dict[str, Table] = {}
-        self.errors: collections.deque[ListenerError] = collections.deque(maxlen=1000)
-        self._lock = threading.RLock()
+        self.errors: collections.deque[ListenerError] = collections.deque(maxlen=max_errors)
+        self.lock = threading.RLock()
         self._intake_lock = threading.Lock()
+        self._order: list[Table] = []
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._cycle_listeners: list = []
+        self._cycle_listeners: list[Callable[[int], None]] = []
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=1000)
 
+    @property
+    def interval(self) -> float:
+        """The cycle interval in seconds."""
+        return self.interval_ms / 1000.0
+
     # -- tables ---------------------------------------------------------------------------------
-    def _register(self, table: Table) -> Table:
-        with self._lock:
+    def _register(self, table: Table) -> None:
+        with self.lock:
             if table.name in self.tables:
                 raise ValueError(f"a table named {table.name!r} already exists")
+            for p in table.parents:
+                if self.tables.get(p.name) is not p:
+                    raise ValueError(f"table {table.name!r}: parent {p.name!r} is not a table of this graph")
             self.tables[table.name] = table
-        return table
+            # stable sort: by depth, then registration order
+            self._order = sorted(self.tables.values(), key=lambda t: t.depth)
 
     def append_table(self, name: str, schema: pa.Schema) -> AppendOnlyTable:
-        return self._register(AppendOnlyTable(self, name, schema))
+        return AppendOnlyTable(self, name, schema)
 
     def keyed_table(self, name: str, schema: pa.Schema, keys: Sequence[str]) -> KeyedTable:
-        return self._register(KeyedTable(self, name, schema, keys))
+        return KeyedTable(self, name, schema, keys)
 
     def blink_table(self, name: str, schema: pa.Schema) -> BlinkTable:
-        return self._register(BlinkTable(self, name, schema))
+        return BlinkTable(self, name, schema)
 
     def ring_table(self, name: str, schema: pa.Schema, capacity: int) -> RingTable:
-        return self._register(RingTable(self, name, schema, capacity))
+        return RingTable(self, name, schema, capacity)
 
-    def static_table(self, name: str, data: pa.Table) -> StaticTable:
-        return self._register(StaticTable(self, name, data))
+    def static_table(self, name: str, data) -> StaticTable:
+        return StaticTable(self, name, data)
+
+    def filter_table(self, name: str, parent: Table, predicate, columns=None) -> FilterTable:
+        return FilterTable(self, name, parent, predicate, columns)
 
     def remove_table(self, name: str) -> None:
-        with self._lock:
-            self.tables.pop(name, None)
+        with self.lock:
+            t = self.tables.get(name)
+            if t is None:
+                return
+            children = [c.name for c in self.tables.values() if t in c.parents]
+            if children:
+                raise ValueError(f"table {name!r} has derived tables {children}; remove them first")
+            del self.tables[name]
+            self._order = [x for x in self._order if x is not t]
 
     def get(self, name: str) -> Table:
         try:
@@ -91,69 +120,94 @@ class UpdateGraph:
     # -- reading --------------------------------------------------------------------------------
     @contextmanager
     def shared_lock(self):
-        """Hold while reading several things that must be consistent with each other."""
-        with self._lock:
+        """Hold while reading things that must be consistent with each other (a cycle boundary)."""
+        with self.lock:
             yield self
 
     def snapshot(self, table: Table | str, columns: Optional[Sequence[str]] = None) -> tuple[int, pa.Table]:
         """(step, contents) of a table at a cycle boundary."""
         t = self.get(table) if isinstance(table, str) else table
-        with self._lock:
+        with self.lock:
             return self.step, t.gather(columns)
 
-    def add_cycle_listener(self, fn) -> None:
-        """`fn(step)` runs at the end of every cycle, still under the lock (for publishers)."""
-        with self._lock:
+    def add_cycle_listener(self, fn: Callable[[int], None]) -> None:
+        """`fn(step)` runs at the end of every cycle, under the lock, after the tables' listeners."""
+        with self.lock:
             self._cycle_listeners.append(fn)
 
     def remove_cycle_listener(self, fn) -> None:
-        with self._lock:
+        with self.lock:
             if fn in self._cycle_listeners:
                 self._cycle_listeners.remove(fn)
 
     # -- cycles ---------------------------------------------------------------------------------
+    def _report(self, step: int, name: str, exc: BaseException, what: str) -> None:
+        log.error("%s of table %r failed at step %d: %r", what, name, step, exc, exc_info=exc)
+        self.errors.append(ListenerError(step, name, exc))
+
     def run_cycle(self) -> dict[str, TableUpdate]:
         """Runs one cycle now; returns the updates by table name."""
         t0 = time.perf_counter()
-        with self._lock:
+        with self.lock:
             step = self.step + 1
-            changed: list[tuple[Table, TableUpdate]] = []
+            order = list(self._order)
             with self._intake_lock:
-                taken = [(table, table._take_pending()) for table in list(self.tables.values())]
-            for table, ops in taken:
+                taken = {t.name: t._take_pending() for t in order if not t.parents}
+            updates: dict[str, TableUpdate] = {}
+            for table in order:
+                if table.parents:
+                    continue
+                ops = taken.get(table.name) or []
                 try:
                     update = table._apply_pending(step, ops)
-                except Exception as exc:  # a source that fails leaves the others running
-                    log.exception("table %r failed to apply its input at step %d", table.name, step)
-                    self.errors.append(ListenerError(step, table.name, exc))
+                except Exception as exc:  # one failing source leaves the others running
+                    self._report(step, table.name, exc, "applying the input")
+                    table._end_cycle()
                     continue
                 if update is not None:
-                    table.last_step = step
-                    changed.append((table, update))
+                    updates[table.name] = update
             self.step = step
-            for table, update in changed:
+            changed: list[Table] = []
+            for table in order:
+                if table.parents and any(p.name in updates for p in table.parents):
+                    try:
+                        update = table._on_parents(step, updates)
+                    except Exception as exc:
+                        self._report(step, table.name, exc, "following the parents")
+                        table._end_cycle()
+                        continue
+                    if update is not None:
+                        updates[table.name] = update
+                update = updates.get(table.name)
+                if update is None:
+                    continue
+                table.last_step = step
+                changed.append(table)
                 for fn in list(table.listeners):
                     try:
                         fn(table, update, step)
                     except Exception as exc:
-                        log.exception("listener of table %r failed at step %d", table.name, step)
-                        self.errors.append(ListenerError(step, table.name, exc))
+                        self._report(step, table.name, exc, "a listener")
             for fn in list(self._cycle_listeners):
                 try:
                     fn(step)
                 except Exception as exc:
-                    log.exception("cycle listener failed at step %d", step)
-                    self.errors.append(ListenerError(step, "<cycle>", exc))
-            for table, _ in changed:
+                    self._report(step, "<cycle>", exc, "a cycle listener")
+            for table in changed:
                 table._end_cycle()
         self.cycle_seconds.append(time.perf_counter() - t0)
-        return {table.name: update for table, update in changed}
+        return updates
 
     def wake(self) -> None:
+        """Input arrived (cycles still run on the interval; this is a hint for callers that wait)."""
         self._wake.set()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> "UpdateGraph":
-        if self._thread is None or not self._thread.is_alive():
+        if not self.running:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="tickwire-update-graph", daemon=True)
             self._thread.start()
@@ -170,12 +224,16 @@ class UpdateGraph:
         next_at = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            if now < next_at:
-                self._stop.wait(next_at - now)
-                if self._stop.is_set():
-                    break
+            if now < next_at and self._stop.wait(next_at - now):
+                break
             next_at = max(next_at + self.interval, time.monotonic())
             try:
                 self.run_cycle()
-            except Exception:  # never let the cycle thread die
+            except Exception:  # the cycle thread never dies
                 log.exception("update graph cycle failed")
+
+    def __enter__(self) -> "UpdateGraph":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

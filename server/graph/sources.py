@@ -1,0 +1,337 @@
+"""Source tables: append-only, keyed (upsert and delete by key), blink and ring.
+
+Producers call `add(...)` (and `delete(...)` on keyed tables) from any thread. The input is
+checked against the table's schema at once (a mismatch raises SchemaMismatchError and queues
+nothing) and queued; the graph applies it at the start of its next cycle and emits one
+`TableUpdate` per table per cycle. An input whose `batch_id` the table has already accepted is
+ignored (`add` returns False), so a replayed Spark micro-batch is applied exactly once.
+
+Row keys:
+- append-only: 0, 1, 2, ... (one range forever);
+- ring: keys keep growing; the last `capacity` keys are live and older ones are removed; key k is
+  stored in slot k mod capacity;
+- keyed: a new key gets the next row key (it is appended at the end) and keeps it for the life of
+  the key; a deleted key that comes back is a new row with a new row key;
+- blink: each cycle's rows are [0, N) and the previous cycle's rows [0, M) are removed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.server.graph.columns import check_hashable, equal_mask, hash_columns
+from tickwire.server.graph.keyindex import KeyIndex
+from tickwire.server.graph.rowset import RowSet
+from tickwire.server.graph.tables import Table, as_table, conform
+from tickwire.server.graph.update import TableUpdate
+
+if TYPE_CHECKING:
+    from tickwire.server.graph.graph import UpdateGraph
+
+__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable"]
+
+log = logging.getLogger("tickwire.graph")
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class SourceTable(Table):
+    """A table fed from outside the graph; input is queued and applied at the next cycle."""
+
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
+        super().__init__(graph, name, schema)
+        self._pending: list[tuple[str, pa.Table]] = []
+        self._seen_batches: set = set()
+        # the graph's intake lock: a cycle takes every table's input at once, so inputs that one
+        # thread adds to several tables in order become visible in the same cycle or in order
+        self._pending_lock = graph._intake_lock
+
+    def add(self, data, batch_id=None) -> bool:
+        """Queues rows (a RecordBatch, Table or list of RecordBatches) for the next cycle.
+        Returns False, queuing nothing, when `batch_id` was already accepted."""
+        return self._queue([("add", conform(self.name, self.schema, data))], batch_id)
+
+    def _queue(self, ops: list, batch_id) -> bool:
+        with self._pending_lock:
+            if batch_id is not None:
+                if batch_id in self._seen_batches:
+                    log.info("table %r: batch %r was already applied; ignored", self.name, batch_id)
+                    return False
+                self._seen_batches.add(batch_id)
+            self._pending.extend(op for op in ops if op[1].num_rows)
+        self.graph.wake()
+        return True
+
+    def has_batch(self, batch_id) -> bool:
+        """True when input with this batch id was accepted."""
+        with self._pending_lock:
+            return batch_id in self._seen_batches
+
+    def pending_rows(self) -> int:
+        with self._pending_lock:
+            return sum(t.num_rows for _, t in self._pending)
+
+    def _take_pending(self):
+        ops, self._pending = self._pending, []
+        return ops
+
+
+def _concat(ops) -> Optional[pa.Table]:
+    tables = [t for _, t in ops]
+    if not tables:
+        return None
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
+class AppendOnlyTable(SourceTable):
+    """Rows are only ever appended; the row set is always [0, n)."""
+
+    def __init__(self, graph, name, schema):
+        super().__init__(graph, name, schema)
+        self.attributes = {"AddOnly": True, "AppendOnly": True}
+
+    def _apply_pending(self, step, ops):
+        data = _concat(ops)
+        if data is None or data.num_rows == 0:
+            return None
+        n = data.num_rows
+        first = len(self.rowset)
+        self.store.ensure(first + n)
+        self.store.write(np.arange(first, first + n, dtype=np.int64), data)
+        self.prev_rowset = self.rowset
+        self.rowset = RowSet.range(0, first + n - 1)
+        return TableUpdate(added=RowSet.range(first, first + n - 1))
+
+
+class RingTable(SourceTable):
+    """Keeps the last `capacity` rows; row keys keep growing, storage is `capacity` slots."""
+
+    def __init__(self, graph, name, schema, capacity: int):
+        if int(capacity) <= 0:
+            raise ValueError(f"table {name!r}: ring capacity must be positive, got {capacity}")
+        super().__init__(graph, name, schema)
+        self.capacity = int(capacity)
+        self.store.ensure(self.capacity)
+        self._next_key = 0
+
+    def _slots(self, keys):
+        return keys % self.capacity
+
+    def _apply_pending(self, step, ops):
+        data = _concat(ops)
+        if data is None or data.num_rows == 0:
+            return None
+        n = data.num_rows
+        end = self._next_key + n  # one past the last new key
+        start = self._next_key
+        if n > self.capacity:  # rows pushed out within this cycle are never seen
+            data = data.slice(n - self.capacity)
+            start = end - self.capacity
+        self.store.write(self._slots(np.arange(start, end, dtype=np.int64)), data)
+        self._next_key = end
+        live_first = max(0, end - self.capacity)
+        removed = self.rowset.subset_by_key_range(0, live_first - 1)
+        self.prev_rowset = self.rowset
+        self.rowset = RowSet.range(live_first, end - 1)
+        return TableUpdate(added=RowSet.range(start, end - 1), removed=removed)
+
+
+class BlinkTable(SourceTable):
+    """Each cycle's rows replace the previous cycle's rows entirely."""
+
+    def __init__(self, graph, name, schema):
+        super().__init__(graph, name, schema)
+        self.attributes = {"BlinkTable": True}
+
+    def _apply_pending(self, step, ops):
+        data = _concat(ops)
+        n = 0 if data is None else data.num_rows
+        if n == 0 and self.rowset.is_empty():
+            return None
+        if n:
+            self.store.ensure(n)
+            self.store.write(np.arange(n, dtype=np.int64), data)
+        self.prev_rowset = self.rowset
+        self.rowset = RowSet.range(0, n - 1)
+        return TableUpdate(added=self.rowset, removed=self.prev_rowset)
+
+
+class KeyedTable(SourceTable):
+    """Upsert and delete by one or more key columns.
+
+    A row whose key is new is added (at the end); a row whose key exists replaces that row's
+    values in place, and is reported as modified only if some value changed, with only the
+    changed columns in the modified-column set; a delete removes the key's row. Within one input
+    the last row of each key wins. Keys are found through a numpy hash index (`KeyIndex`), so a
+    cycle costs what its input costs, whatever the size of the table.
+    """
+
+    def __init__(self, graph, name, schema, keys: Sequence[str]):
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        if not keys:
+            raise ValueError(f"table {name!r}: a keyed table needs at least one key column")
+        for k in keys:
+            if k not in schema.names:
+                raise ValueError(f"table {name!r}: key column {k!r} is not in the schema")
+            if not check_hashable(schema.field(k).type):
+                raise ValueError(f"table {name!r}: key column {k!r} has type {schema.field(k).type}, which "
+                                 f"cannot be a key (use numbers, booleans, temporal types, strings or binaries)")
+        super().__init__(graph, name, schema)
+        self.keys = keys
+        self.value_columns = [n for n in schema.names if n not in keys]
+        self._index = KeyIndex()
+        self._next_key = 0
+        kt = schema.field(keys[0]).type
+        self._injective = len(keys) == 1 and (pa.types.is_integer(kt) or pa.types.is_boolean(kt) or (
+            pa.types.is_temporal(kt) and kt.bit_width <= 64))
+        self._null_keys = False  # a null key was ever stored (its hash is not a bijection)
+
+    # -- input ----------------------------------------------------------------------------------
+    def delete(self, keys_data, batch_id=None) -> bool:
+        """Queues removal of the rows whose keys appear in `keys_data` (its other columns are ignored)."""
+        return self._queue([("delete", self._key_input(keys_data))], batch_id)
+
+    def apply_ops(self, ops, batch_id=None) -> bool:
+        """Queues ("add", rows) and ("delete", keys) operations in order, under one batch id."""
+        checked = []
+        for kind, data in ops:
+            if kind in ("add", "upsert"):
+                checked.append(("add", conform(self.name, self.schema, data)))
+            elif kind == "delete":
+                checked.append(("delete", self._key_input(data)))
+            else:
+                raise ValueError(f"table {self.name!r}: unknown operation {kind!r} (use 'add' or 'delete')")
+        return self._queue(checked, batch_id)
+
+    def _key_input(self, data) -> pa.Table:
+        t = as_table(data)
+        return conform(self.name, self.schema, t.select([k for k in self.keys if k in t.column_names]), self.keys)
+
+    def row_keys_for(self, keys_data) -> np.ndarray:
+        """Row key of each row's key in `keys_data` (-1 where the key is not in the table)."""
+        t = self._key_input(keys_data)
+        with self.graph.shared_lock():
+            return self._find(t, hash_columns([t.column(k) for k in self.keys]))[0]
+
+    # -- cycle ----------------------------------------------------------------------------------
+    def _find(self, t: pa.Table, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        key_cols = [t.column(k).combine_chunks() for k in self.keys]
+        if self._injective and not self._null_keys and not any(c.null_count for c in key_cols):
+            # one fixed-width key column of at most 64 bits: its hash is a bijection of the value
+            return self._index.lookup(h, lambda qi, rows: np.ones(qi.size, dtype=bool))
+
+        def same_key(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            stored = self.store.gather(rows, self.keys)
+            take = pa.array(qi, type=pa.int64())
+            ok = np.ones(qi.size, dtype=bool)
+            for j, col in enumerate(key_cols):
+                ok &= equal_mask(stored.column(j), col.take(take))
+            return ok
+
+        return self._index.lookup(h, same_key)
+
+    def _dedupe(self, t: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """One row per key: the last row of each key, in order of each key's first row."""
+        h = hash_columns([t.column(k) for k in self.keys])
+        if t.num_rows < 2 or np.unique(h).size == h.size:
+            return t, h  # distinct hashes: distinct keys
+        idx = pa.array(np.arange(t.num_rows, dtype=np.int64))
+        g = t.select(self.keys).append_column("__row", idx).group_by(self.keys, use_threads=False) \
+            .aggregate([("__row", "min"), ("__row", "max")])
+        first = g.column("__row_min").to_numpy()
+        last = g.column("__row_max").to_numpy()[np.argsort(first, kind="stable")]
+        return t.take(pa.array(last)), h[last]
+
+    def _apply_pending(self, step, ops):
+        if not ops:
+            return None
+        start_next = self._next_key  # row keys below it existed before this cycle
+        removed_pre: list[np.ndarray] = []
+        dropped_new: list[np.ndarray] = []
+        new_rows: list[np.ndarray] = []
+        touched = _EMPTY
+        saved_keys: list[np.ndarray] = []
+        saved_vals: list[pa.Table] = []
+        written: list[pa.Table] = []  # the new values of the rows saved, per upsert that saved some
+        rewrites = 0  # upserts that wrote rows existing before the cycle
+        for kind, t in ops:
+            if kind == "delete":
+                rows, where = self._find(t, hash_columns([t.column(k) for k in self.keys]))
+                hit = rows >= 0
+                where, first = np.unique(where[hit], return_index=True)
+                rows = rows[hit][first]
+                self._index.delete(where)
+                pre = rows < start_next
+                removed_pre.append(rows[pre])
+                dropped_new.append(rows[~pre])
+                continue
+            t, h = self._dedupe(t)
+            rows, _ = self._find(t, h)
+            found = rows >= 0
+            if found.any():
+                at = np.flatnonzero(found)
+                rk = rows[at]
+                pre = rk < start_next
+                rewrites += bool(pre.any())
+                first_touch = pre & ~np.isin(rk, touched) if touched.size else pre
+                new_vals = t.take(pa.array(at))
+                if first_touch.any():
+                    keep = rk[first_touch]
+                    saved_keys.append(keep)
+                    saved_vals.append(self.store.gather(keep, self.value_columns))
+                    written.append(new_vals.filter(pa.array(first_touch)).select(self.value_columns))
+                    touched = np.concatenate((touched, keep))
+                self.store.write(rk, new_vals)
+            if not found.all():
+                at = np.flatnonzero(~found)
+                rk = np.arange(self._next_key, self._next_key + at.size, dtype=np.int64)
+                self._next_key += at.size
+                self.store.ensure(self._next_key)
+                self.store.write(rk, t.take(pa.array(at)))
+                self._index.insert(h[at], rk)
+                if not self._null_keys and any(t.column(k).null_count for k in self.keys):
+                    self._null_keys = True
+                new_rows.append(rk)
+        prev = self.rowset
+        removed = RowSet.from_keys(np.concatenate(removed_pre)) if removed_pre else RowSet()
+        added = RowSet.from_keys(np.concatenate(new_rows)) if new_rows else RowSet()
+        if dropped_new:
+            added = added.minus(RowSet.from_keys(np.concatenate(dropped_new)))
+        modified, modified_cols = RowSet(), set()
+        if saved_keys:
+            keys = np.concatenate(saved_keys)
+            old = pa.concat_tables(saved_vals)
+            # one upsert wrote them all: its input holds the rows' values now
+            new = written[0] if rewrites == 1 else None
+            alive = ~removed.contains(keys)
+            if not alive.all():
+                keys, old = keys[alive], old.filter(pa.array(alive))
+                new = None if new is None else new.filter(pa.array(alive))
+            if keys.size:
+                if new is None:
+                    new = self.store.gather(keys, self.value_columns)
+                changed_rows = np.zeros(keys.size, dtype=bool)
+                for name in self.value_columns:
+                    diff = ~equal_mask(old.column(name), new.column(name))
+                    if diff.any():
+                        modified_cols.add(name)
+                        changed_rows |= diff
+                if changed_rows.any():
+                    order = np.argsort(keys[changed_rows])
+                    mkeys = keys[changed_rows][order]
+                    modified = RowSet.from_keys(mkeys)
+                    # previous values of the modified rows, key columns included
+                    prev_vals = old.filter(pa.array(changed_rows)).take(pa.array(order))
+                    key_vals = self.store.gather(mkeys, self.keys)
+                    for name in self.keys:
+                        prev_vals = prev_vals.append_column(self.schema.field(name), key_vals.column(name))
+                    self._prev = (mkeys, prev_vals.select(self.schema.names))
+        update = TableUpdate(added=added, removed=removed, modified=modified, modified_columns=modified_cols)
+        if update.is_empty():
+            return None
+        self.prev_rowset = prev
+        self.rowset = prev.minus(removed).union(added)
+        return update
