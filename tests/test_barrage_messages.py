@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -33,54 +32,12 @@ from tickwire.protocol.barrage import (
 )
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.fbread import root
+from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts, keys_to_ranges, rowset_size
 
-from .golden import GOLDEN, read_cap
+from .golden import GOLDEN, decoded_records, decoded_sections, read_cap
 
 needs_golden = pytest.mark.skipif(not GOLDEN.exists(), reason="shared/golden not present")
-
-
-# ----------------------------------------------------------------------------------------------
-# FlightData: just enough protobuf to pull the app_metadata field out of a captured message
-# ----------------------------------------------------------------------------------------------
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _flight_fields(msg: bytes) -> dict[int, bytes]:
-    """Length-delimited fields of a FlightData message by field number (1 descriptor, 2 header,
-    3 app_metadata, 1000 body); varint fields are skipped."""
-    out: dict[int, bytes] = {}
-    pos = 0
-    while pos < len(msg):
-        tag, pos = _varint(msg, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            _, pos = _varint(msg, pos)
-        elif wire == 2:
-            n, pos = _varint(msg, pos)
-            if pos + n > len(msg):
-                raise ValueError(f"field {number} runs past the end")
-            out[number] = msg[pos:pos + n]
-            pos += n
-        else:
-            raise ValueError(f"unexpected wire type {wire} for field {number}")
-    return out
-
-
-def test_flight_field_helper():
-    msg = b"\x0a\x02ab" + b"\x12\x01h" + b"\x1a\x03md!" + b"\x38\x96\x01" + b"\xc2\x3e\x00"
-    assert _flight_fields(msg) == {1: b"ab", 2: b"h", 3: b"md!", 1000: b""}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,17 +60,6 @@ class Meta:
         return f"{self.folder}/{self.call:04d}#{self.record}"
 
 
-def _sections(folder: Path) -> dict[int, dict[int, str]]:
-    """decoded.txt as {call: {record: text}}."""
-    text = (folder / "decoded.txt").read_text()
-    calls = re.split(r"^=== \[(\d+)\] ", text, flags=re.M)
-    out = {}
-    for i in range(1, len(calls) - 1, 2):
-        recs = re.split(r"^  (?:C->S|S->C) #(\d+) ", calls[i + 1], flags=re.M)
-        out[int(calls[i])] = {int(recs[j]): recs[j + 1] for j in range(1, len(recs) - 1, 2)}
-    return out
-
-
 def _collect() -> list[Meta]:
     out: list[Meta] = []
     if not GOLDEN.exists():
@@ -123,14 +69,15 @@ def _collect() -> list[Meta]:
         for cap in sorted(folder.glob("*_FlightService_Do*.cap")):
             if not cap.name.endswith(("_DoGet.cap", "_DoExchange.cap")):
                 continue
-            sections = sections or _sections(folder)
+            sections = sections or decoded_sections(folder)
             call = int(cap.name.split("_", 1)[0])
+            records = decoded_records(sections[call])
             for i, rec in enumerate(read_cap(cap), start=1):
                 if rec.direction == "C" and cap.name.endswith("_DoGet.cap"):
                     continue  # a DoGet request is a Ticket, not FlightData
-                md = _flight_fields(rec.payload).get(3)
+                md = decode_flight_data(rec.payload).app_metadata
                 if md is not None:
-                    out.append(Meta(folder.name, call, i, rec.direction, md, sections[call][i]))
+                    out.append(Meta(folder.name, call, i, rec.direction, md, records[i]))
     return out
 
 
