@@ -234,6 +234,44 @@ class PublicationOptions(_Message):
 # requests
 # ----------------------------------------------------------------------------------------------
 
+def _request_to_bytes(req, fb, add_options, token: Optional[bytes] = None) -> bytes:
+    """Subscription and snapshot requests share slots 0-4 (ticket, columns, viewport, options,
+    reverse_viewport); both are built in the clients' order: vectors columns, viewport, then the
+    options table, then the ticket; fields added in that same order."""
+    b = flatbuffers.Builder(64)
+    cols = _vec(b, _enc_cols(req.columns))
+    vp = _vec(b, _enc_rows(req.viewport))
+    opts = req.options._build(b) if req.options is not None else 0
+    ticket = _vec(b, req.ticket)
+    tok = _vec(b, token)
+    fb.Start(b)
+    if cols:
+        fb.AddColumns(b, cols)
+    if vp:
+        fb.AddViewport(b, vp)
+    if opts:
+        add_options(b, opts)
+    if ticket:
+        fb.AddTicket(b, ticket)
+    fb.AddReverseViewport(b, bool(req.reverse_viewport))
+    if tok:
+        fb.AddSubscriptionToken(b, tok)
+    return _finish(b, fb.End(b))
+
+
+def _read_request(data, what: str, options_cls, options_name: str) -> tuple[_Table, dict]:
+    """The fields subscription and snapshot requests share, read from slots 0-4."""
+    t = _root(data, what)
+    opts = t.table(3, options_name)
+    return t, dict(
+        ticket=t.bytes_field(0, "ticket"),
+        columns=_cols(t.bytes_field(1, "columns"), f"{what}.columns"),
+        viewport=_rows(t.bytes_field(2, "viewport"), f"{what}.viewport"),
+        options=None if opts is None else options_cls._read(opts),
+        reverse_viewport=bool(t.scalar(4, "<B", 0, "reverse_viewport")),
+    )
+
+
 @dataclass(eq=False)
 class SubscriptionRequest(_Message):
     """BarrageSubscriptionRequest (§2.4). `options` is the schema's `subscription_options`."""
@@ -248,40 +286,12 @@ class SubscriptionRequest(_Message):
     MSG_TYPE: ClassVar[BarrageMessageType] = BarrageMessageType.SUBSCRIPTION_REQUEST
 
     def to_bytes(self) -> bytes:
-        b = flatbuffers.Builder(64)
-        # the clients' creation order: columns, viewport, options, ticket
-        cols = _vec(b, _enc_cols(self.columns))
-        vp = _vec(b, _enc_rows(self.viewport))
-        opts = self.options._build(b) if self.options is not None else 0
-        ticket = _vec(b, self.ticket)
-        token = _vec(b, self.subscription_token)
-        FbSubReq.Start(b)
-        if cols:
-            FbSubReq.AddColumns(b, cols)
-        if vp:
-            FbSubReq.AddViewport(b, vp)
-        if opts:
-            FbSubReq.AddSubscriptionOptions(b, opts)
-        if ticket:
-            FbSubReq.AddTicket(b, ticket)
-        FbSubReq.AddReverseViewport(b, bool(self.reverse_viewport))
-        if token:
-            FbSubReq.AddSubscriptionToken(b, token)
-        return _finish(b, FbSubReq.End(b))
+        return _request_to_bytes(self, FbSubReq, FbSubReq.AddSubscriptionOptions, self.subscription_token)
 
     @classmethod
     def from_bytes(cls, data) -> "SubscriptionRequest":
-        w = "BarrageSubscriptionRequest"
-        t = _root(data, w)
-        opts = t.table(3, "subscription_options")
-        return cls(
-            ticket=t.bytes_field(0, "ticket"),
-            columns=_cols(t.bytes_field(1, "columns"), f"{w}.columns"),
-            viewport=_rows(t.bytes_field(2, "viewport"), f"{w}.viewport"),
-            options=None if opts is None else SubscriptionOptions._read(opts),
-            reverse_viewport=bool(t.scalar(4, "<B", 0, "reverse_viewport")),
-            subscription_token=t.bytes_field(5, "subscription_token"),
-        )
+        t, fields_ = _read_request(data, "BarrageSubscriptionRequest", SubscriptionOptions, "subscription_options")
+        return cls(**fields_, subscription_token=t.bytes_field(5, "subscription_token"))
 
 
 @dataclass(eq=False)
@@ -297,35 +307,12 @@ class SnapshotRequest(_Message):
     MSG_TYPE: ClassVar[BarrageMessageType] = BarrageMessageType.SNAPSHOT_REQUEST
 
     def to_bytes(self) -> bytes:
-        b = flatbuffers.Builder(64)
-        cols = _vec(b, _enc_cols(self.columns))
-        vp = _vec(b, _enc_rows(self.viewport))
-        opts = self.options._build(b) if self.options is not None else 0
-        ticket = _vec(b, self.ticket)
-        FbSnapReq.Start(b)
-        if cols:
-            FbSnapReq.AddColumns(b, cols)
-        if vp:
-            FbSnapReq.AddViewport(b, vp)
-        if opts:
-            FbSnapReq.AddSnapshotOptions(b, opts)
-        if ticket:
-            FbSnapReq.AddTicket(b, ticket)
-        FbSnapReq.AddReverseViewport(b, bool(self.reverse_viewport))
-        return _finish(b, FbSnapReq.End(b))
+        return _request_to_bytes(self, FbSnapReq, FbSnapReq.AddSnapshotOptions)
 
     @classmethod
     def from_bytes(cls, data) -> "SnapshotRequest":
-        w = "BarrageSnapshotRequest"
-        t = _root(data, w)
-        opts = t.table(3, "snapshot_options")
-        return cls(
-            ticket=t.bytes_field(0, "ticket"),
-            columns=_cols(t.bytes_field(1, "columns"), f"{w}.columns"),
-            viewport=_rows(t.bytes_field(2, "viewport"), f"{w}.viewport"),
-            options=None if opts is None else SnapshotOptions._read(opts),
-            reverse_viewport=bool(t.scalar(4, "<B", 0, "reverse_viewport")),
-        )
+        _t, fields_ = _read_request(data, "BarrageSnapshotRequest", SnapshotOptions, "snapshot_options")
+        return cls(**fields_)
 
 
 @dataclass(eq=False)
