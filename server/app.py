@@ -1,0 +1,150 @@
+"""The tickwire server: one grpc.aio server on one port for Flight and Deephaven's services.
+
+The gRPC event loop runs in its own thread; work that takes the update graph's lock or encodes
+data runs in a small worker pool so the loop never blocks. `TickwireServer` is usable from
+Python (tests, notebooks, the `tickwire serve` and `tickwire demo` commands):
+
+    graph = UpdateGraph(100).start()
+    server = TickwireServer(graph, port=10000).start()
+    ...
+    server.stop()
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from pathlib import Path
+from typing import Optional
+
+import grpc
+
+from tickwire.server.barrage import PublisherRegistry
+from tickwire.server.deephaven import DeephavenServices
+from tickwire.server.flight import FlightService
+from tickwire.server.graph import UpdateGraph
+from tickwire.server.rpc import ServerContext, build_handlers
+from tickwire.server.session import Scope, SessionManager
+
+__all__ = ["TickwireServer"]
+
+log = logging.getLogger("tickwire.server")
+
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.so_reuseport", 0),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class TickwireServer:
+    """Serves the tables of `graph` (every table is a global-scope variable `s/<name>`).
+
+    `port=0` picks a free port (see `.port` after `start`). `psk` requires Deephaven's
+    pre-shared-key authentication; otherwise anonymous access is allowed. `tls_cert`/`tls_key`
+    (PEM files) switch the port to TLS."""
+
+    def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
+                 psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
+                 tls_key: Optional[str | Path] = None, workers: int = 4, session_duration_ms: int = 300_000,
+                 start_graph: bool = True):
+        self.graph = graph if graph is not None else UpdateGraph()
+        self.host = host
+        self.requested_port = int(port)
+        self.port: Optional[int] = None
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key")
+        self.tls = None if tls_cert is None else (Path(tls_cert).read_bytes(), Path(tls_key).read_bytes())
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tickwire-work")
+        self.sessions = SessionManager(psk=psk, duration_ms=session_duration_ms)
+        self.registry = PublisherRegistry()
+        self.ctx = ServerContext(self.graph, Scope(self.graph), self.sessions, self.registry, self.executor)
+        self.flight = FlightService(self.ctx)
+        self.deephaven = DeephavenServices(self.ctx)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._server: Optional[grpc.aio.Server] = None
+        self._stopped = threading.Event()
+        self.start_graph = start_graph
+
+    @property
+    def target(self) -> str:
+        """host:port for clients."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls is not None
+
+    async def _start(self) -> int:
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        handlers = {**self.flight.handlers(), **self.deephaven.handlers()}
+        server.add_generic_rpc_handlers(build_handlers(handlers))
+        addr = f"{self.host}:{self.requested_port}"
+        if self.tls is not None:
+            key, cert = self.tls[1], self.tls[0]
+            port = server.add_secure_port(addr, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            port = server.add_insecure_port(addr)
+        if port == 0:
+            raise OSError(f"cannot listen on {addr}")
+        await server.start()
+        self._server = server
+        return port
+
+    def start(self) -> "TickwireServer":
+        if self._thread is not None:
+            return self
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        ready = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(loop)
+            ready.set()
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="tickwire-grpc", daemon=True)
+        self._thread.start()
+        ready.wait()
+        try:
+            self.port = asyncio.run_coroutine_threadsafe(self._start(), loop).result(30)
+        except BaseException:
+            self.stop()
+            raise
+        if self.start_graph and not self.graph.running:
+            self.graph.start()
+        log.info("tickwire serving on %s%s", self.target, " (TLS)" if self.tls else "")
+        return self
+
+    def stop(self, grace: float = 1.0) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if self._server is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._server.stop(grace), loop).result(grace + 5)
+            except Exception:
+                log.debug("server stop", exc_info=True)
+            self._server = None
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._thread = None
+        self._loop = None
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self._stopped.set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until `stop` (or the timeout); True when stopped."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> "TickwireServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,16 @@
+"""tickwire.server.barrage: publishing tables to Barrage subscribers (deltas, viewports, snapshots)."""
+from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
+from tickwire.server.barrage.publisher import (
+    Publisher,
+    PublisherRegistry,
+    Subscription,
+    SubscriptionError,
+    snapshot_message,
+)
+from tickwire.server.barrage.views import Plan, View, plan_full, plan_viewport, window_keys
+
+__all__ = [
+    "EncodeOptions", "Message", "TableWire", "metadata_bytes",
+    "Publisher", "PublisherRegistry", "Subscription", "SubscriptionError", "snapshot_message",
+    "Plan", "View", "plan_full", "plan_viewport", "window_keys",
+]

@@ -1,0 +1,158 @@
+"""Logical Barrage messages of a published table and their FlightData encodings.
+
+A `Message` is one `BarrageUpdateMetadata` plus the values of its added and modified rows, taken
+from the table at one step. Its FlightData are encoded lazily, outside the update graph's lock,
+once per distinct set of serialization options, and shared by every subscriber that receives the
+same message with the same options. Large add phases are encoded chunk by chunk so a big snapshot
+streams without first building all of its bytes.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.protocol import barrage
+from tickwire.protocol.rowset import encode_rowset, encode_shifts
+from tickwire.protocol.schema import to_deephaven_schema, to_wire_array, wire_type_for
+from tickwire.protocol.update import encode_schema, encode_update
+from tickwire.server.graph import RowSet, Table
+
+__all__ = ["EncodeOptions", "Message", "TableWire", "EMPTY_ROWSET_BYTES", "EMPTY_SHIFT_BYTES"]
+
+EMPTY_ROWSET_BYTES = encode_rowset(np.empty((0, 2), dtype=np.int64))
+EMPTY_SHIFT_BYTES = encode_shifts(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
+
+# rows per encoded chunk of a large add phase (each chunk is further split by batch_size /
+# max_message_size); big enough to amortise per-batch costs, small enough to stream
+CHUNK_ROWS = 1 << 17
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    use_deephaven_nulls: bool = False
+    columns_as_list: bool = False
+    batch_size: int = 0
+    max_message_size: int = 0
+
+    @classmethod
+    def of(cls, options) -> "EncodeOptions":
+        """From SubscriptionOptions / SnapshotOptions (or None for defaults)."""
+        if options is None:
+            return cls()
+        return cls(use_deephaven_nulls=bool(options.use_deephaven_nulls),
+                   columns_as_list=bool(getattr(options, "columns_as_list", False)),
+                   batch_size=max(0, int(options.batch_size)), max_message_size=max(0, int(options.max_message_size)))
+
+
+class TableWire:
+    """The wire form of a table's schema: Deephaven schema, per-column wire types and names."""
+
+    def __init__(self, table: Table):
+        self.table = table
+        self.names = list(table.schema.names)
+        self.schema = to_deephaven_schema(table.schema, table.attributes)
+        self.types = [wire_type_for(f.type) for f in table.schema]
+        self._schema_payload: dict[bool, bytes] = {}
+
+    def schema_payload(self, columns_as_list: bool) -> bytes:
+        p = self._schema_payload.get(columns_as_list)
+        if p is None:
+            p = self._schema_payload[columns_as_list] = encode_schema(self.schema, columns_as_list=columns_as_list)
+        return p
+
+    def gather(self, keys: RowSet, columns: Sequence[int]) -> list[Optional[pa.Array]]:
+        """Values of `keys` (in key order) for `columns`; None for every other column. Call under
+        the graph's lock for a refreshing table."""
+        out: list[Optional[pa.Array]] = [None] * len(self.names)
+        if keys.is_empty() or not columns:
+            return out
+        t = self.table.gather([self.names[i] for i in columns], keys)
+        for i, col in zip(columns, t.columns):
+            out[i] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        return out
+
+
+class Message:
+    """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
+
+    __slots__ = ("metadata", "types", "added", "modified", "n_added", "_cache", "_lock", "step")
+
+    def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
+                 modified: Optional[list[Optional[pa.Array]]], step: int = 0):
+        self.metadata = metadata
+        self.types = list(types)
+        self.added = added
+        self.modified = modified
+        self.n_added = max((len(a) for a in added or () if a is not None), default=0)
+        self.step = step
+        self._cache: dict[EncodeOptions, list[bytes]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _wire(cols: Optional[list[Optional[pa.Array]]]) -> Optional[list[Optional[pa.Array]]]:
+        if cols is None:
+            return None
+        return [None if c is None else to_wire_array(c) for c in cols]
+
+    def payloads(self, opts: EncodeOptions) -> Iterator[bytes]:
+        """The FlightData payloads of this message under `opts` (cached for small messages)."""
+        if self.n_added > CHUNK_ROWS:
+            yield from self._chunked(opts)
+            return
+        with self._lock:
+            out = self._cache.get(opts)
+            if out is None:
+                out = encode_update(self.metadata, self.types, self._wire(self.added), self._wire(self.modified),
+                                    use_deephaven_nulls=opts.use_deephaven_nulls,
+                                    columns_as_list=opts.columns_as_list, batch_size=opts.batch_size,
+                                    max_message_size=opts.max_message_size)
+                self._cache[opts] = out
+        yield from out
+
+    def _chunked(self, opts: EncodeOptions) -> Iterator[bytes]:
+        kw = dict(use_deephaven_nulls=opts.use_deephaven_nulls, columns_as_list=opts.columns_as_list,
+                  batch_size=opts.batch_size, max_message_size=opts.max_message_size)
+        md = self.metadata
+        for start in range(0, self.n_added, CHUNK_ROWS):
+            part = [None if c is None else to_wire_array(c.slice(start, CHUNK_ROWS)) for c in self.added]
+            yield from encode_update(md, self.types, part, None, **kw)
+            md = b""
+        if self.modified is not None and any(c is not None and len(c) for c in self.modified):
+            yield from encode_update(b"", self.types, None, self._wire(self.modified), **kw)
+
+
+def rows_bytes(rows: Optional[RowSet]) -> Optional[bytes]:
+    if rows is None:
+        return None
+    if rows.is_empty():
+        return EMPTY_ROWSET_BYTES
+    return encode_rowset(rows.ranges())
+
+
+def metadata_bytes(*, first_seq: int, last_seq: int, is_snapshot: bool = False,
+                   effective_viewport: Optional[RowSet] = None, effective_reverse_viewport: bool = False,
+                   effective_column_set: Optional[Sequence[int]] = None,
+                   added_rows: Optional[RowSet] = None, removed_rows: Optional[RowSet] = None,
+                   shift_data=None, added_rows_included: Optional[RowSet] = None,
+                   mod_column_nodes: Optional[list[Optional[RowSet]]] = None, table_size: int = 0) -> bytes:
+    """Wrapped BarrageUpdateMetadata bytes from row sets (`shift_data`: a RowSetShiftData, or None
+    for absent). Row sets are encoded once each; an empty one is the one-byte `20`."""
+    md = barrage.UpdateMetadata(first_seq=first_seq, last_seq=last_seq, is_snapshot=is_snapshot,
+                                effective_reverse_viewport=effective_reverse_viewport, table_size=table_size,
+                                effective_column_set=None if effective_column_set is None
+                                else np.asarray(effective_column_set, dtype=np.int64))
+    shifts = None
+    if shift_data is not None:
+        shifts = EMPTY_SHIFT_BYTES if shift_data.is_empty() else encode_shifts(*shift_data.to_wire())
+    raw = dict(effective_viewport=rows_bytes(effective_viewport), added_rows=rows_bytes(added_rows),
+               removed_rows=rows_bytes(removed_rows), shift_data=shifts,
+               added_rows_included=rows_bytes(added_rows_included))
+    if mod_column_nodes is not None:
+        raw["mod_column_nodes"] = [rows_bytes(m) if m is not None else EMPTY_ROWSET_BYTES for m in mod_column_nodes]
+    payload = md.encode_with(**raw)
+    return barrage.BarrageMessageWrapper(msg_type=int(barrage.BarrageMessageType.UPDATE_METADATA),
+                                         payload=payload).to_bytes()

@@ -1,0 +1,304 @@
+"""Publishing a table to Barrage subscribers.
+
+One `Publisher` per subscribed table follows the table's updates in the update graph's cycle
+thread. Each `Subscription` remembers what its client holds and the table's changes it has not
+been sent yet, coalesced into one `TableUpdate` (`behind`). At the end of each cycle the
+publisher turns that into at most one message per subscriber, reading the values of the rows the
+message carries under the graph's lock (cost follows the change and the viewport, not the
+table). Subscribers that are in step and want the same columns share one message object, so the
+values are gathered once and the FlightData encoded once per set of options.
+
+Memory per subscriber is bounded: its outbox holds at most `OUTBOX` messages; while it is full
+(the client is not reading), new changes are only coalesced into `behind`, whose size is bounded
+by the table's, and go out as one message once the client reads again. Other subscribers are
+never held up by a slow one: the cycle thread never waits on a client.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
+from tickwire.server.barrage.views import View, plan_full, plan_viewport, window_keys
+from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
+
+__all__ = ["Publisher", "Subscription", "PublisherRegistry", "snapshot_message"]
+
+log = logging.getLogger("tickwire.barrage")
+
+_EMPTY_SHIFTS = RowSetShiftData()
+OUTBOX = 2  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
+
+
+class SubscriptionError(Exception):
+    """A request a subscription cannot honour; `code` is the gRPC status name."""
+
+    def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
+        super().__init__(message)
+        self.code = code
+
+
+class Subscription:
+    """Server-side state of one DoExchange subscription."""
+
+    def __init__(self, publisher: "Publisher", view: View, options, notify: Callable[[], None]):
+        self.publisher = publisher
+        self.encode = EncodeOptions.of(options)
+        interval_ms = int(getattr(options, "min_update_interval_ms", 0) or 0) if options is not None else 0
+        self.interval = max(0, interval_ms) / 1000.0
+        self.requested: Optional[View] = view  # a view not yet answered with a snapshot
+        self.view: Optional[View] = None  # the view of the last snapshot sent
+        self.client_keys = RowSet()  # full: unused; viewport: the window's keys the client holds
+        self.behind: Optional[TableUpdate] = None
+        self.behind_prev: Optional[RowSet] = None
+        self.behind_first = 0
+        self.outbox: collections.deque[Message] = collections.deque()
+        self.lock = threading.Lock()
+        self.notify = notify
+        self.closed = False
+        self.last_sent = 0.0
+        self.messages = 0
+        self.coalesced = 0  # cycles folded into an earlier pending change because the client was slow
+
+    @property
+    def is_full(self) -> bool:
+        v = self.requested or self.view
+        return v is not None and v.is_full
+
+    def take(self) -> Optional[Message]:
+        """The next message for the writer, or None."""
+        with self.lock:
+            msg = self.outbox.popleft() if self.outbox else None
+        return msg
+
+    def pending(self) -> int:
+        with self.lock:
+            return len(self.outbox)
+
+    def _push(self, msg: Message) -> None:
+        with self.lock:
+            self.outbox.append(msg)
+        self.messages += 1
+        self.last_sent = time.monotonic()
+        try:
+            self.notify()
+        except Exception:  # a closed transport; the writer's end cleans up
+            log.debug("notify failed", exc_info=True)
+
+    def change(self, view: View) -> None:
+        """A new view (viewport, columns, direction) asked for mid-stream."""
+        self.publisher.change(self, view)
+
+    def close(self) -> None:
+        self.publisher.unsubscribe(self)
+
+
+class Publisher:
+    """Follows one table and serves its subscriptions."""
+
+    def __init__(self, registry: "PublisherRegistry", table: Table):
+        self.registry = registry
+        self.table = table
+        self.graph = table.graph
+        self.wire = TableWire(table)
+        self.subs: list[Subscription] = []
+        self._attached = False
+
+    # -- membership (any thread) ------------------------------------------------------------------
+    def subscribe(self, view: View, options, notify: Callable[[], None]) -> Subscription:
+        self._check_view(view)
+        sub = Subscription(self, view, options, notify)
+        with self.graph.lock:
+            if not self._attached:
+                self.table.add_listener(self._on_update)
+                self.graph.add_cycle_listener(self._on_cycle)
+                self._attached = True
+            self.subs.append(sub)
+            self._service(sub, self.graph.step, time.monotonic())
+        return sub
+
+    def change(self, sub: Subscription, view: View) -> None:
+        self._check_view(view)
+        current = sub.requested or sub.view
+        if current is not None and current.is_full != view.is_full:
+            raise SubscriptionError("cannot change from full subscription to viewport or vice versa")
+        with self.graph.lock:
+            if sub.closed:
+                return
+            sub.requested = view
+            self._service(sub, self.graph.step, time.monotonic())
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self.graph.lock:
+            sub.closed = True
+            with sub.lock:
+                sub.outbox.clear()
+            sub.behind = sub.behind_prev = None
+            if sub in self.subs:
+                self.subs.remove(sub)
+            if not self.subs and self._attached:
+                self.table.remove_listener(self._on_update)
+                self.graph.remove_cycle_listener(self._on_cycle)
+                self._attached = False
+                self.registry._drop(self)
+
+    def _check_view(self, view: View) -> None:
+        n = len(self.wire.names)
+        if any(c < 0 or c >= n for c in view.columns):
+            raise SubscriptionError(f"column index out of range for table {self.table.name!r} with {n} columns: "
+                                    f"{[c for c in view.columns if c < 0 or c >= n]}")
+        if view.reverse and view.viewport is not None and self.table.attributes.get("BlinkTable"):
+            raise SubscriptionError(f"reverse viewports are not supported on blink table {self.table.name!r}")
+        if view.reverse and view.viewport is None:
+            raise SubscriptionError("reverse_viewport needs a viewport")
+
+    # -- the cycle thread ---------------------------------------------------------------------------
+    def _on_update(self, table: Table, update: TableUpdate, step: int) -> None:
+        prev = table.prev_rowset if table.prev_rowset is not None else self._prev_of(update, table.rowset)
+        for sub in self.subs:
+            if sub.view is None:
+                continue  # its snapshot is still to come and will be taken from the new state
+            if sub.behind is None:
+                sub.behind, sub.behind_prev, sub.behind_first = update, prev, step
+            else:
+                sub.behind = sub.behind.coalesce(update, sub.behind_prev)
+                sub.coalesced += 1
+
+    @staticmethod
+    def _prev_of(update: TableUpdate, rows: RowSet) -> RowSet:
+        return update.shifted.unapply(rows.minus(update.added)).union(update.removed)
+
+    def _on_cycle(self, step: int) -> None:
+        now = time.monotonic()
+        shared: dict = {}
+        for sub in list(self.subs):
+            try:
+                self._service(sub, step, now, shared)
+            except Exception:
+                log.exception("table %r: building a message for a subscriber failed", self.table.name)
+
+    def _service(self, sub: Subscription, step: int, now: float, shared: Optional[dict] = None) -> None:
+        """Queues the next message for `sub` if it has room and something to say."""
+        if sub.closed:
+            return
+        if sub.requested is not None:
+            if sub.pending() >= OUTBOX:
+                return
+            self._snapshot(sub, step)
+            return
+        if sub.behind is None or sub.pending() or now - sub.last_sent < sub.interval:
+            return
+        self._delta(sub, step, shared)
+
+    def _snapshot(self, sub: Subscription, step: int) -> None:
+        view = sub.requested
+        rows = self.table.rowset
+        names = self.wire.names
+        if view.is_full:
+            plan = plan_full(None, rows, names, view, snapshot=True,
+                             client_keys=sub.behind_prev if sub.behind is not None else
+                             (rows if sub.view is not None else None))
+        else:
+            old = sub.view
+            repaint = old is not None and (old.reverse != view.reverse or not set(view.columns) <= set(old.columns))
+            plan = plan_viewport(sub.behind, sub.client_keys, rows, names, view, repaint_all=repaint, snapshot=True)
+        first = sub.behind_first if sub.behind is not None else step
+        msg = self._message(plan, view, step, first, snapshot=True)
+        sub.view, sub.requested = view, None
+        sub.client_keys = plan.client_keys
+        sub.behind = sub.behind_prev = None
+        sub._push(msg)
+
+    def _delta(self, sub: Subscription, step: int, shared: Optional[dict]) -> None:
+        view = sub.view
+        key = (id(sub.behind), view.columns) if view.is_full and shared is not None else None
+        msg = shared.get(key) if key is not None else None
+        if msg is None:
+            rows = self.table.rowset
+            if view.is_full:
+                plan = plan_full(sub.behind, rows, self.wire.names, view)
+            else:
+                plan = plan_viewport(sub.behind, sub.client_keys, rows, self.wire.names, view)
+                sub.client_keys = plan.client_keys
+            msg = self._message(plan, view, step, sub.behind_first, snapshot=False)
+            if key is not None:
+                shared[key] = msg
+        sub.behind = sub.behind_prev = None
+        sub._push(msg)
+
+    def _message(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> Message:
+        ncols = len(self.wire.names)
+        mods = [plan.modified_rows if i in plan.modified_columns else RowSet() for i in range(ncols)]
+        md = metadata_bytes(
+            first_seq=first, last_seq=step, is_snapshot=snapshot,
+            effective_viewport=view.viewport if snapshot and not view.is_full else None,
+            effective_reverse_viewport=view.reverse,
+            effective_column_set=view.columns if snapshot else None,
+            added_rows=plan.added_rows, removed_rows=plan.removed_rows,
+            shift_data=plan.shifts if view.is_full else None,
+            added_rows_included=plan.added_rows if snapshot and view.is_full else None,
+            mod_column_nodes=mods, table_size=len(self.table.rowset))
+        added = self.wire.gather(plan.add_keys, view.columns)
+        modified = self.wire.gather(plan.mod_keys, plan.modified_columns) if plan.modified_columns else None
+        return Message(md, self.wire.types, added, modified, step=step)
+
+
+class PublisherRegistry:
+    """The publishers of one server, created on first subscription and dropped with the last."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_table: dict[int, Publisher] = {}
+
+    def publisher(self, table: Table) -> Publisher:
+        with self._lock:
+            p = self._by_table.get(id(table))
+            if p is None or p.table is not table:
+                p = self._by_table[id(table)] = Publisher(self, table)
+            return p
+
+    def _drop(self, p: Publisher) -> None:
+        with self._lock:
+            if self._by_table.get(id(p.table)) is p:
+                del self._by_table[id(p.table)]
+
+    def subscribe(self, table: Table, view: View, options, notify) -> Subscription:
+        return self.publisher(table).subscribe(view, options, notify)
+
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        with self._lock:
+            pubs = list(self._by_table.values())
+        return [s for p in pubs for s in p.subs]
+
+
+def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = None,
+                     viewport: Optional[RowSet] = None, reverse: bool = False,
+                     doget: bool = True) -> tuple[Message, int]:
+    """A DoGet / snapshot-request response message (§7.2, §7.5) and its row count.
+
+    `columns` None means all (and no effective_column_set); `viewport` None means the whole table.
+    Refreshing tables are read under the graph's lock at a cycle boundary."""
+    table = wire.table
+    graph = table.graph
+    cols = tuple(range(len(wire.names))) if columns is None else columns
+    with graph.lock:
+        rows = table.rowset
+        step = graph.step if table.is_refreshing else -1
+        if viewport is None:
+            keys = rows
+        else:
+            keys = window_keys(rows, viewport, reverse)
+        added = wire.gather(keys, cols)
+    md = metadata_bytes(first_seq=step, last_seq=step, is_snapshot=True,
+                        effective_viewport=None if doget else viewport,
+                        effective_reverse_viewport=reverse,
+                        effective_column_set=None if columns is None else np.asarray(columns, dtype=np.int64),
+                        added_rows=rows, shift_data=_EMPTY_SHIFTS, added_rows_included=keys)
+    return Message(md, wire.types, added, None, step=step), len(keys)
+

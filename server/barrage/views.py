@@ -1,0 +1,146 @@
+"""What one subscriber is sent: row-set arithmetic for full and viewport subscriptions.
+
+Pure functions of row sets (no locks, no I/O). Given what a client holds (its view of the table
+at the step it last received) and the table's coalesced update since then, they say which rows
+the next message removes, adds (with data) and modifies, in the row space the client works in
+(BARRAGE-WIRE.md §9): key space for full subscriptions, indices into the client's dense window
+for viewport subscriptions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
+
+__all__ = ["View", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions"]
+
+EMPTY_SHIFTS = RowSetShiftData()
+
+
+@dataclass(frozen=True)
+class View:
+    """What a subscription asks for. `viewport` is None for a full subscription, else a RowSet of
+    table positions (reverse: position p is row n-1-p). `columns` is a sorted tuple of column
+    indices (all columns when the request had none)."""
+
+    columns: tuple[int, ...]
+    viewport: Optional[RowSet] = None
+    reverse: bool = False
+
+    @property
+    def is_full(self) -> bool:
+        return self.viewport is None
+
+    def same_window(self, other: "View") -> bool:
+        return self.reverse == other.reverse and (
+            (self.viewport is None and other.viewport is None)
+            or (self.viewport is not None and other.viewport is not None and self.viewport == other.viewport))
+
+
+@dataclass
+class Plan:
+    """One message for one subscriber, before its data is gathered.
+
+    `added_rows` / `removed_rows` / `modified_rows` are in the client's row space; `add_keys` and
+    `mod_keys` are the table's row keys whose current values go in the add and mod batches (in
+    the same order as the client's rows). `modified_columns` are the column indices whose mod
+    node carries `modified_rows`; the others get empty nodes. `client_keys` is what the client
+    holds after the message (the window's keys for a viewport, the whole row set for full)."""
+
+    added_rows: RowSet
+    removed_rows: RowSet
+    modified_rows: RowSet
+    add_keys: RowSet
+    mod_keys: RowSet
+    modified_columns: tuple[int, ...]
+    shifts: Optional[RowSetShiftData]  # None: field absent (viewport messages)
+    client_keys: RowSet
+    added_rows_included: Optional[RowSet] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return (self.added_rows.is_empty() and self.removed_rows.is_empty() and self.modified_rows.is_empty()
+                and (self.shifts is None or self.shifts.is_empty()))
+
+
+def clip_positions(viewport: RowSet, n: int) -> np.ndarray:
+    """The viewport's position ranges clipped to a table of n rows, shape (k, 2)."""
+    if n <= 0 or viewport.is_empty():
+        return np.empty((0, 2), dtype=np.int64)
+    r = viewport.subset_by_key_range(0, n - 1).ranges()
+    return r
+
+
+def window_keys(rows: RowSet, viewport: RowSet, reverse: bool) -> RowSet:
+    """The keys of `rows` at the viewport's positions (reverse: counted from the end)."""
+    n = len(rows)
+    r = clip_positions(viewport, n)
+    if r.shape[0] == 0:
+        return RowSet()
+    if reverse:
+        r = (n - 1 - r)[::-1, ::-1]
+    return rows.subset_by_position_ranges(r)
+
+
+def _modified_columns(update: Optional[TableUpdate], names: list[str], wanted: tuple[int, ...]) -> tuple[int, ...]:
+    if update is None or update.modified.is_empty():
+        return ()
+    return tuple(i for i in wanted if names[i] in update.modified_columns)
+
+
+def plan_full(update: Optional[TableUpdate], rows: RowSet, names: list[str], view: View, *,
+              snapshot: bool = False, client_keys: Optional[RowSet] = None) -> Plan:
+    """A full subscriber's message.
+
+    Delta (`snapshot=False`): the update as it is, in key space, with the data of its added rows
+    and of its modified rows in the subscribed columns. Snapshot: the client's rows
+    (`client_keys`, default none) are removed and the whole table (`rows`) is added; this serves
+    the initial snapshot and a change of columns."""
+    if snapshot:
+        held = client_keys if client_keys is not None else RowSet()
+        return Plan(added_rows=rows, removed_rows=held, modified_rows=RowSet(), add_keys=rows, mod_keys=RowSet(),
+                    modified_columns=(), shifts=EMPTY_SHIFTS, client_keys=rows)
+    assert update is not None
+    mcols = _modified_columns(update, names, view.columns)
+    mods = update.modified if mcols else RowSet()
+    return Plan(added_rows=update.added, removed_rows=update.removed, modified_rows=mods, add_keys=update.added,
+                mod_keys=mods, modified_columns=mcols, shifts=update.shifted, client_keys=rows)
+
+
+def plan_viewport(update: Optional[TableUpdate], prev_client: RowSet, rows: RowSet, names: list[str],
+                  view: View, *, repaint_all: bool = False, snapshot: bool = False) -> Plan:
+    """A viewport subscriber's message (§9.3).
+
+    `prev_client` is the window the client holds (keys in the pre-update key space, i.e. before
+    `update`; `update` None means the table did not change). `rows` is the table's row set now.
+    Rows that stay in the window are kept by the client; the rest of its window is removed, and
+    every row new to the window (added, or scoped in by adds and removes before it) is sent in
+    full as an add. `repaint_all` re-sends every row (the direction changed or columns were
+    added). In a snapshot, rows that stay but were modified are repainted too, since snapshots
+    carry no modifications."""
+    assert view.viewport is not None
+    new_window = window_keys(rows, view.viewport, view.reverse)
+    if repaint_all or prev_client.is_empty():
+        stay_post = RowSet()
+    elif update is None:
+        stay_post = prev_client.intersect(new_window)
+    else:
+        survivors = prev_client.minus(update.removed)
+        stay_post = update.shifted.apply(survivors).intersect(new_window)
+    mcols = _modified_columns(update, names, view.columns)
+    if snapshot and update is not None and not update.modified.is_empty():
+        stay_post = stay_post.minus(update.modified)
+        mcols = ()
+    stay_pre = stay_post if update is None else update.shifted.unapply(stay_post)
+    gone_pre = prev_client.minus(stay_pre)
+    incl = new_window.minus(stay_post)
+    mods = new_window.intersect(update.modified).minus(incl) if mcols else RowSet()
+    return Plan(added_rows=new_window.positions_of(incl),
+                removed_rows=prev_client.positions_of(gone_pre),
+                modified_rows=new_window.positions_of(mods),
+                add_keys=incl, mod_keys=mods, modified_columns=mcols if not mods.is_empty() else (),
+                shifts=None, client_keys=new_window)

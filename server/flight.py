@@ -1,0 +1,434 @@
+"""The Arrow Flight service: discovery, DoGet snapshots, DoExchange subscriptions, DoPut uploads.
+
+FlightData is read and written as raw bytes; requests are parsed with `tickwire.protocol`.
+Flows follow BARRAGE-WIRE.md §7 (DoGet §7.2, subscriptions §7.3-7.4, snapshot requests §7.5,
+DoPut §7.6, errors §7.8) and discovery §8.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.protocol import barrage
+from tickwire.protocol.barrage import BarrageMessageType
+from tickwire.protocol.batches import HEADER_RECORD_BATCH, HEADER_SCHEMA, decode_record_batch, read_message_header
+from tickwire.protocol.errors import ProtocolError
+from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
+from tickwire.protocol.proto import flight_pb2
+from tickwire.protocol.schema import (
+    attributes_from_schema,
+    from_wire_arrays,
+    ipc_encapsulated_schema,
+    read_schema_message,
+    sentinels_to_nulls,
+    unwrap_list_schema,
+)
+from tickwire.protocol.tickets import ExportTicket, ScopeTicket, TicketError, ticket_from_path
+from tickwire.server.barrage import EncodeOptions, SubscriptionError, TableWire, View, snapshot_message
+from tickwire.server.graph import AppendOnlyTable, KeyedTable, RowSet, Table
+from tickwire.server.rpc import RAW, CallError, ServerContext
+from tickwire.server.session import ResolveError, Session
+
+__all__ = ["FlightService", "KEYS_METADATA"]
+
+log = logging.getLogger("tickwire.flight")
+
+SERVICE = "/arrow.flight.protocol.FlightService/"
+# schema metadata naming the key columns of a table created by DoPut (comma separated): the
+# upload creates a keyed (upsert) table instead of an append-only one
+KEYS_METADATA = b"tickwire:keys"
+PAYLOADS_PER_HOP = 8  # FlightData encoded per trip to the worker pool
+
+
+def _viewport_of(ranges) -> Optional[RowSet]:
+    if ranges is None:
+        return None
+    r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    if r.size and r.min() < 0:
+        raise CallError("INVALID_ARGUMENT", f"viewport has negative positions: {r.tolist()[:4]}")
+    return RowSet.from_ranges(r)
+
+
+def _columns_of(indices, ncols: int, what: str) -> Optional[tuple[int, ...]]:
+    if indices is None:
+        return None
+    cols = tuple(sorted(set(int(i) for i in np.asarray(indices).ravel())))
+    bad = [c for c in cols if c >= ncols]
+    if bad:
+        raise CallError("INVALID_ARGUMENT", f"{what}: column indices {bad} out of range for a table of {ncols} "
+                                            "columns")
+    return cols
+
+
+def _next_payloads(it, n: int) -> list[bytes]:
+    out = []
+    for p in it:
+        out.append(p)
+        if len(out) >= n:
+            break
+    return out
+
+
+class FlightService:
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+
+    def handlers(self) -> dict:
+        return {
+            SERVICE + "Handshake": (self.handshake, None, None),
+            SERVICE + "ListFlights": (self.list_flights, None, None),
+            SERVICE + "GetFlightInfo": (self.get_flight_info, None, None),
+            SERVICE + "GetSchema": (self.get_schema, None, None),
+            SERVICE + "DoGet": (self.do_get, None, RAW),
+            SERVICE + "DoExchange": (self.do_exchange, RAW, RAW),
+            SERVICE + "DoPut": (self.do_put, RAW, None),
+            SERVICE + "DoAction": (self.do_action, None, None),
+            SERVICE + "ListActions": (self.list_actions, None, None),
+        }
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _resolve(self, ticket: bytes, session: Optional[Session]) -> Table:
+        return self.ctx.scope.resolve(ticket, session)
+
+    def _resolve_descriptor(self, desc, session: Optional[Session]) -> tuple[Table, list[str]]:
+        if desc.type != flight_pb2.FlightDescriptor.PATH:
+            raise CallError("FAILED_PRECONDITION", "only PATH flight descriptors are supported")
+        path = list(desc.path)
+        try:
+            t = ticket_from_path(path)
+        except TicketError as exc:
+            raise CallError(exc.code, str(exc)) from None
+        return self.ctx.scope.resolve_parsed(t, session), path
+
+    def _flight_info(self, table: Table, path: list[str]) -> flight_pb2.FlightInfo:
+        wire = TableWire(table)
+        info = flight_pb2.FlightInfo()
+        info.schema = ipc_encapsulated_schema(wire.schema)
+        info.flight_descriptor.type = flight_pb2.FlightDescriptor.PATH
+        info.flight_descriptor.path.extend(path)
+        ep = info.endpoint.add()
+        ep.ticket.ticket = ticket_from_path(path).to_bytes()
+        info.total_records = -1 if table.is_refreshing else table.size
+        info.total_bytes = -1
+        return info
+
+    # -- discovery ----------------------------------------------------------------------------------
+    async def handshake(self, request_iterator, context):
+        session = await self.ctx.authenticate(context)
+        async for _req in request_iterator:
+            yield flight_pb2.HandshakeResponse(protocol_version=0, payload=session.token.encode())
+
+    async def list_flights(self, criteria, context):
+        await self.ctx.authenticate(context)
+        if criteria.expression:
+            raise CallError("INVALID_ARGUMENT", "Criteria expressions are not supported")
+        for name in self.ctx.scope.names():
+            try:
+                table = self.ctx.scope.get(name)
+            except ResolveError:
+                continue  # removed meanwhile
+            yield self._flight_info(table, ["scope", name])
+
+    async def get_flight_info(self, desc, context):
+        session = await self.ctx.authenticate(context)
+        table, path = self._resolve_descriptor(desc, session)
+        return self._flight_info(table, path)
+
+    async def get_schema(self, desc, context):
+        session = await self.ctx.authenticate(context)
+        table, _ = self._resolve_descriptor(desc, session)
+        return flight_pb2.SchemaResult(schema=ipc_encapsulated_schema(TableWire(table).schema))
+
+    # -- DoGet ----------------------------------------------------------------------------------------
+    async def do_get(self, ticket, context):
+        session = await self.ctx.authenticate(context)
+        table = self._resolve(ticket.ticket, session)
+        wire = TableWire(table)
+        msg, n = await self.ctx.run(snapshot_message, wire)
+        yield wire.schema_payload(False)
+        if n == 0 and not table.is_refreshing:
+            return  # an empty static table: the schema only (§7.2)
+        async for p in self._payloads(msg, EncodeOptions()):
+            yield p
+
+    async def _payloads(self, msg, opts: EncodeOptions):
+        it = msg.payloads(opts)
+        while True:
+            chunk = await self.ctx.run(_next_payloads, it, PAYLOADS_PER_HOP)
+            if not chunk:
+                return
+            for p in chunk:
+                yield p
+
+    # -- DoExchange -----------------------------------------------------------------------------------
+    async def do_exchange(self, request_iterator, context):
+        session = await self.ctx.authenticate(context)
+        loop = asyncio.get_running_loop()
+        requests: asyncio.Queue = asyncio.Queue()
+        wake = asyncio.Event()
+
+        async def read():
+            kind = None
+            first = True
+            try:
+                async for raw in request_iterator:
+                    try:
+                        fd = decode_flight_data(raw)
+                    except ProtocolError as exc:
+                        raise CallError("INVALID_ARGUMENT", f"malformed FlightData: {exc}") from None
+                    if fd.app_metadata is None:
+                        if first:
+                            first = False
+                            continue  # pyarrow's descriptor-only opening message (§7.3)
+                        raise CallError("INVALID_ARGUMENT", "failed to receive Barrage request metadata")
+                    first = False
+                    try:
+                        mtype, obj = barrage.unwrap(fd.app_metadata)
+                    except ProtocolError as exc:
+                        raise CallError("INVALID_ARGUMENT", f"bad Barrage request: {exc}") from None
+                    if mtype not in (BarrageMessageType.SUBSCRIPTION_REQUEST, BarrageMessageType.SNAPSHOT_REQUEST):
+                        raise CallError("INVALID_ARGUMENT", f"DoExchange: unhandled BarrageMessageType: {int(mtype)} "
+                                                            f"({mtype.name})")
+                    if kind is None:
+                        kind = mtype
+                    elif mtype != kind:
+                        raise CallError("INVALID_ARGUMENT", f"DoExchange stream is a {kind.name}; cannot accept a "
+                                                            f"{mtype.name}")
+                    await requests.put(obj)
+                await requests.put(None)  # half-close
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the writer, which ends the call
+                await requests.put(exc)
+
+        reader = asyncio.ensure_future(read())
+        sub = None
+        waiter = get_req = None
+        try:
+            req = await requests.get()
+            if req is None:
+                return
+            if isinstance(req, BaseException):
+                raise req
+            if isinstance(req, barrage.SnapshotRequest):
+                async for p in self._snapshot_request(req, session, requests):
+                    yield p
+                return
+            table, view, options = self._subscription_args(req, session)
+            wire = TableWire(table)
+            opts = EncodeOptions.of(options)
+
+            def notify():
+                loop.call_soon_threadsafe(wake.set)
+
+            try:
+                sub = await self.ctx.run(self.ctx.registry.subscribe, table, view, options, notify)
+            except SubscriptionError as exc:
+                raise CallError(exc.code, str(exc)) from None
+            yield wire.schema_payload(opts.columns_as_list)
+            get_req = asyncio.ensure_future(requests.get())
+            while True:
+                waiter = asyncio.ensure_future(wake.wait())
+                done, _ = await asyncio.wait({waiter, get_req}, return_when=asyncio.FIRST_COMPLETED)
+                if get_req in done:
+                    waiter.cancel()
+                    req = get_req.result()
+                    if req is None:
+                        return  # client half-closed: end with OK
+                    if isinstance(req, BaseException):
+                        raise req
+                    if not isinstance(req, barrage.SubscriptionRequest):
+                        raise CallError("INVALID_ARGUMENT", "expected a subscription request")
+                    _t, new_view, _o = self._subscription_args(req, session, table)
+                    try:
+                        await self.ctx.run(sub.change, new_view)
+                    except SubscriptionError as exc:
+                        raise CallError(exc.code, str(exc)) from None
+                    get_req = asyncio.ensure_future(requests.get())
+                    continue
+                wake.clear()
+                while True:
+                    msg = sub.take()
+                    if msg is None:
+                        break
+                    async for p in self._payloads(msg, opts):
+                        yield p
+        finally:
+            for task in (reader, waiter, get_req):
+                if task is not None:
+                    task.cancel()
+            if sub is not None:
+                await self.ctx.run(sub.close)
+
+    def _subscription_args(self, req: barrage.SubscriptionRequest, session, table: Optional[Table] = None):
+        if table is None:
+            if not req.ticket:
+                raise CallError("INVALID_ARGUMENT", "Ticket not specified.")
+            table = self._resolve(req.ticket, session)
+        ncols = len(table.schema)
+        cols = _columns_of(req.columns, ncols, "subscription columns")
+        view = View(columns=tuple(range(ncols)) if cols is None else cols, viewport=_viewport_of(req.viewport),
+                    reverse=bool(req.reverse_viewport))
+        return table, view, req.options
+
+    async def _snapshot_request(self, req: barrage.SnapshotRequest, session, requests: asyncio.Queue):
+        if not req.ticket:
+            raise CallError("INVALID_ARGUMENT", "Ticket not specified.")
+        table = self._resolve(req.ticket, session)
+        wire = TableWire(table)
+        ncols = len(wire.names)
+        cols = _columns_of(req.columns, ncols, "snapshot columns")
+        viewport = _viewport_of(req.viewport)
+        opts = EncodeOptions.of(req.options)
+        msg, _n = await self.ctx.run(lambda: snapshot_message(wire, columns=cols, viewport=viewport,
+                                                              reverse=bool(req.reverse_viewport), doget=False))
+        yield wire.schema_payload(False)
+        async for p in self._payloads(msg, opts):
+            yield p
+        # the stream ends (OK) once the client half-closes (§7.5)
+        while True:
+            nxt = await requests.get()
+            if nxt is None:
+                return
+            if isinstance(nxt, BaseException):
+                raise nxt
+
+    # -- DoPut ------------------------------------------------------------------------------------------
+    async def do_put(self, request_iterator, context):
+        session = await self.ctx.authenticate(context)
+        path: Optional[list[str]] = None
+        schema: Optional[pa.Schema] = None
+        table: Optional[Table] = None
+        dh_nulls = False
+        rows = 0
+        async for raw in request_iterator:
+            try:
+                fd = decode_flight_data(raw)
+            except ProtocolError as exc:
+                raise CallError("INVALID_ARGUMENT", f"malformed FlightData: {exc}") from None
+            if fd.descriptor is not None:
+                if fd.descriptor.type != DESCRIPTOR_PATH:
+                    raise CallError("INVALID_ARGUMENT", "DoPut needs a PATH flight descriptor naming the destination")
+                if path is None:
+                    path = list(fd.descriptor.path)
+                elif list(fd.descriptor.path) != path:
+                    raise CallError("INVALID_ARGUMENT", f"DoPut descriptor changed from {path} to "
+                                                        f"{list(fd.descriptor.path)}")
+            if path is None:
+                raise CallError("INVALID_ARGUMENT", "Result flight descriptor never provided")
+            if fd.app_metadata is not None and not fd.data_header:
+                try:
+                    _t, obj = barrage.unwrap(fd.app_metadata)
+                except ProtocolError as exc:
+                    raise CallError("INVALID_ARGUMENT", f"bad DoPut options: {exc}") from None
+                if isinstance(obj, barrage.SubscriptionRequest) and obj.options is not None:
+                    dh_nulls = bool(obj.options.use_deephaven_nulls)
+                continue
+            if not fd.data_header:
+                continue
+            try:
+                info = read_message_header(fd.data_header)
+            except ProtocolError as exc:
+                raise CallError("INVALID_ARGUMENT", f"bad Arrow message header: {exc}") from None
+            if info.header_type == HEADER_SCHEMA:
+                if schema is not None:
+                    raise CallError("INVALID_ARGUMENT", "DoPut: a second schema message")
+                schema = unwrap_list_schema(read_schema_message(fd.data_header))
+                table = await self.ctx.run(self._put_target, path, schema, session)
+                continue
+            if info.header_type != HEADER_RECORD_BATCH:
+                raise CallError("INVALID_ARGUMENT", f"DoPut: unsupported Arrow message type {info.header_type}")
+            if schema is None:
+                raise CallError("INVALID_ARGUMENT", "Schema must be processed before record-batch messages")
+            data = self._decode_put_batch(info, fd.data_body, schema, dh_nulls)
+            await self.ctx.run(self._put_rows, table, data)
+            rows += data.num_rows
+            yield flight_pb2.PutResult()
+        if path is None:
+            raise CallError("INVALID_ARGUMENT", "Result flight descriptor never provided")
+        if schema is None:
+            raise CallError("INVALID_ARGUMENT", "DoPut: schema never provided")
+        log.info("DoPut %s: %d rows", path, rows)
+
+    @staticmethod
+    def _decode_put_batch(info, body, schema: pa.Schema, dh_nulls: bool) -> pa.Table:
+        try:
+            arrays = decode_record_batch(info, body, schema)
+            arrays = from_wire_arrays(arrays, schema)
+        except ProtocolError as exc:
+            raise CallError("INVALID_ARGUMENT", f"bad record batch: {exc}") from None
+        lengths = {len(a) for a in arrays}
+        if len(lengths) > 1:
+            raise CallError("INVALID_ARGUMENT", f"DoPut record batch columns have different lengths {sorted(lengths)}")
+        if dh_nulls:
+            arrays = [sentinels_to_nulls(a) for a in arrays]
+        return pa.Table.from_arrays(arrays, names=schema.names)
+
+    def _put_target(self, path: list[str], schema: pa.Schema, session: Session) -> Table:
+        try:
+            t = ticket_from_path(path)
+        except TicketError as exc:
+            raise CallError(exc.code, str(exc)) from None
+        graph = self.ctx.graph
+        plain = pa.schema([pa.field(f.name, f.type) for f in schema])
+        keys_raw = (schema.metadata or {}).get(KEYS_METADATA)
+        keys = [k for k in keys_raw.decode().split(",") if k] if keys_raw else []
+        with graph.lock:
+            if isinstance(t, ScopeTicket):
+                existing = graph.tables.get(t.name)
+                if existing is not None:
+                    if not isinstance(existing, (AppendOnlyTable, KeyedTable)):
+                        raise CallError("FAILED_PRECONDITION", f"table {t.name!r} is a {type(existing).__name__}; "
+                                                               "DoPut appends only to append-only or keyed tables")
+                    return existing
+                name = t.name
+            elif isinstance(t, ExportTicket):
+                if t.export_id <= 0:
+                    raise CallError("INVALID_ARGUMENT", f"DoPut export id must be positive, got {t.export_id}")
+                name = f"__export_{session.token}_{t.export_id}"
+            else:
+                raise CallError("INVALID_ARGUMENT", f"DoPut destination must be ['scope', name] or ['export', id], "
+                                                    f"got {path}")
+            try:
+                table = graph.keyed_table(name, plain, keys) if keys else graph.append_table(name, plain)
+            except (ValueError, KeyError) as exc:
+                raise CallError("INVALID_ARGUMENT", f"DoPut: cannot create table {name!r}: {exc}") from None
+            attrs = attributes_from_schema(schema)
+            table.attributes.update({k: v for k, v in attrs.items() if k not in ("AppendOnly", "AddOnly")})
+            if isinstance(t, ExportTicket):
+                session.export(t.export_id, table)
+            return table
+
+    @staticmethod
+    def _put_rows(table: Table, data: pa.Table) -> None:
+        try:
+            table.add(data)
+        except (ValueError, TypeError) as exc:
+            raise CallError("INVALID_ARGUMENT", f"DoPut into {table.name!r}: {exc}") from None
+
+    # -- actions ------------------------------------------------------------------------------------------
+    ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns"}
+
+    async def do_action(self, action, context):
+        await self.ctx.authenticate(context)
+        if action.type == "list-tables":
+            yield flight_pb2.Result(body=json.dumps(await self.ctx.run(self._list_tables)).encode())
+            return
+        raise CallError("UNIMPLEMENTED", f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)}")
+
+    def _list_tables(self) -> list[dict]:
+        g = self.ctx.graph
+        with g.lock:
+            return [{"name": name, "rows": t.size, "refreshing": t.is_refreshing, "kind": type(t).__name__,
+                     "columns": [{"name": f.name, "type": str(f.type)} for f in t.schema]}
+                    for name, t in g.tables.items() if not name.startswith("__")]
+
+    async def list_actions(self, _empty, context):
+        await self.ctx.authenticate(context)
+        for name, desc in self.ACTIONS.items():
+            yield flight_pb2.ActionType(type=name, description=desc)
