@@ -253,7 +253,7 @@ class FlightService:
                     continue
                 wake.clear()
                 while True:
-                    msg = sub.take()
+                    msg = await self.ctx.run(sub.take)
                     if msg is None:
                         break
                     async for p in self._payloads(msg, opts):

@@ -71,9 +71,14 @@ class Subscription:
         return v is not None and v.is_full
 
     def take(self) -> Optional[Message]:
-        """The next message for the writer, or None."""
+        """The next message for the writer, or None. When this empties the outbox while changes
+        are waiting (the client was slow), their message is built right away rather than at the
+        next cycle. May take the graph's lock: call it off the event loop."""
         with self.lock:
             msg = self.outbox.popleft() if self.outbox else None
+            drained = not self.outbox
+        if msg is not None and drained and not self.closed and (self.behind is not None or self.requested is not None):
+            self.publisher.catch_up(self)
         return msg
 
     def pending(self) -> int:
@@ -131,6 +136,10 @@ class Publisher:
             if sub.closed:
                 return
             sub.requested = view
+            self._service(sub, self.graph.step, time.monotonic())
+
+    def catch_up(self, sub: Subscription) -> None:
+        with self.graph.lock:
             self._service(sub, self.graph.step, time.monotonic())
 
     def unsubscribe(self, sub: Subscription) -> None:

@@ -1,0 +1,257 @@
+"""Publisher convergence: random source traffic (removes, shifts, adds, modifies) served to
+subscribers of every shape; each subscriber's messages are encoded to FlightData, decoded, and
+applied to a client-side state, which must equal the expected slice of the table after every
+step. A failure prints the seed and step to replay."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tickwire.clients.state import TableState
+from tickwire.protocol.update import StreamDecoder
+from tickwire.server.barrage import PublisherRegistry, SubscriptionError, TableWire, View, window_keys
+from tickwire.server.graph import RowSet, UpdateGraph
+from tests.scripted import SCHEMA, ScriptedTable, random_update
+
+
+class Client:
+    """One subscription plus the client-side decoder and state."""
+
+    def __init__(self, registry, table, view: View, *, as_list=False, dh_nulls=False, batch_size=0):
+        from tickwire.protocol.barrage import SubscriptionOptions
+        self.opts = SubscriptionOptions(columns_as_list=as_list, use_deephaven_nulls=dh_nulls, batch_size=batch_size)
+        self.view = view
+        self.notified = 0
+        self.sub = registry.subscribe(table, view, self.opts, self._notify)
+        wire = TableWire(table)
+        self.decoder = StreamDecoder(columns_as_list=as_list, use_deephaven_nulls=dh_nulls)
+        self.decoder.feed(wire.schema_payload(as_list))
+        schema = self.decoder.schema
+        self.state = TableState(schema, viewport=view.viewport is not None)
+        self.messages = []
+
+    def _notify(self):
+        self.notified += 1
+
+    def pump(self) -> int:
+        n = 0
+        while True:
+            msg = self.sub.take()
+            if msg is None:
+                return n
+            for p in msg.payloads(self.sub.encode):
+                u = self.decoder.feed(p)
+                if u is not None:
+                    self.state.apply(u)
+                    self.messages.append(u.metadata)
+                    n += 1
+
+    def change(self, view: View):
+        self.sub.change(view)
+        self.view = view
+
+    def expected(self, table) -> pa.Table:
+        names = [table.schema.names[i] for i in self.view.columns]
+        if self.view.viewport is None:
+            return table.gather(names)
+        return table.gather(names, window_keys(table.rowset, self.view.viewport, self.view.reverse))
+
+    def check(self, table, where: str) -> None:
+        got = self.state.to_arrow().select([table.schema.names[i] for i in self.view.columns])
+        exp = self.expected(table)
+        assert got.num_rows == exp.num_rows, f"{where}: {got.num_rows} rows, expected {exp.num_rows}"
+        assert got.equals(exp), f"{where}: values differ\n{got.to_pydict()}\n{exp.to_pydict()}"
+        if self.view.viewport is not None:
+            assert self.state.table_size == table.size, where
+
+
+def vp(*ranges) -> RowSet:
+    return RowSet.from_ranges(np.array(ranges, dtype=np.int64).reshape(-1, 2))
+
+
+ALL = (0, 1, 2)
+SHAPES = {
+    "full": View(ALL),
+    "full_cols": View((0, 2)),
+    "header": View(ALL, vp((0, 9))),
+    "floating": View(ALL, vp((20, 44))),
+    "footer": View(ALL, vp((0, 14)), reverse=True),
+    "reverse_floating": View((1,), vp((10, 30)), reverse=True),
+    "swiss": View(ALL, vp((0, 2), (7, 9), (30, 31), (100, 140))),
+    "past_end": View(ALL, vp((5000, 5010))),
+}
+
+
+def _setup(seed):
+    graph = UpdateGraph(interval_ms=10_000)
+    table = ScriptedTable(graph, "t")
+    registry = PublisherRegistry()
+    return graph, table, registry
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_shape_converges_after_every_step(seed):
+    rng = np.random.default_rng(seed)
+    graph, table, registry = _setup(seed)
+    keys = np.empty(0, dtype=np.int64)
+    # some rows before anyone subscribes
+    for _ in range(3):
+        upd, vals, keys = random_update(rng, keys, max_add=60)
+        table.push(upd, vals)
+        graph.run_cycle()
+    clients = {}
+    for i, (name, view) in enumerate(SHAPES.items()):
+        clients[name] = Client(registry, table, view, as_list=(i % 3 == 0), dh_nulls=(i % 2 == 0),
+                               batch_size=int(rng.choice([0, 7])))
+    step = 0
+    try:
+        for c in clients.values():
+            c.pump()
+            c.check(table, f"snapshot of {c.view}")
+        for step in range(40):
+            for _ in range(int(rng.integers(1, 3))):  # sometimes two updates coalesce in one cycle
+                upd, vals, keys = random_update(rng, keys)
+                table.push(upd, vals)
+            graph.run_cycle()
+            for name, c in clients.items():
+                c.pump()
+                c.check(table, f"{name} after step {step}")
+    except AssertionError:
+        print(f"replay: seed {seed} step {step}")
+        raise
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_slow_subscriber_gets_one_coalesced_update_and_converges(seed):
+    rng = np.random.default_rng(100 + seed)
+    graph, table, registry = _setup(seed)
+    keys = np.empty(0, dtype=np.int64)
+    upd, vals, keys = random_update(rng, keys, max_add=80)
+    table.push(upd, vals)
+    graph.run_cycle()
+    fast = Client(registry, table, SHAPES["full"])
+    slow = Client(registry, table, SHAPES["full"])
+    slow_vp = Client(registry, table, SHAPES["floating"])
+    for c in (fast, slow, slow_vp):
+        c.pump()
+    stalled_cycles = 15
+    for step in range(stalled_cycles):
+        upd, vals, keys = random_update(rng, keys)
+        table.push(upd, vals)
+        graph.run_cycle()
+        fast.pump()
+        fast.check(table, f"fast subscriber at step {step}")
+        # the stalled subscribers hold at most one message, whatever the number of cycles
+        assert slow.sub.pending() <= 1 and slow_vp.sub.pending() <= 1
+    # reading again: the message queued before the stall, then one coalesced message at once
+    assert slow.pump() == 2 and slow_vp.pump() == 2
+    md = slow.messages[-1]
+    assert md.last_seq - md.first_seq >= stalled_cycles - 2  # first_seq..last_seq span the coalesced steps
+    slow.check(table, "slow full subscriber after catching up")
+    slow_vp.check(table, "slow viewport subscriber after catching up")
+    assert slow.sub.coalesced >= stalled_cycles - 2
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_viewport_and_column_changes_mid_stream(seed):
+    rng = np.random.default_rng(200 + seed)
+    graph, table, registry = _setup(seed)
+    keys = np.empty(0, dtype=np.int64)
+    upd, vals, keys = random_update(rng, keys, max_add=120)
+    table.push(upd, vals)
+    graph.run_cycle()
+    c = Client(registry, table, View(ALL, vp((0, 9))), as_list=bool(seed % 2))
+    c.pump()
+    views = [View(ALL, vp((5, 19))), View((0,), vp((5, 19))), View(ALL, vp((5, 19))),
+             View(ALL, vp((0, 9)), reverse=True), View((1, 2), vp((3, 3), (50, 60))), View(ALL, vp((0, 0)))]
+    step = 0
+    try:
+        for step in range(30):
+            upd, vals, keys = random_update(rng, keys)
+            table.push(upd, vals)
+            if step % 4 == 1:
+                c.change(views[(step // 4) % len(views)])
+                if rng.random() < 0.5:
+                    c.pump()  # answered before the next cycle, or after it with the cycle's changes
+            graph.run_cycle()
+            c.pump()
+            c.check(table, f"step {step}")
+        snaps = [m for m in c.messages if m.is_snapshot]
+        assert len(snaps) >= 1 + 30 // 4 - 1
+        for m in snaps:
+            assert m.effective_viewport is not None and m.shift_data is None
+    except AssertionError:
+        print(f"replay: seed {seed} step {step}")
+        raise
+
+
+def test_full_to_viewport_change_is_refused():
+    graph, table, registry = _setup(0)
+    c = Client(registry, table, View(ALL))
+    with pytest.raises(SubscriptionError, match="full subscription to viewport"):
+        c.change(View(ALL, vp((0, 5))))
+
+
+def test_blink_subscribers_see_each_cycle_replace_the_last():
+    rng = np.random.default_rng(5)
+    graph, table, registry = _setup(0)
+    table.attributes["BlinkTable"] = True
+    keys = np.empty(0, dtype=np.int64)
+    full = Client(registry, table, View(ALL), as_list=True, dh_nulls=True)
+    head = Client(registry, table, View(ALL, vp((0, 4))))
+    for step in range(15):
+        upd, vals, keys = random_update(rng, keys, blink=True)
+        table.push(upd, vals)
+        graph.run_cycle()
+        for c in (full, head):
+            c.pump()
+            c.check(table, f"blink step {step}")
+    with pytest.raises(SubscriptionError, match="reverse viewports"):
+        Client(registry, table, View(ALL, vp((0, 4)), reverse=True))
+
+
+def test_metadata_fields_follow_deephaven_per_message_kind():
+    rng = np.random.default_rng(9)
+    graph, table, registry = _setup(0)
+    keys = np.empty(0, dtype=np.int64)
+    upd, vals, keys = random_update(rng, keys, max_add=50)
+    table.push(upd, vals)
+    graph.run_cycle()
+    full = Client(registry, table, View(ALL))
+    vpc = Client(registry, table, View(ALL, vp((0, 9))))
+    full.pump()
+    vpc.pump()
+    snap = full.messages[0]
+    assert snap.is_snapshot and snap.effective_viewport is None  # full snapshots never echo a viewport
+    assert snap.removed_rows is not None and snap.shift_data is not None
+    assert len(snap.mod_column_nodes) == 3 and snap.table_size == table.size
+    assert np.array_equal(snap.added_rows, snap.added_rows_included)
+    assert list(snap.effective_column_set) == [0, 1, 2]
+    vsnap = vpc.messages[0]
+    assert vsnap.is_snapshot and vsnap.shift_data is None and vsnap.added_rows_included is None
+    assert np.array_equal(vsnap.effective_viewport, np.array([[0, 9]]))
+    upd, vals, keys = random_update(rng, keys)
+    table.push(upd, vals)
+    graph.run_cycle()
+    full.pump()
+    vpc.pump()
+    delta = full.messages[-1]
+    assert not delta.is_snapshot and delta.effective_viewport is None and delta.effective_column_set is None
+    assert delta.added_rows is not None and delta.removed_rows is not None and delta.shift_data is not None
+    assert len(delta.mod_column_nodes) == 3
+    assert delta.first_seq == delta.last_seq == graph.step
+    vdelta = vpc.messages[-1]
+    assert vdelta.shift_data is None and vdelta.table_size == table.size
+
+
+def test_unsubscribe_releases_the_table_listener():
+    graph, table, registry = _setup(0)
+    a = Client(registry, table, View(ALL))
+    b = Client(registry, table, View(ALL, vp((0, 3))))
+    assert len(table.listeners) == 1
+    a.sub.close()
+    assert len(table.listeners) == 1
+    b.sub.close()
+    assert table.listeners == [] and registry.subscriptions == []
+    assert a.sub.take() is None
