@@ -304,7 +304,7 @@ class FlightService:
         path: Optional[list[str]] = None
         schema: Optional[pa.Schema] = None
         table: Optional[Table] = None
-        dh_nulls = False
+        dh_nulls = as_list = False
         rows = 0
         async for raw in request_iterator:
             try:
@@ -328,6 +328,7 @@ class FlightService:
                     raise CallError("INVALID_ARGUMENT", f"bad DoPut options: {exc}") from None
                 if isinstance(obj, barrage.SubscriptionRequest) and obj.options is not None:
                     dh_nulls = bool(obj.options.use_deephaven_nulls)
+                    as_list = bool(obj.options.columns_as_list)
                 continue
             if not fd.data_header:
                 continue
@@ -338,14 +339,16 @@ class FlightService:
             if info.header_type == HEADER_SCHEMA:
                 if schema is not None:
                     raise CallError("INVALID_ARGUMENT", "DoPut: a second schema message")
-                schema = unwrap_list_schema(read_schema_message(fd.data_header))
+                schema = read_schema_message(fd.data_header)
+                if as_list:
+                    schema = unwrap_list_schema(schema)
                 table = await self.ctx.run(self._put_target, path, schema, session)
                 continue
             if info.header_type != HEADER_RECORD_BATCH:
                 raise CallError("INVALID_ARGUMENT", f"DoPut: unsupported Arrow message type {info.header_type}")
             if schema is None:
                 raise CallError("INVALID_ARGUMENT", "Schema must be processed before record-batch messages")
-            data = self._decode_put_batch(info, fd.data_body, schema, dh_nulls)
+            data = self._decode_put_batch(info, fd.data_body, schema, dh_nulls, as_list)
             await self.ctx.run(self._put_rows, table, data)
             rows += data.num_rows
             yield flight_pb2.PutResult()
@@ -356,9 +359,9 @@ class FlightService:
         log.info("DoPut %s: %d rows", path, rows)
 
     @staticmethod
-    def _decode_put_batch(info, body, schema: pa.Schema, dh_nulls: bool) -> pa.Table:
+    def _decode_put_batch(info, body, schema: pa.Schema, dh_nulls: bool, as_list: bool) -> pa.Table:
         try:
-            arrays = decode_record_batch(info, body, schema)
+            arrays = decode_record_batch(info, body, schema, columns_as_list=as_list)
             arrays = from_wire_arrays(arrays, schema)
         except ProtocolError as exc:
             raise CallError("INVALID_ARGUMENT", f"bad record batch: {exc}") from None
