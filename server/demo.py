@@ -5,7 +5,8 @@ Tables (names kept stable for the server and its clients):
 - ticking_append: an append-only table of trades;
 - ticking_keyed: the latest trade per symbol (upserts over 20 keys);
 - blink: each cycle's trades only;
-- ticking_ring: the last 1,000 trades.
+- ticking_ring: the last 1,000 trades;
+- big_static (when served): 1,000,000 rows x 5 numeric columns.
 """
 from __future__ import annotations
 
@@ -92,17 +93,70 @@ class DemoTicker:
             self._thread.join(5)
 
 
-def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print) -> int:
-    """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second."""
-    graph = UpdateGraph(interval_ms=interval_ms).start()
-    ticker = DemoTicker(graph, interval_s=interval_ms / 1000.0).start()
+def big_static(n: int = 1_000_000) -> pa.Table:
+    """n deterministic rows x 5 numeric columns (the DoGet throughput table)."""
+    i = np.arange(n, dtype=np.int64)
+    return pa.table({
+        "Id": i,
+        "X": i * 0.5,
+        "Bucket": (i % 1000).astype(np.int32),
+        "Y": np.sin(i.astype(np.float64) / 1000.0),
+        "Z": i * 7 % 1_000_003,
+    })
+
+
+def connect_help(host: str, port: int, psk: Optional[str] = None) -> str:
+    """How to reach the server's tables with each client."""
+    auth = (f"(b'authorization', b'io.deephaven.authentication.psk.PskAuthenticationHandler {psk}')" if psk
+            else "(b'authorization', b'Anonymous')")
+    dh_auth = (f", auth_type='io.deephaven.authentication.psk.PskAuthenticationHandler', auth_token='{psk}'"
+               if psk else "")
+    return "\n".join([
+        f"tickwire is serving on {host}:{port}. Connect with:",
+        "  pyarrow.flight:",
+        f"    c = pyarrow.flight.FlightClient('grpc://{host}:{port}')",
+        f"    opts = pyarrow.flight.FlightCallOptions(headers=[{auth}])",
+        "    c.do_get(pyarrow.flight.Ticket(b's/static_mixed'), opts).read_all()",
+        "  pydeephaven:",
+        f"    s = pydeephaven.Session(host='{host}', port={port}{dh_auth})",
+        "    s.open_table('ticking_keyed').to_arrow()",
+        "  pydeephaven-ticking:",
+        "    from pydeephaven_ticking.table_listener import listen",
+        "    listen(s.open_table('ticking_append'), lambda update: print(update.added())).start()",
+        "  Deephaven's Java client: BarrageSession to "
+        f"{host}:{port}, ticket s/<table>",
+    ])
+
+
+def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: bool = True) -> DemoTicker:
+    """Adds the demo tables (and big_static) to `graph`; returns the (not yet started) ticker."""
+    ticker = DemoTicker(graph, interval_s=interval_ms / 1000.0)
+    if big:
+        graph.static_table("big_static", big_static())
+    return ticker
+
+
+def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
+             host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None) -> int:
+    """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second. With a
+    `port`, serves them over Flight/Barrage on it (port 0 picks a free one)."""
+    graph = UpdateGraph(interval_ms=interval_ms)
+    ticker = publish_demo_tables(graph, interval_ms=interval_ms, big=port is not None)
+    server = None
     done = threading.Event()
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, lambda *_: done.set())
-    out(f"tickwire demo: tables {', '.join(sorted(graph.tables))}; Ctrl-C stops")
-    started = time.monotonic()
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
+        graph.start()
+        ticker.start()
+        if port is not None:
+            from tickwire.server.app import TickwireServer
+            server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key).start()
+            out(connect_help(host, server.port, psk))
+        out(f"tickwire demo: tables {', '.join(sorted(graph.tables))}; Ctrl-C stops")
+        started = time.monotonic()
         while not done.wait(1.0):
             sizes = ", ".join(f"{name}={graph.tables[name].size}" for name in sorted(graph.tables))
             out(f"step {graph.step}: {sizes}")
@@ -110,6 +164,8 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
                 break
     finally:
         ticker.stop()
+        if server is not None:
+            server.stop()
         graph.stop()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, previous)

@@ -27,20 +27,40 @@ def test_ticker_feeds_every_table():
 
 
 def test_demo_command_runs_and_stops_cleanly():
-    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--duration", "1.5", "--interval-ms", "50"],
+    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--no-server", "--duration", "1.5", "--interval-ms", "50"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "ticking_keyed=20" in r.stdout and "stopped" in r.stdout
 
 
-def test_demo_stops_on_ctrl_c_with_exit_code_0():
+def test_demo_serves_every_table_and_stops_on_ctrl_c_with_exit_code_0():
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "tickwire", "demo", "--interval-ms", "50"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    import re
+
+    import pyarrow.flight as fl
+
+    p = subprocess.Popen([sys.executable, "-m", "tickwire", "demo", "--port", "0", "--interval-ms", "50"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2.0)
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            lines.append(line)
+            if "Ctrl-C stops" in line or not line:
+                break
+        m = re.search(r"serving on ([\d.]+):(\d+)", "".join(lines))
+        assert m, "".join(lines)
+        client = fl.FlightClient(f"grpc://{m.group(1)}:{m.group(2)}")
+        opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+        names = {i.descriptor.path[1].decode() for i in client.list_flights(options=opts)}
+        assert {"static_mixed", "big_static", "ticking_append", "ticking_keyed", "blink", "ticking_ring"} <= names
+        assert client.do_get(fl.Ticket(b"s/static_mixed"), opts).read_all().equals(static_mixed(), check_metadata=False)
+        big = client.do_get(fl.Ticket(b"s/big_static"), opts).read_all()
+        assert big.num_rows == 1_000_000 and big.num_columns == 5
+        client.close()
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:
@@ -48,3 +68,10 @@ def test_demo_stops_on_ctrl_c_with_exit_code_0():
             p.kill()
     assert p.returncode == 0, err
     assert "stopped" in out
+
+
+def test_serve_command_starts_and_stops():
+    r = subprocess.run([sys.executable, "-m", "tickwire", "serve", "--port", "0", "--duration", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "serving on 127.0.0.1:" in r.stdout and "stopped" in r.stdout

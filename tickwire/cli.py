@@ -10,11 +10,54 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("version", help="print the version")
-    demo = sub.add_parser("demo", help="run the demo tables fed by a Python ticker (Ctrl-C stops)")
-    demo.add_argument("--interval-ms", type=float, default=100.0, help="update graph cycle interval")
+    demo = sub.add_parser("demo", help="serve the demo tables fed by a Python ticker (Ctrl-C stops)")
+    _server_args(demo, default_port=10000)
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     demo.add_argument("--no-spark", action="store_true", help="feed the tables from the Python ticker only")
+    demo.add_argument("--no-server", action="store_true", help="run the tables without serving them")
+    serve = sub.add_parser("serve", help="run a server (tables arrive by DoPut or from Python)")
+    _server_args(serve, default_port=10000)
+    serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     return parser
+
+
+def _server_args(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=default_port, help="port (0 picks a free one)")
+    p.add_argument("--interval-ms", type=float, default=100.0, help="update graph cycle interval")
+    p.add_argument("--psk", default=None, help="require this pre-shared key (Deephaven PSK authentication)")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS")
+    p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
+
+
+def _serve(args) -> int:
+    import logging
+    import signal
+    import threading
+    import time
+
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.demo import connect_help
+    from tickwire.server.graph import UpdateGraph
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    graph = UpdateGraph(interval_ms=args.interval_ms)
+    server = TickwireServer(graph, host=args.host, port=args.port, psk=args.psk, tls_cert=args.tls_cert,
+                            tls_key=args.tls_key).start()
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    print(connect_help(args.host, server.port, args.psk), flush=True)
+    started = time.monotonic()
+    try:
+        while not done.wait(0.5):
+            if args.duration is not None and time.monotonic() - started >= args.duration:
+                break
+    finally:
+        server.stop()
+        graph.stop()
+    print("tickwire: stopped", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from tickwire.server.demo import run_demo
 
-        return run_demo(interval_ms=args.interval_ms, duration_s=args.duration)
+        return run_demo(interval_ms=args.interval_ms, duration_s=args.duration,
+                        port=None if args.no_server else args.port, host=args.host, psk=args.psk,
+                        tls_cert=args.tls_cert, tls_key=args.tls_key, out=lambda line: print(line, flush=True))
+    if args.command == "serve":
+        return _serve(args)
     parser.print_help(sys.stderr)
     return 2
