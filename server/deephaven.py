@@ -158,10 +158,11 @@ class DeephavenServices:
     async def batch(self, req, context):
         session = await self.ctx.authenticate(context)
         done: list[Table] = []
-        for op in req.ops:
+        for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
             which = op.WhichOneof("op")
             if which != "fetch_table":
-                raise CallError("UNIMPLEMENTED", f"TableService.Batch operation {which!r} is not supported")
+                raise CallError("UNIMPLEMENTED", f"TableService.Batch operation {i} {which!r} is not supported")
+        for op in req.ops:
             resp, table = self._fetch(op.fetch_table, session, done)
             done.append(table)
             yield resp

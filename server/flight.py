@@ -188,12 +188,14 @@ class FlightService:
                         raise CallError("INVALID_ARGUMENT", "failed to receive Barrage request metadata")
                     first = False
                     try:
+                        wrapper = barrage.BarrageMessageWrapper.from_bytes(fd.app_metadata)
+                        if wrapper.msg_type not in (BarrageMessageType.SUBSCRIPTION_REQUEST,
+                                                    BarrageMessageType.SNAPSHOT_REQUEST):
+                            raise CallError("INVALID_ARGUMENT", "DoExchange: unhandled BarrageMessageType: "
+                                                                f"{wrapper.msg_type}")
                         mtype, obj = barrage.unwrap(fd.app_metadata)
                     except ProtocolError as exc:
                         raise CallError("INVALID_ARGUMENT", f"bad Barrage request: {exc}") from None
-                    if mtype not in (BarrageMessageType.SUBSCRIPTION_REQUEST, BarrageMessageType.SNAPSHOT_REQUEST):
-                        raise CallError("INVALID_ARGUMENT", f"DoExchange: unhandled BarrageMessageType: {int(mtype)} "
-                                                            f"({mtype.name})")
                     if kind is None:
                         kind = mtype
                     elif mtype != kind:
