@@ -64,6 +64,9 @@ class Subscription:
         self.last_sent = 0.0
         self.messages = 0
         self.coalesced = 0  # cycles folded into an earlier pending change because the client was slow
+        self.growing = False  # a full subscription whose initial snapshot is still arriving in pieces
+        self.delivered = RowSet()  # while growing: the keys the client holds
+        self.pieces = 0
 
     @property
     def is_full(self) -> bool:
@@ -195,6 +198,9 @@ class Publisher:
         """Queues the next message for `sub` if it has room and something to say."""
         if sub.closed:
             return
+        if sub.growing and sub.requested is None:
+            self._grow(sub, step)
+            return
         if sub.requested is not None:
             if sub.pending() >= OUTBOX:
                 return
@@ -204,10 +210,63 @@ class Publisher:
             return
         self._delta(sub, step, shared)
 
+    def _should_grow(self, sub: Subscription, view: View) -> bool:
+        """Large initial snapshots of refreshing tables arrive in pieces across cycles; the C++
+        client (which asks for columns_as_list) takes its snapshot whole (BARRAGE-WIRE.md §7.7)."""
+        return (view.is_full and sub.view is None and self.table.is_refreshing and not sub.encode.columns_as_list
+                and len(self.table.rowset) * max(1, len(view.columns)) > self.registry.piece_cells)
+
+    def _grow(self, sub: Subscription, step: int) -> None:
+        """While growing: first the changes to the rows the client already holds, then the next
+        piece of rows in key order (`added_rows` = the whole table, `added_rows_included` = the
+        piece; `effective_viewport` = positions delivered so far, absent in the final piece)."""
+        rows = self.table.rowset
+        view = sub.view
+        if sub.behind is not None:
+            if sub.pending() >= OUTBOX:
+                return
+            u = sub.behind
+            held = u.shifted.apply(sub.delivered.minus(u.removed))
+            mods = u.modified.intersect(held)
+            part = TableUpdate(removed=u.removed.intersect(sub.delivered), modified=mods, shifted=u.shifted,
+                               modified_columns=u.modified_columns if mods else ())
+            plan = plan_full(part, rows, self.wire.names, view)
+            msg = self._message(plan, view, step, sub.behind_first, snapshot=False)
+            sub.delivered = held
+            sub.behind = sub.behind_prev = None
+            sub._push(msg)
+        if sub.pending() >= OUTBOX:
+            return
+        remaining = rows.minus(sub.delivered)
+        n = max(1, self.registry.piece_cells // max(1, len(view.columns)))
+        piece = remaining.subset_by_positions(0, n - 1)
+        t0 = time.perf_counter()
+        added = self.wire.gather(piece, view.columns)
+        self.registry.observe_piece(len(piece) * max(1, len(view.columns)), time.perf_counter() - t0)
+        sub.delivered = sub.delivered.union(piece)
+        done = len(sub.delivered) == len(rows)
+        ncols = len(self.wire.names)
+        md = metadata_bytes(first_seq=step, last_seq=step, is_snapshot=True,
+                            effective_viewport=None if done else RowSet.range(0, len(sub.delivered) - 1),
+                            effective_column_set=view.columns, added_rows=rows, removed_rows=RowSet(),
+                            shift_data=_EMPTY_SHIFTS, added_rows_included=piece,
+                            mod_column_nodes=[RowSet()] * ncols, table_size=len(rows))
+        sub.pieces += 1
+        if done:
+            sub.growing = False
+            sub.delivered = RowSet()
+        sub._push(Message(md, self.wire.types, added, None, step=step))
+
     def _snapshot(self, sub: Subscription, step: int) -> None:
         view = sub.requested
         rows = self.table.rowset
         names = self.wire.names
+        if self._should_grow(sub, view):
+            sub.view, sub.requested = view, None
+            sub.growing, sub.delivered = True, RowSet()
+            sub.behind = sub.behind_prev = None
+            self._grow(sub, step)
+            return
         if view.is_full:
             plan = plan_full(None, rows, names, view, snapshot=True,
                              client_keys=sub.behind_prev if sub.behind is not None else
@@ -260,9 +319,24 @@ class Publisher:
 class PublisherRegistry:
     """The publishers of one server, created on first subscription and dropped with the last."""
 
-    def __init__(self):
+    def __init__(self, piece_target_ms: float = 3.0, min_piece_cells: int = 65_536, max_piece_cells: int = 1 << 24):
         self._lock = threading.Lock()
         self._by_table: dict[int, Publisher] = {}
+        # growing snapshots: cells per piece, adapted so one piece's read under the graph's lock
+        # takes about piece_target_ms
+        self.piece_target = piece_target_ms / 1000.0
+        self.min_piece_cells = int(min_piece_cells)
+        self.max_piece_cells = int(max_piece_cells)
+        self.piece_cells = min(self.max_piece_cells, max(self.min_piece_cells, 500_000))
+        self._sec_per_cell: Optional[float] = None
+
+    def observe_piece(self, cells: int, seconds: float) -> None:
+        if cells <= 0 or seconds <= 0:
+            return
+        rate = seconds / cells
+        self._sec_per_cell = rate if self._sec_per_cell is None else 0.7 * self._sec_per_cell + 0.3 * rate
+        want = int(self.piece_target / self._sec_per_cell)
+        self.piece_cells = min(self.max_piece_cells, max(self.min_piece_cells, want))
 
     def publisher(self, table: Table) -> Publisher:
         with self._lock:

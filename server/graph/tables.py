@@ -197,6 +197,17 @@ class StaticTable(Table):
         self.store.write(np.arange(n, dtype=np.int64), data)
         self.rowset = RowSet.range(0, n - 1)
         self.attributes = {"AddOnly": True, "AppendOnly": True}
+        self.data = data
+
+    def gather(self, columns: Optional[Sequence[str]] = None, rowset=None) -> pa.Table:
+        """Contiguous row ranges are zero-copy slices of the table's data; other row sets a take."""
+        data = self.data.select(column_names(self.schema, columns))
+        if rowset is None:
+            rowset = self.rowset
+        if isinstance(rowset, RowSet) and rowset.is_single_range:
+            return data.slice(rowset.first(), len(rowset)) if rowset else data.slice(0, 0)
+        keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
+        return data.take(pa.array(keys, type=pa.int64()))
 
 
 def _mask(result, n: int) -> np.ndarray:
