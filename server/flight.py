@@ -16,7 +16,13 @@ import pyarrow as pa
 
 from tickwire.protocol import barrage
 from tickwire.protocol.barrage import BarrageMessageType
-from tickwire.protocol.batches import HEADER_RECORD_BATCH, HEADER_SCHEMA, decode_record_batch, read_message_header
+from tickwire.protocol.batches import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    HEADER_RECORD_BATCH,
+    HEADER_SCHEMA,
+    decode_record_batch,
+    read_message_header,
+)
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
 from tickwire.protocol.proto import flight_pb2
@@ -157,12 +163,19 @@ class FlightService:
             yield p
 
     async def _payloads(self, msg, opts: EncodeOptions):
+        """The message's FlightData. Batches are split to stay under the client's
+        max_message_size; one that is still over it holds a single row that cannot fit, which
+        ends the call with RESOURCE_EXHAUSTED rather than sending what the client refuses."""
+        limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
         it = msg.payloads(opts)
         while True:
             chunk = await self.ctx.run(_next_payloads, it, PAYLOADS_PER_HOP)
             if not chunk:
                 return
             for p in chunk:
+                if len(p) >= limit:
+                    raise CallError("RESOURCE_EXHAUSTED", f"a single row needs a FlightData of {len(p)} bytes, "
+                                                          f"over max_message_size {limit}")
                 yield p
 
     # -- DoExchange -----------------------------------------------------------------------------------

@@ -382,3 +382,29 @@ def test_stalled_subscriber_stays_bounded_and_converges(server):
     while server.registry.subscriptions and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.registry.subscriptions == []  # a cancelled stream releases its subscription
+
+
+def test_max_message_size_splits_batches_and_refuses_a_row_that_cannot_fit(server):
+    graph = server.graph
+    with grpc.insecure_channel(server.target) as ch:
+        ex = Exchange(ch)
+        ex.send(sub_request(max_message_size=2048))
+        ex.wait(1)
+        sizes = []  # the payload sizes are read on a second stream that records them
+        q: queue.Queue = queue.Queue()
+        call = ch.stream_stream(FLIGHT + "DoExchange")(iter(q.get, None), metadata=ANON)
+        q.put(encode_flight_data(b"", sub_request(max_message_size=2048)))
+        dec = StreamDecoder()
+        for p in call:
+            sizes.append(len(p))
+            if dec.feed(p) is not None:
+                break
+        assert len(sizes) > 3 and max(sizes) < 2048  # 200 rows split into batches under the limit
+        q.put(None)
+        call.cancel()
+        # a row whose FlightData cannot be under the limit ends the stream with RESOURCE_EXHAUSTED
+        graph.tables["keyed"].add(pa.table({"k": pa.array([7], pa.int64()), "v": [0.5], "s": ["x" * 5000]},
+                                           schema=SCHEMA))
+        graph.run_cycle()
+        assert ex.done.wait(10)
+        assert ex.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_message_size 2048" in ex.error.details()
