@@ -306,3 +306,37 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
     except AssertionError:
         print(f"replay: seed {seed} step {step}")
         raise
+
+
+def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
+    import tickwire.server.barrage.publisher as pub
+    clock = [1000.0]
+    monkeypatch.setattr(pub.time, "monotonic", lambda: clock[0])
+    rng = np.random.default_rng(77)
+    graph, table, registry = _setup(0)
+    keys = np.empty(0, dtype=np.int64)
+    upd, vals, keys = random_update(rng, keys, max_add=50)
+    table.push(upd, vals)
+    graph.run_cycle()
+    from tickwire.protocol.barrage import SubscriptionOptions
+    slow = Client(registry, table, SHAPES["full"])
+    slow.sub.interval = SubscriptionOptions(min_update_interval_ms=1000).min_update_interval_ms / 1000.0
+    every = Client(registry, table, SHAPES["header"])
+    slow.pump()
+    every.pump()
+    first = graph.step + 1
+    for _ in range(5):
+        clock[0] += 0.1
+        upd, vals, keys = random_update(rng, keys)
+        table.push(upd, vals)
+        graph.run_cycle()
+        every.pump()
+        every.check(table, "a subscriber at the default interval gets every cycle")
+        assert slow.pump() == 0
+    clock[0] += 0.6  # one second after the snapshot
+    graph.run_cycle()
+    assert slow.pump() == 1
+    md = slow.messages[-1]
+    assert (md.first_seq, md.last_seq) == (first, first + 4)
+    slow.check(table, "after the interval")
+    assert len(every.messages) == 6

@@ -57,6 +57,7 @@ class Subscription:
         self.behind: Optional[TableUpdate] = None
         self.behind_prev: Optional[RowSet] = None
         self.behind_first = 0
+        self.behind_last = 0
         self.outbox: collections.deque[Message] = collections.deque()
         self.lock = threading.Lock()
         self.notify = notify
@@ -180,6 +181,7 @@ class Publisher:
             else:
                 sub.behind = sub.behind.coalesce(update, sub.behind_prev)
                 sub.coalesced += 1
+            sub.behind_last = step
 
     @staticmethod
     def _prev_of(update: TableUpdate, rows: RowSet) -> RowSet:
@@ -231,7 +233,7 @@ class Publisher:
             part = TableUpdate(removed=u.removed.intersect(sub.delivered), modified=mods, shifted=u.shifted,
                                modified_columns=u.modified_columns if mods else ())
             plan = plan_full(part, rows, self.wire.names, view)
-            msg = self._message(plan, view, step, sub.behind_first, snapshot=False)
+            msg = self._message(plan, view, sub.behind_last, sub.behind_first, snapshot=False)
             sub.delivered = held
             sub.behind = sub.behind_prev = None
             sub._push(msg)
@@ -293,13 +295,14 @@ class Publisher:
             else:
                 plan = plan_viewport(sub.behind, sub.client_keys, rows, self.wire.names, view)
                 sub.client_keys = plan.client_keys
-            msg = self._message(plan, view, step, sub.behind_first, snapshot=False)
+            msg = self._message(plan, view, sub.behind_last, sub.behind_first, snapshot=False)
             if key is not None:
                 shared[key] = msg
         sub.behind = sub.behind_prev = None
         sub._push(msg)
 
     def _message(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> Message:
+        """`first`..`step` are the message's first_seq..last_seq."""
         ncols = len(self.wire.names)
         mods = [plan.modified_rows if i in plan.modified_columns else RowSet() for i in range(ncols)]
         md = metadata_bytes(
