@@ -90,6 +90,15 @@ def _setup(seed):
     return graph, table, registry
 
 
+def _started(rng, max_add: int):
+    """A graph, a scripted table holding one cycle of random rows, a registry, and the keys."""
+    graph, table, registry = _setup(0)
+    upd, vals, keys = random_update(rng, np.empty(0, dtype=np.int64), max_add=max_add)
+    table.push(upd, vals)
+    graph.run_cycle()
+    return graph, table, registry, keys
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_every_shape_converges_after_every_step(seed):
     rng = np.random.default_rng(seed)
@@ -125,11 +134,7 @@ def test_every_shape_converges_after_every_step(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_slow_subscriber_gets_one_coalesced_update_and_converges(seed):
     rng = np.random.default_rng(100 + seed)
-    graph, table, registry = _setup(seed)
-    keys = np.empty(0, dtype=np.int64)
-    upd, vals, keys = random_update(rng, keys, max_add=80)
-    table.push(upd, vals)
-    graph.run_cycle()
+    graph, table, registry, keys = _started(rng, 80)
     fast = Client(registry, table, SHAPES["full"])
     slow = Client(registry, table, SHAPES["full"])
     slow_vp = Client(registry, table, SHAPES["floating"])
@@ -156,11 +161,7 @@ def test_slow_subscriber_gets_one_coalesced_update_and_converges(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_viewport_and_column_changes_mid_stream(seed):
     rng = np.random.default_rng(200 + seed)
-    graph, table, registry = _setup(seed)
-    keys = np.empty(0, dtype=np.int64)
-    upd, vals, keys = random_update(rng, keys, max_add=120)
-    table.push(upd, vals)
-    graph.run_cycle()
+    graph, table, registry, keys = _started(rng, 120)
     c = Client(registry, table, View(ALL, vp((0, 9))), as_list=bool(seed % 2))
     c.pump()
     views = [View(ALL, vp((5, 19))), View((0,), vp((5, 19))), View(ALL, vp((5, 19))),
@@ -213,11 +214,7 @@ def test_blink_subscribers_see_each_cycle_replace_the_last():
 
 def test_metadata_fields_follow_deephaven_per_message_kind():
     rng = np.random.default_rng(9)
-    graph, table, registry = _setup(0)
-    keys = np.empty(0, dtype=np.int64)
-    upd, vals, keys = random_update(rng, keys, max_add=50)
-    table.push(upd, vals)
-    graph.run_cycle()
+    graph, table, registry, keys = _started(rng, 50)
     full = Client(registry, table, View(ALL))
     vpc = Client(registry, table, View(ALL, vp((0, 9))))
     full.pump()
@@ -313,11 +310,7 @@ def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(pub.time, "monotonic", lambda: clock[0])
     rng = np.random.default_rng(77)
-    graph, table, registry = _setup(0)
-    keys = np.empty(0, dtype=np.int64)
-    upd, vals, keys = random_update(rng, keys, max_add=50)
-    table.push(upd, vals)
-    graph.run_cycle()
+    graph, table, registry, keys = _started(rng, 50)
     from tickwire.protocol.barrage import SubscriptionOptions
     slow = Client(registry, table, SHAPES["full"])
     slow.sub.interval = SubscriptionOptions(min_update_interval_ms=1000).min_update_interval_ms / 1000.0
