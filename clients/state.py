@@ -66,6 +66,21 @@ class TableState:
     def to_arrow(self) -> pa.Table:
         return pa.Table.from_arrays(self.columns, schema=self.schema)
 
+    def values_at(self, rows) -> list[pa.Array]:
+        """Current values of `rows` ((n, 2) ranges: keys for full, indices for viewport)."""
+        r = _keys(rows)
+        pos = r if self.viewport else self._positions(r, "rows")
+        return [_take(c, pos) for c in self.columns]
+
+    def append(self, values: list) -> None:
+        """Appends rows after the last one (plain Arrow batches, DoGet snapshot pieces)."""
+        n = max((len(v) for v in values if v is not None), default=0)
+        if n == 0:
+            return
+        start = int(self.keys[-1]) + 1 if self.keys.size else 0
+        self._insert_rows(np.arange(start, start + n, dtype=np.int64), values, by_position=False)
+        self.table_size = self.keys.size
+
     # -- applying ---------------------------------------------------------------------------------------
     def apply(self, update: BarrageUpdate) -> None:
         md = update.metadata

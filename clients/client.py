@@ -1,0 +1,519 @@
+"""tickwire's Python Barrage client: snapshots and live subscriptions over Arrow Flight.
+
+Works against tickwire and against a Deephaven server (anonymous or pre-shared-key auth, TLS):
+
+    with BarrageClient("localhost:10000") as client:
+        client.snapshot("static_mixed")                         # pyarrow.Table
+        sub = client.subscribe("ticking_keyed", on_update=print)
+        sub.wait_for(lambda s: s.size > 0)
+        sub.table                                                # the current state, a pyarrow.Table
+        for update in sub.updates(timeout=5): ...               # blocking iterator of updates
+        sub.set_view(viewport=[(0, 49)], columns=["Sym", "Price"])  # viewport subscriptions only
+        sub.close()
+
+Each subscription runs one reader thread: it decodes the stream with `tickwire.protocol`, applies
+every update to a `TableState` (remove, shift, add, modify; no per-row loops), calls the callbacks
+and queues the update for `updates()`. The queue is bounded: a consumer that does not drain it
+makes the reader wait, which makes the server coalesce (it never buffers without bound either).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional, Sequence
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+from tickwire.clients.state import TableState
+from tickwire.protocol import barrage
+from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
+from tickwire.protocol.proto import config_pb2, flight_pb2, session_pb2
+from tickwire.protocol.proto.methods import METHODS
+from tickwire.protocol.schema import from_wire_arrays
+from tickwire.protocol.update import BarrageUpdate, StreamDecoder
+
+__all__ = ["BarrageClient", "Subscription", "Update", "ClientError", "PSK_AUTH"]
+
+PSK_AUTH = "io.deephaven.authentication.psk.PskAuthenticationHandler"
+FLIGHT = "/arrow.flight.protocol.FlightService/"
+CONFIG = "/io.deephaven.proto.backplane.grpc.ConfigService/GetConfigurationConstants"
+CLOSE = "/io.deephaven.proto.backplane.grpc.SessionService/CloseSession"
+_END = object()
+
+
+class ClientError(Exception):
+    """A failed call or stream; `code` is the gRPC status (None for local errors)."""
+
+    def __init__(self, message: str, code: Optional[grpc.StatusCode] = None):
+        super().__init__(message)
+        self.code = code
+
+
+def _ranges(rows) -> np.ndarray:
+    return np.empty((0, 2), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+
+
+@dataclass
+class Update:
+    """One applied update. Row sets are (n, 2) ranges: row keys for full subscriptions, indices
+    into the viewport's rows for viewport subscriptions. `added` holds the values of the added
+    rows, `removed` the values the removed rows had, `modified` the new values of each modified
+    column (in the order of `modified_rows[column]`)."""
+
+    is_snapshot: bool
+    first_seq: int
+    last_seq: int
+    table_size: int
+    added_rows: np.ndarray
+    removed_rows: np.ndarray
+    modified_rows: dict[str, np.ndarray]
+    added: pa.Table
+    removed: pa.Table
+    modified: dict[str, pa.Array] = field(default_factory=dict)
+
+    @property
+    def modified_columns(self) -> list[str]:
+        return list(self.modified)
+
+
+class _Auth:
+    """The `authorization` header: initial credentials, then the server's bearer token."""
+
+    def __init__(self, psk: Optional[str], auth_type: Optional[str], auth_token: Optional[str]):
+        if psk is not None:
+            self.initial = f"{PSK_AUTH} {psk}"
+        elif auth_type is not None:
+            self.initial = f"{auth_type} {auth_token or ''}".strip()
+        else:
+            self.initial = "Anonymous"
+        self.bearer: Optional[str] = None
+        self.lock = threading.Lock()
+
+    def metadata(self) -> tuple:
+        with self.lock:
+            return (("authorization", self.bearer or self.initial),)
+
+    def learn(self, call) -> None:
+        try:
+            md = call.initial_metadata() or ()
+        except Exception:  # noqa: BLE001 - a call that failed before headers
+            return
+        for k, v in md:
+            if k == "authorization" and isinstance(v, str) and v.startswith("Bearer "):
+                with self.lock:
+                    self.bearer = v
+
+
+class BarrageClient:
+    """A connection to a Barrage server. `target` is "host:port"."""
+
+    def __init__(self, target: str, *, psk: Optional[str] = None, tls: bool = False,
+                 root_certs: Optional[bytes] = None, auth_type: Optional[str] = None,
+                 auth_token: Optional[str] = None, keepalive: bool = True):
+        self.target = target
+        opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        if tls or root_certs is not None:
+            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certs), options=opts)
+        else:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        self.auth = _Auth(psk, auth_type, auth_token)
+        self._subs: list[Subscription] = []
+        self._closed = threading.Event()
+        self.config = self._config()
+        duration = float(self.config.get("http.session.durationMs", "300000")) / 1000.0
+        self._keepalive = None
+        if keepalive:
+            self._keepalive = threading.Thread(target=self._refresh, args=(max(1.0, duration / 3),),
+                                               name="tickwire-client-keepalive", daemon=True)
+            self._keepalive.start()
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    def _unary(self, path: str, request):
+        m = METHODS[path]
+        fn = self.channel.unary_unary(path, request_serializer=m.request.SerializeToString,
+                                      response_deserializer=m.response.FromString)
+        try:
+            resp, call = fn.with_call(request, metadata=self.auth.metadata())
+        except grpc.RpcError as exc:
+            raise ClientError(f"{m.name}: {exc.code().name}: {exc.details()}", exc.code()) from None
+        self.auth.learn(call)
+        return resp
+
+    def _config(self) -> dict[str, str]:
+        resp = self._unary(CONFIG, config_pb2.ConfigurationConstantsRequest())
+        return {k: v.string_value for k, v in resp.config_values.items()}
+
+    def _refresh(self, every: float) -> None:
+        while not self._closed.wait(every):
+            try:
+                self._config()
+            except ClientError:
+                pass  # the next call reports the problem
+
+    @staticmethod
+    def ticket(table: str | bytes) -> bytes:
+        """A table name (global scope) or raw ticket bytes."""
+        return table if isinstance(table, bytes) else b"s/" + table.encode()
+
+    # -- discovery and snapshots ------------------------------------------------------------------------------
+    def tables(self) -> list[str]:
+        """Names of the tables the server lists (ListFlights; Deephaven and tickwire list the scope)."""
+        m = METHODS[FLIGHT + "ListFlights"]
+        fn = self.channel.unary_stream(m.path, request_serializer=m.request.SerializeToString,
+                                       response_deserializer=m.response.FromString)
+        try:
+            call = fn(flight_pb2.Criteria(), metadata=self.auth.metadata())
+            infos = list(call)
+        except grpc.RpcError as exc:
+            raise ClientError(f"ListFlights: {exc.code().name}: {exc.details()}", exc.code()) from None
+        return [i.flight_descriptor.path[-1] for i in infos if len(i.flight_descriptor.path) == 2]
+
+    def snapshot(self, table: str | bytes, *, columns: Optional[Sequence[str]] = None,
+                 viewport: Optional[Sequence[tuple[int, int]]] = None, reverse: bool = False,
+                 timeout: Optional[float] = 60) -> pa.Table:
+        """The table's current contents (optionally some columns and a viewport of positions)."""
+        if columns is None and viewport is None and not reverse:
+            return self._doget(self.ticket(table), timeout)
+        return self._exchange(table, barrage.SnapshotRequest, columns=columns, viewport=viewport, reverse=reverse,
+                              timeout=timeout)
+
+    def _doget(self, ticket: bytes, timeout) -> pa.Table:
+        fn = self.channel.unary_stream(FLIGHT + "DoGet", request_serializer=flight_pb2.Ticket.SerializeToString)
+        dec = StreamDecoder()
+        state = None
+        try:
+            for raw in fn(flight_pb2.Ticket(ticket=ticket), metadata=self.auth.metadata(), timeout=timeout):
+                u = dec.feed(raw)
+                if state is None and dec.schema is not None:
+                    state = _State(dec.schema, viewport=False)
+                if u is not None:
+                    state.apply_plain(u)
+        except grpc.RpcError as exc:
+            raise ClientError(f"DoGet {ticket!r}: {exc.code().name}: {exc.details()}", exc.code()) from None
+        if state is None:
+            raise ClientError(f"DoGet {ticket!r}: the stream ended without a schema")
+        return state.table()
+
+    def _exchange(self, table, kind, *, columns, viewport, reverse, timeout) -> pa.Table:
+        sub = Subscription(self, table, columns=columns, viewport=viewport, reverse=reverse, snapshot=True)
+        try:
+            if not sub._ready.wait(timeout):
+                raise ClientError(f"snapshot of {table!r} timed out after {timeout} s")
+            if sub.error is not None:
+                raise sub.error
+            return sub.table
+        finally:
+            sub.close()
+
+    def schema(self, table: str) -> pa.Schema:
+        """The table's schema (GetSchema on the descriptor ["scope", table])."""
+        m = METHODS[FLIGHT + "GetSchema"]
+        desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=["scope", table])
+        resp = self._unary(m.path, desc)
+        return pa.ipc.read_schema(pa.py_buffer(resp.schema))
+
+    # -- subscriptions ----------------------------------------------------------------------------------------
+    def subscribe(self, table: str | bytes, *, columns: Optional[Sequence[str]] = None,
+                  viewport: Optional[Sequence[tuple[int, int]]] = None, reverse: bool = False,
+                  on_update: Optional[Callable[["Update"], None]] = None,
+                  on_error: Optional[Callable[[Exception], None]] = None, min_update_interval_ms: int = 0,
+                  queue_size: int = 1024) -> "Subscription":
+        """A live subscription: the whole table (viewport None) or a viewport of position ranges
+        (inclusive), optionally counted from the end (`reverse`) and limited to `columns`."""
+        sub = Subscription(self, table, columns=columns, viewport=viewport, reverse=reverse, on_update=on_update,
+                           on_error=on_error, min_update_interval_ms=min_update_interval_ms, queue_size=queue_size)
+        self._subs.append(sub)
+        return sub
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        for s in list(self._subs):
+            s.close()
+        try:
+            self._unary(CLOSE, session_pb2.HandshakeRequest())
+        except ClientError:
+            pass
+        self.channel.close()
+
+    def __enter__(self) -> "BarrageClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _State(TableState):
+    """TableState plus the conversion of wire values to natural Arrow values."""
+
+    def __init__(self, wire_schema: pa.Schema, viewport: bool):
+        super().__init__(wire_schema, viewport=viewport)
+        self.wire_schema = wire_schema
+
+    def natural(self, arrays: list) -> list:
+        return from_wire_arrays(arrays, self.wire_schema)
+
+    def apply_plain(self, u: BarrageUpdate) -> None:
+        if u.metadata is None or (u.metadata.is_snapshot and u.metadata.removed_rows is None):
+            # DoGet: snapshot pieces and plain batches append their rows
+            self.append(u.added)
+        else:
+            self.apply(u)
+
+    def table(self, names: Optional[Sequence[str]] = None) -> pa.Table:
+        cols = from_wire_arrays(self.columns, self.wire_schema)
+        t = pa.Table.from_arrays(cols, names=self.wire_schema.names)
+        return t.select(list(names)) if names is not None else t
+
+
+class Subscription:
+    """A live subscription (or a one-shot snapshot request) on one DoExchange stream."""
+
+    def __init__(self, client: BarrageClient, table, *, columns=None, viewport=None, reverse=False, on_update=None,
+                 on_error=None, min_update_interval_ms: int = 0, queue_size: int = 1024, snapshot: bool = False):
+        self.client = client
+        self.name = table
+        self.ticket = client.ticket(table)
+        self._columns = list(columns) if columns is not None else None
+        self.viewport = None if viewport is None else [tuple(map(int, r)) for r in viewport]
+        self.reverse = bool(reverse)
+        self.snapshot_only = snapshot
+        self.interval = int(min_update_interval_ms)
+        self._callbacks = [on_update] if on_update else []
+        self._on_error = on_error
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
+        self._requests: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._ready = threading.Event()
+        self._closed = threading.Event()
+        self.error: Optional[ClientError] = None
+        self.state: Optional[_State] = None
+        self.schema: Optional[pa.Schema] = None
+        self.update_count = 0
+        self.last_seq = 0
+        self._names: Optional[list[str]] = None
+        self._iterating = False
+        if self._columns is not None:
+            if not isinstance(table, str):
+                raise ClientError("a column subset needs the table's name (to read its schema)")
+            self._names = list(client.schema(table).names)
+        self._requests.put(encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")))
+        self._send_request()
+        self._call = client.channel.stream_stream(FLIGHT + "DoExchange")(iter(self._requests.get, _END),
+                                                                         metadata=client.auth.metadata())
+        self._thread = threading.Thread(target=self._run, name=f"tickwire-sub-{table}", daemon=True)
+        self._thread.start()
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def _request_bytes(self) -> bytes:
+        cols = None
+        if self._columns is not None:
+            if self._names is None:
+                raise ClientError("column names need the schema; wait for the subscription to start")
+            missing = [c for c in self._columns if c not in self._names]
+            if missing:
+                raise ClientError(f"no columns {missing} in {self.name!r}; it has {self._names}")
+            cols = np.array(sorted(self._names.index(c) for c in self._columns), dtype=np.int64)
+        vp = None if self.viewport is None else np.array(self.viewport, dtype=np.int64).reshape(-1, 2)
+        if self.snapshot_only:
+            return barrage.wrap(barrage.SnapshotRequest(ticket=self.ticket, columns=cols, viewport=vp,
+                                                        reverse_viewport=self.reverse,
+                                                        options=barrage.SnapshotOptions()))
+        return barrage.wrap(barrage.SubscriptionRequest(
+            ticket=self.ticket, columns=cols, viewport=vp, reverse_viewport=self.reverse,
+            options=barrage.SubscriptionOptions(min_update_interval_ms=self.interval)))
+
+    def _send_request(self) -> None:
+        self._requests.put(encode_flight_data(b"", self._request_bytes()))
+
+    def set_view(self, *, viewport=None, columns=None, reverse: Optional[bool] = None) -> None:
+        """Changes the viewport (position ranges), columns or direction of a running viewport
+        subscription; a full subscription can change only its columns."""
+        with self._lock:
+            if viewport is not None:
+                if self.viewport is None:
+                    raise ClientError("a full subscription cannot become a viewport subscription")
+                self.viewport = [tuple(map(int, r)) for r in viewport]
+            if columns is not None:
+                self._columns = list(columns)
+            if reverse is not None:
+                self.reverse = bool(reverse)
+            self._send_request()
+
+    # -- reading --------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        dec = StreamDecoder()
+        try:
+            for raw in self._call:
+                u = dec.feed(raw)
+                if dec.schema is not None and self.state is None:
+                    with self._lock:
+                        self.state = _State(dec.schema, viewport=self.viewport is not None)
+                        self._names = list(dec.schema.names)
+                        self.schema = dec.schema
+                if u is None:
+                    continue
+                self._apply(u)
+                if self.snapshot_only:
+                    self._ready.set()
+                    break
+        except grpc.RpcError as exc:
+            if not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
+                self._fail(ClientError(f"subscription to {self.name!r}: {exc.code().name}: {exc.details()}",
+                                       exc.code()))
+        except Exception as exc:  # noqa: BLE001 - reported to the user
+            self._fail(ClientError(f"subscription to {self.name!r}: {type(exc).__name__}: {exc}"))
+        finally:
+            self._ready.set()
+            self._finish()
+
+    def _apply(self, u: BarrageUpdate) -> None:
+        md = u.metadata
+        with self._lock:
+            state = self.state
+            names = self._names
+            removed_vals = None
+            if md is not None and md.removed_rows is not None:
+                removed_vals = state.values_at(_ranges(md.removed_rows))
+            if md is not None and md.is_snapshot and md.removed_rows is None:
+                state.apply_plain(u)
+            else:
+                state.apply(u)
+            self.update_count += 1
+            self.last_seq = state.last_seq
+            self._changed.notify_all()
+        if not self._callbacks and not self._iterating:
+            return
+        upd = self._update(u, names, removed_vals)
+        for cb in list(self._callbacks):
+            try:
+                cb(upd)
+            except Exception as exc:  # noqa: BLE001 - a user callback must not end the stream
+                if self._on_error:
+                    self._on_error(exc)
+        while self._iterating and not self._closed.is_set():
+            try:
+                self._queue.put(upd, timeout=0.1)
+                break
+            except queue.Full:
+                continue
+
+    def _update(self, u: BarrageUpdate, names: list[str], removed_vals) -> Update:
+        md = u.metadata
+        state = self.state
+        n = max((len(a) for a in u.added), default=0)
+        added = pa.Table.from_arrays(state.natural([a if len(a) == n else pa.nulls(n, a.type) for a in u.added]),
+                                     names=names)
+        if removed_vals is None:
+            removed = added.slice(0, 0)
+        else:
+            removed = pa.Table.from_arrays(state.natural(removed_vals), names=names)
+        modified, modified_rows = {}, {}
+        nodes = (md.mod_column_nodes or []) if md is not None else []
+        for c, rows in enumerate(nodes):
+            r = _ranges(rows)
+            if r.size:
+                modified_rows[names[c]] = r
+                modified[names[c]] = from_wire_arrays([u.modified[c]], pa.schema([state.wire_schema.field(c)]))[0]
+        if self._columns is not None:
+            added, removed = added.select(self._columns), removed.select(self._columns)
+        return Update(is_snapshot=bool(md.is_snapshot) if md else True, first_seq=md.first_seq if md else 0,
+                      last_seq=md.last_seq if md else 0, table_size=state.table_size,
+                      added_rows=_ranges(md.added_rows_included if md is not None and md.added_rows_included
+                                         is not None else (md.added_rows if md else None)),
+                      removed_rows=_ranges(md.removed_rows if md else None), modified_rows=modified_rows,
+                      added=added, removed=removed, modified=modified)
+
+    def _fail(self, err: ClientError) -> None:
+        self.error = err
+        if self._on_error:
+            try:
+                self._on_error(err)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._closed.set()
+            self._changed.notify_all()
+        try:
+            self._queue.put_nowait(_END)
+        except queue.Full:
+            pass
+
+    # -- the user's side ------------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @property
+    def table(self) -> pa.Table:
+        """The current state as a pyarrow Table (the subscribed columns; viewport rows in table order)."""
+        with self._lock:
+            if self.state is None:
+                raise ClientError(f"no data yet for {self.name!r}" + (f": {self.error}" if self.error else ""))
+            return self.state.table(self._columns if self._columns is not None else None)
+
+    def to_pandas(self):
+        return self.table.to_pandas()
+
+    @property
+    def size(self) -> int:
+        """Rows held (full) or the table's size (viewport)."""
+        with self._lock:
+            if self.state is None:
+                return 0
+            return self.state.table_size if self.viewport is not None else len(self.state)
+
+    def wait_for(self, predicate: Callable[["Subscription"], bool], timeout: float = 30.0) -> bool:
+        """Waits until `predicate(self)` holds after an update (True) or the timeout / end (False)."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if self.state is not None and self.update_count:
+                    self._lock.release()
+                    try:
+                        ok = predicate(self)
+                    finally:
+                        self._lock.acquire()
+                    if ok:
+                        return True
+                if self._closed.is_set():
+                    return False
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.5))
+
+    def updates(self, timeout: Optional[float] = None) -> Iterator[Update]:
+        """Applied updates, in order, from the first call on, until the subscription ends (or
+        `timeout` passes between updates). While iterating, an update not yet consumed makes the
+        reader wait once `queue_size` are pending (the server then coalesces)."""
+        self._iterating = True
+        while True:
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                return
+            if item is _END:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
+
+    def close(self) -> None:
+        """Ends the subscription (half-close, then cancel) and joins its thread."""
+        if not self._closed.is_set():
+            self._requests.put(_END)
+            self._closed.set()
+            self._call.cancel()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(10)
+        if self in self.client._subs:
+            self.client._subs.remove(self)

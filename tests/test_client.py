@@ -1,0 +1,111 @@
+"""tickwire's Barrage client against a tickwire server stepped by the test."""
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tickwire.clients.client import BarrageClient, ClientError
+from tickwire.server.app import TickwireServer
+from tickwire.server.demo import DemoTicker, static_mixed
+from tickwire.server.graph import UpdateGraph
+
+
+@pytest.fixture()
+def served():
+    graph = UpdateGraph(interval_ms=3_600_000)
+    ticker = DemoTicker(graph, rows_per_tick=9, seed=3)
+    for _ in range(4):
+        ticker.tick()
+        graph.run_cycle()
+    server = TickwireServer(graph, port=0, start_graph=False).start()
+    yield server, graph, ticker
+    server.stop()
+
+
+def plain(t: pa.Table) -> pa.Table:
+    return pa.table({f.name: t.column(i) for i, f in enumerate(t.schema)})
+
+
+def test_snapshots_whole_and_partial(served):
+    server, graph, _ = served
+    with BarrageClient(server.target) as c:
+        assert {"static_mixed", "ticking_keyed", "blink"} <= set(c.tables())
+        assert plain(c.snapshot("static_mixed")).equals(static_mixed())
+        part = c.snapshot("static_mixed", columns=["Str", "I32"], viewport=[(2, 4), (10, 10)])
+        assert part.column_names == ["Str", "I32"]
+        assert part.to_pydict() == static_mixed().take([2, 3, 4, 10]).select(["Str", "I32"]).to_pydict()
+        tail = c.snapshot("ticking_append", viewport=[(0, 2)], reverse=True)
+        assert tail.column("Seq").to_pylist() == [33, 34, 35]
+        with pytest.raises(ClientError) as e:
+            c.snapshot("nope")
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_full_subscription_follows_every_step_with_callbacks(served):
+    server, graph, ticker = served
+    with BarrageClient(server.target) as c:
+        seen = []
+        sub = c.subscribe("ticking_keyed", on_update=seen.append)
+        assert sub.wait_for(lambda s: s.update_count >= 1, 10)
+        for step in range(5):
+            ticker.tick()
+            graph.run_cycle()
+            _s, expected = graph.snapshot("ticking_keyed")
+            assert sub.wait_for(lambda s: s.last_seq == graph.step, 10), f"step {step}"
+            assert plain(sub.table).equals(expected)
+        assert seen[0].is_snapshot and not seen[-1].is_snapshot
+        last = seen[-1]
+        assert last.last_seq == graph.step and last.table_size == 20
+        assert set(last.modified_columns) <= {"Timestamp", "Price", "Size", "Seq"}
+        assert all(len(v) == int((r[:, 1] - r[:, 0] + 1).sum()) for v, r in
+                   zip(last.modified.values(), last.modified_rows.values()))
+        sub.close()
+        assert sub.closed
+
+
+def test_viewport_subscription_reverse_columns_and_view_changes(served):
+    server, graph, ticker = served
+    with BarrageClient(server.target) as c:
+        sub = c.subscribe("ticking_append", viewport=[(0, 4)], reverse=True, columns=["Seq", "Sym"])
+        it = sub.updates(timeout=10)
+        first = next(it)
+        assert first.is_snapshot and sub.table.column_names == ["Seq", "Sym"]
+        ticker.tick()
+        graph.run_cycle()
+        u = next(it)
+        n = graph.tables["ticking_append"].size
+        assert u.table_size == n == sub.size
+        assert sub.table.column("Seq").to_pylist() == list(range(n - 5, n))
+        assert u.removed.num_rows == 5 and u.added.num_rows == 5  # the window slid by a whole tick
+        sub.set_view(viewport=[(0, 1), (10, 11)], reverse=False)
+        u = next(it)
+        assert u.is_snapshot
+        assert sub.table.column("Seq").to_pylist() == [0, 1, 10, 11]
+        with pytest.raises(ClientError, match="full subscription"):
+            c.subscribe("blink").set_view(viewport=[(0, 1)])
+
+
+def test_errors_reach_the_subscriber(served):
+    server, _g, _t = served
+    with BarrageClient(server.target) as c:
+        sub = c.subscribe("missing_table")
+        assert not sub.wait_for(lambda s: True, 5)
+        assert sub.error is not None and sub.error.code == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(ClientError, match="no columns"):
+            c.subscribe("blink", columns=["Nope"])
+
+
+def test_psk_authentication():
+    graph = UpdateGraph(interval_ms=3_600_000)
+    graph.static_table("t", pa.table({"x": np.arange(5)}))
+    srv = TickwireServer(graph, port=0, psk="k1", start_graph=False).start()
+    try:
+        with BarrageClient(srv.target, psk="k1") as c:
+            assert c.snapshot("t").column("x").to_pylist() == [0, 1, 2, 3, 4]
+        with pytest.raises(ClientError) as e:
+            BarrageClient(srv.target, psk="wrong")
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        srv.stop()
