@@ -178,7 +178,7 @@ class BarrageClient:
         """The table's current contents (optionally some columns and a viewport of positions)."""
         if columns is None and viewport is None and not reverse:
             return self._doget(self.ticket(table), timeout)
-        return self._exchange(table, barrage.SnapshotRequest, columns=columns, viewport=viewport, reverse=reverse,
+        return self._exchange(table, columns=columns, viewport=viewport, reverse=reverse,
                               timeout=timeout)
 
     def _doget(self, ticket: bytes, timeout) -> pa.Table:
@@ -198,7 +198,7 @@ class BarrageClient:
             raise ClientError(f"DoGet {ticket!r}: the stream ended without a schema")
         return state.table()
 
-    def _exchange(self, table, kind, *, columns, viewport, reverse, timeout) -> pa.Table:
+    def _exchange(self, table, *, columns, viewport, reverse, timeout) -> pa.Table:
         sub = Subscription(self, table, columns=columns, viewport=viewport, reverse=reverse, snapshot=True)
         try:
             if not sub._ready.wait(timeout):

@@ -8,7 +8,6 @@ and are expanded with numpy; column values move with pyarrow `take`.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 import pyarrow as pa

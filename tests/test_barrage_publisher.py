@@ -12,7 +12,7 @@ from tickwire.clients.state import TableState
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.barrage import PublisherRegistry, SubscriptionError, TableWire, View, window_keys
 from tickwire.server.graph import RowSet, UpdateGraph
-from tests.scripted import SCHEMA, ScriptedTable, random_update
+from tests.scripted import ScriptedTable, random_update
 
 
 class Client:

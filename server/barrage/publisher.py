@@ -69,11 +69,6 @@ class Subscription:
         self.delivered = RowSet()  # while growing: the keys the client holds
         self.pieces = 0
 
-    @property
-    def is_full(self) -> bool:
-        v = self.requested or self.view
-        return v is not None and v.is_full
-
     def take(self) -> Optional[Message]:
         """The next message for the writer, or None. When this empties the outbox while changes
         are waiting (the client was slow), their message is built right away rather than at the
