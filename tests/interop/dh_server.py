@@ -1,0 +1,214 @@
+"""A real Deephaven server (PyPI `deephaven-server`) in a subprocess, for interop tests.
+
+    with start_dh_server() as dh:
+        ...  # dh.target == "127.0.0.1:PORT"; tables of DEFAULT_TABLES are in the global scope
+
+The server runs `_dh_server_main.py` with the current interpreter; the tables are defined by a
+Python script executed in the server's global scope (names become `s/<name>` tickets).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SERVER_MAIN = HERE / "_dh_server_main.py"
+
+#: Tables like the golden captures' ones (see shared/golden/README.md).
+#: static_mixed: 1000 rows, row 0 all null, column k null where i % P_k == 0.
+DEFAULT_TABLES = r'''
+from deephaven import empty_table, time_table
+
+static_mixed = empty_table(1000).update([
+    "I8 = i % 17 == 0 ? NULL_BYTE : (byte) (i % 100 - 50)",
+    "I16 = i % 19 == 0 ? NULL_SHORT : (short) (i * 7 - 3000)",
+    "I32 = i % 23 == 0 ? NULL_INT : i * 1000003",
+    "I64 = i % 29 == 0 ? NULL_LONG : ii * 10000000019L",
+    "F32 = i % 31 == 0 ? NULL_FLOAT : (float) (i * 0.125)",
+    "F64 = i % 37 == 0 ? NULL_DOUBLE : i * 1.25 - 100.0",
+    "Bool = i % 13 == 0 ? null : (Boolean) (i % 2 == 0)",
+    "Str = i % 11 == 0 ? null : `s` + i",
+    "Ts = i % 41 == 0 ? null : '2024-01-01T00:00:00Z' + i * SECOND",
+    "Ch = i % 43 == 0 ? NULL_CHAR : (char) (65 + i % 26)",
+])
+
+ticking_append = time_table("PT0.1S").update([
+    "Seq = ii",
+    "Sym = Seq % 4 == 0 ? `AAPL` : Seq % 4 == 1 ? `MSFT` : Seq % 4 == 2 ? `GOOG` : `AMZN`",
+    "Px = 100.0 + Seq * 0.5",
+    "Qty = Seq * 100",
+])
+
+ticking_keyed = time_table("PT0.05S").update([
+    "Key = (int) (ii % 20)",
+    "Val = Math.round(randomDouble(0.0, 100.0) * 100.0) / 100.0",
+    "Cnt = ii",
+]).last_by("Key")
+
+ticking_sorted = time_table("PT0.1S").update([
+    "Key = (int) (ii % 50)",
+    "SortVal = randomInt(0, 100)",
+    "Label = `k` + Key",
+]).last_by("Key").sort("SortVal")
+
+blink = time_table("PT0.2S", blink_table=True).update([
+    "Seq = ii",
+    "V = (double) randomInt(0, 100)",
+])
+'''
+
+
+def deephaven_server_available() -> str | None:
+    """None when `java` and the `deephaven_server` package are present, else why not."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "java not found (no `java` on PATH and no JAVA_HOME)"
+    if importlib.util.find_spec("deephaven_server") is None:
+        return "Python package deephaven_server (PyPI deephaven-server) is not installed"
+    return None
+
+
+def kill_process_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Ends `proc` and its process group (it must have been started with start_new_session=True):
+    SIGTERM, then SIGKILL after `grace` seconds."""
+    if proc.poll() is not None:
+        _killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, if any
+        return
+    _killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:  # pragma: no cover - unkillable process
+        pass
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def tail(path: Path, limit: int = 6000) -> str:
+    """The last `limit` characters of a text file ('' if it does not exist)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode("utf-8", "replace")
+
+
+class DhServerError(RuntimeError):
+    """The Deephaven server subprocess failed to start or died."""
+
+
+class DhServer:
+    """A running Deephaven server subprocess; use as a context manager or call stop()."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, work_dir: Path, log_path: Path, psk: str | None):
+        self.proc = proc
+        self.port = port
+        self.work_dir = work_dir
+        self.log_path = log_path
+        self.psk = psk
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def auth_header(self) -> tuple[bytes, bytes]:
+        """The Flight `authorization` header value that this server accepts."""
+        if self.psk:
+            return (b"authorization", f"io.deephaven.authentication.psk.PskAuthenticationHandler {self.psk}".encode())
+        return (b"authorization", b"Anonymous")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        """The tail of the server's combined stdout/stderr."""
+        return tail(self.log_path)
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        kill_process_tree(self.proc)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> "DhServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_dh_server(
+    port: int = 0,
+    tables_script: str = DEFAULT_TABLES,
+    timeout: float = 120,
+    *,
+    psk: str | None = None,
+    heap: str = "1g",
+    extra_jvm_args: list[str] | tuple[str, ...] = (),
+) -> DhServer:
+    """Starts a Deephaven server on 127.0.0.1:`port` (0 = a free port chosen by the server) with
+    anonymous auth (or pre-shared-key auth when `psk` is given), runs `tables_script` in its
+    global scope and returns once the tables exist. Raises DhServerError (with the server log)
+    if that does not happen within `timeout` seconds."""
+    why = deephaven_server_available()
+    if why:
+        raise DhServerError(why)
+    work_dir = Path(tempfile.mkdtemp(prefix="dh_server_"))
+    cfg = {
+        "host": "127.0.0.1",
+        "port": int(port),
+        "heap": heap,
+        "psk": psk,
+        "work_dir": str(work_dir),
+        "tables_script": tables_script,
+        "extra_jvm_args": list(extra_jvm_args),
+    }
+    cfg_path = work_dir / "config.json"
+    cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
+    log_path = work_dir / "server.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(SERVER_MAIN), str(cfg_path)],
+            stdin=subprocess.PIPE,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=work_dir,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            for line in tail(log_path, 20000).splitlines():
+                if line.startswith("READY "):
+                    return DhServer(proc, int(line.split()[1]), work_dir, log_path, psk)
+            if proc.poll() is not None:
+                raise DhServerError(f"Deephaven server exited with code {proc.returncode}:\n{tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise DhServerError(f"Deephaven server not ready after {timeout:.0f} s:\n{tail(log_path)}")
+            time.sleep(0.1)
+    except BaseException:
+        if proc.stdin:
+            proc.stdin.close()
+        kill_process_tree(proc)
+        shutil.rmtree(work_dir, ignore_errors=True)
+        raise

@@ -1,0 +1,133 @@
+"""Deephaven's Java Barrage client (from the deephaven-server package, unmodified) against a
+running tickwire server: full subscriptions, viewport subscriptions (forward and reverse) and
+snapshots of static and ticking tables, including a ticking table large enough that its full
+snapshot arrives in pieces. What the client holds must equal what tickwire serves."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tickwire.server.app import TickwireServer
+from tickwire.server.demo import DemoTicker, static_mixed
+from tickwire.server.graph import UpdateGraph
+
+from .interop.dh_server import deephaven_server_available
+from .interop.java_barrage import run_java_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
+
+_WHY_NOT = deephaven_server_available()
+if _WHY_NOT:
+    pytest.skip(_WHY_NOT, allow_module_level=True)
+
+BIG = 250_000  # x 3 columns: over the 500,000 cells of one snapshot piece
+TABLES = ["static_mixed", "ticking_append", "ticking_keyed", "big_ticking"]
+
+
+def plain(t: pa.Table) -> pa.Table:
+    return pa.table({f.name: t.column(i).combine_chunks() for i, f in enumerate(t.schema)})
+
+
+@pytest.fixture(scope="module")
+def served():
+    graph = UpdateGraph(interval_ms=100)
+    ticker = DemoTicker(graph, rows_per_tick=5, interval_s=0.1)
+    big = graph.append_table("big_ticking", pa.schema([("Id", pa.int64()), ("X", pa.float64()), ("B", pa.int32())]))
+
+    def rows(start, n):
+        i = np.arange(start, start + n, dtype=np.int64)
+        return pa.table({"Id": i, "X": i * 0.25, "B": (i % 97).astype(np.int32)})
+
+    big.add(rows(0, BIG))
+    graph.run_cycle()
+    server = TickwireServer(graph, port=0).start()
+    ticker.start()
+    feed_stop = []
+
+    def feed():  # the big table keeps growing while the client takes its snapshot
+        import time
+        n = BIG
+        while not feed_stop:
+            big.add(rows(n, 50))
+            n += 50
+            time.sleep(0.1)
+
+    import threading
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    yield server, graph
+    feed_stop.append(1)
+    ticker.stop()
+    server.stop()
+    graph.stop()
+
+
+@pytest.fixture(scope="module")
+def results(served):
+    server, _graph = served
+    return run_java_client(server.target, TABLES, seconds=3.0, timeout=150)
+
+
+@pytest.fixture(scope="module")
+def reverse_results(served):
+    # ticking_keyed: Deephaven's Java client marks an append-only table add-only (from the
+    # FetchTable schema) and then refuses the removals a sliding reverse window brings
+    server, _graph = served
+    return run_java_client(server.target, ["ticking_keyed"], modes=("viewport",), seconds=2.0, viewport=(0, 4),
+                           reverse_viewport=True, timeout=120)
+
+
+def _ok(res):
+    assert res.error is None, res.error
+    assert res.table is not None
+    return plain(res.table)
+
+
+def test_static_table_full_viewport_and_snapshot(results):
+    expected = static_mixed()
+    assert _ok(results[("static_mixed", "full")]).equals(expected)
+    assert _ok(results[("static_mixed", "snapshot")]).equals(expected)
+    assert _ok(results[("static_mixed", "viewport")]).equals(expected.slice(0, 10))
+
+
+def test_append_table_subscriptions_hold_the_served_rows(served, results):
+    _server, graph = served
+    later = graph.snapshot("ticking_append")[1]
+    for mode in ("full", "snapshot"):
+        got = _ok(results[("ticking_append", mode)])
+        assert got.num_rows >= 10
+        assert got.column("Seq").to_pylist() == list(range(got.num_rows))
+        assert got.equals(later.slice(0, got.num_rows)), mode  # appended rows never change
+    vp = _ok(results[("ticking_append", "viewport")])
+    assert vp.equals(later.slice(0, 10))
+    assert results[("ticking_append", "full")].updates >= 1
+
+
+def test_reverse_viewport_holds_the_last_rows(served, reverse_results):
+    _server, graph = served
+    got = _ok(reverse_results[("ticking_keyed", "viewport")])
+    later = graph.snapshot("ticking_keyed")[1]
+    assert got.num_rows == 5
+    assert got.column("Sym").to_pylist() == later.column("Sym").to_pylist()[-5:]  # the last five rows, in order
+
+
+def test_keyed_table_has_every_key_with_current_or_newer_values_on_the_server(served, results):
+    _server, graph = served
+    for mode in ("full", "snapshot"):
+        got = _ok(results[("ticking_keyed", mode)])
+        assert got.num_rows == 20 and len(set(got.column("Sym").to_pylist())) == 20, mode
+        later = {s: q for s, q in zip(*graph.snapshot("ticking_keyed")[1].select(["Sym", "Seq"]).to_pydict().values())}
+        for s, q in zip(got.column("Sym").to_pylist(), got.column("Seq").to_pylist()):
+            assert later[s] >= q, (mode, s)  # the server is never behind what the client saw
+    assert _ok(results[("ticking_keyed", "viewport")]).num_rows == 10
+
+
+def test_growing_snapshot_of_a_big_ticking_table_completes(served, results):
+    _server, graph = served
+    res = results[("big_ticking", "full")]
+    got = _ok(res)
+    assert res.complete_s is not None and res.complete_s < 60
+    assert got.num_rows >= BIG
+    assert got.column("Id").to_pylist() == list(range(got.num_rows))
+    assert got.equals(graph.snapshot("big_ticking")[1].slice(0, got.num_rows))
