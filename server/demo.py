@@ -10,7 +10,6 @@ Tables (names kept stable for the server and its clients):
 """
 from __future__ import annotations
 
-import datetime
 import signal
 import threading
 import time
@@ -27,21 +26,25 @@ SYMBOLS = [f"SYM{i:02d}" for i in range(20)]
 
 
 def static_mixed(n: int = 1000) -> pa.Table:
+    """n deterministic rows of every basic type; column k is null where i % P_k == 0 (row 0 is all
+    null). The same values as the golden captures' static_mixed table from Deephaven."""
     i = np.arange(n)
-    null = i % 13 == 0
-    base = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+    base = np.datetime64("2024-01-01T00:00:00", "ns").astype(np.int64)
+
+    def col(values, t, p):
+        return pa.array(values, t, mask=i % p == 0)
+
     return pa.table({
-        "I8": pa.array((i % 200 - 100).astype(np.int8), mask=null),
-        "I16": pa.array((i * 7 % 30000).astype(np.int16), mask=null),
-        "I32": pa.array((i * 1000003).astype(np.int32), mask=null),
-        "I64": pa.array(i.astype(np.int64) * 10000000019, mask=null),
-        "F32": pa.array((i * 0.125).astype(np.float32), mask=null),
-        "F64": pa.array(i * 1.25 - 100.0, mask=null),
-        "Bool": pa.array(i % 2 == 0, mask=i % 11 == 0),
-        "Str": pa.array([f"s{x}" for x in i.tolist()], mask=i % 9 == 0),
-        "Ts": pa.array([base + datetime.timedelta(seconds=int(x)) for x in i.tolist()], pa.timestamp("ns", "UTC"),
-                       mask=null),
-        "Ch": pa.array((65 + i % 26).astype(np.uint16), mask=null),
+        "I8": col((i % 100 - 50).astype(np.int8), pa.int8(), 17),
+        "I16": col((i * 7 - 3000).astype(np.int16), pa.int16(), 19),
+        "I32": col((i * 1000003).astype(np.int32), pa.int32(), 23),
+        "I64": col(i.astype(np.int64) * 10000000019, pa.int64(), 29),
+        "F32": col((i * 0.125).astype(np.float32), pa.float32(), 31),
+        "F64": col(i * 1.25 - 100.0, pa.float64(), 37),
+        "Bool": col(i % 2 == 0, pa.bool_(), 13),
+        "Str": col(np.array([f"s{x}" for x in i.tolist()], dtype=object), pa.string(), 11),
+        "Ts": col(base + i.astype(np.int64) * 1_000_000_000, pa.timestamp("ns", "UTC"), 41),
+        "Ch": col((65 + i % 26).astype(np.uint16), pa.uint16(), 43),
     })
 
 

@@ -273,6 +273,8 @@ class Publisher:
             repaint = old is not None and (old.reverse != view.reverse or not set(view.columns) <= set(old.columns))
             plan = plan_viewport(sub.behind, sub.client_keys, rows, names, view, repaint_all=repaint, snapshot=True)
         first = sub.behind_first if sub.behind is not None else step
+        if not self.table.is_refreshing:
+            first = step = -1  # Deephaven reports -1 for static tables (§2.9)
         msg = self._message(plan, view, step, first, snapshot=True)
         sub.view, sub.requested = view, None
         sub.client_keys = plan.client_keys

@@ -196,7 +196,7 @@ class StaticTable(Table):
         self.store.ensure(n)
         self.store.write(np.arange(n, dtype=np.int64), data)
         self.rowset = RowSet.range(0, n - 1)
-        self.attributes = {"AddOnly": True, "AppendOnly": True}
+        self.attributes = {"IsFlat": True}  # row keys are positions, as Deephaven marks its flat tables
         self.data = data
 
     def gather(self, columns: Optional[Sequence[str]] = None, rowset=None) -> pa.Table:
