@@ -319,10 +319,10 @@ class BatchSizer:
     whether to send it: a FlightData of `limit` bytes or more is dropped and retried smaller
     (always fewer rows), unless it holds a single row."""
 
-    def __init__(self, batch_size: int = 0, max_message_size: int = 0):
+    def __init__(self, batch_size: int = 0, max_message_size: int = 0, initial_rows: int = 0):
         self.max_batch = batch_size if batch_size > 0 else _MAX_BATCH
         self.limit = max_message_size if max_message_size > 0 else DEFAULT_MAX_MESSAGE_SIZE
-        self.next_rows = min(INITIAL_BATCH_SIZE, self.max_batch)
+        self.next_rows = min(initial_rows if initial_rows > 0 else INITIAL_BATCH_SIZE, self.max_batch)
 
     def accept(self, rows: int, nbytes: int) -> bool:
         if rows <= 0:
@@ -363,6 +363,7 @@ def encode_batches(
     max_message_size: int = 0,
     overhead: int = 0,
     metadata_size: int = 0,
+    initial_rows: int = 0,
 ) -> Iterator[EncodedBatch]:
     """Splits one phase (adds or mods) of a logical update into record batches (§6.7).
 
@@ -370,9 +371,10 @@ def encode_batches(
     none (an empty column), columns that are None stay unsent. Columns are sliced without copying.
     Each attempt is measured as its FlightData size (header and body fields) plus `overhead`, plus
     `metadata_size` for the first batch (the one that carries the app_metadata); `BatchSizer`
-    decides the sizes. Yields nothing when every column is empty or None."""
+    decides the sizes, trying `initial_rows` first when given (Deephaven's 4096 otherwise).
+    Yields nothing when every column is empty or None."""
     total = max((len(c) for c in columns if c is not None), default=0)
-    sizer = BatchSizer(batch_size, max_message_size)
+    sizer = BatchSizer(batch_size, max_message_size, initial_rows)
     extra = overhead + metadata_size
     o = 0
     while o < total:

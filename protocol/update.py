@@ -8,7 +8,7 @@ data at all. Readers find the end by counting rows, since Barrage has no batch c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import pyarrow as pa
 
@@ -60,6 +60,7 @@ def encode_update(
     columns_as_list: bool = False,
     batch_size: int = 0,
     max_message_size: int = 0,
+    initial_batch_rows: int = 0,
 ) -> list[bytes]:
     """FlightData payloads of one logical update.
 
@@ -67,7 +68,8 @@ def encode_update(
     bytes object for a plain Arrow stream (DoGet of a non-Barrage reader gets it all the same).
     `added[c]` / `modified[c]` are the column's values, or None when the column carries nothing in
     this phase (field node (0, 0)). Add batches come first, then mod batches; the metadata goes on the
-    first FlightData; with no rows at all the message is one empty batch.
+    first FlightData; with no rows at all the message is one empty batch. `initial_batch_rows`
+    is the first batch size to try (Deephaven's 4096 when 0).
     """
     ncols = len(types)
     opts = dict(use_deephaven_nulls=use_deephaven_nulls, columns_as_list=columns_as_list,
@@ -80,7 +82,8 @@ def encode_update(
             continue
         if len(phase) != ncols:
             raise ValueError(f"{len(phase)} columns for a schema of {ncols}")
-        for enc in encode_batches(phase, types, overhead=overhead if first_md is not None else 16, **opts):
+        for enc in encode_batches(phase, types, overhead=overhead if first_md is not None else 16,
+                                  initial_rows=initial_batch_rows, **opts):
             out.append(encode_flight_data(enc.header, first_md, body_parts=enc.body_parts))
             first_md = None
     if not out:

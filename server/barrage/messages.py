@@ -26,9 +26,12 @@ __all__ = ["EncodeOptions", "Message", "TableWire", "EMPTY_ROWSET_BYTES", "EMPTY
 EMPTY_ROWSET_BYTES = encode_rowset(np.empty((0, 2), dtype=np.int64))
 EMPTY_SHIFT_BYTES = encode_shifts(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
 
-# rows per encoded chunk of a large add phase (each chunk is further split by batch_size /
-# max_message_size); big enough to amortise per-batch costs, small enough to stream
+# a large add phase is encoded in chunks of about CHUNK_BYTES (each chunk one record batch unless
+# batch_size / max_message_size split it further): big enough to amortise per-batch costs, small
+# enough that each FlightData is built and copied while it is still in the CPU cache, and that
+# the first one leaves while the next is being encoded
 CHUNK_ROWS = 1 << 17
+CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,16 @@ class TableWire:
             return out
         t = self.table.gather([self.names[i] for i in columns], keys)
         for i, col in zip(columns, t.columns):
-            out[i] = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            if isinstance(col, pa.ChunkedArray):  # one chunk (a slice of a static table) is used as is
+                col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            out[i] = col
         return out
 
 
 class Message:
     """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
 
-    __slots__ = ("metadata", "types", "added", "modified", "n_added", "_cache", "_lock", "step")
+    __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step")
 
     def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
                  modified: Optional[list[Optional[pa.Array]]], step: int = 0):
@@ -88,6 +93,7 @@ class Message:
         self.added = added
         self.modified = modified
         self.n_added = max((len(a) for a in added or () if a is not None), default=0)
+        self.cells = sum(len(c) for c in (*(added or ()), *(modified or ())) if c is not None)  # values carried
         self.step = step
         self._cache: dict[EncodeOptions, list[bytes]] = {}
         self._lock = threading.Lock()
@@ -97,6 +103,10 @@ class Message:
         if cols is None:
             return None
         return [None if c is None else to_wire_array(c) for c in cols]
+
+    def cached(self, opts: EncodeOptions) -> Optional[list[bytes]]:
+        """The payloads under `opts` if they are already encoded (no work, no lock), else None."""
+        return self._cache.get(opts)
 
     def payloads(self, opts: EncodeOptions) -> Iterator[bytes]:
         """The FlightData payloads of this message under `opts` (cached for small messages)."""
@@ -117,12 +127,22 @@ class Message:
         kw = dict(use_deephaven_nulls=opts.use_deephaven_nulls, columns_as_list=opts.columns_as_list,
                   batch_size=opts.batch_size, max_message_size=opts.max_message_size)
         md = self.metadata
-        for start in range(0, self.n_added, CHUNK_ROWS):
-            part = [None if c is None else to_wire_array(c.slice(start, CHUNK_ROWS)) for c in self.added]
-            yield from encode_update(md, self.types, part, None, **kw)
+        rows = chunk_rows(self.added, self.n_added)
+        if opts.batch_size > 0:
+            rows = min(rows, opts.batch_size)
+        for start in range(0, self.n_added, rows):
+            part = [None if c is None else to_wire_array(c.slice(start, rows)) for c in self.added]
+            yield from encode_update(md, self.types, part, None, initial_batch_rows=rows, **kw)
             md = b""
         if self.modified is not None and any(c is not None and len(c) for c in self.modified):
             yield from encode_update(b"", self.types, None, self._wire(self.modified), **kw)
+
+
+def chunk_rows(columns: Sequence[Optional[pa.Array]], n: int) -> int:
+    """Rows per chunk of about CHUNK_BYTES for these columns (at most CHUNK_ROWS, at least 1024)."""
+    nbytes = sum(c.nbytes for c in columns if c is not None)
+    per_row = max(1, nbytes // max(1, n))
+    return max(1024, min(CHUNK_ROWS, CHUNK_BYTES // per_row))
 
 
 def rows_bytes(rows: Optional[RowSet]) -> Optional[bytes]:
@@ -148,11 +168,21 @@ def metadata_bytes(*, first_seq: int, last_seq: int, is_snapshot: bool = False,
     shifts = None
     if shift_data is not None:
         shifts = EMPTY_SHIFT_BYTES if shift_data.is_empty() else encode_shifts(*shift_data.to_wire())
-    raw = dict(effective_viewport=rows_bytes(effective_viewport), added_rows=rows_bytes(added_rows),
-               removed_rows=rows_bytes(removed_rows), shift_data=shifts,
-               added_rows_included=rows_bytes(added_rows_included))
+    done: dict[int, Optional[bytes]] = {}  # the same RowSet object (e.g. every modified column's) encodes once
+
+    def enc(rows: Optional[RowSet]) -> Optional[bytes]:
+        if rows is None:
+            return None
+        b = done.get(id(rows))
+        if b is None:
+            b = done[id(rows)] = rows_bytes(rows)
+        return b
+
+    raw = dict(effective_viewport=enc(effective_viewport), added_rows=enc(added_rows),
+               removed_rows=enc(removed_rows), shift_data=shifts,
+               added_rows_included=enc(added_rows_included))
     if mod_column_nodes is not None:
-        raw["mod_column_nodes"] = [rows_bytes(m) if m is not None else EMPTY_ROWSET_BYTES for m in mod_column_nodes]
+        raw["mod_column_nodes"] = [enc(m) if m is not None else EMPTY_ROWSET_BYTES for m in mod_column_nodes]
     payload = md.encode_with(**raw)
     return barrage.BarrageMessageWrapper(msg_type=int(barrage.BarrageMessageType.UPDATE_METADATA),
                                          payload=payload).to_bytes()

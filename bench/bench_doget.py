@@ -1,0 +1,129 @@
+"""DoGet throughput of `big_static` (1,000,000 rows x 5 numeric columns): tickwire against a
+pyarrow.flight C++ server (`FlightServerBase` answering with a `RecordBatchStream` of the same
+table), measured in the same run.
+
+Each server runs in its own process; the client is plain `pyarrow.flight` in this process, so
+both servers are read by the same C++ client. Runs alternate between the two servers; the
+median of the runs is reported, with each server's CPU time per DoGet (user + system, read from
+/proc). Prints tickwire's throughput as a ratio to the reference (target >= 1.0).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+
+
+def serve_tickwire(rows: int) -> None:
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.demo import big_static
+    from tickwire.server.graph import UpdateGraph
+
+    graph = UpdateGraph(interval_ms=100)
+    graph.static_table("big_static", big_static(rows))
+    server = TickwireServer(graph, port=0).start()
+    print(server.port, flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+def serve_reference(rows: int) -> None:
+    from tickwire.server.demo import big_static
+
+    table = big_static(rows).combine_chunks()
+
+    class Reference(fl.FlightServerBase):
+        def do_get(self, context, ticket):
+            return fl.RecordBatchStream(table)
+
+    server = Reference("grpc://127.0.0.1:0")
+    print(server.port, flush=True)
+    sys.stdin.read()
+    server.shutdown()
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(kind: str, rows: int) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--rows", str(rows)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, port
+
+
+def one_get(client: fl.FlightClient, ticket: bytes, options) -> tuple[float, pa.Table]:
+    t0 = time.perf_counter()
+    table = client.do_get(fl.Ticket(ticket), options).read_all()
+    return time.perf_counter() - t0, table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--serve", choices=["tickwire", "reference"])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--quick", action="store_true", help="3 runs")
+    args = ap.parse_args()
+    if args.serve == "tickwire":
+        serve_tickwire(args.rows)
+        return 0
+    if args.serve == "reference":
+        serve_reference(args.rows)
+        return 0
+    runs = 3 if args.quick else args.runs
+
+    from tickwire.server.demo import big_static
+    expected = big_static(args.rows)
+    servers = {"tickwire": start("tickwire", args.rows), "reference": start("reference", args.rows)}
+    targets = {
+        "tickwire": (b"s/big_static", ANON),
+        "reference": (b"big_static", fl.FlightCallOptions()),
+    }
+    try:
+        clients = {k: fl.FlightClient(f"grpc://127.0.0.1:{port}") for k, (_, port) in servers.items()}
+        times: dict[str, list[float]] = {k: [] for k in servers}
+        cpu: dict[str, list[float]] = {k: [] for k in servers}
+        nbytes = expected.nbytes
+        for k in servers:  # warm-up, and a check that both serve the same table
+            _, got = one_get(clients[k], *targets[k])
+            if not got.equals(expected):
+                print(f"{k}: DoGet result differs from big_static", file=sys.stderr)
+                return 1
+        for _ in range(runs):
+            for k, (proc, _) in servers.items():
+                before = cpu_seconds(proc.pid)
+                elapsed, got = one_get(clients[k], *targets[k])
+                cpu[k].append(cpu_seconds(proc.pid) - before)
+                times[k].append(elapsed)
+                assert got.num_rows == args.rows
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k in servers:
+            print(f"{k:9s}: DoGet {args.rows:,} rows x 5 columns ({nbytes / 1e6:.0f} MB) in {med[k] * 1e3:.1f} ms "
+                  f"(median of {runs}); {args.rows / med[k] / 1e6:.1f} M rows/s, {nbytes / med[k] / 1e9:.2f} GB/s; "
+                  f"server CPU {statistics.median(cpu[k]) * 1e3:.0f} ms per DoGet")
+        print(f"DoGet throughput ratio tickwire / pyarrow.flight C++ server: {med['reference'] / med['tickwire']:.2f} "
+              f"(target >= 1.0)")
+    finally:
+        for proc, _ in servers.values():
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
