@@ -12,7 +12,7 @@ import time
 import numpy as np
 from pyroaring import BitMap64
 
-from tickwire.protocol.rowset import decode_rowset, encode_rowset, keys_to_ranges
+from tickwire.protocol.rowset import decode_rowset, encode_rowset
 
 
 def best_of(fn, repeat: int) -> float:

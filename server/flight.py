@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from typing import Optional
 
 import numpy as np
@@ -48,7 +49,8 @@ SERVICE = "/arrow.flight.protocol.FlightService/"
 # schema metadata naming the key columns of a table created by DoPut (comma separated): the
 # upload creates a keyed (upsert) table instead of an append-only one
 KEYS_METADATA = b"tickwire:keys"
-PAYLOADS_PER_HOP = 8  # FlightData encoded per trip to the worker pool
+PAYLOADS_PER_HOP = 2
+INLINE_CELLS = 16_384  # messages up to this many values are encoded on the event loop  # FlightData encoded per trip to the worker pool
 
 
 def _viewport_of(ranges) -> Optional[RowSet]:
@@ -80,9 +82,34 @@ def _next_payloads(it, n: int) -> list[bytes]:
     return out
 
 
+class _Waker:
+    """Wakes subscription writers on the event loop from other threads with one loop wake-up per
+    burst: a cycle that gives a message to a thousand subscribers costs one call_soon_threadsafe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._events: list[asyncio.Event] = []
+        self._scheduled = False
+
+    def wake(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+        with self._lock:
+            self._events.append(event)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            events, self._events, self._scheduled = self._events, [], False
+        for e in events:
+            e.set()
+
+
 class FlightService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
+        self._waker = _Waker()
 
     def handlers(self) -> dict:
         return {
@@ -214,16 +241,18 @@ class FlightService:
                     elif mtype != kind:
                         raise CallError("INVALID_ARGUMENT", f"DoExchange stream is a {kind.name}; cannot accept a "
                                                             f"{mtype.name}")
-                    await requests.put(obj)
-                await requests.put(None)  # half-close
+                    requests.put_nowait(obj)
+                    wake.set()
+                requests.put_nowait(None)  # half-close
+                wake.set()
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - handed to the writer, which ends the call
-                await requests.put(exc)
+                requests.put_nowait(exc)
+                wake.set()
 
         reader = asyncio.ensure_future(read())
         sub = None
-        waiter = get_req = None
         try:
             req = await requests.get()
             if req is None:
@@ -239,20 +268,26 @@ class FlightService:
             opts = EncodeOptions.of(options)
 
             def notify():
-                loop.call_soon_threadsafe(wake.set)
+                self._waker.wake(loop, wake)
 
+            def background(fn):
+                self.ctx.executor.submit(fn)  # fire and forget: its message arrives with a notify
+
+            started = self.ctx.executor.submit(self.ctx.registry.subscribe, table, view, options, notify)
             try:
-                sub = await self.ctx.run(self.ctx.registry.subscribe, table, view, options, notify)
+                sub = await asyncio.wrap_future(started)
             except SubscriptionError as exc:
                 raise CallError(exc.code, str(exc)) from None
+            except asyncio.CancelledError:  # the call ended while subscribing: release what it got
+                started.add_done_callback(lambda f: f.exception() is None and f.result().close())
+                raise
             yield wire.schema_payload(opts.columns_as_list)
-            get_req = asyncio.ensure_future(requests.get())
+            limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
             while True:
-                waiter = asyncio.ensure_future(wake.wait())
-                done, _ = await asyncio.wait({waiter, get_req}, return_when=asyncio.FIRST_COMPLETED)
-                if get_req in done:
-                    waiter.cancel()
-                    req = get_req.result()
+                await wake.wait()  # set by a notify (a message is ready) or by the request reader
+                wake.clear()
+                while not requests.empty():
+                    req = requests.get_nowait()
                     if req is None:
                         return  # client half-closed: end with OK
                     if isinstance(req, BaseException):
@@ -264,21 +299,23 @@ class FlightService:
                         await self.ctx.run(sub.change, new_view)
                     except SubscriptionError as exc:
                         raise CallError(exc.code, str(exc)) from None
-                    get_req = asyncio.ensure_future(requests.get())
-                    continue
-                wake.clear()
                 while True:
-                    msg = await self.ctx.run(sub.take)
+                    msg = sub.take(background)
                     if msg is None:
                         break
-                    async for p in self._payloads(msg, opts):
-                        yield p
+                    ready = msg.cached(opts)
+                    if ready is None and msg.cells <= INLINE_CELLS:
+                        ready = list(msg.payloads(opts))  # small: encoding here costs less than a trip to the pool
+                    if ready is not None and all(len(p) < limit for p in ready):
+                        for p in ready:
+                            yield p
+                    else:
+                        async for p in self._payloads(msg, opts):
+                            yield p
         finally:
-            for task in (reader, waiter, get_req):
-                if task is not None:
-                    task.cancel()
+            reader.cancel()
             if sub is not None:
-                await self.ctx.run(sub.close)
+                self.ctx.executor.submit(sub.close)  # not awaited: a cancelled call cannot skip it
 
     def _subscription_args(self, req: barrage.SubscriptionRequest, session, table: Optional[Table] = None):
         if table is None:

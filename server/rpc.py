@@ -82,8 +82,8 @@ def _guard(fn, kind: str):
             try:
                 async for item in fn(request, context):
                     yield item
-            except (asyncio.CancelledError, grpc.aio.AbortError):
-                raise
+            except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
+                raise  # the call is over (cancelled by the client, aborted, or closed): nothing to report
             except BaseException as exc:  # noqa: BLE001 - every error becomes a status
                 code, details = status_of(exc)
                 await context.abort(code, details)

@@ -333,3 +333,72 @@ def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
     assert (md.first_seq, md.last_seq) == (first, first + 4)
     slow.check(table, "after the interval")
     assert len(every.messages) == 6
+
+
+class _Recorder(Client):
+    """A Client that keeps the Message objects it takes (to see which ones are shared)."""
+
+    def pump(self) -> int:
+        n = 0
+        while True:
+            msg = self.sub.take()
+            if msg is None:
+                return n
+            self.taken.append(msg)
+            for p in msg.payloads(self.sub.encode):
+                u = self.decoder.feed(p)
+                if u is not None:
+                    self.state.apply(u)
+                    n += 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_subscribers_asking_the_same_thing_in_step_share_messages(seed):
+    rng = np.random.default_rng(300 + seed)
+    graph, table, registry, keys = _started(rng, 80)
+    views = {"full": SHAPES["full"], "floating": SHAPES["floating"], "footer": SHAPES["footer"]}
+    groups = {name: [_Recorder(registry, table, v) for _ in range(3)] for name, v in views.items()}
+    other_window = _Recorder(registry, table, View(ALL, vp((21, 45))))
+    for c in [*sum(groups.values(), []), other_window]:
+        c.taken = []
+        c.pump()
+    for step in range(25):
+        upd, vals, keys = random_update(rng, keys)
+        table.push(upd, vals)
+        graph.run_cycle()
+        if step in (5, 6, 7):  # nobody reads: all fall behind by the same coalesced change
+            continue
+        for name, members in groups.items():
+            for c in members:
+                c.pump()
+                c.check(table, f"{name} subscriber at step {step} (replay seed {seed})")
+        other_window.pump()
+        other_window.check(table, f"other window at step {step}")
+    for name, members in groups.items():
+        # every message after the snapshots was built once and handed to all three
+        firsts = [c.taken[1:] for c in members]
+        assert all(len(f) == len(firsts[0]) for f in firsts)
+        for msgs in zip(*firsts):
+            assert msgs[0] is msgs[1] is msgs[2], f"{name}: in-step subscribers got separate messages"
+    # a different window never gets another window's message
+    fl = {id(m) for m in groups["floating"][0].taken}
+    assert not fl & {id(m) for m in other_window.taken}
+
+
+def test_a_subscriber_behind_by_its_own_coalesced_change_gets_its_own_message(seed=7):
+    rng = np.random.default_rng(seed)
+    graph, table, registry, keys = _started(rng, 60)
+    a, b = _Recorder(registry, table, SHAPES["floating"]), _Recorder(registry, table, SHAPES["floating"])
+    for c in (a, b):
+        c.taken = []
+        c.pump()
+    for step in range(6):  # b stalls: its outbox fills, then its changes coalesce
+        upd, vals, keys = random_update(rng, keys)
+        table.push(upd, vals)
+        graph.run_cycle()
+        a.pump()
+        a.check(table, f"a at step {step}")
+    b.pump()
+    b.check(table, "b after reading again")
+    assert b.sub.coalesced > 0
+    assert id(b.taken[-1]) not in {id(m) for m in a.taken}, "a coalesced catch-up message was shared"

@@ -408,3 +408,71 @@ def test_max_message_size_splits_batches_and_refuses_a_row_that_cannot_fit(serve
         graph.run_cycle()
         assert ex.done.wait(10)
         assert ex.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_message_size 2048" in ex.error.details()
+
+
+def test_a_cancelled_subscription_is_not_reported_as_a_server_error(server, caplog):
+    """A client cancelling its stream while updates flow is a normal end: the subscription is
+    released and nothing is logged as an internal error."""
+    import logging
+    import threading
+    caplog.set_level(logging.ERROR)
+    graph = server.graph
+    keyed = graph.tables["keyed"]
+    stop = threading.Event()
+
+    def tick():
+        v = 0
+        while not stop.is_set():
+            v += 1
+            keyed.add(rows(0, 2000, version=v))
+            graph.run_cycle()
+            time.sleep(0.002)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        with grpc.insecure_channel(server.target) as ch:
+            for i in range(30):
+                q: queue.Queue = queue.Queue()
+                call = ch.stream_stream(FLIGHT + "DoExchange")(iter(q.get, None), metadata=ANON)
+                q.put(encode_flight_data(b"", sub_request()))
+                it = iter(call)
+                for _ in range(2 + i % 5):  # the schema, the snapshot, a few updates
+                    next(it)
+                call.cancel()
+    finally:
+        stop.set()
+        ticker.join()
+    deadline = time.monotonic() + 10
+    while server.registry.subscriptions and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.registry.subscriptions == []
+    time.sleep(0.2)
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()], caplog.text
+
+
+def test_a_streaming_handler_closed_by_grpc_is_not_aborted():
+    """When gRPC closes a response stream (the client went away while the server was suspended at
+    a `yield`), the handler's generator gets GeneratorExit: that ends the call quietly instead of
+    trying to send an error status on a finished call."""
+    import asyncio
+
+    from tickwire.server.rpc import SERVER_STREAM, _guard
+
+    aborted = []
+
+    class Ctx:
+        async def abort(self, code, details):
+            aborted.append((code, details))
+
+    async def handler(request, context):
+        while True:
+            yield b"x"
+
+    async def run():
+        gen = _guard(handler, SERVER_STREAM)(None, Ctx())
+        assert await gen.__anext__() == b"x"
+        await gen.aclose()
+
+    asyncio.run(run())
+    assert aborted == []

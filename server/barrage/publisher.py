@@ -69,16 +69,24 @@ class Subscription:
         self.delivered = RowSet()  # while growing: the keys the client holds
         self.pieces = 0
 
-    def take(self) -> Optional[Message]:
+    def take(self, background: Optional[Callable[[Callable[[], None]], None]] = None) -> Optional[Message]:
         """The next message for the writer, or None. When this empties the outbox while changes
         are waiting (the client was slow), their message is built right away rather than at the
-        next cycle. May take the graph's lock: call it off the event loop."""
+        next cycle: by `background(fn)` when given (take itself then never blocks, and the new
+        message arrives with a notify), else here, which may take the graph's lock."""
         with self.lock:
             msg = self.outbox.popleft() if self.outbox else None
             drained = not self.outbox
         if msg is not None and drained and not self.closed and (self.behind is not None or self.requested is not None):
-            self.publisher.catch_up(self)
+            if background is None:
+                self.publisher.catch_up(self)
+            else:
+                background(self._catch_up)
         return msg
+
+    def _catch_up(self) -> None:
+        if not self.closed:
+            self.publisher.catch_up(self)
 
     def pending(self) -> int:
         with self.lock:
@@ -112,6 +120,13 @@ class Publisher:
         self.wire = TableWire(table)
         self.subs: list[Subscription] = []
         self._attached = False
+        self._shared_step = -1
+        self._shared: dict = {}  # this step's messages, shared by subscribers asking the same thing
+
+    def _shared_for(self, step: int) -> dict:
+        if step != self._shared_step:
+            self._shared_step, self._shared = step, {}
+        return self._shared
 
     # -- membership (any thread) ------------------------------------------------------------------
     def subscribe(self, view: View, options, notify: Callable[[], None]) -> Subscription:
@@ -139,7 +154,8 @@ class Publisher:
 
     def catch_up(self, sub: Subscription) -> None:
         with self.graph.lock:
-            self._service(sub, self.graph.step, time.monotonic())
+            step = self.graph.step
+            self._service(sub, step, time.monotonic(), self._shared_for(step))
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self.graph.lock:
@@ -168,13 +184,17 @@ class Publisher:
     # -- the cycle thread ---------------------------------------------------------------------------
     def _on_update(self, table: Table, update: TableUpdate, step: int) -> None:
         prev = table.prev_rowset if table.prev_rowset is not None else self._prev_of(update, table.rowset)
+        merged: dict[int, tuple[TableUpdate, TableUpdate]] = {}  # subscribers behind by the same change stay shared
         for sub in self.subs:
             if sub.view is None:
                 continue  # its snapshot is still to come and will be taken from the new state
             if sub.behind is None:
                 sub.behind, sub.behind_prev, sub.behind_first = update, prev, step
             else:
-                sub.behind = sub.behind.coalesce(update, sub.behind_prev)
+                hit = merged.get(id(sub.behind))
+                if hit is None or hit[0] is not sub.behind:
+                    hit = merged[id(sub.behind)] = (sub.behind, sub.behind.coalesce(update, sub.behind_prev))
+                sub.behind = hit[1]
                 sub.coalesced += 1
             sub.behind_last = step
 
@@ -184,7 +204,7 @@ class Publisher:
 
     def _on_cycle(self, step: int) -> None:
         now = time.monotonic()
-        shared: dict = {}
+        shared = self._shared_for(step)
         for sub in list(self.subs):
             try:
                 self._service(sub, step, now, shared)
@@ -282,19 +302,32 @@ class Publisher:
         sub._push(msg)
 
     def _delta(self, sub: Subscription, step: int, shared: Optional[dict]) -> None:
+        """Subscribers in step with each other (same pending update) and asking for the same thing
+        share one message: full subscriptions with the same columns, viewport subscriptions with
+        the same window, direction and columns that hold the same rows."""
         view = sub.view
-        key = (id(sub.behind), view.columns) if view.is_full and shared is not None else None
-        msg = shared.get(key) if key is not None else None
-        if msg is None:
+        key = None
+        if shared is not None:
+            key = (id(sub.behind), view.columns) if view.is_full else \
+                (id(sub.behind), view.columns, view.reverse, view.viewport.ranges().tobytes())
+        hit = shared.get(key) if key is not None else None
+        if hit is not None and hit[0] is not sub.behind:
+            hit = None
+        if hit is not None and (view.is_full or hit[1] == sub.client_keys):
+            msg = hit[3]
+            if not view.is_full:
+                sub.client_keys = hit[2]
+        else:
             rows = self.table.rowset
+            before = sub.client_keys
             if view.is_full:
                 plan = plan_full(sub.behind, rows, self.wire.names, view)
             else:
                 plan = plan_viewport(sub.behind, sub.client_keys, rows, self.wire.names, view)
                 sub.client_keys = plan.client_keys
             msg = self._message(plan, view, sub.behind_last, sub.behind_first, snapshot=False)
-            if key is not None:
-                shared[key] = msg
+            if key is not None and hit is None:
+                shared[key] = (sub.behind, before, sub.client_keys, msg)
         sub.behind = sub.behind_prev = None
         sub._push(msg)
 

@@ -1,0 +1,258 @@
+"""Fan-out: many Barrage subscribers to one ticking table.
+
+A tickwire server (its own process) serves `fanout`, a keyed table of --keys rows whose graph
+cycles every 100 ms; a producer thread upserts --rows-per-tick random keys every 100 ms, stamping
+each row's `Ts` column with the wall-clock time of the change. Client processes hold --full full
+subscriptions and --viewport viewport subscriptions (each a window of --window rows at one of
+--pages page offsets, the way many grid users look at a few pages of one table), all over
+grpc.aio DoExchange; each decodes only what the latency needs, to leave the machine's CPU to the
+server.
+
+Latency of a message = its arrival time at the client minus the newest `Ts` among the rows it
+adds or modifies (change -> client, including the cycle wait). Reported: p50/p99 per kind,
+messages/s received, server CPU (user + system, % of one core) and client CPU, over --seconds
+after a warm-up. The reference printed beside it is the same latency with a single full
+subscriber, measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+TABLE = "fanout"
+
+
+# -- the server process ----------------------------------------------------------------------------
+def serve(keys: int, rows_per_tick: int, interval_ms: float) -> None:
+    import pyarrow as pa
+
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.graph import UpdateGraph
+
+    schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
+    graph = UpdateGraph(interval_ms=interval_ms)
+    table = graph.keyed_table(TABLE, schema, ["Key"])
+    rng = np.random.default_rng(1)
+    table.add(pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
+                        "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema))
+    server = TickwireServer(graph, port=0, workers=4).start()
+    stop = threading.Event()
+
+    def produce():
+        while not stop.wait(interval_ms / 1000.0):
+            k = rng.choice(keys, rows_per_tick, replace=False).astype(np.int64)
+            table.add(pa.table({"Key": k, "Value": rng.random(rows_per_tick),
+                                "Ts": np.full(rows_per_tick, time.time_ns(), dtype=np.int64)}, schema=schema))
+
+    threading.Thread(target=produce, daemon=True).start()
+    print(server.port, flush=True)
+    sys.stdin.read()
+    stop.set()
+    server.stop()
+
+
+# -- a client process --------------------------------------------------------------------------------
+TS_BUFFER = 5  # Key, Value, Ts: (validity, data) buffers each; Ts's data buffer is the sixth
+
+
+async def _subscribe(channel, viewport, stats, kind, state, ready):
+    """One subscriber over grpc.aio DoExchange. It reads every FlightData; of each record batch it
+    decodes only the header and the `Ts` buffer (pyarrow.flight's reader cannot be used: it
+    rejects Barrage batches, whose unsent columns are shorter than the batch)."""
+    from tickwire.protocol import barrage
+    from tickwire.protocol.batches import HEADER_RECORD_BATCH, read_message_header
+    from tickwire.protocol.flight import (
+        FlightDescriptor,
+        decode_flight_data,
+        encode_flight_data,
+    )
+
+    vp = None if viewport is None else np.array([viewport], dtype=np.int64)
+    req = barrage.wrap(barrage.SubscriptionRequest(ticket=b"s/" + TABLE.encode(), viewport=vp,
+                                                   options=barrage.SubscriptionOptions()))
+    msgs = [encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")),
+            encode_flight_data(b"", req)]
+    done = asyncio.Event()
+
+    async def requests():
+        for m in msgs:
+            yield m
+        await done.wait()
+
+    call = channel.stream_stream("/arrow.flight.protocol.FlightService/DoExchange")(
+        requests(), metadata=(("authorization", "Anonymous"),))
+    out = stats[kind]
+    snapshot = True
+    try:
+        async for raw in call:
+            now = time.time_ns()
+            fd = decode_flight_data(raw)
+            if not fd.data_header:
+                continue
+            info = read_message_header(fd.data_header)
+            if info.header_type != HEADER_RECORD_BATCH:
+                continue
+            if snapshot:  # the first batch is the initial snapshot
+                snapshot = False
+                ready()
+                continue
+            off, length = (int(x) for x in info.buffers[TS_BUFFER])
+            if length and now >= state["started"]:
+                newest = int(np.frombuffer(fd.data_body, dtype="<i8", count=length // 8, offset=off).max())
+                out.append((now - newest) / 1e6)
+            if state["stop"]:
+                break
+    finally:
+        done.set()
+        call.cancel()
+
+
+def client(port: int, full: int, viewports: list, warmup: float, seconds: float) -> None:
+    import grpc
+
+    async def main():
+        stats = {"full": [], "viewport": []}
+        state = {"stop": False, "started": time.time_ns() + 10**15}
+        count = [0]
+        total = full + len(viewports)
+        all_ready = asyncio.Event()
+
+        def ready():
+            count[0] += 1
+            if count[0] == total:
+                all_ready.set()
+
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
+                    for _ in range(max(1, total // 100))]
+        tasks = [asyncio.create_task(_subscribe(channels[i % len(channels)], None, stats, "full", state, ready))
+                 for i in range(full)]
+        tasks += [asyncio.create_task(_subscribe(channels[(full + i) % len(channels)], vp, stats, "viewport",
+                                                 state, ready)) for i, vp in enumerate(viewports)]
+        await asyncio.wait_for(all_ready.wait(), 120)
+        await asyncio.sleep(warmup)
+        cpu0 = time.process_time()
+        state["started"] = time.time_ns()
+        await asyncio.sleep(seconds)
+        state["stop"] = True
+        cpu = time.process_time() - cpu0
+        print(json.dumps({"full": stats["full"], "viewport": stats["viewport"], "cpu": cpu}), flush=True)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for ch in channels:
+            await ch.close()
+
+    asyncio.run(main())
+
+
+# -- the driver --------------------------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(port: int, server_pid: int, full: int, viewports: list, procs: int, warmup: float, seconds: float):
+    """Runs the subscribers in `procs` client processes; returns latencies and CPU figures."""
+    shares = []
+    for p in range(procs):
+        shares.append((full * (p + 1) // procs - full * p // procs,
+                       viewports[len(viewports) * p // procs: len(viewports) * (p + 1) // procs]))
+    children = [subprocess.Popen([sys.executable, __file__, "--client", str(port), "--client-full", str(f),
+                                  "--client-viewports", json.dumps(v), "--warmup", str(warmup),
+                                  "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+                for f, v in shares if f or v]
+    # server CPU over the measured window: from the end of the warm-up to the deadline
+    time.sleep(max(0.0, warmup))
+    cpu0, t0 = cpu_seconds(server_pid), time.monotonic()
+    out = {"full": [], "viewport": [], "client_cpu": 0.0}
+    for ch in children:
+        line = ch.stdout.readline()
+        ch.wait()
+        if not line:
+            raise RuntimeError("a client process failed")
+        r = json.loads(line)
+        out["full"] += r["full"]
+        out["viewport"] += r["viewport"]
+        out["client_cpu"] += r["cpu"]
+    elapsed = time.monotonic() - t0
+    out["server_cpu"] = (cpu_seconds(server_pid) - cpu0) / elapsed
+    out["client_cpu"] /= seconds
+    return out
+
+
+def describe(name: str, lat: list, seconds: float) -> str:
+    if not lat:
+        return f"{name}: no messages"
+    a = np.array(lat)
+    return (f"{name}: {a.size / seconds:,.0f} messages/s, latency change->client p50 {np.percentile(a, 50):.1f} ms, "
+            f"p99 {np.percentile(a, 99):.1f} ms")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--full", type=int, default=100)
+    ap.add_argument("--viewport", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--rows-per-tick", type=int, default=500)
+    ap.add_argument("--window", type=int, default=50)
+    ap.add_argument("--pages", type=int, default=20)
+    ap.add_argument("--procs", type=int, default=2, help="client processes")
+    ap.add_argument("--quick", action="store_true", help="10 full + 100 viewport subscribers for 5 s")
+    ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--client", type=int)
+    ap.add_argument("--client-full", type=int, default=0)
+    ap.add_argument("--client-viewports", default="[]")
+    args = ap.parse_args()
+    if args.serve:
+        serve(args.keys, args.rows_per_tick, 100.0)
+        return 0
+    if args.client is not None:
+        client(args.client, args.client_full, [tuple(v) for v in json.loads(args.client_viewports)],
+               args.warmup, args.seconds)
+        return 0
+    if args.quick:
+        args.full, args.viewport, args.seconds = 10, 100, 5.0
+
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--keys", str(args.keys),
+                               "--rows-per-tick", str(args.rows_per_tick)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        rng = np.random.default_rng(3)
+        starts = (np.arange(args.pages) * args.window) % max(1, args.keys - args.window)
+        viewports = [(int(s), int(s) + args.window - 1) for s in rng.choice(starts, args.viewport)]
+        ref = run(port, server.pid, 1, [], 1, args.warmup, min(args.seconds, 5.0))
+        res = run(port, server.pid, args.full, viewports, args.procs, args.warmup, args.seconds)
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    print(f"table: {args.keys:,} keyed rows, {args.rows_per_tick} upserts per 100 ms cycle; "
+          f"{args.full} full + {args.viewport} viewport subscribers ({args.window}-row windows on {args.pages} pages), "
+          f"{args.procs} client processes, {args.seconds:.0f} s")
+    print("  " + describe("full", res["full"], args.seconds))
+    print("  " + describe("viewport", res["viewport"], args.seconds))
+    print(f"  server CPU {res['server_cpu'] * 100:.0f}% of one core; client processes {res['client_cpu'] * 100:.0f}%")
+    print("  reference, one full subscriber alone: " + describe("full", ref["full"], min(args.seconds, 5.0))
+          + f"; server CPU {ref['server_cpu'] * 100:.0f}%")
+    if res["full"] and ref["full"]:
+        print(f"  p50 latency ratio, fan-out full / single subscriber: "
+              f"{np.percentile(res['full'], 50) / np.percentile(ref['full'], 50):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
