@@ -69,6 +69,7 @@ class TickwireServer:
         self._server: Optional[grpc.aio.Server] = None
         self._stopped = threading.Event()
         self.start_graph = start_graph
+        self.replicas: list = []  # Replicators feeding this server's graph
 
     @property
     def target(self) -> str:
@@ -121,7 +122,23 @@ class TickwireServer:
         log.info("tickwire serving on %s%s", self.target, " (TLS)" if self.tls else "")
         return self
 
+    def replicate(self, target: str, table: str, *, local_name: Optional[str] = None, psk: Optional[str] = None,
+                  tls: bool = False, root_certs: Optional[bytes] = None, wait: bool = True):
+        """Follows `table` of the Barrage server at `target` ("host:port": tickwire or Deephaven)
+        as the local table `local_name` (default: the same name); see tickwire.server.replica.
+        With `wait`, returns once the first snapshot is in. Stopped with the server."""
+        from tickwire.server.replica import Replicator
+
+        if self.start_graph and not self.graph.running:
+            self.graph.start()
+        rep = Replicator(self.graph, target, table, local_name=local_name, psk=psk, tls=tls, root_certs=root_certs)
+        self.replicas.append(rep)
+        return rep.start(wait=wait)
+
     def stop(self, grace: float = 1.0) -> None:
+        for rep in self.replicas:
+            rep.stop()
+        self.replicas = []
         loop = self._loop
         if loop is None:
             return

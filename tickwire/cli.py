@@ -18,6 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run a server (tables arrive by DoPut or from Python)")
     _server_args(serve, default_port=10000)
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    serve.add_argument("--replicate", default=None, metavar="HOST:PORT/TABLE[,...]",
+                       help="follow these tables of other Barrage servers (tickwire or Deephaven) as local tables")
+    serve.add_argument("--upstream-psk", default=None, help="pre-shared key for the --replicate servers")
+    serve.add_argument("--upstream-tls", action="store_true", help="connect to the --replicate servers with TLS")
     return parser
 
 
@@ -40,10 +44,21 @@ def _serve(args) -> int:
     from tickwire.server.demo import connect_help
     from tickwire.server.graph import UpdateGraph
 
+    from tickwire.server.replica import parse_replicate
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        upstreams = parse_replicate(args.replicate) if args.replicate else []
+    except ValueError as exc:
+        print(f"tickwire: {exc}", file=sys.stderr)
+        return 2
     graph = UpdateGraph(interval_ms=args.interval_ms)
     server = TickwireServer(graph, host=args.host, port=args.port, psk=args.psk, tls_cert=args.tls_cert,
                             tls_key=args.tls_key).start()
+    for target, table in upstreams:
+        # not waiting: an upstream that is down now is retried in the background
+        server.replicate(target, table, psk=args.upstream_psk, tls=args.upstream_tls, wait=False)
+        print(f"replicating {target}/{table} as {table!r}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -1,0 +1,117 @@
+"""Deephaven -> tickwire -> tickwire: replicas of a real Deephaven server's tables.
+
+The Deephaven tables tick for a few seconds and then stop changing (time tables cut by `head`),
+so that the end state can be compared exactly: while they tick, the replicas follow (appends,
+modifications of a last_by, shifts of a sort with Deephaven's sparse row keys); once they stop,
+both replicas in the chain hold exactly the Deephaven server's rows and values, and the second
+replica holds the same row keys as the first."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.interop.dh_server import deephaven_server_available, start_dh_server
+from tickwire.clients.client import BarrageClient
+from tickwire.server.app import TickwireServer
+from tickwire.server.graph import UpdateGraph
+from tickwire.server.replica import wait_until
+
+pytestmark = pytest.mark.slow
+
+_skip = deephaven_server_available()
+if _skip:
+    pytest.skip(_skip, allow_module_level=True)
+
+TABLES = r'''
+from deephaven import empty_table, time_table
+
+static_t = empty_table(500).update(["I = i", "S = i % 7 == 0 ? null : `s` + i", "D = i * 0.5"])
+growing = time_table("PT0.01S").head(1000).update(["Seq = ii", "Px = 100.0 + ii * 0.25"])
+keyed = time_table("PT0.01S").head(1000).update(["Key = (int) (ii % 17)", "Val = ii * 3"]).last_by("Key")
+sorted_t = time_table("PT0.01S").head(1000).update([
+    "Key = (int) (ii % 40)", "SortVal = (int) ((ii * 7919) % 101)", "Label = `k` + Key",
+]).last_by("Key").sort("SortVal")
+'''
+NAMES = ("static_t", "growing", "keyed", "sorted_t")
+
+
+@pytest.fixture(scope="module")
+def dh():
+    with start_dh_server(tables_script=TABLES) as server:
+        yield server
+
+
+def _state(table):
+    with table.graph.shared_lock():
+        keys = table.rowset.keys()
+        return keys, table.gather(None, keys)
+
+
+def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
+    g1 = UpdateGraph(interval_ms=20)
+    first = TickwireServer(g1, port=0).start()
+    g2 = UpdateGraph(interval_ms=20)
+    second = TickwireServer(g2, port=0).start()
+    try:
+        reps1 = {n: first.replicate(dh.target, n) for n in NAMES}
+        reps2 = {n: second.replicate(first.target, n) for n in NAMES}
+        with BarrageClient(dh.target) as upstream:
+            # the ticking tables stop after 1,000 ticks of 10 ms; Deephaven sends a subscription
+            # update at most once a second, so a replica may be up to a second behind
+            assert wait_until(lambda: upstream.snapshot("growing").num_rows == 1000, 60)
+
+            def settled(name):
+                want = upstream.snapshot(name)
+                k1, v1 = _state(reps1[name].table)
+                k2, v2 = _state(reps2[name].table)
+                return v1.equals(want) and v2.equals(want) and np.array_equal(k1, k2)
+
+            for name in NAMES:
+                assert wait_until(lambda: settled(name), 30), f"{name}: the chain did not converge to Deephaven"
+        # they followed live updates, not just a final snapshot
+        for name in ("growing", "keyed", "sorted_t"):
+            assert reps1[name].messages > 3, f"{name}: only {reps1[name].messages} messages"
+        # Deephaven's sorted table uses a sparse key space; the replica kept it
+        keys, _ = _state(reps1["sorted_t"].table)
+        assert keys.size == 40 and keys.max() > 40
+    finally:
+        second.stop(), first.stop(), g2.stop(), g1.stop()
+
+
+def test_tickwire_serve_replicate_command_line(dh):
+    """`tickwire serve --replicate HOST:PORT/TABLE` serves a replica of Deephaven's table."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tickwire", "serve", "--port", str(port), "--duration", "60",
+                             "--replicate", f"{dh.target}/static_t,{dh.target}/keyed"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    local = None
+    try:
+        deadline = time.monotonic() + 60
+        names = []
+        while time.monotonic() < deadline:
+            try:  # the server starts listening after a moment
+                local = local or BarrageClient(f"127.0.0.1:{port}")
+                names = local.tables()
+                if {"static_t", "keyed"} <= set(names):
+                    break
+            except Exception:  # noqa: BLE001
+                pass
+            time.sleep(0.2)
+        assert {"static_t", "keyed"} <= set(names), names
+        with BarrageClient(dh.target) as upstream:
+            assert wait_until(lambda: local.snapshot("static_t").equals(upstream.snapshot("static_t")), 30)
+            assert wait_until(lambda: local.snapshot("keyed").equals(upstream.snapshot("keyed")), 60)
+    finally:
+        if local is not None:
+            local.close()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert "replicating" in out
