@@ -33,6 +33,7 @@ from tickwire.protocol import barrage
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.proto import config_pb2, flight_pb2, session_pb2
 from tickwire.protocol.proto.methods import METHODS
+from tickwire.protocol.rowset import ranges_to_keys
 from tickwire.protocol.schema import from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate, StreamDecoder
 
@@ -57,12 +58,21 @@ def _ranges(rows) -> np.ndarray:
     return np.empty((0, 2), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1, 2)
 
 
+def _shifts(shift_data) -> np.ndarray:
+    """shift_data (starts, ends, dests) as an (n, 3) array of [start, end, dest] rows."""
+    if shift_data is None:
+        return np.empty((0, 3), dtype=np.int64)
+    return np.column_stack([np.asarray(a, dtype=np.int64) for a in shift_data]).reshape(-1, 3)
+
+
 @dataclass
 class Update:
     """One applied update. Row sets are (n, 2) ranges: row keys for full subscriptions, indices
     into the viewport's rows for viewport subscriptions. `added` holds the values of the added
     rows, `removed` the values the removed rows had, `modified` the new values of each modified
-    column (in the order of `modified_rows[column]`)."""
+    column (in the order of `modified_rows[column]`). `shifts` (full subscriptions) holds the
+    row-key moves as [start, end, dest] rows: keys start..end (inclusive, after the removals)
+    moved to dest..dest+(end-start), applied before the additions."""
 
     is_snapshot: bool
     first_seq: int
@@ -74,6 +84,7 @@ class Update:
     added: pa.Table
     removed: pa.Table
     modified: dict[str, pa.Array] = field(default_factory=dict)
+    shifts: np.ndarray = field(default_factory=lambda: np.empty((0, 3), dtype=np.int64))
 
     @property
     def modified_columns(self) -> list[str]:
@@ -240,6 +251,8 @@ class BarrageClient:
         except ClientError:
             pass
         self.channel.close()
+        if self._keepalive is not None and self._keepalive is not threading.current_thread():
+            self._keepalive.join(10)
 
     def __enter__(self) -> "BarrageClient":
         return self
@@ -251,19 +264,34 @@ class BarrageClient:
 class _State(TableState):
     """TableState plus the conversion of wire values to natural Arrow values."""
 
-    def __init__(self, wire_schema: pa.Schema, viewport: bool):
+    def __init__(self, wire_schema: pa.Schema, viewport: bool, selected: Optional[Sequence[str]] = None):
         super().__init__(wire_schema, viewport=viewport)
         self.wire_schema = wire_schema
+        self.selected = list(selected) if selected is not None else None  # the columns shown
 
     def natural(self, arrays: list) -> list:
         return from_wire_arrays(arrays, self.wire_schema)
 
     def apply_plain(self, u: BarrageUpdate) -> None:
-        if u.metadata is None or (u.metadata.is_snapshot and u.metadata.removed_rows is None):
-            # DoGet: snapshot pieces and plain batches append their rows
-            self.append(u.added)
-        else:
+        """Applies a message of any stream: subscription updates go to `apply`; the pieces of a
+        DoGet or snapshot-request response (snapshot metadata without removed rows) insert their
+        rows by row key (`added_rows_included`: a static table comes in several pieces, and the
+        pieces of a reverse viewport come last rows first); plain Arrow batches append."""
+        md = u.metadata
+        if md is not None and not (md.is_snapshot and md.removed_rows is None):
             self.apply(u)
+            return
+        rows = None
+        if md is not None:
+            rows = md.added_rows_included if md.added_rows_included is not None else md.added_rows
+        keys = ranges_to_keys(_ranges(rows)) if rows is not None else None
+        n = max((len(a) for a in u.added), default=0)
+        if keys is not None and keys.size == n and n:
+            self._insert_rows(keys, u.added, by_position=False)
+            self.table_size = len(self)
+            self.last_seq = md.last_seq
+        else:
+            self.append(u.added)
 
     def table(self, names: Optional[Sequence[str]] = None) -> pa.Table:
         cols = from_wire_arrays(self.columns, self.wire_schema)
@@ -272,7 +300,12 @@ class _State(TableState):
 
 
 class Subscription:
-    """A live subscription (or a one-shot snapshot request) on one DoExchange stream."""
+    """A live subscription (or a one-shot snapshot request) on a DoExchange stream.
+
+    A viewport subscription changes its viewport, columns and direction on the same stream. A
+    Deephaven server refuses any change to a full subscription (it ends the stream with
+    INVALID_ARGUMENT), so a full subscription changes its columns by opening a new stream, whose
+    snapshot then replaces the state."""
 
     def __init__(self, client: BarrageClient, table, *, columns=None, viewport=None, reverse=False, on_update=None,
                  on_error=None, min_update_interval_ms: int = 0, queue_size: int = 1024, snapshot: bool = False):
@@ -287,7 +320,6 @@ class Subscription:
         self._callbacks = [on_update] if on_update else []
         self._on_error = on_error
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, queue_size))
-        self._requests: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._ready = threading.Event()
@@ -299,16 +331,16 @@ class Subscription:
         self.last_seq = 0
         self._names: Optional[list[str]] = None
         self._iterating = False
+        self._delivering = False
+        self._call = None
+        self._requests: Optional[queue.Queue] = None
+        self._thread: Optional[threading.Thread] = None
+        self._threads: list[threading.Thread] = []
         if self._columns is not None:
             if not isinstance(table, str):
                 raise ClientError("a column subset needs the table's name (to read its schema)")
             self._names = list(client.schema(table).names)
-        self._requests.put(encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")))
-        self._send_request()
-        self._call = client.channel.stream_stream(FLIGHT + "DoExchange")(iter(self._requests.get, _END),
-                                                                         metadata=client.auth.metadata())
-        self._thread = threading.Thread(target=self._run, name=f"tickwire-sub-{table}", daemon=True)
-        self._thread.start()
+        self._open(self._request_bytes())
 
     # -- requests -------------------------------------------------------------------------------------------
     def _request_bytes(self) -> bytes:
@@ -319,7 +351,11 @@ class Subscription:
             missing = [c for c in self._columns if c not in self._names]
             if missing:
                 raise ClientError(f"no columns {missing} in {self.name!r}; it has {self._names}")
-            cols = np.array(sorted(self._names.index(c) for c in self._columns), dtype=np.int64)
+            idx = sorted({self._names.index(c) for c in self._columns} | {0})
+            # The first column is always requested (and left out of the results): Deephaven (42.x)
+            # splits a message into batches at the first column's chunk boundaries, and without
+            # that column it fails messages of more than 65 536 rows with INVALID_ARGUMENT.
+            cols = np.array(idx, dtype=np.int64)
         vp = None if self.viewport is None else np.array(self.viewport, dtype=np.int64).reshape(-1, 2)
         if self.snapshot_only:
             return barrage.wrap(barrage.SnapshotRequest(ticket=self.ticket, columns=cols, viewport=vp,
@@ -329,84 +365,142 @@ class Subscription:
             ticket=self.ticket, columns=cols, viewport=vp, reverse_viewport=self.reverse,
             options=barrage.SubscriptionOptions(min_update_interval_ms=self.interval)))
 
-    def _send_request(self) -> None:
-        self._requests.put(encode_flight_data(b"", self._request_bytes()))
+    def _open(self, request: bytes) -> None:
+        """Starts a DoExchange stream that sends `request`, and its reader thread. A snapshot
+        request half-closes at once: the server ends the stream when everything is sent."""
+        requests: queue.Queue = queue.Queue()
+        requests.put(encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")))
+        requests.put(encode_flight_data(b"", request))
+        if self.snapshot_only:
+            requests.put(_END)
+        call = self.client.channel.stream_stream(FLIGHT + "DoExchange")(iter(requests.get, _END),
+                                                                        metadata=self.client.auth.metadata())
+        thread = threading.Thread(target=self._run, args=(call, self._columns), name=f"tickwire-sub-{self.name}",
+                                  daemon=True)
+        self._call, self._requests, self._thread = call, requests, thread
+        self._threads.append(thread)
+        thread.start()
 
     def set_view(self, *, viewport=None, columns=None, reverse: Optional[bool] = None) -> None:
         """Changes the viewport (position ranges), columns or direction of a running viewport
-        subscription; a full subscription can change only its columns."""
+        subscription; a full subscription can change only its columns (on a new stream)."""
+        superseded = None
         with self._lock:
+            if self.viewport is None and (viewport is not None or reverse):
+                raise ClientError("a full subscription cannot become a viewport subscription")
+            if self._closed.is_set():
+                raise ClientError(f"the subscription to {self.name!r} has ended"
+                                  + (f": {self.error}" if self.error else ""))
+            before = (self.viewport, self._columns, self.reverse)
             if viewport is not None:
-                if self.viewport is None:
-                    raise ClientError("a full subscription cannot become a viewport subscription")
                 self.viewport = [tuple(map(int, r)) for r in viewport]
             if columns is not None:
                 self._columns = list(columns)
-            if reverse is not None:
+            if reverse is not None and self.viewport is not None:
                 self.reverse = bool(reverse)
-            self._send_request()
+            try:
+                request = self._request_bytes()
+            except ClientError:
+                self.viewport, self._columns, self.reverse = before
+                raise
+            if self.viewport is not None:
+                if self.state is not None:
+                    self.state.selected = self._columns
+                self._requests.put(encode_flight_data(b"", request))
+            elif columns is not None:
+                superseded = (self._call, self._requests)
+                self._open(request)
+        if superseded is not None:
+            old_call, old_requests = superseded
+            old_requests.put(_END)
+            old_call.cancel()
 
     # -- reading --------------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _current(self, call) -> bool:
+        return self._call is call
+
+    def _what(self) -> str:
+        return f"{'snapshot of' if self.snapshot_only else 'subscription to'} {self.name!r}"
+
+    def _run(self, call, columns) -> None:
         dec = StreamDecoder()
+        state: Optional[_State] = None
         try:
-            for raw in self._call:
+            for raw in call:
                 u = dec.feed(raw)
-                if dec.schema is not None and self.state is None:
+                if state is None and dec.schema is not None:
+                    state = _State(dec.schema, viewport=self.viewport is not None, selected=columns)
                     with self._lock:
-                        self.state = _State(dec.schema, viewport=self.viewport is not None)
-                        self._names = list(dec.schema.names)
-                        self.schema = dec.schema
+                        if self._current(call) and self.state is None:
+                            self._adopt(state)
                 if u is None:
                     continue
-                self._apply(u)
-                if self.snapshot_only:
-                    self._ready.set()
-                    break
+                if not self._apply(u, state, call):
+                    break  # a newer stream replaced this one
         except grpc.RpcError as exc:
-            if not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
-                self._fail(ClientError(f"subscription to {self.name!r}: {exc.code().name}: {exc.details()}",
+            if self._current(call) and not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
+                self._fail(ClientError(f"{self._what()}: {exc.code().name}: {exc.details()}",
                                        exc.code()))
         except Exception as exc:  # noqa: BLE001 - reported to the user
-            self._fail(ClientError(f"subscription to {self.name!r}: {type(exc).__name__}: {exc}"))
+            if self._current(call):
+                self._fail(ClientError(f"{self._what()}: {type(exc).__name__}: {exc}"))
         finally:
-            self._ready.set()
-            self._finish()
+            if self._current(call):
+                if self.snapshot_only and self.error is None and state is None:
+                    self._fail(ClientError(f"{self._what()}: the stream ended without a schema"))
+                self._ready.set()
+                self._finish()
 
-    def _apply(self, u: BarrageUpdate) -> None:
+    def _adopt(self, state: "_State") -> None:
+        """Makes `state` the one shown (caller holds the lock)."""
+        self.state = state
+        self._names = list(state.wire_schema.names)
+        self.schema = state.wire_schema
+
+    def _apply(self, u: BarrageUpdate, state: "_State", call) -> bool:
         md = u.metadata
         with self._lock:
-            state = self.state
+            if not self._current(call):
+                return False
+            if self.state is not state:
+                self._adopt(state)  # the first message of a stream that replaced another one
             names = self._names
             removed_vals = None
             if md is not None and md.removed_rows is not None:
                 removed_vals = state.values_at(_ranges(md.removed_rows))
-            if md is not None and md.is_snapshot and md.removed_rows is None:
-                state.apply_plain(u)
-            else:
-                state.apply(u)
+            state.apply_plain(u)
             self.update_count += 1
             self.last_seq = state.last_seq
-            self._changed.notify_all()
-        if not self._callbacks and not self._iterating:
-            return
-        upd = self._update(u, names, removed_vals)
-        for cb in list(self._callbacks):
-            try:
-                cb(upd)
-            except Exception as exc:  # noqa: BLE001 - a user callback must not end the stream
-                if self._on_error:
-                    self._on_error(exc)
+            callbacks = list(self._callbacks)
+            if callbacks:
+                self._delivering = True  # wait_for() waits until the callbacks have seen this update
+            else:
+                self._changed.notify_all()
+        if not callbacks and not self._iterating:
+            return True
+        try:
+            upd = self._update(u, names, removed_vals, state)
+            for cb in callbacks:
+                try:
+                    cb(upd)
+                except Exception as exc:  # noqa: BLE001 - a user callback must not end the stream
+                    if self._on_error:
+                        self._on_error(exc)
+        finally:
+            if callbacks:
+                with self._lock:
+                    self._delivering = False
+                    self._changed.notify_all()
         while self._iterating and not self._closed.is_set():
             try:
                 self._queue.put(upd, timeout=0.1)
                 break
             except queue.Full:
                 continue
+        return True
 
-    def _update(self, u: BarrageUpdate, names: list[str], removed_vals) -> Update:
+    def _update(self, u: BarrageUpdate, names: list[str], removed_vals, state: "_State") -> Update:
         md = u.metadata
-        state = self.state
         n = max((len(a) for a in u.added), default=0)
         added = pa.Table.from_arrays(state.natural([a if len(a) == n else pa.nulls(n, a.type) for a in u.added]),
                                      names=names)
@@ -421,14 +515,17 @@ class Subscription:
             if r.size:
                 modified_rows[names[c]] = r
                 modified[names[c]] = from_wire_arrays([u.modified[c]], pa.schema([state.wire_schema.field(c)]))[0]
-        if self._columns is not None:
-            added, removed = added.select(self._columns), removed.select(self._columns)
+        if state.selected is not None:
+            added, removed = added.select(state.selected), removed.select(state.selected)
+            modified = {k: v for k, v in modified.items() if k in state.selected}
+            modified_rows = {k: v for k, v in modified_rows.items() if k in state.selected}
         return Update(is_snapshot=bool(md.is_snapshot) if md else True, first_seq=md.first_seq if md else 0,
                       last_seq=md.last_seq if md else 0, table_size=state.table_size,
                       added_rows=_ranges(md.added_rows_included if md is not None and md.added_rows_included
                                          is not None else (md.added_rows if md else None)),
                       removed_rows=_ranges(md.removed_rows if md else None), modified_rows=modified_rows,
-                      added=added, removed=removed, modified=modified)
+                      added=added, removed=removed, modified=modified,
+                      shifts=_shifts(md.shift_data if md is not None else None))
 
     def _fail(self, err: ClientError) -> None:
         self.error = err
@@ -442,6 +539,9 @@ class Subscription:
         with self._lock:
             self._closed.set()
             self._changed.notify_all()
+            requests = self._requests
+        # ends the request stream, whose gRPC sender thread would otherwise wait on it for ever
+        requests.put(_END)
         try:
             self._queue.put_nowait(_END)
         except queue.Full:
@@ -458,7 +558,7 @@ class Subscription:
         with self._lock:
             if self.state is None:
                 raise ClientError(f"no data yet for {self.name!r}" + (f": {self.error}" if self.error else ""))
-            return self.state.table(self._columns if self._columns is not None else None)
+            return self.state.table(self.state.selected)
 
     def to_pandas(self):
         return self.table.to_pandas()
@@ -472,11 +572,14 @@ class Subscription:
             return self.state.table_size if self.viewport is not None else len(self.state)
 
     def wait_for(self, predicate: Callable[["Subscription"], bool], timeout: float = 30.0) -> bool:
-        """Waits until `predicate(self)` holds after an update (True) or the timeout / end (False)."""
+        """Waits until `predicate(self)` holds after an update (True) or the timeout / end (False).
+        The predicate is checked once the `on_update` callbacks have been called with the update
+        (unless wait_for is called from a callback)."""
         end = time.monotonic() + timeout
+        reader = threading.current_thread() in self._threads
         with self._lock:
             while True:
-                if self.state is not None and self.update_count:
+                if self.state is not None and self.update_count and (reader or not self._delivering):
                     self._lock.release()
                     try:
                         ok = predicate(self)
@@ -508,12 +611,15 @@ class Subscription:
             yield item
 
     def close(self) -> None:
-        """Ends the subscription (half-close, then cancel) and joins its thread."""
-        if not self._closed.is_set():
-            self._requests.put(_END)
+        """Ends the subscription (half-close, then cancel) and joins its reader thread(s)."""
+        with self._lock:
             self._closed.set()
-            self._call.cancel()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(10)
+            self._changed.notify_all()
+            call, requests, threads = self._call, self._requests, list(self._threads)
+        requests.put(_END)
+        call.cancel()
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(10)
         if self in self.client._subs:
             self.client._subs.remove(self)
