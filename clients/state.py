@@ -4,7 +4,9 @@
 with its row keys; for a viewport subscription the dense window `V` (BARRAGE-WIRE.md §9), in
 which every row set of a message is an index into `V`. Each update is applied in the model's
 order: remove, shift, add, modify. Everything is vectorized: row sets arrive as (n, 2) ranges
-and are expanded with numpy; column values move with pyarrow `take`.
+and are expanded with numpy. Columns are `clients.columns.Column`s: fixed-width values change in
+place, so appends and modifications cost what they change; removals, inserts before the end and
+changes to variable-width columns rebuild the column.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from tickwire.clients.columns import Column
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.rowset import ranges_to_keys
 from tickwire.protocol.update import BarrageUpdate
@@ -28,39 +31,51 @@ def _keys(ranges) -> np.ndarray:
     return ranges_to_keys(r) if r.size else _EMPTY
 
 
-def _shift_keys(keys: np.ndarray, shifts) -> np.ndarray:
-    """Post-shift keys of sorted pre-shift keys (shift_data = (starts, ends, dests))."""
+def _shift_keys_in_place(keys: np.ndarray, shifts) -> None:
+    """Applies shift_data = (starts, ends, dests) to sorted keys: each range moves as a block, so
+    only the keys inside the ranges are touched and the order is kept."""
     if shifts is None or keys.size == 0:
-        return keys
+        return
     starts, ends, dests = (np.asarray(a, dtype=np.int64) for a in shifts)
     if starts.size == 0:
-        return keys
-    i = np.searchsorted(starts, keys, side="right") - 1
-    inside = i >= 0
-    inside[inside] = keys[inside] <= ends[i[inside]]
-    out = keys.copy()
-    out[inside] += (dests - starts)[i[inside]]
-    return out
-
-
-def _take(col: pa.Array, idx: np.ndarray) -> pa.Array:
-    return col.take(pa.array(idx, type=pa.int64()))
+        return
+    lo = np.searchsorted(keys, starts, side="left")
+    hi = np.searchsorted(keys, ends, side="right")
+    for a, b, d in zip(lo.tolist(), hi.tolist(), (dests - starts).tolist()):
+        if b > a:
+            keys[a:b] += d
 
 
 class TableState:
-    """Rows held by one subscriber. `keys` are row keys (full subscriptions) or None (viewport)."""
+    """Rows held by one subscriber. `keys` are row keys (full subscriptions) or positions (viewport)."""
 
     def __init__(self, schema: pa.Schema, *, viewport: bool = False):
         self.schema = schema
         self.viewport = viewport
-        self.keys: np.ndarray = _EMPTY.copy()
-        self.columns: list[pa.Array] = [pa.array([], type=f.type) for f in schema]
+        self._keys = np.empty(16, dtype=np.int64)
+        self._n = 0
+        self._cols: list[Column] = [Column(f.type) for f in schema]
         self.table_size = 0
         self.last_seq = 0
         self.updates = 0
 
+    @property
+    def keys(self) -> np.ndarray:
+        return self._keys[:self._n]
+
+    @keys.setter
+    def keys(self, value: np.ndarray) -> None:
+        value = np.asarray(value, dtype=np.int64)
+        self._keys = value.copy() if value.size else np.empty(16, dtype=np.int64)
+        self._n = value.size
+
+    @property
+    def columns(self) -> list[pa.Array]:
+        """The columns as Arrow arrays (they keep their values when the state changes later)."""
+        return [c.arrow() for c in self._cols]
+
     def __len__(self) -> int:
-        return self.keys.size
+        return self._n
 
     def to_arrow(self) -> pa.Table:
         return pa.Table.from_arrays(self.columns, schema=self.schema)
@@ -69,16 +84,16 @@ class TableState:
         """Current values of `rows` ((n, 2) ranges: keys for full, indices for viewport)."""
         r = _keys(rows)
         pos = r if self.viewport else self._positions(r, "rows")
-        return [_take(c, pos) for c in self.columns]
+        return [c.take(pos) for c in self._cols]
 
     def append(self, values: list) -> None:
         """Appends rows after the last one (plain Arrow batches, DoGet snapshot pieces)."""
         n = max((len(v) for v in values if v is not None), default=0)
         if n == 0:
             return
-        start = int(self.keys[-1]) + 1 if self.keys.size else 0
+        start = int(self.keys[-1]) + 1 if self._n else 0
         self._insert_rows(np.arange(start, start + n, dtype=np.int64), values, by_position=False)
-        self.table_size = self.keys.size
+        self.table_size = self._n
 
     # -- applying ---------------------------------------------------------------------------------------
     def apply(self, update: BarrageUpdate) -> None:
@@ -98,7 +113,7 @@ class TableState:
                 # a DoGet / snapshot-request response carries no removals: it is the whole content
                 self._reset()
             self._remove_keys(removed)
-            self.keys = _shift_keys(self.keys, md.shift_data)
+            _shift_keys_in_place(self.keys, md.shift_data)
             self._insert_rows(added, update.added, by_position=False)
         nodes = md.mod_column_nodes or []
         for c in range(min(ncols, len(nodes))):
@@ -110,18 +125,19 @@ class TableState:
                 raise ProtocolError(f"column {c}: {rows.size} modified rows but "
                                     f"{0 if vals is None else len(vals)} values")
             self._modify(c, rows, vals)
-        self.table_size = md.table_size if self.viewport or md.table_size else self.keys.size
+        self.table_size = md.table_size if self.viewport or md.table_size else self._n
         self.last_seq = md.last_seq
         self.updates += 1
 
     def _reset(self) -> None:
-        self.keys = _EMPTY.copy()
-        self.columns = [pa.array([], type=f.type) for f in self.schema]
+        self.keys = _EMPTY
+        self._cols = [Column(f.type) for f in self.schema]
 
     def _positions(self, keys: np.ndarray, what: str) -> np.ndarray:
-        pos = np.searchsorted(self.keys, keys)
-        ok = pos < self.keys.size
-        ok[ok] = self.keys[pos[ok]] == keys[ok]
+        held = self.keys
+        pos = np.searchsorted(held, keys)
+        ok = pos < held.size
+        ok[ok] = held[pos[ok]] == keys[ok]
         if not ok.all():
             raise ProtocolError(f"{what}: rows {keys[~ok][:5].tolist()} are not held")
         return pos
@@ -135,60 +151,62 @@ class TableState:
     def _remove_positions(self, removed: np.ndarray) -> None:
         if removed.size == 0:
             return
-        if removed[-1] >= self.keys.size:
-            raise ProtocolError(f"removed_rows index {int(removed[-1])} past the {self.keys.size} rows held")
+        if removed[-1] >= self._n:
+            raise ProtocolError(f"removed_rows index {int(removed[-1])} past the {self._n} rows held")
         self._drop(removed)
 
     def _drop(self, pos: np.ndarray) -> None:
-        keep = np.ones(self.keys.size, dtype=bool)
+        keep = np.ones(self._n, dtype=bool)
         keep[pos] = False
         idx = np.flatnonzero(keep)
         self.keys = self.keys[idx]
-        self.columns = [_take(c, idx) for c in self.columns]
+        for c in self._cols:
+            c.keep(idx)
 
     def _insert_rows(self, added: np.ndarray, values: list, *, by_position: bool) -> None:
-        if added.size == 0:
+        m = added.size
+        if m == 0:
             return
-        n_old = self.keys.size
-        n_new = n_old + added.size
+        n_old = self._n
         if by_position:
             # `added` are indices in the result: the kept rows fill the other slots, in order
-            if added[-1] >= n_new:
-                raise ProtocolError(f"added_rows index {int(added[-1])} past the {n_new} rows after the update")
-            is_new = np.zeros(n_new, dtype=bool)
-            is_new[added] = True
-            new_keys = np.arange(n_new, dtype=np.int64)
+            if added[-1] >= n_old + m:
+                raise ProtocolError(f"added_rows index {int(added[-1])} past the {n_old + m} rows after the update")
+            at = added - np.arange(m, dtype=np.int64)
+            new_keys = np.arange(n_old + m, dtype=np.int64)
         else:
-            merged = np.concatenate([self.keys, added])
-            order = np.argsort(merged, kind="stable")
-            new_keys = merged[order]
-            if new_keys.size > 1 and np.any(new_keys[1:] == new_keys[:-1]):
+            held = self.keys
+            at = np.searchsorted(held, added)
+            inside = at < n_old
+            if np.any(np.diff(added) <= 0) or (n_old and np.any(held[at[inside]] == added[inside])):
                 raise ProtocolError("added_rows collide with rows still held")
-            is_new = order >= n_old
-        # source index into concat(old, added values) for each result slot
-        src = np.empty(n_new, dtype=np.int64)
-        src[~is_new] = np.arange(n_old)
-        src[is_new] = n_old + np.arange(added.size)
-        cols = []
-        for c, old in enumerate(self.columns):
+            new_keys = None
+        for c, col in enumerate(self._cols):
             v = values[c] if c < len(values) else None
             if v is None or len(v) == 0:
-                v = pa.nulls(added.size, type=old.type)
-            elif len(v) != added.size:
-                raise ProtocolError(f"column {c}: {added.size} added rows but {len(v)} values")
-            if v.type != old.type:
-                v = v.cast(old.type)
-            cols.append(_take(pa.concat_arrays([old, v]), src))
-        self.columns = cols
-        self.keys = new_keys
+                v = pa.nulls(m, type=col.type)
+            elif len(v) != m:
+                raise ProtocolError(f"column {c}: {m} added rows but {len(v)} values")
+            if v.type != col.type:
+                v = v.cast(col.type)
+            col.insert(at, v)
+        if new_keys is not None:
+            self.keys = new_keys
+        elif at[0] >= n_old:  # appended after the last row: grow the key buffer in place
+            if n_old + m > self._keys.size:
+                grown = np.empty(max(n_old + m, 2 * self._keys.size), dtype=np.int64)
+                grown[:n_old] = self._keys[:n_old]
+                self._keys = grown
+            self._keys[n_old:n_old + m] = added
+            self._n = n_old + m
+        else:
+            self.keys = np.insert(self.keys, at, added)
 
     def _modify(self, c: int, rows: np.ndarray, vals: pa.Array) -> None:
         pos = rows if self.viewport else self._positions(rows, "modified_rows")
-        if self.viewport and rows.size and rows[-1] >= self.keys.size:
-            raise ProtocolError(f"modified_rows index {int(rows[-1])} past the {self.keys.size} rows held")
-        old = self.columns[c]
-        if vals.type != old.type:
-            vals = vals.cast(old.type)
-        src = np.arange(len(old), dtype=np.int64)
-        src[pos] = len(old) + np.arange(rows.size)
-        self.columns[c] = _take(pa.concat_arrays([old, vals]), src)
+        if self.viewport and rows.size and rows[-1] >= self._n:
+            raise ProtocolError(f"modified_rows index {int(rows[-1])} past the {self._n} rows held")
+        col = self._cols[c]
+        if vals.type != col.type:
+            vals = vals.cast(col.type)
+        col.set(pos, vals)

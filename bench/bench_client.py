@@ -1,0 +1,134 @@
+"""Client-side apply rate of tickwire's Python Barrage client.
+
+A tickwire server (in this process) serves a keyed table of --rows rows; each cycle upserts
+--change rows (half of them modifications of existing keys, half new keys, so every update has
+adds and modifies). A raw DoExchange subscriber records the server's FlightData for --updates
+cycles; the recording is then replayed into the client's decoding and state-keeping path
+(`StreamDecoder.feed` + the subscription state's `apply`, what each subscription's reader thread
+does per message), timed alone, so the figure is the client's own cost.
+
+Printed: rows/s and updates/s applied to the 1M-row subscription, and the same for a 10k-row
+table with the same change size measured in the same run, with the ratio of their per-update
+costs (cost follows the change when it is close to 1).
+"""
+from __future__ import annotations
+
+import argparse
+import queue
+import statistics
+import time
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+from tickwire.clients.client import FLIGHT, _State
+from tickwire.protocol import barrage
+from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
+from tickwire.protocol.update import StreamDecoder
+from tickwire.server.app import TickwireServer
+from tickwire.server.graph import UpdateGraph
+
+SCHEMA = pa.schema([("Key", pa.int64()), ("Px", pa.float64()), ("Qty", pa.int64()), ("Sym", pa.string())])
+
+
+def _rows(keys: np.ndarray, rng) -> pa.Table:
+    n = keys.size
+    return pa.table({"Key": keys, "Px": rng.random(n), "Qty": rng.integers(0, 1000, n),
+                     "Sym": pa.array(np.char.add("S", (keys % 500).astype(str)).astype(object))}, schema=SCHEMA)
+
+
+def record(rows: int, change: int, updates: int, seed: int = 1) -> list[bytes]:
+    """The FlightData a full subscriber receives: schema, snapshot, then `updates` deltas."""
+    rng = np.random.default_rng(seed)
+    graph = UpdateGraph()
+    table = graph.keyed_table("t", SCHEMA, ["Key"])
+    for start in range(0, rows, 1_000_000):
+        table.add(_rows(np.arange(start, min(rows, start + 1_000_000), dtype=np.int64), rng))
+        graph.run_cycle()
+    server = TickwireServer(graph, port=0, start_graph=False).start()
+    got: list[bytes] = []
+    try:
+        with grpc.insecure_channel(server.target, options=[("grpc.max_receive_message_length", -1)]) as ch:
+            q: queue.Queue = queue.Queue()
+            req = barrage.wrap(barrage.SubscriptionRequest(ticket=b"s/t", options=barrage.SubscriptionOptions()))
+            q.put(encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")))
+            q.put(encode_flight_data(b"", req))
+            call = ch.stream_stream(FLIGHT + "DoExchange")(iter(q.get, None), metadata=(("authorization", "Anonymous"),))
+            dec = StreamDecoder()
+            it = iter(call)
+            seen = 0
+            next_key = rows
+
+            def read_until(count):
+                nonlocal seen
+                while seen < count:
+                    raw = next(it)
+                    got.append(raw)
+                    if dec.feed(raw) is not None:
+                        seen += 1
+
+            read_until(1)  # the snapshot (possibly in pieces: all counted as it completes below)
+            while dec.in_message:
+                read_until(seen + 1)
+            for _ in range(updates):
+                old = rng.choice(rows, change // 2, replace=False).astype(np.int64)
+                new = np.arange(next_key, next_key + change - change // 2, dtype=np.int64)
+                next_key += new.size
+                table.add(_rows(np.concatenate([old, new]), rng))
+                graph.run_cycle()
+                read_until(seen + 1)
+            call.cancel()
+    finally:
+        server.stop()
+    return got
+
+
+def replay(payloads: list[bytes], skip: int) -> tuple[float, int, int]:
+    """Feeds the recording through decode + apply; returns (seconds for the deltas, deltas, rows)."""
+    dec = StreamDecoder()
+    state = None
+    applied = 0
+    rows = 0
+    t0 = None
+    for raw in payloads:
+        u = dec.feed(raw)
+        if state is None and dec.schema is not None:
+            state = _State(dec.schema, viewport=False)
+        if u is None:
+            continue
+        state.apply(u)
+        md = u.metadata
+        if md.is_snapshot:
+            continue
+        if t0 is None and applied == 0:
+            t0 = time.perf_counter()
+        applied += 1
+        rows += max((len(a) for a in u.added), default=0) + max((len(a) for a in u.modified if a is not None),
+                                                              default=0)
+    return time.perf_counter() - t0, applied, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--change", type=int, default=10_000)
+    ap.add_argument("--updates", type=int, default=40)
+    ap.add_argument("--quick", action="store_true", help="100k rows, 20 updates")
+    args = ap.parse_args()
+    if args.quick:
+        args.rows, args.updates = 100_000, 20
+    results = {}
+    for rows in (10_000, args.rows):
+        payloads = record(rows, args.change, args.updates)
+        runs = [replay(payloads, 0) for _ in range(3)]
+        secs = statistics.median(r[0] for r in runs)
+        _, n, nrows = runs[0]
+        results[rows] = secs / n
+        print(f"{rows:>9,}-row subscription, {args.change:,}-row updates: {n / secs:,.0f} updates/s, "
+              f"{nrows / secs / 1e6:.2f} M rows/s applied ({secs / n * 1e3:.2f} ms per update)")
+    print(f"per-update cost ratio, {args.rows:,} rows / 10,000 rows: {results[args.rows] / results[10_000]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
