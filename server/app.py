@@ -135,6 +135,14 @@ class TickwireServer:
         self.replicas.append(rep)
         return rep.start(wait=wait)
 
+    def sink(self, table: str, mode: str = "append", **options):
+        """A Spark `foreachBatch` function writing each micro-batch into `table`:
+        `df.writeStream.foreachBatch(server.sink("trades", mode="append")).start()`. Modes and
+        options: see tickwire.server.spark.sink."""
+        from tickwire.server.spark import sink
+
+        return sink(self, table, mode, **options)
+
     def stop(self, grace: float = 1.0) -> None:
         for rep in self.replicas:
             rep.stop()

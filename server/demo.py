@@ -126,6 +126,10 @@ def connect_help(host: str, port: int, psk: Optional[str] = None) -> str:
         "  pydeephaven-ticking:",
         "    from pydeephaven_ticking.table_listener import listen",
         "    listen(s.open_table('ticking_append'), lambda update: print(update.added())).start()",
+        "  tickwire's client:",
+        "    from tickwire.clients.client import BarrageClient",
+        f"    sub = BarrageClient('{host}:{port}'{', psk=' + repr(psk) if psk else ''}).subscribe('ticking_keyed')",
+        "    sub.wait_for(lambda s: s.size > 0); print(sub.to_pandas())",
         "  Deephaven's Java client: BarrageSession to "
         f"{host}:{port}, ticket s/<table>",
     ])
@@ -140,17 +144,23 @@ def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: 
 
 
 def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
-             host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None) -> int:
+             host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None,
+             spark: bool = False) -> int:
     """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second. With a
     `port`, serves them over Flight/Barrage on it (port 0 picks a free one)."""
     graph = UpdateGraph(interval_ms=interval_ms)
     ticker = publish_demo_tables(graph, interval_ms=interval_ms, big=port is not None)
     server = None
+    spark_feed = None
     done = threading.Event()
     previous = signal.getsignal(signal.SIGINT)
+
+    def on_signal(*_):
+        done.set()
+
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, lambda *_: done.set())
-        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
     try:
         graph.start()
         ticker.start()
@@ -158,14 +168,32 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
             from tickwire.server.app import TickwireServer
             server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key).start()
             out(connect_help(host, server.port, psk))
+        if spark and not done.is_set():
+            from tickwire.server.spark.demo import start_spark_demo, stop_active_spark
+
+            try:
+                spark_feed = start_spark_demo(graph, out=out)
+            except KeyboardInterrupt:  # Ctrl-C while Spark starts (its own handler was in place)
+                done.set()
+                stop_active_spark()
+            if threading.current_thread() is threading.main_thread():
+                # Spark replaces the SIGINT handler with its own; Ctrl-C must stop the demo cleanly
+                signal.signal(signal.SIGINT, on_signal)
         out(f"tickwire demo: tables {', '.join(sorted(graph.tables))}; Ctrl-C stops")
         started = time.monotonic()
         while not done.wait(1.0):
+            if spark_feed is not None and threading.current_thread() is threading.main_thread() \
+                    and signal.getsignal(signal.SIGINT) is not on_signal:
+                signal.signal(signal.SIGINT, on_signal)  # Spark may install its own handler again
             sizes = ", ".join(f"{name}={graph.tables[name].size}" for name in sorted(graph.tables))
             out(f"step {graph.step}: {sizes}")
+            if spark_feed is not None:
+                out(spark_feed.status())
             if duration_s is not None and time.monotonic() - started >= duration_s:
                 break
     finally:
+        if spark_feed is not None:
+            spark_feed.stop()  # the Spark queries end before the server drains
         ticker.stop()
         if server is not None:
             server.stop()

@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tickwire.server.demo import DemoTicker, static_mixed
 from tickwire.server.graph import UpdateGraph
@@ -27,7 +28,7 @@ def test_ticker_feeds_every_table():
 
 
 def test_demo_command_runs_and_stops_cleanly():
-    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--no-server", "--duration", "1.5", "--interval-ms", "50"],
+    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--no-spark", "--no-server", "--duration", "1.5", "--interval-ms", "50"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "ticking_keyed=20" in r.stdout and "stopped" in r.stdout
@@ -41,7 +42,7 @@ def test_demo_serves_every_table_and_stops_on_ctrl_c_with_exit_code_0():
 
     import pyarrow.flight as fl
 
-    p = subprocess.Popen([sys.executable, "-m", "tickwire", "demo", "--port", "0", "--interval-ms", "50"],
+    p = subprocess.Popen([sys.executable, "-m", "tickwire", "demo", "--no-spark", "--port", "0", "--interval-ms", "50"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -75,3 +76,54 @@ def test_serve_command_starts_and_stops():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "serving on 127.0.0.1:" in r.stdout and "stopped" in r.stdout
+
+
+@pytest.mark.slow
+def test_demo_with_spark_serves_the_spark_tables_and_stops_on_ctrl_c():
+    """`tickwire demo` (what `make demo` runs) with its Spark pipeline: the Spark-fed tables are
+    served and ticking, the tables of the Python ticker keep their names, and Ctrl-C stops the Spark
+    queries and the server with exit code 0."""
+    import re
+    import signal
+    import time
+
+    from tickwire.clients.client import BarrageClient
+    from tickwire.server.spark.demo import spark_available
+
+    if spark_available():
+        pytest.skip(spark_available())
+    p = subprocess.Popen([sys.executable, "-m", "tickwire", "demo", "--port", "0", "--interval-ms", "50"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            lines.append(line)
+            if "Ctrl-C stops" in line or not line:
+                break
+        text = "".join(lines)
+        m = re.search(r"serving on ([\d.]+):(\d+)", text)
+        assert m and "Spark tables" in text, text
+        spark_tables = {"spark_trades", "spark_recent", "spark_ticks", "spark_latest", "spark_totals"}
+        with BarrageClient(f"{m.group(1)}:{m.group(2)}") as client:
+            # a Spark table appears with its first micro-batch
+            end = time.monotonic() + 60
+            while not spark_tables <= set(client.tables()) and time.monotonic() < end:
+                time.sleep(0.2)
+            assert spark_tables | {"static_mixed", "ticking_keyed", "blink", "ticking_ring"} <= set(client.tables())
+            sub = client.subscribe("spark_latest")
+            assert sub.wait_for(lambda s: s.update_count >= 3 and s.size > 0, timeout=60), sub.error
+            latest = sub.table
+            assert {"Sym", "Last", "Volume", "VWAP"} <= set(latest.column_names)
+            assert latest.column("Sym").unique().to_pylist() == latest.column("Sym").to_pylist()  # one row a symbol
+            sub.close()
+            assert client.snapshot("spark_trades").num_rows > 0
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out[-3000:]
+    assert "tickwire demo: stopped" in out
+    assert "StackOverflowError" not in out

@@ -10,10 +10,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("version", help="print the version")
-    demo = sub.add_parser("demo", help="serve the demo tables fed by a Python ticker (Ctrl-C stops)")
+    demo = sub.add_parser("demo", help="serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C stops)")
     _server_args(demo, default_port=10000)
     demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    demo.add_argument("--no-spark", action="store_true", help="feed the tables from the Python ticker only")
+    demo.add_argument("--no-spark", action="store_true", help="no Spark pipeline: the Python ticker's tables only")
     demo.add_argument("--no-server", action="store_true", help="run the tables without serving them")
     serve = sub.add_parser("serve", help="run a server (tables arrive by DoPut or from Python)")
     _server_args(serve, default_port=10000)
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(interval_ms=args.interval_ms, duration_s=args.duration,
                         port=None if args.no_server else args.port, host=args.host, psk=args.psk,
-                        tls_cert=args.tls_cert, tls_key=args.tls_key, out=lambda line: print(line, flush=True))
+                        tls_cert=args.tls_cert, tls_key=args.tls_key, spark=not args.no_spark,
+                        out=lambda line: print(line, flush=True))
     if args.command == "serve":
         return _serve(args)
     parser.print_help(sys.stderr)
