@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast test-slow demo bench java-check regen clean
+.PHONY: test test-fast test-slow soak demo bench java-check regen clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test-fast: $(STAMP)
 ## test-slow: only the slow interop tests
 test-slow: $(STAMP) java-check
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+## soak: the randomized convergence suite with 20x the steps (nightly; about an hour)
+soak: $(STAMP)
+	TICKWIRE_SOAK=20 $(PY) -m pytest -m slow tests/test_convergence.py $(PYTEST_ARGS)
 
 demo: $(STAMP) java-check
 	$(PY) -m tickwire demo

@@ -1,0 +1,1237 @@
+"""Randomized convergence harness: seeded random traffic on source tables, served by a real
+`TickwireServer` over gRPC to real clients, whose state must equal the expected slice of the
+source after every step.
+
+- `Traffic` makes random valid updates: appends, prepends, inserts in the middle (shifting the
+  rows after them when the key gap is too small), removes (scattered or a block, sometimes
+  closing the gap with a shift, sometimes everything), modifies of column subsets, a mix of all
+  of them, and blink traffic (every cycle replaces the rows).
+- `Source` is a `ScriptedTable` fed by a `Traffic`; each cycle it queues `per_cycle` updates
+  (producer coalescing) and, after the cycle, records the table's row keys and values at that
+  step (the oracle: `history[step]`).
+- Clients: `TickwireView` (tickwire's `BarrageClient`: full or viewport, columns, reverse,
+  `set_view` mid-stream), `GrowingView` (a late full subscriber whose snapshot arrives in pieces:
+  a consistent subset of the rows until the last piece, then the table), `RecordingView` (for
+  subscriptions that do not see every step: `min_update_interval_ms`, slow readers; every
+  message it applies is recorded and compared with the source at that message's `last_seq`) and
+  `TickingView` (pydeephaven-ticking's `listen`, full subscriptions).
+- `Harness` steps the update graph by hand (`graph.run_cycle()`), waits for every view to reach
+  the step (`last_seq == graph.step`; for pydeephaven-ticking, which does not show sequence
+  numbers, one update per cycle) and compares. Any difference raises `Divergence` (an
+  AssertionError) whose message starts `replay: seed=S step=N config=C`.
+
+The configurations the tests run are in `CONFIGS`; replay one with
+
+    .venv/bin/python -m tests.convergence CONFIG SEED [STEPS]
+
+Step counts scale with the environment variable TICKWIRE_SOAK (default 1).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.clients.client import BarrageClient, Subscription
+from tickwire.protocol import barrage
+from tickwire.server.app import TickwireServer
+from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate, UpdateGraph
+from tickwire.server.graph.update import ROW_KEY
+from tests.scripted import ScriptedTable
+
+__all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Harness", "TickwireView",
+           "GrowingView", "RecordingView", "TickingView", "CONFIGS", "soak_factor", "scaled", "expected_slice",
+           "compare", "random_shape", "run_config"]
+
+SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64()), ("d", pa.int32()),
+                    ("ts", pa.timestamp("ns", "UTC")), ("f", pa.bool_())])
+NAMES = tuple(SCHEMA.names)
+WAIT_S = 30.0  # longest wait for a client to reach a step (the machine may be busy)
+
+
+def soak_factor() -> int:
+    """The step multiplier from TICKWIRE_SOAK (default 1)."""
+    raw = os.environ.get("TICKWIRE_SOAK", "1").strip() or "1"
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"TICKWIRE_SOAK must be a positive integer, got {raw!r}") from None
+    if n < 1:
+        raise ValueError(f"TICKWIRE_SOAK must be a positive integer, got {raw!r}")
+    return n
+
+
+def scaled(steps: int) -> int:
+    return int(steps) * soak_factor()
+
+
+class Divergence(AssertionError):
+    """A client whose state differs from the source (or that did not reach a step in time)."""
+
+
+# -- shapes and the expected slice ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """What a client asks for: the whole table (`viewport` None) or position ranges (inclusive,
+    sorted, disjoint), counted from the end when `reverse`, of `columns` (None: all, else in
+    schema order)."""
+
+    name: str
+    viewport: Optional[tuple[tuple[int, int], ...]] = None
+    reverse: bool = False
+    columns: Optional[tuple[str, ...]] = None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.columns) if self.columns is not None else list(NAMES)
+
+    @property
+    def is_full(self) -> bool:
+        return self.viewport is None
+
+    def positions(self, n: int) -> Optional[np.ndarray]:
+        """The table positions (ascending) this shape shows in a table of n rows; None: all."""
+        if self.viewport is None:
+            return None
+        r = np.asarray(self.viewport, dtype=np.int64).reshape(-1, 2)
+        idx = np.arange(n, dtype=np.int64)
+        counted = (n - 1 - idx) if self.reverse else idx  # the position as the viewport counts it
+        inside = ((counted[:, None] >= r[:, 0]) & (counted[:, None] <= r[:, 1])).any(axis=1)
+        return np.flatnonzero(inside)
+
+    def describe(self) -> str:
+        parts = [self.name]
+        if self.viewport is not None:
+            parts.append(f"viewport={list(self.viewport)}" + (" reverse" if self.reverse else ""))
+        if self.columns is not None:
+            parts.append(f"columns={list(self.columns)}")
+        return " ".join(parts)
+
+
+SHAPES = {
+    "full": Shape("full"),
+    "full_cols": Shape("full_cols", columns=("b", "c", "ts")),
+    "header": Shape("header", viewport=((0, 9),)),
+    "floating": Shape("floating", viewport=((20, 44),), columns=("b", "d", "f")),
+    "footer": Shape("footer", viewport=((0, 14),), reverse=True),
+    "reverse_floating": Shape("reverse_floating", viewport=((10, 30),), reverse=True, columns=("b",)),
+    "swiss": Shape("swiss", viewport=((0, 2), (7, 9), (30, 31), (100, 140))),
+    "past_end": Shape("past_end", viewport=((5000, 5010),), columns=("a", "f")),
+}
+
+
+def expected_slice(full: pa.Table, shape: Shape) -> pa.Table:
+    """The rows and columns of `full` (the source at one step, in row-key order) that a client of
+    `shape` holds, in table order. Computed from positions here, not by the server's code."""
+    t = full.select(shape.names)
+    pos = shape.positions(full.num_rows)
+    return t if pos is None else t.take(pa.array(pos, type=pa.int64()))
+
+
+def _first_difference(g: pa.Array, e: pa.Array) -> int:
+    nulls = pc.xor(pc.is_null(g), pc.is_null(e))
+    values = pc.fill_null(pc.not_equal(g, e), False)
+    bad = np.flatnonzero(pc.or_(nulls, values).to_numpy(zero_copy_only=False))
+    return int(bad[0]) if bad.size else -1
+
+
+def compare(got: pa.Table, exp: pa.Table) -> Optional[str]:
+    """None when equal, else what differs (columns, row count, or the first differing value)."""
+    if got.column_names != exp.column_names:
+        return f"columns {got.column_names}, expected {exp.column_names}"
+    if got.num_rows != exp.num_rows:
+        return f"{got.num_rows} rows, expected {exp.num_rows}"
+    if got.equals(exp):
+        return None
+    for name in exp.column_names:
+        g, e = got.column(name).combine_chunks(), exp.column(name).combine_chunks()
+        if g.type != e.type:
+            return f"column {name!r} has type {g.type}, expected {e.type}"
+        if not g.equals(e):
+            i = _first_difference(g, e)
+            if i < 0:
+                return f"column {name!r} differs (no single differing row found)"
+            return f"column {name!r} row {i}: {g[i].as_py()!r}, expected {e[i].as_py()!r}"
+    return "tables differ"
+
+
+# -- random traffic ---------------------------------------------------------------------------------------
+
+def random_values(rng: np.random.Generator, n: int, schema: pa.Schema = SCHEMA) -> pa.Table:
+    """n rows of random values (about 10% nulls) of `schema`."""
+    cols = {}
+    for f in schema:
+        mask = rng.random(n) < 0.1
+        t = f.type
+        if pa.types.is_boolean(t):
+            arr = pa.array(rng.random(n) < 0.5, t, mask=mask)
+        elif pa.types.is_integer(t):
+            lim = 10**12 if t.bit_width == 64 else 2**30
+            arr = pa.array(rng.integers(-lim, lim, n), t, mask=mask)
+        elif pa.types.is_floating(t):
+            arr = pa.array(rng.normal(0, 1e3, n), t, mask=mask)
+        elif pa.types.is_timestamp(t):
+            base = np.datetime64("2024-01-01T00:00:00", "ns").astype(np.int64)
+            arr = pa.array(base + rng.integers(0, 10**15, n), t, mask=mask)
+        elif pa.types.is_string(t):
+            prefixes = pa.array(["", "v", "x" * 120, "é-"])
+            head = prefixes.take(pa.array(rng.integers(0, len(prefixes), n)))
+            tail = pc.cast(pa.array(rng.integers(0, 10**9, n)), pa.string())
+            arr = pc.if_else(pa.array(mask), pa.nulls(n, t), pc.binary_join_element_wise(head, tail, ""))
+        else:
+            raise TypeError(f"no random values for {t}")
+        cols[f.name] = arr
+    return pa.table(cols)
+
+
+class ValuePool:
+    """Random rows made once; each update takes a slice at a random offset (cheap), so values
+    rarely repeat and a modified row almost always gets values different from its old ones."""
+
+    def __init__(self, rng: np.random.Generator, schema: pa.Schema = SCHEMA, size: int = 50_000):
+        self.rng = rng
+        self.rows = random_values(rng, size, schema).combine_chunks()
+
+    def values(self, keys: np.ndarray) -> pa.Table:
+        """Values for row keys `keys`, with the row-key column first."""
+        n = keys.size
+        start = int(self.rng.integers(0, self.rows.num_rows - n + 1))
+        part = self.rows.slice(start, n)
+        return part.add_column(0, ROW_KEY, pa.array(keys, pa.int64()))
+
+
+def shifts_between(kept: np.ndarray, moved: np.ndarray) -> RowSetShiftData:
+    """The shifts taking the ascending keys `kept` to the ascending keys `moved` (same length)."""
+    if kept.size == 0:
+        return RowSetShiftData()
+    delta = moved - kept
+    if not delta.any():
+        return RowSetShiftData()
+    cut = np.flatnonzero(np.diff(delta) != 0) + 1
+    first = np.concatenate(([0], cut))
+    last = np.concatenate((cut - 1, [kept.size - 1]))
+    return RowSetShiftData.build(kept[first], kept[last], delta[first])
+
+
+KINDS = ("append", "prepend", "insert", "remove", "modify", "mixed")
+
+
+class Traffic:
+    """Random valid updates of one source table (see the module doc). `target` is the row count
+    the traffic hovers around; `max_batch` the usual number of rows one update adds."""
+
+    def __init__(self, rng: np.random.Generator, *, schema: pa.Schema = SCHEMA, target: int = 150,
+                 max_batch: int = 25, blink: bool = False, mod_prob: float = 0.35,
+                 mod_fracs: Sequence[float] = (0.02, 0.1, 0.5, 1.0)):
+        self.rng = rng
+        self.mod_prob = float(mod_prob)
+        self.mod_fracs = tuple(mod_fracs)
+        self.schema = schema
+        self.target = int(target)
+        self.max_batch = int(max_batch)
+        self.blink = blink
+        self.kinds: collections.Counter = collections.Counter()
+        self.pool = ValuePool(rng, schema)
+
+    def _batch(self) -> int:
+        big = self.rng.random() < 0.05
+        return int(self.rng.integers(1, (3 if big else 1) * self.max_batch + 1))
+
+    def _kind(self, n: int) -> str:
+        w = np.array([3.0, 1.5, 2.0, 2.0, 2.0, 2.0])  # KINDS order
+        if n == 0:
+            w[[3, 4]] = 0.0
+        elif n > 2 * self.target:
+            w[[0, 1, 2]] *= 0.2
+            w[3] *= 4.0
+        elif n < self.target // 2:
+            w[[0, 1, 2]] *= 2.0
+            w[3] *= 0.3
+        return KINDS[int(self.rng.choice(len(KINDS), p=w / w.sum()))]
+
+    def next(self, prev: np.ndarray) -> tuple[TableUpdate, pa.Table, np.ndarray]:
+        """(update, values of its added and modified rows, row keys after it) from row keys `prev`."""
+        rng = self.rng
+        if self.blink:
+            self.kinds["blink"] += 1
+            k = int(rng.integers(0, self.max_batch + 1))
+            added = np.arange(k, dtype=np.int64) + (int(rng.integers(0, 3)) if rng.random() < 0.3 else 0)
+            update = TableUpdate(added=RowSet.from_keys(added), removed=RowSet.from_keys(prev))
+            update.validate(RowSet.from_keys(prev), RowSet.from_keys(added))
+            return update, self.pool.values(added), added
+        n = prev.size
+        kind = self._kind(n)
+        self.kinds[kind] += 1
+        gone = np.zeros(n, dtype=bool)
+        moved = prev.copy()  # new keys of the rows that stay (computed on all rows, then masked)
+        added = np.empty(0, dtype=np.int64)
+        if kind == "append":
+            k = self._batch()
+            start = int(prev[-1]) + 1 + int(rng.integers(0, 3)) if n else int(rng.integers(0, 5))
+            added = start + np.cumsum(rng.integers(1, 3, k)) - 1
+        elif kind == "prepend":
+            k = self._batch()
+            if n and prev[0] < k:  # no room below the first row: move every row up
+                moved = prev + (k - int(prev[0]) + int(rng.integers(0, 4)))
+            lo = int(moved[0]) if n else k + int(rng.integers(0, 4))
+            added = np.sort(rng.choice(lo, k, replace=False)).astype(np.int64) if rng.random() < 0.5 \
+                else np.arange(lo - k, lo, dtype=np.int64)
+        elif kind == "insert":
+            k = self._batch()
+            p = int(rng.integers(0, n + 1))
+            lo = int(prev[p - 1]) if p > 0 else -1
+            hi = int(prev[p]) if p < n else lo + k + 1 + int(rng.integers(0, 4))
+            if hi - lo - 1 < k:  # too small a gap: move the rows from position p on up
+                delta = k - (hi - lo - 1) + int(rng.integers(0, 4))
+                moved[p:] += delta
+                hi += delta
+            added = lo + 1 + np.sort(rng.choice(hi - lo - 1, k, replace=False)).astype(np.int64)
+        elif kind == "remove":
+            u = rng.random()
+            if u < 0.03:
+                gone[:] = True
+            elif u < 0.5:
+                a = int(rng.integers(0, n))
+                b = min(n, a + int(rng.integers(1, max(2, n // 3) + 1)))
+                gone[a:b] = True
+                if rng.random() < 0.5:  # close the gap: the rows after the block move down
+                    moved[b:] -= b - a
+            else:
+                gone = rng.random(n) < rng.choice([0.05, 0.2, 0.5])
+            if rng.random() < 0.15 and not gone.all():  # compact everything that stays
+                kept_n = int((~gone).sum())
+                moved[~gone] = int(rng.integers(0, 3)) + np.arange(kept_n, dtype=np.int64) * int(rng.integers(1, 3))
+        elif kind == "mixed":
+            gone = rng.random(n) < rng.choice([0.0, 0.05, 0.3])
+            kept_n = int((~gone).sum())
+            if kept_n and rng.random() < 0.6:  # random order-preserving moves
+                gaps = np.maximum(rng.integers(-1, 4, kept_n), 1)
+                moved[~gone] = np.cumsum(gaps) - 1 + int(rng.integers(0, 20))
+            top = int(moved[~gone].max()) + 300 if kept_n else 300
+            free = np.setdiff1d(np.arange(top, dtype=np.int64), moved[~gone])
+            added = np.sort(rng.choice(free, min(free.size, self._batch()), replace=False)).astype(np.int64)
+        kept, new_kept = prev[~gone], moved[~gone]
+        shifts = shifts_between(kept, new_kept)
+        mod = np.empty(0, dtype=np.int64)
+        if new_kept.size and (kind == "modify" or rng.random() < self.mod_prob):
+            mod = new_kept[rng.random(new_kept.size) < rng.choice(self.mod_fracs)]
+            if mod.size == 0:
+                mod = new_kept[[int(rng.integers(0, new_kept.size))]]
+        cols: set[str] = set()
+        if mod.size:
+            cols = {c for c in self.schema.names if rng.random() < 0.4} or {str(rng.choice(self.schema.names))}
+        update = TableUpdate(added=RowSet.from_keys(added), removed=RowSet.from_keys(prev[gone]),
+                             modified=RowSet.from_keys(mod), shifted=shifts, modified_columns=cols)
+        new_keys = np.union1d(new_kept, added).astype(np.int64)
+        update.validate(RowSet.from_keys(prev), RowSet.from_keys(new_keys))
+        return update, self.pool.values(np.union1d(added, mod).astype(np.int64)), new_keys
+
+
+class Source:
+    """A scripted source table, its traffic, and its contents at every recorded step."""
+
+    def __init__(self, graph: UpdateGraph, name: str, rng: np.random.Generator, *, per_cycle: int = 1,
+                 blink: bool = False, schema: pa.Schema = SCHEMA, **traffic):
+        self.name = name
+        self.table = ScriptedTable(graph, name, schema)
+        if blink:
+            self.table.attributes["BlinkTable"] = True
+        self.blink = blink
+        self.per_cycle = int(per_cycle)
+        self.traffic = Traffic(rng, schema=schema, blink=blink, **traffic)
+        self.keys = np.empty(0, dtype=np.int64)
+        self.history: dict[int, tuple[np.ndarray, pa.Table]] = {}
+
+    def feed(self, count: Optional[int] = None) -> None:
+        """Queues `count` (default `per_cycle`) random updates for the next cycle."""
+        for _ in range(self.per_cycle if count is None else count):
+            update, values, self.keys = self.traffic.next(self.keys)
+            self.table.push(update, values)
+
+    def record(self, step: int) -> None:
+        keys = self.table.rowset.keys()
+        if not np.array_equal(keys, self.keys):
+            raise AssertionError(f"source {self.name!r} at step {step}: the table's row keys are not the traffic's")
+        self.history[step] = (keys, self.table.gather())
+
+    def at(self, step: int) -> tuple[np.ndarray, pa.Table]:
+        try:
+            return self.history[step]
+        except KeyError:
+            raise LookupError(f"no recorded state of {self.name!r} at step {step} "
+                             f"(recorded: {min(self.history, default=None)}..{max(self.history, default=None)})") \
+                from None
+
+    def prune(self, keep_from: int) -> None:
+        for s in [s for s in self.history if s < keep_from]:
+            del self.history[s]
+
+
+# -- clients ----------------------------------------------------------------------------------------------
+
+class ExactColumnsSubscription(Subscription):
+    """tickwire's Subscription asking for exactly its columns. The stock client always adds the
+    first column to a column subset (a workaround for Deephaven 42.x, which batches by the first
+    column) and hides it, so the server would never see a subset without column 0."""
+
+    def _request_bytes(self) -> bytes:
+        if self._columns is None or self.snapshot_only or self._names is None:
+            return super()._request_bytes()
+        cols = np.array(sorted({self._names.index(c) for c in self._columns}), dtype=np.int64)
+        vp = None if self.viewport is None else np.array(self.viewport, dtype=np.int64).reshape(-1, 2)
+        return barrage.wrap(barrage.SubscriptionRequest(
+            ticket=self.ticket, columns=cols, viewport=vp, reverse_viewport=self.reverse,
+            options=barrage.SubscriptionOptions(min_update_interval_ms=self.interval)))
+
+
+def subscribe(client: BarrageClient, table: str, shape: Shape, *, exact_columns: bool = False, **kw) -> Subscription:
+    """A subscription of `shape` (through the client's own subscribe, or asking for exactly the
+    shape's columns)."""
+    vp = None if shape.viewport is None else list(shape.viewport)
+    if not exact_columns or shape.columns is None:
+        return client.subscribe(table, columns=shape.columns, viewport=vp, reverse=shape.reverse, **kw)
+    sub = ExactColumnsSubscription(client, table, columns=shape.columns, viewport=vp, reverse=shape.reverse, **kw)
+    client._subs.append(sub)  # closed with the client, as the client's own subscriptions are
+    return sub
+
+
+def read_state(sub) -> tuple[int, pa.Table, int, np.ndarray]:
+    """(last_seq, table, table_size, held row keys) of a tickwire subscription, read with no
+    message applied in between (retried if one was)."""
+    for _ in range(1000):
+        n0 = sub.update_count
+        state = sub.state
+        keys, size, seq = np.array(state.keys, dtype=np.int64), state.table_size, sub.last_seq
+        table = sub.table  # under the subscription's lock: waits for a message being applied
+        if sub.update_count == n0 and sub.state is state:
+            return seq, table, size, keys
+    raise RuntimeError("the subscription kept changing while it was read")
+
+
+class View:
+    """One client subscription checked by the harness."""
+
+    kind = "view"
+
+    def __init__(self, harness: "Harness", source: Source, shape: Shape):
+        self.harness = harness
+        self.source = source
+        self.shape = shape
+        self.checks = 0
+
+    def label(self) -> str:
+        exact = " exact-columns" if getattr(self, "exact_columns", False) and self.shape.columns is not None else ""
+        return f"{self.kind}[{self.source.name}:{self.shape.describe()}{exact}]"
+
+    def fail(self, step: int, what: str) -> Divergence:
+        return self.harness.divergence(step, f"client={self.label()}: {what}")
+
+    def verify(self, step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self, step: int, timeout: float) -> None:
+        """The last check of a run: the view must hold the source's final state."""
+        self.verify(step)
+
+    def oldest_needed(self) -> Optional[int]:
+        """The oldest step whose recorded state this view may still need (None: only the current)."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class TickwireView(View):
+    """A subscription of tickwire's BarrageClient that reaches every step. `find_server` also
+    finds the server's side of it (`server_sub`, for tests that look at what the server did)."""
+
+    kind = "tickwire"
+
+    def __init__(self, harness, source, shape, *, client: Optional[BarrageClient] = None,
+                 track_snapshots: bool = False, interval_ms: int = 0, find_server: bool = False,
+                 exact_columns: bool = False):
+        super().__init__(harness, source, shape)
+        self.exact_columns = exact_columns
+        self.client = client or harness.client
+        self.snapshots = 0
+        self.want_snapshots = 0
+        self._lock = threading.Lock()
+        self.server_sub = None
+        before = harness.server.registry.subscriptions if find_server else None
+        self.sub = subscribe(self.client, source.name, shape, exact_columns=exact_columns,
+                             on_update=self._callback(track_snapshots), min_update_interval_ms=interval_ms)
+        if find_server:
+            self.server_sub = self._find_server_sub(before)
+
+    def _callback(self, track_snapshots: bool):
+        return self._count if track_snapshots else None
+
+    def _find_server_sub(self, before: list):
+        registry = self.harness.server.registry
+        end = time.monotonic() + WAIT_S
+        while True:
+            new = [s for s in registry.subscriptions
+                   if s.publisher.table is self.source.table and all(s is not b for b in before)]
+            if new:
+                return new[0]
+            if time.monotonic() > end:
+                raise self.fail(self.harness.graph.step, "the server never registered the subscription")
+            time.sleep(0.002)
+
+    def _count(self, update) -> None:
+        if update.is_snapshot:
+            with self._lock:
+                self.snapshots += 1
+
+    def change(self, shape: Shape) -> None:
+        """A new viewport / columns / direction on the running subscription."""
+        if self.shape.is_full != shape.is_full:
+            raise ValueError("a view change keeps the subscription full or viewport")
+        self.want_snapshots = max(self.want_snapshots, 1) + 1  # the first snapshot, then one per change
+        if shape.is_full:
+            self.sub.set_view(columns=shape.names)
+        else:
+            self.sub.set_view(viewport=list(shape.viewport), columns=shape.names, reverse=shape.reverse)
+        self.shape = shape
+
+    def _reached(self, step: int) -> bool:
+        with self._lock:
+            snaps = self.snapshots
+        return self.sub.last_seq >= step and snaps >= self.want_snapshots
+
+    def _wait(self, step: int, timeout: float, pred=None) -> None:
+        sub = self.sub
+        if not sub.wait_for(pred or (lambda s: self._reached(step)), timeout):
+            raise self.fail(step, f"did not reach step {step} within {timeout:.0f} s (last_seq={sub.last_seq}, "
+                                  f"snapshots={self.snapshots}/{self.want_snapshots}, error={sub.error})")
+
+    def verify(self, step: int, *, expected_step: Optional[int] = None, timeout: float = WAIT_S) -> None:
+        self._wait(step, timeout)
+        seq, got, size, held = read_state(self.sub)
+        if seq != step:
+            raise self.fail(step, f"last_seq {seq}, expected {step}")
+        keys, full = self.source.at(step if expected_step is None else expected_step)
+        self.compare_state(step, got, size, held, keys, full)
+
+    def compare_state(self, step, got: pa.Table, table_size: int, held_keys, keys, full: pa.Table,
+                      shape: Optional[Shape] = None) -> None:
+        shape = shape or self.shape
+        what = compare(got, expected_slice(full, shape))
+        if what is not None:
+            raise self.fail(step, what)
+        if table_size != full.num_rows:
+            raise self.fail(step, f"table_size {table_size}, expected {full.num_rows}")
+        if shape.is_full and not np.array_equal(held_keys, keys):
+            m = min(held_keys.size, keys.size)
+            bad = np.flatnonzero(held_keys[:m] != keys[:m])
+            raise self.fail(step, f"row keys differ ({held_keys.size} held, {keys.size} in the table; first "
+                                  f"difference at position {int(bad[0]) if bad.size else m})")
+        self.checks += 1
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+class GrowingView(TickwireView):
+    """A full subscription that joins a large table, whose snapshot the server sends in pieces
+    across cycles. While the server says it is still growing, the client must hold a subset of
+    the table's rows with their values at the step (and the table's size); once the server has
+    sent the last piece, the whole table exactly, as any full subscription."""
+
+    kind = "tickwire-growing"
+
+    def __init__(self, harness, source, shape, *, limit: int = 400, exact_columns: bool = False):
+        super().__init__(harness, source, shape, find_server=True, exact_columns=exact_columns)
+        self.partial_steps = 0
+        self.limit = limit
+        self.grown = False
+
+    def verify(self, step: int, *, expected_step: Optional[int] = None, timeout: float = WAIT_S) -> None:
+        keys, full = self.source.at(step if expected_step is None else expected_step)
+        self._wait(step, timeout, lambda s: s.last_seq >= step)
+        if not self.grown and self.server_sub.growing:
+            seq, got, size, held = read_state(self.sub)
+            if seq != step:
+                raise self.fail(step, f"last_seq {seq}, expected {step}")
+            self._check_partial(step, got, size, held, keys, full)
+            return
+        self.grown = True
+        if not self.sub.wait_for(lambda s: s.last_seq >= step and len(s.state) >= keys.size, timeout):
+            raise self.fail(step, f"holds {len(self.sub.state)} of {keys.size} rows after the last piece was sent")
+        super().verify(step, expected_step=expected_step, timeout=timeout)
+
+    def _check_partial(self, step, got, size, held, keys, full) -> None:
+        if size != full.num_rows:
+            raise self.fail(step, f"partial snapshot: table_size {size}, expected {full.num_rows}")
+        pos = np.searchsorted(keys, held)
+        inside = pos < keys.size
+        inside[inside] = keys[pos[inside]] == held[inside]
+        if not inside.all():
+            raise self.fail(step, f"partial snapshot holds rows the table does not have: "
+                                  f"{held[~inside][:5].tolist()}")
+        exp = full.select(self.shape.names).take(pa.array(pos, type=pa.int64()))
+        what = compare(got, exp)
+        if what is not None:
+            raise self.fail(step, f"partial snapshot ({held.size} of {keys.size} rows): {what}")
+        self.partial_steps += 1
+        if self.partial_steps > self.limit:
+            raise self.fail(step, f"the snapshot is still incomplete after {self.limit} steps")
+        self.checks += 1
+
+
+@dataclass
+class Record:
+    first_seq: int
+    last_seq: int
+    is_snapshot: bool
+    table: pa.Table
+    table_size: int
+    keys: Optional[np.ndarray]
+    shape: Shape
+
+
+class RecordingView(TickwireView):
+    """A tickwire subscription that need not see every step: `min_update_interval_ms`, or a slow
+    reader (while `gate` is clear its update callback waits, so the client stops reading and the
+    server must coalesce what it misses). Every message it applies is recorded with the state it
+    produced; `verify` compares each with the source at the message's last_seq and checks that
+    the messages' sequence ranges follow one another without a gap or an overlap."""
+
+    kind = "recording"
+
+    def __init__(self, harness, source, shape, *, interval_ms: int = 0, client=None,
+                 gate: Optional[threading.Event] = None, find_server: bool = False, exact_columns: bool = False):
+        self._ready = threading.Event()
+        self._closing = False
+        self.gate = gate
+        self.records: collections.deque[Record] = collections.deque()
+        self.messages = 0
+        self.spans: list[int] = []
+        self.next_first: Optional[int] = None
+        self.last_checked: Optional[int] = None
+        self.recorded_seq: Optional[int] = None
+        self._arrived = threading.Condition()
+        self.msg_shape = shape  # the shape of the messages being received (changes with each snapshot)
+        self.pending_shapes: collections.deque[Shape] = collections.deque()
+        super().__init__(harness, source, shape, client=client, interval_ms=interval_ms, find_server=find_server,
+                         exact_columns=exact_columns)
+        self._ready.set()
+
+    def _callback(self, track_snapshots: bool):
+        return self._record
+
+    def _record(self, update) -> None:
+        self._ready.wait()  # the first message may arrive before subscribe() has returned
+        state = self.sub.state  # this is the thread that applies messages: the state is still this one
+        with self._arrived:
+            if update.is_snapshot and self.recorded_seq is not None:  # the answer to a view change
+                if not self.pending_shapes:
+                    self.records.append(None)  # reported by verify: a snapshot nobody asked for
+                    self._arrived.notify_all()
+                    return
+                self.msg_shape = self.pending_shapes.popleft()
+            shape = self.msg_shape
+        # not sub.table: that shows the columns of the latest set_view, which may be newer than this message
+        table = state.table(shape.names)
+        rec = Record(update.first_seq, update.last_seq, update.is_snapshot, table, state.table_size,
+                     np.array(state.keys, dtype=np.int64) if shape.is_full else None, shape)
+        with self._arrived:
+            self.records.append(rec)
+            self.recorded_seq = rec.last_seq
+            self._arrived.notify_all()
+        while self.gate is not None and not self._closing and not self.gate.wait(0.05):
+            pass
+
+    def oldest_needed(self) -> Optional[int]:
+        return self.last_checked if self.last_checked is not None else 0
+
+    @property
+    def changing(self) -> bool:
+        """A view change not answered yet."""
+        with self._arrived:
+            return bool(self.pending_shapes)
+
+    def change(self, shape: Shape) -> None:
+        """A view change; its snapshot tells which messages are in the new shape. One at a time."""
+        with self._arrived:
+            if self.pending_shapes:
+                raise ValueError("the previous view change is not answered yet")
+            self.pending_shapes.append(shape)
+        super().change(shape)
+
+    def _wait_recorded(self, pred, timeout: float) -> bool:
+        # not sub.wait_for: that waits for the update callbacks, which a stalled reader is inside
+        end = time.monotonic() + timeout
+        with self._arrived:
+            while not pred():
+                left = end - time.monotonic()
+                if left <= 0 or self.sub.error is not None or self.sub.closed:
+                    return pred()
+                self._arrived.wait(min(left, 0.5))
+            return True
+
+    def verify(self, step: int, *, final: bool = False, timeout: float = WAIT_S) -> None:
+        if not self._wait_recorded(lambda: self.recorded_seq is not None, timeout):
+            raise self.fail(step, f"no snapshot within {timeout:.0f} s (error={self.sub.error})")
+        if final and not self._wait_recorded(lambda: self.recorded_seq >= step, timeout):
+            raise self.fail(step, f"did not catch up with step {step} within {timeout:.0f} s "
+                                  f"(last message at seq {self.recorded_seq}, error={self.sub.error})")
+        if self.sub.error is not None:
+            raise self.fail(step, f"subscription failed: {self.sub.error}")
+        while True:
+            with self._arrived:
+                if not self.records:
+                    break
+                rec = self.records.popleft()
+            if rec is None:
+                raise self.fail(step, "a snapshot arrived that no view change asked for")
+            self._check(rec, step)
+        if final and self.last_checked != step:
+            raise self.fail(step, f"last message at seq {self.last_checked}, expected {step}")
+
+    def finish(self, step: int, timeout: float) -> None:
+        self.verify(step, final=True, timeout=timeout)
+
+    def _check(self, rec: Record, step: int) -> None:
+        self.messages += 1
+        where = f"message {self.messages} (seq {rec.first_seq}..{rec.last_seq})"
+        if rec.last_seq > step:
+            raise self.fail(step, f"{where} is ahead of the graph")
+        if not rec.is_snapshot:
+            if self.next_first is None or rec.first_seq != self.next_first:
+                raise self.fail(step, f"{where} does not follow the previous message (expected first_seq "
+                                      f"{self.next_first})")
+            self.spans.append(rec.last_seq - rec.first_seq + 1)
+        self.next_first = rec.last_seq + 1
+        keys, full = self.source.at(rec.last_seq)
+        try:
+            self.compare_state(rec.last_seq, rec.table, rec.table_size, rec.keys, keys, full, rec.shape)
+        except Divergence as exc:
+            raise self.fail(rec.last_seq, f"{where}: {exc.detail}") from None
+        self.last_checked = rec.last_seq
+
+    def close(self) -> None:
+        self._closing = True
+        super().close()
+
+
+def ticking_table(update) -> pa.Table:
+    """The whole client-side table after a pydeephaven-ticking update."""
+    cur = update.update.current
+    names = cur.schema.names if hasattr(cur.schema, "names") else [f.name for f in cur.schema]
+    rows = cur.get_row_sequence()
+    if rows.empty:  # get_chunk fails on an empty row sequence (IndexError in pydeephaven-ticking 42.7)
+        return pa.table({n: pa.array([], SCHEMA.field(n).type) for n in names})
+    return pa.table({n: cur.get_column_by_name(n, True).get_chunk(rows) for n in names})
+
+
+class TickingView(View):
+    """A full subscription of pydeephaven-ticking (Deephaven's C++ Barrage client). It shows no
+    sequence numbers: it is at step s once it has applied 1 + (s - s0) updates (a snapshot at the
+    step s0 it subscribed at, then one update per cycle: every cycle changes every source)."""
+
+    kind = "pydeephaven-ticking"
+
+    def __init__(self, harness, source):
+        from pydeephaven_ticking.table_listener import listen
+
+        super().__init__(harness, source, SHAPES["full"])
+        self.cond = threading.Condition()
+        self.count = 0
+        self.latest: Optional[pa.Table] = None
+        self.errors: list[BaseException] = []
+        self.start_step = harness.graph.step
+        self.handle = listen(harness.session().open_table(source.name), self._on_update, self._on_error)
+        self.handle.start()
+
+    def _on_update(self, update) -> None:
+        t = ticking_table(update)
+        with self.cond:
+            self.latest = t
+            self.count += 1
+            self.cond.notify_all()
+
+    def _on_error(self, error) -> None:
+        with self.cond:
+            self.errors.append(error)
+            self.cond.notify_all()
+
+    def verify(self, step: int, *, expected_step: Optional[int] = None, timeout: float = WAIT_S) -> None:
+        want = 1 + step - self.start_step
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.count >= want or self.errors, timeout)
+            count, latest, errors = self.count, self.latest, list(self.errors)
+        if errors:
+            raise self.fail(step, f"listener error: {errors[0]!r}")
+        if not ok:
+            raise self.fail(step, f"did not reach step {step} within {timeout:.0f} s ({count} of {want} updates)")
+        if count != want:
+            raise self.fail(step, f"{count} updates, expected {want}")
+        _keys, full = self.source.at(step if expected_step is None else expected_step)
+        what = compare(latest, full)
+        if what is not None:
+            raise self.fail(step, what)
+        self.checks += 1
+
+    def close(self) -> None:
+        self.handle.stop()
+
+
+# -- the harness ------------------------------------------------------------------------------------------
+
+class FakeClock:
+    """Stands in for the `time` module of tickwire's publisher so that `min_update_interval_ms`
+    counts cycles: `monotonic()` moves only when the harness advances it, once per cycle. Start
+    and tick are binary fractions, so the sums are exact."""
+
+    def __init__(self, start: float = 1024.0):
+        self.now = start
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+class Harness:
+    """One configuration run: an update graph stepped by hand, its sources, a server on a free
+    port, and the views checked after every step."""
+
+    def __init__(self, config: str, seed: int, *, tick_s: Optional[float] = None):
+        self.config = config
+        self.seed = int(seed)
+        self.rng = np.random.default_rng([self.seed, 1])  # the harness's own choices (views, changes)
+        self.graph = UpdateGraph(interval_ms=3_600_000)  # never started: the harness runs the cycles
+        self.sources: dict[str, Source] = {}
+        self.views: list[View] = []
+        self.server: Optional[TickwireServer] = None
+        self.client: Optional[BarrageClient] = None
+        self._session = None
+        self._clients: list[BarrageClient] = []
+        self.steps = 0  # cycles run after start()
+        self.checks = 0
+        self.clock = FakeClock() if tick_s is not None else None
+        self.tick_s = tick_s
+        self._saved_time = None
+        self.before_cycle: list[Callable[["Harness"], None]] = []
+        self.stats: dict = {}
+        self.planned: Optional[int] = None  # the steps asked of the run (for the replay line)
+
+    # set-up
+    def source(self, name: str, **kw) -> Source:
+        src = Source(self.graph, name, np.random.default_rng([self.seed, 100 + len(self.sources)]), **kw)
+        self.sources[name] = src
+        return src
+
+    def warm(self, cycles: int = 3) -> None:
+        """Cycles before anyone subscribes."""
+        for _ in range(cycles):
+            self._cycle()
+
+    def start(self) -> "Harness":
+        if self.clock is not None:
+            import tickwire.server.barrage.publisher as publisher
+            self._saved_time = publisher.time
+            publisher.time = self.clock
+        for src in self.sources.values():
+            src.record(self.graph.step)
+        self.server = TickwireServer(self.graph, port=0, start_graph=False).start()
+        self.client = self.new_client()
+        return self
+
+    def new_client(self) -> BarrageClient:
+        """Another connection (its own gRPC channel)."""
+        c = BarrageClient(self.server.target)
+        self._clients.append(c)
+        return c
+
+    def session(self):
+        if self._session is None:
+            from pydeephaven import Session
+            self._session = Session(host=self.server.host, port=self.server.port)
+        return self._session
+
+    def add(self, view: View) -> View:
+        self.views.append(view)
+        return view
+
+    def remove(self, view: View) -> None:
+        self.views.remove(view)
+        view.close()
+
+    def close(self) -> None:
+        views, self.views = self.views, []
+        for v in views:
+            try:
+                v.close()
+            except Exception:  # noqa: BLE001 - closing everything else matters more
+                pass
+        if self._session is not None:
+            try:
+                self._session.close()
+            except Exception:  # noqa: BLE001
+                pass
+        for c in self._clients:
+            c.close()
+        if self.server is not None:
+            self.server.stop()
+        if self._saved_time is not None:
+            import tickwire.server.barrage.publisher as publisher
+            publisher.time = self._saved_time
+            self._saved_time = None
+
+    def __enter__(self) -> "Harness":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # running
+    def divergence(self, step: int, detail: str) -> Divergence:
+        steps = self.planned if self.planned is not None else "STEPS"
+        exc = Divergence(f"replay: seed={self.seed} step={step} config={self.config}\n  {detail}\n"
+                         f"  (rerun: .venv/bin/python -m tests.convergence {self.config} {self.seed} {steps})")
+        exc.detail = detail
+        return exc
+
+    def _cycle(self) -> int:
+        for src in self.sources.values():
+            src.feed()
+        with self.graph.lock:  # a message built in the background meanwhile sees the new time with this cycle
+            if self.clock is not None:
+                self.clock.now += self.tick_s
+            self.graph.run_cycle()
+            step = self.graph.step
+        if self.graph.errors:
+            raise self.divergence(step, f"the update graph reported {self.graph.errors[-1]!r}")
+        for src in self.sources.values():
+            src.record(step)
+        return step
+
+    def verify(self, step: Optional[int] = None) -> None:
+        step = self.graph.step if step is None else step
+        for v in list(self.views):
+            v.verify(step)
+            self.checks += 1
+        needed = [n for n in (v.oldest_needed() for v in self.views) if n is not None]
+        keep = min(needed + [step - 2])
+        for src in self.sources.values():
+            src.prune(keep)
+
+    def step(self) -> int:
+        for fn in self.before_cycle:
+            fn(self)
+        step = self._cycle()
+        self.steps += 1
+        self.verify(step)
+        return step
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+    def finish(self, timeout: float = 120.0) -> None:
+        """One more cycle after every pending interval has passed; then every view, including
+        those that do not see every step, must hold the source's final state."""
+        if self.clock is not None:
+            self.clock.now += 64.0
+        step = self._cycle()
+        self.steps += 1
+        for v in list(self.views):
+            v.finish(step, timeout)
+            self.checks += 1
+
+    def summary(self) -> dict:
+        kinds = collections.Counter()
+        for src in self.sources.values():
+            kinds.update(src.traffic.kinds)
+        return {"config": self.config, "seed": self.seed, "steps": self.steps, "checks": self.checks,
+                "updates": dict(kinds), **self.stats}
+
+
+# -- configurations ---------------------------------------------------------------------------------------
+
+def random_shape(rng: np.random.Generator, *, full: bool = False, size_hint: int = 150) -> Shape:
+    """A random shape: full (when `full`) or a random viewport of one or several disjoint ranges,
+    forward or reverse; all columns or a random subset (in schema order)."""
+    cols = None
+    if rng.random() < 0.5:
+        cols = tuple(n for n in NAMES if rng.random() < 0.5) or (str(rng.choice(NAMES)),)
+    if full:
+        return Shape("full*", columns=cols)
+    nranges = int(rng.choice([1, 1, 2, 3, 5]))
+    top = int(rng.integers(2 * nranges + 5, 2 * size_hint + 10))
+    bounds = np.sort(rng.choice(top, 2 * nranges, replace=False))
+    ranges = tuple((int(a), int(b)) for a, b in bounds.reshape(-1, 2))
+    if rng.random() < 0.15:
+        ranges = ((0, int(rng.integers(0, 3))),)  # a tiny header (or footer)
+    return Shape("vp*", viewport=ranges, reverse=bool(rng.random() < 0.4), columns=cols)
+
+
+ALL_SHAPES = ("full", "full_cols", "header", "floating", "footer", "reverse_floating", "swiss", "past_end")
+
+
+EXACT = {"full_cols", "reverse_floating"}  # column subsets asked for exactly (the others through the client's own)
+
+
+def _add_shapes(h: Harness, src: Source, names: Sequence[str]) -> list[View]:
+    return [h.add(TickwireView(h, src, SHAPES[n], exact_columns=n in EXACT)) for n in names]
+
+
+def config_shapes(h: Harness, steps: int, *, per_cycle: int = 1) -> None:
+    """Every client shape on one table: full, full with columns, header, floating, footer
+    (reverse), reverse floating, swiss, past the end; `per_cycle` updates per cycle."""
+    src = h.source("t", per_cycle=per_cycle, target=150 if per_cycle == 1 else 250)
+    h.warm(3)
+    h.start()
+    _add_shapes(h, src, ALL_SHAPES)
+    h.verify()
+    h.run(steps)
+    h.finish()
+
+
+def config_long_run(h: Harness, steps: int) -> None:
+    """One long sequence whose target size drifts (empty, tiny, medium, large) every 300 steps, to
+    a full and a footer (reverse viewport) client."""
+    src = h.source("t", per_cycle=1, target=150)
+    h.warm(3)
+    h.start()
+    _add_shapes(h, src, ("full", "footer"))
+    h.verify()
+    targets = (0, 20, 150, 600, 40)
+
+    def drift(h: Harness) -> None:
+        if h.steps % 300 == 299:
+            src.traffic.target = int(h.rng.choice(targets))
+
+    h.before_cycle.append(drift)
+    h.run(steps)
+    h.finish()
+
+
+def config_view_changes(h: Harness, steps: int) -> None:
+    """Viewport subscriptions that change viewport, columns and direction mid-stream, a full
+    subscription that changes columns, and clients that come and go. A change is made either
+    after the last step was delivered (and checked before the next cycle) or just before a cycle
+    (the new snapshot races the cycle's update)."""
+    src = h.source("t", per_cycle=1, target=150)
+    h.warm(3)
+    h.start()
+    rng = h.rng
+    movers = [h.add(TickwireView(h, src, SHAPES[n], track_snapshots=True, exact_columns=n == "swiss"))
+              for n in ("header", "swiss", "footer")]
+    full = h.add(TickwireView(h, src, SHAPES["full"], track_snapshots=True, exact_columns=True))
+    h.verify()
+    churn: list[View] = []
+    h.stats["view_changes"] = 0
+
+    def change(h: Harness) -> None:
+        for v in movers:
+            if rng.random() < 0.25:
+                v.change(random_shape(rng, size_hint=src.traffic.target))
+                h.stats["view_changes"] += 1
+                if rng.random() < 0.5:
+                    v.verify(h.graph.step)  # answered before the next cycle
+        if rng.random() < 0.08:
+            full.change(random_shape(rng, full=True))
+            h.stats["view_changes"] += 1
+        if rng.random() < 0.1:  # a late joiner, subscribing just before a cycle
+            churn.append(h.add(TickwireView(h, src, random_shape(rng, full=bool(rng.random() < 0.3)),
+                                            exact_columns=bool(rng.random() < 0.5))))
+        if churn and rng.random() < 0.08:
+            h.remove(churn.pop(int(rng.integers(0, len(churn)))))
+        while len(churn) > 3:
+            h.remove(churn.pop(0))
+
+    h.before_cycle.append(change)
+    h.run(steps)
+    h.finish()
+
+
+def config_blink(h: Harness, steps: int, *, per_cycle: int = 1, ticking: bool = True) -> None:
+    """Blink traffic (every cycle replaces the rows) to tickwire full and (forward) viewport
+    clients and to pydeephaven-ticking."""
+    src = h.source("b", per_cycle=per_cycle, blink=True, max_batch=60)
+    h.warm(2)
+    h.start()
+    _add_shapes(h, src, ("full", "full_cols", "header", "floating", "swiss"))
+    if ticking:
+        h.add(TickingView(h, src))
+    h.verify()
+    h.run(steps)
+    h.finish()
+
+
+def config_ticking(h: Harness, steps: int) -> None:
+    """pydeephaven-ticking full subscriptions to two tables, one updated once per cycle and one
+    ten times per cycle (producer coalescing), next to tickwire full subscriptions."""
+    one = h.source("t1", per_cycle=1, target=150)
+    ten = h.source("t10", per_cycle=10, target=250)
+    h.warm(3)
+    h.start()
+    for src in (one, ten):
+        h.add(TickingView(h, src))
+        h.add(TickwireView(h, src, SHAPES["full"]))
+    h.verify()
+    h.run(steps)
+    h.finish()
+
+
+INTERVAL_MS = 78  # with a clock tick of 1/128 s: 10 ticks (78.125 ms) reach it, 9 do not
+INTERVAL_TICK_S = 1.0 / 128
+
+
+def config_interval(h: Harness, steps: int) -> None:
+    """Subscription coalescing: min_update_interval_ms with a clock that moves 1/128 s per cycle,
+    so that exactly ten cycles fold into each message; two of these clients also change their
+    view now and then (so a view change meets up to ten cycles of pending changes); a client at
+    the default interval on the same table gets every step."""
+    src = h.source("t", per_cycle=1, target=150)
+    h.warm(3)
+    h.start()
+    h.add(TickwireView(h, src, SHAPES["header"]))
+    rec = [h.add(RecordingView(h, src, SHAPES[n], interval_ms=INTERVAL_MS, exact_columns=n in EXACT))
+           for n in ("full", "full_cols", "header", "footer", "swiss")]
+    changers = [rec[1], rec[2]]
+    h.stats["view_changes"] = 0
+
+    def change(h: Harness) -> None:
+        for v in changers:
+            if not v.changing and h.rng.random() < 0.04:
+                v.change(random_shape(h.rng, full=v.shape.is_full, size_hint=src.traffic.target))
+                h.stats["view_changes"] += 1
+
+    h.before_cycle.append(change)
+    h.verify()
+    h.run(steps)
+    h.finish()
+    steady = [v for v in rec if v not in changers]
+    h.stats["cycles_per_message"] = {v.label(): sorted(collections.Counter(v.spans[:-1]).items()) for v in steady}
+    for v in steady:
+        odd = [s for s in v.spans[:-1] if s != 10]
+        if odd:
+            raise h.divergence(h.graph.step, f"client={v.label()}: messages spanning {odd[:10]} cycles, "
+                                             f"expected 10 (min_update_interval_ms={INTERVAL_MS})")
+
+
+def config_slow_reader(h: Harness, steps: int) -> None:
+    """Clients that stop reading for 400 of every 450 steps on a table with large updates (enough
+    to fill gRPC's buffers, after which the server must coalesce what they miss: its outbox
+    holds at most two messages), then read again and must converge; the viewport one asks for a
+    new window while it is not reading. A client on the same table reading at full speed sees
+    every step."""
+    src = h.source("w", per_cycle=1, target=1200, max_batch=250, mod_prob=0.9, mod_fracs=(0.5, 1.0))
+    h.warm(8)
+    h.start()
+    h.add(TickwireView(h, src, SHAPES["full"]))
+    gate = threading.Event()
+    gate.set()
+    slow = [h.add(RecordingView(h, src, shape, client=h.new_client(), gate=gate, find_server=True))
+            for shape in (SHAPES["full"], Shape("wide", viewport=((100, 899),), reverse=True))]
+
+    def pace(h: Harness) -> None:
+        phase = h.steps % 450
+        if phase == 0:
+            gate.clear()
+        elif phase == 380 and not slow[1].changing:  # a new window asked for while not reading
+            slow[1].change(random_shape(h.rng, size_hint=1000))
+        elif phase == 400:
+            gate.set()
+
+    h.before_cycle.append(pace)
+    h.verify()
+    h.run(steps)
+    gate.set()
+    h.finish()
+    h.stats["slow"] = {v.label(): {"messages": v.messages, "server_coalesced_cycles": v.server_sub.coalesced}
+                       for v in slow}
+
+
+def config_growing(h: Harness, steps: int) -> None:
+    """Late joiners (full, all columns or a subset) to a table of several hundred rows, whose
+    snapshots arrive in pieces of 300 cells (50 rows of all six columns), one per cycle, with the
+    cycle's changes to the rows already delivered in between."""
+    src = h.source("g", per_cycle=1, target=700, max_batch=100)
+    h.start()  # while the table is empty: these first clients get their snapshot whole
+    reg = h.server.registry
+    reg.min_piece_cells = reg.max_piece_cells = reg.piece_cells = 50 * len(NAMES)
+    _add_shapes(h, src, ("full", "footer"))
+    h.verify()
+    rng = h.rng
+    joiners: list[GrowingView] = []
+    h.stats["partial_steps"] = 0
+
+    def join(h: Harness) -> None:
+        if h.steps % 30 == 10:
+            shape = random_shape(rng, full=True)
+            joiners.append(h.add(GrowingView(h, src, shape, exact_columns=bool(rng.random() < 0.5))))
+        while len(joiners) > 2:
+            old = joiners.pop(0)
+            h.stats["partial_steps"] += old.partial_steps
+            h.remove(old)
+
+    h.before_cycle.append(join)
+    h.run(steps)
+    h.finish()
+    h.stats["partial_steps"] += sum(v.partial_steps for v in joiners)
+
+
+@dataclass
+class Config:
+    name: str
+    run: Callable[[Harness, int], None]
+    tick_s: Optional[float] = None
+
+
+CONFIGS: dict[str, Config] = {c.name: c for c in [
+    Config("shapes-p1", lambda h, n: config_shapes(h, n, per_cycle=1)),
+    Config("shapes-p10", lambda h, n: config_shapes(h, n, per_cycle=10)),
+    Config("long-run", config_long_run),
+    Config("view-changes", config_view_changes),
+    Config("blink-p1", lambda h, n: config_blink(h, n, per_cycle=1)),
+    Config("blink-p10", lambda h, n: config_blink(h, n, per_cycle=10, ticking=False)),
+    Config("ticking", config_ticking),
+    Config("interval", config_interval, tick_s=INTERVAL_TICK_S),
+    Config("slow-reader", config_slow_reader),
+    Config("growing", config_growing),
+]}
+
+
+def run_config(name: str, seed: int, steps: int) -> Harness:
+    """Runs one configuration for `steps` steps (raises Divergence); returns the closed harness."""
+    cfg = CONFIGS[name]
+    h = Harness(name, seed, tick_s=cfg.tick_s)
+    h.planned = steps
+    with h:
+        try:
+            cfg.run(h, steps)
+        except Divergence:
+            raise
+        except Exception as exc:  # anything else that breaks a run is reported with its replay line too
+            raise h.divergence(h.graph.step, f"{type(exc).__name__}: {exc}") from exc
+    return h
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) < 2 or argv[0] not in CONFIGS:
+        print(f"usage: python -m tests.convergence CONFIG SEED [STEPS]\n  configs: {', '.join(CONFIGS)}")
+        return 2
+    steps = int(argv[2]) if len(argv) > 2 else 200
+    t0 = time.perf_counter()
+    h = run_config(argv[0], int(argv[1]), steps)
+    print(f"{h.summary()} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
