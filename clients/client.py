@@ -18,6 +18,7 @@ makes the reader wait, which makes the server coalesce (it never buffers without
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -332,6 +333,7 @@ class Subscription:
         self._names: Optional[list[str]] = None
         self._iterating = False
         self._delivering = False
+        self._pending_columns: collections.deque = collections.deque()  # column lists of view changes in flight
         self._call = None
         self._requests: Optional[queue.Queue] = None
         self._thread: Optional[threading.Thread] = None
@@ -404,8 +406,9 @@ class Subscription:
                 self.viewport, self._columns, self.reverse = before
                 raise
             if self.viewport is not None:
-                if self.state is not None:
-                    self.state.selected = self._columns
+                # the columns shown change with the snapshot that answers this request, so that a
+                # message of the old view arriving in between is still shown with the old columns
+                self._pending_columns.append(self._columns)
                 self._requests.put(encode_flight_data(b"", request))
             elif columns is not None:
                 superseded = (self._call, self._requests)
@@ -469,6 +472,8 @@ class Subscription:
             if md is not None and md.removed_rows is not None:
                 removed_vals = state.values_at(_ranges(md.removed_rows))
             state.apply_plain(u)
+            if md is not None and md.is_snapshot and self._pending_columns and md.removed_rows is not None:
+                state.selected = self._pending_columns.popleft()
             self.update_count += 1
             self.last_seq = state.last_seq
             callbacks = list(self._callbacks)
