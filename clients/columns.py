@@ -17,20 +17,9 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from tickwire.protocol.schema import numpy_storage_dtype
+
 __all__ = ["Column"]
-
-
-def _storage(t: pa.DataType) -> Optional[np.dtype]:
-    """The numpy dtype that holds `t`'s values, or None when `t` stays an Arrow array."""
-    if pa.types.is_boolean(t):
-        return np.dtype(bool)
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return np.dtype(t.to_pandas_dtype())
-    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
-        return np.dtype(np.int64)
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return np.dtype(np.int32)
-    return None
 
 
 def _values(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
@@ -58,7 +47,7 @@ class Column:
 
     def __init__(self, t: pa.DataType, arr: Optional[pa.Array] = None):
         self.type = t
-        self.dtype = _storage(t)
+        self.dtype = numpy_storage_dtype(t)
         self.n = 0
         self._arrow: Optional[pa.Array] = pa.array([], type=t) if self.dtype is None else None
         self._chunks: list[pa.Array] = []  # appended after _arrow, not yet concatenated

@@ -144,6 +144,20 @@ _DH_SENTINELS: dict[str, object] = {
 # type mapping
 # ----------------------------------------------------------------------------------------------
 
+def numpy_storage_dtype(t: pa.DataType) -> Optional[np.dtype]:
+    """The numpy dtype that holds a fixed-width Arrow type's values (booleans unpacked; dates,
+    times, timestamps and durations as their integer storage), or None for other types."""
+    if pa.types.is_boolean(t):
+        return np.dtype(bool)
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return np.dtype(t.to_pandas_dtype())
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
+        return np.dtype(np.int64)
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return np.dtype(np.int32)
+    return None
+
+
 def _is_any_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
         or pa.types.is_list_view(t) or pa.types.is_large_list_view(t)

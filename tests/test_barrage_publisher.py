@@ -30,6 +30,7 @@ class Client:
         schema = self.decoder.schema
         self.state = TableState(schema, viewport=view.viewport is not None)
         self.messages = []
+        self.taken = []  # the Message objects taken (to see which ones are shared)
 
     def _notify(self):
         self.notified += 1
@@ -40,6 +41,7 @@ class Client:
             msg = self.sub.take()
             if msg is None:
                 return n
+            self.taken.append(msg)
             for p in msg.payloads(self.sub.encode):
                 u = self.decoder.feed(p)
                 if u is not None:
@@ -335,32 +337,14 @@ def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
     assert len(every.messages) == 6
 
 
-class _Recorder(Client):
-    """A Client that keeps the Message objects it takes (to see which ones are shared)."""
-
-    def pump(self) -> int:
-        n = 0
-        while True:
-            msg = self.sub.take()
-            if msg is None:
-                return n
-            self.taken.append(msg)
-            for p in msg.payloads(self.sub.encode):
-                u = self.decoder.feed(p)
-                if u is not None:
-                    self.state.apply(u)
-                    n += 1
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_subscribers_asking_the_same_thing_in_step_share_messages(seed):
     rng = np.random.default_rng(300 + seed)
     graph, table, registry, keys = _started(rng, 80)
     views = {"full": SHAPES["full"], "floating": SHAPES["floating"], "footer": SHAPES["footer"]}
-    groups = {name: [_Recorder(registry, table, v) for _ in range(3)] for name, v in views.items()}
-    other_window = _Recorder(registry, table, View(ALL, vp((21, 45))))
+    groups = {name: [Client(registry, table, v) for _ in range(3)] for name, v in views.items()}
+    other_window = Client(registry, table, View(ALL, vp((21, 45))))
     for c in [*sum(groups.values(), []), other_window]:
-        c.taken = []
         c.pump()
     for step in range(25):
         upd, vals, keys = random_update(rng, keys)
@@ -388,9 +372,8 @@ def test_subscribers_asking_the_same_thing_in_step_share_messages(seed):
 def test_a_subscriber_behind_by_its_own_coalesced_change_gets_its_own_message(seed=7):
     rng = np.random.default_rng(seed)
     graph, table, registry, keys = _started(rng, 60)
-    a, b = _Recorder(registry, table, SHAPES["floating"]), _Recorder(registry, table, SHAPES["floating"])
+    a, b = Client(registry, table, SHAPES["floating"]), Client(registry, table, SHAPES["floating"])
     for c in (a, b):
-        c.taken = []
         c.pump()
     for step in range(6):  # b stalls: its outbox fills, then its changes coalesce
         upd, vals, keys = random_update(rng, keys)

@@ -20,19 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.protocol.schema import numpy_storage_dtype
+
 __all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable"]
-
-
-def _storage_dtype(t: pa.DataType) -> Optional[np.dtype]:
-    if pa.types.is_boolean(t):
-        return np.dtype(bool)
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return np.dtype(t.to_pandas_dtype())
-    if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
-        return np.dtype(np.int64)
-    if pa.types.is_date32(t) or pa.types.is_time32(t):
-        return np.dtype(np.int32)
-    return None
 
 
 def _is_c_convertible(t: pa.DataType) -> bool:
@@ -45,7 +35,7 @@ class _Column:
 
     def __init__(self, t: pa.DataType, capacity: int):
         self.type = t
-        self.dtype = _storage_dtype(t)
+        self.dtype = numpy_storage_dtype(t)
         if self.dtype is None:
             self.values = np.empty(capacity, dtype=object)
             self.storage_type = t
