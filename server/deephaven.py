@@ -2,8 +2,10 @@
 
 ConfigService.GetConfigurationConstants (the clients' first call, which also opens the session),
 SessionService (NewSession, RefreshSessionToken, CloseSession, Release, ExportFromTicket,
-PublishFromTicket), TableService.FetchTable / GetExportedTableCreationResponse and Batch with
-`fetch_table`, and ApplicationService.ListFields (the tables of the global scope). BARRAGE-WIRE.md §7.1.
+PublishFromTicket), TableService.FetchTable / GetExportedTableCreationResponse, the table
+operations of `table_ops` (Sort, Filter, UnstructuredFilter, View, Select, Update, Head, Tail) alone
+or in a Batch, and ApplicationService.ListFields (the tables of the global scope). BARRAGE-WIRE.md
+§7.1. Every other TableService method answers UNIMPLEMENTED with its name.
 """
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import platform
 import pyarrow as pa
 
 from tickwire.protocol.proto import application_pb2, config_pb2, session_pb2, table_pb2
+from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM, SERVER_STREAM, UNARY
 from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket, TicketError, parse_ticket
 from tickwire.server.barrage import TableWire
 from tickwire.server.graph import Table
-from tickwire.server.rpc import CallError, ServerContext
+from tickwire.server.rpc import RAW, CallError, ServerContext
 from tickwire.server.session import Session
+from tickwire.server.table_ops import OPERATIONS, TableOps
 
 __all__ = ["DeephavenServices", "BARRAGE_VERSION"]
 
@@ -33,9 +37,10 @@ class DeephavenServices:
     def __init__(self, ctx: ServerContext, list_fields_poll_s: float = 1.0):
         self.ctx = ctx
         self.poll = list_fields_poll_s
+        self.ops = TableOps(ctx.graph)
 
     def handlers(self) -> dict:
-        return {
+        handlers = {
             CONFIG + "GetConfigurationConstants": (self.configuration_constants, None, None),
             CONFIG + "GetAuthenticationConstants": (self.authentication_constants, None, None),
             SESSION + "NewSession": (self.new_session, None, None),
@@ -49,6 +54,17 @@ class DeephavenServices:
             TABLE + "Batch": (self.batch, None, None),
             APPLICATION + "ListFields": (self.list_fields, None, None),
         }
+        for method, field_name in OPERATIONS.items():
+            handlers[TABLE + method] = (self._operation(field_name), None, None)
+        # the rest of TableService (every method of its .proto): UNIMPLEMENTED, by name
+        for method in table_pb2.DESCRIPTOR.services_by_name["TableService"].methods:
+            path = TABLE + method.name
+            if path in handlers:
+                continue
+            kind = SERVER_STREAM if method.server_streaming and not method.client_streaming else \
+                BIDI if method.server_streaming else CLIENT_STREAM if method.client_streaming else UNARY
+            handlers[path] = (self._unimplemented(method.name, kind), RAW, RAW, kind)
+        return handlers
 
     # -- config ------------------------------------------------------------------------------------------
     def _constants(self) -> dict[str, str]:
@@ -89,7 +105,10 @@ class DeephavenServices:
 
     async def close_session(self, _req, context):
         session = await self.ctx.authenticate(context, send_header=False)
+        held = list(session.exports.values())
         self.ctx.sessions.close(session)
+        for table in held:
+            await self.ctx.run(self.ops.drop, table)
         return session_pb2.CloseSessionResponse()
 
     @staticmethod
@@ -105,8 +124,11 @@ class DeephavenServices:
     async def release(self, req, context):
         session = await self.ctx.authenticate(context)
         export_id = self._export_id(req.id.ticket, "Release id")
+        table = session.exports.get(export_id)
         if not session.release(export_id):
             raise CallError("NOT_FOUND", f"export {export_id} does not exist in this session")
+        if table is not None:
+            await self.ctx.run(self.ops.drop, table)
         return session_pb2.ReleaseResponse()
 
     async def export_from_ticket(self, req, context):
@@ -140,10 +162,48 @@ class DeephavenServices:
 
     def _fetch(self, req, session: Session, earlier=None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
         table = self._source(req.source_id, session, earlier)
+        return self._export_result(req, session, table), table
+
+    def _export_result(self, req, session: Session, table: Table) -> table_pb2.ExportedTableCreationResponse:
         result = req.result_id.ticket
         if result:
             session.export(self._export_id(result, "result_id"), table)
-        return self._creation_response(result, table), table
+            self.ops.hold(table)
+        return self._creation_response(result, table)
+
+    def _apply_op(self, kind: str, req, session: Session, earlier=None) -> tuple[table_pb2.ExportedTableCreationResponse,
+                                                                                Table]:
+        if kind == "fetch_table":
+            return self._fetch(req, session, earlier)
+        source = self._source(req.source_id, session, earlier)
+        if req.result_id.ticket:
+            self._export_id(req.result_id.ticket, "result_id")  # a bad ticket fails before the table is made
+        table = self.ops.build(kind, req, source)
+        try:
+            return self._export_result(req, session, table), table
+        except BaseException:
+            self.ops.drop(table)
+            raise
+
+    def _operation(self, kind: str):
+        async def handler(req, context):
+            session = await self.ctx.authenticate(context)
+            resp, _t = await self.ctx.run(self._apply_op, kind, req, session)
+            return resp
+        return handler
+
+    @staticmethod
+    def _unimplemented(name: str, kind):
+        message = f"TableService.{name} is not supported by tickwire"
+        if kind in (SERVER_STREAM, BIDI):
+            async def stream(req, context):
+                raise CallError("UNIMPLEMENTED", message)
+                yield  # unreachable: makes this an async generator
+            return stream
+
+        async def unary(req, context):
+            raise CallError("UNIMPLEMENTED", message)
+        return unary
 
     async def fetch_table(self, req, context):
         session = await self.ctx.authenticate(context)
@@ -158,12 +218,14 @@ class DeephavenServices:
     async def batch(self, req, context):
         session = await self.ctx.authenticate(context)
         done: list[Table] = []
+        allowed = {"fetch_table", *OPERATIONS.values()}
         for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
             which = op.WhichOneof("op")
-            if which != "fetch_table":
+            if which not in allowed:
                 raise CallError("UNIMPLEMENTED", f"TableService.Batch operation {i} {which!r} is not supported")
         for op in req.ops:
-            resp, table = self._fetch(op.fetch_table, session, done)
+            which = op.WhichOneof("op")
+            resp, table = await self.ctx.run(self._apply_op, which, getattr(op, which), session, done)
             done.append(table)
             yield resp
 

@@ -62,6 +62,11 @@ class DemoTicker:
         self.keyed = graph.keyed_table("ticking_keyed", TRADES, ["Sym"])
         self.blink = graph.blink_table("blink", TRADES)
         self.ring = graph.ring_table("ticking_ring", TRADES, 1000)
+        # the latest trade per symbol, sorted on its (changing) price: a derived table whose rows
+        # move, with tight row-key gaps so that moves show up as shifts as well as removes/adds
+        from tickwire.server.graph.ops import LastByTable, SortTable
+        latest = LastByTable(graph, "__ticking_latest_by_sym", self.append, ["Sym"])
+        self.sorted = SortTable(graph, "ticking_sorted", latest, "Price", spacing=2)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 

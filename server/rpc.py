@@ -104,16 +104,22 @@ def _guard(fn, kind: str):
 def build_handlers(impls: dict[str, tuple[Callable, Any, Any]]) -> list[grpc.GenericRpcHandler]:
     """Generic handlers from {method path: (async fn, request codec, response codec)}.
 
-    A codec is RAW (bytes pass through) or None (the method table's protobuf class)."""
+    A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
+    in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for path, (fn, req, resp) in impls.items():
-        m = METHODS[path]
-        deser = None if req is RAW else m.request.FromString
-        ser = None if resp is RAW else m.response.SerializeToString
-        wrapped = _guard(fn, m.kind)
+    for path, (fn, req, resp, *kind) in impls.items():
+        m = METHODS.get(path)
+        if m is None:  # a method outside the method table: raw bytes both ways, kind given
+            service, _sep, name = path[1:].rpartition("/")
+            method_kind, deser, ser = kind[0], None, None
+        else:
+            service, name, method_kind = m.service, m.name, m.kind
+            deser = None if req is RAW else m.request.FromString
+            ser = None if resp is RAW else m.response.SerializeToString
+        wrapped = _guard(fn, method_kind)
         factory = {UNARY: grpc.unary_unary_rpc_method_handler, SERVER_STREAM: grpc.unary_stream_rpc_method_handler,
                    CLIENT_STREAM: grpc.stream_unary_rpc_method_handler,
-                   BIDI: grpc.stream_stream_rpc_method_handler}[m.kind]
-        by_service.setdefault(m.service, {})[m.name] = factory(wrapped, request_deserializer=deser,
-                                                                response_serializer=ser)
+                   BIDI: grpc.stream_stream_rpc_method_handler}[method_kind]
+        by_service.setdefault(service, {})[name] = factory(wrapped, request_deserializer=deser,
+                                                            response_serializer=ser)
     return [grpc.method_handlers_generic_handler(s, h) for s, h in by_service.items()]

@@ -22,7 +22,7 @@ if _WHY_NOT:
     pytest.skip(_WHY_NOT, allow_module_level=True)
 
 BIG = 250_000  # x 3 columns: over the 500,000 cells of one snapshot piece
-TABLES = ["static_mixed", "ticking_append", "ticking_keyed", "big_ticking"]
+TABLES = ["static_mixed", "ticking_append", "ticking_keyed", "ticking_sorted", "big_ticking"]
 
 
 def plain(t: pa.Table) -> pa.Table:
@@ -121,6 +121,23 @@ def test_keyed_table_has_every_key_with_current_or_newer_values_on_the_server(se
         for s, q in zip(got.column("Sym").to_pylist(), got.column("Seq").to_pylist()):
             assert later[s] >= q, (mode, s)  # the server is never behind what the client saw
     assert _ok(results[("ticking_keyed", "viewport")]).num_rows == 10
+
+
+def test_sorted_table_with_shifts_is_applied_correctly(served, results):
+    """ticking_sorted (latest trade per symbol, sorted on its changing price) moves rows every
+    cycle, often as shifts: the Java client's table must be a consistent state: one row per symbol,
+    in price order, each row the trade it claims to be."""
+    _server, graph = served
+    trades = graph.snapshot("ticking_append")[1]
+    by_seq = dict(zip(trades.column("Seq").to_pylist(), zip(trades.column("Sym").to_pylist(),
+                                                          trades.column("Price").to_pylist())))
+    for mode in ("full", "viewport", "snapshot"):
+        got = _ok(results[("ticking_sorted", mode)])
+        syms, prices, seqs = (got.column(c).to_pylist() for c in ("Sym", "Price", "Seq"))
+        assert len(set(syms)) == len(syms) and got.num_rows == (10 if mode == "viewport" else 20), mode
+        assert prices == sorted(prices), f"{mode}: rows out of price order"
+        for sym, price, seq in zip(syms, prices, seqs):
+            assert by_seq[seq] == (sym, price), (mode, sym, seq)
 
 
 def test_growing_snapshot_of_a_big_ticking_table_completes(served, results):

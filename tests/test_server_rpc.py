@@ -159,7 +159,7 @@ def test_fetch_table_exports_release_and_batch(server):
         unary(ch, "/io.deephaven.proto.backplane.grpc.SessionService/Release", rel, md)
         code, _ = status_of(lambda: unary(ch, "/io.deephaven.proto.backplane.grpc.SessionService/Release", rel, md))
         assert code == grpc.StatusCode.NOT_FOUND
-        # Batch: fetch_table works, other operations are UNIMPLEMENTED by name
+        # Batch: fetch_table works, operations tickwire lacks are UNIMPLEMENTED by name
         batch = table_pb2.BatchTableRequest()
         op = batch.ops.add()
         op.fetch_table.source_id.ticket.ticket = b"s/static"
@@ -170,9 +170,9 @@ def test_fetch_table_exports_release_and_batch(server):
         (r,) = list(call(batch, metadata=md))
         assert r.is_static and r.size == 50
         op2 = batch.ops.add()
-        op2.head.num_rows = 3
+        op2.select_distinct.source_id.batch_offset = 0
         code, msg = status_of(lambda: list(call(batch, metadata=md)))
-        assert code == grpc.StatusCode.UNIMPLEMENTED and "'head'" in msg
+        assert code == grpc.StatusCode.UNIMPLEMENTED and "'select_distinct'" in msg
 
 
 def test_psk_is_required_when_configured():

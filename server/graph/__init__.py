@@ -6,6 +6,9 @@ from tickwire.server.graph.rowset import RowSet, RowSetShiftData, RowSetShiftDat
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, SourceTable
 from tickwire.server.graph.tables import FilterTable, SchemaMismatchError, StaticTable, Table
 from tickwire.server.graph.update import ROW_KEY, ModifiedColumnSet, TableUpdate, UpdateValidationError, apply_update
+from tickwire.server.graph.keymap import KeyMap
+from tickwire.server.graph.order import OrderIndex, SortKeys
+from tickwire.server.graph.ops import HeadTailTable, LastByTable, ProjectTable, SortTable, WhereTable
 
 __all__ = [
     "UpdateGraph", "ListenerError",
@@ -14,4 +17,5 @@ __all__ = [
     "Table", "StaticTable", "FilterTable", "SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable",
     "SchemaMismatchError",
     "ColumnStore", "KeyIndex", "equal_mask", "hash_columns",
+    "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "OrderIndex", "SortKeys", "KeyMap",
 ]

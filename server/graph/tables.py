@@ -157,11 +157,44 @@ class Table:
             if fn in self.listeners:
                 self.listeners.remove(fn)
 
-    # -- derived tables -------------------------------------------------------------------------
-    def where(self, predicate: Callable[[pa.Table], object], name: Optional[str] = None,
-              columns: Optional[Sequence[str]] = None) -> "FilterTable":
-        """A table of the rows for which `predicate(values)` is true; see FilterTable."""
-        return FilterTable(self.graph, name or f"{self.name}.where", self, predicate, columns)
+    # -- derived tables (tickwire.server.graph.ops) ----------------------------------------------
+    def where(self, predicate, name: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> "FilterTable":
+        """The rows for which `predicate` holds: a pyarrow compute Expression (``pc.field("x") > 3``)
+        or a callable ``values -> boolean array`` (given `columns` of the rows when set)."""
+        from tickwire.server.graph.ops import WhereTable, unique_name
+        return WhereTable(self.graph, name or unique_name(self.graph, f"{self.name}.where"), self, predicate, columns)
+
+    def sort(self, columns, descending=False, name: Optional[str] = None) -> "Table":
+        """The rows ordered by `columns` (a name or names; `descending` a flag or one per column),
+        ties in this table's row order."""
+        from tickwire.server.graph.ops import SortTable, unique_name
+        return SortTable(self.graph, name or unique_name(self.graph, f"{self.name}.sort"), self, columns, descending)
+
+    def view(self, columns, name: Optional[str] = None) -> "Table":
+        """Columns kept, renamed or computed: names, ``(new_name, column)`` and ``(name, Expression)``
+        pairs, or a dict; computed columns are evaluated when read."""
+        from tickwire.server.graph.ops import ProjectTable, unique_name
+        return ProjectTable(self.graph, name or unique_name(self.graph, f"{self.name}.view"), self, columns, False)
+
+    def select(self, columns, name: Optional[str] = None) -> "Table":
+        """Like `view`, with the computed columns stored (computed once per change)."""
+        from tickwire.server.graph.ops import ProjectTable, unique_name
+        return ProjectTable(self.graph, name or unique_name(self.graph, f"{self.name}.select"), self, columns, True)
+
+    def head(self, n: int, name: Optional[str] = None) -> "Table":
+        """The first n rows."""
+        from tickwire.server.graph.ops import HeadTailTable, unique_name
+        return HeadTailTable(self.graph, name or unique_name(self.graph, f"{self.name}.head"), self, n, False)
+
+    def tail(self, n: int, name: Optional[str] = None) -> "Table":
+        """The last n rows."""
+        from tickwire.server.graph.ops import HeadTailTable, unique_name
+        return HeadTailTable(self.graph, name or unique_name(self.graph, f"{self.name}.tail"), self, n, True)
+
+    def last_by(self, keys, name: Optional[str] = None) -> "Table":
+        """The latest row of each distinct value of `keys` (a keyed table)."""
+        from tickwire.server.graph.ops import LastByTable, unique_name
+        return LastByTable(self.graph, name or unique_name(self.graph, f"{self.name}.last_by"), self, keys)
 
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
     def _take_pending(self) -> list:

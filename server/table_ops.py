@@ -1,0 +1,216 @@
+"""Deephaven TableService operations on tickwire tables: Sort, Filter, UnstructuredFilter, View,
+Select, Update (adding columns), Head, Tail, also inside Batch.
+
+Each operation makes a derived table in the update graph (tickwire.server.graph.ops), which stays
+correct incrementally and can be exported, fetched and subscribed to like any other. A derived
+table lives while an export holds it (or a derived table built on it); releasing the last export
+removes it from the graph. Their names start with "__", which keeps them out of the global scope.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.server.dh_expr import ExpressionError, parse_column_spec, parse_filter
+from tickwire.server.graph import Table
+from tickwire.server.rpc import CallError
+
+__all__ = ["OPERATIONS", "TableOps", "condition_expression"]
+
+# TableService method name -> Batch `op` field name, for the operations served
+OPERATIONS = {
+    "Sort": "sort", "Filter": "filter", "UnstructuredFilter": "unstructured_filter", "View": "view",
+    "Select": "select", "Update": "update", "UpdateView": "update_view", "LazyUpdate": "lazy_update",
+    "Head": "head", "Tail": "tail",
+}
+
+_COMPARE = {0: pc.less, 1: pc.less_equal, 2: pc.greater, 3: pc.greater_equal, 4: pc.equal, 5: pc.not_equal}
+
+
+def _value(v, schema: pa.Schema, what: str):
+    which = v.WhichOneof("data")
+    if which == "reference":
+        name = v.reference.column_name
+        if name not in schema.names:
+            raise CallError("INVALID_ARGUMENT", f"{what}: unknown column {name!r}")
+        return pc.field(name)
+    if which == "literal":
+        lit = v.literal
+        kind = lit.WhichOneof("value")
+        if kind is None:
+            raise CallError("INVALID_ARGUMENT", f"{what}: empty literal")
+        if kind == "nano_time_value":
+            return pc.scalar(pa.scalar(lit.nano_time_value, pa.timestamp("ns", "UTC")))
+        return pc.scalar(getattr(lit, kind))
+    raise CallError("INVALID_ARGUMENT", f"{what}: a value needs a column reference or a literal")
+
+
+def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
+    """A TableService Condition as a pyarrow boolean expression (the simple conditions)."""
+    which = cond.WhichOneof("data")
+    if which == "and":
+        return _fold([condition_expression(c, schema) for c in getattr(cond, "and").filters], pc.and_kleene, True)
+    if which == "or":
+        return _fold([condition_expression(c, schema) for c in getattr(cond, "or").filters], pc.or_kleene, False)
+    if which == "not":
+        return pc.invert(condition_expression(getattr(cond, "not").filter, schema))
+    if which == "compare":
+        c = cond.compare
+        fn = _COMPARE.get(c.operation)
+        if fn is None:
+            raise CallError("INVALID_ARGUMENT", f"unknown compare operation {c.operation}")
+        if c.case_sensitivity != 0:
+            raise CallError("UNIMPLEMENTED", "Filter: case-insensitive comparison is not supported")
+        lhs, rhs = _value(c.lhs, schema, "compare"), _value(c.rhs, schema, "compare")
+        if c.operation == 4:
+            return pc.and_kleene(pc.is_valid(lhs), fn(lhs, rhs))
+        if c.operation == 5:
+            return pc.or_kleene(pc.is_null(lhs), fn(lhs, rhs))
+        return fn(lhs, rhs)
+    if which == "in":
+        c = getattr(cond, "in")
+        if c.case_sensitivity != 0:
+            raise CallError("UNIMPLEMENTED", "Filter: case-insensitive 'in' is not supported")
+        target = _value(c.target, schema, "in")
+        terms = [pc.and_kleene(pc.is_valid(target), pc.equal(target, _value(v, schema, "in")))
+                 for v in c.candidates]
+        expr = _fold(terms, pc.or_kleene, False)
+        return pc.invert(expr) if c.match_type == 1 else expr
+    if which == "is_null":
+        name = cond.is_null.reference.column_name
+        if name not in schema.names:
+            raise CallError("INVALID_ARGUMENT", f"is_null: unknown column {name!r}")
+        return pc.is_null(pc.field(name))
+    raise CallError("UNIMPLEMENTED", f"Filter: condition {which!r} is not supported")
+
+
+def _fold(parts: list, fn, empty: bool) -> pc.Expression:
+    if not parts:
+        return pc.scalar(empty)
+    out = parts[0]
+    for p in parts[1:]:
+        out = fn(out, p)
+    return out
+
+
+class TableOps:
+    """Builds derived tables for TableService requests and keeps them alive while exported."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self._lock = threading.Lock()
+        self._holds: dict[str, int] = {}  # derived table name -> exports holding it
+        self.created: set[str] = set()
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def hold(self, table: Table) -> None:
+        if table.name in self.created:
+            with self._lock:
+                self._holds[table.name] = self._holds.get(table.name, 0) + 1
+
+    def drop(self, table: Table) -> None:
+        """An export of `table` was released: remove it (and parents made for it) once unused."""
+        with self._lock:
+            if table.name not in self.created:
+                return
+            n = self._holds.get(table.name, 0) - 1
+            if n > 0:
+                self._holds[table.name] = n
+                return
+            self._holds.pop(table.name, None)
+        self._collect(table)
+
+    def _collect(self, table: Table) -> None:
+        with self.graph.lock:
+            if table.name not in self.created or self._holds.get(table.name):
+                return
+            if any(table in t.parents for t in self.graph.tables.values()):
+                return  # a derived table still uses it; it goes with that one
+            self.graph.remove_table(table.name)
+            self.created.discard(table.name)
+            parents = list(table.parents)
+        for p in parents:
+            self._collect(p)
+
+    def _name(self, source: Table, op: str) -> str:
+        """Exports are not global-scope variables: their tables' names start with "__" (hidden)."""
+        from tickwire.server.graph.ops import unique_name
+
+        base = source.name if source.name.startswith("__") else f"__export.{source.name}"
+        return unique_name(self.graph, f"{base}.{op}")
+
+    # -- operations -------------------------------------------------------------------------------
+    def build(self, kind: str, req, source: Table) -> Table:
+        """The derived table for operation `kind` (a Batch op field name) on `source`."""
+        make: Optional[Callable[[], Table]] = None
+        schema = source.schema
+        if kind == "sort":
+            if not req.sorts:
+                raise CallError("INVALID_ARGUMENT", "Sort: no sort columns")
+            cols, desc = [], []
+            for s in req.sorts:
+                if s.column_name not in schema.names:
+                    raise CallError("INVALID_ARGUMENT", f"Sort: unknown column {s.column_name!r}")
+                if s.is_absolute:
+                    raise CallError("UNIMPLEMENTED", "Sort: absolute-value sorting is not supported")
+                if s.direction == 2:
+                    raise CallError("UNIMPLEMENTED", "Sort: REVERSE is not supported")
+                cols.append(s.column_name)
+                desc.append(s.direction == -1)
+
+            def make():
+                return source.sort(cols, descending=desc, name=self._name(source, "sort"))
+        elif kind == "unstructured_filter":
+            try:
+                exprs = [parse_filter(f, schema) for f in req.filters]
+            except ExpressionError as exc:
+                raise CallError("INVALID_ARGUMENT", f"Filter: {exc}") from None
+
+            def make():
+                return source.where(_fold(exprs, pc.and_kleene, True), name=self._name(source, "where"))
+        elif kind == "filter":
+            expr = _fold([condition_expression(c, schema) for c in req.filters], pc.and_kleene, True)
+
+            def make():
+                return source.where(expr, name=self._name(source, "where"))
+        elif kind in ("view", "select", "update", "update_view", "lazy_update"):
+            try:
+                specs = [parse_column_spec(s, schema) for s in req.column_specs]
+            except ExpressionError as exc:
+                raise CallError("INVALID_ARGUMENT", f"{kind}: {exc}") from None
+            cols: list = []
+            if kind in ("update", "update_view", "lazy_update"):
+                new_names = {name for name, _e, _s in specs}
+                cols = [n for n in schema.names if n not in new_names]
+            for name, expr, src in specs:
+                if expr is not None:
+                    cols.append((name, expr))
+                elif src == name:
+                    cols.append(name)
+                else:
+                    cols.append((name, src))
+            stored = kind in ("select", "update")
+
+            def make():
+                name = self._name(source, kind)
+                return source.select(cols, name=name) if stored else source.view(cols, name=name)
+        elif kind in ("head", "tail"):
+            n = int(req.num_rows)
+            if n < 0:
+                raise CallError("INVALID_ARGUMENT", f"{kind}: num_rows must be >= 0, got {n}")
+
+            def make():
+                name = self._name(source, kind)
+                return source.head(n, name=name) if kind == "head" else source.tail(n, name=name)
+        if make is None:
+            raise CallError("UNIMPLEMENTED", f"TableService operation {kind!r} is not supported")
+        try:
+            with self.graph.lock:
+                table = make()
+        except (ValueError, TypeError, KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise CallError("INVALID_ARGUMENT", f"{kind} on {source.name!r}: {exc}") from None
+        self.created.add(table.name)
+        return table

@@ -1,0 +1,217 @@
+"""The building blocks of derived tables: the key map, sort-key words and the gapped order index,
+against plain Python models."""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tickwire.server.graph import KeyMap, OrderIndex, SortKeys
+from tickwire.server.graph.order import NONE_HI, NONE_LO, _lex_greater
+
+SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------------------------
+# KeyMap
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_key_map_matches_a_dict_in_dense_and_sparse_modes(seed):
+    rng = np.random.default_rng(seed)
+    km, model = KeyMap(), {}
+    modes = set()
+    for step in range(300):
+        spread = [10**3, 10**5, 10**12][step // 100]  # dense, then wider, then very sparse keys
+        base = int(rng.integers(0, spread))
+        keys = np.unique(base + rng.integers(0, spread, int(rng.integers(1, 60))))
+        op = rng.random()
+        if op < 0.6:
+            vals = rng.integers(0, 10**9, keys.size)
+            km.set(keys, vals)
+            model.update(zip(keys.tolist(), vals.tolist()))
+        elif op < 0.85:
+            km.delete(keys)
+            for k in keys.tolist():
+                model.pop(k, None)
+        elif model:
+            old = np.array(sorted(model)[: int(rng.integers(1, 20))], dtype=np.int64)
+            new = old + int(rng.integers(1, 5))
+            km.remap(old, new)
+            vals = [model.pop(k) for k in old.tolist()]
+            model.update(zip(new.tolist(), vals))
+        modes.add(km._direct)
+        probe = np.concatenate((keys, np.array(list(model)[:50], dtype=np.int64)))
+        assert km.get(probe).tolist() == [model.get(k, -1) for k in probe.tolist()], step
+        assert len(km) == len(model)
+    ks, vs = km.items()
+    assert ks.tolist() == sorted(model) and vs.tolist() == [model[k] for k in sorted(model)]
+    assert modes == {True, False}  # both representations were exercised
+
+
+# ----------------------------------------------------------------------------------------------
+# sort-key words
+# ----------------------------------------------------------------------------------------------
+
+def _words_order(keys: SortKeys, table: pa.Table) -> list[int]:
+    keys.needs_more_words(table)
+    w = keys.encode(table, np.arange(table.num_rows, dtype=np.int64))
+    return np.lexsort(w[::-1]).tolist()
+
+
+def _py_key(v, desc):
+    if v is None:
+        k = (0,)
+    elif isinstance(v, float) and math.isnan(v):
+        k = (2,)
+    elif isinstance(v, float):
+        k = (1, v + 0.0)
+    elif isinstance(v, (str, bytes)):
+        k = (1, v.encode() if isinstance(v, str) else v)
+    else:
+        k = (1, v)
+    return k
+
+
+def _py_order(table: pa.Table, cols, desc) -> list[int]:
+    rows = list(range(table.num_rows))
+    data = {c: table.column(c).to_pylist() for c in cols}
+    for c, d in reversed(list(zip(cols, desc))):
+        rows = sorted(rows, key=lambda i: _py_key(data[c][i], d), reverse=d)
+    return rows
+
+
+@pytest.mark.parametrize("desc", [False, True])
+def test_sort_words_order_every_type_like_python(desc):
+    rng = np.random.default_rng(7)
+    n = 400
+    strings = ["", "a", "a\x00", "ab", "abcdefgh", "abcdefgh\x00", "abcdefghi", "abcdefgz", "b", "zz" * 20,
+               "é", "Z", "a" * 70, "a" * 70 + "b"]
+    table = pa.table({
+        "i64": pa.array(rng.integers(-5, 5, n), pa.int64(), mask=rng.random(n) < 0.1),
+        "i8": pa.array(rng.integers(-128, 127, n), pa.int8(), mask=rng.random(n) < 0.1),
+        "u64": pa.array(rng.choice(np.array([0, 1, 2**64 - 1, 2**63], dtype=np.uint64), n), pa.uint64(),
+                        mask=rng.random(n) < 0.1),
+        "u16": pa.array(rng.integers(0, 3, n), pa.uint16(), mask=rng.random(n) < 0.1),
+        "f64": pa.array(rng.choice([-np.inf, -1.5, -0.0, 0.0, 2.5, np.inf, np.nan, 1e300, -1e-300], n),
+                        pa.float64(), mask=rng.random(n) < 0.1),
+        "f32": pa.array(rng.choice([-1.0, 0.0, 1.0, np.nan], n).astype(np.float32), pa.float32(),
+                        mask=rng.random(n) < 0.1),
+        "b": pa.array(rng.random(n) < 0.5, pa.bool_(), mask=rng.random(n) < 0.1),
+        "ts": pa.array(rng.integers(-3, 3, n), pa.timestamp("us"), mask=rng.random(n) < 0.1),
+        "d32": pa.array(rng.integers(-3, 3, n).astype(np.int32), pa.date32(), mask=rng.random(n) < 0.1),
+        "s": pa.array([strings[i] for i in rng.integers(0, len(strings), n)], pa.string(), mask=rng.random(n) < 0.1),
+        "lb": pa.array([strings[i].encode() for i in rng.integers(0, len(strings), n)], pa.large_binary()),
+        "dict": pa.array([strings[i] for i in rng.integers(0, 4, n)], pa.string()).dictionary_encode(),
+    })
+    for cols in (["i64"], ["i8"], ["u64"], ["u16"], ["f64"], ["f32"], ["b"], ["ts"], ["d32"], ["s"], ["lb"],
+                 ["dict"], ["b", "f64"], ["s", "i64", "f32"], ["u16", "s", "ts"]):
+        d = [desc] * len(cols) if len(cols) == 1 else [desc] + [not desc] * (len(cols) - 1)
+        sk = SortKeys(table.schema, cols, d)
+        got = _words_order(sk, table.select(cols))
+        want = _py_order(table.select(cols), cols, d)
+        assert got == want, cols
+
+
+def test_sort_words_reject_unsortable_types_and_grow_for_long_strings():
+    schema = pa.schema([("l", pa.list_(pa.int64())), ("s", pa.string())])
+    with pytest.raises(TypeError, match="cannot sort on column 'l'"):
+        SortKeys(schema, ["l"], [False])
+    sk = SortKeys(schema, ["s"], [False])
+    assert sk.nwords == 3  # one word of bytes, the length, the row key
+    assert sk.needs_more_words(pa.table({"s": ["x" * 20]}))
+    assert sk.nwords == 5 and not sk.needs_more_words(pa.table({"s": ["y" * 24]}))
+    assert sk.needs_more_words(pa.table({"s": ["z" * 1000]})) and sk.nwords == 10  # capped at 64 bytes
+
+
+# ----------------------------------------------------------------------------------------------
+# OrderIndex
+# ----------------------------------------------------------------------------------------------
+
+def _check_against(idx: OrderIndex, model: dict) -> None:
+    idx.check()
+    ids = np.array(sorted(model), dtype=np.int64)
+    keys = idx.key_of(ids)
+    assert (keys >= 0).all() and len(idx) == len(model)
+    by_key = ids[np.argsort(keys)].tolist()
+    assert by_key == sorted(model, key=lambda i: (model[i], i))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("spacing", [2, 4])
+def test_order_index_keeps_order_under_random_inserts_deletes_and_moves(seed, spacing):
+    rng = np.random.default_rng(seed)
+    idx = OrderIndex(2, spacing)
+    model: dict[int, int] = {}
+    next_id = 0
+    total_moves = 0
+    for step in range(250):
+        ids = np.array(list(model), dtype=np.int64)
+        if ids.size and rng.random() < 0.6:
+            gone = rng.choice(ids, int(rng.integers(1, min(ids.size, 30) + 1)), replace=False)
+            idx.delete(idx.key_of(gone))
+            for i in gone.tolist():
+                del model[i]
+        m = int(rng.integers(0, 50))
+        mode = int(rng.integers(0, 4))
+        vals = [rng.integers(0, 4, m), rng.integers(0, 10**6, m), np.full(m, int(rng.integers(0, 4))),
+                10**6 + step * 100 + np.arange(m)][mode]
+        new = np.arange(next_id, next_id + m, dtype=np.int64)
+        next_id += m
+        before = {i: k for i, k in zip(model, idx.key_of(np.array(list(model), dtype=np.int64)).tolist())}
+        keys, mo, mn, brk, kept = idx.insert([vals.astype(np.uint64), new.astype(np.uint64)])
+        model.update(zip(new.tolist(), vals.tolist()))
+        _check_against(idx, model)
+        assert np.array_equal(idx.key_of(new), keys) and not kept.any()
+        # the reported moves are exactly the elements whose key changed, in ascending order
+        after = dict(zip(before, idx.key_of(np.array(list(before), dtype=np.int64)).tolist()))
+        changed = sorted((before[i], after[i]) for i in before if before[i] != after[i])
+        assert [tuple(x) for x in zip(mo.tolist(), mn.tolist())] == changed
+        total_moves += mo.size
+        # a run break sits exactly where an element that stayed lies between two moved ones
+        stayed = np.array(sorted(k for i, k in before.items() if before[i] == after[i]), dtype=np.int64)
+        if mo.size:
+            between = np.searchsorted(stayed, mo[1:]) > np.searchsorted(stayed, mo[:-1])
+            assert brk[0] and np.array_equal(brk[1:] & between, between)
+    assert total_moves > 0  # crowded gaps did happen
+
+
+def test_locate_finds_neighbours_and_the_ends():
+    idx = OrderIndex(2, 4)
+    vals = np.array([10, 20, 20, 30], dtype=np.uint64)
+    keys = idx.build([vals, np.arange(4, dtype=np.uint64)])
+    q = [np.array([5, 20, 20, 25, 40], dtype=np.uint64), np.array([9, 0, 9, 9, 9], dtype=np.uint64)]
+    # (20, 0) is not present as a query (id 0 has value 10), so it sorts before (20, 1)
+    pred, succ = idx.locate(q)
+    assert pred.tolist() == [NONE_LO, keys[0], keys[2], keys[2], keys[3]]
+    assert succ.tolist() == [keys[0], keys[1], keys[3], keys[3], NONE_HI]
+
+
+def test_a_row_between_two_rows_goes_in_without_moving_anyone_and_prefer_keeps_a_key():
+    idx = OrderIndex(2, 4)
+    keys = idx.build([np.array([10, 20, 30], dtype=np.uint64), np.arange(3, dtype=np.uint64)])
+    k, mo, mn, brk, kept = idx.insert([np.array([15, 25], dtype=np.uint64), np.array([3, 4], dtype=np.uint64)])
+    assert mo.size == 0 and keys[0] < k[0] < keys[1] < k[1] < keys[2]
+    # an element taken out and put back between the same neighbours can keep its key
+    idx.delete(np.array([keys[1]]))
+    k2, mo, _, _, kept = idx.insert([np.array([21], dtype=np.uint64), np.array([1], dtype=np.uint64)],
+                                    prefer=np.array([keys[1]]))
+    assert kept.tolist() == [True] and k2.tolist() == [keys[1]] and mo.size == 0
+    idx.check()
+
+
+def test_first_and_last_keys_and_lex_compare():
+    idx = OrderIndex(2, 2)
+    vals = np.arange(100, dtype=np.uint64)[::-1].copy()
+    keys = idx.build([vals, np.arange(100, dtype=np.uint64)])
+    idx.delete(np.sort(keys)[::3])
+    all_keys = idx.keys()
+    assert idx.first_keys(10).tolist() == all_keys[:10].tolist()
+    assert idx.last_keys(7).tolist() == all_keys[-7:].tolist()
+    assert idx.first_keys(1000).tolist() == all_keys.tolist()
+    a = [np.array([1, 1, 2], np.uint64), np.array([5, 6, 0], np.uint64)]
+    b = [np.array([1, 1, 1], np.uint64), np.array([6, 6, 9], np.uint64)]
+    assert _lex_greater(a, b).tolist() == [False, False, True]
