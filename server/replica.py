@@ -29,7 +29,6 @@ from typing import Optional
 import grpc
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tickwire.clients.client import FLIGHT, BarrageClient, _State
 from tickwire.protocol import barrage
@@ -38,6 +37,7 @@ from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate, StreamDecoder
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
+from tickwire.server.graph.columns import equal_mask
 from tickwire.server.graph.keyindex import KeyIndex
 
 __all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
@@ -62,17 +62,6 @@ def _rows(ranges) -> RowSet:
         return RowSet()
     r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
     return RowSet.from_ranges(r) if r.size else RowSet()
-
-
-def _differs(a: pa.Array, b: pa.Array) -> np.ndarray:
-    """Per row: do `a` and `b` hold different values (null vs value counts as different)?"""
-    if pa.types.is_list(a.type) or pa.types.is_large_list(a.type) or pa.types.is_fixed_size_list(a.type):
-        # no element-wise comparison kernel for lists: compare each row's values as a whole
-        return np.array([x != y for x, y in zip(a.to_pylist(), b.to_pylist())], dtype=bool)
-    eq = pc.equal(a, b)
-    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-    same = pc.or_kleene(pc.fill_null(eq, False), both_null)
-    return ~np.asarray(same.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 class ReplicaTable(Table):
@@ -192,7 +181,7 @@ class ReplicaTable(Table):
             current = self.gather(None, common_keys)
             incoming = values.take(pa.array(common_new))
             for name in self.schema.names:
-                d = _differs(current.column(name).combine_chunks(), incoming.column(name).combine_chunks())
+                d = ~equal_mask(current.column(name), incoming.column(name))
                 if d.any():
                     changed |= d
                     names.append(name)
