@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from tickwire.protocol.schema import numpy_storage_dtype
 
-__all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable"]
+__all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier"]
 
 
 def _is_c_convertible(t: pa.DataType) -> bool:
@@ -224,6 +224,19 @@ def _segments_all(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) ->
     """For each segment [start, start + length) of `flags`: are all flags true (empty: true)."""
     bad = np.concatenate(([0], np.cumsum(~flags, dtype=np.int64)))
     return bad[starts + lengths] - bad[starts] == 0
+
+
+def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.Array]):
+    """A KeyIndex verifier: do the rows stored at `rows` (columns `names` of `store`) hold the key
+    values of queries `qi` (rows of `cols`)? Compared in bulk, nulls equal nulls."""
+    def verify(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        stored = store.gather(rows, names)
+        take = pa.array(qi, type=pa.int64())
+        ok = np.ones(qi.size, dtype=bool)
+        for j, col in enumerate(cols):
+            ok &= equal_mask(stored.column(j), col.take(take))
+        return ok
+    return verify
 
 
 def equal_mask(a, b) -> np.ndarray:

@@ -31,7 +31,7 @@ import pyarrow.acero as acero
 import pyarrow.compute as pc
 from pyroaring import BitMap64
 
-from tickwire.server.graph.columns import ColumnStore, check_hashable, equal_mask, hash_columns
+from tickwire.server.graph.columns import ColumnStore, check_hashable, hash_columns, key_verifier
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.keymap import KeyMap
 from tickwire.server.graph.order import NONE_LO, OrderIndex, SortKeys
@@ -899,14 +899,7 @@ class LastByTable(_Op):
         # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
         h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
 
-        def same(qi, gids):
-            stored = self._group_keys.gather(gids, self.keys)
-            take = pa.array(qi, type=pa.int64())
-            ok = np.ones(qi.size, dtype=bool)
-            for j, c in enumerate(cols):
-                ok &= equal_mask(stored.column(j), c.take(take))
-            return ok
-
+        same = key_verifier(self._group_keys, self.keys, cols)
         gids, _ = self._groups.lookup(h, same)
         missing = np.flatnonzero(gids < 0)
         if missing.size:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph.columns import check_hashable, equal_mask, hash_columns
+from tickwire.server.graph.columns import check_hashable, equal_mask, hash_columns, key_verifier
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.rowset import RowSet
 from tickwire.server.graph.tables import Table, as_table, conform
@@ -223,15 +223,7 @@ class KeyedTable(SourceTable):
             # one fixed-width key column of at most 64 bits: its hash is a bijection of the value
             return self._index.lookup(h, lambda qi, rows: np.ones(qi.size, dtype=bool))
 
-        def same_key(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
-            stored = self.store.gather(rows, self.keys)
-            take = pa.array(qi, type=pa.int64())
-            ok = np.ones(qi.size, dtype=bool)
-            for j, col in enumerate(key_cols):
-                ok &= equal_mask(stored.column(j), col.take(take))
-            return ok
-
-        return self._index.lookup(h, same_key)
+        return self._index.lookup(h, key_verifier(self.store, self.keys, key_cols))
 
     def _dedupe(self, t: pa.Table) -> tuple[pa.Table, np.ndarray]:
         """One row per key: the last row of each key, in order of each key's first row."""
