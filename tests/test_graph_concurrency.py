@@ -100,7 +100,13 @@ def test_snapshots_match_the_state_recorded_at_their_step():
     threads += [threading.Thread(target=reader) for _ in range(2)]
     for th in threads:
         th.start()
-    time.sleep(1.5)
+    # at least 1.5 s, and on until several cycle boundaries were read (a slow machine needs longer)
+    start = time.monotonic()
+    while time.monotonic() - start < 60:
+        time.sleep(0.1)
+        read_steps = {step for step, _, _ in list(snaps)} & set(states)
+        if time.monotonic() - start >= 1.5 and len(read_steps) >= 5:
+            break
     stop.set()
     for th in threads:
         th.join(10)

@@ -34,11 +34,12 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
     checked = {"top": 0, "view": 0, "ranked": 0}
     steps_seen = set()
 
-    deadline = time.monotonic() + 2.5
+    produce = threading.Event()
+    produce.set()
 
     def producer(seed, table):
         rng = np.random.default_rng(seed)
-        while time.monotonic() < deadline:
+        while produce.is_set():
             table.add(_rows(rng, int(rng.integers(1, 20))))
             time.sleep(0.002)
 
@@ -81,6 +82,13 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
     readers = [threading.Thread(target=reader) for _ in range(2)]
     for th in producers + readers:
         th.start()
+    # at least 2.5 s, and on until enough reads of enough cycle boundaries (a slow machine needs longer)
+    start = time.monotonic()
+    while time.monotonic() - start < 90:
+        time.sleep(0.1)
+        if time.monotonic() - start >= 2.5 and min(checked.values()) > 20 and len(steps_seen) > 10:
+            break
+    produce.clear()
     for th in producers:
         th.join(60)
     time.sleep(0.05)
