@@ -31,28 +31,54 @@ keysets = st.one_of(
 )
 
 
-def rs(keys) -> RowSet:
-    return RowSet.from_keys(np.array(sorted(keys), dtype=np.int64))
+# how a multi-range set is held: the sorted keys from_keys keeps, a bitmap, or keys whose bitmap was built
+FORMS = ("keys", "bitmap", "both")
+forms = st.sampled_from(FORMS)
+
+
+def rs(keys, form: str = "keys") -> RowSet:
+    r = RowSet.from_keys(np.array(sorted(keys), dtype=np.int64))
+    if form == "bitmap" and not r.is_single_range:
+        r = RowSet._from_bitmap(r._bitmap().copy())
+        assert r._k is None
+    elif form == "both" and not r.is_single_range:
+        r._bitmap()  # builds the bitmap of a set made from keys
+    return r
+
+
+def test_small_sets_keep_their_keys_until_a_bitmap_is_needed():
+    r = RowSet.from_keys(np.array([9, 3, 5, 3], dtype=np.int64))
+    assert r._k.tolist() == [3, 5, 9] and r._b is None
+    assert len(r) == 3 and r.first() == 3 and r.last() == 9 and r.ranges().tolist() == [[3, 3], [5, 5], [9, 9]]
+    assert r.find([5, 4]).tolist() == [1, -1] and r._b is None  # answered from the keys
+    assert r._bitmap() is r._bm and r._b is not None and r._k is not None  # built once, keys kept
+    keys = np.array([2, 4, 8], dtype=np.int64)
+    kept = RowSet.from_keys(keys)
+    keys[:] = [1, 3, 5]  # the caller's array changes afterwards: the set does not
+    assert kept.keys().tolist() == [2, 4, 8] and 8 in kept and 5 not in kept
+    big = RowSet.from_keys(np.arange(0, 2 * (1 << 17), 2, dtype=np.int64))
+    assert big._k is None and big._b is not None  # a big set goes straight into a bitmap
 
 
 @settings(max_examples=250, deadline=None)
-@given(keysets, keysets)
-def test_set_algebra_matches_python_sets(a, b):
-    ra, rb = rs(a), rs(b)
+@given(keysets, keysets, forms, forms)
+def test_set_algebra_matches_python_sets(a, b, fa, fb):
+    ra, rb = rs(a, fa), rs(b, fb)
     assert ra.union(rb).keys().tolist() == sorted(a | b)
     assert ra.intersect(rb).keys().tolist() == sorted(a & b)
     assert ra.minus(rb).keys().tolist() == sorted(a - b)
     assert ra.is_subset_of(rb) == (a <= b) == ra.is_subset(rb)
     assert ra.overlaps(rb) == bool(a & b)
     assert len(ra) == len(a)
-    assert (ra == rs(a)) and ((ra == rb) == (a == b))
+    assert ra.shift(7).keys().tolist() == sorted(x + 7 for x in a)
+    assert (ra == rs(a)) and (ra == rs(a, "bitmap")) and ((ra == rb) == (a == b))
     assert ra.is_single_range == (not a or max(a) - min(a) + 1 == len(a))
 
 
 @settings(max_examples=250, deadline=None)
-@given(keysets, st.data())
-def test_positions_keys_and_ranges(a, data):
-    r = rs(a)
+@given(keysets, st.data(), forms)
+def test_positions_keys_and_ranges(a, data, form):
+    r = rs(a, form)
     keys = np.array(sorted(a), dtype=np.int64)
     if keys.size:
         pos = np.array(data.draw(st.lists(st.integers(0, keys.size - 1), max_size=12)), dtype=np.int64)
@@ -82,9 +108,9 @@ def test_positions_keys_and_ranges(a, data):
 
 
 @settings(max_examples=150, deadline=None)
-@given(keysets, st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), max_size=6))
-def test_position_ranges_and_positions_of(a, pranges):
-    r = rs(a)
+@given(keysets, st.lists(st.tuples(st.integers(0, 400), st.integers(0, 40)), max_size=6), forms)
+def test_position_ranges_and_positions_of(a, pranges, form):
+    r = rs(a, form)
     keys = np.array(sorted(a), dtype=np.int64)
     ranges = np.array([[s, s + n] for s, n in pranges], dtype=np.int64).reshape(-1, 2)
     want = sorted({int(keys[p]) for s, e in ranges.tolist() for p in range(s, min(e, keys.size - 1) + 1)})

@@ -22,6 +22,7 @@ the update on demand), so a cycle costs what the change costs even on very large
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
@@ -48,6 +49,10 @@ __all__ = ["SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTa
 log = logging.getLogger("tickwire.graph")
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+# row-set changes of at most this many keys are queued, up to these totals, before they are folded
+_QUEUE_KEYS = 1 << 14
+_QUEUE_MAX_KEYS = 1 << 16
+_QUEUE_MAX_CHANGES = 32
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -187,6 +192,7 @@ class _Op(Table):
     `self._bm` in it; the base keeps `rowset`, `prev_rowset`, `_moves` and timings."""
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, schema: pa.Schema):
+        self._fold_lock = threading.Lock()
         self._bm = BitMap64()
         self._rs: Optional[RowSet] = RowSet()
         self._prev_rs: Optional[RowSet] = None
@@ -198,6 +204,44 @@ class _Op(Table):
         self.is_refreshing = parent.is_refreshing
 
     # -- the row set ----------------------------------------------------------------------------
+    # Small row-set changes are not applied to the bitmap at once: `_commit` queues them, and they
+    # are folded in together when the bitmap is next read or enough are queued. A change's keys
+    # spread over a large key space touch one bitmap container each, so folding several cycles'
+    # changes at once touches each container once instead of once a cycle.
+    @property
+    def _bm(self) -> BitMap64:
+        if self._queued:
+            self._fold()
+        return self._bmap
+
+    @_bm.setter
+    def _bm(self, value: BitMap64) -> None:
+        with self._fold_lock:
+            self._bmap = value
+            self._queued: list[tuple[np.ndarray, np.ndarray]] = []
+            self._queued_keys = 0
+            self._size = len(value)
+
+    def _fold(self) -> None:
+        """Applies the queued changes: each key ends as its last queued change left it."""
+        with self._fold_lock:  # readers under the graph's shared lock may get here together
+            queued = self._queued
+            if not queued:
+                return
+            keys = np.concatenate([k for pair in queued for k in pair])
+            arrive = np.concatenate([np.full(k.size, i % 2 == 1) for i, k in
+                                     enumerate(k for pair in queued for k in pair)])
+            # the last change of each key: unique on the reversed sequence keeps first occurrences
+            ukeys, first = np.unique(keys[::-1], return_index=True)
+            last_arrive = arrive[::-1][first]
+            gone, come = ukeys[~last_arrive], ukeys[last_arrive]
+            if gone.size:
+                self._bmap.difference_update(_bitmap(gone))
+            if come.size:
+                self._bmap.update(_bitmap(come))
+            self._queued = []
+            self._queued_keys = 0
+
     @property
     def rowset(self) -> RowSet:
         if self._rs is None:
@@ -224,7 +268,7 @@ class _Op(Table):
 
     @property
     def size(self) -> int:
-        return len(self._bm)
+        return self._size
 
     def _edge_keys(self, n: int, front: bool) -> np.ndarray:
         size = len(self._bm)
@@ -257,8 +301,23 @@ class _Op(Table):
         raise NotImplementedError
 
     def _commit(self, gone, come) -> None:
-        """Row set change: keys `gone` leave, then keys `come` arrive (arrays or RowSets)."""
-        for keys, op in ((gone, self._bm.difference_update), (come, self._bm.update)):
+        """Row set change: keys `gone` leave, then keys `come` arrive (arrays or RowSets). Both
+        small: queued (see `_bm`); otherwise applied at once."""
+        ng, nc = len(gone) if isinstance(gone, RowSet) else gone.size, len(come) if isinstance(come, RowSet) else come.size
+        if ng == 0 and nc == 0:
+            return
+        self._size += nc - ng
+        if ng + nc <= _QUEUE_KEYS:
+            # copies: the caller's arrays may change before the queue is folded
+            g = gone.keys() if isinstance(gone, RowSet) else np.array(gone, dtype=np.int64)
+            c = come.keys() if isinstance(come, RowSet) else np.array(come, dtype=np.int64)
+            self._queued.append((g, c))
+            self._queued_keys += ng + nc
+            if self._queued_keys > _QUEUE_MAX_KEYS or len(self._queued) > _QUEUE_MAX_CHANGES:
+                self._fold()
+            return
+        bm = self._bm  # folds what is queued first: the order of changes matters
+        for keys, op in ((gone, bm.difference_update), (come, bm.update)):
             if isinstance(keys, RowSet):
                 if not keys.is_empty():
                     op(_rs_bitmap(keys, copy=False))
@@ -424,8 +483,9 @@ class WhereTable(_Op, FilterTable):
 
     The predicate is a pyarrow compute expression (``pc.field("x") > 3``; null counts as false)
     or a callable ``values -> boolean array`` (evaluated on `columns` of the rows when given).
-    Each cycle evaluates it only on the parent's added rows and on its modified rows when a
-    column the predicate reads was modified."""
+    Each cycle evaluates it only on the parent's added rows and, when a column the predicate
+    reads was modified, on the modified rows' new and previous values (the previous ones say
+    whether the row was in, without a lookup in the row set)."""
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, predicate: Predicate,
                  columns: Optional[Sequence[str]] = None):
@@ -449,26 +509,47 @@ class WhereTable(_Op, FilterTable):
     def _slots(self, keys):
         return self.parent._slots(keys)
 
-    def _passes(self, keys: np.ndarray) -> np.ndarray:
-        if keys.size == 0:
+    def _passes(self, keys: np.ndarray, extra: Optional[pa.Table] = None) -> np.ndarray:
+        """Whether the parent's rows `keys` (then the rows of `extra`, values of the same columns) pass."""
+        if keys.size == 0 and extra is None:
             return np.zeros(0, dtype=bool)
         values = self.parent.gather(self.columns, keys)
+        if extra is not None:
+            values = pa.concat_tables([values, extra])
+        n = values.num_rows
+        if n == 0:
+            return np.zeros(0, dtype=bool)
         if isinstance(self.predicate, pc.Expression):
             result = _evaluate(values, [self.predicate], ["_"]).column(0).combine_chunks()
         else:
             result = self.predicate(values)
-        return _mask(result, keys.size)
+        return _mask(result, n)
+
+    def _prev_values(self, mkeys: np.ndarray) -> Optional[pa.Table]:
+        """The previous values of the parent's modified rows, in the columns the filter reads (None
+        when the parent keeps none)."""
+        try:
+            prev = self.parent.prev_gather(self.columns, mkeys)
+        except (RuntimeError, KeyError):
+            return None
+        names = self.columns if self.columns is not None else self.parent.schema.names
+        if prev.schema.names != list(names) or any(f.type != self.parent.schema.field(c).type
+                                                   for f, c in zip(prev.schema, names)):
+            return None
+        return prev
 
     def _follow(self, step, up):
-        bm = self._bm
-        removed_bm = bm & _rs_bitmap(up.removed, copy=False) if not up.removed.is_empty() else BitMap64()
+        # the row set is read only when the parent removed or shifted rows, or modified rows
+        # without changing what the filter reads
+        removed_bm = self._bm & _rs_bitmap(up.removed, copy=False) if not up.removed.is_empty() else BitMap64()
         if len(removed_bm):
-            bm.difference_update(removed_bm)
+            self._commit(_bm_keys(removed_bm), _EMPTY)
         shifted = RowSetShiftData()
         moved_old, moved_new = _EMPTY, _EMPTY
         if not up.shifted.is_empty():
             sh = up.shifted
             parts = []
+            bm = self._bm
             for s, e, d in zip(sh.starts.tolist(), sh.ends.tolist(), sh.deltas.tolist()):  # per shift range
                 rng = BitMap64()
                 rng.add_range(s, e + 1)
@@ -478,26 +559,33 @@ class WhereTable(_Op, FilterTable):
             if parts:
                 moved_old = np.concatenate([_bm_keys(p) for p, _ in parts])
                 moved_new = np.concatenate([_bm_keys(p) + d for p, d in parts])
-                bm.difference_update(_bitmap(moved_old))
-                bm.update(_bitmap(moved_new))
+                self._commit(moved_old, moved_new)
                 shifted = _restrict_shifts(sh, moved_old)
         self._moves = (moved_old, moved_new) if moved_old.size else None
         add_p = up.added.keys()
         modified, leaving = _EMPTY, _EMPTY
-        inside = _bm_keys(bm & _rs_bitmap(up.modified, copy=False)) if not up.modified.is_empty() else _EMPTY
         if not up.modified.is_empty() and (self.columns is None or set(self.columns) & up.modified_columns):
-            # one evaluation for the added rows and the modified ones
             mkeys = up.modified.keys()
-            passes = self._passes(np.concatenate((add_p, mkeys)))
+            # one evaluation for the added rows, the modified ones, and (when the parent has them)
+            # the modified rows' previous values: a row was in this table exactly when they passed,
+            # which spares a lookup in the row set (its cost grows with the key space the change
+            # is spread over)
+            prev = self._prev_values(mkeys)
+            passes = self._passes(np.concatenate((add_p, mkeys)), extra=prev)
             entering = add_p[passes[:add_p.size]]
-            mpass = passes[add_p.size:]
-            was = np.isin(mkeys, inside, assume_unique=True)
+            mpass = passes[add_p.size:add_p.size + mkeys.size]
+            if prev is not None:
+                was = passes[add_p.size + mkeys.size:]
+            else:
+                inside = _bm_keys(self._bm & _rs_bitmap(up.modified, copy=False))
+                was = np.isin(mkeys, inside, assume_unique=True)
             modified = mkeys[was & mpass]
             leaving = mkeys[was & ~mpass]
             entering = np.concatenate((entering, mkeys[~was & mpass]))
         else:
             entering = add_p[self._passes(add_p)]
-            modified = inside
+            modified = (_bm_keys(self._bm & _rs_bitmap(up.modified, copy=False)) if not up.modified.is_empty()
+                        else _EMPTY)
         removed = _bm_keys(removed_bm)
         if leaving.size:
             # back to pre-shift keys

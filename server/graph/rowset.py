@@ -27,6 +27,8 @@ _EMPTY_KEYS = np.zeros(0, dtype=np.int64)
 _LONG_RANGE = 64
 # a per-element C call costs about as much as this many keys of a full pass over the set
 _PER_CALL_KEYS = 1500
+# RowSet.from_keys keeps up to this many keys as a sorted array until a bitmap is needed
+_LAZY_KEYS = 1 << 16
 
 
 def _keys_to_bitmap(keys: np.ndarray) -> BitMap64:
@@ -41,6 +43,14 @@ def _bitmap_keys(bm: BitMap64) -> np.ndarray:
 
 
 _WINDOW = 1 << 16
+
+
+def _find_sorted(all_keys: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Position of each of `k` in the sorted `all_keys`, or -1."""
+    pos = np.searchsorted(all_keys, k, side="left")
+    hit = pos < all_keys.size
+    hit[hit] = all_keys[pos[hit]] == k[hit]
+    return np.where(hit, pos, -1).astype(np.int64)
 
 
 def _bitmap_ranges(bm: BitMap64) -> np.ndarray:
@@ -86,11 +96,23 @@ def _bitmap_ranges(bm: BitMap64) -> np.ndarray:
 class RowSet:
     """An immutable ordered set of non-negative row keys. Every operation returns a new RowSet."""
 
-    __slots__ = ("_lo", "_hi", "_bm")
+    __slots__ = ("_lo", "_hi", "_b", "_k")
 
-    def __init__(self, lo: int = 0, hi: int = -1, bm: Optional[BitMap64] = None):
-        # one range [lo, hi] when bm is None (empty when hi < lo); otherwise the bitmap
-        self._lo, self._hi, self._bm = lo, hi, bm
+    def __init__(self, lo: int = 0, hi: int = -1, bm: Optional[BitMap64] = None, keys: Optional[np.ndarray] = None):
+        # one range [lo, hi] when there is neither a bitmap nor keys (empty when hi < lo); otherwise
+        # the bitmap, or the keys (sorted, unique, not one range) from which it is built on first use
+        self._lo, self._hi, self._b, self._k = lo, hi, bm, keys
+
+    @property
+    def _bm(self) -> Optional[BitMap64]:
+        """The bitmap, None for a single range. A set made from keys builds it on first use (and
+        keeps the keys, so concurrent readers of an update's row sets never see them go)."""
+        b = self._b
+        if b is None:
+            k = self._k
+            if k is not None:
+                b = self._b = _keys_to_bitmap(k)
+        return b
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -115,11 +137,17 @@ class RowSet:
             return cls()
         if k.size > 1 and np.any(k[1:] <= k[:-1]):
             k = np.unique(k)
+        elif k.size <= _LAZY_KEYS:
+            k = k.copy()  # kept below: the caller's array may change afterwards
         if k[0] < 0:
             raise ValueError(f"row keys must be non-negative, got {int(k[0])}")
         if int(k[-1]) - int(k[0]) + 1 == k.size:
             return cls(int(k[0]), int(k[-1]))
-        return cls(0, -1, _keys_to_bitmap(k))
+        if k.size > _LAZY_KEYS:  # big sets (snapshots, builds) go straight into a bitmap
+            return cls(0, -1, _keys_to_bitmap(k))
+        # a change-sized set keeps its keys: many are only counted, encoded or gathered, and a
+        # bitmap of keys spread over a large key space costs per container touched
+        return cls(0, -1, None, k)
 
     @classmethod
     def from_ranges(cls, ranges) -> "RowSet":
@@ -164,17 +192,19 @@ class RowSet:
     @property
     def is_single_range(self) -> bool:
         """True when the set is one contiguous range (or empty)."""
-        return self._bm is None
+        return self._b is None and self._k is None
 
     def __len__(self) -> int:
-        return len(self._bm) if self._bm is not None else max(0, self._hi - self._lo + 1)
+        if self._k is not None:
+            return self._k.size
+        return len(self._b) if self._b is not None else max(0, self._hi - self._lo + 1)
 
     @property
     def size(self) -> int:
         return len(self)
 
     def is_empty(self) -> bool:
-        return self._bm is None and self._hi < self._lo
+        return self._b is None and self._k is None and self._hi < self._lo
 
     def __bool__(self) -> bool:
         return not self.is_empty()
@@ -182,21 +212,29 @@ class RowSet:
     def first(self) -> int:
         if self.is_empty():
             raise ValueError("empty row set has no first key")
-        return self._bm.min() if self._bm is not None else self._lo
+        if self._k is not None:
+            return int(self._k[0])
+        return self._bm.min() if not self.is_single_range else self._lo
 
     def last(self) -> int:
         if self.is_empty():
             raise ValueError("empty row set has no last key")
-        return self._bm.max() if self._bm is not None else self._hi
+        if self._k is not None:
+            return int(self._k[-1])
+        return self._bm.max() if not self.is_single_range else self._hi
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, RowSet):
             return NotImplemented
-        if self._bm is None and other._bm is None:
+        if self.is_single_range and other.is_single_range:
             if self.is_empty() or other.is_empty():
                 return self.is_empty() and other.is_empty()
             return self._lo == other._lo and self._hi == other._hi
-        return len(self) == len(other) and self._bitmap() == other._bitmap()
+        if len(self) != len(other):
+            return False
+        if self._k is not None and other._k is not None:
+            return bool(np.array_equal(self._k, other._k))
+        return self._bitmap() == other._bitmap()
 
     __hash__ = None  # mutable-looking value type: not hashable
 
@@ -208,21 +246,26 @@ class RowSet:
 
     def __contains__(self, key) -> bool:
         key = int(key)
-        if self._bm is not None:
+        if self._k is not None:
+            i = int(np.searchsorted(self._k, key))
+            return i < self._k.size and int(self._k[i]) == key
+        if not self.is_single_range:
             return key >= 0 and key in self._bm
         return self._lo <= key <= self._hi
 
     def contains(self, keys) -> np.ndarray:
         """Membership of each key, as a bool array."""
         k = np.asarray(keys, dtype=np.int64).ravel()
-        if self._bm is None:
+        if self.is_single_range:
             return (k >= self._lo) & (k <= self._hi)
         return self.find(k) >= 0
 
     # -- conversion -----------------------------------------------------------------------------
     def keys(self) -> np.ndarray:
         """Every key, ascending, as an int64 array."""
-        if self._bm is not None:
+        if self._k is not None:
+            return self._k.copy()
+        if not self.is_single_range:
             return _bitmap_keys(self._bm)
         if self._hi < self._lo:
             return _EMPTY_KEYS.copy()
@@ -230,7 +273,9 @@ class RowSet:
 
     def ranges(self) -> np.ndarray:
         """Maximal closed ranges, shape (n, 2), int64."""
-        if self._bm is None:
+        if self._k is not None:
+            return keys_to_ranges(self._k)
+        if self.is_single_range:
             return EMPTY_RANGES.copy() if self._hi < self._lo else np.array([[self._lo, self._hi]], dtype=np.int64)
         return _bitmap_ranges(self._bm)
 
@@ -239,7 +284,7 @@ class RowSet:
         return map(tuple, self.ranges().tolist())
 
     def range_count(self) -> int:
-        return int(self.ranges().shape[0]) if self._bm is not None else (0 if self.is_empty() else 1)
+        return int(self.ranges().shape[0]) if not self.is_single_range else (0 if self.is_empty() else 1)
 
     # -- set algebra ----------------------------------------------------------------------------
     def union(self, other: "RowSet") -> "RowSet":
@@ -247,33 +292,39 @@ class RowSet:
             return self
         if self.is_empty():
             return other
-        if self._bm is None and other._bm is None and other._lo <= self._hi + 1 and self._lo <= other._hi + 1:
+        if self._k is not None and other._k is not None and self._b is None and other._b is None:
+            return RowSet.from_keys(np.union1d(self._k, other._k))
+        if self.is_single_range and other.is_single_range and other._lo <= self._hi + 1 and self._lo <= other._hi + 1:
             return RowSet(min(self._lo, other._lo), max(self._hi, other._hi))
         return RowSet._from_bitmap(self._bitmap() | other._bitmap())
 
     def intersect(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
             return RowSet()
-        if other._bm is None:
+        if self._k is not None and other._k is not None and self._b is None and other._b is None:
+            return RowSet.from_keys(np.intersect1d(self._k, other._k, assume_unique=True))
+        if other.is_single_range:
             return self.subset_by_key_range(other._lo, other._hi)
-        if self._bm is None:
+        if self.is_single_range:
             return other.subset_by_key_range(self._lo, self._hi)
         return RowSet._from_bitmap(self._bm & other._bm)
 
     def minus(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
             return self
-        if other._bm is None:
+        if self._k is not None and other._k is not None and self._b is None and other._b is None:
+            return RowSet.from_keys(np.setdiff1d(self._k, other._k, assume_unique=True))
+        if other.is_single_range:
             if other._lo > self.last() or other._hi < self.first():
                 return self
-            if self._bm is None:
+            if self.is_single_range:
                 if other._lo <= self._lo and other._hi >= self._hi:
                     return RowSet()
                 if other._lo <= self._lo:
                     return RowSet(other._hi + 1, self._hi)
                 if other._hi >= self._hi:
                     return RowSet(self._lo, other._lo - 1)
-            bm = self._bitmap().copy() if self._bm is not None else self._bitmap()
+            bm = self._bitmap().copy() if not self.is_single_range else self._bitmap()
             bm.remove_range(other._lo, other._hi + 1)
             return RowSet._from_bitmap(bm)
         return RowSet._from_bitmap(self._bitmap() - other._bm)
@@ -285,9 +336,9 @@ class RowSet:
             return True
         if other.is_empty():
             return False
-        if other._bm is None:
+        if other.is_single_range:
             return other._lo <= self.first() and self.last() <= other._hi
-        if self._bm is None:
+        if self.is_single_range:
             return other._bm.contains_range(self._lo, self._hi + 1)
         return self._bm.issubset(other._bm)
 
@@ -296,7 +347,7 @@ class RowSet:
     def overlaps(self, other: "RowSet") -> bool:
         if self.is_empty() or other.is_empty():
             return False
-        if self._bm is None and other._bm is None:
+        if self.is_single_range and other.is_single_range:
             return self._lo <= other._hi and other._lo <= self._hi
         if self.last() < other.first() or other.last() < self.first():
             return False
@@ -306,9 +357,12 @@ class RowSet:
         """The keys k of this set with first <= k <= last."""
         if last < first or self.is_empty():
             return RowSet()
-        if self._bm is None:
+        if self.is_single_range:
             lo, hi = max(self._lo, first), min(self._hi, last)
             return RowSet(lo, hi) if hi >= lo else RowSet()
+        if self._k is not None:
+            k = self._k
+            return RowSet.from_keys(k[np.searchsorted(k, first, "left"):np.searchsorted(k, last, "right")])
         bm = self._bm
         first, last = max(int(first), bm.min()), min(int(last), bm.max())
         if last < first:
@@ -329,7 +383,9 @@ class RowSet:
         n = len(self)
         if p.min() < 0 or p.max() >= n:
             raise IndexError(f"position out of range for a row set of {n} keys")
-        if self._bm is None:
+        if self._k is not None:
+            return self._k[p]
+        if self.is_single_range:
             return p + self._lo
         bm = self._bm
         if p.size * _PER_CALL_KEYS < n:
@@ -343,7 +399,9 @@ class RowSet:
         k = np.asarray(keys, dtype=np.int64).ravel()
         if k.size == 0:
             return _EMPTY_KEYS.copy()
-        if self._bm is None:
+        if self._k is not None:
+            return np.searchsorted(self._k, k, side="left").astype(np.int64)
+        if self.is_single_range:
             return np.clip(k - self._lo, 0, len(self))
         bm = self._bm
         if k.size * _PER_CALL_KEYS < len(bm):
@@ -358,31 +416,29 @@ class RowSet:
         k = np.asarray(keys, dtype=np.int64).ravel()
         if k.size == 0:
             return _EMPTY_KEYS.copy()
-        if self._bm is None:
+        if self.is_single_range:
             pos = k - self._lo
             pos[(k < self._lo) | (k > self._hi)] = -1
             return pos
+        if self._k is not None:
+            return _find_sorted(self._k, k)
         bm = self._bm
         if k.size * _PER_CALL_KEYS < len(bm):
             kl = np.maximum(k, 0).tolist()
             ranks = np.fromiter(map(bm.rank, kl), dtype=np.int64, count=k.size)
             member = np.fromiter(map(bm.__contains__, kl), dtype=bool, count=k.size) & (k >= 0)
             return np.where(member, ranks - 1, -1)
-        all_keys = _bitmap_keys(bm)
-        pos = np.searchsorted(all_keys, k, side="left")
-        hit = pos < all_keys.size
-        hit[hit] = all_keys[pos[hit]] == k[hit]
-        return np.where(hit, pos, -1).astype(np.int64)
+        return _find_sorted(_bitmap_keys(bm), k)
 
     def positions_of(self, keys: "RowSet") -> "RowSet":
         """The positions (as a RowSet) of the keys of `keys` that are in this set."""
         if keys.is_empty() or self.is_empty():
             return RowSet()
-        if self._bm is None:
+        if self.is_single_range:
             inside = keys.subset_by_key_range(self._lo, self._hi)
             if inside.is_empty():
                 return RowSet()
-            if inside._bm is None:
+            if inside.is_single_range:
                 return RowSet(inside._lo - self._lo, inside._hi - self._lo)
             return RowSet._from_bitmap(inside._bm.shift(-self._lo))
         pos = self.find(keys.keys())
@@ -394,8 +450,10 @@ class RowSet:
         first, last = max(0, int(first)), min(int(last), n - 1)
         if last < first:
             return RowSet()
-        if self._bm is None:
+        if self.is_single_range:
             return RowSet(self._lo + first, self._lo + last)
+        if self._k is not None:
+            return RowSet.from_keys(self._k[first:last + 1])
         return RowSet._from_bitmap(self._bm[first:last + 1])
 
     def subset_by_position_ranges(self, ranges) -> "RowSet":
@@ -407,7 +465,7 @@ class RowSet:
             return self.subset_by_positions(int(r[0, 0]), int(r[0, 1]))
         n = len(self)
         r = r[(r[:, 0] < n) & (r[:, 1] >= 0)]
-        if self._bm is None:
+        if self.is_single_range:
             return RowSet.from_ranges(np.clip(r, 0, n - 1) + self._lo)
         out = BitMap64()
         for s, e in r.tolist():  # one positional slice per range
@@ -422,8 +480,10 @@ class RowSet:
             return self
         if self.first() + delta < 0:
             raise ValueError(f"shifting by {delta} would make key {self.first()} negative")
-        if self._bm is None:
+        if self.is_single_range:
             return RowSet(self._lo + delta, self._hi + delta)
+        if self._k is not None:
+            return RowSet(0, -1, None, self._k + delta)
         return RowSet(0, -1, self._bm.shift(delta))
 
 
