@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tickwire.server.graph import FilterTable, RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, apply_update
+from tickwire.server.graph.batchids import BatchIds
 
 SCHEMA = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),
                     ("flag", pa.bool_()), ("ts", pa.timestamp("ns", "UTC")), ("tags", pa.list_(pa.string()))])
@@ -461,3 +462,32 @@ def test_the_graph_thread_applies_input_on_its_interval_and_stops():
     time.sleep(0.05)
     assert g.step == stopped_at and t.size == 2  # no cycles after stop()
     assert len(steps) == 1 and steps[0][1] == 2  # one update, one listener call for the change
+
+
+def test_numbered_batch_ids_are_remembered_in_bounded_memory():
+    ids = BatchIds(keep=100)
+    for n in range(10_000):
+        assert ("spark", "q1", n) not in ids
+        ids.add(("spark", "q1", n))
+        ids.add(("spark", "q2", n))
+    assert len(ids) <= 2 * 2 * 100  # not 20,000
+    # the recent ones exactly, the old ones as accepted (a query never replays them), scopes apart
+    assert ("spark", "q1", 9_999) in ids and ("spark", "q1", 3) in ids and ("spark", "q1", 10_000) not in ids
+    assert ("spark", "q3", 3) not in ids
+    # numbers need not come in order while they are recent
+    ids.add(("spark", "q1", 10_005))
+    assert ("spark", "q1", 10_003) not in ids and ("spark", "q1", 10_005) in ids
+    # other ids (and a bool last, which is not a batch number) are kept as they are
+    ids.add("batch-a")
+    ids.add(("flag", True))
+    assert "batch-a" in ids and ("flag", True) in ids and ("flag", False) not in ids and "batch-b" not in ids
+    g = UpdateGraph()
+    t = g.append_table("a", pa.schema([("v", pa.int64())]))
+    t._seen_batches = BatchIds(keep=8)
+    one = pa.table({"v": [1]})
+    for n in range(100):
+        assert t.add(one, batch_id=("spark", "q", n))
+    assert not t.add(one, batch_id=("spark", "q", 99)) and not t.add(one, batch_id=("spark", "q", 5))
+    assert len(t._seen_batches) <= 16
+    g.run_cycle()
+    assert t.size == 100

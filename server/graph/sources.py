@@ -4,7 +4,8 @@ Producers call `add(...)` (and `delete(...)` on keyed tables) from any thread. T
 checked against the table's schema at once (a mismatch raises SchemaMismatchError and queues
 nothing) and queued; the graph applies it at the start of its next cycle and emits one
 `TableUpdate` per table per cycle. An input whose `batch_id` the table has already accepted is
-ignored (`add` returns False), so a replayed Spark micro-batch is applied exactly once.
+ignored (`add` returns False), so a replayed Spark micro-batch is applied exactly once; numbered
+batch ids (`(scope, n)`, as Spark sinks use) are remembered in bounded memory (see `batchids`).
 
 Row keys:
 - append-only: 0, 1, 2, ... (one range forever);
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from tickwire.server.graph.batchids import BatchIds
 from tickwire.server.graph.columns import check_hashable, equal_mask, hash_columns, key_verifier
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.rowset import RowSet
@@ -44,7 +46,7 @@ class SourceTable(Table):
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
         self._pending: list[tuple[str, pa.Table]] = []
-        self._seen_batches: set = set()
+        self._seen_batches = BatchIds()
         # the graph's intake lock: a cycle takes every table's input at once, so inputs that one
         # thread adds to several tables in order become visible in the same cycle or in order
         self._pending_lock = graph._intake_lock

@@ -1,0 +1,54 @@
+"""Which batch ids a source table has accepted, in bounded memory for numbered batches.
+
+A batch id is any hashable. Ids of the form `(scope..., n)` with an integer `n` last (as Spark
+sinks use: ("spark", query id, batch number)) are numbered batches of a scope whose numbers grow,
+as a streaming query's do: per scope the last `keep` numbers are kept exactly, and numbers at or
+below the highest one forgotten count as accepted (a query never replays a batch that old). Other
+ids are kept as they are.
+"""
+from __future__ import annotations
+
+from typing import Hashable
+
+__all__ = ["BatchIds"]
+
+
+class BatchIds:
+    def __init__(self, keep: int = 1024):
+        self.keep = int(keep)
+        self._plain: set = set()
+        self._scopes: dict[tuple, tuple[int, set]] = {}  # scope -> (floor, recent numbers)
+
+    @staticmethod
+    def _split(batch_id: Hashable):
+        if isinstance(batch_id, tuple) and batch_id and isinstance(batch_id[-1], int) \
+                and not isinstance(batch_id[-1], bool):
+            return batch_id[:-1], batch_id[-1]
+        return None, None
+
+    def __contains__(self, batch_id: Hashable) -> bool:
+        scope, n = self._split(batch_id)
+        if scope is None:
+            return batch_id in self._plain
+        entry = self._scopes.get(scope)
+        return entry is not None and (n <= entry[0] or n in entry[1])
+
+    def add(self, batch_id: Hashable) -> None:
+        scope, n = self._split(batch_id)
+        if scope is None:
+            self._plain.add(batch_id)
+            return
+        floor, recent = self._scopes.get(scope, (None, None))
+        if recent is None:
+            floor, recent = -(1 << 63), set()
+        recent.add(n)
+        if len(recent) > 2 * self.keep:  # forget the oldest half: they count as accepted
+            ordered = sorted(recent)
+            cut = len(ordered) - self.keep
+            floor = max(floor, ordered[cut - 1])
+            recent = set(ordered[cut:])
+        self._scopes[scope] = (floor, recent)
+
+    def __len__(self) -> int:
+        """How many ids are held (not how many were accepted)."""
+        return len(self._plain) + sum(len(r) for _, r in self._scopes.values())
