@@ -491,3 +491,43 @@ def test_numbered_batch_ids_are_remembered_in_bounded_memory():
     assert len(t._seen_batches) <= 16
     g.run_cycle()
     assert t.size == 100
+
+
+def test_many_small_inputs_in_one_cycle_give_the_update_of_one_input():
+    s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    rng = np.random.default_rng(3)
+    base = pa.table({"k": np.arange(50), "v": np.zeros(50, dtype=np.int64)}, schema=s)
+    inputs = [pa.table({"k": rng.integers(0, 80, 4), "v": rng.integers(0, 9, 4)}, schema=s) for _ in range(300)]
+    deletes = [pa.table({"k": pa.array([1, 2, 3], pa.int64())}), pa.table({"k": pa.array([4], pa.int64())})]
+    results = []
+    # 300 small upserts around two deletes, against the same rows as one upsert on each side of one delete
+    for before, gone, after in ((inputs[:150], deletes, inputs[150:]),
+                                ([pa.concat_tables(inputs[:150])], [pa.concat_tables(deletes)],
+                                 [pa.concat_tables(inputs[150:])])):
+        g = UpdateGraph()
+        t = g.keyed_table("t", s, ["k"])
+        t.add(base)
+        g.run_cycle()
+        seen = []
+        t.add_listener(lambda tab, up, step: seen.append(
+            (up.added.keys().tolist(), up.removed.keys().tolist(), up.modified.keys().tolist(),
+             sorted(up.modified_columns), tab.prev_gather().to_pylist())))
+        for p in before:
+            t.add(p)
+        for d in gone:
+            t.delete(d)
+        for p in after:
+            t.add(p)
+        g.run_cycle()
+        results.append((seen, t.gather_with_keys().to_pylist()))
+    assert results[0] == results[1]
+    model = {k: 0 for k in range(50)}
+    for p in inputs[:150]:
+        model.update(zip(p["k"].to_pylist(), p["v"].to_pylist()))
+    for k in (1, 2, 3, 4):
+        model.pop(k, None)
+    for p in inputs[150:]:
+        model.update(zip(p["k"].to_pylist(), p["v"].to_pylist()))
+    assert {r["k"]: r["v"] for r in results[0][1]} == model
+    (added, removed, modified, _, prev), = results[0][0]
+    assert removed == [1, 2, 3, 4] and added and modified and len(prev) == len(modified)

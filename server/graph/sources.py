@@ -81,6 +81,18 @@ class SourceTable(Table):
         return ops
 
 
+def _merge_runs(ops: list) -> list:
+    """Consecutive operations of the same kind as one: many small inputs queued between two
+    cycles cost what their rows cost, not a pass each (an upsert keeps the last row of a key)."""
+    out: list = []
+    for kind, t in ops:
+        if out and out[-1][0] == kind:
+            out[-1][1].append(t)
+        else:
+            out.append((kind, [t]))
+    return [(kind, ts[0] if len(ts) == 1 else pa.concat_tables(ts)) for kind, ts in out]
+
+
 def _concat(ops) -> Optional[pa.Table]:
     tables = [t for _, t in ops]
     if not tables:
@@ -242,6 +254,7 @@ class KeyedTable(SourceTable):
     def _apply_pending(self, step, ops):
         if not ops:
             return None
+        ops = _merge_runs(ops)
         start_next = self._next_key  # row keys below it existed before this cycle
         removed_pre: list[np.ndarray] = []
         dropped_new: list[np.ndarray] = []
