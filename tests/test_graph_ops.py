@@ -19,6 +19,7 @@ import pytest
 from tests.scripted import ScriptedTable, random_update
 from tickwire.server.graph import (ROW_KEY, FilterTable, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
                                    apply_update, equal_mask)
+from tickwire.server.graph import ops as ops_module
 from tickwire.server.graph.ops import LastByTable
 
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [11, 12, 13, 14, 15, 16]
@@ -330,10 +331,13 @@ def test_random_chains_match_recomputation(seed):
     assert total > steps  # the derived tables did change
 
 
-@pytest.mark.parametrize("seed", SEEDS[:3])
-def test_random_chains_read_only_now_and_then_match_recomputation(seed):
+@pytest.mark.parametrize("seed,queue_keys", [(s, None) for s in SEEDS[:3]] + [(SEEDS[0], 6)])
+def test_random_chains_read_only_now_and_then_match_recomputation(seed, queue_keys, monkeypatch):
     """Derived tables nobody reads for many cycles (row-set changes queue up and fold together):
-    whenever they are read, each equals the operation recomputed on its parent."""
+    whenever they are read, each equals the operation recomputed on its parent. With `queue_keys`
+    small, changes above it are applied at once between queued ones."""
+    if queue_keys is not None:
+        monkeypatch.setattr(ops_module, "_QUEUE_KEYS", queue_keys)
     rng = np.random.default_rng(seed + 1000)
     g = UpdateGraph()
     keyed = g.keyed_table("keyed", MARKET, ["sym", "k"])

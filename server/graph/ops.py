@@ -228,9 +228,9 @@ class _Op(Table):
             queued = self._queued
             if not queued:
                 return
-            keys = np.concatenate([k for pair in queued for k in pair])
-            arrive = np.concatenate([np.full(k.size, i % 2 == 1) for i, k in
-                                     enumerate(k for pair in queued for k in pair)])
+            parts = [k for pair in queued for k in pair]  # gone, come, gone, come, ...
+            keys = np.concatenate(parts)
+            arrive = np.repeat(np.tile([False, True], len(queued)), [k.size for k in parts])
             # the last change of each key: unique on the reversed sequence keeps first occurrences
             ukeys, first = np.unique(keys[::-1], return_index=True)
             last_arrive = arrive[::-1][first]
@@ -303,7 +303,8 @@ class _Op(Table):
     def _commit(self, gone, come) -> None:
         """Row set change: keys `gone` leave, then keys `come` arrive (arrays or RowSets). Both
         small: queued (see `_bm`); otherwise applied at once."""
-        ng, nc = len(gone) if isinstance(gone, RowSet) else gone.size, len(come) if isinstance(come, RowSet) else come.size
+        ng = len(gone) if isinstance(gone, RowSet) else gone.size
+        nc = len(come) if isinstance(come, RowSet) else come.size
         if ng == 0 and nc == 0:
             return
         self._size += nc - ng
