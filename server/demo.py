@@ -148,6 +148,16 @@ def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: 
     return ticker
 
 
+def _launch_spark() -> None:
+    """Starts the demo's SparkSession (its JVM) if Spark can run here; `start_spark_demo` takes it."""
+    from tickwire.server.spark.demo import spark_available
+
+    if spark_available() is None:
+        from tickwire.server.spark.session import spark_session
+
+        spark_session("tickwire-demo")
+
+
 def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
              host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None,
              spark: bool = False) -> int:
@@ -167,6 +177,17 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
     try:
+        if spark and port is not None:
+            # the JVM is started (a fork) before the gRPC server's threads exist: a fork beside them
+            # can lose the child before it runs java (seen as "Java gateway process exited")
+            try:
+                _launch_spark()
+            except KeyboardInterrupt:  # Ctrl-C while Spark starts (its own handler was in place)
+                done.set()
+                from tickwire.server.spark.demo import stop_active_spark
+                stop_active_spark()
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, on_signal)  # Spark replaced it with its own
         graph.start()
         ticker.start()
         if port is not None:
