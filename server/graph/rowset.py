@@ -292,7 +292,7 @@ class RowSet:
             return self
         if self.is_empty():
             return other
-        if self._k is not None and other._k is not None and self._b is None and other._b is None:
+        if self._k is not None and other._k is not None:  # both kept keys: per key, no bitmaps
             return RowSet.from_keys(np.union1d(self._k, other._k))
         if self.is_single_range and other.is_single_range and other._lo <= self._hi + 1 and self._lo <= other._hi + 1:
             return RowSet(min(self._lo, other._lo), max(self._hi, other._hi))
@@ -301,7 +301,7 @@ class RowSet:
     def intersect(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
             return RowSet()
-        if self._k is not None and other._k is not None and self._b is None and other._b is None:
+        if self._k is not None and other._k is not None:  # both kept keys: per key, no bitmaps
             return RowSet.from_keys(np.intersect1d(self._k, other._k, assume_unique=True))
         if other.is_single_range:
             return self.subset_by_key_range(other._lo, other._hi)
@@ -312,7 +312,7 @@ class RowSet:
     def minus(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
             return self
-        if self._k is not None and other._k is not None and self._b is None and other._b is None:
+        if self._k is not None and other._k is not None:  # both kept keys: per key, no bitmaps
             return RowSet.from_keys(np.setdiff1d(self._k, other._k, assume_unique=True))
         if other.is_single_range:
             if other._lo > self.last() or other._hi < self.first():
