@@ -75,6 +75,8 @@ class Table:
     """A table in the update graph: a row set, column values, attributes and listeners."""
 
     is_refreshing = True
+    # a session's table (an export or what it derives from): never resolvable or listed by name
+    hidden = False
 
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema, parents: Sequence["Table"] = ()):
         if not isinstance(schema, pa.Schema):
