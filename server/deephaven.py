@@ -37,7 +37,9 @@ class DeephavenServices:
     def __init__(self, ctx: ServerContext, list_fields_poll_s: float = 1.0):
         self.ctx = ctx
         self.poll = list_fields_poll_s
-        self.ops = TableOps(ctx.graph)
+        self.ops: TableOps = ctx.scope.ops
+        # sessions that expire free their exports on the reaper's thread (never the event loop)
+        ctx.sessions.on_expire = self.ops.drop_all
 
     def handlers(self) -> dict:
         handlers = {
@@ -105,10 +107,9 @@ class DeephavenServices:
 
     async def close_session(self, _req, context):
         session = await self.ctx.authenticate(context, send_header=False)
-        held = list(session.exports.values())
-        self.ctx.sessions.close(session)
-        for table in held:
-            await self.ctx.run(self.ops.drop, table)
+        held = self.ctx.sessions.close(session)
+        if held:
+            await self.ctx.run(self.ops.drop_all, held)
         return session_pb2.CloseSessionResponse()
 
     @staticmethod
@@ -124,29 +125,44 @@ class DeephavenServices:
     async def release(self, req, context):
         session = await self.ctx.authenticate(context)
         export_id = self._export_id(req.id.ticket, "Release id")
-        table = session.exports.get(export_id)
-        if not session.release(export_id):
+        table = session.release(export_id)
+        if table is None:
             raise CallError("NOT_FOUND", f"export {export_id} does not exist in this session")
-        if table is not None:
-            await self.ctx.run(self.ops.drop, table)
+        await self.ctx.run(self.ops.drop, table)
         return session_pb2.ReleaseResponse()
+
+    def _export(self, session: Session, result_ticket: bytes, table: Table) -> None:
+        """Exports `table` as the session's `result_ticket`; the export holds it until released."""
+        export_id = self._export_id(result_ticket, "result_id")
+        self.ops.hold(table)  # before the export: a session ending meanwhile drops this hold
+        try:
+            session.export(export_id, table)
+        except BaseException:
+            self.ops.drop(table)
+            raise
 
     async def export_from_ticket(self, req, context):
         session = await self.ctx.authenticate(context)
         table = self.ctx.scope.resolve(req.source_id.ticket, session)
-        session.export(self._export_id(req.result_id.ticket, "result_id"), table)
+        await self.ctx.run(self._export, session, req.result_id.ticket, table)
         return session_pb2.ExportResponse()
 
     async def publish_from_ticket(self, req, context):
         raise CallError("UNIMPLEMENTED", "PublishFromTicket: publishing exports to the global scope is not supported")
 
     # -- tables -------------------------------------------------------------------------------------------------
-    def _creation_response(self, result_ticket: bytes, table: Table) -> table_pb2.ExportedTableCreationResponse:
+    def _creation_response(self, result_ticket: bytes, table: Table,
+                           batch_offset: int | None = None) -> table_pb2.ExportedTableCreationResponse:
+        """The answer for a made table: `result_id` is its export ticket, or, for a Batch step
+        without one, the step's `batch_offset` (as Deephaven answers: its clients skip those)."""
         wire = TableWire(table)
         resp = table_pb2.ExportedTableCreationResponse(success=True, is_static=not table.is_refreshing,
                                                        size=table.size,
                                                        schema_header=ipc_encapsulated_schema(wire.schema))
-        resp.result_id.ticket.ticket = result_ticket
+        if result_ticket or batch_offset is None:
+            resp.result_id.ticket.ticket = result_ticket
+        else:
+            resp.result_id.batch_offset = batch_offset
         return resp
 
     def _source(self, ref, session: Session, earlier: list[Table] | None = None) -> Table:
@@ -160,34 +176,35 @@ class DeephavenServices:
             return earlier[i]
         raise CallError("INVALID_ARGUMENT", "source_id not supplied")
 
-    def _fetch(self, req, session: Session, earlier=None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
-        table = self._source(req.source_id, session, earlier)
-        return self._export_result(req, session, table), table
-
-    def _export_result(self, req, session: Session, table: Table) -> table_pb2.ExportedTableCreationResponse:
+    def _apply_op(self, kind: str, req, session: Session, earlier: list[Table] | None = None,
+                  step: int | None = None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
+        """Makes (or, for fetch_table, finds) the table of one operation and exports it when the
+        request names a result ticket; otherwise the table is held for the running Batch (the
+        caller drops that hold when the batch ends). Runs off the event loop."""
+        source = self._source(req.source_id, session, earlier)
         result = req.result_id.ticket
         if result:
-            session.export(self._export_id(result, "result_id"), table)
+            self._export_id(result, "result_id")  # a bad ticket fails before the table is made
+        table = source if kind == "fetch_table" else self.ops.build(kind, req, source)
+        if result:
+            self._export(session, result, table)  # an owned table nobody holds goes at once on failure
+        else:
             self.ops.hold(table)
-        return self._creation_response(result, table)
+        return self._creation_response(result, table, step), table
 
-    def _apply_op(self, kind: str, req, session: Session, earlier=None) -> tuple[table_pb2.ExportedTableCreationResponse,
-                                                                                Table]:
-        if kind == "fetch_table":
-            return self._fetch(req, session, earlier)
-        source = self._source(req.source_id, session, earlier)
-        if req.result_id.ticket:
-            self._export_id(req.result_id.ticket, "result_id")  # a bad ticket fails before the table is made
-        table = self.ops.build(kind, req, source)
-        try:
-            return self._export_result(req, session, table), table
-        except BaseException:
-            self.ops.drop(table)
-            raise
+    @staticmethod
+    def _need_result(req, name: str) -> None:
+        # Deephaven refuses a one-shot operation without a result ticket (its result would be
+        # unreachable); a Batch step may omit it when later steps use it by batch_offset
+        if not req.result_id.ticket:
+            raise CallError("FAILED_PRECONDITION", f"{name}: No result ticket supplied")
 
     def _operation(self, kind: str):
+        method = next(m for m, f in OPERATIONS.items() if f == kind)
+
         async def handler(req, context):
             session = await self.ctx.authenticate(context)
+            self._need_result(req, method)
             resp, _t = await self.ctx.run(self._apply_op, kind, req, session)
             return resp
         return handler
@@ -207,27 +224,47 @@ class DeephavenServices:
 
     async def fetch_table(self, req, context):
         session = await self.ctx.authenticate(context)
-        resp, _t = self._fetch(req, session)
+        self._need_result(req, "FetchTable")
+        resp, _t = await self.ctx.run(self._apply_op, "fetch_table", req, session)
         return resp
 
     async def get_exported(self, ticket, context):
         session = await self.ctx.authenticate(context)
+        if not ticket.ticket:
+            raise CallError("FAILED_PRECONDITION", "No request ticket supplied")
         table = self.ctx.scope.resolve(ticket.ticket, session)
-        return self._creation_response(ticket.ticket, table)
+        return await self.ctx.run(self._creation_response, ticket.ticket, table)
 
     async def batch(self, req, context):
+        """Deephaven's Batch: one answer per step, in order. A step with a result ticket is
+        exported; one without is answered with its `batch_offset` and lives only as long as the
+        batch's later steps need it (as the parent of what they made)."""
         session = await self.ctx.authenticate(context)
-        done: list[Table] = []
         allowed = {"fetch_table", *OPERATIONS.values()}
         for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
             which = op.WhichOneof("op")
             if which not in allowed:
                 raise CallError("UNIMPLEMENTED", f"TableService.Batch operation {i} {which!r} is not supported")
-        for op in req.ops:
-            which = op.WhichOneof("op")
-            resp, table = await self.ctx.run(self._apply_op, which, getattr(op, which), session, done)
-            done.append(table)
-            yield resp
+            ticket = getattr(op, which).result_id.ticket
+            if ticket:
+                self._export_id(ticket, f"Batch operation {i} result_id")
+        done: list[Table] = []
+        unexported: list[Table] = []  # held only while this batch runs
+        try:
+            for i, op in enumerate(req.ops):
+                which = op.WhichOneof("op")
+                step = getattr(op, which)
+                resp, table = await self.ctx.run(self._apply_op, which, step, session, done, i)
+                done.append(table)
+                if not step.result_id.ticket:
+                    unexported.append(table)
+                yield resp
+        finally:
+            if unexported:
+                try:  # not awaited: a cancelled call must still let go of its steps
+                    self.ctx.executor.submit(self.ops.drop_all, unexported[::-1])
+                except RuntimeError:  # the server is stopping: its worker pool is gone
+                    pass
 
     # -- applications -----------------------------------------------------------------------------------------
     @staticmethod

@@ -4,21 +4,27 @@ Deephaven's clients authenticate with an `authorization` header on their first c
 (`Anonymous`, or a pre-shared key in the form `io.deephaven.authentication.psk.PskAuthenticationHandler <key>`)
 and the server answers with a response header `authorization: Bearer <token>` that they send on
 every later call (BARRAGE-WIRE.md §7.1). A token names a session; a session holds its exports
-(`e` + int32 LE tickets) and expires after `http.session.durationMs` without use.
+(`e` + int32 LE tickets) and expires after `http.session.durationMs` without use. Ending a
+session (CloseSession or expiry) frees its exports; the tables they held are hidden: only export
+tickets of their session reach them.
 """
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
 from tickwire.server.graph import Table, UpdateGraph
 
-__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS"]
+__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "hidden"]
+
+log = logging.getLogger("tickwire.server")
 
 PSK_SCHEME = "io.deephaven.authentication.psk.PskAuthenticationHandler"
 ANONYMOUS = "Anonymous"
@@ -44,19 +50,31 @@ class Session:
     expires: float
     exports: dict[int, Table] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
 
     def export(self, export_id: int, table: Table) -> None:
         if export_id <= 0:
             raise ResolveError(f"result export id must be positive (client-chosen), got {export_id}",
                                "INVALID_ARGUMENT")
         with self.lock:
+            if self.closed:  # closed or expired while the call ran: nothing may outlive it
+                raise ResolveError("the session is closed", "UNAUTHENTICATED")
             if export_id in self.exports:
                 raise ResolveError(f"export {export_id} already exists in this session", "ALREADY_EXISTS")
             self.exports[export_id] = table
 
-    def release(self, export_id: int) -> bool:
+    def release(self, export_id: int) -> Optional[Table]:
+        """Removes export `export_id`; returns its table (None when there was no such export)."""
         with self.lock:
-            return self.exports.pop(export_id, None) is not None
+            return self.exports.pop(export_id, None)
+
+    def end(self) -> list[Table]:
+        """Closes the session: no export can be added any more; returns the tables it held."""
+        with self.lock:
+            self.closed = True
+            held = list(self.exports.values())
+            self.exports.clear()
+        return held
 
     def get(self, export_id: int) -> Table:
         with self.lock:
@@ -67,41 +85,81 @@ class Session:
         return t
 
 
+ReleaseHook = Callable[[list], None]
+
+
 class SessionManager:
-    """Issues and checks bearer tokens; `psk` None means anonymous access is allowed."""
+    """Issues and checks bearer tokens; `psk` None means anonymous access is allowed.
+
+    Sessions expire `duration_ms` after their last call. A reaper thread (running while any
+    session exists) ends expired sessions and hands the tables they held to `on_expire` (set by
+    the service that frees them), so an abandoned session frees its exports without any traffic."""
 
     def __init__(self, psk: Optional[str] = None, duration_ms: int = 300_000):
         self.psk = psk
         self.duration_ms = int(duration_ms)
+        self.on_expire: Optional[ReleaseHook] = None
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._last_reap = time.monotonic()
+        self._reaper: Optional[threading.Thread] = None
+        self._stop = threading.Event()
 
     @property
     def count(self) -> int:
         with self._lock:
             return len(self._sessions)
 
+    @property
+    def reap_interval(self) -> float:
+        """Seconds between expiry checks: a session outlives its duration by at most this."""
+        return min(1.0, max(0.01, self.duration_ms / 4000.0))
+
     def _new(self) -> Session:
         s = Session(token=str(uuid.uuid4()), expires=time.monotonic() + self.duration_ms / 1000.0)
         with self._lock:
             self._sessions[s.token] = s
+            if self._reaper is None and not self._stop.is_set():
+                self._reaper = threading.Thread(target=_reap_loop, args=(weakref.ref(self), self._stop),
+                                                name="tickwire-session-reaper", daemon=True)
+                self._reaper.start()
         return s
 
-    def _reap(self, now: float) -> None:
-        if now - self._last_reap < 10.0:
-            return
-        self._last_reap = now
+    def reap(self, now: Optional[float] = None) -> int:
+        """Ends every expired session and frees what it held (through `on_expire`); returns how
+        many ended. Runs on the reaper thread: the hook may take the update graph's lock."""
+        now = time.monotonic() if now is None else now
         with self._lock:
-            for tok in [t for t, s in self._sessions.items() if s.expires < now]:
-                del self._sessions[tok]
+            expired = [s for s in self._sessions.values() if s.expires < now]
+            for s in expired:
+                del self._sessions[s.token]
+        for s in expired:
+            held = s.end()
+            hook = self.on_expire
+            if held and hook is not None:
+                try:
+                    hook(held)
+                except Exception:  # the reaper keeps running; the next session still expires
+                    log.exception("freeing the exports of an expired session failed")
+        return len(expired)
+
+    def _reap_step(self) -> bool:
+        """One pass of the reaper thread; False when it should end (no session left)."""
+        self.reap()
+        with self._lock:
+            if self._sessions and not self._stop.is_set():
+                return True
+            self._reaper = None
+            return False
+
+    def stop(self) -> None:
+        """Ends the reaper thread (sessions stay until the process ends)."""
+        self._stop.set()
 
     def authenticate(self, metadata: Sequence[tuple[str, object]]) -> Session:
         """The session of a call's request metadata, creating one for valid initial credentials.
 
         Raises AuthError when the call has no usable credentials."""
         now = time.monotonic()
-        self._reap(now)
         values = [v.decode() if isinstance(v, bytes) else str(v) for k, v in metadata if k.lower() == "authorization"]
         if not values:
             raise AuthError("no authorization header; send 'authorization: Anonymous'"
@@ -112,9 +170,9 @@ class SessionManager:
         if scheme == BEARER:
             with self._lock:
                 s = self._sessions.get(rest)
-            if s is None or s.expires < now:
-                raise AuthError("unknown or expired session token")
-            s.expires = now + self.duration_ms / 1000.0
+                if s is None or s.expires < now or s.closed:
+                    raise AuthError("unknown or expired session token")
+                s.expires = now + self.duration_ms / 1000.0
             return s
         if scheme == ANONYMOUS and not rest:
             if self.psk is not None:
@@ -130,26 +188,52 @@ class SessionManager:
             return self._new()
         raise AuthError(f"unsupported authorization scheme {scheme!r}")
 
-    def close(self, session: Session) -> None:
+    def close(self, session: Session) -> list[Table]:
+        """Ends `session` (CloseSession); returns the tables its exports held, for the caller to free."""
         with self._lock:
             self._sessions.pop(session.token, None)
-        with session.lock:
-            session.exports.clear()
+        return session.end()
+
+
+def _reap_loop(manager_ref, stop: threading.Event) -> None:
+    """The reaper thread: holds its manager weakly, so a dropped server's manager goes away."""
+    while True:
+        manager = manager_ref()
+        if manager is None:
+            return
+        interval = manager.reap_interval
+        if not manager._reap_step():
+            return
+        del manager
+        if stop.wait(interval):
+            return
+
+
+def hidden(table: Table) -> bool:
+    """Tables no name reaches: session-owned ones (flagged) and "__"-prefixed names."""
+    return table.hidden or table.name.startswith("__")
 
 
 class Scope:
-    """The global scope: every table of the update graph, by name (`s/<name>` tickets)."""
+    """The global scope: every visible table of the update graph, by name (`s/<name>` tickets).
+
+    Hidden tables (`hidden`) are neither listed nor resolvable: they are reached only through
+    the export tickets of the session that holds them. `ops` keeps the session-owned tables'
+    reference counts (tickwire.server.table_ops.TableOps), shared by every service."""
 
     def __init__(self, graph: UpdateGraph):
         self.graph = graph
+        from tickwire.server.table_ops import TableOps  # table_ops needs rpc, which needs this module
+
+        self.ops = TableOps(graph)
 
     def names(self) -> list[str]:
         with self.graph.lock:
-            return [n for n in self.graph.tables if not n.startswith("__")]
+            return [n for n, t in self.graph.tables.items() if not hidden(t)]
 
     def get(self, name: str) -> Table:
         t = self.graph.tables.get(name)
-        if t is None:
+        if t is None or hidden(t):
             raise ResolveError(f"Could not resolve 'table': variable '{name}' not found", "NOT_FOUND")
         return t
 

@@ -4,11 +4,11 @@ Select, Update (adding columns), Head, Tail, also inside Batch.
 Each operation makes a derived table in the update graph (tickwire.server.graph.ops), which stays
 correct incrementally and can be exported, fetched and subscribed to like any other. A derived
 table lives while an export holds it (or a derived table built on it); releasing the last export
-removes it from the graph. Their names start with "__", which keeps them out of the global scope.
+removes it from the graph. They are hidden: no scope name reaches them, only their session's
+export tickets.
 """
 from __future__ import annotations
 
-import threading
 from typing import Callable, Optional
 
 import pyarrow as pa
@@ -97,43 +97,68 @@ def _fold(parts: list, fn, empty: bool) -> pc.Expression:
 
 
 class TableOps:
-    """Builds derived tables for TableService requests and keeps them alive while exported."""
+    """Builds derived tables for TableService requests and keeps session-owned tables alive while held.
+
+    A session-owned table (a derived table made here, or a DoPut export, `adopt`ed) is hidden and
+    counted: each export of it is a hold (`hold`/`drop`), and a derived table built on it keeps it
+    as a parent. When neither holds it any more it leaves the graph, and its own parents are
+    checked the same way. Tables of the global scope are never counted or removed. Every count
+    change happens under the graph's lock (callers run off the event loop)."""
 
     def __init__(self, graph):
         self.graph = graph
-        self._lock = threading.Lock()
-        self._holds: dict[str, int] = {}  # derived table name -> exports holding it
-        self.created: set[str] = set()
+        self._holds: dict[Table, int] = {}  # owned table -> holds (exports, running batches)
+
+    @property
+    def owned(self) -> int:
+        """How many session-owned tables are in the graph."""
+        with self.graph.lock:
+            return len(self._holds)
+
+    def owns(self, table: Table) -> bool:
+        with self.graph.lock:
+            return table in self._holds
 
     # -- lifetime -------------------------------------------------------------------------------
+    def adopt(self, table: Table) -> Table:
+        """Makes `table` session-owned: hidden, and removed once nothing holds it."""
+        with self.graph.lock:
+            table.hidden = True
+            self._holds.setdefault(table, 0)
+        return table
+
     def hold(self, table: Table) -> None:
-        if table.name in self.created:
-            with self._lock:
-                self._holds[table.name] = self._holds.get(table.name, 0) + 1
+        with self.graph.lock:
+            if table in self._holds:
+                self._holds[table] += 1
 
     def drop(self, table: Table) -> None:
-        """An export of `table` was released: remove it (and parents made for it) once unused."""
-        with self._lock:
-            if table.name not in self.created:
+        """A hold on `table` ended: remove it (and parents made for it) once unused."""
+        with self.graph.lock:
+            n = self._holds.get(table)
+            if n is None:
                 return
-            n = self._holds.get(table.name, 0) - 1
-            if n > 0:
-                self._holds[table.name] = n
-                return
-            self._holds.pop(table.name, None)
-        self._collect(table)
+            self._holds[table] = max(0, n - 1)
+            self._collect(table)
+
+    def drop_all(self, tables) -> None:
+        with self.graph.lock:
+            for t in tables:
+                self.drop(t)
 
     def _collect(self, table: Table) -> None:
         with self.graph.lock:
-            if table.name not in self.created or self._holds.get(table.name):
-                return
-            if any(table in t.parents for t in self.graph.tables.values()):
-                return  # a derived table still uses it; it goes with that one
-            self.graph.remove_table(table.name)
-            self.created.discard(table.name)
-            parents = list(table.parents)
-        for p in parents:
-            self._collect(p)
+            todo = [table]
+            while todo:
+                t = todo.pop()
+                if self._holds.get(t, 1) > 0:
+                    continue  # held, or not session-owned
+                if self.graph.tables.get(t.name) is t and any(t in c.parents for c in self.graph.tables.values()):
+                    continue  # a derived table still uses it; it goes with that one
+                if self.graph.tables.get(t.name) is t:
+                    self.graph.remove_table(t.name)
+                del self._holds[t]
+                todo.extend(t.parents)
 
     def _name(self, source: Table, op: str) -> str:
         """Exports are not global-scope variables: their tables' names start with "__" (hidden)."""
@@ -209,8 +234,6 @@ class TableOps:
             raise CallError("UNIMPLEMENTED", f"TableService operation {kind!r} is not supported")
         try:
             with self.graph.lock:
-                table = make()
+                return self.adopt(make())
         except (ValueError, TypeError, KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise CallError("INVALID_ARGUMENT", f"{kind} on {source.name!r}: {exc}") from None
-        self.created.add(table.name)
-        return table
