@@ -436,6 +436,10 @@ class FlightService:
         with graph.lock:
             if isinstance(t, ScopeTicket):
                 existing = graph.tables.get(t.name)
+                if t.name.startswith("__") or (existing is not None and existing.hidden):
+                    # the same answer whether or not such a table exists: session tables stay unreachable
+                    raise CallError("INVALID_ARGUMENT", f"DoPut: scope names starting with '__' are reserved, "
+                                                        f"got {t.name!r}")
                 if existing is not None:
                     if not isinstance(existing, (AppendOnlyTable, KeyedTable)):
                         raise CallError("FAILED_PRECONDITION", f"table {t.name!r} is a {type(existing).__name__}; "
@@ -445,7 +449,9 @@ class FlightService:
             elif isinstance(t, ExportTicket):
                 if t.export_id <= 0:
                     raise CallError("INVALID_ARGUMENT", f"DoPut export id must be positive, got {t.export_id}")
-                name = f"__export_{session.token}_{t.export_id}"
+                import secrets  # the name says nothing about the session, and nobody can guess it
+
+                name = f"__export.put.{secrets.token_hex(8)}"
             else:
                 raise CallError("INVALID_ARGUMENT", f"DoPut destination must be ['scope', name] or ['export', id], "
                                                     f"got {path}")
@@ -456,7 +462,15 @@ class FlightService:
             attrs = attributes_from_schema(schema)
             table.attributes.update({k: v for k, v in attrs.items() if k not in ("AppendOnly", "AddOnly")})
             if isinstance(t, ExportTicket):
-                session.export(t.export_id, table)
+                # owned by the session like any export: hidden, and freed by Release, CloseSession or expiry
+                ops = self.ctx.scope.ops
+                ops.adopt(table)
+                ops.hold(table)
+                try:
+                    session.export(t.export_id, table)
+                except BaseException:
+                    ops.drop(table)  # removes it again
+                    raise
             return table
 
     @staticmethod
@@ -481,7 +495,7 @@ class FlightService:
         with g.lock:
             return [{"name": name, "rows": t.size, "refreshing": t.is_refreshing, "kind": type(t).__name__,
                      "columns": [{"name": f.name, "type": str(f.type)} for f in t.schema]}
-                    for name, t in g.tables.items() if not name.startswith("__")]
+                    for name, t in g.tables.items() if not (t.hidden or name.startswith("__"))]
 
     async def list_actions(self, _empty, context):
         await self.ctx.authenticate(context)
