@@ -9,9 +9,17 @@ Producers never wait for a cycle: `add` only takes the short intake lock.
 Cycle order: (1) take every source's queued input at once; (2) apply it to each source; (3) walk
 the tables in dependency order (parents before the tables derived from them): a derived table
 follows its parents' updates, then each changed table's listeners run; (4) cycle listeners run;
-(5) the per-cycle state (previous values and row sets) is dropped. A source or derived table that
-fails, or a listener that raises, is logged with the table's name and recorded in `errors`; the
+(5) the per-cycle state (previous values and row sets) is dropped. A source whose input fails to
+apply, or a listener that raises, is logged with the table's name and recorded in `errors`; the
 other tables still update.
+
+A derived table whose computation raises (a formula that overflows, a cast that fails, ...) is
+*failed*, as Deephaven fails a table whose listener raises: its `failure` records the step, the
+table whose computation raised and the error; it stops updating and stays failed, and its contents
+are no longer served, since its state is no longer known to be right. Every table derived from it fails with it in the same cycle, and a
+table can no longer be derived from it (`TableFailedError`). Its parents and the other tables keep
+updating. Listeners that have an `on_failure(table, failure)` method (see `TableListener`) are told
+once; reading a failed table with `snapshot` raises `TableFailedError`.
 """
 from __future__ import annotations
 
@@ -28,7 +36,7 @@ from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTabl
 from tickwire.server.graph.tables import FilterTable, StaticTable, Table
 from tickwire.server.graph.update import TableUpdate
 
-__all__ = ["UpdateGraph", "ListenerError"]
+__all__ = ["UpdateGraph", "ListenerError", "TableFailure", "TableFailedError", "TableListener"]
 
 log = logging.getLogger("tickwire.graph")
 
@@ -43,6 +51,56 @@ class ListenerError:
 
     def __repr__(self) -> str:
         return f"ListenerError(step={self.step}, table={self.table!r}, error={self.error!r})"
+
+
+class TableFailure:
+    """Why a table failed: at `step`, the computation of table `origin` (this table itself, or a
+    table it is derived from) raised `error` while `what`. `message` names both tables and the error."""
+
+    __slots__ = ("step", "table", "origin", "what", "error", "message")
+
+    def __init__(self, step: int, table: str, origin: str, what: str, error: BaseException):
+        self.step, self.table, self.origin, self.what, self.error = step, table, origin, what, error
+        cause = f"{type(error).__name__}: {error}"
+        if origin == table:
+            self.message = f"table {table!r} failed at step {step} {what}: {cause}"
+        else:
+            self.message = (f"table {table!r} failed at step {step}: table {origin!r}, which it is derived "
+                            f"from, failed {what}: {cause}")
+
+    def derived(self, table: str) -> "TableFailure":
+        """The failure of a table derived from this one."""
+        return TableFailure(self.step, table, self.origin, self.what, self.error)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"TableFailure({self.message!r})"
+
+
+class TableFailedError(ValueError):
+    """A failed table was read or derived from; `failure` says why it failed. `code` is the gRPC
+    status a server answers with."""
+
+    code = "FAILED_PRECONDITION"
+
+    def __init__(self, failure: TableFailure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class TableListener:
+    """A table listener that also hears of the table's failure: `on_update(table, update, step)`
+    after each cycle that changed the table, `on_failure(table, failure)` once when it fails."""
+
+    __slots__ = ("on_update", "on_failure")
+
+    def __init__(self, on_update: Callable, on_failure: Callable):
+        self.on_update, self.on_failure = on_update, on_failure
+
+    def __call__(self, table, update, step) -> None:
+        self.on_update(table, update, step)
 
 
 class UpdateGraph:
@@ -78,6 +136,8 @@ class UpdateGraph:
             for p in table.parents:
                 if self.tables.get(p.name) is not p:
                     raise ValueError(f"table {table.name!r}: parent {p.name!r} is not a table of this graph")
+                if p.failure is not None:
+                    raise TableFailedError(p.failure)
             self.tables[table.name] = table
             # stable sort: by depth, then registration order
             self._order = sorted(self.tables.values(), key=lambda t: t.depth)
@@ -128,6 +188,8 @@ class UpdateGraph:
         """(step, contents) of a table at a cycle boundary."""
         t = self.get(table) if isinstance(table, str) else table
         with self.lock:
+            if t.failure is not None:
+                raise TableFailedError(t.failure)
             return self.step, t.gather(columns)
 
     def add_cycle_listener(self, fn: Callable[[int], None]) -> None:
@@ -144,6 +206,21 @@ class UpdateGraph:
     def _report(self, step: int, name: str, exc: BaseException, what: str) -> None:
         log.error("%s of table %r failed at step %d: %r", what, name, step, exc, exc_info=exc)
         self.errors.append(ListenerError(step, name, exc))
+
+    def _fail(self, step: int, table: Table, failure: TableFailure) -> None:
+        """Marks a derived table failed and tells its listeners that have an `on_failure`."""
+        table.failure = failure
+        table._end_cycle()
+        if failure.origin != table.name:
+            log.error("table %r failed at step %d with table %r it is derived from", table.name, step, failure.origin)
+        for fn in list(table.listeners):
+            on_failure = getattr(fn, "on_failure", None)
+            if on_failure is None:
+                continue
+            try:
+                on_failure(table, failure)
+            except Exception as exc:
+                self._report(step, table.name, exc, "a listener's failure callback")
 
     def run_cycle(self) -> dict[str, TableUpdate]:
         """Runs one cycle now; returns the updates by table name."""
@@ -169,12 +246,22 @@ class UpdateGraph:
             self.step = step
             changed: list[Table] = []
             for table in order:
+                if table.failure is not None:
+                    continue  # failed in an earlier cycle: it no longer updates
+                if table.parents:
+                    broken = next((p for p in table.parents if p.failure is not None), None)
+                    if broken is not None:  # failed this cycle (parents come first in `order`)
+                        self._fail(step, table, broken.failure.derived(table.name))
+                        continue
                 if table.parents and any(p.name in updates for p in table.parents):
                     try:
                         update = table._on_parents(step, updates)
                     except Exception as exc:
+                        # its state may be half changed: the table fails rather than go on without
+                        # the rows of this cycle
                         self._report(step, table.name, exc, "following the parents")
-                        table._end_cycle()
+                        self._fail(step, table, TableFailure(step, table.name, table.name,
+                                                             "following its parents", exc))
                         continue
                     if update is not None:
                         updates[table.name] = update

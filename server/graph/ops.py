@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -75,6 +76,19 @@ def _rs_bitmap(rs: RowSet, copy: bool = True) -> BitMap64:
         return BitMap64()
     bm = rs._bitmap()
     return bm.copy() if copy and not rs.is_single_range else bm
+
+
+@contextmanager
+def _unregistered_on_error(graph: "UpdateGraph", table: Table):
+    """A derived table whose first computation raises leaves the graph: it is registered (by
+    `Table.__init__`) before its rows are computed."""
+    try:
+        yield
+    except BaseException:
+        name = getattr(table, "name", None)
+        if name is not None and graph.tables.get(name) is table:
+            graph.remove_table(name)
+        raise
 
 
 def unique_name(graph: "UpdateGraph", base: str) -> str:
@@ -375,7 +389,7 @@ class SortTable(_Op):
         self.sort_columns = cols
         self.descending = desc
         self.encoder = SortKeys(parent.schema, cols, desc)
-        with graph.shared_lock():
+        with graph.shared_lock(), _unregistered_on_error(graph, self):
             super().__init__(graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k == "BlinkTable"}
@@ -499,7 +513,7 @@ class WhereTable(_Op, FilterTable):
                             f"got {type(predicate).__name__}")
         self.predicate = predicate
         self.columns = column_names(parent.schema, columns) if columns is not None else None
-        with graph.shared_lock():
+        with graph.shared_lock(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k in ("AddOnly", "BlinkTable")}
@@ -689,7 +703,7 @@ class ProjectTable(_Op):
         schema = pa.schema(fields)
         self.materialize = bool(materialize) and bool(self.exprs)
         self.computed_store: Optional[ColumnStore] = None
-        with graph.shared_lock():
+        with graph.shared_lock(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, schema)
             self.attributes = {k: v for k, v in parent.attributes.items()
                                if k in ("AddOnly", "AppendOnly", "BlinkTable")}
@@ -877,7 +891,7 @@ class HeadTailTable(_Op):
             raise ValueError(f"table {name!r}: {'tail' if tail else 'head'} needs n >= 0, got {n}")
         self.n = int(n)
         self.from_end = bool(tail)
-        with graph.shared_lock():
+        with graph.shared_lock(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k == "BlinkTable"}
@@ -947,7 +961,7 @@ class LastByTable(_Op):
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
         self._gid_at = np.full(1024, -1, dtype=np.int64)  # output row key -> group
         self._next_okey = 0
-        with graph.shared_lock():
+        with graph.shared_lock(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self._cycle(TableUpdate(added=parent.rowset))

@@ -77,6 +77,9 @@ class Table:
     is_refreshing = True
     # a session's table (an export or what it derives from): never resolvable or listed by name
     hidden = False
+    # a TableFailure once a derived table's computation (or its parent's) raised: it no longer
+    # updates and its contents are not served (see UpdateGraph)
+    failure = None
 
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema, parents: Sequence["Table"] = ()):
         if not isinstance(schema, pa.Schema):
