@@ -95,6 +95,13 @@ def export_ticket(export_id: int) -> bytes:
     return ExportTicket(export_id).to_bytes()
 
 
+def _brief(value, limit: int = 80) -> str:
+    """repr(value) for an error message, cut to about `limit` characters (a ticket or a path can be
+    arbitrarily long, and the message is sent back to the client)."""
+    r = repr(value)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r)} characters)"
+
+
 def _text(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
@@ -110,7 +117,7 @@ def parse_ticket(ticket: bytes) -> Ticket:
     route = t[:1]
     if route == b"s":
         if len(t) < 3 or t[1:2] != b"/":
-            raise TicketError(f"scope ticket must be 's/<name>', got {t!r}")
+            raise TicketError(f"scope ticket must be 's/<name>', got {_brief(t)}")
         return ScopeTicket(_text(t[2:], "scope ticket name"))
     if route == b"e":
         if len(t) != 5:
@@ -123,13 +130,15 @@ def parse_ticket(ticket: bytes) -> Ticket:
         text = _text(t, "application ticket")
         parts = text.split("/")
         if len(parts) != 4 or parts[0] != "a" or parts[2] != "f" or not parts[1] or not parts[3]:
-            raise TicketError(f"application ticket must be 'a/<app>/f/<field>', got {text!r}")
+            raise TicketError(f"application ticket must be 'a/<app>/f/<field>', got {_brief(text)}")
         return AppTicket(parts[1], parts[3])
     if route == b"h":
         if len(t) < 2:
             raise TicketError("shared ticket has no id")
         return SharedTicket(t[1:])
-    raise TicketError(f"no resolver for route '{route.decode('latin-1')}' (0x{t[0]:02x}) in ticket 0x{t[:16].hex()}")
+    shown = f"'{route.decode()}' " if 0x20 < t[0] < 0x7F else ""  # the byte itself only when printable
+    raise TicketError(f"no resolver for route {shown}(0x{t[0]:02x}) in ticket 0x{t[:16].hex()}"
+                      + ("..." if len(t) > 16 else ""))
 
 
 def ticket_from_path(path: list[str] | tuple[str, ...]) -> Ticket:
@@ -139,27 +148,28 @@ def ticket_from_path(path: list[str] | tuple[str, ...]) -> Ticket:
     head = path[0]
     if head == "scope":
         if len(path) != 2 or not path[1]:
-            raise TicketError(f"scope descriptor must be ['scope', <name>], got {list(path)}")
+            raise TicketError(f"scope descriptor must be ['scope', <name>], got {_brief(list(path))}")
         return ScopeTicket(path[1])
     if head == "export":
         if len(path) != 2:
-            raise TicketError(f"export descriptor must be ['export', <id>], got {list(path)}")
+            raise TicketError(f"export descriptor must be ['export', <id>], got {_brief(list(path))}")
         try:
             export_id = int(path[1])
         except ValueError:
-            raise TicketError(f"export descriptor id must be a decimal integer, got {path[1]!r}") from None
+            raise TicketError(f"export descriptor id must be a decimal integer, got {_brief(path[1])}") from None
         if export_id == 0 or not -(2**31) <= export_id < 2**31:
             raise TicketError(f"export id {export_id} is invalid", "INVALID_ARGUMENT")
         return ExportTicket(export_id)
     if head == "app":
         if len(path) != 4 or path[2] != "field":
-            raise TicketError(f"application descriptor must be ['app', <app>, 'field', <field>], got {list(path)}")
+            raise TicketError("application descriptor must be ['app', <app>, 'field', <field>], "
+                              f"got {_brief(list(path))}")
         return AppTicket(path[1], path[3])
     if head == "shared":
         if len(path) != 2:
-            raise TicketError(f"shared descriptor must be ['shared', <hex id>], got {list(path)}")
+            raise TicketError(f"shared descriptor must be ['shared', <hex id>], got {_brief(list(path))}")
         try:
             return SharedTicket(bytes.fromhex(path[1]))
         except ValueError:
-            raise TicketError(f"shared descriptor id must be hex, got {path[1]!r}") from None
-    raise TicketError(f"no resolver for descriptor path starting with {head!r}")
+            raise TicketError(f"shared descriptor id must be hex, got {_brief(path[1])}") from None
+    raise TicketError(f"no resolver for descriptor path starting with {_brief(head)}")
