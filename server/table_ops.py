@@ -183,6 +183,8 @@ class TableOps:
                     raise CallError("UNIMPLEMENTED", "Sort: absolute-value sorting is not supported")
                 if s.direction == 2:
                     raise CallError("UNIMPLEMENTED", "Sort: REVERSE is not supported")
+                if s.direction not in (1, -1):  # as Deephaven: UNKNOWN (0) is no direction
+                    raise CallError("INVALID_ARGUMENT", f"Unexpected sort direction: {s.direction}")
                 cols.append(s.column_name)
                 desc.append(s.direction == -1)
 

@@ -235,7 +235,8 @@ def test_operations_without_a_result_ticket_leave_no_table(served):
             op.filters.append("Price > 100")
             srt = batch.ops.add().sort
             srt.source_id.batch_offset = 0
-            srt.sorts.add().column_name = "Price"
+            d = srt.sorts.add()
+            d.column_name, d.direction = "Price", table_pb2.SortDescriptor.ASCENDING
             resps = c.stream(TABLE + "Batch", batch)
             assert [r.success for r in resps] == [True, True]
         _wait(lambda: len(graph.tables) == base)
@@ -391,3 +392,125 @@ def test_listings_show_no_session_table(served):
         assert [f.field_name for f in first.created] == ["quotes"]
     finally:
         c.close()
+
+
+# -- the same requests against a real Deephaven (slow, interop) ------------------------------------------------
+
+LC_SCRIPT = r'''
+from deephaven import empty_table
+
+lc_quotes = empty_table(500).update([
+    "Sym = `S` + i",
+    "Price = 90.0 + ((i * 37) % 200) / 10.0",
+    "Size = (long) ((i * 13) % 1000)",
+])
+'''
+CHAIN = {"name": "chain", "table": "lc_quotes", "where": ["Price > 100"], "sort": ["Price", "Size"], "tail": 7}
+
+
+def _lc_rows() -> pa.Table:
+    i = np.arange(500)
+    return pa.table({"Sym": [f"S{k}" for k in i], "Price": 90.0 + ((i * 37) % 200) / 10.0,
+                     "Size": ((i * 13) % 1000).astype(np.int64)}, schema=SCHEMA)
+
+
+def _chain_expected() -> pa.Table:
+    src = _lc_rows()
+    above = src.filter(pc.greater(src["Price"], 100))
+    s = above.sort_by([("Price", "ascending"), ("Size", "ascending")])
+    return s.slice(s.num_rows - CHAIN["tail"])
+
+
+def _plain(t: pa.Table) -> pa.Table:
+    return pa.Table.from_arrays(t.columns, names=t.column_names)
+
+
+@pytest.fixture(scope="module")
+def dh():
+    from .interop.dh_server import deephaven_server_available, start_dh_server
+
+    why = deephaven_server_available()
+    if why:
+        pytest.skip(why)
+    with start_dh_server(tables_script=LC_SCRIPT) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tw():
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("lc_quotes", _lc_rows())
+    server = TickwireServer(graph, port=0).start()
+    yield server
+    server.stop()
+    graph.stop()
+
+
+def _batch_shape(target) -> tuple[list, grpc.StatusCode]:
+    c = Client(target)
+    try:
+        batch = table_pb2.BatchTableRequest()
+        op = batch.ops.add().unstructured_filter
+        op.source_id.ticket.ticket = b"s/lc_quotes"
+        op.filters.append("Price > 100")
+        srt = batch.ops.add().sort
+        srt.source_id.batch_offset = 0
+        d = srt.sorts.add()
+        d.column_name, d.direction = "Price", table_pb2.SortDescriptor.ASCENDING
+        tail = batch.ops.add().tail
+        tail.source_id.batch_offset = 1
+        tail.num_rows = 7
+        tail.result_id.ticket = export_ticket(1)
+        shape = [(r.result_id.WhichOneof("ref"), r.result_id.batch_offset, r.result_id.ticket.ticket, r.success,
+                  r.size, r.is_static) for r in c.stream(TABLE + "Batch", batch)]
+        code = _code(lambda: c.where(b"s/lc_quotes", ["Price > 100"], None))
+        c.release(1)
+        return shape, code
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_batch_replies_and_one_shots_without_result_ticket_match_deephaven(tw, dh):
+    got, dh_got = _batch_shape(tw), _batch_shape(dh)
+    assert got == dh_got
+    shape, code = got
+    n = _lc_rows().filter(pc.greater(_lc_rows()["Price"], 100)).num_rows
+    assert shape == [("batch_offset", 0, b"", True, n, True), ("batch_offset", 1, b"", True, n, True),
+                     ("ticket", 0, export_ticket(1), True, 7, True)]
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_pydeephaven_query_with_unexported_steps_works_like_deephaven(tw, dh):
+    from pydeephaven import Session
+
+    want = _chain_expected()
+    out = {}
+    for name, target in (("tickwire", tw), ("deephaven", dh)):
+        host, _, port = target.target.rpartition(":")
+        s = Session(host=host, port=int(port))
+        try:
+            t = s.open_table("lc_quotes")
+            q = s.query(t).where(CHAIN["where"]).sort(CHAIN["sort"]).tail(CHAIN["tail"])
+            out[name] = _plain(q.exec().to_arrow())
+        finally:
+            s.close()
+    assert out["tickwire"].equals(want), out["tickwire"]
+    assert out["deephaven"].equals(want), out["deephaven"]
+    _wait(lambda: tw.ctx.scope.ops.owned == 0)  # the closed session left nothing behind
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_java_client_multi_step_table_spec_works_like_deephaven(tw, dh):
+    from .interop.java_barrage import run_java_client
+
+    want = _chain_expected()
+    for target in (tw, dh):
+        results = run_java_client(target.target, [], modes=(), seconds=0, timeout=240, specs=[CHAIN])
+        res = results[("chain", "spec")]
+        assert res.error is None, res.error
+        assert _plain(res.table).equals(want), (target.target, res.table)
