@@ -109,6 +109,14 @@ def _text(raw: bytes, what: str) -> str:
         raise TicketError(f"{what} is not valid UTF-8: {exc}", "INVALID_ARGUMENT") from None
 
 
+def _name(text: str, what: str) -> str:
+    """A variable, application or field name: printable text (no control or format characters,
+    which no table is named with and which an error message must not echo)."""
+    if not text.isprintable():
+        raise TicketError(f"{what} {_brief(text)} has unprintable characters", "INVALID_ARGUMENT")
+    return text
+
+
 def parse_ticket(ticket: bytes) -> Ticket:
     """Routes ticket bytes to a typed ticket, or raises TicketError saying why not."""
     t = bytes(ticket)
@@ -118,7 +126,7 @@ def parse_ticket(ticket: bytes) -> Ticket:
     if route == b"s":
         if len(t) < 3 or t[1:2] != b"/":
             raise TicketError(f"scope ticket must be 's/<name>', got {_brief(t)}")
-        return ScopeTicket(_text(t[2:], "scope ticket name"))
+        return ScopeTicket(_name(_text(t[2:], "scope ticket name"), "scope ticket name"))
     if route == b"e":
         if len(t) != 5:
             raise TicketError(f"export ticket must be 'e' + 4-byte little-endian id, found 0x{t.hex()} (hex)")
@@ -131,7 +139,7 @@ def parse_ticket(ticket: bytes) -> Ticket:
         parts = text.split("/")
         if len(parts) != 4 or parts[0] != "a" or parts[2] != "f" or not parts[1] or not parts[3]:
             raise TicketError(f"application ticket must be 'a/<app>/f/<field>', got {_brief(text)}")
-        return AppTicket(parts[1], parts[3])
+        return AppTicket(_name(parts[1], "application id"), _name(parts[3], "field name"))
     if route == b"h":
         if len(t) < 2:
             raise TicketError("shared ticket has no id")
@@ -149,7 +157,7 @@ def ticket_from_path(path: list[str] | tuple[str, ...]) -> Ticket:
     if head == "scope":
         if len(path) != 2 or not path[1]:
             raise TicketError(f"scope descriptor must be ['scope', <name>], got {_brief(list(path))}")
-        return ScopeTicket(path[1])
+        return ScopeTicket(_name(path[1], "scope descriptor name"))
     if head == "export":
         if len(path) != 2:
             raise TicketError(f"export descriptor must be ['export', <id>], got {_brief(list(path))}")
@@ -164,7 +172,7 @@ def ticket_from_path(path: list[str] | tuple[str, ...]) -> Ticket:
         if len(path) != 4 or path[2] != "field":
             raise TicketError("application descriptor must be ['app', <app>, 'field', <field>], "
                               f"got {_brief(list(path))}")
-        return AppTicket(path[1], path[3])
+        return AppTicket(_name(path[1], "application id"), _name(path[3], "field name"))
     if head == "shared":
         if len(path) != 2:
             raise TicketError(f"shared descriptor must be ['shared', <hex id>], got {_brief(list(path))}")

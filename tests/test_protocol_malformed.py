@@ -39,3 +39,25 @@ def test_long_or_odd_tickets_are_cut_in_the_message(ticket):
                                   ["shared", "zz" * 2000], ["\u0007" * 1000], ["export", "1", "\x1b[31m" * 300]])
 def test_long_or_odd_descriptor_paths_are_cut_in_the_message(path):
     _refused(ticket_from_path, path)
+
+
+@pytest.mark.parametrize("ticket", [b"s/bli\x00\x00", b"s/x\x1b[31m", "s/\u202eevil".encode(), b"a/app\x00/f/x",
+                                    b"a/app/f/\x07"])
+def test_names_with_unprintable_characters_are_invalid(ticket):
+    with pytest.raises(TicketError) as e:
+        parse_ticket(ticket)
+    assert e.value.code == "INVALID_ARGUMENT" and "unprintable" in str(e.value)
+    _refused(parse_ticket, ticket)
+
+
+@pytest.mark.parametrize("path", [["scope", "t\x00"], ["app", "\x01", "field", "f"], ["app", "a", "field", "\u2028"]])
+def test_descriptor_names_with_unprintable_characters_are_invalid(path):
+    with pytest.raises(TicketError) as e:
+        ticket_from_path(path)
+    assert e.value.code == "INVALID_ARGUMENT" and "unprintable" in _refused(ticket_from_path, path)
+
+
+def test_printable_names_still_route():
+    assert parse_ticket("s/é∂ƒ table".encode()).name == "é∂ƒ table"
+    assert ticket_from_path(["scope", "a b"]).name == "a b"
+    assert parse_ticket(b"a/app/f/x").field == "x"
