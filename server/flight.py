@@ -182,7 +182,10 @@ class FlightService:
         session = await self.ctx.authenticate(context)
         table = self._resolve(ticket.ticket, session)
         wire = TableWire(table)
-        msg, n = await self.ctx.run(snapshot_message, wire)
+        try:
+            msg, n = await self.ctx.run(snapshot_message, wire)
+        except SubscriptionError as exc:  # a failed table
+            raise CallError(exc.code, str(exc)) from None
         yield wire.schema_payload(False)
         if n == 0 and not table.is_refreshing:
             return  # an empty static table: the schema only (§7.2)
@@ -300,7 +303,10 @@ class FlightService:
                     except SubscriptionError as exc:
                         raise CallError(exc.code, str(exc)) from None
                 while True:
-                    msg = sub.take(background)
+                    try:
+                        msg = sub.take(background)
+                    except SubscriptionError as exc:  # the table failed; the outbox has been sent
+                        raise CallError(exc.code, str(exc)) from None
                     if msg is None:
                         break
                     ready = msg.cached(opts)
@@ -337,8 +343,11 @@ class FlightService:
         cols = _columns_of(req.columns, ncols, "snapshot columns")
         viewport = _viewport_of(req.viewport)
         opts = EncodeOptions.of(req.options)
-        msg, _n = await self.ctx.run(lambda: snapshot_message(wire, columns=cols, viewport=viewport,
-                                                              reverse=bool(req.reverse_viewport), doget=False))
+        try:
+            msg, _n = await self.ctx.run(lambda: snapshot_message(wire, columns=cols, viewport=viewport,
+                                                                  reverse=bool(req.reverse_viewport), doget=False))
+        except SubscriptionError as exc:  # a failed table
+            raise CallError(exc.code, str(exc)) from None
         yield wire.schema_payload(False)
         async for p in self._payloads(msg, opts):
             yield p

@@ -161,3 +161,140 @@ def test_the_cycle_thread_keeps_running_after_a_table_fails():
         while src.size < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert src.size == 4 and g.running
+
+
+# ----------------------------------------------------------------------------------------------
+# Barrage subscribers, DoGet and snapshot requests
+# ----------------------------------------------------------------------------------------------
+
+def ended(sub, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not sub.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sub.closed
+
+
+def plain(t: pa.Table) -> pa.Table:
+    return pa.table({f.name: t.column(i) for i, f in enumerate(t.schema)})
+
+
+@pytest.fixture()
+def failing():
+    graph = UpdateGraph(interval_ms=3_600_000)
+    src = graph.append_table("src", SCHEMA)
+    src.add(good(0, 6))
+    graph.run_cycle()
+    ratio = src.where(ratio_over_one(), name="ratio")
+    ratio.sort("x", descending=True, name="ratio_sorted")
+    src.where(pc.field("x") > 6, name="sibling")
+    server = TickwireServer(graph, port=0, start_graph=False).start()
+    yield server, graph, src
+    server.stop()
+
+
+def test_subscribers_get_the_failure_and_the_parent_keeps_converging(failing):
+    server, graph, src = failing
+    with BarrageClient(server.target) as c:
+        full = c.subscribe("ratio")
+        window = c.subscribe("ratio", viewport=[(0, 2)])
+        child = c.subscribe("ratio_sorted")
+        parent = c.subscribe("src")
+        parent_window = c.subscribe("src", viewport=[(0, 3)], reverse=True)
+        sibling = c.subscribe("sibling")
+        for s in (full, window, child, parent, parent_window, sibling):
+            assert s.wait_for(lambda s: s.last_seq == graph.step, 20)
+        src.add(good(6, 4))
+        graph.run_cycle()
+        for s in (full, window, child, parent, sibling):
+            assert s.wait_for(lambda s: s.last_seq == graph.step, 20)
+        # no row goes missing before the failure: the subscriber holds what the table holds
+        assert plain(full.table).equals(graph.snapshot("ratio")[1])
+        assert plain(child.table).equals(graph.snapshot("ratio_sorted")[1])
+        src.add(good(10, 2))
+        src.add(rows([99], [7], [0]))  # 7 / 0: the filter's formula raises
+        graph.run_cycle()
+        failed_at = graph.step
+        message = graph.tables["ratio"].failure.message
+        assert "'ratio'" in message and "divide by zero" in message
+        for s in (full, window):
+            assert ended(s) and s.error is not None
+            assert s.error.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert message in str(s.error)
+        assert ended(child) and child.error.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "'ratio_sorted'" in str(child.error) and "'ratio'" in str(child.error)
+        assert "divide by zero" in str(child.error)
+        # a DoGet, a snapshot request and a new subscription answer the same
+        for name, msg in (("ratio", message), ("ratio_sorted", graph.tables["ratio_sorted"].failure.message)):
+            with pytest.raises(ClientError) as e:
+                c.snapshot(name)
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and msg in str(e.value)
+            with pytest.raises(ClientError) as e:
+                c.snapshot(name, viewport=[(0, 1)])
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and msg in str(e.value)
+            late = c.subscribe(name)
+            assert ended(late) and late.error.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert msg in str(late.error)
+            with pytest.raises(ClientError):
+                late.table  # noqa: B018 - refused before any schema
+        # the parent and the sibling keep ticking and their subscribers keep converging
+        for i in range(3):
+            src.add(good(20 + 5 * i, 5))
+            graph.run_cycle()
+        assert graph.step == failed_at + 3
+        for name, s in (("src", parent), ("sibling", sibling)):
+            assert s.wait_for(lambda s: s.last_seq == graph.step, 20) and s.error is None
+            assert plain(s.table).equals(c.snapshot(name))
+        assert parent_window.wait_for(lambda s: s.last_seq == graph.step, 20)
+        assert plain(parent_window.table).equals(c.snapshot("src").slice(graph.tables["src"].size - 4))
+        assert src.size == 6 + 4 + 3 + 15
+
+
+def test_a_failure_while_the_subscriber_is_behind_still_ends_its_stream(failing):
+    # a subscriber that is not reading has changes waiting; the failure still reaches it once it
+    # reads again, after the messages already queued
+    server, graph, src = failing
+    with BarrageClient(server.target) as c:
+        seen = []
+        sub = c.subscribe("ratio", on_update=lambda u: seen.append(u.last_seq), queue_size=1)
+        assert sub.wait_for(lambda s: s.update_count >= 1, 20)
+        for i in range(5):
+            src.add(good(100 + 3 * i, 3))
+            graph.run_cycle()
+        src.add(rows([7], [1], [0]))
+        graph.run_cycle()
+        assert ended(sub) and sub.error.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert seen == sorted(seen) and all(s < graph.step for s in seen)
+
+
+def test_deephaven_clients_see_the_failure_through_table_service(failing):
+    from pydeephaven import DHError, Session
+
+    server, graph, src = failing
+    s = Session(host="127.0.0.1", port=server.port)
+    try:
+        ratio = s.open_table("ratio")
+        derived = ratio.where(["id >= 0"])  # a TableService Filter on the table that will fail
+        healthy = s.open_table("src").where(["x > 6"])
+        assert derived.to_arrow().num_rows == graph.tables["ratio"].size > 0
+        src.add(rows([50], [1], [0]))
+        graph.run_cycle()
+        message = graph.tables["ratio"].failure.message
+        for t in (ratio, derived):
+            with pytest.raises(DHError) as e:
+                t.to_arrow()
+            cause = e.value.__cause__  # pyarrow's error for the call's status, with its message
+            assert "gRPC returned precondition failed error" in str(cause)
+            assert "divide by zero" in str(cause) and "'ratio'" in str(cause)
+            if t is ratio:
+                assert message in str(cause)
+        with pytest.raises(DHError) as e:
+            ratio.where(["id > 0"])  # a failed table cannot be derived from
+        assert message in str(e.value.__cause__)  # the refused call's status message
+        src.add(good(60, 4))
+        graph.run_cycle()
+        got = healthy.to_arrow()
+        want = graph.snapshot("src")[1]
+        assert plain(got).equals(plain(want.filter(pc.greater(want["x"], 6))))
+        assert message == graph.tables["ratio"].failure.message  # stays failed, as it failed
+    finally:
+        s.close()

@@ -12,6 +12,10 @@ Memory per subscriber is bounded: its outbox holds at most `OUTBOX` messages; wh
 (the client is not reading), new changes are only coalesced into `behind`, whose size is bounded
 by the table's, and go out as one message once the client reads again. Other subscribers are
 never held up by a slow one: the cycle thread never waits on a client.
+
+When the table fails (see `UpdateGraph`), every subscription gets the failure: its writer sends
+what is already in the outbox, then `take` raises `SubscriptionError` (FAILED_PRECONDITION, the
+failure's message); new subscriptions and snapshots of a failed table are refused the same way.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.barrage.views import View, plan_full, plan_viewport, window_keys
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
+from tickwire.server.graph.graph import TableFailure, TableListener
 
 __all__ = ["Publisher", "Subscription", "PublisherRegistry", "snapshot_message"]
 
@@ -68,6 +73,7 @@ class Subscription:
         self.growing = False  # a full subscription whose initial snapshot is still arriving in pieces
         self.delivered = RowSet()  # while growing: the keys the client holds
         self.pieces = 0
+        self.failure: Optional[TableFailure] = None  # the table failed: no more messages after the outbox
 
     def take(self, background: Optional[Callable[[Callable[[], None]], None]] = None) -> Optional[Message]:
         """The next message for the writer, or None. When this empties the outbox while changes
@@ -77,7 +83,10 @@ class Subscription:
         with self.lock:
             msg = self.outbox.popleft() if self.outbox else None
             drained = not self.outbox
-        if msg is not None and drained and not self.closed and (self.behind is not None or self.requested is not None):
+        if msg is None and self.failure is not None:
+            raise _failed(self.failure)
+        if msg is not None and drained and not self.closed and self.failure is None \
+                and (self.behind is not None or self.requested is not None):
             if background is None:
                 self.publisher.catch_up(self)
             else:
@@ -85,7 +94,7 @@ class Subscription:
         return msg
 
     def _catch_up(self) -> None:
-        if not self.closed:
+        if not self.closed and self.failure is None:
             self.publisher.catch_up(self)
 
     def pending(self) -> int:
@@ -109,6 +118,18 @@ class Subscription:
     def close(self) -> None:
         self.publisher.unsubscribe(self)
 
+    def _fail(self, failure: TableFailure) -> None:
+        self.failure = failure
+        self.behind = self.behind_prev = None
+        try:
+            self.notify()  # the writer wakes, sends the outbox and ends the call
+        except Exception:
+            log.debug("notify failed", exc_info=True)
+
+
+def _failed(failure: TableFailure) -> SubscriptionError:
+    return SubscriptionError(failure.message, "FAILED_PRECONDITION")
+
 
 class Publisher:
     """Follows one table and serves its subscriptions."""
@@ -119,6 +140,7 @@ class Publisher:
         self.graph = table.graph
         self.wire = TableWire(table)
         self.subs: list[Subscription] = []
+        self._listener = TableListener(self._on_update, self._on_failure)
         self._attached = False
         self._shared_step = -1
         self._shared: dict = {}  # this step's messages, shared by subscribers asking the same thing
@@ -133,8 +155,10 @@ class Publisher:
         self._check_view(view)
         sub = Subscription(self, view, options, notify)
         with self.graph.lock:
+            if self.table.failure is not None:
+                raise _failed(self.table.failure)
             if not self._attached:
-                self.table.add_listener(self._on_update)
+                self.table.add_listener(self._listener)
                 self.graph.add_cycle_listener(self._on_cycle)
                 self._attached = True
             self.subs.append(sub)
@@ -166,7 +190,7 @@ class Publisher:
             if sub in self.subs:
                 self.subs.remove(sub)
             if not self.subs and self._attached:
-                self.table.remove_listener(self._on_update)
+                self.table.remove_listener(self._listener)
                 self.graph.remove_cycle_listener(self._on_cycle)
                 self._attached = False
                 self.registry._drop(self)
@@ -198,6 +222,10 @@ class Publisher:
                 sub.coalesced += 1
             sub.behind_last = step
 
+    def _on_failure(self, table: Table, failure: TableFailure) -> None:
+        for sub in list(self.subs):
+            sub._fail(failure)
+
     @staticmethod
     def _prev_of(update: TableUpdate, rows: RowSet) -> RowSet:
         return update.shifted.unapply(rows.minus(update.added)).union(update.removed)
@@ -213,7 +241,7 @@ class Publisher:
 
     def _service(self, sub: Subscription, step: int, now: float, shared: Optional[dict] = None) -> None:
         """Queues the next message for `sub` if it has room and something to say."""
-        if sub.closed:
+        if sub.closed or sub.failure is not None:
             return
         if sub.growing and sub.requested is None:
             self._grow(sub, step)
@@ -404,6 +432,8 @@ def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = No
     graph = table.graph
     cols = tuple(range(len(wire.names))) if columns is None else columns
     with graph.lock:
+        if table.failure is not None:
+            raise _failed(table.failure)
         rows = table.rowset
         step = graph.step if table.is_refreshing else -1
         if viewport is None:
