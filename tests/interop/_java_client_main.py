@@ -8,7 +8,11 @@ CONFIG holds `target` ("host:port"), `tables`, `modes` (of "full", "viewport", "
 (None = Anonymous, else a pre-shared key), `use_deephaven_nulls`, `update_interval_ms` (None =
 defaults; else the client update graph's cycle and the subscriptions' minUpdateIntervalMs),
 `future_timeout`, `heap`,
-`out_dir` and `work_dir`.
+`out_dir` and `work_dir`; optionally `specs`, a list of {"name", "table", "where": [filters],
+"sort": [columns], "tail": rows or null}: each is built as one multi-step `TableSpec`
+(`TableSpec.ticket(s/<table>).where(...).sort(...).tail(...)`), run with the client session's
+`execute(spec)` (one Batch whose intermediate steps are not exported) and the resulting handle
+is snapshotted; its result is reported as (name, "spec").
 
 All subscriptions (full and viewport, every table) are opened together; `seconds` after they
 were opened each one's table is copied (a consistent snapshot inside the client's update graph)
@@ -115,6 +119,9 @@ def main() -> None:
     reverse = bool(cfg.get("reverse_viewport", False))
 
     jobs = [_Job(t, m) for t in cfg["tables"] for m in cfg["modes"]]
+    specs = list(cfg.get("specs") or [])
+    spec_jobs = [_Job(spec["name"], "spec") for spec in specs]
+    jobs.extend(spec_jobs)
     results: dict = {"jobs": [], "session_error": None}
 
     def finish() -> None:
@@ -207,8 +214,37 @@ def main() -> None:
         except BaseException as exc:
             job.error = _error_text(exc)
 
+    # Multi-step TableSpecs through Session.execute (a Batch with unexported steps).
+    def strings(values):
+        return jpy.array("java.lang.String", [str(v) for v in values])
+
+    for spec, job in zip(specs, spec_jobs):
+        handle = None
+        try:
+            started = time.monotonic()
+            job.request_wall = time.time()
+            built = ticket(spec["table"])
+            if spec.get("where"):
+                built = built.where(strings(spec["where"]))
+            if spec.get("sort"):
+                built = built.sort(strings(spec["sort"]))
+            if spec.get("tail") is not None:
+                built = built.tail(int(spec["tail"]))
+            handle = session.j_session.execute(built)
+            job.future = j_session.snapshot(handle, snap_options).entireTable()
+            wait(job, started)
+            read(job)
+        except BaseException as exc:
+            job.error = _error_text(exc)
+        finally:
+            if handle is not None:
+                try:
+                    handle.close()
+                except BaseException:
+                    pass
+
     for job in jobs:
-        if job.mode not in ("full", "viewport", "snapshot"):
+        if job.mode not in ("full", "viewport", "snapshot", "spec"):
             job.error = f"unknown mode {job.mode!r}"
     finish()
 

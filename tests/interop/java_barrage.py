@@ -11,6 +11,11 @@ BarrageSession` through jpy. Modes:
 - "viewport": `subscribe(...).partialTable(rows first..last, all columns)`; the viewport rows.
 - "snapshot": `snapshot(...).entireTable()` (a BarrageSnapshotRequest); the snapshot.
 
+`specs` (optional) are multi-step table specs, each {"name", "table", "where": [filters], "sort":
+[columns], "tail": rows or None}: the client's `Session.execute(TableSpec.ticket(...).where(...)
+.sort(...).tail(...))` (one Batch, intermediate steps unexported), then a snapshot of the handle;
+reported as results[(name, "spec")].
+
 Subscriptions are all opened at once and read `seconds` later; snapshots are taken after that.
 Tables travel back as Arrow IPC files, the rest as JSON.
 """
@@ -86,6 +91,7 @@ def run_java_client(
     use_deephaven_nulls: bool = True,
     update_interval_ms: int | None = None,
     heap: str = "1g",
+    specs: list[dict] | None = None,
 ) -> dict[tuple[str, str], JavaResult]:
     """Runs the Java Barrage client against `target` ("host:port") for every table x mode.
 
@@ -105,7 +111,8 @@ def run_java_client(
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown modes {bad}; expected some of {MODES}")
-    if not tables:
+    specs = list(specs or [])
+    if not tables and not specs:
         return {}
     first, last = (int(v) for v in viewport)
     if first < 0 or last < first:
@@ -126,6 +133,7 @@ def run_java_client(
         "update_interval_ms": None if update_interval_ms is None else int(update_interval_ms),
         "future_timeout": max(5.0, min(60.0, timeout / 2)),
         "heap": heap,
+        "specs": specs,
         "out_dir": str(out_dir),
         "work_dir": str(work / "jvm"),
     }
@@ -155,12 +163,13 @@ def run_java_client(
         if failure is None and proc.returncode != 0:
             failure = f"Java client exited with code {proc.returncode}"
         elapsed = time.monotonic() - started
-        return _collect(tables, modes, out_dir, log_path, failure, elapsed)
+        return _collect(tables, modes, out_dir, log_path, failure, elapsed, [s["name"] for s in specs])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _collect(tables, modes, out_dir: Path, log_path: Path, failure: str | None, elapsed: float):
+def _collect(tables, modes, out_dir: Path, log_path: Path, failure: str | None, elapsed: float,
+             spec_names=()):
     results_path = out_dir / "results.json"
     log = tail(log_path)
     if results_path.exists():
@@ -170,25 +179,25 @@ def _collect(tables, modes, out_dir: Path, log_path: Path, failure: str | None, 
         failure = failure or "Java client wrote no results"
     by_key = {(j["table"], j["mode"]): j for j in doc["jobs"]}
     out: dict[tuple[str, str], JavaResult] = {}
-    for name in tables:
-        for mode in modes:
-            meta = by_key.get((name, mode))
-            res = JavaResult(table_name=name, mode=mode)
-            res.extra = {"elapsed_s": elapsed, "session_s": doc.get("session_s"), "log": log}
-            if meta is None:
-                res.error = f"{failure or 'no result'}\n--- client output ---\n{log}"
-                out[(name, mode)] = res
-                continue
-            for key in ("refreshing", "columns", "request_wall", "complete_s", "read_wall",
-                        "last_update_wall"):
-                setattr(res, key, meta.get(key))
-            res.updates = int(meta.get("updates") or 0)
-            if meta.get("error"):
-                res.error = f"{meta['error']}\n--- client output ---\n{log}"
-            elif meta.get("file"):
-                data = (out_dir / meta["file"]).read_bytes()
-                res.table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-            else:
-                res.error = f"{failure or 'no table written'}\n--- client output ---\n{log}"
+    keys = [(name, mode) for name in tables for mode in modes] + [(name, "spec") for name in spec_names]
+    for name, mode in keys:
+        meta = by_key.get((name, mode))
+        res = JavaResult(table_name=name, mode=mode)
+        res.extra = {"elapsed_s": elapsed, "session_s": doc.get("session_s"), "log": log}
+        if meta is None:
+            res.error = f"{failure or 'no result'}\n--- client output ---\n{log}"
             out[(name, mode)] = res
+            continue
+        for key in ("refreshing", "columns", "request_wall", "complete_s", "read_wall",
+                    "last_update_wall"):
+            setattr(res, key, meta.get(key))
+        res.updates = int(meta.get("updates") or 0)
+        if meta.get("error"):
+            res.error = f"{meta['error']}\n--- client output ---\n{log}"
+        elif meta.get("file"):
+            data = (out_dir / meta["file"]).read_bytes()
+            res.table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+        else:
+            res.error = f"{failure or 'no table written'}\n--- client output ---\n{log}"
+        out[(name, mode)] = res
     return out
