@@ -379,7 +379,8 @@ def test_listings_show_no_session_table(served):
         c.stream(TABLE + "Batch", _chain_batch(1))
         c.put_export(2, _quotes(10))
         assert len(_hidden_names(graph)) == 4
-        flights = [tuple(p.decode() if isinstance(p, bytes) else p for p in fi.descriptor.path) for fi in c.flight.list_flights(options=c.options)]
+        flights = [tuple(p.decode() if isinstance(p, bytes) else p for p in fi.descriptor.path)
+                   for fi in c.flight.list_flights(options=c.options)]
         assert flights == [("scope", "quotes")]
         (result,) = list(c.flight.do_action(fl.Action("list-tables", b""), c.options))
         assert [t["name"] for t in json.loads(result.body.to_pybytes())] == ["quotes"]
