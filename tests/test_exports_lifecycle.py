@@ -318,7 +318,7 @@ def test_expired_sessions_free_their_tables_with_no_traffic():
         _wait(lambda: len(graph.tables) == base, timeout=10)  # no call at all meanwhile
         took = time.monotonic() - t0
         assert server.sessions.count == 0 and server.ctx.scope.ops.owned == 0
-        assert took < 0.4 + 2.0, took
+        assert took < 5.0, took  # expiry (0.4 s) plus the reaper's interval, with room for a loaded machine
         # an expired token is refused, and nothing can be exported into the ended session
         assert _code(lambda: clients[0].where(b"s/quotes", ["Price > 1"], 5)) == grpc.StatusCode.UNAUTHENTICATED
         assert len(graph.tables) == base
