@@ -81,36 +81,61 @@ def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(
     ups = g.run_cycle()
     assert "src" in ups and "sibling" in ups and "bad" not in ups and "child" not in ups
     f = bad.failure
-    assert f is not None and f.step == 3 and f.table == "bad" and f.origin == "bad"
+    origin = bad.parent.name if bad.parent is not src else "bad"  # a view fails when its formula is read
+    assert f is not None and f.step == 3 and f.table == "bad" and f.origin == origin
     assert isinstance(f.error, (pa.ArrowInvalid, ArithmeticError))
-    assert "'bad'" in f.message and str(f.error) in f.message
+    assert "'bad'" in f.message and f"{origin!r}" in f.message and str(f.error) in f.message
     for t in (child, grandchild):
-        assert t.failure is not None and t.failure.origin == "bad" and t.failure.error is f.error
-        assert f"{t.name!r}" in t.failure.message and "'bad'" in t.failure.message
+        assert t.failure is not None and t.failure.origin == origin and t.failure.error is f.error
+        assert f"{t.name!r}" in t.failure.message and f"{origin!r}" in t.failure.message
     assert [n for n, _ in heard] == ["bad", "child", "grandchild"]
     assert heard[0][1] == f.message
-    assert [e.table for e in g.errors] == ["bad"]
+    assert [e.table for e in g.errors] == [origin]
     # later cycles: the failed tables stay as they were, the parent and the sibling follow
     src.add(good(200, 4))
     src.add(rows([101], [1], [1]))
     g.run_cycle()
     assert bad.failure is f and bad.last_step == 2
-    if not hasattr(bad, "exprs"):  # a view or select has the parent's rows; others keep their own
+    if origin == "bad" and not hasattr(bad, "exprs"):  # a view or select has the parent's rows
         assert bad.to_arrow().equals(before)
     assert sibling.last_step == 4 and src.last_step == 4 and src.size == 14
     assert sibling.to_arrow().equals(src.to_arrow().filter(pc.greater(src.to_arrow()["x"], 3)))
     assert len(heard) == 3 and set(updates) == {2} and t_plain == [2]
     # a failed table cannot be read or derived from
     for t in (bad, child, grandchild):
-        with pytest.raises(TableFailedError, match="'bad'") as e:
+        with pytest.raises(TableFailedError, match=f"{origin!r}") as e:
             g.snapshot(t)
         assert e.value.code == "FAILED_PRECONDITION" and e.value.failure is t.failure
-    with pytest.raises(TableFailedError, match="'bad'"):
+    with pytest.raises(TableFailedError, match=f"{origin!r}"):
         bad.where(pc.field("id") > 0, name="later")
     assert "later" not in g.tables
     # a new table from the healthy parent works
     again = src.where(pc.field("y") == 0, name="again")
     assert again.to_arrow().column("id").to_pylist() == [100]
+
+
+def test_a_view_whose_formula_raises_when_read_fails_with_its_derived_tables():
+    g = UpdateGraph()
+    src = g.append_table("src", SCHEMA)
+    src.add(good(0, 3))
+    g.run_cycle()
+    view = src.view(["id", ("q", pc.divide_checked(pc.field("x"), pc.field("y")))], name="v")
+    head = view.head(2, name="v_head")
+    heard = []
+    view.add_listener(TableListener(lambda *a: None, lambda table, failure: heard.append(failure)))
+    assert g.snapshot(view)[1].column("q").to_pylist() == [0, 1, 3]  # integer division
+    src.add(rows([9], [1], [0]))
+    g.run_cycle()  # a view computes on read: nothing read it in this cycle
+    assert view.failure is None and head.failure is None and view.last_step == 2
+    with pytest.raises(TableFailedError, match="table 'v' failed at step 2 computing its columns.*divide by zero"):
+        g.snapshot(view)
+    assert view.failure is not None and heard == [view.failure] and view.failure.origin == "v"
+    assert head.failure is not None and head.failure.origin == "v"
+    with pytest.raises(TableFailedError):
+        g.snapshot(view, ["id"])  # stays failed, even for columns it could read
+    src.add(good(10, 2))
+    g.run_cycle()
+    assert src.size == 6 and view.last_step == 2 and g.snapshot(src)[1].num_rows == 6
 
 
 def test_a_failure_at_creation_is_an_error_of_the_creating_call():
@@ -187,6 +212,7 @@ def failing():
     ratio = src.where(ratio_over_one(), name="ratio")
     ratio.sort("x", descending=True, name="ratio_sorted")
     src.where(pc.field("x") > 6, name="sibling")
+    src.view(["id", ("q", pc.divide_checked(pc.field("x"), pc.field("y")))], name="quotient")
     server = TickwireServer(graph, port=0, start_graph=False).start()
     yield server, graph, src
     server.stop()
@@ -247,6 +273,45 @@ def test_subscribers_get_the_failure_and_the_parent_keeps_converging(failing):
         assert parent_window.wait_for(lambda s: s.last_seq == graph.step, 20)
         assert plain(parent_window.table).equals(c.snapshot("src").slice(graph.tables["src"].size - 4))
         assert src.size == 6 + 4 + 3 + 15
+
+
+def test_subscribers_of_a_view_whose_formula_raises_on_read_get_the_failure(failing):
+    server, graph, src = failing
+    with BarrageClient(server.target) as c:
+        full = c.subscribe("quotient")
+        window = c.subscribe("quotient", viewport=[(0, 1)], reverse=True)
+        parent = c.subscribe("src")
+        for s in (full, window, parent):
+            assert s.wait_for(lambda s: s.last_seq == graph.step, 20)
+        src.add(rows([77], [5], [0]))
+        graph.run_cycle()  # the publisher reads the new row's quotient for the messages
+        view = graph.tables["quotient"]
+        assert view.failure is not None and "'quotient'" in view.failure.message
+        for s in (full, window):
+            assert ended(s) and s.error.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert view.failure.message in str(s.error)
+        with pytest.raises(ClientError) as e:
+            c.snapshot("quotient")
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and view.failure.message in str(e.value)
+        src.add(good(30, 2))
+        graph.run_cycle()
+        assert parent.wait_for(lambda s: s.last_seq == graph.step, 20)
+        assert plain(parent.table).equals(c.snapshot("src"))
+
+
+def test_a_snapshot_of_a_view_whose_formula_raises_answers_the_failure(failing):
+    server, graph, src = failing
+    src.add(rows([78], [5], [0]))
+    graph.run_cycle()  # nobody reads the view in this cycle
+    assert graph.tables["quotient"].failure is None
+    with BarrageClient(server.target) as c:
+        for read in (lambda: c.snapshot("quotient"), lambda: c.snapshot("quotient", viewport=[(0, 9)])):
+            with pytest.raises(ClientError) as e:
+                read()
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "'quotient'" in str(e.value)
+            assert "divide by zero" in str(e.value)
+        sub = c.subscribe("quotient")
+        assert ended(sub) and sub.error.code == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_a_failure_while_the_subscriber_is_behind_still_ends_its_stream(failing):

@@ -30,7 +30,7 @@ import numpy as np
 from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.barrage.views import View, plan_full, plan_viewport, window_keys
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
-from tickwire.server.graph.graph import TableFailure, TableListener
+from tickwire.server.graph.graph import TableFailedError, TableFailure, TableListener
 
 __all__ = ["Publisher", "Subscription", "PublisherRegistry", "snapshot_message"]
 
@@ -162,7 +162,10 @@ class Publisher:
                 self.graph.add_cycle_listener(self._on_cycle)
                 self._attached = True
             self.subs.append(sub)
-            self._service(sub, self.graph.step, time.monotonic())
+            try:
+                self._service(sub, self.graph.step, time.monotonic())
+            except TableFailedError:
+                pass  # reading the table failed it (a view's formula): `sub` has the failure
         return sub
 
     def change(self, sub: Subscription, view: View) -> None:
@@ -174,12 +177,18 @@ class Publisher:
             if sub.closed:
                 return
             sub.requested = view
-            self._service(sub, self.graph.step, time.monotonic())
+            try:
+                self._service(sub, self.graph.step, time.monotonic())
+            except TableFailedError:
+                pass  # `sub` has the failure
 
     def catch_up(self, sub: Subscription) -> None:
         with self.graph.lock:
             step = self.graph.step
-            self._service(sub, step, time.monotonic(), self._shared_for(step))
+            try:
+                self._service(sub, step, time.monotonic(), self._shared_for(step))
+            except TableFailedError:
+                pass  # `sub` has the failure
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self.graph.lock:
@@ -236,6 +245,8 @@ class Publisher:
         for sub in list(self.subs):
             try:
                 self._service(sub, step, now, shared)
+            except TableFailedError:
+                pass  # reading the table failed it: its subscribers have the failure
             except Exception:
                 log.exception("table %r: building a message for a subscriber failed", self.table.name)
 
@@ -440,7 +451,10 @@ def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = No
             keys = rows
         else:
             keys = window_keys(rows, viewport, reverse)
-        added = wire.gather(keys, cols)
+        try:
+            added = wire.gather(keys, cols)
+        except TableFailedError as exc:  # a view's formula raised on these rows
+            raise _failed(exc.failure) from None
     md = metadata_bytes(first_seq=step, last_seq=step, is_snapshot=True,
                         effective_viewport=None if doget else viewport,
                         effective_reverse_viewport=reverse,

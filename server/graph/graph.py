@@ -18,7 +18,8 @@ A derived table whose computation raises (a formula that overflows, a cast that 
 table whose computation raised and the error; it stops updating and stays failed, and its contents
 are no longer served, since its state is no longer known to be right. Every table derived from it fails with it in the same cycle, and a
 table can no longer be derived from it (`TableFailedError`). Its parents and the other tables keep
-updating. Listeners that have an `on_failure(table, failure)` method (see `TableListener`) are told
+updating. A view computes its columns when read, so a view's formula fails it (`fail`) when a read
+raises, in a cycle or between cycles. Listeners that have an `on_failure(table, failure)` method (see `TableListener`) are told
 once; reading a failed table with `snapshot` raises `TableFailedError`.
 """
 from __future__ import annotations
@@ -207,6 +208,25 @@ class UpdateGraph:
         log.error("%s of table %r failed at step %d: %r", what, name, step, exc, exc_info=exc)
         self.errors.append(ListenerError(step, name, exc))
 
+    def fail(self, table: Table, what: str, error: BaseException) -> TableFailure:
+        """Fails a derived table whose values cannot be computed when read (a view's formula
+        raising), with every table derived from it; returns its failure (the first one when it
+        had already failed)."""
+        with self.lock:
+            if table.failure is not None:
+                return table.failure
+            if not table.parents:
+                raise ValueError(f"table {table.name!r} is a source; only derived tables fail")
+            step = self.step
+            self._report(step, table.name, error, what)
+            self._fail(step, table, TableFailure(step, table.name, table.name, what, error))
+            for t in list(self._order):  # parents before the tables derived from them
+                if t.failure is None and t.parents:
+                    broken = next((p for p in t.parents if p.failure is not None), None)
+                    if broken is not None:
+                        self._fail(step, t, broken.failure.derived(t.name))
+            return table.failure
+
     def _fail(self, step: int, table: Table, failure: TableFailure) -> None:
         """Marks a derived table failed and tells its listeners that have an `on_failure`."""
         table.failure = failure
@@ -256,6 +276,10 @@ class UpdateGraph:
                 if table.parents and any(p.name in updates for p in table.parents):
                     try:
                         update = table._on_parents(step, updates)
+                    except TableFailedError as exc:  # reading a parent failed it (a view's formula)
+                        if table.failure is None:
+                            self._fail(step, table, exc.failure.derived(table.name))
+                        continue
                     except Exception as exc:
                         # its state may be half changed: the table fails rather than go on without
                         # the rows of this cycle

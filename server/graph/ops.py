@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap64
 
 from tickwire.server.graph.columns import ColumnStore, check_hashable, hash_columns, key_verifier
+from tickwire.server.graph.graph import TableFailedError
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.keymap import KeyMap
 from tickwire.server.graph.order import NONE_LO, OrderIndex, SortKeys
@@ -645,7 +646,12 @@ class _ViewStore:
         need = list(dict.fromkeys([t.sources[n] for n in names if t.sources[n] is not None]
                                   + sorted({c for n in computed for c in t.inputs[n]})))
         base = t.parent.store.gather(slots, need) if need else pa.table({"_": pa.nulls(len(slots))})
-        return t._assemble(names, base, base, slots.size)
+        if t.failure is not None:
+            raise TableFailedError(t.failure)
+        try:
+            return t._assemble(names, base, base, slots.size)
+        except Exception as exc:  # a formula that raises on these values fails the view
+            raise TableFailedError(t.graph.fail(t, "computing its columns", exc)) from exc
 
     def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
         return self.gather(slots, [name]).column(0).combine_chunks()
