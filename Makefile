@@ -31,9 +31,11 @@ test-fast: $(STAMP)
 test-slow: $(STAMP) java-check
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
-## soak: the randomized convergence suite with 20x the steps (nightly; about an hour)
+## soak: the randomized convergence suite with 20x the steps, then the request fuzzer for 10x its
+## budget, about 17 minutes (nightly; about an hour and a quarter in all)
 soak: $(STAMP)
 	TICKWIRE_SOAK=20 $(PY) -m pytest -m slow tests/test_convergence.py $(PYTEST_ARGS)
+	TICKWIRE_SOAK=10 $(PY) -m pytest -m slow -s tests/test_fuzz_requests.py $(PYTEST_ARGS)
 
 demo: $(STAMP) java-check
 	$(PY) -m tickwire demo
