@@ -16,11 +16,12 @@ other tables still update.
 A derived table whose computation raises (a formula that overflows, a cast that fails, ...) is
 *failed*, as Deephaven fails a table whose listener raises: its `failure` records the step, the
 table whose computation raised and the error; it stops updating and stays failed, and its contents
-are no longer served, since its state is no longer known to be right. Every table derived from it fails with it in the same cycle, and a
-table can no longer be derived from it (`TableFailedError`). Its parents and the other tables keep
-updating. A view computes its columns when read, so a view's formula fails it (`fail`) when a read
-raises, in a cycle or between cycles. Listeners that have an `on_failure(table, failure)` method (see `TableListener`) are told
-once; reading a failed table with `snapshot` raises `TableFailedError`.
+are no longer served, since its state is no longer known to be right. Every table derived from it
+fails with it in the same cycle, and a table can no longer be derived from it (`TableFailedError`).
+Its parents and the other tables keep updating. A view computes its columns when read, so a view's
+formula fails it (`fail`) when a read raises, in a cycle or between cycles. Listeners that have an
+`on_failure(table, failure)` method (see `TableListener`) are told once; reading a failed table
+with `snapshot` raises `TableFailedError`.
 """
 from __future__ import annotations
 
