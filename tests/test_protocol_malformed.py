@@ -61,3 +61,86 @@ def test_printable_names_still_route():
     assert parse_ticket("s/é∂ƒ table".encode()).name == "é∂ƒ table"
     assert ticket_from_path(["scope", "a b"]).name == "a b"
     assert parse_ticket(b"a/app/f/x").field == "x"
+
+
+# -- every decoder, fed mutations of valid input ------------------------------------------------------------------
+
+def _mutations(rng, data: bytes, n: int):
+    """`n` seeded mutations of `data`: truncations, bit flips, spliced and overwritten bytes."""
+    for _ in range(n):
+        b = bytearray(data)
+        for _ in range(rng.choice([1, 1, 2, 5])):
+            kind = rng.randrange(4)
+            at = rng.randrange(len(b) + 1)
+            if kind == 0:
+                del b[at:]
+            elif kind == 1 and b:
+                b[min(at, len(b) - 1)] ^= 1 << rng.randrange(8)
+            elif kind == 2:
+                b[at:at] = rng.randbytes(rng.choice([1, 4, 8]))
+            else:
+                b[at:at + 4] = rng.choice([b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\xff\xff\xff\xff", b"\0\0\0\0"])
+        yield bytes(b)
+
+
+def _only_protocol_errors(fn, data: bytes) -> None:
+    try:
+        fn(data)
+    except ProtocolError as exc:
+        msg = str(exc)
+        assert msg.isprintable() and len(msg) < 1000, f"{fn.__name__}({data.hex()}): {msg[:300]!r}"
+    except Exception as exc:  # noqa: BLE001 - the point of the test
+        raise AssertionError(f"{fn.__name__}({data.hex()}) raised {type(exc).__name__}: {exc}") from exc
+
+
+def test_decoders_raise_only_protocol_errors_for_mutated_input():
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from tickwire.protocol import barrage, batches
+    from tickwire.protocol.flight import FlightDescriptor, decode_flight_data, encode_flight_data
+
+    rng = random.Random(20240611)
+    requests = [
+        barrage.SubscriptionRequest(ticket=b"s/t", columns=np.array([0, 2]), viewport=np.array([[0, 5], [9, 20]]),
+                                    options=barrage.SubscriptionOptions(batch_size=5), subscription_token=b"tok"),
+        barrage.SnapshotRequest(ticket=b"s/t", columns=np.array([1]), viewport=np.array([[0, 2**40]]),
+                                options=barrage.SnapshotOptions(max_message_size=9)),
+        barrage.PublicationRequest(ticket=b"e\x01\x00\x00\x00", options=barrage.PublicationOptions(True)),
+        barrage.UpdateMetadata(first_seq=1, last_seq=2, added_rows=np.array([[0, 3]]), removed_rows=np.array([[5, 6]]),
+                               shift_data=(np.array([1]), np.array([2]), np.array([4])),
+                               mod_column_nodes=[np.array([[1, 1]]), None], effective_column_set=np.array([0, 1]),
+                               effective_viewport=np.array([[0, 9]]), added_rows_included=np.array([[0, 1]])),
+    ]
+    for req in requests:
+        for data in _mutations(rng, barrage.wrap(req), 300):
+            _only_protocol_errors(barrage.unwrap, data)
+        for data in _mutations(rng, req.to_bytes(), 300):
+            _only_protocol_errors(type(req).from_bytes, data)
+
+    schema = pa.schema([("i", pa.int32()), ("s", pa.string()), ("l", pa.list_(pa.int64())), ("b", pa.bool_()),
+                        ("ts", pa.timestamp("ns", "UTC")), ("bin", pa.binary())])
+    batch = pa.record_batch([pa.array([1, None, 3], pa.int32()), pa.array(["a", None, "ccc"]),
+                             pa.array([[1], [], None], pa.list_(pa.int64())), pa.array([True, False, None]),
+                             pa.array([1, 2, 3], pa.timestamp("ns", "UTC")), pa.array([b"x", b"", None])], schema=schema)
+    msg = pa.ipc.read_message(batch.serialize())
+    header, body = msg.metadata.to_pybytes(), msg.body.to_pybytes()
+
+    def record_batch(h, b=body):
+        info = batches.read_message_header(h)
+        if info.header_type == batches.HEADER_RECORD_BATCH:
+            batches.decode_record_batch(info, b, schema)
+
+    def record_body(b):
+        batches.decode_record_batch(batches.read_message_header(header), b, schema)
+
+    record_batch(header)  # the unmutated message decodes
+    for data in _mutations(rng, header, 400):
+        _only_protocol_errors(record_batch, data)
+    for data in _mutations(rng, body, 200):
+        _only_protocol_errors(record_body, data)
+    flight = encode_flight_data(header, barrage.wrap(requests[0]), body, FlightDescriptor.for_path("scope", "t"))
+    for data in _mutations(rng, flight, 400):
+        _only_protocol_errors(decode_flight_data, data)
