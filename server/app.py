@@ -24,16 +24,18 @@ from tickwire.server.barrage import PublisherRegistry
 from tickwire.server.deephaven import DeephavenServices
 from tickwire.server.flight import FlightService
 from tickwire.server.graph import UpdateGraph
-from tickwire.server.rpc import ServerContext, build_handlers
+from tickwire.server.rpc import ServerContext, build_handlers, with_stubs
 from tickwire.server.session import Scope, SessionManager
 
 __all__ = ["TickwireServer"]
 
 log = logging.getLogger("tickwire.server")
 
+#: Deephaven's default limit on one inbound gRPC message (a DoPut batch, a Barrage request)
+DEFAULT_MAX_INBOUND_MESSAGE_SIZE = 100 * 1024 * 1024
+
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", -1),
-    ("grpc.max_receive_message_length", -1),
     ("grpc.so_reuseport", 0),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -50,7 +52,7 @@ class TickwireServer:
     def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
                  psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
                  tls_key: Optional[str | Path] = None, workers: int = 4, session_duration_ms: int = 300_000,
-                 start_graph: bool = True):
+                 start_graph: bool = True, max_inbound_message_size: int = DEFAULT_MAX_INBOUND_MESSAGE_SIZE):
         self.graph = graph if graph is not None else UpdateGraph()
         self.host = host
         self.requested_port = int(port)
@@ -69,6 +71,9 @@ class TickwireServer:
         self._server: Optional[grpc.aio.Server] = None
         self._stopped = threading.Event()
         self.start_graph = start_graph
+        if not 0 < int(max_inbound_message_size) <= 2**31 - 1:
+            raise ValueError(f"max_inbound_message_size must be 1..{2**31 - 1} bytes, got {max_inbound_message_size}")
+        self.max_inbound_message_size = int(max_inbound_message_size)
         self.replicas: list = []  # Replicators feeding this server's graph
 
     @property
@@ -81,9 +86,10 @@ class TickwireServer:
         return self.tls is not None
 
     async def _start(self) -> int:
-        server = grpc.aio.server(options=GRPC_OPTIONS)
+        options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.max_inbound_message_size)]
+        server = grpc.aio.server(options=options)
         handlers = {**self.flight.handlers(), **self.deephaven.handlers()}
-        server.add_generic_rpc_handlers(build_handlers(handlers))
+        server.add_generic_rpc_handlers(build_handlers(with_stubs(handlers), precheck=self.sessions.authenticate))
         addr = f"{self.host}:{self.requested_port}"
         if self.tls is not None:
             key, cert = self.tls[1], self.tls[0]

@@ -160,7 +160,7 @@ def _launch_spark() -> None:
 
 def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
              host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None,
-             spark: bool = False) -> int:
+             spark: bool = False, max_inbound_message_size: Optional[int] = None) -> int:
     """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second. With a
     `port`, serves them over Flight/Barrage on it (port 0 picks a free one)."""
     graph = UpdateGraph(interval_ms=interval_ms)
@@ -192,7 +192,9 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
         ticker.start()
         if port is not None:
             from tickwire.server.app import TickwireServer
-            server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key).start()
+            limits = {} if max_inbound_message_size is None else {"max_inbound_message_size": max_inbound_message_size}
+            server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key,
+                                    **limits).start()
             out(connect_help(host, server.port, psk))
         if spark and not done.is_set():
             from tickwire.server.spark.demo import start_spark_demo, stop_active_spark

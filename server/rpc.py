@@ -7,18 +7,20 @@ raw bytes in both directions (no protobuf objects on the data path).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from tickwire.protocol.errors import ProtocolError
-from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
+from tickwire.protocol.proto.methods import ALL_METHODS, BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
 from tickwire.server.session import AuthError, ResolveError, Session
 
-__all__ = ["CallError", "ServerContext", "build_handlers", "RAW"]
+__all__ = ["CallError", "ServerContext", "build_handlers", "RAW", "short", "MAX_DETAILS"]
 
 log = logging.getLogger("tickwire.server")
 
@@ -68,58 +70,140 @@ class ServerContext:
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
     async def authenticate(self, context: grpc.aio.ServicerContext, *, send_header: bool = True) -> Session:
-        session = self.sessions.authenticate(context.invocation_metadata() or ())
+        """The call's session: the one its credentials were checked for before its body was
+        parsed, or (outside such a call) a fresh check of its metadata."""
+        session = _CALL_SESSION.get()
+        if session is None:
+            session = self.sessions.authenticate(context.invocation_metadata() or ())
         if send_header:
             await context.send_initial_metadata((("authorization", f"Bearer {session.token}"),))
         return session
 
 
-def _guard(fn, kind: str):
-    """Turns exceptions into statuses (unary/client-stream and streaming shapes alike)."""
+_CALL_SESSION: contextvars.ContextVar = contextvars.ContextVar("tickwire_call_session", default=None)
+
+#: gRPC status details are sent in a trailer that clients cap at 16 KiB (after %-encoding); an
+#: error message is cut well below that so that it always arrives as sent.
+MAX_DETAILS = 1_000
+
+
+def short(text: str, limit: int = MAX_DETAILS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return text[: limit - 40] + f"... ({len(text) - limit + 40} more characters)"
+
+
+async def _abort(context, exc: BaseException):
+    code, details = status_of(exc)
+    await context.abort(code, short(details))
+
+
+def _parser(message_cls, codec):
+    """bytes -> request for one method: RAW passes bytes through; otherwise the protobuf class,
+    whose decode errors become INVALID_ARGUMENT naming the message type."""
+    if codec is RAW or message_cls is None:
+        return None
+    name = message_cls.DESCRIPTOR.full_name
+
+    def parse(raw: bytes):
+        try:
+            return message_cls.FromString(raw)
+        except DecodeError as exc:
+            raise CallError("INVALID_ARGUMENT", f"malformed {name} request: {short(exc, 200)}") from None
+    return parse
+
+
+async def _parsed_stream(request_iterator, parse):
+    async for raw in request_iterator:
+        yield parse(raw)
+
+
+def _guard(fn, kind: str, parse=None, precheck=None):
+    """Checks credentials, then parses the request body, then runs the handler; every exception
+    becomes a status (unary/client-stream and streaming shapes alike). Credentials come first, so
+    an unauthenticated caller learns nothing about what its request would have done."""
+    streaming_request = kind in (CLIENT_STREAM, BIDI)
+
+    def prepare(request, context):
+        if precheck is not None:
+            _CALL_SESSION.set(precheck(context.invocation_metadata() or ()))
+        if parse is None:
+            return request
+        return _parsed_stream(request, parse) if streaming_request else parse(request)
+
     if kind in (SERVER_STREAM, BIDI):
         @functools.wraps(fn)
         async def stream_wrapper(request, context):
             try:
-                async for item in fn(request, context):
+                async for item in fn(prepare(request, context), context):
                     yield item
             except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
                 raise  # the call is over (cancelled by the client, aborted, or closed): nothing to report
             except BaseException as exc:  # noqa: BLE001 - every error becomes a status
-                code, details = status_of(exc)
-                await context.abort(code, details)
+                await _abort(context, exc)
         return stream_wrapper
 
     @functools.wraps(fn)
     async def unary_wrapper(request, context):
         try:
-            return await fn(request, context)
+            return await fn(prepare(request, context), context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except BaseException as exc:  # noqa: BLE001
-            code, details = status_of(exc)
-            await context.abort(code, details)
+            await _abort(context, exc)
     return unary_wrapper
 
 
-def build_handlers(impls: dict[str, tuple[Callable, Any, Any]]) -> list[grpc.GenericRpcHandler]:
+def unimplemented(name: str, kind: str) -> Callable:
+    """A handler that answers UNIMPLEMENTED naming the method (after the credentials check every
+    registered method gets)."""
+    message = f"{name} is not supported by tickwire"
+    if kind in (SERVER_STREAM, BIDI):
+        async def stream(_req, _context):
+            raise CallError("UNIMPLEMENTED", message)
+            yield  # unreachable: makes this an async generator
+        return stream
+
+    async def unary(_req, _context):
+        raise CallError("UNIMPLEMENTED", message)
+    return unary
+
+
+def with_stubs(impls: dict) -> dict:
+    """`impls` plus an UNIMPLEMENTED stub for every other method of the services in `proto/`, so
+    that each of them checks credentials like the rest."""
+    out = dict(impls)
+    for path, m in ALL_METHODS.items():
+        if path not in out:
+            out[path] = (unimplemented(f"{m.service.rpartition('.')[2]}.{m.name}", m.kind), RAW, RAW, m.kind)
+    return out
+
+
+def build_handlers(impls: dict[str, tuple[Callable, Any, Any]],
+                   precheck: Optional[Callable[[Sequence], Any]] = None) -> list[grpc.GenericRpcHandler]:
     """Generic handlers from {method path: (async fn, request codec, response codec)}.
 
     A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
-    in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes."""
+    in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes.
+    Requests always arrive as bytes: `precheck(metadata)` (the session manager's authenticate)
+    runs first and its session is what `ServerContext.authenticate` returns for the call; only
+    then is the body parsed."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
     for path, (fn, req, resp, *kind) in impls.items():
         m = METHODS.get(path)
         if m is None:  # a method outside the method table: raw bytes both ways, kind given
             service, _sep, name = path[1:].rpartition("/")
-            method_kind, deser, ser = kind[0], None, None
+            method_kind, parse, ser = kind[0], None, None
         else:
             service, name, method_kind = m.service, m.name, m.kind
-            deser = None if req is RAW else m.request.FromString
+            parse = _parser(m.request, req)
             ser = None if resp is RAW else m.response.SerializeToString
-        wrapped = _guard(fn, method_kind)
+        wrapped = _guard(fn, method_kind, parse, precheck)
         factory = {UNARY: grpc.unary_unary_rpc_method_handler, SERVER_STREAM: grpc.unary_stream_rpc_method_handler,
                    CLIENT_STREAM: grpc.stream_unary_rpc_method_handler,
                    BIDI: grpc.stream_stream_rpc_method_handler}[method_kind]
-        by_service.setdefault(service, {})[name] = factory(wrapped, request_deserializer=deser,
+        by_service.setdefault(service, {})[name] = factory(wrapped, request_deserializer=None,
                                                             response_serializer=ser)
     return [grpc.method_handlers_generic_handler(s, h) for s, h in by_service.items()]

@@ -32,6 +32,9 @@ def _server_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--psk", default=None, help="require this pre-shared key (Deephaven PSK authentication)")
     p.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS")
     p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
+    p.add_argument("--max-inbound-message-size", type=int, default=100 * 1024 * 1024, metavar="BYTES",
+                   help="largest gRPC message a client may send (a DoPut batch, a request); default 100 MiB, "
+                        "as Deephaven's")
 
 
 def _serve(args) -> int:
@@ -54,7 +57,7 @@ def _serve(args) -> int:
         return 2
     graph = UpdateGraph(interval_ms=args.interval_ms)
     server = TickwireServer(graph, host=args.host, port=args.port, psk=args.psk, tls_cert=args.tls_cert,
-                            tls_key=args.tls_key).start()
+                            tls_key=args.tls_key, max_inbound_message_size=args.max_inbound_message_size).start()
     for target, table in upstreams:
         # not waiting: an upstream that is down now is retried in the background
         server.replicate(target, table, psk=args.upstream_psk, tls=args.upstream_tls, wait=False)
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(interval_ms=args.interval_ms, duration_s=args.duration,
                         port=None if args.no_server else args.port, host=args.host, psk=args.psk,
                         tls_cert=args.tls_cert, tls_key=args.tls_key, spark=not args.no_spark,
+                        max_inbound_message_size=args.max_inbound_message_size,
                         out=lambda line: print(line, flush=True))
     if args.command == "serve":
         return _serve(args)
