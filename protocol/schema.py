@@ -44,6 +44,7 @@ __all__ = [
     "wire_type_for",
     "is_sortable_type",
     "to_deephaven_schema",
+    "check_wire_schema",
     "attributes_from_schema",
     "list_wrapped_schema",
     "unwrap_list_schema",
@@ -352,6 +353,20 @@ def to_deephaven_schema(schema: pa.Schema, attributes: Optional[Mapping[str, obj
         md[f"deephaven:attribute.{key}".encode()] = text.encode()
         md[f"deephaven:attribute_type.{key}".encode()] = java.encode()
     return pa.schema(fields, metadata=md or None)
+
+
+def check_wire_schema(schema: pa.Schema) -> None:
+    """Raises ProtocolError naming the first column whose type cannot be served to Deephaven's
+    clients (no Deephaven column type or no wire type: dictionary-encoded, struct, map, union,
+    null). Call it before a table is made from a schema, so nothing unservable is registered."""
+    for f in schema:
+        try:
+            wire_type_for(f.type)
+            explicit = (f.metadata or {}).get(DH_TYPE)
+            if not explicit:
+                deephaven_type_for(f.type)
+        except ProtocolError as exc:
+            raise ProtocolError(f"column {f.name!r} has type {f.type}, which cannot be served: {exc}") from None
 
 
 def attributes_from_schema(schema: pa.Schema) -> dict[str, object]:

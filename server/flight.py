@@ -29,6 +29,7 @@ from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.schema import (
     attributes_from_schema,
+    check_wire_schema,
     from_wire_arrays,
     ipc_encapsulated_schema,
     read_schema_message,
@@ -36,7 +37,7 @@ from tickwire.protocol.schema import (
     unwrap_list_schema,
 )
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, TicketError, ticket_from_path
-from tickwire.server.barrage import EncodeOptions, SubscriptionError, TableWire, View, snapshot_message
+from tickwire.server.barrage import EncodeOptions, SubscriptionError, TableWire, View, Viewport, snapshot_message
 from tickwire.server.graph import AppendOnlyTable, KeyedTable, RowSet, Table
 from tickwire.server.rpc import RAW, CallError, ServerContext
 from tickwire.server.session import ResolveError, Session
@@ -49,28 +50,67 @@ SERVICE = "/arrow.flight.protocol.FlightService/"
 # schema metadata naming the key columns of a table created by DoPut (comma separated): the
 # upload creates a keyed (upsert) table instead of an append-only one
 KEYS_METADATA = b"tickwire:keys"
-PAYLOADS_PER_HOP = 2
-INLINE_CELLS = 16_384  # messages up to this many values are encoded on the event loop  # FlightData encoded per trip to the worker pool
+PAYLOADS_PER_HOP = 2  # FlightData encoded per trip to the worker pool
+INLINE_CELLS = 16_384  # messages up to this many values are encoded on the event loop
+INLINE_REQUEST_BYTES = 4_096  # Barrage requests larger than this are decoded in the worker pool
+MAX_VIEWPORT_RANGES = 1 << 20  # distinct position ranges one viewport may name
 
 
-def _viewport_of(ranges) -> Optional[RowSet]:
+def _viewport_of(ranges) -> Optional[Viewport]:
+    """A request's viewport, validated and kept as ranges (clipped to the table at each use)."""
     if ranges is None:
         return None
     r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-    if r.size and r.min() < 0:
-        raise CallError("INVALID_ARGUMENT", f"viewport has negative positions: {r.tolist()[:4]}")
-    return RowSet.from_ranges(r)
+    if r.shape[0] > MAX_VIEWPORT_RANGES:
+        raise CallError("RESOURCE_EXHAUSTED", f"viewport has {r.shape[0]} ranges; at most {MAX_VIEWPORT_RANGES} "
+                                              "are accepted")
+    try:
+        return Viewport(r)
+    except ValueError as exc:
+        raise CallError("INVALID_ARGUMENT", f"bad viewport: {exc}") from None
 
 
 def _columns_of(indices, ncols: int, what: str) -> Optional[tuple[int, ...]]:
+    """A request's column set (bitset indices) checked against the schema, in one vectorized pass;
+    the error names the first few offenders and how many there are."""
     if indices is None:
         return None
-    cols = tuple(sorted(set(int(i) for i in np.asarray(indices).ravel())))
-    bad = [c for c in cols if c >= ncols]
-    if bad:
-        raise CallError("INVALID_ARGUMENT", f"{what}: column indices {bad} out of range for a table of {ncols} "
-                                            "columns")
-    return cols
+    cols = np.asarray(indices, dtype=np.int64).ravel()
+    bad = cols[(cols >= ncols) | (cols < 0)]
+    if bad.size:
+        first = ", ".join(str(c) for c in bad[:5].tolist())
+        more = f" and {bad.size - 5} more" if bad.size > 5 else ""
+        raise CallError("INVALID_ARGUMENT", f"{what}: column indices {first}{more} out of range for a table of "
+                                            f"{ncols} columns")
+    return tuple(sorted(set(cols.tolist())))  # at most ncols distinct values by now
+
+
+def _check_put_keys(schema: pa.Schema) -> None:
+    """The `tickwire:keys` schema metadata of an upload: UTF-8 names of columns of the schema."""
+    raw = (schema.metadata or {}).get(KEYS_METADATA)
+    if raw is None:
+        return
+    try:
+        keys = [k for k in raw.decode("utf-8").split(",") if k]
+    except UnicodeDecodeError:
+        raise CallError("INVALID_ARGUMENT", "DoPut: schema metadata 'tickwire:keys' is not UTF-8") from None
+    missing = [k for k in keys if k not in schema.names]
+    if missing:
+        shown = ", ".join(repr(k[:64]) for k in missing[:5])
+        raise CallError("INVALID_ARGUMENT", f"DoPut: 'tickwire:keys' names {len(missing)} column(s) not in the schema: "
+                                            f"{shown}")
+
+
+def _exchange_request(app_metadata: bytes):
+    """(type, request) of a DoExchange message's Barrage metadata; only subscription and snapshot
+    requests are accepted."""
+    try:
+        wrapper = barrage.BarrageMessageWrapper.from_bytes(app_metadata)
+        if wrapper.msg_type not in (BarrageMessageType.SUBSCRIPTION_REQUEST, BarrageMessageType.SNAPSHOT_REQUEST):
+            raise CallError("INVALID_ARGUMENT", f"DoExchange: unhandled BarrageMessageType: {wrapper.msg_type}")
+        return barrage.unwrap(app_metadata)
+    except ProtocolError as exc:
+        raise CallError("INVALID_ARGUMENT", f"bad Barrage request: {exc}") from None
 
 
 def _next_payloads(it, n: int) -> list[bytes]:
@@ -230,15 +270,10 @@ class FlightService:
                             continue  # pyarrow's descriptor-only opening message (§7.3)
                         raise CallError("INVALID_ARGUMENT", "failed to receive Barrage request metadata")
                     first = False
-                    try:
-                        wrapper = barrage.BarrageMessageWrapper.from_bytes(fd.app_metadata)
-                        if wrapper.msg_type not in (BarrageMessageType.SUBSCRIPTION_REQUEST,
-                                                    BarrageMessageType.SNAPSHOT_REQUEST):
-                            raise CallError("INVALID_ARGUMENT", "DoExchange: unhandled BarrageMessageType: "
-                                                                f"{wrapper.msg_type}")
-                        mtype, obj = barrage.unwrap(fd.app_metadata)
-                    except ProtocolError as exc:
-                        raise CallError("INVALID_ARGUMENT", f"bad Barrage request: {exc}") from None
+                    if len(fd.app_metadata) > INLINE_REQUEST_BYTES:
+                        mtype, obj = await self.ctx.run(_exchange_request, fd.app_metadata)
+                    else:
+                        mtype, obj = _exchange_request(fd.app_metadata)
                     if kind is None:
                         kind = mtype
                     elif mtype != kind:
@@ -266,7 +301,7 @@ class FlightService:
                 async for p in self._snapshot_request(req, session, requests):
                     yield p
                 return
-            table, view, options = self._subscription_args(req, session)
+            table, view, options = await self.ctx.run(self._subscription_args, req, session)
             wire = TableWire(table)
             opts = EncodeOptions.of(options)
 
@@ -297,7 +332,7 @@ class FlightService:
                         raise req
                     if not isinstance(req, barrage.SubscriptionRequest):
                         raise CallError("INVALID_ARGUMENT", "expected a subscription request")
-                    _t, new_view, _o = self._subscription_args(req, session, table)
+                    _t, new_view, _o = await self.ctx.run(self._subscription_args, req, session, table)
                     try:
                         await self.ctx.run(sub.change, new_view)
                     except SubscriptionError as exc:
@@ -339,13 +374,16 @@ class FlightService:
             raise CallError("INVALID_ARGUMENT", "Ticket not specified.")
         table = self._resolve(req.ticket, session)
         wire = TableWire(table)
-        ncols = len(wire.names)
-        cols = _columns_of(req.columns, ncols, "snapshot columns")
-        viewport = _viewport_of(req.viewport)
         opts = EncodeOptions.of(req.options)
+
+        def build():
+            ncols = len(wire.names)
+            cols = _columns_of(req.columns, ncols, "snapshot columns")
+            viewport = _viewport_of(req.viewport)
+            return snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
+                                    doget=False)
         try:
-            msg, _n = await self.ctx.run(lambda: snapshot_message(wire, columns=cols, viewport=viewport,
-                                                                  reverse=bool(req.reverse_viewport), doget=False))
+            msg, _n = await self.ctx.run(build)
         except SubscriptionError as exc:  # a failed table
             raise CallError(exc.code, str(exc)) from None
         yield wire.schema_payload(False)
@@ -403,13 +441,19 @@ class FlightService:
                 schema = read_schema_message(fd.data_header)
                 if as_list:
                     schema = unwrap_list_schema(schema)
-                table = await self.ctx.run(self._put_target, path, schema, session)
+                try:
+                    check_wire_schema(schema)
+                except ProtocolError as exc:
+                    raise CallError("INVALID_ARGUMENT", f"DoPut: {exc}") from None
+                _check_put_keys(schema)
                 continue
             if info.header_type != HEADER_RECORD_BATCH:
                 raise CallError("INVALID_ARGUMENT", f"DoPut: unsupported Arrow message type {info.header_type}")
             if schema is None:
                 raise CallError("INVALID_ARGUMENT", "Schema must be processed before record-batch messages")
-            data = self._decode_put_batch(info, fd.data_body, schema, dh_nulls, as_list)
+            data = await self.ctx.run(self._decode_put_batch, info, fd.data_body, schema, dh_nulls, as_list)
+            if table is None:  # made once the first batch is known good: a refused upload leaves nothing behind
+                table = await self.ctx.run(self._put_target, path, schema, session)
             await self.ctx.run(self._put_rows, table, data)
             rows += data.num_rows
             yield flight_pb2.PutResult()
@@ -417,7 +461,9 @@ class FlightService:
             raise CallError("INVALID_ARGUMENT", "Result flight descriptor never provided")
         if schema is None:
             raise CallError("INVALID_ARGUMENT", "DoPut: schema never provided")
-        log.info("DoPut %s: %d rows", path, rows)
+        if table is None:  # a schema and no rows: an empty table
+            await self.ctx.run(self._put_target, path, schema, session)
+        log.debug("DoPut %s: %d rows", path, rows)
 
     @staticmethod
     def _decode_put_batch(info, body, schema: pa.Schema, dh_nulls: bool, as_list: bool) -> pa.Table:

@@ -7,10 +7,10 @@ from tickwire.server.barrage.publisher import (
     SubscriptionError,
     snapshot_message,
 )
-from tickwire.server.barrage.views import Plan, View, plan_full, plan_viewport, window_keys
+from tickwire.server.barrage.views import Plan, View, Viewport, plan_full, plan_viewport, window_keys
 
 __all__ = [
     "EncodeOptions", "Message", "TableWire", "metadata_bytes",
     "Publisher", "PublisherRegistry", "Subscription", "SubscriptionError", "snapshot_message",
-    "Plan", "View", "plan_full", "plan_viewport", "window_keys",
+    "Plan", "View", "Viewport", "plan_full", "plan_viewport", "window_keys",
 ]

@@ -15,20 +15,100 @@ import numpy as np
 
 from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
 
-__all__ = ["View", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions"]
+__all__ = ["View", "Viewport", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions"]
 
 EMPTY_SHIFTS = RowSetShiftData()
+_NO_RANGES = np.empty((0, 2), dtype=np.int64)
+
+
+class Viewport:
+    """The table positions a viewport subscription asks for: sorted, merged closed ranges.
+
+    Kept as ranges and never expanded: a viewport is rows of the table, so each use clips it to
+    the table's size first (`clip`), and positions far beyond the table (``[2, 2**62]``) cost
+    nothing. Building one costs O(k log k) in its k ranges, whatever positions they span."""
+
+    __slots__ = ("_ranges", "_key")
+
+    def __init__(self, ranges):
+        if isinstance(ranges, Viewport):
+            r = ranges._ranges
+        elif isinstance(ranges, RowSet):
+            r = ranges.ranges()
+        else:
+            r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        if r.shape[0]:
+            if r.min() < 0:
+                raise ValueError("viewport has negative positions")
+            if (r[:, 1] < r[:, 0]).any():
+                raise ValueError("viewport has a range whose end is before its start")
+            r = _merge_ranges(r)
+        else:
+            r = _NO_RANGES
+        r.setflags(write=False)
+        self._ranges = r
+        self._key = r.tobytes()
+
+    def ranges(self) -> np.ndarray:
+        """The (k, 2) int64 closed ranges (read-only)."""
+        return self._ranges
+
+    def is_empty(self) -> bool:
+        return self._ranges.shape[0] == 0
+
+    def clip(self, n: int) -> np.ndarray:
+        """The ranges that fall inside a table of n rows, shape (k, 2): O(log k) to find them."""
+        r = self._ranges
+        if n <= 0 or r.shape[0] == 0:
+            return _NO_RANGES
+        k = int(np.searchsorted(r[:, 0], n - 1, side="right"))
+        if k == 0:
+            return _NO_RANGES
+        out = r[:k].copy()
+        if out[-1, 1] > n - 1:
+            out[-1, 1] = n - 1
+        return out
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, RowSet):
+            other = Viewport(other)
+        return isinstance(other, Viewport) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{a}-{b}" for a, b in self._ranges[:4].tolist())
+        more = f", ... ({self._ranges.shape[0]} ranges)" if self._ranges.shape[0] > 4 else ""
+        return f"Viewport({shown}{more})"
+
+
+def _merge_ranges(r: np.ndarray) -> np.ndarray:
+    """Sorted closed ranges with overlapping and adjacent ones joined."""
+    r = r[np.argsort(r[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(r[:, 1])
+    # a range starts a new run when it begins after every earlier range ends (+1: adjacent joins)
+    new = np.empty(r.shape[0], dtype=bool)
+    new[0] = True
+    new[1:] = r[1:, 0] > ends[:-1] + 1
+    starts = r[new, 0]
+    last_of_run = np.append(np.flatnonzero(new)[1:] - 1, r.shape[0] - 1)
+    return np.ascontiguousarray(np.stack([starts, ends[last_of_run]], axis=1), dtype=np.int64)
 
 
 @dataclass(frozen=True)
 class View:
-    """What a subscription asks for. `viewport` is None for a full subscription, else a RowSet of
-    table positions (reverse: position p is row n-1-p). `columns` is a sorted tuple of column
-    indices (all columns when the request had none)."""
+    """What a subscription asks for. `viewport` is None for a full subscription, else a Viewport
+    of table positions (reverse: position p is row n-1-p; a RowSet or ranges are converted).
+    `columns` is a sorted tuple of column indices (all columns when the request had none)."""
 
     columns: tuple[int, ...]
-    viewport: Optional[RowSet] = None
+    viewport: Optional[Viewport] = None
     reverse: bool = False
+
+    def __post_init__(self):
+        if self.viewport is not None and not isinstance(self.viewport, Viewport):
+            object.__setattr__(self, "viewport", Viewport(self.viewport))
 
     @property
     def is_full(self) -> bool:
@@ -67,15 +147,12 @@ class Plan:
                 and (self.shifts is None or self.shifts.is_empty()))
 
 
-def clip_positions(viewport: RowSet, n: int) -> np.ndarray:
+def clip_positions(viewport, n: int) -> np.ndarray:
     """The viewport's position ranges clipped to a table of n rows, shape (k, 2)."""
-    if n <= 0 or viewport.is_empty():
-        return np.empty((0, 2), dtype=np.int64)
-    r = viewport.subset_by_key_range(0, n - 1).ranges()
-    return r
+    return Viewport(viewport).clip(n) if not isinstance(viewport, Viewport) else viewport.clip(n)
 
 
-def window_keys(rows: RowSet, viewport: RowSet, reverse: bool) -> RowSet:
+def window_keys(rows: RowSet, viewport, reverse: bool) -> RowSet:
     """The keys of `rows` at the viewport's positions (reverse: counted from the end)."""
     n = len(rows)
     r = clip_positions(viewport, n)
