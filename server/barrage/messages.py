@@ -32,6 +32,9 @@ EMPTY_SHIFT_BYTES = encode_shifts(np.empty(0, np.int64), np.empty(0, np.int64), 
 # the first one leaves while the next is being encoded
 CHUNK_ROWS = 1 << 17
 CHUNK_BYTES = 1 << 20
+# messages small enough to be encoded whole (and shared by every subscriber that gets them) are
+# cut into record batches of about this many bytes
+SHARED_BATCH_BYTES = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -118,10 +121,21 @@ class Message:
             if out is None:
                 out = encode_update(self.metadata, self.types, self._wire(self.added), self._wire(self.modified),
                                     use_deephaven_nulls=opts.use_deephaven_nulls,
-                                    columns_as_list=opts.columns_as_list, batch_size=opts.batch_size,
+                                    columns_as_list=opts.columns_as_list, batch_size=self._batch_rows(opts),
                                     max_message_size=opts.max_message_size)
                 self._cache[opts] = out
         yield from out
+
+    def _batch_rows(self, opts: EncodeOptions) -> int:
+        """Rows per record batch for the cached encoding: at most about SHARED_BATCH_BYTES per
+        FlightData, so that a subscriber that stops reading holds one small piece of a shared
+        message in its transport, not a copy of the whole message."""
+        nbytes = sum(c.nbytes for c in (*(self.added or ()), *(self.modified or ())) if c is not None)
+        if nbytes <= SHARED_BATCH_BYTES or self.cells == 0:
+            return opts.batch_size
+        ncols = sum(1 for c in (*(self.added or ()), *(self.modified or ())) if c is not None)
+        rows = max(256, int(SHARED_BATCH_BYTES * self.cells / max(1, ncols) / nbytes))
+        return min(opts.batch_size, rows) if opts.batch_size > 0 else rows
 
     def _chunked(self, opts: EncodeOptions) -> Iterator[bytes]:
         kw = dict(use_deephaven_nulls=opts.use_deephaven_nulls, columns_as_list=opts.columns_as_list,

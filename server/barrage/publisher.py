@@ -70,9 +70,8 @@ class Subscription:
         self.last_sent = 0.0
         self.messages = 0
         self.coalesced = 0  # cycles folded into an earlier pending change because the client was slow
-        self.growing = False  # a full subscription whose initial snapshot is still arriving in pieces
-        self.delivered = RowSet()  # while growing: the keys the client holds
-        self.pieces = 0
+        self.log: Optional[SnapshotLog] = None  # a shared initial snapshot this subscriber is replaying
+        self.cursor = 0  # the next message of `log` to queue
         self.failure: Optional[TableFailure] = None  # the table failed: no more messages after the outbox
 
     def take(self, background: Optional[Callable[[Callable[[], None]], None]] = None) -> Optional[Message]:
@@ -86,12 +85,17 @@ class Subscription:
         if msg is None and self.failure is not None:
             raise _failed(self.failure)
         if msg is not None and drained and not self.closed and self.failure is None \
-                and (self.behind is not None or self.requested is not None):
+                and (self.behind is not None or self.requested is not None or self.log is not None):
             if background is None:
                 self.publisher.catch_up(self)
             else:
                 background(self._catch_up)
         return msg
+
+    @property
+    def growing(self) -> bool:
+        """True while the subscriber is still being sent its initial snapshot (in pieces)."""
+        return self.log is not None
 
     def _catch_up(self) -> None:
         if not self.closed and self.failure is None:
@@ -127,6 +131,38 @@ class Subscription:
             log.debug("notify failed", exc_info=True)
 
 
+class SnapshotLog:
+    """The messages that take a new full subscriber from nothing to the table at `end_step`,
+    shared by every subscriber that joins with the same columns.
+
+    Subscribers that arrive while the log is usable replay its messages (references to the same
+    Message objects, whose FlightData are encoded once) and then receive `since`, the table's
+    changes after the log's end, as one ordinary update. So N subscribers that stop reading hold
+    one copy of the initial snapshot, not N, however far apart they joined. A large table's log is
+    built piece by piece, one piece per cycle, whether or not anybody reads it (the pieces are
+    built under the graph's lock, each sized to a few milliseconds of reading)."""
+
+    def __init__(self, view: View, growing: bool):
+        self.view = view
+        self.messages: list[Message] = []
+        self.complete = not growing
+        self.delivered = RowSet()  # while building: the keys the messages so far hold
+        self.since: Optional[TableUpdate] = None  # changes after the last message (coalesced)
+        self.since_prev: Optional[RowSet] = None
+        self.since_first = 0
+        self.since_last = 0
+        self.readers = 0
+        self.changed = 0  # rows touched by `since` (added + removed + modified), to know when to retire
+
+    def track(self, update: TableUpdate, prev: RowSet, step: int) -> None:
+        if self.since is None:
+            self.since, self.since_prev, self.since_first = update, prev, step
+        else:
+            self.since = self.since.coalesce(update, self.since_prev)
+        self.since_last = step
+        self.changed += len(update.added) + len(update.removed) + len(update.modified)
+
+
 def _failed(failure: TableFailure) -> SubscriptionError:
     return SubscriptionError(failure.message, "FAILED_PRECONDITION")
 
@@ -144,6 +180,8 @@ class Publisher:
         self._attached = False
         self._shared_step = -1
         self._shared: dict = {}  # this step's messages, shared by subscribers asking the same thing
+        self._logs: dict[tuple, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
+        self._replayed: list[SnapshotLog] = []  # logs that left `_logs` but still have readers
 
     def _shared_for(self, step: int) -> dict:
         if step != self._shared_step:
@@ -196,12 +234,15 @@ class Publisher:
             with sub.lock:
                 sub.outbox.clear()
             sub.behind = sub.behind_prev = None
+            self._leave_log(sub)
             if sub in self.subs:
                 self.subs.remove(sub)
             if not self.subs and self._attached:
                 self.table.remove_listener(self._listener)
                 self.graph.remove_cycle_listener(self._on_cycle)
                 self._attached = False
+                self._logs.clear()
+                self._replayed.clear()
                 self.registry._drop(self)
 
     def _check_view(self, view: View) -> None:
@@ -218,6 +259,7 @@ class Publisher:
     def _on_update(self, table: Table, update: TableUpdate, step: int) -> None:
         prev = table.prev_rowset if table.prev_rowset is not None else self._prev_of(update, table.rowset)
         merged: dict[int, tuple[TableUpdate, TableUpdate]] = {}  # subscribers behind by the same change stay shared
+        self._track_logs(update, prev, step)
         for sub in self.subs:
             if sub.view is None:
                 continue  # its snapshot is still to come and will be taken from the new state
@@ -242,6 +284,13 @@ class Publisher:
     def _on_cycle(self, step: int) -> None:
         now = time.monotonic()
         shared = self._shared_for(step)
+        for lg in list(self._logs.values()):
+            if not lg.complete and self.table.failure is None:
+                try:
+                    self._build_log(lg, step)
+                except Exception:
+                    log.exception("table %r: building a shared snapshot failed", self.table.name)
+                    self._retire(lg)
         for sub in list(self.subs):
             try:
                 self._service(sub, step, now, shared)
@@ -254,8 +303,8 @@ class Publisher:
         """Queues the next message for `sub` if it has room and something to say."""
         if sub.closed or sub.failure is not None:
             return
-        if sub.growing and sub.requested is None:
-            self._grow(sub, step)
+        if sub.log is not None:
+            self._replay(sub)
             return
         if sub.requested is not None:
             if sub.pending() >= OUTBOX:
@@ -272,56 +321,111 @@ class Publisher:
         return (view.is_full and sub.view is None and self.table.is_refreshing and not sub.encode.columns_as_list
                 and len(self.table.rowset) * max(1, len(view.columns)) > self.registry.piece_cells)
 
-    def _grow(self, sub: Subscription, step: int) -> None:
-        """While growing: first the changes to the rows the client already holds, then the next
-        piece of rows in key order (`added_rows` = the whole table, `added_rows_included` = the
-        piece; `effective_viewport` = positions delivered so far, absent in the final piece)."""
+    # -- shared initial snapshots (the cycle thread, or any thread under the graph's lock) -----------
+    @staticmethod
+    def _log_key(sub: Subscription, view: View) -> tuple:
+        return (view.columns, bool(sub.encode.columns_as_list))
+
+    def _track_logs(self, update: TableUpdate, prev: RowSet, step: int) -> None:
+        size = max(1, len(self.table.rowset))
+        for lg in list(self._logs.values()):
+            lg.track(update, prev, step)
+            if lg.complete and lg.changed > size // 4 + 1024:
+                self._retire(lg)  # replaying it would now cost more than a fresh snapshot
+        for lg in self._replayed:
+            lg.track(update, prev, step)
+
+    def _retire(self, lg: SnapshotLog) -> None:
+        for key, other in list(self._logs.items()):
+            if other is lg:
+                del self._logs[key]
+        if lg.readers > 0 and lg not in self._replayed:
+            self._replayed.append(lg)
+
+    def _leave_log(self, sub: Subscription) -> None:
+        lg, sub.log = sub.log, None
+        if lg is None:
+            return
+        lg.readers -= 1
+        if lg.readers <= 0 and lg in self._replayed:
+            self._replayed.remove(lg)
+
+    def _start_log(self, sub: Subscription, view: View, step: int) -> SnapshotLog:
+        lg = SnapshotLog(view, growing=self._should_grow(sub, view))
+        if lg.complete:
+            rows = self.table.rowset
+            plan = plan_full(None, rows, self.wire.names, view, snapshot=True)
+            first = last = step if self.table.is_refreshing else -1  # -1 for static tables (§2.9)
+            lg.messages.append(self._message(plan, view, last, first, snapshot=True))
+        else:
+            self._build_log(lg, step)
+        self._logs[self._log_key(sub, view)] = lg
+        return lg
+
+    def _build_log(self, lg: SnapshotLog, step: int) -> None:
+        """One step of a growing log: the changes to the rows it holds, then its next piece of rows
+        in key order (`added_rows` = the whole table, `added_rows_included` = the piece;
+        `effective_viewport` = positions delivered so far, absent in the final piece)."""
         rows = self.table.rowset
-        view = sub.view
-        if sub.behind is not None:
-            if sub.pending() >= OUTBOX:
-                return
-            u = sub.behind
-            held = u.shifted.apply(sub.delivered.minus(u.removed))
+        view = lg.view
+        if lg.since is not None:
+            u = lg.since
+            held = u.shifted.apply(lg.delivered.minus(u.removed))
             mods = u.modified.intersect(held)
-            part = TableUpdate(removed=u.removed.intersect(sub.delivered), modified=mods, shifted=u.shifted,
+            part = TableUpdate(removed=u.removed.intersect(lg.delivered), modified=mods, shifted=u.shifted,
                                modified_columns=u.modified_columns if mods else ())
             plan = plan_full(part, rows, self.wire.names, view)
-            msg = self._message(plan, view, sub.behind_last, sub.behind_first, snapshot=False)
-            sub.delivered = held
-            sub.behind = sub.behind_prev = None
-            sub._push(msg)
-        if sub.pending() >= OUTBOX:
-            return
-        remaining = rows.minus(sub.delivered)
+            lg.messages.append(self._message(plan, view, lg.since_last, lg.since_first, snapshot=False))
+            lg.delivered = held
+            lg.since = lg.since_prev = None
+            lg.changed = 0
+        remaining = rows.minus(lg.delivered)
         n = max(1, self.registry.piece_cells // max(1, len(view.columns)))
         piece = remaining.subset_by_positions(0, n - 1)
         t0 = time.perf_counter()
         added = self.wire.gather(piece, view.columns)
         self.registry.observe_piece(len(piece) * max(1, len(view.columns)), time.perf_counter() - t0)
-        sub.delivered = sub.delivered.union(piece)
-        done = len(sub.delivered) == len(rows)
+        lg.delivered = lg.delivered.union(piece)
+        done = len(lg.delivered) == len(rows)
         ncols = len(self.wire.names)
         md = metadata_bytes(first_seq=step, last_seq=step, is_snapshot=True,
-                            effective_viewport=None if done else RowSet.range(0, len(sub.delivered) - 1),
+                            effective_viewport=None if done else RowSet.range(0, len(lg.delivered) - 1),
                             effective_column_set=view.columns, added_rows=rows, removed_rows=RowSet(),
                             shift_data=_EMPTY_SHIFTS, added_rows_included=piece,
                             mod_column_nodes=[RowSet()] * ncols, table_size=len(rows))
-        sub.pieces += 1
+        lg.messages.append(Message(md, self.wire.types, added, None, step=step))
         if done:
-            sub.growing = False
-            sub.delivered = RowSet()
-        sub._push(Message(md, self.wire.types, added, None, step=step))
+            lg.complete = True
+            lg.delivered = RowSet()
+
+    def _replay(self, sub: Subscription) -> None:
+        """Queues the subscriber's next messages of its log; at the end of a complete log it
+        continues as an ordinary subscriber that is behind by the log's `since`."""
+        lg = sub.log
+        while sub.cursor < len(lg.messages) and sub.pending() < OUTBOX:
+            msg = lg.messages[sub.cursor]
+            sub.cursor += 1
+            sub._push(msg)
+        if sub.cursor < len(lg.messages) or not lg.complete:
+            return
+        sub.view = lg.view
+        sub.client_keys = RowSet()
+        sub.behind, sub.behind_prev = lg.since, lg.since_prev
+        sub.behind_first, sub.behind_last = lg.since_first, lg.since_last
+        self._leave_log(sub)
 
     def _snapshot(self, sub: Subscription, step: int) -> None:
         view = sub.requested
         rows = self.table.rowset
         names = self.wire.names
-        if self._should_grow(sub, view):
-            sub.view, sub.requested = view, None
-            sub.growing, sub.delivered = True, RowSet()
-            sub.behind = sub.behind_prev = None
-            self._grow(sub, step)
+        if view.is_full and sub.view is None and sub.behind is None:
+            lg = self._logs.get(self._log_key(sub, view))
+            if lg is None:
+                lg = self._start_log(sub, view, step)
+            sub.requested = None
+            sub.log, sub.cursor = lg, 0
+            lg.readers += 1
+            self._replay(sub)
             return
         if view.is_full:
             plan = plan_full(None, rows, names, view, snapshot=True,
