@@ -20,10 +20,22 @@ class Record:
     payload: bytes
 
 
-def golden_dirs() -> list[Path]:
+def _capture_dirs() -> list[Path]:
     if not GOLDEN.exists():
         return []
     return sorted(p for p in GOLDEN.iterdir() if p.is_dir() and (p / "decoded.txt").exists())
+
+
+def golden_dirs() -> list[Path]:
+    """Captures of clients speaking gRPC to the server (Flight and Deephaven's services). The
+    browsers' captures (`browser_*`) travel over Deephaven's multiplexed websocket transport and
+    call services of the web side; they are read by `browser_golden_dirs`."""
+    return [p for p in _capture_dirs() if not p.name.startswith("browser_")]
+
+
+def browser_golden_dirs() -> list[Path]:
+    """Captures of Deephaven's JavaScript API and web UI in a browser."""
+    return [p for p in _capture_dirs() if p.name.startswith("browser_")]
 
 
 def read_cap(path: Path) -> list[Record]:

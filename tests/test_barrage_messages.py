@@ -35,7 +35,7 @@ from tickwire.protocol.fbread import root
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts, keys_to_ranges, rowset_size
 
-from .golden import GOLDEN, decoded_records, decoded_sections, read_cap
+from .golden import GOLDEN, decoded_records, decoded_sections, golden_dirs, read_cap
 
 needs_golden = pytest.mark.skipif(not GOLDEN.exists(), reason="shared/golden not present")
 
@@ -64,7 +64,7 @@ def _collect() -> list[Meta]:
     out: list[Meta] = []
     if not GOLDEN.exists():
         return out
-    for folder in sorted(p for p in GOLDEN.iterdir() if (p / "decoded.txt").exists()):
+    for folder in golden_dirs():
         sections = None
         for cap in sorted(folder.glob("*_FlightService_Do*.cap")):
             if not cap.name.endswith(("_DoGet.cap", "_DoExchange.cap")):
