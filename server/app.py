@@ -168,6 +168,7 @@ class TickwireServer:
         self._thread = None
         self._loop = None
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.sessions.stop()
         self._stopped.set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
