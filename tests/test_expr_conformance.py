@@ -1,0 +1,286 @@
+"""Filter and formula strings answer exactly what a real Deephaven server answers.
+
+The same Arrow table (every numeric width, float and double with null, NaN, ±infinity and -0.0,
+integer edge values, booleans, strings and instants, each with nulls) is put into a real
+Deephaven server (PyPI `deephaven-server`, tests/interop/dh_server.py) with pydeephaven's
+`import_table` and into a tickwire server as a static table. Every filter form tickwire accepts
+goes through `where([...])` and every formula form through `update([...])` on both, with
+pydeephaven, and the results must be equal: the same rows, the same values with nulls and NaN
+in the same places, and the same Arrow result type. Forms tickwire refuses must be refused with
+INVALID_ARGUMENT, and every form Deephaven refuses must be refused by tickwire too.
+
+One Deephaven server serves the whole module (starting one takes most of the runtime).
+"""
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+
+from .interop.dh_server import deephaven_server_available, start_dh_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
+
+_WHY_NOT = deephaven_server_available()
+if _WHY_NOT:
+    pytest.skip(_WHY_NOT, allow_module_level=True)
+pydeephaven = pytest.importorskip("pydeephaven")
+
+NAN, INF = math.nan, math.inf
+NS = 1_000_000_000
+T0 = 1_700_000_400 * NS  # 2023-11-14T22:20:00Z
+
+#: Deephaven reserves each integer type's minimum for null, so the valid minimum is MIN + 1.
+DATA = pa.table({
+    "Id": pa.array(range(12), pa.int32()),
+    "I8": pa.array([None, -127, 127, 0, 5, -5, 7, 2, 100, -100, 1, 3], pa.int8()),
+    "I16": pa.array([None, -32767, 32767, 0, 5, -5, 7, 2, 1000, -1000, 1, 3], pa.int16()),
+    "I32": pa.array([None, -2 ** 31 + 1, 2 ** 31 - 1, 0, 5, -5, 7, 2, 16777217, -16777217, 1, 3], pa.int32()),
+    "I64": pa.array([None, -2 ** 63 + 1, 2 ** 63 - 1, 0, 5, -5, 7, 2, 2 ** 53 + 1, -(2 ** 53) - 1, 1, 3],
+                    pa.int64()),
+    "F32": pa.array([None, NAN, INF, -INF, 0.0, -0.0, 20.0, 1.5, 16777216.0, -0.1, 1e30, 3.0], pa.float32()),
+    "F64": pa.array([None, NAN, INF, -INF, 0.0, -0.0, 20.0, 19.5, 9007199254740992.0, -0.1, 1e300, 3.0],
+                    pa.float64()),
+    "B": pa.array([None, True, False, True, False, True, False, True, None, False, True, False]),
+    "S": pa.array([None, "AAPL", "", "MSFT", "aapl", "B", "AAPL", "z", "GOOG", None, "b", "AAPL"]),
+    "Ts": pa.array([None, 0, T0, T0 + 1, T0 - 400 * NS, -1, T0, 5, None, T0 + 3600 * NS, T0 - 1, 1],
+                   pa.timestamp("ns", "UTC")),
+})
+
+#: Filters tickwire accepts; each must give Deephaven's rows.
+FILTERS = [
+    # ordering comparisons: null is below everything, NaN matches none
+    "F64 < 20", "F64 <= 20", "F64 > 0", "F64 >= 0", "F64 > -1e308", "F32 < 20", "F32 >= 1.5", "F32 > 1",
+    "I8 < 5", "I8 >= -5", "I16 > 0", "I32 < 5", "I32 <= 16777217", "I64 > 0", "I64 < 9007199254740993",
+    "I32 < 2.5", "I8 < 300", "20 > F64", "0 <= I32", "-5 < I8",
+    "F64 < F64", "F64 <= F64", "F64 >= F32", "I32 < F64", "I8 > I16", "I16 <= I32", "I32 < I64",
+    "I8 < F32", "I16 >= F64",
+    # -0.0: equal to 0.0 in a lone `column op literal` (a range filter), below it anywhere else
+    "0 <= F64", "F64 >= 0.0", "F64 > -0.0", "F64 <= -0.0", "F64 >= -0.0", "0 > F64", "(F64 >= 0)",
+    "F64 >= 0 && Id >= 0", "F64 * 1 >= 0", "F32 * 1 >= 0", "F64 <= 0 && F64 >= 0", "!(F64 < 0)", "F64 == -0.0",
+    "F64 > F32", "F64 < F32 * 1", "F64 <= -F64", "-F64 >= F64", "F32 >= 0.0f", "F32 > -0.0f",
+    # equality: null equals null, NaN equals nothing
+    "F64 = 0", "F64 == 20", "F64 != 0", "F32 = 1.5", "F32 != 20", "I32 = 2.5", "I8 = 300", "I32 == 7",
+    "I64 != 5", "F64 == F64", "F64 != F64", "I32 == I32", "I8 == I16", "F64 == F32",
+    "F64 = null", "F64 == null", "F64 != null", "I32 = null", "S = null", "S != null", "B == null",
+    "Ts == null", "Ts != null", "null == I8",
+    # strings, booleans
+    "S = `AAPL`", "S == \"AAPL\"", "S != `AAPL`", "S == 'AAPL'", "S != 'AAPL'", "S = 'B'", "S == S",
+    "B = true", "B == false", "B != true", "B != false", "B == B",
+    # instants
+    "Ts > '2023-11-14T22:20:00Z'", "Ts >= '2023-11-14T22:20:00Z'", "Ts < '2023-11-14T22:20:00.000000001Z'",
+    "Ts <= '2023-11-14T22:20Z'", "Ts == '2023-11-14T22:20:00Z'", "Ts != '2023-11-14T22:20:00Z'",
+    "Ts = '2023-11-14T22:20:00Z'", "Ts > '2023-11-14T22:20:00 UTC'", "Ts > '2023-11-14T23:20:00+01:00'",
+    "Ts < '2023-11-14T17:20:00-05:00'", "Ts > Ts", "Ts >= Ts", "Ts == Ts",
+    # arithmetic inside filters
+    "I32 % 2 = 0", "I32 % 2 == 1", "I64 % 7 != 0", "-I32 < -2", "-I64 >= 0", "-F64 < 0",
+    "I32 + 1 < 0", "I64 - 1 > 0", "I32 * 2 < 0", "I32 / 2 > 1", "I8 + I8 > 200", "F64 * 1 > 1e300",
+    "F64 * 1 < -1e300", "F32 + 1 > 2", "I16 * I16 > 1000000", "I64 / 0 > 0", "I32 / 0 < 0", "(I32 + 1) * 2 < 5",
+    "I32 % -3 == -2", "F64 % 7 == 5.5", "F32 % 2 == 1.5",
+    # logic
+    "F64 < 20 && Id > 0", "F64 < 20 || I32 > 5", "!(I32 > 1)", "!(F64 < 20) && !isNull(F64)",
+    "I32 > 1 && (S = `AAPL` || S = `GOOG`)", "(I8 > 0 || I16 < 0) && !(B == true)",
+    "isNull(I32)", "!isNull(F64)", "isNull(I32 + 1)", "isNull(S) || isNull(B)", "isNull(Ts)", "!isNull(F32 * 2)",
+    "true", "false",
+    # in / not in
+    "S in `AAPL`, `B`", "S not in `AAPL`", "S in `AAPL`, null", "S not in `AAPL`, null", "S in 'AAPL', 'B'",
+    "S in \"z\"", "I32 in 2, 5", "I32 in 5, null", "I32 not in 5, null", "I8 in -127, 127", "I16 not in 0",
+    "I64 in 9223372036854775807, -5", "F64 in 20, 0", "F64 not in 20", "F32 in 1.5, 20", "B in true",
+    "B in true, null", "B not in false", "Ts in '2023-11-14T22:20:00Z'", "Ts not in '2023-11-14T22:20:00Z', null",
+]
+
+#: Formulas tickwire accepts (Update, with the column X); each must give Deephaven's values and type.
+FORMULAS = [
+    "X = I32 / 2", "X = I8 / 2", "X = I16 / 2", "X = I64 / 2", "X = I32 / 0", "X = I16 / 0", "X = I8 / I8",
+    "X = F32 / 2", "X = F32 / F32", "X = F32 / 2.0f", "X = I32 / 2.0f", "X = I64 / F32", "X = F32 / I64",
+    "X = F64 / F32", "X = I8 / 2L", "X = F64 / 0",
+    "X = I32 % 7", "X = I8 % 7", "X = I16 % -3", "X = I64 % 7", "X = F64 % 7", "X = F32 % 2", "X = F64 % 0",
+    "X = I32 % 0.0", "X = F64 % F64", "X = F64 % F32", "X = F64 % 1e300",
+    "X = I8 + I8", "X = I8 * 2", "X = I16 - 1", "X = I32 + 1", "X = I64 + 1", "X = I32 * 2", "X = I64 * 2",
+    "X = I32 + 1L", "X = I32 + 1.5", "X = I32 + 1.5f", "X = F32 + 1", "X = F32 * 2.0", "X = I64 - 1",
+    "X = I32 + 2147483647", "X = I64 * I64", "X = I32 * I32", "X = I16 * I16", "X = I8 - I16",
+    "X = F64 * 1", "X = F64 - F64", "X = F32 * F32", "X = I64 + F32", "X = I64 + F64", "X = I32 * F64",
+    "X = -I32", "X = -I64", "X = -F32", "X = -F64", "X = -(I32 + 1)", "X = (I8 + 1) * (I16 - 1)",
+    "X = I32 * 2 + I64 % 5 - I8 / 4", "X = 1 - F64 / 3",
+    "X = 5", "X = -5", "X = 2147483647", "X = 3000000000", "X = -2147483648", "X = 5L", "X = 1.5",
+    "X = 1.5f", "X = .5", "X = 5.", "X = 1E3", "X = 1.5d", "X = 9223372036854775807", "X = true", "X = `abc`",
+    "X = \"abc\"",
+    "X = I32 < 5", "X = F64 < 20", "X = F64 >= 0", "X = I32 == null", "X = I32 > F64", "X = F64 <= -0.0", "X = F64 >= -0.0",
+    "X = F64 < 0", "X = F64 == -0.0", "X = -F64 < F64", "X = F32 <= -F32", "X = -F32 > 0",
+    "X = S == `AAPL`", "X = S != `AAPL`", "X = B == true", "X = Ts > '2023-11-14T22:20:00Z'",
+    "X = Ts == null", "X = isNull(I32)", "X = !isNull(F64)", "X = I32 > 0 && F64 > 0", "X = I32 = 5",
+    "X = !(F32 < 1) || isNull(S)",
+    "X = I8", "X = S", "X = Ts", "X = B", "X = (F64)",
+]
+
+#: Filters tickwire refuses (INVALID_ARGUMENT); Deephaven refuses many of them too.
+REFUSED_FILTERS = [
+    "Price > 1", "I32 >", "S.startsWith(`A`)", "S = `AAPL", "I32 in `abc`", "S in 1, 2", "F64 in 1, `a`",
+    "I32 in 2.5, 5", "I8 in 300", "I32 in F64", "100 < I32 <= 200", "I32 > 1 and Id < 3", "not (I32 > 1)",
+    "B", "!B", "I32", "S < `B`", "S > `B`", "B < true", "Ts > '2023-11-14'", "Ts > 5", "I32 + null > 0",
+    "S = 'AAPL' && Id > 0", "I32 == `a`", "I32 % I8 == 0", "I32 % 0 == 0", "-I8 < 0",
+    "I32 == 123456789012345678901234567890", "F64 > 1e400", "F32 < 0.1", "I32 < F32", "I64 == F64",
+    "(" * 200 + "I32 > 0" + ")" * 200, " + ".join(["I32"] * 3000) + " > 0", "Id > 0 && S in `A`",
+    "S in ", "I32 @ 3", "isNull(I32, I8)", "abs(I32) > 0", "I32 > 0 ||", "",
+]
+
+#: Formulas tickwire refuses.
+REFUSED_FORMULAS = [
+    "X = I32 % 0", "X = -I8", "X = -I16", "X = 123456789012345678901234567890", "X = 1e400", "X = 1e-400",
+    "X = I32 + null", "X = I32 % null", "X = S + `x`", "X = I32 % I8", "X = Ts + 1", "X = B && true",
+    "X = S == 'AAPL'", "X = Nope", "X = I64 < F32 + 0.0", "X = I32 +", "X = sqrt(F64)", "X = I32 < I16 < I8", "X = null",
+    "X = " + " * ".join(["I32"] * 3000),
+]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    from pydeephaven import Session
+
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.graph import UpdateGraph
+
+    dh = start_dh_server(tables_script="")
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("data", DATA)
+    tw = TickwireServer(graph, port=0).start()
+    dh_session = Session(host="127.0.0.1", port=dh.port)
+    tw_session = Session(host="127.0.0.1", port=tw.port)
+    try:
+        yield dh_session.import_table(DATA), tw_session.open_table("data")
+    finally:
+        for s in (dh_session, tw_session):
+            try:
+                s.close()
+            except Exception:
+                pass
+        tw.stop()
+        dh.stop()
+
+
+def _run(table, op: str, form: str):
+    """("ok", arrow table) or ("refused", message)."""
+    from pydeephaven import DHError
+
+    try:
+        out = (table.where([form]) if op == "where" else table.update([form])).to_arrow()
+    except DHError as exc:
+        return "refused", _status(exc)
+    return "ok", out
+
+
+def _status(exc: BaseException) -> str:
+    """The gRPC status code and details behind a pydeephaven error (or its text)."""
+    seen = exc
+    while seen is not None:
+        code = getattr(seen, "code", None)
+        if callable(code):
+            try:
+                return f"{code().name}: {seen.details()}"
+            except Exception:
+                pass
+        seen = seen.__cause__ or seen.__context__
+    return str(exc)
+
+
+def _normal(t: pa.Table) -> pa.Table:
+    """Deephaven's instants arrive as timestamp[ns, tz=...]: compare them as nanoseconds since the
+    epoch (the time zone is presentation only); every other type must be equal as it is."""
+    cols = []
+    for c in t.columns:
+        if pa.types.is_timestamp(c.type):
+            c = c.cast(pa.timestamp("ns")).cast(pa.int64())
+        cols.append(c.combine_chunks())
+    return pa.Table.from_arrays(cols, names=t.column_names)
+
+
+def _same_values(a: pa.Array, b: pa.Array) -> bool:
+    """Equal values with nulls and NaN in the same places (NaN equals NaN here; -0.0 is not 0.0)."""
+    if a.type != b.type or len(a) != len(b):
+        return False
+    if pa.types.is_floating(a.type):
+        xa, xb = a.to_pylist(), b.to_pylist()
+        for u, v in zip(xa, xb):
+            if u is None or v is None:
+                if u is not v:
+                    return False
+            elif math.isnan(u) or math.isnan(v):
+                if not (math.isnan(u) and math.isnan(v)):
+                    return False
+            elif u != v or math.copysign(1.0, u) != math.copysign(1.0, v):
+                return False
+        return True
+    return a.equals(b)
+
+
+def _compare(dh_table, tw_table, op: str, form: str) -> str:
+    """'same', 'both refused' or a description of the difference (tickwire refusing what
+    Deephaven answers is 'tickwire refused')."""
+    dh_kind, dh_out = _run(dh_table, op, form)
+    tw_kind, tw_out = _run(tw_table, op, form)
+    if tw_kind == "refused":
+        if "INVALID_ARGUMENT" not in tw_out:
+            return f"tickwire refused without INVALID_ARGUMENT: {tw_out[:300]}"
+        return "both refused" if dh_kind == "refused" else "tickwire refused"
+    if dh_kind == "refused":
+        return f"Deephaven refused but tickwire answered {tw_out.num_rows} rows"
+    a, b = _normal(dh_out), _normal(tw_out)
+    if a.column_names != b.column_names:
+        return f"columns differ: {a.column_names} vs {b.column_names}"
+    if a.num_rows != b.num_rows:
+        return f"rows differ: Deephaven Ids {a['Id'].to_pylist()} vs tickwire {b['Id'].to_pylist()}"
+    for name in a.column_names:
+        if not _same_values(a[name].chunk(0) if a.num_rows else a[name].combine_chunks(),
+                            b[name].chunk(0) if b.num_rows else b[name].combine_chunks()):
+            return (f"column {name} differs: Deephaven {a[name].type} {a[name].to_pylist()} vs "
+                    f"tickwire {b[name].type} {b[name].to_pylist()}")
+    return "same"
+
+
+def test_forms_lists_are_distinct():
+    for forms in (FILTERS, FORMULAS, REFUSED_FILTERS, REFUSED_FORMULAS):
+        assert len(set(forms)) == len(forms)
+
+
+def test_accepted_filters_answer_as_deephaven(servers):
+    dh, tw = servers
+    bad = {f: r for f in FILTERS if (r := _compare(dh, tw, "where", f)) != "same"}
+    assert not bad, bad
+
+
+def test_accepted_formulas_answer_as_deephaven(servers):
+    dh, tw = servers
+    bad = {f: r for f in FORMULAS if (r := _compare(dh, tw, "update", f)) != "same"}
+    assert not bad, bad
+
+
+def test_refused_filters_are_invalid_argument(servers):
+    dh, tw = servers
+    bad = {}
+    for f in REFUSED_FILTERS:
+        r = _compare(dh, tw, "where", f)
+        if r not in ("both refused", "tickwire refused"):
+            bad[f] = r
+    assert not bad, bad
+
+
+def test_refused_formulas_are_invalid_argument(servers):
+    dh, tw = servers
+    bad = {}
+    for f in REFUSED_FORMULAS:
+        r = _compare(dh, tw, "update", f)
+        if r not in ("both refused", "tickwire refused"):
+            bad[f] = r
+    assert not bad, bad
+
+
+def test_deephaven_refusals_are_refused(servers):
+    """Forms Deephaven itself refuses (checked here, so the list cannot drift) are refused by
+    tickwire too."""
+    dh, tw = servers
+    for op, form in [("where", "I32 > 1 and Id < 3"), ("where", "100 < I32 <= 200"), ("where", "B"),
+                     ("where", "I32 in `abc`"), ("where", "S in 1, 2"), ("where", "I8 in 300"),
+                     ("update", "X = I32 % 0"), ("update", "X = -I8"), ("update", "X = I32 + null"),
+                     ("update", "X = 123456789012345678901234567890"), ("update", "X = 1e400")]:
+        assert _compare(dh, tw, op, form) == "both refused", (op, form)
