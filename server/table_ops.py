@@ -27,25 +27,39 @@ OPERATIONS = {
     "Head": "head", "Tail": "tail",
 }
 
-_COMPARE = {0: pc.less, 1: pc.less_equal, 2: pc.greater, 3: pc.greater_equal, 4: pc.equal, 5: pc.not_equal}
+# CompareCondition.CompareOperation -> the operator of a filter string
+_COMPARE = {0: "<", 1: "<=", 2: ">", 3: ">=", 4: "==", 5: "!="}
+
+_LITERAL_TYPES = {"string_value": pa.string(), "double_value": pa.float64(), "bool_value": pa.bool_(),
+                  "long_value": pa.int64(), "nano_time_value": pa.timestamp("ns", "UTC")}
 
 
 def _value(v, schema: pa.Schema, what: str):
+    """A Value as a `compare_operands` operand: ("column", name) or ("literal", value, type)."""
     which = v.WhichOneof("data")
     if which == "reference":
         name = v.reference.column_name
         if name not in schema.names:
             raise CallError("INVALID_ARGUMENT", f"{what}: unknown column {name!r}")
-        return pc.field(name)
+        return ("column", name)
     if which == "literal":
         lit = v.literal
         kind = lit.WhichOneof("value")
         if kind is None:
             raise CallError("INVALID_ARGUMENT", f"{what}: empty literal")
-        if kind == "nano_time_value":
-            return pc.scalar(pa.scalar(lit.nano_time_value, pa.timestamp("ns", "UTC")))
-        return pc.scalar(getattr(lit, kind))
+        return ("literal", getattr(lit, kind), _LITERAL_TYPES[kind])
     raise CallError("INVALID_ARGUMENT", f"{what}: a value needs a column reference or a literal")
+
+
+def _compare(op: str, lhs, rhs, schema: pa.Schema, what: str) -> pc.Expression:
+    """A comparison with Deephaven's rules (those of filter strings: null below every value and
+    equal to null, NaN unequal to everything); what they cannot match is INVALID_ARGUMENT."""
+    from tickwire.server.dh_expr import compare_operands
+
+    try:
+        return compare_operands(op, lhs, rhs, schema)
+    except ExpressionError as exc:
+        raise CallError("INVALID_ARGUMENT", f"{what}: {exc}") from None
 
 
 def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
@@ -59,24 +73,19 @@ def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
         return pc.invert(condition_expression(getattr(cond, "not").filter, schema))
     if which == "compare":
         c = cond.compare
-        fn = _COMPARE.get(c.operation)
-        if fn is None:
+        op = _COMPARE.get(c.operation)
+        if op is None:
             raise CallError("INVALID_ARGUMENT", f"unknown compare operation {c.operation}")
         if c.case_sensitivity != 0:
             raise CallError("UNIMPLEMENTED", "Filter: case-insensitive comparison is not supported")
         lhs, rhs = _value(c.lhs, schema, "compare"), _value(c.rhs, schema, "compare")
-        if c.operation == 4:
-            return pc.and_kleene(pc.is_valid(lhs), fn(lhs, rhs))
-        if c.operation == 5:
-            return pc.or_kleene(pc.is_null(lhs), fn(lhs, rhs))
-        return fn(lhs, rhs)
+        return _compare(op, lhs, rhs, schema, "compare")
     if which == "in":
         c = getattr(cond, "in")
         if c.case_sensitivity != 0:
             raise CallError("UNIMPLEMENTED", "Filter: case-insensitive 'in' is not supported")
         target = _value(c.target, schema, "in")
-        terms = [pc.and_kleene(pc.is_valid(target), pc.equal(target, _value(v, schema, "in")))
-                 for v in c.candidates]
+        terms = [_compare("==", target, _value(v, schema, "in"), schema, "in") for v in c.candidates]
         expr = _fold(terms, pc.or_kleene, False)
         return pc.invert(expr) if c.match_type == 1 else expr
     if which == "is_null":

@@ -262,3 +262,34 @@ def test_nothing_but_expression_errors_escape():
                  "I32 > 99999999999999999999999999", "Ts > 5", "S == 1", "I32 in `a`, 2", "'abc", "I32 in -`a`"]:
         with pytest.raises(ExpressionError):
             parse_filter(text, D.schema)
+
+
+def test_structured_conditions_follow_the_same_rules():
+    from tickwire.protocol.proto import table_pb2
+    from tickwire.server.rpc import CallError
+    from tickwire.server.table_ops import condition_expression
+
+    def compare(op, column, **literal):
+        cond = table_pb2.Condition()
+        cond.compare.operation = op
+        cond.compare.lhs.reference.column_name = column
+        for k, v in literal.items():
+            setattr(cond.compare.rhs.literal, k, v)
+        return D.filter(condition_expression(cond, D.schema)).column("Id").to_pylist()
+
+    C = table_pb2.CompareCondition
+    assert compare(C.LESS_THAN, "F64", double_value=20.0) == [0, 3, 4, 5, 7]  # null kept, NaN dropped
+    assert compare(C.GREATER_THAN_OR_EQUAL, "F64", long_value=0) == [2, 4, 5, 6, 7]
+    assert compare(C.NOT_EQUALS, "S", string_value="AAPL") == [0, 2, 3, 4, 5, 7]
+    assert compare(C.GREATER_THAN, "Ts", nano_time_value=1_700_000_400 * 10 ** 9) == [3]
+    assert compare(C.LESS_THAN, "I32", long_value=5) == [0, 1, 3, 5, 7]
+    cond = table_pb2.Condition()
+    getattr(cond, "in").target.reference.column_name = "F64"
+    getattr(cond, "in").candidates.add().literal.double_value = 0.0
+    getattr(cond, "in").candidates.add().literal.long_value = 20
+    assert D.filter(condition_expression(cond, D.schema)).column("Id").to_pylist() == [4, 5, 6]
+    for op, column, lit in [(C.LESS_THAN, "S", {"string_value": "B"}), (C.EQUALS, "I32", {"string_value": "x"}),
+                            (C.LESS_THAN, "F32", {"double_value": 0.1})]:
+        with pytest.raises(CallError) as e:
+            compare(op, column, **lit)
+        assert e.value.code == "INVALID_ARGUMENT"
