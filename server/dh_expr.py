@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -321,7 +322,10 @@ def _null_sentinel(expr, t):
 
 def _as(v: _Val, t) -> Any:
     if v.is_lit:
-        return pc.scalar(pa.scalar(v.lit, t))
+        lit = v.lit
+        if t in _FLOATS and isinstance(lit, int):  # Java's int-to-floating conversion: round to nearest
+            lit = float(np.float32(np.int64(lit))) if t == pa.float32() else float(lit)
+        return pc.scalar(pa.scalar(lit, t))
     return v.expr if v.type == t else v.expr.cast(t, safe=False)
 
 
@@ -352,7 +356,11 @@ def _instant_nanos(s: str) -> Optional[int]:
         sign = 1 if zone[0] == "+" else -1
         offset = sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
     seconds = int((base - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)).total_seconds()) - offset
-    return seconds * 1_000_000_000 + int((frac or "0").ljust(9, "0"))
+    nanos = seconds * 1_000_000_000 + int((frac or "0").ljust(9, "0"))
+    # Deephaven's instants are long nanoseconds, and the minimum long is its null
+    if not -(2 ** 63) < nanos < 2 ** 63:
+        raise ExpressionError(f"instant '{s}' is out of range (1677-09-21 to 2262-04-11)")
+    return nanos
 
 
 class _Builder:

@@ -293,3 +293,33 @@ def test_structured_conditions_follow_the_same_rules():
         with pytest.raises(CallError) as e:
             compare(op, column, **lit)
         assert e.value.code == "INVALID_ARGUMENT"
+
+
+def test_random_token_soup_is_answered_or_refused_with_expression_error():
+    """Any string either evaluates or raises ExpressionError (the server's INVALID_ARGUMENT), never
+    another exception (which would be INTERNAL)."""
+    import random
+
+    atoms = ["I8", "I32", "I64", "F32", "F64", "B", "S", "Ts", "1", "0", "-1", "2.5", "1e39f", "3e-45f",
+             "9223372036854775807", "9223372036854775808", "2147483648", "5L", "`a`", "'x'",
+             "'2023-11-14T22:20:00Z'", "'9999-12-31T23:59:59Z'", "'2023-02-30T00:00:00Z'", "true", "null",
+             "isNull(I32)", "(", ")", ",", "in", "not", ".5", "-0.0", "1e308", "1e309"]
+    ops = ["+", "-", "*", "/", "%", "<", "<=", ">", ">=", "==", "=", "!=", "&&", "||", "!", " in ", ","]
+    rng = random.Random(12)
+    answered = 0
+    for _ in range(3000):
+        k = rng.randint(1, 6)
+        text = " ".join(rng.choice(atoms) + (" " + rng.choice(ops) if i < k - 1 else "") for i in range(k))
+        try:
+            D.filter(parse_filter(text, D.schema))
+            answered += 1
+        except ExpressionError:
+            pass
+        try:
+            name, expr, _src = parse_column_spec("X = " + text, D.schema)
+            if expr is not None:
+                ds.dataset(D).to_table(columns={name: expr})
+            answered += 1
+        except ExpressionError:
+            pass
+    assert answered > 100
