@@ -54,8 +54,19 @@ def _value(v, schema: pa.Schema, what: str):
 def _compare(op: str, lhs, rhs, schema: pa.Schema, what: str) -> pc.Expression:
     """A comparison with Deephaven's rules (those of filter strings: null below every value and
     equal to null, NaN unequal to everything); what they cannot match is INVALID_ARGUMENT."""
+    import math
+
     from tickwire.server.dh_expr import compare_operands
 
+    for col, lit in ((lhs, rhs), (rhs, lhs)):
+        if col[0] == "column" and lit[0] == "literal" and lit[2] == pa.float64() \
+                and pa.types.is_integer(schema.field(col[1]).type):
+            # Deephaven converts the literal to the column's type: only whole numbers in range
+            bits = schema.field(col[1]).type.bit_width - 1
+            if not (lit[1] == int(lit[1]) if math.isfinite(lit[1]) else False) or not abs(lit[1]) < 2 ** bits:
+                raise CallError("INVALID_ARGUMENT", f"{what}: {lit[1]!r} is not a value of integer column {col[1]!r}")
+            lit_int = ("literal", int(lit[1]), pa.int64())
+            lhs, rhs = (lit_int, rhs) if lit is lhs else (lhs, lit_int)
     try:
         return compare_operands(op, lhs, rhs, schema)
     except ExpressionError as exc:

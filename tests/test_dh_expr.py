@@ -283,13 +283,14 @@ def test_structured_conditions_follow_the_same_rules():
     assert compare(C.NOT_EQUALS, "S", string_value="AAPL") == [0, 2, 3, 4, 5, 7]
     assert compare(C.GREATER_THAN, "Ts", nano_time_value=1_700_000_400 * 10 ** 9) == [3]
     assert compare(C.LESS_THAN, "I32", long_value=5) == [0, 1, 3, 5, 7]
+    assert compare(C.LESS_THAN, "I32", double_value=5.0) == [0, 1, 3, 5, 7]
     cond = table_pb2.Condition()
     getattr(cond, "in").target.reference.column_name = "F64"
     getattr(cond, "in").candidates.add().literal.double_value = 0.0
     getattr(cond, "in").candidates.add().literal.long_value = 20
     assert D.filter(condition_expression(cond, D.schema)).column("Id").to_pylist() == [4, 5, 6]
     for op, column, lit in [(C.LESS_THAN, "S", {"string_value": "B"}), (C.EQUALS, "I32", {"string_value": "x"}),
-                            (C.LESS_THAN, "F32", {"double_value": 0.1})]:
+                            (C.LESS_THAN, "F32", {"double_value": 0.1}), (C.LESS_THAN, "I32", {"double_value": 2.5})]:
         with pytest.raises(CallError) as e:
             compare(op, column, **lit)
         assert e.value.code == "INVALID_ARGUMENT"
