@@ -20,8 +20,10 @@ Accepted:
   gives null, and so does a result equal to Deephaven's null sentinel (the type's minimum integer,
   ``-MAX_VALUE`` for floats), as in Deephaven;
 - comparisons ``== = != < <= > >=`` with Deephaven's ordering: null is below every value and
-  equal to null; NaN compares false with everything (``!=`` true); one comparison per operand
-  (``a < b < c`` is refused, as in Java);
+  equal to null; NaN compares false with everything (``!=`` true); -0.0 is below 0.0 for
+  ``< <= > >=`` except in a lone ``column op literal`` filter (Deephaven's range filter), and
+  equal to it for ``==``; strings and booleans compare for equality only; one comparison per
+  operand (``a < b < c`` is refused, as in Java);
 - ``&&``, ``||``, ``!``, parentheses, ``isNull(X)``;
 - filters only: ``X in v1, v2, ...`` / ``X not in ...`` with literals of X's type (null matches
   nulls), and ``X = 'text'`` / ``X != 'text'`` for a string column.
