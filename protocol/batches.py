@@ -552,10 +552,15 @@ def _column_fields(schema, columns_as_list: bool) -> list[tuple[str, pa.DataType
     for i, f in enumerate(schema):
         if isinstance(f, pa.DataType):
             out.append((f"#{i}", f))
-        elif columns_as_list and is_list_wrapper_field(f):
-            out.append((f.name, f.type.value_type))
-        else:
-            out.append((f.name, f.type))
+            continue
+        try:  # a schema read from the wire may hold names that are not UTF-8: pyarrow fails on reading them
+            if columns_as_list and is_list_wrapper_field(f):
+                out.append((f.name, f.type.value_type))
+            else:
+                out.append((f.name, f.type))
+        except UnicodeDecodeError:
+            raise ProtocolError(f"record batch: the name of schema field {i} (or of its list child) is not valid "
+                                "UTF-8") from None
     return out
 
 

@@ -124,7 +124,8 @@ def test_decoders_raise_only_protocol_errors_for_mutated_input():
                         ("ts", pa.timestamp("ns", "UTC")), ("bin", pa.binary())])
     batch = pa.record_batch([pa.array([1, None, 3], pa.int32()), pa.array(["a", None, "ccc"]),
                              pa.array([[1], [], None], pa.list_(pa.int64())), pa.array([True, False, None]),
-                             pa.array([1, 2, 3], pa.timestamp("ns", "UTC")), pa.array([b"x", b"", None])], schema=schema)
+                             pa.array([1, 2, 3], pa.timestamp("ns", "UTC")), pa.array([b"x", b"", None])],
+                            schema=schema)
     msg = pa.ipc.read_message(batch.serialize())
     header, body = msg.metadata.to_pybytes(), msg.body.to_pybytes()
 
@@ -144,3 +145,23 @@ def test_decoders_raise_only_protocol_errors_for_mutated_input():
     flight = encode_flight_data(header, barrage.wrap(requests[0]), body, FlightDescriptor.for_path("scope", "t"))
     for data in _mutations(rng, flight, 400):
         _only_protocol_errors(decode_flight_data, data)
+
+
+@pytest.mark.parametrize("columns_as_list", [False, True])
+def test_record_batch_against_a_schema_with_a_non_utf8_field_name(columns_as_list):
+    """A schema read from the wire keeps names that are not UTF-8 (pyarrow fails only when the
+    name is read); decoding a batch against it is a ProtocolError, not a UnicodeDecodeError."""
+    import pyarrow as pa
+
+    from tickwire.protocol import batches
+    from tickwire.protocol.schema import read_schema_message
+
+    field_type = pa.list_(pa.field("a", pa.int64())) if columns_as_list else pa.int64()
+    schema = pa.schema([pa.field("a", field_type, nullable=not columns_as_list)])
+    header = pa.ipc.read_message(schema.serialize()).metadata.to_pybytes()
+    bad = read_schema_message(header.replace(b"\x01\x00\x00\x00a", b"\x01\x00\x00\x00\xff"))
+    value = pa.array([[1]], field_type) if columns_as_list else pa.array([1], field_type)
+    msg = pa.ipc.read_message(pa.record_batch([value], schema=schema).serialize())
+    info = batches.read_message_header(msg.metadata.to_pybytes())
+    with pytest.raises(ProtocolError, match="not valid UTF-8"):
+        batches.decode_record_batch(info, msg.body.to_pybytes(), bad, columns_as_list=columns_as_list)
