@@ -48,7 +48,6 @@ from tickwire.protocol.flight import DESCRIPTOR_CMD, DESCRIPTOR_PATH, FlightDesc
 from tickwire.protocol.proto import config_pb2, flight_pb2, table_pb2
 from tickwire.protocol.proto.methods import (
     ALL_METHODS,
-    BIDI,
     CLIENT_STREAM,
     METHODS,
     SERVER_STREAM,
@@ -410,11 +409,15 @@ def ipc_messages(schema: pa.Schema, batches: list[pa.RecordBatch]) -> list[tuple
 def arrow_stream(rng: random.Random, kinds: list[str]) -> list[tuple[bytes, bytes]]:
     schema = rng.choice([TRADES, TRADES, SMALL, ODD])
     if rng.random() < 0.3:
-        keys = rng.choice([b"Sym", b"a", b"nope", b"", b",,", b"Sym,Sym", b"x"])
+        keys = rng.choice([b"Sym", b"a", b"nope", b"", b",,", b"Sym,Sym", b"x", b"S\xffm", b"\xc3"])
         schema = schema.with_metadata({KEYS_METADATA: keys})
         kinds.append("keys-metadata")
     batches = [random_rows(rng, schema, rng.choice([0, 1, 5, 50])) for _ in range(rng.choice([0, 1, 2]))]
     msgs = ipc_messages(schema, batches)
+    if rng.random() < 0.05:  # a field name that is not UTF-8 (the schema is otherwise intact)
+        kinds.append("arrow-non-utf8-name")
+        name = rng.choice(schema.names).encode()
+        msgs[0] = (msgs[0][0].replace(name, b"\xff" + name[1:], 1), msgs[0][1])
     r = rng.random()
     if r < 0.35 and msgs:
         i = rng.randrange(len(msgs))
@@ -701,7 +704,8 @@ class Servers:
                                 "bad-scheme", "basic"])
         md = {"anonymous": (("authorization", "Anonymous"),), "none": (),
               "bad-bearer": (("authorization", "Bearer " + rng.randbytes(16).hex()),),
-              "bad-scheme": (("authorization", rng.choice(["Negotiate abc", "x" * 2000, "Bearer", "", "Anonymous x"])),),
+              "bad-scheme": (("authorization",
+                              rng.choice(["Negotiate abc", "x" * 2000, "Bearer", "", "Anonymous x"])),),
               "basic": (("authorization", "Basic dXNlcjpwdw=="),),
               "psk": (("authorization", f"{PSK_SCHEME} {PSK}"),),
               "wrong-psk": (("authorization", f"{PSK_SCHEME} {PSK}x"),),
@@ -783,7 +787,8 @@ def test_fuzz_requests():
     budget = float(os.environ.get("TICKWIRE_FUZZ_SECONDS") or 100) * soak_factor()
     only = os.environ.get("TICKWIRE_FUZZ_ITER")
     skip = {s.strip() for s in (os.environ.get("TICKWIRE_FUZZ_SKIP") or "").split(",") if s.strip()}
-    print(f"\nfuzz seed {seed} (TICKWIRE_FUZZ_SEED={seed}), budget {budget:.0f} s, skipping {sorted(skip) or 'nothing'}")
+    print(f"\nfuzz seed {seed} (TICKWIRE_FUZZ_SEED={seed}), budget {budget:.0f} s, "
+          f"skipping {sorted(skip) or 'nothing'}")
     servers = Servers(seed)
     pools = Pools()
     failures: dict[tuple, Failure] = {}
@@ -796,7 +801,7 @@ def test_fuzz_requests():
         servers.open_sessions()
         handled = {"main": registered(servers.main), "psk": registered(servers.psk)}
         client = BarrageClient(servers.main.target)
-        subs = {"ticking_keyed": client.subscribe("ticking_keyed"), "ticking_append": client.subscribe("ticking_append")}
+        subs = {name: client.subscribe(name) for name in ("ticking_keyed", "ticking_append")}
         servers.thread.start()
         for s in subs.values():
             assert s.wait_for(lambda x: x.update_count >= 1, 20), "the healthy subscriber got no snapshot"
