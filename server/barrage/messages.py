@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.protocol import barrage
+from tickwire.protocol.flight import decode_flight_data, encode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts
 from tickwire.protocol.schema import to_deephaven_schema, to_wire_array, wire_type_for
 from tickwire.protocol.update import encode_schema, encode_update
@@ -87,7 +88,7 @@ class TableWire:
 class Message:
     """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
 
-    __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step")
+    __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step", "_base")
 
     def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
                  modified: Optional[list[Optional[pa.Array]]], step: int = 0):
@@ -100,6 +101,14 @@ class Message:
         self.step = step
         self._cache: dict[EncodeOptions, list[bytes]] = {}
         self._lock = threading.Lock()
+        self._base: Optional[Message] = None
+
+    def with_metadata(self, metadata: bytes, step: int) -> "Message":
+        """The same rows under other metadata (the same snapshot at a later step of an unchanged
+        table): its FlightData are this message's, but for the first, which carries the metadata."""
+        m = Message(metadata, self.types, self.added, self.modified, step=step)
+        m._base = self
+        return m
 
     @staticmethod
     def _wire(cols: Optional[list[Optional[pa.Array]]]) -> Optional[list[Optional[pa.Array]]]:
@@ -113,6 +122,9 @@ class Message:
 
     def payloads(self, opts: EncodeOptions) -> Iterator[bytes]:
         """The FlightData payloads of this message under `opts` (cached for small messages)."""
+        if self._base is not None:
+            yield from self._rebased(opts)
+            return
         if self.n_added > CHUNK_ROWS:
             yield from self._chunked(opts)
             return
@@ -123,6 +135,16 @@ class Message:
                                     use_deephaven_nulls=opts.use_deephaven_nulls,
                                     columns_as_list=opts.columns_as_list, batch_size=self._batch_rows(opts),
                                     max_message_size=opts.max_message_size)
+                self._cache[opts] = out
+        yield from out
+
+    def _rebased(self, opts: EncodeOptions) -> Iterator[bytes]:
+        out = self._cache.get(opts)
+        if out is None:
+            base = self._base.payloads(opts)
+            first = decode_flight_data(next(base))
+            out = [encode_flight_data(first.data_header, self.metadata or None, body=first.data_body), *base]
+            if self.n_added <= CHUNK_ROWS:
                 self._cache[opts] = out
         yield from out
 

@@ -152,6 +152,8 @@ class SnapshotLog:
         self.since_first = 0
         self.since_last = 0
         self.readers = 0
+        self.start_step = 0
+        self.remeta: Optional[Callable[[int], bytes]] = None  # a one-message log's metadata at another step
         self.changed = 0  # rows touched by `since` (added + removed + modified), to know when to retire
 
     def track(self, update: TableUpdate, prev: RowSet, step: int) -> None:
@@ -352,11 +354,14 @@ class Publisher:
 
     def _start_log(self, sub: Subscription, view: View, step: int) -> SnapshotLog:
         lg = SnapshotLog(view, growing=self._should_grow(sub, view))
+        lg.start_step = step
         if lg.complete:
             rows = self.table.rowset
             plan = plan_full(None, rows, self.wire.names, view, snapshot=True)
             first = last = step if self.table.is_refreshing else -1  # -1 for static tables (§2.9)
             lg.messages.append(self._message(plan, view, last, first, snapshot=True))
+            if self.table.is_refreshing:
+                lg.remeta = lambda at: self._metadata(plan, view, at, at, snapshot=True)
         else:
             self._build_log(lg, step)
         self._logs[self._log_key(sub, view)] = lg
@@ -398,6 +403,23 @@ class Publisher:
             lg.complete = True
             lg.delivered = RowSet()
 
+    def _restated(self, key: tuple, lg: SnapshotLog, step: int) -> Optional[SnapshotLog]:
+        """A log usable by a subscriber joining at `step`, or None. Every message a subscriber gets
+        is stated at a step no older than the one it joined at: a one-message log of a table that
+        has not changed since is restated at `step` (same FlightData but the first); a static
+        table's log is always current; anything else needs a fresh snapshot."""
+        if not self.table.is_refreshing and lg.complete:
+            return lg
+        self._retire(lg)
+        if not (lg.complete and lg.since is None and lg.remeta is not None and len(lg.messages) == 1):
+            return None
+        fresh = SnapshotLog(lg.view, growing=False)
+        fresh.start_step = step
+        fresh.remeta = lg.remeta
+        fresh.messages.append(lg.messages[0].with_metadata(lg.remeta(step), step))
+        self._logs[key] = fresh
+        return fresh
+
     def _replay(self, sub: Subscription) -> None:
         """Queues the subscriber's next messages of its log; at the end of a complete log it
         continues as an ordinary subscriber that is behind by the log's `since`."""
@@ -419,7 +441,10 @@ class Publisher:
         rows = self.table.rowset
         names = self.wire.names
         if view.is_full and sub.view is None and sub.behind is None:
-            lg = self._logs.get(self._log_key(sub, view))
+            key = self._log_key(sub, view)
+            lg = self._logs.get(key)
+            if lg is not None and lg.start_step != step:
+                lg = self._restated(key, lg, step)
             if lg is None:
                 lg = self._start_log(sub, view, step)
             sub.requested = None
@@ -476,9 +501,15 @@ class Publisher:
 
     def _message(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> Message:
         """`first`..`step` are the message's first_seq..last_seq."""
+        md = self._metadata(plan, view, step, first, snapshot=snapshot)
+        added = self.wire.gather(plan.add_keys, view.columns)
+        modified = self.wire.gather(plan.mod_keys, plan.modified_columns) if plan.modified_columns else None
+        return Message(md, self.wire.types, added, modified, step=step)
+
+    def _metadata(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> bytes:
         ncols = len(self.wire.names)
         mods = [plan.modified_rows if i in plan.modified_columns else RowSet() for i in range(ncols)]
-        md = metadata_bytes(
+        return metadata_bytes(
             first_seq=first, last_seq=step, is_snapshot=snapshot,
             effective_viewport=view.viewport if snapshot and not view.is_full else None,
             effective_reverse_viewport=view.reverse,
@@ -487,9 +518,6 @@ class Publisher:
             shift_data=plan.shifts if view.is_full else None,
             added_rows_included=plan.added_rows if snapshot and view.is_full else None,
             mod_column_nodes=mods, table_size=len(self.table.rowset))
-        added = self.wire.gather(plan.add_keys, view.columns)
-        modified = self.wire.gather(plan.mod_keys, plan.modified_columns) if plan.modified_columns else None
-        return Message(md, self.wire.types, added, modified, step=step)
 
 
 class PublisherRegistry:
