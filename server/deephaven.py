@@ -20,7 +20,7 @@ from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket, TicketError, parse_ticket
 from tickwire.server.barrage import TableWire
 from tickwire.server.graph import Table
-from tickwire.server.rpc import RAW, CallError, ServerContext
+from tickwire.server.rpc import RAW, CallError, ServerContext, unimplemented
 from tickwire.server.session import Session
 from tickwire.server.table_ops import OPERATIONS, TableOps
 
@@ -65,7 +65,7 @@ class DeephavenServices:
                 continue
             kind = SERVER_STREAM if method.server_streaming and not method.client_streaming else \
                 BIDI if method.server_streaming else CLIENT_STREAM if method.client_streaming else UNARY
-            handlers[path] = (self._unimplemented(method.name, kind), RAW, RAW, kind)
+            handlers[path] = (unimplemented(f"TableService.{method.name}", kind), RAW, RAW, kind)
         return handlers
 
     # -- config ------------------------------------------------------------------------------------------
@@ -208,19 +208,6 @@ class DeephavenServices:
             resp, _t = await self.ctx.run(self._apply_op, kind, req, session)
             return resp
         return handler
-
-    @staticmethod
-    def _unimplemented(name: str, kind):
-        message = f"TableService.{name} is not supported by tickwire"
-        if kind in (SERVER_STREAM, BIDI):
-            async def stream(req, context):
-                raise CallError("UNIMPLEMENTED", message)
-                yield  # unreachable: makes this an async generator
-            return stream
-
-        async def unary(req, context):
-            raise CallError("UNIMPLEMENTED", message)
-        return unary
 
     async def fetch_table(self, req, context):
         session = await self.ctx.authenticate(context)
