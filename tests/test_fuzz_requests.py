@@ -369,8 +369,9 @@ def random_rows(rng: random.Random, schema: pa.Schema, n: int) -> pa.RecordBatch
     cols = []
     for f in schema:
         t = f.type
-        if pa.types.is_timestamp(t):
-            cols.append(pa.array(g.integers(0, 2**40, n)).cast(pa.int64()).view(t))
+        if pa.types.is_timestamp(t):  # sometimes beyond what nanoseconds can hold
+            top = 2**62 if rng.random() < 0.1 else 2**40
+            cols.append(pa.array(g.integers(-top // 4, top, n)).cast(pa.int64()).view(t))
         elif pa.types.is_string(t):
             cols.append(pa.array([f"SYM{x:02d}" for x in g.integers(0, 25, n).tolist()], t))
         elif pa.types.is_floating(t):
