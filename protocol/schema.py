@@ -839,9 +839,22 @@ def read_schema_message(data) -> pa.Schema:
     pad = (8 - len(raw) % 8) % 8
     framed = _CONTINUATION + struct.pack("<i", len(raw) + pad) + raw + b"\x00" * pad
     try:
-        return pa.ipc.read_schema(pa.py_buffer(framed))
+        schema = pa.ipc.read_schema(pa.py_buffer(framed))
     except (pa.ArrowException, ValueError, OSError, IndexError) as exc:
         raise ProtocolError(f"malformed Arrow Schema message: {exc}") from None
+    try:
+        _check_names(list(schema))
+    except UnicodeDecodeError:
+        raise ProtocolError("Arrow Schema message: a field name is not UTF-8") from None
+    return schema
+
+
+def _check_names(fields) -> None:
+    """Reads every field name (nested ones too): names that are not UTF-8 raise here."""
+    for f in fields:
+        _ = f.name
+        t = f.type
+        _check_names([t.field(i) for i in range(t.num_fields)])
 
 
 # ----------------------------------------------------------------------------------------------

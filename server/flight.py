@@ -34,6 +34,7 @@ from tickwire.protocol.schema import (
     ipc_encapsulated_schema,
     read_schema_message,
     sentinels_to_nulls,
+    to_wire_array,
     unwrap_list_schema,
 )
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, TicketError, ticket_from_path
@@ -477,6 +478,12 @@ class FlightService:
             raise CallError("INVALID_ARGUMENT", f"DoPut record batch columns have different lengths {sorted(lengths)}")
         if dh_nulls:
             arrays = [sentinels_to_nulls(a) for a in arrays]
+        for f, a in zip(schema, arrays):  # values every reader must be able to send (e.g. instants in ns)
+            if pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type) or pa.types.is_time(f.type):
+                try:
+                    to_wire_array(a)
+                except (ProtocolError, pa.ArrowInvalid) as exc:
+                    raise CallError("INVALID_ARGUMENT", f"DoPut column {f.name!r}: {exc}") from None
         return pa.Table.from_arrays(arrays, names=schema.names)
 
     def _put_target(self, path: list[str], schema: pa.Schema, session: Session) -> Table:
