@@ -286,8 +286,9 @@ class Publisher:
     def _on_cycle(self, step: int) -> None:
         now = time.monotonic()
         shared = self._shared_for(step)
-        for lg in list(self._logs.values()):
-            if not lg.complete and self.table.failure is None:
+        building = [lg for lg in (*self._logs.values(), *self._replayed) if not lg.complete]
+        for lg in building:
+            if self.table.failure is None:
                 try:
                     self._build_log(lg, step)
                 except Exception:
