@@ -19,7 +19,7 @@ import pytest
 from tests.scripted import ScriptedTable, random_update
 from tickwire.server.graph import (ROW_KEY, FilterTable, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
                                    apply_update, equal_mask)
-from tickwire.server.graph import ops as ops_module
+from tickwire.server.graph.ops import base as ops_base
 from tickwire.server.graph.ops import LastByTable
 
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [11, 12, 13, 14, 15, 16]
@@ -337,7 +337,7 @@ def test_random_chains_read_only_now_and_then_match_recomputation(seed, queue_ke
     whenever they are read, each equals the operation recomputed on its parent. With `queue_keys`
     small, changes above it are applied at once between queued ones."""
     if queue_keys is not None:
-        monkeypatch.setattr(ops_module, "_QUEUE_KEYS", queue_keys)
+        monkeypatch.setattr(ops_base, "_QUEUE_KEYS", queue_keys)
     rng = np.random.default_rng(seed + 1000)
     g = UpdateGraph()
     keyed = g.keyed_table("keyed", MARKET, ["sym", "k"])

@@ -20,7 +20,8 @@ from tickwire.server.graph.update import ROW_KEY, TableUpdate, column_names, uns
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph
 
-__all__ = ["SchemaMismatchError", "Table", "StaticTable", "FilterTable", "conform", "as_table"]
+__all__ = ["SchemaMismatchError", "Table", "StaticTable", "FilterTable", "conform", "as_table", "register_operation",
+           "unique_name"]
 
 log = logging.getLogger("tickwire.graph")
 
@@ -69,6 +70,28 @@ def conform(table_name: str, schema: pa.Schema, data, names: Optional[Sequence[s
     if have != want:
         t = t.select(want)
     return t.combine_chunks()
+
+
+# The derived-table operations by name, `make(graph, name, parent, *args) -> Table`: each module
+# of tickwire.server.graph.ops registers its own when imported (the package imports them all), so
+# this module, which they build on, imports none of them.
+_operations: dict[str, Callable[..., "Table"]] = {}
+
+
+def register_operation(operation: str, make: Callable[..., "Table"]) -> None:
+    """Makes `make(graph, name, parent, *args)` the table that `Table.<operation>(*args, name=...)` returns."""
+    _operations[operation] = make
+
+
+def unique_name(graph: "UpdateGraph", base: str) -> str:
+    """`base`, or `base#2`, `base#3`, ... : the first name no table of the graph has."""
+    with graph.shared_lock():
+        if base not in graph.tables:
+            return base
+        i = 2
+        while f"{base}#{i}" in graph.tables:
+            i += 1
+        return f"{base}#{i}"
 
 
 class Table:
@@ -162,44 +185,43 @@ class Table:
             if fn in self.listeners:
                 self.listeners.remove(fn)
 
-    # -- derived tables (tickwire.server.graph.ops) ----------------------------------------------
-    def where(self, predicate, name: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> "FilterTable":
+    # -- derived tables (made by the operations of tickwire.server.graph.ops) -------------------
+    def _derive(self, operation: str, name: Optional[str], *args) -> "Table":
+        make = _operations.get(operation)
+        if make is None:
+            raise RuntimeError(f"no operation {operation!r} is registered (tickwire.server.graph.ops registers them)")
+        return make(self.graph, name or unique_name(self.graph, f"{self.name}.{operation}"), self, *args)
+
+    def where(self, predicate, name: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> "Table":
         """The rows for which `predicate` holds: a pyarrow compute Expression (``pc.field("x") > 3``)
         or a callable ``values -> boolean array`` (given `columns` of the rows when set)."""
-        from tickwire.server.graph.ops import WhereTable, unique_name
-        return WhereTable(self.graph, name or unique_name(self.graph, f"{self.name}.where"), self, predicate, columns)
+        return self._derive("where", name, predicate, columns)
 
     def sort(self, columns, descending=False, name: Optional[str] = None) -> "Table":
         """The rows ordered by `columns` (a name or names; `descending` a flag or one per column),
         ties in this table's row order."""
-        from tickwire.server.graph.ops import SortTable, unique_name
-        return SortTable(self.graph, name or unique_name(self.graph, f"{self.name}.sort"), self, columns, descending)
+        return self._derive("sort", name, columns, descending)
 
     def view(self, columns, name: Optional[str] = None) -> "Table":
         """Columns kept, renamed or computed: names, ``(new_name, column)`` and ``(name, Expression)``
         pairs, or a dict; computed columns are evaluated when read."""
-        from tickwire.server.graph.ops import ProjectTable, unique_name
-        return ProjectTable(self.graph, name or unique_name(self.graph, f"{self.name}.view"), self, columns, False)
+        return self._derive("view", name, columns)
 
     def select(self, columns, name: Optional[str] = None) -> "Table":
         """Like `view`, with the computed columns stored (computed once per change)."""
-        from tickwire.server.graph.ops import ProjectTable, unique_name
-        return ProjectTable(self.graph, name or unique_name(self.graph, f"{self.name}.select"), self, columns, True)
+        return self._derive("select", name, columns)
 
     def head(self, n: int, name: Optional[str] = None) -> "Table":
         """The first n rows."""
-        from tickwire.server.graph.ops import HeadTailTable, unique_name
-        return HeadTailTable(self.graph, name or unique_name(self.graph, f"{self.name}.head"), self, n, False)
+        return self._derive("head", name, n)
 
     def tail(self, n: int, name: Optional[str] = None) -> "Table":
         """The last n rows."""
-        from tickwire.server.graph.ops import HeadTailTable, unique_name
-        return HeadTailTable(self.graph, name or unique_name(self.graph, f"{self.name}.tail"), self, n, True)
+        return self._derive("tail", name, n)
 
     def last_by(self, keys, name: Optional[str] = None) -> "Table":
         """The latest row of each distinct value of `keys` (a keyed table)."""
-        from tickwire.server.graph.ops import LastByTable, unique_name
-        return LastByTable(self.graph, name or unique_name(self.graph, f"{self.name}.last_by"), self, keys)
+        return self._derive("last_by", name, keys)
 
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
     def _take_pending(self) -> list:
