@@ -149,8 +149,9 @@ def test_decoders_raise_only_protocol_errors_for_mutated_input():
 
 @pytest.mark.parametrize("columns_as_list", [False, True])
 def test_record_batch_against_a_schema_with_a_non_utf8_field_name(columns_as_list):
-    """A schema read from the wire keeps names that are not UTF-8 (pyarrow fails only when the
-    name is read); decoding a batch against it is a ProtocolError, not a UnicodeDecodeError."""
+    """pyarrow reads a schema whose names are not UTF-8 (it fails only when a name is read):
+    `read_schema_message` refuses it, and decoding a batch against such a schema all the same is a
+    ProtocolError, not a UnicodeDecodeError."""
     import pyarrow as pa
 
     from tickwire.protocol import batches
@@ -159,7 +160,11 @@ def test_record_batch_against_a_schema_with_a_non_utf8_field_name(columns_as_lis
     field_type = pa.list_(pa.field("a", pa.int64())) if columns_as_list else pa.int64()
     schema = pa.schema([pa.field("a", field_type, nullable=not columns_as_list)])
     header = pa.ipc.read_message(schema.serialize()).metadata.to_pybytes()
-    bad = read_schema_message(header.replace(b"\x01\x00\x00\x00a", b"\x01\x00\x00\x00\xff"))
+    bad_header = header.replace(b"\x01\x00\x00\x00a", b"\x01\x00\x00\x00\xff")
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        read_schema_message(bad_header)
+    framed = b"\xff\xff\xff\xff" + len(bad_header).to_bytes(4, "little") + bad_header
+    bad = pa.ipc.read_schema(pa.py_buffer(framed + b"\0" * (-len(framed) % 8)))
     value = pa.array([[1]], field_type) if columns_as_list else pa.array([1], field_type)
     msg = pa.ipc.read_message(pa.record_batch([value], schema=schema).serialize())
     info = batches.read_message_header(msg.metadata.to_pybytes())
