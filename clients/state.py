@@ -1,7 +1,7 @@
 """A subscriber's copy of a table, kept by applying Barrage updates (sans-I/O).
 
 `TableState` holds the rows a subscription delivers: for a full subscription the whole table
-with its row keys; for a viewport subscription the dense window `V` (BARRAGE-WIRE.md §9), in
+with its row keys; for a viewport subscription the dense window `V` (docs/viewports.md#viewport-subscriptions), in
 which every row set of a message is an index into `V`. Each update is applied in the model's
 order: remove, shift, add, modify. Everything is vectorized: row sets arrive as (n, 2) ranges
 and are expanded with numpy. Columns are `clients.columns.Column`s: fixed-width values change in

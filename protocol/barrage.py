@@ -1,4 +1,4 @@
-"""Barrage flatbuffer messages as plain Python objects (BARRAGE-WIRE.md §2).
+"""Barrage flatbuffer messages as plain Python objects (docs/messages.md#barrage-flatbuffer-messages).
 
 Every message has `to_bytes()` and `from_bytes(data)`. Writing uses the generated builders in
 `tickwire.protocol.fb.barrage` in Deephaven's call order, so a decoded Deephaven message re-encodes
@@ -148,7 +148,7 @@ class _Message:
 
 @dataclass(eq=False)
 class SubscriptionOptions(_Message):
-    """BarrageSubscriptionOptions (§2.3)."""
+    """BarrageSubscriptionOptions (docs/messages.md#subscription-options)."""
 
     column_conversion_mode: int = 1  # deprecated and ignored; kept for byte-exact round trips
     use_deephaven_nulls: bool = False
@@ -186,7 +186,7 @@ class SubscriptionOptions(_Message):
 
 @dataclass(eq=False)
 class SnapshotOptions(_Message):
-    """BarrageSnapshotOptions (§2.5)."""
+    """BarrageSnapshotOptions (docs/messages.md#snapshot-options)."""
 
     column_conversion_mode: int = 1
     use_deephaven_nulls: bool = False
@@ -216,7 +216,7 @@ class SnapshotOptions(_Message):
 
 @dataclass(eq=False)
 class PublicationOptions(_Message):
-    """BarragePublicationOptions (§2.7)."""
+    """BarragePublicationOptions (docs/messages.md#publication-requests)."""
 
     use_deephaven_nulls: bool = False
 
@@ -274,7 +274,8 @@ def _read_request(data, what: str, options_cls, options_name: str) -> tuple[_Tab
 
 @dataclass(eq=False)
 class SubscriptionRequest(_Message):
-    """BarrageSubscriptionRequest (§2.4). `options` is the schema's `subscription_options`."""
+    """BarrageSubscriptionRequest (docs/messages.md#subscription-requests). `options` is the
+    schema's `subscription_options`."""
 
     ticket: Optional[bytes] = None
     columns: Optional[np.ndarray] = None  # column indices; None = all columns
@@ -296,7 +297,8 @@ class SubscriptionRequest(_Message):
 
 @dataclass(eq=False)
 class SnapshotRequest(_Message):
-    """BarrageSnapshotRequest (§2.6). `options` is the schema's `snapshot_options`."""
+    """BarrageSnapshotRequest (docs/messages.md#snapshot-requests). `options` is the schema's
+    `snapshot_options`."""
 
     ticket: Optional[bytes] = None
     columns: Optional[np.ndarray] = None
@@ -317,7 +319,8 @@ class SnapshotRequest(_Message):
 
 @dataclass(eq=False)
 class PublicationRequest(_Message):
-    """BarragePublicationRequest (§2.7). `options` is the schema's `publish_options`."""
+    """BarragePublicationRequest (docs/messages.md#publication-requests). `options` is the
+    schema's `publish_options`."""
 
     ticket: Optional[bytes] = None
     options: Optional[PublicationOptions] = None
@@ -352,7 +355,7 @@ Shifts = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 @dataclass(eq=False)
 class UpdateMetadata(_Message):
-    """BarrageUpdateMetadata (§2.9).
+    """BarrageUpdateMetadata (docs/messages.md#update-metadata).
 
     `mod_column_nodes[c]` is the `modified_rows` row set of column c; an entry is None only when a
     BarrageModColumnMetadata table lacks the field (Deephaven always writes it).
@@ -388,7 +391,7 @@ class UpdateMetadata(_Message):
         def vec(name: str, encode) -> int:
             return _vec(b, raw[name] if name in raw else encode(getattr(self, name)))
 
-        # §2.12 step 1: the vectors, in Deephaven's order
+        # step 1 (docs/messages.md#builder-order): the vectors, in Deephaven's order
         ev = vec("effective_viewport", _enc_rows)
         ecs = vec("effective_column_set", _enc_cols)
         added = vec("added_rows", _enc_rows)
@@ -480,7 +483,8 @@ class UpdateMetadata(_Message):
 
 @dataclass(eq=False)
 class BarrageMessageWrapper(_Message):
-    """BarrageMessageWrapper (§2.2): the `app_metadata` of every Barrage FlightData."""
+    """BarrageMessageWrapper (docs/messages.md#the-message-wrapper): the `app_metadata` of every
+    Barrage FlightData."""
 
     msg_type: int = 0
     payload: Optional[bytes] = None  # the schema's msg_payload: a separately finished flatbuffer
@@ -534,7 +538,7 @@ _BY_TYPE = {
     BarrageMessageType.UPDATE_METADATA: UpdateMetadata,
     BarrageMessageType.SNAPSHOT_REQUEST: SnapshotRequest,
     BarrageMessageType.PUBLICATION_REQUEST: PublicationRequest,
-    # DoPut options: a BarrageSubscriptionRequest that carries only options (BARRAGE-WIRE.md §7.6)
+    # DoPut options: a BarrageSubscriptionRequest that carries only options (docs/flows.md#doput)
     BarrageMessageType.SERIALIZATION_OPTIONS: SubscriptionRequest,
 }
 

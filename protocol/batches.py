@@ -1,9 +1,10 @@
-"""Arrow RecordBatch messages built and read by hand (BARRAGE-WIRE.md §5.5–§6.7).
+"""Arrow RecordBatch messages built and read by hand (docs/schema.md#buffer-layout,
+docs/messages.md#record-batch-framing).
 
 pyarrow cannot make a record batch whose columns have different lengths, which Barrage
 modification batches need (an unmodified column is sent as field node (0, 0) while the others
 carry their modified rows), nor does it write the `columns_as_list` form. This module writes the
-Arrow Message flatbuffer and the body itself, with Deephaven's layout (§5.7):
+Arrow Message flatbuffer and the body itself, with Deephaven's layout (docs/schema.md#buffer-layout):
 
 - field nodes and buffers depth-first, column by column; every buffer padded to 8 bytes and its
   padded length reported; offsets cumulative from the start of the body;
@@ -24,7 +25,7 @@ copying; every node, offset and length is checked first and anything inconsisten
 ProtocolError.
 
 `encode_batches` splits the rows of one phase (adds or mods) of a logical update into batches
-following Deephaven's `batch_size` / `max_message_size` rules (§6.7); `BatchSizer` holds those
+following Deephaven's `batch_size` / `max_message_size` rules (docs/messages.md#batch-sizing); `BatchSizer` holds those
 rules and `split_rows` plays them out for a given row size.
 """
 from __future__ import annotations
@@ -244,7 +245,7 @@ class EncodedBatch:
 
 def _message_header(length: int, nodes: list[tuple[int, int]], buffers: list[tuple[int, int]],
                     body_length: int) -> bytes:
-    """Message{RecordBatch} in Deephaven's builder order (§6.5)."""
+    """Message{RecordBatch} in Deephaven's builder order (docs/messages.md#record-batch-headers)."""
     b = flatbuffers.Builder(128 + 16 * (len(nodes) + len(buffers)))
     FbRecordBatch.StartNodesVector(b, len(nodes))
     for ln, nc in reversed(nodes):
@@ -311,7 +312,7 @@ def encode_record_batch(
 
 
 class BatchSizer:
-    """Deephaven's batch sizing (§6.7, `processBatches`).
+    """Deephaven's batch sizing (docs/messages.md#batch-sizing, `processBatches`).
 
     `next_rows` is the row count to try next: min(4096, batch_size) at first, then
     min(batch_size, max(1, int(limit // bytes_per_row * 0.9))) from the last attempt's
@@ -365,7 +366,7 @@ def encode_batches(
     metadata_size: int = 0,
     initial_rows: int = 0,
 ) -> Iterator[EncodedBatch]:
-    """Splits one phase (adds or mods) of a logical update into record batches (§6.7).
+    """Splits one phase (adds or mods) of a logical update into record batches (docs/messages.md#batch-sizing).
 
     Batch j covers the ordinals [o, o + L) of every column: ragged columns give fewer rows or
     none (an empty column), columns that are None stay unsent. Columns are sliced without copying.
@@ -570,8 +571,9 @@ def decode_record_batch(header, body, schema, *, columns_as_list: bool = False) 
     `header` is the Message flatbuffer (or a `MessageInfo` from `read_message_header`), `body`
     the FlightData body (bytes, memoryview or pa.Buffer; arrays reference it without copying),
     `schema` a pa.Schema, a list of fields or a list of types. In list mode each column arrives
-    wrapped in a one-element list (§6.6) and the values inside are returned; the schema may be the
-    wrapped one from the stream's Schema message (`list_wrapped_schema`) or the unwrapped one.
+    wrapped in a one-element list (docs/messages.md#columns-as-list) and the values inside are
+    returned; the schema may be the wrapped one from the stream's Schema message
+    (`list_wrapped_schema`) or the unwrapped one.
     Sentinels are not converted (see `schema.sentinels_to_nulls`)."""
     info = read_message_header(header)
     if info.header_type not in (HEADER_RECORD_BATCH, HEADER_DICTIONARY_BATCH):

@@ -1,4 +1,4 @@
-"""Arrow Flight `FlightData` and `FlightDescriptor` as raw protobuf bytes (BARRAGE-WIRE.md §1.1).
+"""Arrow Flight `FlightData` and `FlightDescriptor` as raw protobuf bytes (docs/messages.md#flightdata-fields).
 
 FlightData has four fields: flight_descriptor (1), data_header (2), app_metadata (3) and
 data_body (1000, tag `c2 3e`). They are written in the order descriptor, data_header,

@@ -1,4 +1,4 @@
-"""Barrage row-set, shift-data and column-bitset codecs (BARRAGE-WIRE.md §3, §4).
+"""Barrage row-set, shift-data and column-bitset codecs (docs/rowsets.md).
 
 A row set is an ordered set of non-negative int64 values (row keys, or positions for viewports).
 This module exchanges row sets as numpy ``(n, 2)`` int64 arrays of closed ranges ``[start, end]``,
@@ -37,7 +37,7 @@ __all__ = [
     "rowset_size",
 ]
 
-# Command kinds and value widths (BARRAGE-WIRE.md §3.1).
+# Command kinds and value widths (docs/rowsets.md#command-bytes).
 OFFSET = 0x08
 SHORT_ARRAY = 0x10
 BYTE_ARRAY = 0x18
@@ -176,7 +176,7 @@ def _deltas(r: np.ndarray) -> np.ndarray:
 
 
 def encode_rowset(ranges) -> bytes:
-    """Encodes closed ranges as Deephaven's compressed-delta RowSet bytes (BARRAGE-WIRE.md §3.3)."""
+    """Encodes closed ranges as Deephaven's compressed-delta RowSet bytes (docs/rowsets.md#encoding-rules)."""
     r = normalize_ranges(ranges)
     if r.shape[0] == 0:
         return EMPTY_ROWSET_BYTES
@@ -436,7 +436,7 @@ def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 def encode_shifts(starts, ends, dests) -> bytes:
-    """Encodes RowSetShiftData: RowSet(starts) + RowSet(ends) + RowSet(dests) (BARRAGE-WIRE.md §4.1).
+    """Encodes RowSetShiftData: RowSet(starts) + RowSet(ends) + RowSet(dests) (docs/rowsets.md#shift-data).
 
     Each shift i moves keys [starts[i], ends[i]] to start at dests[i]. A negative shift whose
     start lies below -delta is clamped so that no destination is negative, as Deephaven does.

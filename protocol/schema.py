@@ -1,14 +1,15 @@
 """Schemas with Deephaven's metadata, the Arrow <-> Deephaven type mapping, value conversion and
-null sentinels (BARRAGE-WIRE.md §5).
+null sentinels (docs/schema.md).
 
 Outgoing: `to_deephaven_schema` turns any Arrow schema into the one Deephaven's clients expect:
-wire types (§5.3), `deephaven:type` and its companions on every field (§5.2), table attributes
-as schema metadata (§5.1). `to_wire_array` / `to_wire_arrays` convert column values to those wire
+wire types (docs/schema.md#type-mapping), `deephaven:type` and its companions on every field
+(docs/schema.md#column-metadata), table attributes as schema metadata
+(docs/schema.md#table-attributes). `to_wire_array` / `to_wire_arrays` convert column values to those wire
 types (timestamps to ns UTC, dates to Date(ms), times to ns, durations to ns, decimals to
 Deephaven's BigDecimal binary, uint64 to BigInteger binary, large and fixed-size types to their
 32-bit-offset forms).
 
-Incoming: `deephaven_type_for` names the Deephaven type of a foreign Arrow type (§5.4),
+Incoming: `deephaven_type_for` names the Deephaven type of a foreign Arrow type (docs/schema.md#incoming-types),
 `arrow_type_for_deephaven` gives the wire Arrow type of a Deephaven type name, and
 `from_wire_array` / `from_wire_arrays` turn wire values back into natural Arrow values using
 `deephaven:type` (BigDecimal binary -> decimal, LocalDate -> date32, ...).
@@ -17,8 +18,8 @@ Schema messages: `schema_message` is the raw Message flatbuffer carried by Fligh
 `ipc_encapsulated_schema` the `FF FF FF FF`-framed form of FlightInfo.schema, SchemaResult and
 ExportedTableCreationResponse.schema_header; `read_schema_message` reads both.
 
-Nulls (§5.5): `sentinel_for`, `fill_sentinels` (Arrow nulls -> sentinel values in the data
-buffer, validity kept) and `sentinels_to_nulls` (the reading of `use_deephaven_nulls`).
+Nulls (docs/schema.md#null-sentinels): `sentinel_for`, `fill_sentinels` (Arrow nulls -> sentinel
+values in the data buffer, validity kept) and `sentinels_to_nulls` (the reading of `use_deephaven_nulls`).
 
 Everything on a data path works on whole columns with numpy / pyarrow compute; the BigDecimal and
 BigInteger codecs do multi-word arithmetic on 32-bit limbs, looping over limbs and digits, never
@@ -81,7 +82,7 @@ LOCAL_DATE = "java.time.LocalDate"
 _TS_NS_UTC = pa.timestamp("ns", "UTC")
 _UTC_NAMES = (None, "UTC", "Z", "+00:00", "Etc/UTC", "GMT", "Etc/GMT")
 
-# Deephaven type name -> wire Arrow type (§5.3)
+# Deephaven type name -> wire Arrow type (docs/schema.md#type-mapping)
 _SCALAR_WIRE_TYPES: dict[str, pa.DataType] = {
     "byte": pa.int8(), "java.lang.Byte": pa.int8(),
     "short": pa.int16(), "java.lang.Short": pa.int16(),
@@ -127,7 +128,7 @@ _SORTABLE = frozenset([
 _F32_NULL = float(-np.finfo(np.float32).max)
 _F64_NULL = float(-np.finfo(np.float64).max)
 
-# Deephaven type name -> null sentinel (§5.5); the boxed types share their primitive's sentinel
+# Deephaven type name -> null sentinel (docs/schema.md#null-sentinels); the boxed types share their primitive's sentinel
 _DH_SENTINELS: dict[str, object] = {
     "byte": -(2**7), "java.lang.Byte": -(2**7),
     "short": -(2**15), "java.lang.Short": -(2**15),
@@ -165,7 +166,8 @@ def _is_any_list(t: pa.DataType) -> bool:
 
 
 def deephaven_type_for(t: pa.DataType, *, nullable: bool = True, allow_large: bool = True) -> str:
-    """The Deephaven column type (Java canonical name) for an Arrow type without `deephaven:type` (§5.4).
+    """The Deephaven column type (Java canonical name) for an Arrow type without `deephaven:type`
+    (docs/schema.md#incoming-types).
 
     List types map to `<component>[]` (`int[]`, `java.lang.String[]`, `int[][]`). A non-nullable
     Bool maps to `boolean`. With `allow_large=False`, LargeUtf8/LargeBinary/LargeList are rejected
@@ -219,7 +221,7 @@ def deephaven_type_for(t: pa.DataType, *, nullable: bool = True, allow_large: bo
 
 
 def arrow_type_for_deephaven(dh_type: str, component_type: Optional[str] = None) -> pa.DataType:
-    """The Arrow wire type Deephaven uses for a column of Deephaven type `dh_type` (§5.3).
+    """The Arrow wire type Deephaven uses for a column of Deephaven type `dh_type` (docs/schema.md#type-mapping).
 
     Arrays (`int[]`, `java.lang.String[]`) and vectors (`io.deephaven.vector.IntVector`, or
     `ObjectVector` with `component_type`) are Lists whose child is named "" and nullable; `byte[]`
@@ -242,7 +244,7 @@ def arrow_type_for_deephaven(dh_type: str, component_type: Optional[str] = None)
 
 
 def wire_type_for(t: pa.DataType) -> pa.DataType:
-    """The Arrow type Deephaven's clients receive for a column of Arrow type `t` (§5.3)."""
+    """The Arrow type Deephaven's clients receive for a column of Arrow type `t` (docs/schema.md#type-mapping)."""
     if pa.types.is_dictionary(t):
         return wire_type_for(t.value_type)
     if pa.types.is_timestamp(t):
@@ -333,9 +335,10 @@ def _attribute_entry(value) -> Optional[tuple[str, str]]:
 def to_deephaven_schema(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> pa.Schema:
     """The schema Deephaven's clients expect for a table of `schema` (wire types + metadata).
 
-    Every field becomes nullable with its wire type (§5.3) and gets `deephaven:type` (an explicit
+    Every field becomes nullable with its wire type (docs/schema.md#type-mapping) and gets `deephaven:type` (an explicit
     one on the input field wins), `isSortable` for primitive/Comparable types, `componentType` for
-    lists, and the style/format markers of §5.2. `attributes` become schema metadata (§5.1):
+    lists, and the style/format markers of docs/schema.md#column-metadata. `attributes` become
+    schema metadata (docs/schema.md#table-attributes):
     `deephaven:attribute.<Name>` + `deephaven:attribute_type.<Name>` for bool (Boolean), int
     (Long; numpy ints by width), float (Double; numpy float32 -> Float) and str (String) values,
     and `deephaven:unsent.attribute.<Name>` for anything else. Typical attributes: IsFlat,
@@ -397,8 +400,8 @@ def attributes_from_schema(schema: pa.Schema) -> dict[str, object]:
 
 
 def list_wrapped_schema(schema: pa.Schema) -> pa.Schema:
-    """The `columns_as_list` schema (§5.6): each field becomes a non-nullable List with the same name
-    and metadata, whose single child is the original field."""
+    """The `columns_as_list` schema (docs/schema.md#list-wrapped-schemas): each field becomes a
+    non-nullable List with the same name and metadata, whose single child is the original field."""
     fields = [pa.field(f.name, pa.list_(f), nullable=False, metadata=f.metadata) for f in schema]
     return pa.schema(fields, metadata=schema.metadata)
 
@@ -709,7 +712,7 @@ def _rebuild_list(arr: pa.Array, values: pa.Array) -> pa.Array:
 
 
 def to_wire_array(arr) -> pa.Array:
-    """Converts one column's values to `wire_type_for(arr.type)` (§5.3); wire-typed input is
+    """Converts one column's values to `wire_type_for(arr.type)` (docs/schema.md#type-mapping); wire-typed input is
     returned unchanged (no copy)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
@@ -814,7 +817,8 @@ _CONTINUATION = b"\xff\xff\xff\xff"
 
 def ipc_encapsulated_schema(schema: pa.Schema) -> bytes:
     """`FF FF FF FF`, int32 LE length, the Schema Message flatbuffer, zero padding to a multiple of 8
-    (§1.2): the form of FlightInfo.schema, SchemaResult.schema and ExportedTableCreationResponse.schema_header."""
+    (docs/messages.md#arrow-message-headers-and-encapsulated-schemas): the form of FlightInfo.schema,
+    SchemaResult.schema and ExportedTableCreationResponse.schema_header."""
     return schema.serialize().to_pybytes()
 
 

@@ -1,4 +1,4 @@
-"""Deephaven ticket and Flight descriptor routing (BARRAGE-WIRE.md §8).
+"""Deephaven ticket and Flight descriptor routing (docs/flows.md#tickets-and-discovery).
 
 | kind   | ticket bytes                      | descriptor PATH                     |
 |--------|-----------------------------------|-------------------------------------|
@@ -150,7 +150,7 @@ def parse_ticket(ticket: bytes) -> Ticket:
 
 
 def ticket_from_path(path: list[str] | tuple[str, ...]) -> Ticket:
-    """Routes a Flight descriptor PATH to a typed ticket (BARRAGE-WIRE.md §8)."""
+    """Routes a Flight descriptor PATH to a typed ticket (docs/flows.md#tickets-and-discovery)."""
     if not path:
         raise TicketError("descriptor path is empty")
     head = path[0]

@@ -1,4 +1,4 @@
-"""One logical Barrage update <-> its sequence of FlightData (BARRAGE-WIRE.md §6).
+"""One logical Barrage update <-> its sequence of FlightData (docs/messages.md#record-batch-framing).
 
 A logical message is one `UpdateMetadata` plus the data of its added rows (every column, in row
 order) and of its modified rows (each column its own rows). On the wire it is: add batches, then

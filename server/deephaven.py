@@ -4,8 +4,8 @@ ConfigService.GetConfigurationConstants (the clients' first call, which also ope
 SessionService (NewSession, RefreshSessionToken, CloseSession, Release, ExportFromTicket,
 PublishFromTicket), TableService.FetchTable / GetExportedTableCreationResponse, the table
 operations of `table_ops` (Sort, Filter, UnstructuredFilter, View, Select, Update, Head, Tail) alone
-or in a Batch, and ApplicationService.ListFields (the tables of the global scope). BARRAGE-WIRE.md
-§7.1. Every other TableService method answers UNIMPLEMENTED with its name.
+or in a Batch, and ApplicationService.ListFields (the tables of the global scope). See
+docs/flows.md#sessions-and-authentication. Every other TableService method answers UNIMPLEMENTED with its name.
 """
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """The Arrow Flight service: discovery, DoGet snapshots, DoExchange subscriptions, DoPut uploads.
 
 FlightData is read and written as raw bytes; requests are parsed with `tickwire.protocol`.
-Flows follow BARRAGE-WIRE.md §7 (DoGet §7.2, subscriptions §7.3-7.4, snapshot requests §7.5,
-DoPut §7.6, errors §7.8) and discovery §8.
+Flows follow docs/flows.md: DoGet (docs/flows.md#doget), subscriptions
+(docs/flows.md#doexchange-subscriptions, docs/flows.md#view-changes), snapshot requests
+(docs/flows.md#snapshot-requests), DoPut (docs/flows.md#doput), errors (docs/flows.md#errors-and-statuses)
+and discovery (docs/flows.md#tickets-and-discovery).
 """
 from __future__ import annotations
 
@@ -229,7 +231,7 @@ class FlightService:
             raise CallError(exc.code, str(exc)) from None
         yield wire.schema_payload(False)
         if n == 0 and not table.is_refreshing:
-            return  # an empty static table: the schema only (§7.2)
+            return  # an empty static table: the schema only (docs/flows.md#doget)
         async for p in self._payloads(msg, EncodeOptions()):
             yield p
 
@@ -268,7 +270,7 @@ class FlightService:
                     if fd.app_metadata is None:
                         if first:
                             first = False
-                            continue  # pyarrow's descriptor-only opening message (§7.3)
+                            continue  # docs/client-traps.md#pyarrows-descriptor-only-opening-message
                         raise CallError("INVALID_ARGUMENT", "failed to receive Barrage request metadata")
                     first = False
                     if len(fd.app_metadata) > INLINE_REQUEST_BYTES:
@@ -390,7 +392,7 @@ class FlightService:
         yield wire.schema_payload(False)
         async for p in self._payloads(msg, opts):
             yield p
-        # the stream ends (OK) once the client half-closes (§7.5)
+        # the stream ends (OK) once the client half-closes (docs/flows.md#half-close-and-end-of-stream)
         while True:
             nxt = await requests.get()
             if nxt is None:

@@ -3,7 +3,7 @@
 Deephaven's clients authenticate with an `authorization` header on their first call
 (`Anonymous`, or a pre-shared key in the form `io.deephaven.authentication.psk.PskAuthenticationHandler <key>`)
 and the server answers with a response header `authorization: Bearer <token>` that they send on
-every later call (BARRAGE-WIRE.md §7.1). A token names a session; a session holds its exports
+every later call (docs/flows.md#sessions-and-authentication). A token names a session; a session holds its exports
 (`e` + int32 LE tickets) and expires after `http.session.durationMs` without use. Ending a
 session (CloseSession or expiry) frees its exports; the tables they held are hidden: only export
 tickets of their session reach them.

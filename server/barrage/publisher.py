@@ -320,7 +320,7 @@ class Publisher:
 
     def _should_grow(self, sub: Subscription, view: View) -> bool:
         """Large initial snapshots of refreshing tables arrive in pieces across cycles; the C++
-        client (which asks for columns_as_list) takes its snapshot whole (BARRAGE-WIRE.md §7.7)."""
+        client (which asks for columns_as_list) takes its snapshot whole (docs/viewports.md#growing-snapshots)."""
         return (view.is_full and sub.view is None and self.table.is_refreshing and not sub.encode.columns_as_list
                 and len(self.table.rowset) * max(1, len(view.columns)) > self.registry.piece_cells)
 
@@ -359,7 +359,7 @@ class Publisher:
         if lg.complete:
             rows = self.table.rowset
             plan = plan_full(None, rows, self.wire.names, view, snapshot=True)
-            first = last = step if self.table.is_refreshing else -1  # -1 for static tables (§2.9)
+            first = last = step if self.table.is_refreshing else -1  # docs/messages.md#sequence-numbers
             lg.messages.append(self._message(plan, view, last, first, snapshot=True))
             if self.table.is_refreshing:
                 lg.remeta = lambda at: self._metadata(plan, view, at, at, snapshot=True)
@@ -463,7 +463,7 @@ class Publisher:
             plan = plan_viewport(sub.behind, sub.client_keys, rows, names, view, repaint_all=repaint, snapshot=True)
         first = sub.behind_first if sub.behind is not None else step
         if not self.table.is_refreshing:
-            first = step = -1  # Deephaven reports -1 for static tables (§2.9)
+            first = step = -1  # Deephaven reports -1 for static tables (docs/messages.md#sequence-numbers)
         msg = self._message(plan, view, step, first, snapshot=True)
         sub.view, sub.requested = view, None
         sub.client_keys = plan.client_keys
@@ -568,7 +568,8 @@ class PublisherRegistry:
 def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = None,
                      viewport: Optional[RowSet] = None, reverse: bool = False,
                      doget: bool = True) -> tuple[Message, int]:
-    """A DoGet / snapshot-request response message (§7.2, §7.5) and its row count.
+    """A DoGet / snapshot-request response message (docs/flows.md#doget,
+    docs/flows.md#snapshot-requests) and its row count.
 
     `columns` None means all (and no effective_column_set); `viewport` None means the whole table.
     Refreshing tables are read under the graph's lock at a cycle boundary."""

@@ -3,8 +3,8 @@
 Pure functions of row sets (no locks, no I/O). Given what a client holds (its view of the table
 at the step it last received) and the table's coalesced update since then, they say which rows
 the next message removes, adds (with data) and modifies, in the row space the client works in
-(BARRAGE-WIRE.md §9): key space for full subscriptions, indices into the client's dense window
-for viewport subscriptions.
+(docs/viewports.md#key-space-and-position-space): key space for full subscriptions, indices into
+the client's dense window for viewport subscriptions.
 """
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def plan_full(update: Optional[TableUpdate], rows: RowSet, names: list[str], vie
 
 def plan_viewport(update: Optional[TableUpdate], prev_client: RowSet, rows: RowSet, names: list[str],
                   view: View, *, repaint_all: bool = False, snapshot: bool = False) -> Plan:
-    """A viewport subscriber's message (§9.3).
+    """A viewport subscriber's message (docs/viewports.md#viewport-subscriptions).
 
     `prev_client` is the window the client holds (keys in the pre-update key space, i.e. before
     `update`; `update` None means the table did not change). `rows` is the table's row set now.
