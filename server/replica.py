@@ -38,19 +38,13 @@ from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate, StreamDecoder
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
 from tickwire.server.graph.columns import equal_mask
-from tickwire.server.graph.keyindex import KeyIndex
+from tickwire.server.graph.keyindex import KeyIndex, mix
 
 __all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
 
 log = logging.getLogger("tickwire.replica")
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: multiplication by it is a bijection of uint64
 _EMPTY = np.zeros(0, dtype=np.int64)
-
-
-def _mix(keys: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return keys.astype(np.uint64) * _MIX
 
 
 def _same(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -78,7 +72,7 @@ class ReplicaTable(Table):
     # -- key -> slot ------------------------------------------------------------------------------
     def _slots(self, keys) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.int64)
-        slots, _ = self._index.lookup(_mix(keys), _same)
+        slots, _ = self._index.lookup(mix(keys), _same)
         if slots.size and slots.min() < 0:
             missing = keys[slots < 0][:5].tolist()
             raise KeyError(f"table {self.name!r}: rows {missing} are not held")
@@ -94,7 +88,7 @@ class ReplicaTable(Table):
     def _drop_keys(self, keys: np.ndarray) -> None:
         if keys.size == 0:
             return
-        slots, where = self._index.lookup(_mix(keys), _same)
+        slots, where = self._index.lookup(mix(keys), _same)
         if slots.min() < 0:
             raise ProtocolError(f"replica {self.name!r}: removed rows {keys[slots < 0][:5].tolist()} are not held")
         self._index.delete(where)
@@ -105,7 +99,7 @@ class ReplicaTable(Table):
             return
         slots = self._alloc(keys.size)
         self.store.write(slots, values)
-        self._index.insert(_mix(keys), slots)
+        self._index.insert(mix(keys), slots)
 
     # -- input (from the replicator's thread) ---------------------------------------------------------
     def _push(self, op: tuple) -> None:
@@ -145,9 +139,9 @@ class ReplicaTable(Table):
                 delta.append(np.full(k.size, d - s, dtype=np.int64))
             old_keys = np.concatenate(old) if old else _EMPTY
             if old_keys.size:
-                slots, where = self._index.lookup(_mix(old_keys), _same)
+                slots, where = self._index.lookup(mix(old_keys), _same)
                 self._index.delete(where)
-                self._index.insert(_mix(old_keys + np.concatenate(delta)), slots)
+                self._index.insert(mix(old_keys + np.concatenate(delta)), slots)
             rows = shifts.apply(rows)
         if rows.overlaps(added):
             raise ProtocolError(f"replica {self.name!r}: added rows collide with rows held")

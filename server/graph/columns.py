@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.protocol.schema import numpy_storage_dtype
+from tickwire.server.graph.keyindex import mix
 
 __all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier"]
 
@@ -303,22 +304,10 @@ def equal_mask(a, b) -> np.ndarray:
 # hashing of key columns
 # ----------------------------------------------------------------------------------------------
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 _BYTE_BASE = np.uint64(0x100000001B3)
 _NULL_HASH = np.uint64(0x6A09E667F3BCC909)
 _POWERS = np.ones(1, dtype=np.uint64)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, element-wise (uint64 arithmetic wraps)."""
-    x = x ^ (x >> np.uint64(30))
-    x *= _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return x
 
 
 def _powers(n: int) -> np.ndarray:
@@ -381,7 +370,7 @@ def _column_hash(a: pa.Array) -> np.ndarray:
     else:
         w = t.bit_width // 8
         h = np.frombuffer(bufs[1], dtype=np.dtype(f"<u{w}"), count=n, offset=a.offset * w).astype(np.uint64)
-    h = _mix(h ^ _GOLD)
+    h = mix(h ^ _GOLD)
     if a.null_count:
         h[~_validity(a)] = _NULL_HASH
     return h
@@ -392,5 +381,5 @@ def hash_columns(columns: Sequence[pa.Array]) -> np.ndarray:
     h = None
     for col in columns:
         ch = _column_hash(_as_array(col))
-        h = ch if h is None else _mix(h * _GOLD + ch)
+        h = ch if h is None else mix(h * _GOLD + ch)
     return h

@@ -1,114 +1,106 @@
-"""A hash index from key values to row keys, held in numpy arrays and used in bulk.
+"""The graph's one hash table: 64-bit hashes to int64 values, held in numpy arrays and used in bulk.
 
-Open addressing with linear probing over a power-of-two table of row keys (-1 empty, -2 deleted).
-Each row's 64-bit key hash is kept per row key, so probing compares hashes only; rows whose hash
-matches are then checked against the real key values in one bulk call supplied by the caller.
+Open addressing with linear probing over a power-of-two table. Each entry holds a value (-1 empty,
+-2 deleted) and the 64-bit hash it was inserted with, so probing compares hashes only; entries
+whose hash matches are then checked against the real key values in one bulk call supplied by the
+caller (none when equal hashes mean equal keys, as for int64 keys hashed by the bijection `mix`).
+An entry's place is found from `mix` of its hash, so any hash spreads well over the table.
 Lookups, inserts and deletes of m keys cost O(m) numpy work (one vectorised step per probe
-round); the table is rebuilt, at O(live keys), only when it passes half full (including deleted
-entries), which is amortised over at least as many inserts or deletes.
+round); the table is rebuilt, at O(live entries), only when it passes half full (including
+deleted entries), which is amortised over at least as many inserts or deletes.
+
+`KeyIndex` maps key hashes to row keys (source tables, groups of last_by, replicas); `KeyMap`
+(keymap.py) maps sparse int64 keys to values through it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["KeyIndex"]
+__all__ = ["KeyIndex", "mix"]
 
 EMPTY = -1
 DELETED = -2
 _MAX_LOAD = 0.5
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
 
-# verify(query_indices, row_keys) -> bool array: does the stored row have the query's key?
+# verify(query_indices, values) -> bool array: does the stored entry have the query's key?
 Verifier = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, element-wise on a copy as uint64 (arithmetic wraps). A bijection of
+    the 64-bit values: distinct int64 keys get distinct hashes."""
+    x = np.asarray(x).astype(np.uint64)
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
 
 
 class KeyIndex:
     def __init__(self, capacity: int = 1024):
         cap = 1 << max(4, int(capacity - 1).bit_length())
-        self.table = np.full(cap, EMPTY, dtype=np.int64)
-        self.row_hash = np.zeros(1024, dtype=np.uint64)
+        self.values = np.full(cap, EMPTY, dtype=np.int64)
+        self.hashes = np.zeros(cap, dtype=np.uint64)
         self.live = 0
         self.deleted = 0
 
     @property
     def capacity(self) -> int:
-        return self.table.size
+        return self.values.size
 
     def __len__(self) -> int:
         return self.live
 
-    def _probe(self, h: np.ndarray, pos: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Advances `active` queries from `pos` until an empty entry or an entry with an equal
-        hash; returns (entry position, row key or -1) per active query."""
-        table, mask = self.table, self.table.size - 1
-        out_pos = np.full(active.size, -1, dtype=np.int64)
-        out_row = np.full(active.size, -1, dtype=np.int64)
-        idx = np.arange(active.size)
-        p = pos[active].copy()
-        hq = h[active]
-        while idx.size:
-            e = table[p]
-            stop = e == EMPTY
-            cand = e >= 0
-            if cand.any():
-                ci = np.flatnonzero(cand)
-                hit = self.row_hash[e[ci]] == hq[ci]
-                stop[ci[hit]] = True
-                out_row[idx[ci[hit]]] = e[ci[hit]]
-            out_pos[idx[stop]] = p[stop]
-            go = ~stop
-            idx, p, hq = idx[go], (p[go] + 1) & mask, hq[go]
-        return out_pos, out_row
+    def _home(self, h: np.ndarray) -> np.ndarray:
+        return (mix(h) & np.uint64(self.values.size - 1)).astype(np.int64)
 
-    def lookup(self, h: np.ndarray, verify: Verifier) -> tuple[np.ndarray, np.ndarray]:
-        """Row key of each query hash (-1 when absent) and its entry position (-1 when absent)."""
+    def lookup(self, h: np.ndarray, verify: Optional[Verifier] = None) -> tuple[np.ndarray, np.ndarray]:
+        """Value of each query hash (-1 when absent) and its entry position (-1 when absent).
+        `verify` checks entries whose hash matches; without it a matching hash is a match."""
+        h = np.asarray(h, dtype=np.uint64)
         n = h.size
-        rows = np.full(n, -1, dtype=np.int64)
+        found = np.full(n, -1, dtype=np.int64)
         where = np.full(n, -1, dtype=np.int64)
         if n == 0 or self.live == 0:
-            return rows, where
-        mask = self.table.size - 1
-        pos = (h & np.uint64(mask)).astype(np.int64)
-        active = np.arange(n)
-        while active.size:
-            p, r = self._probe(h, pos, active)
-            hit = r >= 0
-            if not hit.any():
-                break
-            qi, ri, pi = active[hit], r[hit], p[hit]
-            ok = np.asarray(verify(qi, ri), dtype=bool)
-            rows[qi[ok]], where[qi[ok]] = ri[ok], pi[ok]
-            # a hash equal to another key's (vanishingly rare): keep probing past it
-            active = qi[~ok]
-            pos[active] = (pi[~ok] + 1) & mask
-        return rows, where
+            return found, where
+        values, hashes, mask = self.values, self.hashes, self.values.size - 1
+        idx = np.arange(n)
+        p = self._home(h)
+        while idx.size:
+            e = values[p]
+            done = e == EMPTY
+            cand = np.flatnonzero((e >= 0) & (hashes[p] == h[idx]))
+            if cand.size:
+                if verify is not None:
+                    # a hash equal to another key's (vanishingly rare): keep probing past it
+                    cand = cand[np.asarray(verify(idx[cand], e[cand]), dtype=bool)]
+                found[idx[cand]] = e[cand]
+                where[idx[cand]] = p[cand]
+                done[cand] = True
+            go = ~done
+            idx, p = idx[go], (p[go] + 1) & mask
+        return found, where
 
-    def _ensure_rows(self, max_row: int) -> None:
-        if max_row < self.row_hash.size:
-            return
-        size = self.row_hash.size
-        while size <= max_row:
-            size *= 2
-        grown = np.zeros(size, dtype=np.uint64)
-        grown[: self.row_hash.size] = self.row_hash
-        self.row_hash = grown
-
-    def insert(self, h: np.ndarray, rows: np.ndarray) -> None:
-        """Adds keys known to be absent, with their row keys."""
+    def insert(self, h: np.ndarray, values: np.ndarray) -> None:
+        """Adds keys known to be absent, with their values (>= 0)."""
+        h = np.asarray(h, dtype=np.uint64)
         m = h.size
         if m == 0:
             return
-        self._ensure_rows(int(rows.max()))
-        self.row_hash[rows] = h
-        if (self.live + self.deleted + m) > _MAX_LOAD * self.table.size:
+        if (self.live + self.deleted + m) > _MAX_LOAD * self.values.size:
             self._rebuild(self.live + m)
-        self._place(h, rows)
+        self._place(h, np.asarray(values, dtype=np.int64))
         self.live += m
 
-    def _place(self, h: np.ndarray, rows: np.ndarray) -> None:
-        table, mask = self.table, self.table.size - 1
-        pos = (h & np.uint64(mask)).astype(np.int64)
+    def _place(self, h: np.ndarray, values: np.ndarray) -> None:
+        table, mask = self.values, self.values.size - 1
+        pos = self._home(h)
         pending = np.arange(h.size)
         while pending.size:
             p = pos[pending]
@@ -118,28 +110,43 @@ class KeyIndex:
                 fi = np.flatnonzero(free)
                 # several keys may want one free entry: the first of each wins, the others go on
                 uniq, first = np.unique(p[fi], return_index=True)
-                winners = fi[first]
+                winners = pending[fi[first]]
                 self.deleted -= int(np.count_nonzero(table[uniq] == DELETED))
-                table[uniq] = rows[pending[winners]]
-                placed[winners] = True
+                table[uniq] = values[winners]
+                self.hashes[uniq] = h[winners]
+                placed[fi[first]] = True
             pending = pending[~placed]
             pos[pending] = (pos[pending] + 1) & mask
+
+    def replace(self, where: np.ndarray, values: np.ndarray) -> None:
+        """Sets the values of the entries at positions returned by `lookup`."""
+        self.values[where] = values
 
     def delete(self, where: np.ndarray) -> None:
         """Removes the entries at positions returned by `lookup`."""
         where = where[where >= 0]
         if where.size == 0:
             return
-        self.table[where] = DELETED
+        self.values[where] = DELETED
         self.live -= where.size
         self.deleted += where.size
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """(hash, value) of every entry, in table order."""
+        live = np.flatnonzero(self.values >= 0)
+        return self.hashes[live], self.values[live]
+
+    def would_rebuild(self, m: int) -> bool:
+        """Whether inserting m more keys rebuilds the table."""
+        return (self.live + self.deleted + m) > _MAX_LOAD * self.values.size
 
     def _rebuild(self, need: int) -> None:
         cap = 16
         while need > _MAX_LOAD * cap / 1.5:
             cap *= 2
-        rows = self.table[self.table >= 0]
-        self.table = np.full(cap, EMPTY, dtype=np.int64)
+        h, v = self.entries()
+        self.values = np.full(cap, EMPTY, dtype=np.int64)
+        self.hashes = np.zeros(cap, dtype=np.uint64)
         self.deleted = 0
-        if rows.size:
-            self._place(self.row_hash[rows], rows)
+        if v.size:
+            self._place(h, v)

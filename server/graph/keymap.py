@@ -4,28 +4,21 @@ Dense keys (row keys of source tables, of sorted tables, positions) live in one 
 ``key - base``, grown by doubling. When the keys spread over much more room than their count
 (a ring table's ever-growing keys, or keys far apart), the map switches to open addressing with
 linear probing: one vectorised probe round per step, tombstones for deletions, rebuilt when it
-passes half full. Every operation costs O(number of keys asked about), amortised.
+passes half full (the graph's one hash table, `KeyIndex`, with each key as its own hash). Every
+operation costs O(number of keys asked about), amortised.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from tickwire.server.graph.keyindex import KeyIndex
+
 __all__ = ["KeyMap"]
 
-_EMPTY = -1
-_DEAD = -2
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 
-
-def _hash(keys: np.ndarray) -> np.ndarray:
-    x = keys.astype(np.uint64)
-    x ^= x >> np.uint64(30)
-    x *= _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return x
+def _as_hash(keys: np.ndarray) -> np.ndarray:
+    """A key as its own hash in the KeyIndex (equal hashes are equal keys; the index spreads them)."""
+    return keys.view(np.uint64)
 
 
 class KeyMap:
@@ -40,10 +33,7 @@ class KeyMap:
         self._base = 0
         self._arr = np.full(0, -1, dtype=np.int64)
         self._n = 0
-        # hash mode
-        self._hk = np.zeros(0, dtype=np.int64)
-        self._hv = np.zeros(0, dtype=np.int64)
-        self._dead = 0
+        self._index: KeyIndex | None = None  # hash mode
 
     def __len__(self) -> int:
         return self._n
@@ -64,8 +54,8 @@ class KeyMap:
         if self._direct:
             rel = np.flatnonzero(self._arr >= 0)
             return rel + self._base, self._arr[rel]
-        live = np.flatnonzero(self._hk >= 0)
-        keys, vals = self._hk[live], self._hv[live]
+        h, vals = self._index.entries()
+        keys = h.view(np.int64)
         order = np.argsort(keys, kind="stable")
         return keys[order], vals[order]
 
@@ -99,11 +89,9 @@ class KeyMap:
             self._n -= int(np.count_nonzero(self._arr[rel] >= 0))
             self._arr[rel] = -1
             return
-        _, where = self._hash_find(k)
-        where = where[where >= 0]
-        self._hk[where] = _DEAD
-        self._n -= where.size
-        self._dead += where.size
+        _, where = self._index.lookup(_as_hash(k))
+        self._index.delete(where)
+        self._n -= int(np.count_nonzero(where >= 0))
 
     def remap(self, old_keys, new_keys) -> None:
         """Moves the values of `old_keys` to `new_keys` (pairs in order; keys may overlap)."""
@@ -139,89 +127,41 @@ class KeyMap:
         keys, vals = self.items() if self._n else (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._direct = False
         self._arr = np.full(0, -1, dtype=np.int64)
-        self._alloc_hash(count)
+        self._index = KeyIndex(capacity=max(1024, 3 * count))
         self._n = 0
         self._hash_insert(keys, vals)
 
     # -- hash mode ------------------------------------------------------------------------------
-    def _alloc_hash(self, count: int) -> None:
-        cap = 1024
-        while cap < 3 * count:
-            cap *= 2
-        self._hk = np.full(cap, _EMPTY, dtype=np.int64)
-        self._hv = np.zeros(cap, dtype=np.int64)
-        self._dead = 0
-
     def _hash_find(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        n = k.size
-        vals = np.full(n, -1, dtype=np.int64)
-        where = np.full(n, -1, dtype=np.int64)
-        if n == 0 or self._n == 0:
-            return vals, where
-        hk, mask = self._hk, self._hk.size - 1
-        pos = (_hash(k) & np.uint64(mask)).astype(np.int64)
-        idx = np.arange(n)
-        while idx.size:
-            e = hk[pos]
-            hit = e == k[idx]
-            if hit.any():
-                hi = idx[hit]
-                where[hi] = pos[hit]
-                vals[hi] = self._hv[pos[hit]]
-            go = ~(hit | (e == _EMPTY))
-            idx, pos = idx[go], (pos[go] + 1) & mask
-        return vals, where
+        return self._index.lookup(_as_hash(k))
 
     def _hash_insert(self, k: np.ndarray, v: np.ndarray) -> None:
         """Adds keys known to be absent."""
         if k.size == 0:
             return
-        if self._n + self._dead + k.size > self._hk.size // 2:
-            self._rebuild(self._n + k.size)
-            if self._direct:
-                self.set(k, v)
-                return
-        hk, mask = self._hk, self._hk.size - 1
-        pos = (_hash(k) & np.uint64(mask)).astype(np.int64)
-        pending = np.arange(k.size)
-        while pending.size:
-            p = pos[pending]
-            free = hk[p] < 0
-            placed = np.zeros(pending.size, dtype=bool)
-            if free.any():
-                fi = np.flatnonzero(free)
-                uniq, first = np.unique(p[fi], return_index=True)
-                win = fi[first]
-                self._dead -= int(np.count_nonzero(hk[uniq] == _DEAD))
-                hk[uniq] = k[pending[win]]
-                self._hv[uniq] = v[pending[win]]
-                placed[win] = True
-            pending = pending[~placed]
-            pos[pending] = (pos[pending] + 1) & mask
+        if self._index.would_rebuild(k.size) and self._dense_again(self._n + k.size):
+            self.set(k, v)
+            return
+        self._index.insert(_as_hash(k), v)
         self._n += k.size
 
     def _hash_set(self, k: np.ndarray, v: np.ndarray) -> None:
         _, where = self._hash_find(k)
         present = where >= 0
         if present.any():
-            self._hv[where[present]] = v[present]
+            self._index.replace(where[present], v[present])
         if not present.all():
             self._hash_insert(k[~present], v[~present])
 
-    def _rebuild(self, count: int) -> None:
-        live = np.flatnonzero(self._hk >= 0)
-        keys, vals = self._hk[live], self._hv[live]
-        if keys.size and int(keys.max()) - int(keys.min()) + 1 <= max(self.min_direct, 2 * max(count, 1)):
-            # dense again: back to one array
-            self._direct = True
-            self._hk = np.zeros(0, dtype=np.int64)
-            self._hv = np.zeros(0, dtype=np.int64)
-            self._dead = 0
-            self._arr = np.full(0, -1, dtype=np.int64)
-            self._base = 0
-            self._n = 0
-            self.set(keys, vals)
-            return
-        self._alloc_hash(count)
+    def _dense_again(self, count: int) -> bool:
+        """When the hash table is about to grow: back to one array if the keys are dense again."""
+        keys, vals = self.items()
+        if not keys.size or int(keys.max()) - int(keys.min()) + 1 > max(self.min_direct, 2 * max(count, 1)):
+            return False
+        self._direct = True
+        self._index = None
+        self._arr = np.full(0, -1, dtype=np.int64)
+        self._base = 0
         self._n = 0
-        self._hash_insert(keys, vals)
+        self.set(keys, vals)
+        return True

@@ -235,8 +235,7 @@ class KeyedTable(SourceTable):
         key_cols = [t.column(k).combine_chunks() for k in self.keys]
         if self._injective and not self._null_keys and not any(c.null_count for c in key_cols):
             # one fixed-width key column of at most 64 bits: its hash is a bijection of the value
-            return self._index.lookup(h, lambda qi, rows: np.ones(qi.size, dtype=bool))
-
+            return self._index.lookup(h)
         return self._index.lookup(h, key_verifier(self.store, self.keys, key_cols))
 
     def _dedupe(self, t: pa.Table) -> tuple[pa.Table, np.ndarray]:
