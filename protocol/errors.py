@@ -1,7 +1,9 @@
 """The one exception type the protocol layer raises for bad input."""
 
+from tickwire.errors import TickwireError
 
-class ProtocolError(ValueError):
+
+class ProtocolError(TickwireError, ValueError):
     """Malformed or unsupported wire data.
 
     Every decoder in `tickwire.protocol` raises this (and only this) for input it cannot accept:

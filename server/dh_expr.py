@@ -44,6 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.errors import TickwireError
+
 __all__ = ["ExpressionError", "parse_filter", "parse_column_spec", "compare_operands", "MAX_LENGTH", "MAX_DEPTH",
            "MAX_NODES"]
 
@@ -52,7 +54,7 @@ MAX_DEPTH = 64
 MAX_NODES = 2000
 
 
-class ExpressionError(ValueError):
+class ExpressionError(TickwireError, ValueError):
     pass
 
 

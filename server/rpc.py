@@ -16,9 +16,10 @@ from typing import Any, Callable, Optional, Sequence
 import grpc
 from google.protobuf.message import DecodeError
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import TickwireError
 from tickwire.protocol.proto.methods import ALL_METHODS, BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
-from tickwire.server.session import AuthError, ResolveError, Session
+from tickwire.server.engine import engine_of
+from tickwire.server.session import Session
 
 __all__ = ["CallError", "ServerContext", "build_handlers", "RAW", "short", "MAX_DETAILS"]
 
@@ -27,27 +28,17 @@ log = logging.getLogger("tickwire.server")
 RAW = "raw"  # marker: the message travels as bytes, unparsed
 
 
-class CallError(Exception):
+class CallError(TickwireError):
     """Ends a call with a gRPC status; `code` is a status name such as "INVALID_ARGUMENT"."""
 
     def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(message, code)
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status a handler's exception is answered with."""
-    if isinstance(exc, CallError):
-        return grpc.StatusCode[exc.code], exc.message
-    if isinstance(exc, AuthError):
-        return grpc.StatusCode.UNAUTHENTICATED, str(exc)
-    if isinstance(exc, ResolveError):
+    if isinstance(exc, TickwireError):  # every error raised on purpose carries its status
         return grpc.StatusCode[exc.code], str(exc)
-    code = getattr(exc, "code", None)
-    if isinstance(exc, ProtocolError):
-        name = code if isinstance(code, str) and code in grpc.StatusCode.__members__ else "INVALID_ARGUMENT"
-        return grpc.StatusCode[name], str(exc)
     ref = uuid.uuid4()
     log.error("internal error (reference %s)", ref, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc} (reference {ref})"
@@ -63,6 +54,7 @@ class ServerContext:
         self.registry = registry
         self.executor = executor
         self.config = dict(config or {})
+        self.engine = engine_of(graph)
 
     async def run(self, fn: Callable, *args) -> Any:
         """Runs blocking work (the graph's lock, encoding) off the event loop."""

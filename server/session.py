@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from tickwire.errors import TickwireError
 from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
 from tickwire.server.graph import Table, UpdateGraph
 
@@ -32,16 +33,17 @@ BEARER = "Bearer"
 BASIC = "Basic"
 
 
-class AuthError(Exception):
-    """No usable credentials (answered with UNAUTHENTICATED)."""
+class AuthError(TickwireError):
+    """No usable credentials."""
+
+    code = "UNAUTHENTICATED"
 
 
-class ResolveError(Exception):
+class ResolveError(TickwireError):
     """A ticket that names nothing usable; `code` is the gRPC status name."""
 
     def __init__(self, message: str, code: str = "NOT_FOUND"):
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
 
 
 @dataclass
@@ -223,17 +225,18 @@ class Scope:
 
     def __init__(self, graph: UpdateGraph):
         self.graph = graph
+        from tickwire.server.engine import engine_of
         from tickwire.server.table_ops import TableOps  # table_ops needs rpc, which needs this module
 
+        self.engine = engine_of(graph)
         self.ops = TableOps(graph)
 
     def names(self) -> list[str]:
-        with self.graph.lock:
-            return [n for n, t in self.graph.tables.items() if not hidden(t)]
+        return self.engine.public_names()
 
     def get(self, name: str) -> Table:
-        t = self.graph.tables.get(name)
-        if t is None or hidden(t):
+        t = self.engine.resolve(name)
+        if t is None:
             raise ResolveError(f"Could not resolve 'table': variable '{name}' not found", "NOT_FOUND")
         return t
 

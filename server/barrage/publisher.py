@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from tickwire.errors import TickwireError
 from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.barrage.views import View, plan_full, plan_viewport, window_keys
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
@@ -40,12 +41,11 @@ _EMPTY_SHIFTS = RowSetShiftData()
 OUTBOX = 2  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
 
 
-class SubscriptionError(Exception):
+class SubscriptionError(TickwireError):
     """A request a subscription cannot honour; `code` is the gRPC status name."""
 
     def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code)
 
 
 class Subscription:
