@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from tickwire.server.engine import engine_of
 from tickwire.server.graph import UpdateGraph
 
 TRADES = pa.schema([("Timestamp", pa.timestamp("ns", "UTC")), ("Sym", pa.string()), ("Price", pa.float64()),
@@ -207,13 +208,15 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
             if threading.current_thread() is threading.main_thread():
                 # Spark replaces the SIGINT handler with its own; Ctrl-C must stop the demo cleanly
                 signal.signal(signal.SIGINT, on_signal)
-        out(f"tickwire demo: tables {', '.join(sorted(graph.tables))}; Ctrl-C stops")
+        engine = engine_of(graph)
+        out(f"tickwire demo: tables {', '.join(sorted(engine.public_names()))}; Ctrl-C stops")
         started = time.monotonic()
         while not done.wait(1.0):
             if spark_feed is not None and threading.current_thread() is threading.main_thread() \
                     and signal.getsignal(signal.SIGINT) is not on_signal:
                 signal.signal(signal.SIGINT, on_signal)  # Spark may install its own handler again
-            sizes = ", ".join(f"{name}={graph.tables[name].size}" for name in sorted(graph.tables))
+            with engine.reading():
+                sizes = ", ".join(f"{t.name}={t.size}" for t in sorted(engine.tables(), key=lambda t: t.name))
             out(f"step {graph.step}: {sizes}")
             if spark_feed is not None:
                 out(spark_feed.status())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import threading
 from typing import Optional
 
@@ -39,9 +40,10 @@ from tickwire.protocol.schema import (
     to_wire_array,
     unwrap_list_schema,
 )
-from tickwire.protocol.tickets import ExportTicket, ScopeTicket, TicketError, ticket_from_path
-from tickwire.server.barrage import EncodeOptions, SubscriptionError, TableWire, View, Viewport, snapshot_message
-from tickwire.server.graph import AppendOnlyTable, KeyedTable, RowSet, Table
+from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
+from tickwire.server.barrage import EncodeOptions, TableWire, View, Viewport, snapshot_message
+from tickwire.server.engine import TableSpec, kind_of
+from tickwire.server.graph import Table
 from tickwire.server.rpc import RAW, CallError, ServerContext
 from tickwire.server.session import ResolveError, Session
 
@@ -175,10 +177,7 @@ class FlightService:
         if desc.type != flight_pb2.FlightDescriptor.PATH:
             raise CallError("FAILED_PRECONDITION", "only PATH flight descriptors are supported")
         path = list(desc.path)
-        try:
-            t = ticket_from_path(path)
-        except TicketError as exc:
-            raise CallError(exc.code, str(exc)) from None
+        t = ticket_from_path(path)
         return self.ctx.scope.resolve_parsed(t, session), path
 
     def _flight_info(self, table: Table, path: list[str]) -> flight_pb2.FlightInfo:
@@ -225,10 +224,7 @@ class FlightService:
         session = await self.ctx.authenticate(context)
         table = self._resolve(ticket.ticket, session)
         wire = TableWire(table)
-        try:
-            msg, n = await self.ctx.run(snapshot_message, wire)
-        except SubscriptionError as exc:  # a failed table
-            raise CallError(exc.code, str(exc)) from None
+        msg, n = await self.ctx.run(snapshot_message, wire)  # a failed table raises its status
         yield wire.schema_payload(False)
         if n == 0 and not table.is_refreshing:
             return  # an empty static table: the schema only (docs/flows.md#doget)
@@ -317,8 +313,6 @@ class FlightService:
             started = self.ctx.executor.submit(self.ctx.registry.subscribe, table, view, options, notify)
             try:
                 sub = await asyncio.wrap_future(started)
-            except SubscriptionError as exc:
-                raise CallError(exc.code, str(exc)) from None
             except asyncio.CancelledError:  # the call ended while subscribing: release what it got
                 started.add_done_callback(lambda f: f.exception() is None and f.result().close())
                 raise
@@ -336,15 +330,9 @@ class FlightService:
                     if not isinstance(req, barrage.SubscriptionRequest):
                         raise CallError("INVALID_ARGUMENT", "expected a subscription request")
                     _t, new_view, _o = await self.ctx.run(self._subscription_args, req, session, table)
-                    try:
-                        await self.ctx.run(sub.change, new_view)
-                    except SubscriptionError as exc:
-                        raise CallError(exc.code, str(exc)) from None
+                    await self.ctx.run(sub.change, new_view)
                 while True:
-                    try:
-                        msg = sub.take(background)
-                    except SubscriptionError as exc:  # the table failed; the outbox has been sent
-                        raise CallError(exc.code, str(exc)) from None
+                    msg = sub.take(background)  # raises once the table failed and the outbox has been sent
                     if msg is None:
                         break
                     ready = msg.cached(opts)
@@ -385,10 +373,7 @@ class FlightService:
             viewport = _viewport_of(req.viewport)
             return snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
                                     doget=False)
-        try:
-            msg, _n = await self.ctx.run(build)
-        except SubscriptionError as exc:  # a failed table
-            raise CallError(exc.code, str(exc)) from None
+        msg, _n = await self.ctx.run(build)  # a failed table raises its status
         yield wire.schema_payload(False)
         async for p in self._payloads(msg, opts):
             yield p
@@ -466,6 +451,8 @@ class FlightService:
             raise CallError("INVALID_ARGUMENT", "DoPut: schema never provided")
         if table is None:  # a schema and no rows: an empty table
             await self.ctx.run(self._put_target, path, schema, session)
+        elif rows:
+            await self.ctx.run(self.ctx.engine.flush)  # read-your-writes: the next call of any client sees the rows
         log.debug("DoPut %s: %d rows", path, rows)
 
     @staticmethod
@@ -489,60 +476,48 @@ class FlightService:
         return pa.Table.from_arrays(arrays, names=schema.names)
 
     def _put_target(self, path: list[str], schema: pa.Schema, session: Session) -> Table:
-        try:
-            t = ticket_from_path(path)
-        except TicketError as exc:
-            raise CallError(exc.code, str(exc)) from None
-        graph = self.ctx.graph
+        t = ticket_from_path(path)
+        engine = self.ctx.engine
         plain = pa.schema([pa.field(f.name, f.type) for f in schema])
         keys_raw = (schema.metadata or {}).get(KEYS_METADATA)
-        keys = [k for k in keys_raw.decode().split(",") if k] if keys_raw else []
-        with graph.lock:
-            if isinstance(t, ScopeTicket):
-                existing = graph.tables.get(t.name)
-                if t.name.startswith("__") or (existing is not None and existing.hidden):
-                    # the same answer whether or not such a table exists: session tables stay unreachable
-                    raise CallError("INVALID_ARGUMENT", f"DoPut: scope names starting with '__' are reserved, "
-                                                        f"got {t.name!r}")
-                if existing is not None:
-                    if not isinstance(existing, (AppendOnlyTable, KeyedTable)):
-                        raise CallError("FAILED_PRECONDITION", f"table {t.name!r} is a {type(existing).__name__}; "
-                                                               "DoPut appends only to append-only or keyed tables")
-                    return existing
-                name = t.name
-            elif isinstance(t, ExportTicket):
-                if t.export_id <= 0:
-                    raise CallError("INVALID_ARGUMENT", f"DoPut export id must be positive, got {t.export_id}")
-                import secrets  # the name says nothing about the session, and nobody can guess it
-
-                name = f"__export.put.{secrets.token_hex(8)}"
-            else:
-                raise CallError("INVALID_ARGUMENT", f"DoPut destination must be ['scope', name] or ['export', id], "
-                                                    f"got {path}")
-            try:
-                table = graph.keyed_table(name, plain, keys) if keys else graph.append_table(name, plain)
-            except (ValueError, KeyError) as exc:
-                raise CallError("INVALID_ARGUMENT", f"DoPut: cannot create table {name!r}: {exc}") from None
-            attrs = attributes_from_schema(schema)
-            table.attributes.update({k: v for k, v in attrs.items() if k not in ("AppendOnly", "AddOnly")})
-            if isinstance(t, ExportTicket):
-                # owned by the session like any export: hidden, and freed by Release, CloseSession or expiry
-                ops = self.ctx.scope.ops
-                ops.adopt(table)
-                ops.hold(table)
-                try:
-                    session.export(t.export_id, table)
-                except BaseException:
-                    ops.drop(table)  # removes it again
-                    raise
+        keys = tuple(k for k in keys_raw.decode().split(",") if k) if keys_raw else ()
+        attrs = {k: v for k, v in attributes_from_schema(schema).items() if k not in ("AppendOnly", "AddOnly")}
+        if isinstance(t, ScopeTicket):
+            existing = engine.resolve(t.name, hidden=True)
+            if t.name.startswith("__") or (existing is not None and existing.hidden):
+                # the same answer whether or not such a table exists: session tables stay unreachable
+                raise CallError("INVALID_ARGUMENT", f"DoPut: scope names starting with '__' are reserved, "
+                                                    f"got {t.name!r}")
+            if existing is not None:
+                if kind_of(existing) not in ("append", "keyed"):
+                    raise CallError("FAILED_PRECONDITION", f"table {t.name!r} is a {type(existing).__name__}; "
+                                                           "DoPut appends only to append-only or keyed tables")
+                return existing
+            spec = TableSpec(t.name, "keyed" if keys else "append", plain, keys=keys, attributes=attrs)
+            table, _created = engine.get_or_create(spec)
             return table
-
-    @staticmethod
-    def _put_rows(table: Table, data: pa.Table) -> None:
+        if not isinstance(t, ExportTicket):
+            raise CallError("INVALID_ARGUMENT", f"DoPut destination must be ['scope', name] or ['export', id], "
+                                                f"got {path}")
+        if t.export_id <= 0:
+            raise CallError("INVALID_ARGUMENT", f"DoPut export id must be positive, got {t.export_id}")
+        # the name says nothing about the session, and nobody can guess it
+        spec = TableSpec(f"__export.put.{secrets.token_hex(8)}", "keyed" if keys else "append", plain, keys=keys,
+                         hidden=True, attributes=attrs)
+        table, _created = engine.get_or_create(spec)
+        # owned by the session like any export: hidden, and freed by Release, CloseSession or expiry
+        ops = self.ctx.scope.ops
+        ops.adopt(table)
+        ops.hold(table)
         try:
-            table.add(data)
-        except (ValueError, TypeError) as exc:
-            raise CallError("INVALID_ARGUMENT", f"DoPut into {table.name!r}: {exc}") from None
+            session.export(t.export_id, table)
+        except BaseException:
+            ops.drop(table)  # removes it again
+            raise
+        return table
+
+    def _put_rows(self, table: Table, data: pa.Table) -> None:
+        self.ctx.engine.write(table, data, wait=False)  # the call waits once, at its end
 
     # -- actions ------------------------------------------------------------------------------------------
     ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns"}
@@ -555,11 +530,10 @@ class FlightService:
         raise CallError("UNIMPLEMENTED", f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)}")
 
     def _list_tables(self) -> list[dict]:
-        g = self.ctx.graph
-        with g.lock:
-            return [{"name": name, "rows": t.size, "refreshing": t.is_refreshing, "kind": type(t).__name__,
+        with self.ctx.engine.reading() as engine:
+            return [{"name": t.name, "rows": t.size, "refreshing": t.is_refreshing, "kind": type(t).__name__,
                      "columns": [{"name": f.name, "type": str(f.type)} for f in t.schema]}
-                    for name, t in g.tables.items() if not (t.hidden or name.startswith("__"))]
+                    for t in engine.tables()]
 
     async def list_actions(self, _empty, context):
         await self.ctx.authenticate(context)

@@ -36,7 +36,8 @@ from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate, StreamDecoder
-from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
+from tickwire.server.engine import CatalogError, UpdateSourceTable, engine_of
+from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.graph.columns import equal_mask
 from tickwire.server.graph.keyindex import KeyIndex, mix
 
@@ -58,15 +59,15 @@ def _rows(ranges) -> RowSet:
     return RowSet.from_ranges(r) if r.size else RowSet()
 
 
-class ReplicaTable(Table):
-    """A source table whose content is set by a Replicator (never by producers)."""
+class ReplicaTable(UpdateSourceTable):
+    """A source table whose content is set by a Replicator (never by producers): it pushes
+    ("sync", keys, values) and ("delta", removed, shifts, added, values, mods) operations."""
 
     def __init__(self, graph, name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
         self._index = KeyIndex()
         self._free = _EMPTY
         self._next_slot = 0
-        self._queue: list[tuple] = []
         self.status = "connecting"
 
     # -- key -> slot ------------------------------------------------------------------------------
@@ -101,16 +102,7 @@ class ReplicaTable(Table):
         self.store.write(slots, values)
         self._index.insert(mix(keys), slots)
 
-    # -- input (from the replicator's thread) ---------------------------------------------------------
-    def _push(self, op: tuple) -> None:
-        with self.graph._intake_lock:
-            self._queue.append(op)
-        self.graph.wake()
-
-    def _take_pending(self):
-        q, self._queue = self._queue, []
-        return q
-
+    # -- input (queued by the replicator's thread with `push`) -----------------------------------------
     def _apply_pending(self, step, ops) -> Optional[TableUpdate]:
         if not ops:
             return None
@@ -312,14 +304,12 @@ class Replicator:
     def _create(self, wire_schema: pa.Schema) -> None:
         empty = from_wire_arrays([pa.array([], f.type) for f in wire_schema], wire_schema)
         schema = pa.schema([pa.field(f.name, a.type) for f, a in zip(wire_schema, empty)])
-        existing = self.graph.tables.get(self.name)
-        if existing is not None:
-            if not isinstance(existing, ReplicaTable) or not existing.schema.equals(schema):
-                raise ValueError(f"replica {self.name!r}: a different table of that name exists")
-            self.table = existing
-            return
-        table = ReplicaTable(self.graph, self.name, schema)
-        table.attributes.update(attributes_from_schema(wire_schema))
+        try:
+            table, created = engine_of(self.graph).get_or_create_source(ReplicaTable, self.name, schema)
+        except CatalogError as exc:
+            raise ValueError(f"replica {self.name!r}: {exc}") from None
+        if created:
+            table.attributes.update(attributes_from_schema(wire_schema))
         self.table = table
 
     def _sync(self, state: _State) -> None:
@@ -327,7 +317,7 @@ class Replicator:
         if values.schema.names != self.table.schema.names or values.schema.types != self.table.schema.types:
             raise ProtocolError(f"replica {self.name!r}: the upstream's schema changed to {values.schema}")
         values = pa.Table.from_arrays(values.columns, schema=self.table.schema)
-        self.table._push(("sync", state.keys.copy(), values))
+        self.table.push(("sync", state.keys.copy(), values))
         self.table.status = "connected"
         self.syncs += 1
         self._ready.set()
@@ -354,7 +344,7 @@ class Replicator:
                                         f"rows but {len(vals)} values")
                 mods.append((names[c], mrows, vals))
         shifts = RowSetShiftData() if md.shift_data is None else RowSetShiftData.from_wire(*md.shift_data)
-        self.table._push(("delta", _rows(md.removed_rows), shifts, added, added_values, mods))
+        self.table.push(("delta", _rows(md.removed_rows), shifts, added, added_values, mods))
 
 
 def parse_replicate(spec: str) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.server.dh_expr import ExpressionError, parse_column_spec, parse_filter
+from tickwire.server.engine import engine_of
 from tickwire.server.graph import Table
 from tickwire.server.rpc import CallError
 
@@ -127,34 +128,35 @@ class TableOps:
 
     def __init__(self, graph):
         self.graph = graph
+        self.engine = engine_of(graph)
         self._holds: dict[Table, int] = {}  # owned table -> holds (exports, running batches)
 
     @property
     def owned(self) -> int:
         """How many session-owned tables are in the graph."""
-        with self.graph.lock:
+        with self.engine.reading():
             return len(self._holds)
 
     def owns(self, table: Table) -> bool:
-        with self.graph.lock:
+        with self.engine.reading():
             return table in self._holds
 
     # -- lifetime -------------------------------------------------------------------------------
     def adopt(self, table: Table) -> Table:
         """Makes `table` session-owned: hidden, and removed once nothing holds it."""
-        with self.graph.lock:
+        with self.engine.reading():
             table.hidden = True
             self._holds.setdefault(table, 0)
         return table
 
     def hold(self, table: Table) -> None:
-        with self.graph.lock:
+        with self.engine.reading():
             if table in self._holds:
                 self._holds[table] += 1
 
     def drop(self, table: Table) -> None:
         """A hold on `table` ended: remove it (and parents made for it) once unused."""
-        with self.graph.lock:
+        with self.engine.reading():
             n = self._holds.get(table)
             if n is None:
                 return
@@ -162,21 +164,19 @@ class TableOps:
             self._collect(table)
 
     def drop_all(self, tables) -> None:
-        with self.graph.lock:
+        with self.engine.reading():
             for t in tables:
                 self.drop(t)
 
     def _collect(self, table: Table) -> None:
-        with self.graph.lock:
+        with self.engine.reading():
             todo = [table]
             while todo:
                 t = todo.pop()
                 if self._holds.get(t, 1) > 0:
                     continue  # held, or not session-owned
-                if self.graph.tables.get(t.name) is t and any(t in c.parents for c in self.graph.tables.values()):
+                if not self.engine.remove_unused(t):
                     continue  # a derived table still uses it; it goes with that one
-                if self.graph.tables.get(t.name) is t:
-                    self.graph.remove_table(t.name)
                 del self._holds[t]
                 todo.extend(t.parents)
 
@@ -255,7 +255,7 @@ class TableOps:
         if make is None:
             raise CallError("UNIMPLEMENTED", f"TableService operation {kind!r} is not supported")
         try:
-            with self.graph.lock:
+            with self.engine.reading():
                 return self.adopt(make())
         except (ValueError, TypeError, KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise CallError("INVALID_ARGUMENT", f"{kind} on {source.name!r}: {exc}") from None

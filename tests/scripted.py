@@ -7,28 +7,23 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph import ROW_KEY, RowSet, RowSetShiftData, Table, TableUpdate, apply_update
+from tickwire.server.engine import UpdateSourceTable
+from tickwire.server.graph import ROW_KEY, RowSet, RowSetShiftData, TableUpdate, apply_update
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64())])
 
 
-class ScriptedTable(Table):
+class ScriptedTable(UpdateSourceTable):
     """Applies queued (update, values) pairs; `values` holds the new values of the added and
     modified rows with their post-update keys in a first column `__row_key__`."""
 
     def __init__(self, graph, name: str, schema: pa.Schema = SCHEMA):
         super().__init__(graph, name, schema)
-        self._queue: list[tuple[TableUpdate, pa.Table]] = []
         self.state = pa.table({ROW_KEY: pa.array([], pa.int64()),
                                **{f.name: pa.array([], f.type) for f in schema}})
 
     def push(self, update: TableUpdate, values: pa.Table) -> None:
-        with self.graph._intake_lock:
-            self._queue.append((update, values))
-
-    def _take_pending(self):
-        q, self._queue = self._queue, []
-        return q
+        super().push((update, values))
 
     def _apply_pending(self, step, ops) -> Optional[TableUpdate]:
         if not ops:

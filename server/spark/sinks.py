@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.server.engine import CatalogError, IngestError, TableSpec, engine_of
 from tickwire.server.graph import (
     AppendOnlyTable,
     BlinkTable,
@@ -193,48 +194,6 @@ def diff_by_key(old: pa.Table, new: pa.Table, keys: Sequence[str]) -> tuple[pa.T
     return removed, upserts
 
 
-# ------------------------------------------------------------------------------------------------
-# waiting for the cycle that applies a batch
-# ------------------------------------------------------------------------------------------------
-
-class _CycleWaiter:
-    """Wakes threads waiting for the graph's step to reach a value (one cycle listener per graph)."""
-
-    def __init__(self, graph: UpdateGraph):
-        self.cond = threading.Condition(threading.Lock())
-        self._graph = weakref.ref(graph)
-        graph.add_cycle_listener(self._on_cycle)
-
-    def _on_cycle(self, step: int) -> None:
-        with self.cond:
-            self.cond.notify_all()
-
-    def wait_for(self, step: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                graph = self._graph()
-                if graph is None or graph.step >= step:
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0 or not graph.running:
-                    return False
-                # bounded so that a graph stopped meanwhile is noticed
-                self.cond.wait(min(left, 0.5))
-
-
-_waiters: "weakref.WeakKeyDictionary[UpdateGraph, _CycleWaiter]" = weakref.WeakKeyDictionary()
-_waiters_lock = threading.Lock()
-
-
-def _waiter(graph: UpdateGraph) -> _CycleWaiter:
-    with _waiters_lock:
-        w = _waiters.get(graph)
-        if w is None:
-            w = _waiters[graph] = _CycleWaiter(graph)
-        return w
-
-
 class _ReplaceState:
     """What a replace-mode table holds after the last batch queued into it (shared by every
     sink writing that table, so a sink made anew after a failure continues from it)."""
@@ -318,7 +277,7 @@ class TickwireSink:
     def table(self):
         """The tickwire table (None until the first batch, unless it already existed)."""
         if self._table is None:
-            self._table = self.graph.tables.get(self.name)
+            self._table = engine_of(self.graph).resolve(self.name)
         return self._table
 
     # -- Spark -----------------------------------------------------------------------------------
@@ -445,7 +404,7 @@ class TickwireSink:
     # -- the table -------------------------------------------------------------------------------
     def _ensure_table(self, schema: pa.Schema) -> None:
         with _create_lock:
-            table = self.graph.tables.get(self.name)
+            table = engine_of(self.graph).resolve(self.name, hidden=True)
             if table is None:
                 table = self._create(schema)
             else:
@@ -459,15 +418,18 @@ class TickwireSink:
             if missing:
                 raise SparkSinkError(f"tickwire sink into table {name!r}: key column {missing[0]!r} is not in the "
                                      f"batch (columns: {', '.join(schema.names)})")
+        if self.mode == "append":
+            spec = TableSpec(name, "append", schema) if self.max_rows is None else \
+                TableSpec(name, "ring", schema, capacity=self.max_rows)
+        elif self.mode == "blink":
+            spec = TableSpec(name, "blink", schema)
+        else:
+            spec = TableSpec(name, "keyed", schema, keys=tuple(self.keys))
         try:
-            if self.mode == "append":
-                return g.append_table(name, schema) if self.max_rows is None else g.ring_table(name, schema,
-                                                                                              self.max_rows)
-            if self.mode == "blink":
-                return g.blink_table(name, schema)
-            return g.keyed_table(name, schema, self.keys)
-        except ValueError as exc:
+            table, _created = engine_of(g).get_or_create(spec)
+        except CatalogError as exc:
             raise SparkSinkError(f"tickwire sink into table {name!r}: {exc}") from None
+        return table
 
     def _check_existing(self, table, schema: pa.Schema) -> None:
         name = self.name
@@ -503,8 +465,7 @@ class TickwireSink:
 
 def _queue_all(items) -> list[bool]:
     """Runs each `(sink, put, timing)`'s put. Sinks that wait and whose graph's cycle thread runs
-    queue while holding the graph's lock (no cycle runs meanwhile, so the next cycle to start takes
-    all of these batches), then wait once for that cycle to finish."""
+    queue them as the engine's writes of one cycle, then wait once for that cycle to finish."""
     results = [False] * len(items)
     by_graph: dict[int, list[int]] = {}
     for i, (s, _put, _timing) in enumerate(items):
@@ -517,14 +478,15 @@ def _queue_all(items) -> list[bool]:
                 results[i] = bool(items[i][1]())
                 items[i][2]["queued_at"] = time.perf_counter()
             continue
-        waiter = _waiter(graph)
-        with graph.lock:
-            for i in idx:
-                results[i] = bool(items[i][1]())
-            target = graph.step + 1
-        queued = time.perf_counter()
         timeout = max(items[i][0].wait_timeout for i in waiting)
-        if any(results[i] for i in waiting) and not waiter.wait_for(target, timeout):
+        queued = None
+        try:
+            # no cycle starts inside: the next one takes every batch, and leaving waits for it
+            with engine_of(graph).writes(timeout=timeout) as writes:
+                for i in idx:
+                    results[i] = bool(writes.run(items[i][1]))
+                queued = time.perf_counter()
+        except IngestError:
             log.warning("tables %s: the update graph did not apply a Spark batch within %.0f s",
                         [items[i][0].name for i in waiting], timeout)
         applied = time.perf_counter()

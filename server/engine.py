@@ -1,0 +1,377 @@
+"""The engine's public calls: everything that feeds or reads tables goes through these, never
+through the update graph's lock or table registry.
+
+- **Catalog**: `get_or_create(TableSpec)` makes a table of a kind (append, keyed, ring, blink,
+  static) or returns the existing one when it matches, else raises `TableMismatchError`; the schema
+  is checked against the wire mapping first, so nothing unservable is ever registered.
+  `resolve(name)`, `public_names()`, `tables()` and `drop(name)` (refused while derived tables or
+  subscribers hold the table).
+- **Ingest**: `write(table, data, ...)` queues a batch (append/upsert, or delete by key) with an
+  optional batch id and, with `wait=True`, returns once the cycle that applied it has run, so the
+  next call of any client reads it. `writes()` queues several writes so that one cycle applies
+  them all; `wait_applied(step)` waits for a step.
+- **Reading**: `reading()` holds a cycle boundary; `snapshot(table)` reads one table at one.
+
+Hidden tables (a session's exports and the tables derived for them) are flagged `hidden`; they are
+never listed and never resolved by name.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Optional, Sequence
+
+import pyarrow as pa
+
+from tickwire.errors import TickwireError
+from tickwire.protocol.errors import ProtocolError
+from tickwire.protocol.schema import check_wire_schema
+from tickwire.server.graph import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, StaticTable, Table, UpdateGraph
+
+__all__ = ["Engine", "TableSpec", "UpdateSourceTable", "CatalogError", "TableMismatchError", "TableInUseError",
+           "IngestError", "KINDS", "engine_of", "kind_of", "is_hidden"]
+
+KINDS = ("append", "keyed", "ring", "blink", "static")
+_CLASSES = {"append": AppendOnlyTable, "keyed": KeyedTable, "ring": RingTable, "blink": BlinkTable,
+            "static": StaticTable}
+
+
+class CatalogError(TickwireError):
+    """A table cannot be made as asked (an unservable type, a bad name, keys not in the schema)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class TableMismatchError(CatalogError):
+    """A table of that name exists with another kind, other keys or another schema."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class TableInUseError(CatalogError):
+    """A table cannot be dropped while derived tables or subscribers hold it."""
+
+    code = "FAILED_PRECONDITION"
+
+
+class IngestError(TickwireError):
+    """A write a table cannot take (its schema, its kind)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+def is_hidden(table: Table) -> bool:
+    return bool(getattr(table, "hidden", False)) or table.name.startswith("__")
+
+
+def kind_of(table: Table) -> str:
+    for kind, cls in _CLASSES.items():
+        if type(table) is cls:
+            return kind
+    return "derived"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a table should be. `keys` for keyed tables, `capacity` for ring tables, `data` for
+    static ones (their schema is the data's). `attributes` are Deephaven table attributes."""
+
+    name: str
+    kind: str
+    schema: Optional[pa.Schema] = None
+    keys: tuple[str, ...] = ()
+    capacity: Optional[int] = None
+    hidden: bool = False
+    data: Optional[pa.Table] = None
+    attributes: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise CatalogError(f"unknown table kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+        object.__setattr__(self, "keys", tuple(self.keys))
+        if self.kind == "static":
+            if self.data is None:
+                raise CatalogError(f"static table {self.name!r} needs its data")
+            object.__setattr__(self, "schema", self.data.schema)
+        elif self.schema is None:
+            raise CatalogError(f"table {self.name!r} needs a schema")
+        if self.kind == "keyed" and not self.keys:
+            raise CatalogError(f"keyed table {self.name!r} needs key columns")
+        if self.kind != "keyed" and self.keys:
+            raise CatalogError(f"only keyed tables have key columns ({self.name!r} is {self.kind})")
+        if self.kind == "ring" and (self.capacity is None or self.capacity <= 0):
+            raise CatalogError(f"ring table {self.name!r} needs a positive capacity")
+
+
+class UpdateSourceTable(Table):
+    """A source table fed whole updates by one producer (a replica following another server, a
+    scripted test source): `push(op)` queues an operation of the subclass's own form from any
+    thread, and the next cycle hands every queued one, in order, to the subclass's
+    `_apply_pending(step, ops)`, which applies them and returns their update (or None)."""
+
+    def __init__(self, graph: UpdateGraph, name: str, schema: pa.Schema):
+        super().__init__(graph, name, schema)
+        self._queue: list = []
+
+    def push(self, op) -> None:
+        with self.graph._intake_lock:  # a cycle takes every source's input at once
+            self._queue.append(op)
+
+    def _take_pending(self) -> list:
+        q, self._queue = self._queue, []
+        return q
+
+    def _apply_pending(self, step: int, ops: list):
+        raise NotImplementedError
+
+
+class _CycleWaiter:
+    """Wakes threads waiting for the graph's step to reach a value (one cycle listener per graph)."""
+
+    def __init__(self, graph: UpdateGraph):
+        self.cond = threading.Condition(threading.Lock())
+        self._graph = weakref.ref(graph)
+        graph.add_cycle_listener(self._on_cycle)
+
+    def _on_cycle(self, step: int) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_for(self, step: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                graph = self._graph()
+                if graph is None or graph.step >= step:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or not graph.running:
+                    return False
+                self.cond.wait(min(left, 0.5))  # bounded, so that a graph stopped meanwhile is noticed
+
+
+class Engine:
+    """The catalog, ingest and reading calls over one update graph (one per graph: `engine_of`)."""
+
+    def __init__(self, graph: UpdateGraph):
+        self.graph = graph
+        self._create = threading.Lock()
+        self._waiter = _CycleWaiter(graph)
+
+    # -- catalog ------------------------------------------------------------------------------------
+    def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:
+        """(table, created): the table named `spec.name`, made from `spec` unless it exists; an
+        existing table must be of the spec's kind, keys and capacity and hold the spec's columns."""
+        try:
+            check_wire_schema(spec.schema)
+        except ProtocolError as exc:
+            raise CatalogError(f"table {spec.name!r}: {exc}") from None
+        missing = [k for k in spec.keys if k not in spec.schema.names]
+        if missing:
+            raise CatalogError(f"table {spec.name!r}: key column(s) {', '.join(map(repr, missing))} not in the schema")
+        with self._create:
+            existing = self.graph.tables.get(spec.name)
+            if existing is not None:
+                self._check(existing, spec)
+                return existing, False
+            g = self.graph
+            try:
+                if spec.kind == "append":
+                    table = g.append_table(spec.name, spec.schema)
+                elif spec.kind == "keyed":
+                    table = g.keyed_table(spec.name, spec.schema, list(spec.keys))
+                elif spec.kind == "ring":
+                    table = g.ring_table(spec.name, spec.schema, int(spec.capacity))
+                elif spec.kind == "blink":
+                    table = g.blink_table(spec.name, spec.schema)
+                else:
+                    table = g.static_table(spec.name, spec.data)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CatalogError(f"cannot create table {spec.name!r}: {exc}") from None
+            if spec.hidden:
+                table.hidden = True
+            if spec.attributes:
+                table.attributes.update(spec.attributes)
+            return table, True
+
+    def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
+        """(table, created) for an update source of class `cls` (an UpdateSourceTable): an
+        existing table of that name must be of that class with that schema."""
+        if not (isinstance(cls, type) and issubclass(cls, UpdateSourceTable)):
+            raise CatalogError(f"{cls!r} is not an update source class")
+        try:
+            check_wire_schema(schema)
+        except ProtocolError as exc:
+            raise CatalogError(f"table {name!r}: {exc}") from None
+        with self._create:
+            existing = self.graph.tables.get(name)
+            if existing is not None:
+                if type(existing) is not cls or not existing.schema.equals(schema):
+                    raise TableMismatchError(f"a different table named {name!r} exists")
+                return existing, False
+            try:
+                return cls(self.graph, name, schema), True
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CatalogError(f"cannot create table {name!r}: {exc}") from None
+
+    @staticmethod
+    def _check(table: Table, spec: TableSpec) -> None:
+        want = _CLASSES[spec.kind]
+        if type(table) is not want:
+            raise TableMismatchError(f"table {spec.name!r} is a {kind_of(table)} table, not {spec.kind}")
+        if spec.kind == "keyed" and tuple(table.keys) != spec.keys:
+            raise TableMismatchError(f"table {spec.name!r} is keyed on {list(table.keys)}, not {list(spec.keys)}")
+        if spec.kind == "ring" and table.capacity != spec.capacity:
+            raise TableMismatchError(f"ring table {spec.name!r} keeps {table.capacity} rows, not {spec.capacity}")
+        have = table.schema
+        for f in spec.schema:
+            if f.name not in have.names:
+                raise TableMismatchError(f"table {spec.name!r} has no column {f.name!r} (columns: "
+                                         f"{', '.join(have.names)})", "INVALID_ARGUMENT")
+            if have.field(f.name).type != f.type:
+                raise TableMismatchError(f"table {spec.name!r}: column {f.name!r} is {have.field(f.name).type}, "
+                                         f"not {f.type}", "INVALID_ARGUMENT")
+
+    def resolve(self, name: str, *, hidden: bool = False) -> Optional[Table]:
+        """The table named `name`, or None (hidden tables only with `hidden=True`)."""
+        t = self.graph.tables.get(name)
+        if t is None or (is_hidden(t) and not hidden):
+            return None
+        return t
+
+    def public_names(self) -> list[str]:
+        """The names of the tables that are not hidden, in creation order."""
+        return [t.name for t in self.tables()]
+
+    def tables(self, *, hidden: bool = False) -> list[Table]:
+        """The tables, at a cycle boundary (hidden ones only with `hidden=True`)."""
+        with self.graph.lock:
+            return [t for t in self.graph.tables.values() if hidden or not is_hidden(t)]
+
+    def drop(self, name: str) -> None:
+        """Removes a table; refused while tables derived from it or subscribers hold it."""
+        with self.graph.lock:
+            table = self.graph.tables.get(name)
+            if table is None:
+                raise CatalogError(f"no table named {name!r}", "NOT_FOUND")
+            children = [t.name for t in self.graph.tables.values() if table in t.parents]
+            if children:
+                raise TableInUseError(f"table {name!r} is held by the tables derived from it: "
+                                      f"{', '.join(map(repr, children[:5]))}")
+            if table.listeners:
+                raise TableInUseError(f"table {name!r} has {len(table.listeners)} subscriber(s) or listener(s)")
+            self.graph.remove_table(name)
+
+    def remove_unused(self, table: Table) -> bool:
+        """Removes a table nothing derives from any more; True when it is gone (now or before),
+        False when a table still derives from it. For the owner of session tables (exports and
+        the tables derived for them)."""
+        with self.graph.lock:
+            if self.graph.tables.get(table.name) is not table:
+                return True
+            if any(table in t.parents for t in self.graph.tables.values()):
+                return False
+            self.graph.remove_table(table.name)
+            return True
+
+    # -- ingest -------------------------------------------------------------------------------------
+    def write(self, table: Table, data=None, *, delete=None, batch_id=None, wait: bool = True,
+              timeout: float = 30.0) -> bool:
+        """Queues `data` (rows to append or upsert) and/or `delete` (keys to remove, keyed tables)
+        under `batch_id`; False when that batch id was applied before (nothing is queued). With
+        `wait`, returns once a cycle has applied the write (at once when no cycle thread runs:
+        the caller steps the graph)."""
+        ok = _Writes().write(table, data, delete=delete, batch_id=batch_id)
+        if ok and wait:
+            self.flush(timeout)
+        return ok
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Returns once every write queued before the call has been applied by a cycle (at once
+        when no cycle thread runs: the caller steps the graph)."""
+        if not self.graph.running:
+            return
+        with self.graph.lock:  # after any cycle that may have taken them already: the next one surely will
+            target = self.graph.step + 1
+        if not self._waiter.wait_for(target, timeout):
+            raise IngestError(f"the update graph did not apply a write within {timeout:.0f} s", "UNAVAILABLE")
+
+    @contextmanager
+    def writes(self, *, wait: bool = True, timeout: float = 30.0) -> Iterator["_Writes"]:
+        """Queues several writes for one cycle: `with engine.writes() as w: w.write(...); ...`.
+        No cycle starts while the block runs; with `wait`, leaving it waits for the cycle that
+        applies them all."""
+        w = _Writes()
+        with self.graph.lock:  # no cycle runs meanwhile: the next one to start takes every write
+            yield w
+            target = self.graph.step + 1
+        if wait and w.queued and self.graph.running:
+            if not self._waiter.wait_for(target, timeout):
+                raise IngestError(f"the update graph did not apply a write within {timeout:.0f} s", "UNAVAILABLE")
+
+    def wait_applied(self, step: int, timeout: float = 30.0) -> bool:
+        """Waits until the graph has run step `step` (False on timeout or when it is not running)."""
+        return self._waiter.wait_for(step, timeout)
+
+    # -- reading ------------------------------------------------------------------------------------
+    @contextmanager
+    def reading(self):
+        """Holds a cycle boundary: every table read inside is at the same step (`step`)."""
+        with self.graph.lock:
+            yield self
+
+    @property
+    def step(self) -> int:
+        return self.graph.step
+
+    def snapshot(self, table: Table, columns: Optional[Sequence[str]] = None) -> tuple[int, pa.Table]:
+        return self.graph.snapshot(table, columns)
+
+
+class _Writes:
+    def __init__(self):
+        self.queued = 0
+
+    def run(self, put) -> bool:
+        """Runs `put()`, a write of the caller's own (through a table's add/apply_ops); its truth
+        says whether it queued anything."""
+        ok = bool(put())
+        if ok:
+            self.queued += 1
+        return ok
+
+    def write(self, table: Table, data=None, *, delete=None, batch_id=None) -> bool:
+        if not hasattr(table, "add"):
+            raise IngestError(f"table {table.name!r} is a {kind_of(table)} table; it takes no writes",
+                              "FAILED_PRECONDITION")
+        try:
+            if delete is not None:
+                if not hasattr(table, "apply_ops"):
+                    raise IngestError(f"table {table.name!r} is not keyed; rows cannot be deleted by key")
+                ops = ([("add", data)] if data is not None else []) + [("delete", delete)]
+                ok = table.apply_ops(ops, batch_id=batch_id)
+            else:
+                ok = table.add(data, batch_id=batch_id)
+        except IngestError:
+            raise
+        except (ValueError, TypeError, KeyError, pa.ArrowInvalid) as exc:
+            raise IngestError(f"write into {table.name!r}: {exc}") from None
+        if ok:
+            self.queued += 1
+        return ok
+
+
+_engines: "weakref.WeakKeyDictionary[UpdateGraph, Engine]" = weakref.WeakKeyDictionary()
+_engines_lock = threading.Lock()
+
+
+def engine_of(graph: UpdateGraph) -> Engine:
+    """The engine of `graph` (one per graph)."""
+    with _engines_lock:
+        e = _engines.get(graph)
+        if e is None:
+            e = _engines[graph] = Engine(graph)
+        return e

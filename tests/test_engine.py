@@ -1,0 +1,229 @@
+"""The engine's public calls: the catalog (tables from specs, one typed error for a mismatch,
+nothing registered for an unservable schema, drop refused while held), ingest that returns once
+applied (read-your-writes through DoPut and pydeephaven), and the rule that nothing outside the
+engine reaches into the update graph's lock or registry."""
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import (
+    CatalogError,
+    Engine,
+    IngestError,
+    TableInUseError,
+    TableMismatchError,
+    TableSpec,
+    engine_of,
+)
+from tickwire.server.graph import UpdateGraph
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64())])
+
+
+def batch(start: int, n: int) -> pa.Table:
+    k = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({"k": k, "v": k * 0.5}, schema=SCHEMA)
+
+
+def test_get_or_create_makes_each_kind_once_and_refuses_mismatches():
+    g = UpdateGraph(interval_ms=3_600_000)
+    e = engine_of(g)
+    assert engine_of(g) is e
+    a, created = e.get_or_create(TableSpec("a", "append", SCHEMA))
+    assert created and e.get_or_create(TableSpec("a", "append", SCHEMA)) == (a, False)
+    k, _ = e.get_or_create(TableSpec("k", "keyed", SCHEMA, keys=("k",)))
+    r, _ = e.get_or_create(TableSpec("r", "ring", SCHEMA, capacity=10))
+    b, _ = e.get_or_create(TableSpec("b", "blink", SCHEMA))
+    s, _ = e.get_or_create(TableSpec("s", "static", data=batch(0, 3)))
+    assert e.public_names() == ["a", "k", "r", "b", "s"]
+    assert e.resolve("k") is k and e.resolve("nope") is None
+    with pytest.raises(TableMismatchError, match="append table, not keyed") as err:
+        e.get_or_create(TableSpec("a", "keyed", SCHEMA, keys=("k",)))
+    assert err.value.code == "FAILED_PRECONDITION"
+    with pytest.raises(TableMismatchError, match="keeps 10 rows"):
+        e.get_or_create(TableSpec("r", "ring", SCHEMA, capacity=11))
+    with pytest.raises(TableMismatchError, match="column 'v' is double, not int32") as err:
+        e.get_or_create(TableSpec("a", "append", pa.schema([("k", pa.int64()), ("v", pa.int32())])))
+    assert err.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(CatalogError, match="key column"):
+        e.get_or_create(TableSpec("k2", "keyed", SCHEMA, keys=("nope",)))
+    for bad in ({"kind": "tree"}, {"kind": "keyed"}, {"kind": "ring"}, {"kind": "static"}):
+        with pytest.raises(CatalogError):
+            TableSpec("x", schema=SCHEMA, **bad)
+    assert e.public_names() == ["a", "k", "r", "b", "s"]
+
+
+@pytest.mark.parametrize("column", [pa.field("d", pa.dictionary(pa.int32(), pa.string())),
+                                    pa.field("S", pa.struct([("a", pa.int64())])),
+                                    pa.field("m", pa.map_(pa.string(), pa.int64()))])
+def test_an_unservable_schema_registers_nothing(column):
+    g = UpdateGraph(interval_ms=3_600_000)
+    e = engine_of(g)
+    with pytest.raises(CatalogError, match=f"column '{column.name}'") as err:
+        e.get_or_create(TableSpec("t", "append", pa.schema([("k", pa.int64()), column])))
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert e.public_names() == [] and e.resolve("t", hidden=True) is None
+
+
+def test_hidden_tables_are_neither_listed_nor_resolved_by_name():
+    g = UpdateGraph(interval_ms=3_600_000)
+    e = engine_of(g)
+    h, _ = e.get_or_create(TableSpec("secret", "append", SCHEMA, hidden=True))
+    assert e.public_names() == [] and e.resolve("secret") is None
+    assert e.resolve("secret", hidden=True) is h and h in e.tables(hidden=True)
+
+
+def test_drop_is_refused_while_held_and_works_after():
+    g = UpdateGraph(interval_ms=3_600_000)
+    e = engine_of(g)
+    t, _ = e.get_or_create(TableSpec("t", "append", SCHEMA))
+    e.write(t, batch(0, 5))
+    g.run_cycle()
+    with e.reading():
+        derived = t.where(lambda tbl: np.asarray(tbl.column("k")) > 1, name="t_big")
+    with pytest.raises(TableInUseError, match="derived from it: 't_big'") as err:
+        e.drop("t")
+    assert err.value.code == "FAILED_PRECONDITION"
+    listener = t.add_listener(lambda *a: None)
+    assert e.remove_unused(derived)
+    with pytest.raises(TableInUseError, match="subscriber"):
+        e.drop("t")
+    t.remove_listener(listener)
+    e.drop("t")
+    assert e.public_names() == []
+    with pytest.raises(CatalogError) as err:
+        e.drop("t")
+    assert err.value.code == "NOT_FOUND"
+
+
+def test_write_returns_once_applied_and_remembers_batch_ids():
+    g = UpdateGraph(interval_ms=50).start()
+    try:
+        e = engine_of(g)
+        t, _ = e.get_or_create(TableSpec("t", "keyed", SCHEMA, keys=("k",)))
+        for i in range(20):
+            assert e.write(t, batch(i * 3, 3), batch_id=("test", i))
+            assert g.snapshot(t)[1].num_rows == (i + 1) * 3  # read at once, no waiting
+        assert not e.write(t, batch(100, 3), batch_id=("test", 5))  # a replay: nothing queued
+        e.write(t, delete=batch(0, 3))
+        assert g.snapshot(t)[1].num_rows == 57
+        with pytest.raises(IngestError, match="not keyed"):
+            a, _ = e.get_or_create(TableSpec("a", "append", SCHEMA))
+            e.write(a, delete=batch(0, 1))
+        with pytest.raises(IngestError) as err:
+            e.write(t, pa.table({"k": ["x"]}))
+        assert err.value.code == "INVALID_ARGUMENT"
+        s, _ = e.get_or_create(TableSpec("s", "static", data=batch(0, 1)))
+        with pytest.raises(IngestError, match="takes no writes"):
+            e.write(s, batch(0, 1))
+        # several writes in one cycle
+        b, _ = e.get_or_create(TableSpec("b", "append", SCHEMA))
+        with e.writes() as w:
+            w.write(t, batch(1000, 2))
+            w.write(b, batch(0, 2))
+        step_t, rows_t = g.snapshot(t)
+        assert rows_t.num_rows == 59 and g.snapshot(b)[1].num_rows == 2
+        assert t.last_step == b.last_step
+    finally:
+        g.stop()
+
+
+@pytest.fixture(scope="module")
+def served():
+    graph = UpdateGraph(interval_ms=100)
+    srv = TickwireServer(graph, port=0).start()
+    yield srv
+    srv.stop()
+    graph.stop()
+
+
+def test_a_doput_is_readable_by_the_next_call_every_time(served):
+    client = fl.FlightClient(f"grpc://{served.target}")
+    opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+    try:
+        for i in range(100):
+            name = f"ryw_{i % 10}"
+            before = 0 if i < 10 else client.do_get(fl.Ticket(f"s/{name}".encode()), options=opts).read_all().num_rows
+            writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", name), SCHEMA, options=opts)
+            writer.write_table(batch(i * 3, 3))
+            writer.close()
+            got = client.do_get(fl.Ticket(f"s/{name}".encode()), options=opts).read_all()
+            assert got.num_rows == before + 3, f"upload {i}: read {got.num_rows} rows, expected {before + 3}"
+    finally:
+        client.close()
+
+
+def test_a_pydeephaven_import_is_readable_at_once_every_time(served):
+    from pydeephaven import Session
+
+    s = Session(host=served.host, port=served.port)
+    client = fl.FlightClient(f"grpc://{served.target}")
+    opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+    try:
+        for i in range(100):
+            t = s.import_table(batch(i, 3 + i % 4))
+            assert t.size == 3 + i % 4
+            got = t.to_arrow()
+            assert got.num_rows == 3 + i % 4, f"import {i}: {got.num_rows} rows"
+            assert got.column("k").to_pylist() == list(range(i, i + 3 + i % 4))
+    finally:
+        client.close()
+        s.close()
+
+
+def test_concurrent_doputs_each_read_their_own_rows(served):
+    """Read-your-writes holds under concurrency: each writer's DoGet after its DoPut sees its rows."""
+    errors: list[str] = []
+
+    def writer(w: int):
+        client = fl.FlightClient(f"grpc://{served.target}")
+        opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+        try:
+            for i in range(10):
+                name = f"conc_{w}"
+                wr, _ = client.do_put(fl.FlightDescriptor.for_path("scope", name), SCHEMA, options=opts)
+                wr.write_table(batch(i * 2, 2))
+                wr.close()
+                n = client.do_get(fl.Ticket(f"s/{name}".encode()), options=opts).read_all().num_rows
+                if n != (i + 1) * 2:
+                    errors.append(f"writer {w} upload {i}: {n} rows")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+
+
+ENGINE_ONLY = re.compile(r"graph\.tables\b|graph\.lock\b|\._intake_lock\b|graph\.remove_table\(")
+ENGINE_AREA = ("server/graph/", "server/barrage/", "server/engine.py")
+
+
+def test_nothing_outside_the_engine_reaches_into_the_graph():
+    offenders = []
+    for folder in ("server", "clients", "tickwire", "protocol"):
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(ENGINE_AREA):
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), start=1):
+                if ENGINE_ONLY.search(line):
+                    offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == [], "the graph's lock and registry are the engine's:\n" + "\n".join(offenders)
+
+
+def test_the_engine_is_the_one_per_graph():
+    g = UpdateGraph(interval_ms=3_600_000)
+    assert isinstance(engine_of(g), Engine) and engine_of(g) is engine_of(g)
