@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.scripted import ScriptedTable, random_update
-from tickwire.server.graph import (ROW_KEY, FilterTable, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
+from tickwire.server.graph import (ROW_KEY, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
                                    apply_update, equal_mask)
 from tickwire.server.graph.ops import base as ops_base
 from tickwire.server.graph.ops import LastByTable
@@ -586,11 +586,11 @@ def test_last_by_groups_empty_and_come_back_as_new_rows():
         lb.prev_gather()
 
 
-def test_default_names_are_unique_and_where_is_a_filter_table():
+def test_default_names_are_unique_and_where_of_a_callable_is_a_where_table():
     g, t = _graph_with_quotes()
     a, b = t.sort("px"), t.sort("px")
     assert (a.name, b.name) == ("q.sort", "q.sort#2")
-    assert isinstance(t.where(lambda v: pc.greater(v["px"], 1)), FilterTable)
+    assert isinstance(t.where(lambda v: pc.greater(v["px"], 1)), WhereTable)
     with pytest.raises(TypeError, match="pyarrow Expression or a callable"):
         t.where("px > 1")
     with pytest.raises(pa.ArrowInvalid):

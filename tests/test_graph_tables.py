@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import FilterTable, RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, apply_update
+from tickwire.server.graph import RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, WhereTable, apply_update
 from tickwire.server.graph.batchids import BatchIds
 
 SCHEMA = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),
@@ -333,7 +333,7 @@ def test_derived_tables_update_after_their_parents_in_one_cycle():
     assert ups["big"].added.keys().tolist() == [0] and ups["big"].removed.keys().tolist() == [2]
     assert ups["bigger"].added.keys().tolist() == [0] and ups["bigger"].removed.keys().tolist() == [2]
     assert big.to_arrow().to_pylist() == [{"k": 1, "v": 1000}, {"k": 2, "v": 50}]
-    assert bigger.last_step == 2 and isinstance(bigger, FilterTable) and bigger.depth == 2
+    assert bigger.last_step == 2 and isinstance(bigger, WhereTable) and bigger.depth == 2
     with pytest.raises(ValueError, match="derived tables"):
         g.remove_table("big")
 

@@ -4,7 +4,7 @@ from tickwire.server.graph.graph import ListenerError, UpdateGraph
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.rowset import RowSet, RowSetShiftData, RowSetShiftDataBuilder
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, SourceTable
-from tickwire.server.graph.tables import FilterTable, SchemaMismatchError, StaticTable, Table
+from tickwire.server.graph.tables import SchemaMismatchError, StaticTable, Table
 from tickwire.server.graph.update import ROW_KEY, ModifiedColumnSet, TableUpdate, UpdateValidationError, apply_update
 from tickwire.server.graph.keymap import KeyMap
 from tickwire.server.graph.order import OrderIndex, SortKeys
@@ -14,7 +14,7 @@ __all__ = [
     "UpdateGraph", "ListenerError",
     "RowSet", "RowSetShiftData", "RowSetShiftDataBuilder",
     "TableUpdate", "ModifiedColumnSet", "UpdateValidationError", "apply_update", "ROW_KEY",
-    "Table", "StaticTable", "FilterTable", "SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable",
+    "Table", "StaticTable", "SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable",
     "SchemaMismatchError",
     "ColumnStore", "KeyIndex", "equal_mask", "hash_columns",
     "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "OrderIndex", "SortKeys", "KeyMap",

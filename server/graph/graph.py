@@ -34,9 +34,8 @@ from typing import Callable, Optional, Sequence
 
 import pyarrow as pa
 
-from tickwire.errors import TickwireError
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable
-from tickwire.server.graph.tables import FilterTable, StaticTable, Table
+from tickwire.server.graph.tables import StaticTable, Table
 from tickwire.server.graph.update import TableUpdate
 
 __all__ = ["UpdateGraph", "ListenerError", "TableFailure", "TableFailedError", "TableListener"]
@@ -82,7 +81,7 @@ class TableFailure:
         return f"TableFailure({self.message!r})"
 
 
-class TableFailedError(TickwireError, ValueError):
+class TableFailedError(ValueError):
     """A failed table was read or derived from; `failure` says why it failed. `code` is the gRPC
     status a server answers with."""
 
@@ -159,9 +158,6 @@ class UpdateGraph:
 
     def static_table(self, name: str, data) -> StaticTable:
         return StaticTable(self, name, data)
-
-    def filter_table(self, name: str, parent: Table, predicate, columns=None) -> FilterTable:
-        return FilterTable(self, name, parent, predicate, columns)
 
     def remove_table(self, name: str) -> None:
         with self.lock:

@@ -1,9 +1,10 @@
-"""Tables of the update graph: the common base, static tables and derived (filtered) tables.
+"""Tables of the update graph: the common base and static tables.
 
 Every table has a name, an Arrow schema, a row set (`rowset`), the step of its last change
 (`last_step`), attributes, listeners, and reads its values in bulk (`gather`). During a cycle a
 changed table also exposes `prev_rowset` (its row set before the cycle) and `prev_gather` (the
-values its modified rows had before the cycle). The source tables are in `sources.py`.
+values its modified rows had before the cycle). The source tables are in `sources.py`, the derived
+tables in the `ops` package.
 """
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.graph.columns import ColumnStore
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData
-from tickwire.server.graph.update import ROW_KEY, TableUpdate, column_names, unshift
+from tickwire.server.graph.rowset import RowSet
+from tickwire.server.graph.update import ROW_KEY, TableUpdate, column_names
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph
 
-__all__ = ["SchemaMismatchError", "Table", "StaticTable", "FilterTable", "conform", "as_table", "register_operation",
-           "unique_name"]
+__all__ = ["SchemaMismatchError", "Table", "StaticTable", "conform", "as_table", "register_operation", "unique_name"]
 
 log = logging.getLogger("tickwire.graph")
 
@@ -268,89 +268,3 @@ class StaticTable(Table):
             return data.slice(rowset.first(), len(rowset)) if rowset else data.slice(0, 0)
         keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
         return data.take(pa.array(keys, type=pa.int64()))
-
-
-def _mask(result, n: int) -> np.ndarray:
-    if isinstance(result, (pa.ChunkedArray, pa.Array)):
-        result = pa.compute.fill_null(result, False)
-        out = result.to_numpy(zero_copy_only=False) if isinstance(result, pa.Array) \
-            else result.combine_chunks().to_numpy(zero_copy_only=False)
-    else:
-        out = np.asarray(result)
-    out = np.asarray(out, dtype=bool).ravel()
-    if out.size != n:
-        raise ValueError(f"filter predicate returned {out.size} values for {n} rows")
-    return out
-
-
-class FilterTable(Table):
-    """The rows of a parent table for which a predicate holds, under the parent's row keys.
-
-    `predicate(values: pa.Table) -> boolean array` is evaluated in bulk on the parent's added and
-    modified rows only (on `columns` of them when given), so a cycle costs what the parent's
-    change costs. Values are read from the parent's storage; the parent's shifts carry over.
-    """
-
-    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, predicate, columns=None):
-        super().__init__(graph, name, parent.schema, parents=[parent])
-        self.parent = parent
-        self.predicate = predicate
-        self.columns = column_names(parent.schema, columns) if columns is not None else None
-        self.store = parent.store
-        self.attributes = {k: v for k, v in parent.attributes.items() if k in ("AddOnly", "BlinkTable")}
-        self.is_refreshing = parent.is_refreshing
-        with graph.shared_lock():
-            self.rowset = self._matching(parent.rowset)
-
-    def _slots(self, keys):
-        return self.parent._slots(keys)
-
-    def prev_gather(self, columns=None, keys=None) -> pa.Table:
-        if self._prev is None:
-            raise RuntimeError(f"table {self.name!r}: previous values exist only during a cycle that modified it")
-        if keys is None:
-            keys = self._prev[0]
-        return self.parent.prev_gather(columns, keys)
-
-    def _matching(self, rows: RowSet) -> RowSet:
-        if rows.is_empty():
-            return RowSet()
-        keys = rows.keys()
-        values = self.parent.gather(self.columns, keys)
-        return RowSet.from_keys(keys[_mask(self.predicate(values), keys.size)])
-
-    def _on_parents(self, step, updates):
-        up = updates.get(self.parent.name)
-        if up is None:
-            return None
-        prev = self.rowset
-        removed = prev.intersect(up.removed)
-        kept = prev.minus(removed)
-        shifted = up.shifted
-        if not shifted.is_empty():
-            # keep only the shifts that move rows of this table
-            use = np.array([not kept.subset_by_key_range(s, e).is_empty()
-                            for s, e in zip(shifted.starts.tolist(), shifted.ends.tolist())], dtype=bool)
-            shifted = RowSetShiftData(shifted.starts[use], shifted.ends[use], shifted.deltas[use])
-        survivors = shifted.apply(kept)
-        added = self._matching(up.added)
-        modified = RowSet()
-        if not up.modified.is_empty():
-            mkeys = up.modified.keys()
-            passes = _mask(self.predicate(self.parent.gather(self.columns, mkeys)), mkeys.size)
-            inside = survivors.contains(mkeys)
-            modified = RowSet.from_keys(mkeys[inside & passes])
-            leaving = mkeys[inside & ~passes]
-            if leaving.size:
-                survivors = survivors.minus(RowSet.from_keys(leaving))
-                removed = removed.union(unshift(shifted, RowSet.from_keys(leaving), kept))
-            added = added.union(RowSet.from_keys(mkeys[~inside & passes]))
-        update = TableUpdate(added=added, removed=removed, modified=modified, shifted=shifted,
-                             modified_columns=up.modified_columns if not modified.is_empty() else ())
-        if update.is_empty():
-            return None
-        self.prev_rowset = prev
-        self.rowset = survivors.union(added)
-        if not modified.is_empty():
-            self._prev = (modified.keys(), None)
-        return update

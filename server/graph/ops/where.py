@@ -11,7 +11,7 @@ from pyroaring import BitMap64
 from tickwire.server.graph.ops.base import (_EMPTY, _Op, _bitmap, _bm_keys, _evaluate, _restrict_shifts, _rs_bitmap,
                                             _unregistered_on_error, expression_columns)
 from tickwire.server.graph.rowset import RowSet, RowSetShiftData
-from tickwire.server.graph.tables import FilterTable, Table, _mask, register_operation
+from tickwire.server.graph.tables import Table, register_operation
 from tickwire.server.graph.update import TableUpdate, column_names
 
 if TYPE_CHECKING:
@@ -22,7 +22,20 @@ __all__ = ["WhereTable"]
 Predicate = Union[pc.Expression, Callable[[pa.Table], object]]
 
 
-class WhereTable(_Op, FilterTable):
+def _mask(result, n: int) -> np.ndarray:
+    if isinstance(result, (pa.ChunkedArray, pa.Array)):
+        result = pa.compute.fill_null(result, False)
+        out = result.to_numpy(zero_copy_only=False) if isinstance(result, pa.Array) \
+            else result.combine_chunks().to_numpy(zero_copy_only=False)
+    else:
+        out = np.asarray(result)
+    out = np.asarray(out, dtype=bool).ravel()
+    if out.size != n:
+        raise ValueError(f"filter predicate returned {out.size} values for {n} rows")
+    return out
+
+
+class WhereTable(_Op):
     """The parent's rows for which a predicate holds, under the parent's row keys and storage.
 
     The predicate is a pyarrow compute expression (``pc.field("x") > 3``; null counts as false)
