@@ -34,6 +34,7 @@ from typing import Callable, Optional, Sequence
 
 import pyarrow as pa
 
+from tickwire.errors import TickwireError
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable
 from tickwire.server.graph.tables import StaticTable, Table
 from tickwire.server.graph.update import TableUpdate
@@ -81,7 +82,7 @@ class TableFailure:
         return f"TableFailure({self.message!r})"
 
 
-class TableFailedError(ValueError):
+class TableFailedError(TickwireError, ValueError):
     """A failed table was read or derived from; `failure` says why it failed. `code` is the gRPC
     status a server answers with."""
 
