@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Optional
 import grpc
 
 from tickwire.server.barrage import PublisherRegistry
+from tickwire.server.config import ServerConfig
 from tickwire.server.deephaven import DeephavenServices
 from tickwire.server.flight import FlightService
 from tickwire.server.graph import UpdateGraph
@@ -29,10 +31,7 @@ from tickwire.server.session import Scope, SessionManager
 
 __all__ = ["TickwireServer"]
 
-log = logging.getLogger("tickwire.server")
-
-#: Deephaven's default limit on one inbound gRPC message (a DoPut batch, a Barrage request)
-DEFAULT_MAX_INBOUND_MESSAGE_SIZE = 100 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", -1),
@@ -47,12 +46,17 @@ class TickwireServer:
 
     `port=0` picks a free port (see `.port` after `start`). `psk` requires Deephaven's
     pre-shared-key authentication; otherwise anonymous access is allowed. `tls_cert`/`tls_key`
-    (PEM files) switch the port to TLS."""
+    (PEM files) switch the port to TLS. `config` holds the tuning knobs (ServerConfig); `workers`,
+    `session_duration_ms` and `max_inbound_message_size`, when given, override its fields."""
 
     def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
                  psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
-                 tls_key: Optional[str | Path] = None, workers: int = 4, session_duration_ms: int = 300_000,
-                 start_graph: bool = True, max_inbound_message_size: int = DEFAULT_MAX_INBOUND_MESSAGE_SIZE):
+                 tls_key: Optional[str | Path] = None, workers: Optional[int] = None,
+                 session_duration_ms: Optional[int] = None, start_graph: bool = True,
+                 max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None):
+        overrides = {k: v for k, v in (("workers", workers), ("session_duration_ms", session_duration_ms),
+                                       ("max_inbound_message_size", max_inbound_message_size)) if v is not None}
+        self.config = dataclasses.replace(config or ServerConfig(), **overrides)
         self.graph = graph if graph is not None else UpdateGraph()
         self.host = host
         self.requested_port = int(port)
@@ -60,10 +64,12 @@ class TickwireServer:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and a key")
         self.tls = None if tls_cert is None else (Path(tls_cert).read_bytes(), Path(tls_key).read_bytes())
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tickwire-work")
-        self.sessions = SessionManager(psk=psk, duration_ms=session_duration_ms)
-        self.registry = PublisherRegistry()
-        self.ctx = ServerContext(self.graph, Scope(self.graph), self.sessions, self.registry, self.executor)
+        cfg = self.config
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.workers,
+                                                              thread_name_prefix="tickwire-work")
+        self.sessions = SessionManager(psk=psk, duration_ms=cfg.session_duration_ms)
+        self.registry = PublisherRegistry(config=cfg)
+        self.ctx = ServerContext(self.graph, Scope(self.graph), self.sessions, self.registry, self.executor, cfg)
         self.flight = FlightService(self.ctx)
         self.deephaven = DeephavenServices(self.ctx)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -71,9 +77,6 @@ class TickwireServer:
         self._server: Optional[grpc.aio.Server] = None
         self._stopped = threading.Event()
         self.start_graph = start_graph
-        if not 0 < int(max_inbound_message_size) <= 2**31 - 1:
-            raise ValueError(f"max_inbound_message_size must be 1..{2**31 - 1} bytes, got {max_inbound_message_size}")
-        self.max_inbound_message_size = int(max_inbound_message_size)
         self.replicas: list = []  # Replicators feeding this server's graph
 
     @property
@@ -86,7 +89,7 @@ class TickwireServer:
         return self.tls is not None
 
     async def _start(self) -> int:
-        options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.max_inbound_message_size)]
+        options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.config.max_inbound_message_size)]
         server = grpc.aio.server(options=options)
         handlers = {**self.flight.handlers(), **self.deephaven.handlers()}
         server.add_generic_rpc_handlers(build_handlers(with_stubs(handlers), precheck=self.sessions.authenticate))

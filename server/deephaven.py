@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+from typing import Optional
 
 import pyarrow as pa
 
@@ -34,9 +35,9 @@ APPLICATION = "/io.deephaven.proto.backplane.grpc.ApplicationService/"
 
 
 class DeephavenServices:
-    def __init__(self, ctx: ServerContext, list_fields_poll_s: float = 1.0):
+    def __init__(self, ctx: ServerContext, list_fields_poll_s: Optional[float] = None):
         self.ctx = ctx
-        self.poll = list_fields_poll_s
+        self.poll = ctx.config.list_fields_poll_s if list_fields_poll_s is None else list_fields_poll_s
         self.ops: TableOps = ctx.scope.ops
         # sessions that expire free their exports on the reaper's thread (never the event loop)
         ctx.sessions.on_expire = self.ops.drop_all

@@ -9,6 +9,7 @@ and discovery (docs/flows.md#tickets-and-discovery).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -49,26 +50,21 @@ from tickwire.server.session import ResolveError, Session
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
-log = logging.getLogger("tickwire.flight")
+log = logging.getLogger(__name__)
 
 SERVICE = "/arrow.flight.protocol.FlightService/"
 # schema metadata naming the key columns of a table created by DoPut (comma separated): the
 # upload creates a keyed (upsert) table instead of an append-only one
 KEYS_METADATA = b"tickwire:keys"
-PAYLOADS_PER_HOP = 2  # FlightData encoded per trip to the worker pool
-INLINE_CELLS = 16_384  # messages up to this many values are encoded on the event loop
-INLINE_REQUEST_BYTES = 4_096  # Barrage requests larger than this are decoded in the worker pool
-MAX_VIEWPORT_RANGES = 1 << 20  # distinct position ranges one viewport may name
 
 
-def _viewport_of(ranges) -> Optional[Viewport]:
+def _viewport_of(ranges, max_ranges: int) -> Optional[Viewport]:
     """A request's viewport, validated and kept as ranges (clipped to the table at each use)."""
     if ranges is None:
         return None
     r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-    if r.shape[0] > MAX_VIEWPORT_RANGES:
-        raise CallError("RESOURCE_EXHAUSTED", f"viewport has {r.shape[0]} ranges; at most {MAX_VIEWPORT_RANGES} "
-                                              "are accepted")
+    if r.shape[0] > max_ranges:
+        raise CallError("RESOURCE_EXHAUSTED", f"viewport has {r.shape[0]} ranges; at most {max_ranges} are accepted")
     try:
         return Viewport(r)
     except ValueError as exc:
@@ -224,7 +220,8 @@ class FlightService:
         session = await self.ctx.authenticate(context)
         table = self._resolve(ticket.ticket, session)
         wire = TableWire(table)
-        msg, n = await self.ctx.run(snapshot_message, wire)  # a failed table raises its status
+        # a failed table raises its status
+        msg, n = await self.ctx.run(functools.partial(snapshot_message, wire, limits=self.ctx.config.encode))
         yield wire.schema_payload(False)
         if n == 0 and not table.is_refreshing:
             return  # an empty static table: the schema only (docs/flows.md#doget)
@@ -238,7 +235,7 @@ class FlightService:
         limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
         it = msg.payloads(opts)
         while True:
-            chunk = await self.ctx.run(_next_payloads, it, PAYLOADS_PER_HOP)
+            chunk = await self.ctx.run(_next_payloads, it, self.ctx.config.payloads_per_hop)
             if not chunk:
                 return
             for p in chunk:
@@ -269,7 +266,7 @@ class FlightService:
                             continue  # docs/client-traps.md#pyarrows-descriptor-only-opening-message
                         raise CallError("INVALID_ARGUMENT", "failed to receive Barrage request metadata")
                     first = False
-                    if len(fd.app_metadata) > INLINE_REQUEST_BYTES:
+                    if len(fd.app_metadata) > self.ctx.config.inline_request_bytes:
                         mtype, obj = await self.ctx.run(_exchange_request, fd.app_metadata)
                     else:
                         mtype, obj = _exchange_request(fd.app_metadata)
@@ -336,7 +333,7 @@ class FlightService:
                     if msg is None:
                         break
                     ready = msg.cached(opts)
-                    if ready is None and msg.cells <= INLINE_CELLS:
+                    if ready is None and msg.cells <= self.ctx.config.inline_cells:
                         ready = list(msg.payloads(opts))  # small: encoding here costs less than a trip to the pool
                     if ready is not None and all(len(p) < limit for p in ready):
                         for p in ready:
@@ -356,7 +353,8 @@ class FlightService:
             table = self._resolve(req.ticket, session)
         ncols = len(table.schema)
         cols = _columns_of(req.columns, ncols, "subscription columns")
-        view = View(columns=tuple(range(ncols)) if cols is None else cols, viewport=_viewport_of(req.viewport),
+        view = View(columns=tuple(range(ncols)) if cols is None else cols,
+                    viewport=_viewport_of(req.viewport, self.ctx.config.max_viewport_ranges),
                     reverse=bool(req.reverse_viewport))
         return table, view, req.options
 
@@ -370,9 +368,9 @@ class FlightService:
         def build():
             ncols = len(wire.names)
             cols = _columns_of(req.columns, ncols, "snapshot columns")
-            viewport = _viewport_of(req.viewport)
+            viewport = _viewport_of(req.viewport, self.ctx.config.max_viewport_ranges)
             return snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
-                                    doget=False)
+                                    doget=False, limits=self.ctx.config.encode)
         msg, _n = await self.ctx.run(build)  # a failed table raises its status
         yield wire.schema_payload(False)
         async for p in self._payloads(msg, opts):

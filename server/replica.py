@@ -43,7 +43,7 @@ from tickwire.server.graph.keyindex import KeyIndex, mix
 
 __all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
 
-log = logging.getLogger("tickwire.replica")
+log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

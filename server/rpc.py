@@ -18,12 +18,13 @@ from google.protobuf.message import DecodeError
 
 from tickwire.errors import TickwireError
 from tickwire.protocol.proto.methods import ALL_METHODS, BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
+from tickwire.server.config import ServerConfig
 from tickwire.server.engine import engine_of
 from tickwire.server.session import Session
 
 __all__ = ["CallError", "ServerContext", "build_handlers", "RAW", "short", "MAX_DETAILS"]
 
-log = logging.getLogger("tickwire.server")
+log = logging.getLogger(__name__)
 
 RAW = "raw"  # marker: the message travels as bytes, unparsed
 
@@ -47,13 +48,13 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 class ServerContext:
     """What every service needs: the graph, the scope, sessions, publishers and a worker pool."""
 
-    def __init__(self, graph, scope, sessions, registry, executor, config: Optional[dict] = None):
+    def __init__(self, graph, scope, sessions, registry, executor, config: Optional[ServerConfig] = None):
         self.graph = graph
         self.scope = scope
         self.sessions = sessions
         self.registry = registry
         self.executor = executor
-        self.config = dict(config or {})
+        self.config = config or ServerConfig()
         self.engine = engine_of(graph)
 
     async def run(self, fn: Callable, *args) -> Any:

@@ -25,7 +25,7 @@ from tickwire.server.graph import Table, UpdateGraph
 
 __all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "hidden"]
 
-log = logging.getLogger("tickwire.server")
+log = logging.getLogger(__name__)
 
 PSK_SCHEME = "io.deephaven.authentication.psk.PskAuthenticationHandler"
 ANONYMOUS = "Anonymous"

@@ -20,6 +20,7 @@ from tickwire.protocol.flight import decode_flight_data, encode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts
 from tickwire.protocol.schema import to_deephaven_schema, to_wire_array, wire_type_for
 from tickwire.protocol.update import encode_schema, encode_update
+from tickwire.server.config import EncodeLimits
 from tickwire.server.graph import RowSet, Table
 
 __all__ = ["EncodeOptions", "Message", "TableWire", "EMPTY_ROWSET_BYTES", "EMPTY_SHIFT_BYTES"]
@@ -27,15 +28,10 @@ __all__ = ["EncodeOptions", "Message", "TableWire", "EMPTY_ROWSET_BYTES", "EMPTY
 EMPTY_ROWSET_BYTES = encode_rowset(np.empty((0, 2), dtype=np.int64))
 EMPTY_SHIFT_BYTES = encode_shifts(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))
 
-# a large add phase is encoded in chunks of about CHUNK_BYTES (each chunk one record batch unless
-# batch_size / max_message_size split it further): big enough to amortise per-batch costs, small
-# enough that each FlightData is built and copied while it is still in the CPU cache, and that
-# the first one leaves while the next is being encoded
-CHUNK_ROWS = 1 << 17
-CHUNK_BYTES = 1 << 20
-# messages small enough to be encoded whole (and shared by every subscriber that gets them) are
-# cut into record batches of about this many bytes
-SHARED_BATCH_BYTES = 1 << 17
+# A large add phase is encoded in chunks (EncodeLimits.chunk_bytes): big enough to amortise
+# per-batch costs, small enough that each FlightData is built and copied while it is still in the
+# CPU cache, and that the first one leaves while the next is being encoded.
+DEFAULT_LIMITS = EncodeLimits()
 
 
 @dataclass(frozen=True)
@@ -88,10 +84,12 @@ class TableWire:
 class Message:
     """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
 
-    __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step", "_base")
+    __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step", "_base",
+                 "limits")
 
     def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
-                 modified: Optional[list[Optional[pa.Array]]], step: int = 0):
+                 modified: Optional[list[Optional[pa.Array]]], step: int = 0,
+                 limits: EncodeLimits = DEFAULT_LIMITS):
         self.metadata = metadata
         self.types = list(types)
         self.added = added
@@ -102,11 +100,12 @@ class Message:
         self._cache: dict[EncodeOptions, list[bytes]] = {}
         self._lock = threading.Lock()
         self._base: Optional[Message] = None
+        self.limits = limits
 
     def with_metadata(self, metadata: bytes, step: int) -> "Message":
         """The same rows under other metadata (the same snapshot at a later step of an unchanged
         table): its FlightData are this message's, but for the first, which carries the metadata."""
-        m = Message(metadata, self.types, self.added, self.modified, step=step)
+        m = Message(metadata, self.types, self.added, self.modified, step=step, limits=self.limits)
         m._base = self
         return m
 
@@ -125,7 +124,7 @@ class Message:
         if self._base is not None:
             yield from self._rebased(opts)
             return
-        if self.n_added > CHUNK_ROWS:
+        if self.n_added > self.limits.chunk_rows:
             yield from self._chunked(opts)
             return
         with self._lock:
@@ -144,26 +143,27 @@ class Message:
             base = self._base.payloads(opts)
             first = decode_flight_data(next(base))
             out = [encode_flight_data(first.data_header, self.metadata or None, body=first.data_body), *base]
-            if self.n_added <= CHUNK_ROWS:
+            if self.n_added <= self.limits.chunk_rows:
                 self._cache[opts] = out
         yield from out
 
     def _batch_rows(self, opts: EncodeOptions) -> int:
-        """Rows per record batch for the cached encoding: at most about SHARED_BATCH_BYTES per
+        """Rows per record batch for the cached encoding: at most about `shared_batch_bytes` per
         FlightData, so that a subscriber that stops reading holds one small piece of a shared
         message in its transport, not a copy of the whole message."""
         nbytes = sum(c.nbytes for c in (*(self.added or ()), *(self.modified or ())) if c is not None)
-        if nbytes <= SHARED_BATCH_BYTES or self.cells == 0:
+        target = self.limits.shared_batch_bytes
+        if nbytes <= target or self.cells == 0:
             return opts.batch_size
         ncols = sum(1 for c in (*(self.added or ()), *(self.modified or ())) if c is not None)
-        rows = max(256, int(SHARED_BATCH_BYTES * self.cells / max(1, ncols) / nbytes))
+        rows = max(256, int(target * self.cells / max(1, ncols) / nbytes))
         return min(opts.batch_size, rows) if opts.batch_size > 0 else rows
 
     def _chunked(self, opts: EncodeOptions) -> Iterator[bytes]:
         kw = dict(use_deephaven_nulls=opts.use_deephaven_nulls, columns_as_list=opts.columns_as_list,
                   batch_size=opts.batch_size, max_message_size=opts.max_message_size)
         md = self.metadata
-        rows = chunk_rows(self.added, self.n_added)
+        rows = chunk_rows(self.added, self.n_added, self.limits)
         if opts.batch_size > 0:
             rows = min(rows, opts.batch_size)
         for start in range(0, self.n_added, rows):
@@ -174,11 +174,12 @@ class Message:
             yield from encode_update(b"", self.types, None, self._wire(self.modified), **kw)
 
 
-def chunk_rows(columns: Sequence[Optional[pa.Array]], n: int) -> int:
-    """Rows per chunk of about CHUNK_BYTES for these columns (at most CHUNK_ROWS, at least 1024)."""
+def chunk_rows(columns: Sequence[Optional[pa.Array]], n: int, limits: EncodeLimits = DEFAULT_LIMITS) -> int:
+    """Rows per chunk of about `limits.chunk_bytes` for these columns (at most `limits.chunk_rows`,
+    at least 1024)."""
     nbytes = sum(c.nbytes for c in columns if c is not None)
     per_row = max(1, nbytes // max(1, n))
-    return max(1024, min(CHUNK_ROWS, CHUNK_BYTES // per_row))
+    return max(1024, min(limits.chunk_rows, limits.chunk_bytes // per_row))
 
 
 def rows_bytes(rows: Optional[RowSet]) -> Optional[bytes]:

@@ -8,7 +8,7 @@ message carries under the graph's lock (cost follows the change and the viewport
 table). Subscribers that are in step and want the same columns share one message object, so the
 values are gathered once and the FlightData encoded once per set of options.
 
-Memory per subscriber is bounded: its outbox holds at most `OUTBOX` messages; while it is full
+Memory per subscriber is bounded: its outbox holds at most `outbox` messages (ServerConfig); while it is full
 (the client is not reading), new changes are only coalesced into `behind`, whose size is bounded
 by the table's, and go out as one message once the client reads again. Other subscribers are
 never held up by a slow one: the cycle thread never waits on a client.
@@ -28,6 +28,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from tickwire.errors import TickwireError
+from tickwire.server.config import EncodeLimits, ServerConfig
 from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.barrage.views import View, plan_full, plan_viewport, window_keys
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
@@ -35,10 +36,9 @@ from tickwire.server.graph.graph import TableFailedError, TableFailure, TableLis
 
 __all__ = ["Publisher", "Subscription", "PublisherRegistry", "snapshot_message"]
 
-log = logging.getLogger("tickwire.barrage")
+log = logging.getLogger(__name__)
 
 _EMPTY_SHIFTS = RowSetShiftData()
-OUTBOX = 2  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
 
 
 class SubscriptionError(TickwireError):
@@ -310,7 +310,7 @@ class Publisher:
             self._replay(sub)
             return
         if sub.requested is not None:
-            if sub.pending() >= OUTBOX:
+            if sub.pending() >= self.registry.outbox:
                 return
             self._snapshot(sub, step)
             return
@@ -399,7 +399,7 @@ class Publisher:
                             effective_column_set=view.columns, added_rows=rows, removed_rows=RowSet(),
                             shift_data=_EMPTY_SHIFTS, added_rows_included=piece,
                             mod_column_nodes=[RowSet()] * ncols, table_size=len(rows))
-        lg.messages.append(Message(md, self.wire.types, added, None, step=step))
+        lg.messages.append(Message(md, self.wire.types, added, None, step=step, limits=self.registry.limits))
         if done:
             lg.complete = True
             lg.delivered = RowSet()
@@ -425,7 +425,7 @@ class Publisher:
         """Queues the subscriber's next messages of its log; at the end of a complete log it
         continues as an ordinary subscriber that is behind by the log's `since`."""
         lg = sub.log
-        while sub.cursor < len(lg.messages) and sub.pending() < OUTBOX:
+        while sub.cursor < len(lg.messages) and sub.pending() < self.registry.outbox:
             msg = lg.messages[sub.cursor]
             sub.cursor += 1
             sub._push(msg)
@@ -505,7 +505,7 @@ class Publisher:
         md = self._metadata(plan, view, step, first, snapshot=snapshot)
         added = self.wire.gather(plan.add_keys, view.columns)
         modified = self.wire.gather(plan.mod_keys, plan.modified_columns) if plan.modified_columns else None
-        return Message(md, self.wire.types, added, modified, step=step)
+        return Message(md, self.wire.types, added, modified, step=step, limits=self.registry.limits)
 
     def _metadata(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> bytes:
         ncols = len(self.wire.names)
@@ -524,7 +524,14 @@ class Publisher:
 class PublisherRegistry:
     """The publishers of one server, created on first subscription and dropped with the last."""
 
-    def __init__(self, piece_target_ms: float = 3.0, min_piece_cells: int = 65_536, max_piece_cells: int = 1 << 24):
+    def __init__(self, piece_target_ms: Optional[float] = None, min_piece_cells: Optional[int] = None,
+                 max_piece_cells: Optional[int] = None, *, config: Optional[ServerConfig] = None):
+        config = config or ServerConfig()
+        piece_target_ms = config.piece_target_ms if piece_target_ms is None else piece_target_ms
+        min_piece_cells = config.min_piece_cells if min_piece_cells is None else min_piece_cells
+        max_piece_cells = config.max_piece_cells if max_piece_cells is None else max_piece_cells
+        self.outbox = config.outbox  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
+        self.limits = config.encode
         self._lock = threading.Lock()
         self._by_table: dict[int, Publisher] = {}
         # growing snapshots: cells per piece, adapted so one piece's read under the graph's lock
@@ -567,7 +574,7 @@ class PublisherRegistry:
 
 def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = None,
                      viewport: Optional[RowSet] = None, reverse: bool = False,
-                     doget: bool = True) -> tuple[Message, int]:
+                     doget: bool = True, limits: Optional[EncodeLimits] = None) -> tuple[Message, int]:
     """A DoGet / snapshot-request response message (docs/flows.md#doget,
     docs/flows.md#snapshot-requests) and its row count.
 
@@ -594,5 +601,5 @@ def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = No
                         effective_reverse_viewport=reverse,
                         effective_column_set=None if columns is None else np.asarray(columns, dtype=np.int64),
                         added_rows=rows, shift_data=_EMPTY_SHIFTS, added_rows_included=keys)
-    return Message(md, wire.types, added, None, step=step), len(keys)
+    return Message(md, wire.types, added, None, step=step, limits=limits or EncodeLimits()), len(keys)
 

@@ -26,7 +26,7 @@ from tickwire.server.spark.sinks import fan_out, sink
 
 __all__ = ["SparkDemo", "start_spark_demo", "spark_available", "stop_active_spark"]
 
-log = logging.getLogger("tickwire.spark")
+log = logging.getLogger(__name__)
 
 
 def spark_available() -> Optional[str]:

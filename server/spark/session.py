@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 __all__ = ["spark_session", "spark_conf", "compile_filesystem", "cache_dir", "FILESYSTEMS",
            "NOFORK_FS_CLASS", "NOFORK_AFS_CLASS", "RAW_FS_CLASS"]
 
-log = logging.getLogger("tickwire.spark")
+log = logging.getLogger(__name__)
 
 NOFORK_FS_CLASS = "tickwire.hadoop.NoForkLocalFileSystem"
 NOFORK_AFS_CLASS = "tickwire.hadoop.NoForkLocalFileSystem$Fs"

@@ -63,7 +63,7 @@ from tickwire.server.spark.types import SparkSinkError, arrow_schema_for_spark, 
 
 __all__ = ["sink", "fan_out", "TickwireSink", "MODES", "diff_by_key", "last_per_key", "collect_arrow"]
 
-log = logging.getLogger("tickwire.spark")
+log = logging.getLogger(__name__)
 
 MODES = ("append", "upsert", "replace", "blink")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
