@@ -18,4 +18,5 @@ for name, folder in SUBPACKAGES.items():
         packages.append(f"tickwire.{name}.{sub}")
         package_dir[f"tickwire.{name}.{sub}"] = f"{folder}/{sub.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir, package_data={"": ["*.fbs", "*.proto", "*.java", "*.properties"]})
+setup(packages=packages, package_dir=package_dir,
+      package_data={"": ["*.fbs", "*.proto", "*.java", "*.properties"], "tickwire": ["py.typed"]})
