@@ -30,7 +30,7 @@ def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
     def reader():
         seen_sizes: dict[int, int] = {}
         while not stop.is_set():
-            with g.shared_lock():
+            with g.exclusive():
                 step = g.step
                 snap = t.gather()
                 counts = keyed.gather()
@@ -91,7 +91,7 @@ def test_snapshots_match_the_state_recorded_at_their_step():
 
     def reader():
         while not stop.is_set():
-            with g.shared_lock():
+            with g.exclusive():
                 step = g.step
                 snaps.append((step, keyed.gather().to_pylist(), g.snapshot(ring)[1].to_pylist()))
             time.sleep(0.0005)

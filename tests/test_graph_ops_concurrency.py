@@ -45,7 +45,7 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
 
     def reader():
         while not stop.is_set():
-            with g.shared_lock():  # one cycle boundary for all the reads below
+            with g.exclusive():  # one cycle boundary for all the reads below
                 s1, q = g.step, quotes.gather_with_keys()
                 s2, t = g.snapshot(top)
                 s3, v = g.snapshot(view)

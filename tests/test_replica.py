@@ -22,7 +22,7 @@ from tickwire.server.replica import ReplicaTable, Replicator, parse_replicate, w
 
 
 def _state(table) -> tuple[np.ndarray, pa.Table]:
-    with table.graph.shared_lock():
+    with table.graph.exclusive():
         keys = table.rowset.keys()
         return keys, table.gather(None, keys)
 

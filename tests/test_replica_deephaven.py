@@ -46,7 +46,7 @@ def dh():
 
 
 def _state(table):
-    with table.graph.shared_lock():
+    with table.graph.exclusive():
         keys = table.rowset.keys()
         return keys, table.gather(None, keys)
 

@@ -1,6 +1,6 @@
 """tickwire.server.graph: the table update model (row sets, updates, tables, the update graph)."""
 from tickwire.server.graph.columns import ColumnStore, equal_mask, hash_columns
-from tickwire.server.graph.graph import ListenerError, UpdateGraph
+from tickwire.server.graph.graph import CycleErrorRecord, UpdateGraph
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.rowset import RowSet, RowSetShiftData, RowSetShiftDataBuilder
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, SourceTable
@@ -11,7 +11,7 @@ from tickwire.server.graph.order import OrderIndex, SortKeys
 from tickwire.server.graph.ops import HeadTailTable, LastByTable, ProjectTable, SortTable, WhereTable
 
 __all__ = [
-    "UpdateGraph", "ListenerError",
+    "UpdateGraph", "CycleErrorRecord",
     "RowSet", "RowSetShiftData", "RowSetShiftDataBuilder",
     "TableUpdate", "ModifiedColumnSet", "UpdateValidationError", "apply_update", "ROW_KEY",
     "Table", "StaticTable", "SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable",

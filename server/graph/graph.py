@@ -3,7 +3,7 @@ delivers one consistent update per changed table to its listeners, in dependency
 
 The step counter is the logical clock: each cycle increments it, and each changed table records
 it as its `last_step`. A cycle runs entirely under the graph's lock (`graph.lock`), so a reader
-holding `shared_lock()` (or calling `snapshot`) sees every table as it was at a cycle boundary.
+holding `exclusive()` (or calling `snapshot`) sees every table as it was at a cycle boundary.
 Producers never wait for a cycle: `add` only takes the short intake lock.
 
 Cycle order: (1) take every source's queued input at once; (2) apply it to each source; (3) walk
@@ -39,13 +39,14 @@ from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTabl
 from tickwire.server.graph.tables import StaticTable, Table
 from tickwire.server.graph.update import TableUpdate
 
-__all__ = ["UpdateGraph", "ListenerError", "TableFailure", "TableFailedError", "TableListener"]
+__all__ = ["UpdateGraph", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
 
 log = logging.getLogger("tickwire.graph")
 
 
-class ListenerError:
-    """A failure during a cycle: the step, the table's name ('<cycle>' for cycle listeners) and the error."""
+class CycleErrorRecord:
+    """The record (not an exception) of a failure during a cycle: the step, the table's name ('<cycle>' for
+    cycle listeners) and the error raised."""
 
     __slots__ = ("step", "table", "error")
 
@@ -53,7 +54,7 @@ class ListenerError:
         self.step, self.table, self.error = step, table, error
 
     def __repr__(self) -> str:
-        return f"ListenerError(step={self.step}, table={self.table!r}, error={self.error!r})"
+        return f"CycleErrorRecord(step={self.step}, table={self.table!r}, error={self.error!r})"
 
 
 class TableFailure:
@@ -116,12 +117,11 @@ class UpdateGraph:
         self.interval_ms = float(interval_ms)
         self.step = 0
         self.tables: dict[str, Table] = {}
-        self.errors: collections.deque[ListenerError] = collections.deque(maxlen=max_errors)
+        self.errors: collections.deque[CycleErrorRecord] = collections.deque(maxlen=max_errors)
         self.lock = threading.RLock()
         self._intake_lock = threading.Lock()
         self._order: list[Table] = []
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._cycle_listeners: list[Callable[[int], None]] = []
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=1000)
@@ -179,8 +179,9 @@ class UpdateGraph:
 
     # -- reading --------------------------------------------------------------------------------
     @contextmanager
-    def shared_lock(self):
-        """Hold while reading things that must be consistent with each other (a cycle boundary)."""
+    def exclusive(self):
+        """Holds the graph's lock, which is exclusive: no cycle runs and no other holder proceeds
+        until it is released, so what is read under it is at one cycle boundary."""
         with self.lock:
             yield self
 
@@ -205,7 +206,7 @@ class UpdateGraph:
     # -- cycles ---------------------------------------------------------------------------------
     def _report(self, step: int, name: str, exc: BaseException, what: str) -> None:
         log.error("%s of table %r failed at step %d: %r", what, name, step, exc, exc_info=exc)
-        self.errors.append(ListenerError(step, name, exc))
+        self.errors.append(CycleErrorRecord(step, name, exc))
 
     def fail(self, table: Table, what: str, error: BaseException) -> TableFailure:
         """Fails a derived table whose values cannot be computed when read (a view's formula
@@ -308,10 +309,6 @@ class UpdateGraph:
         self.cycle_seconds.append(time.perf_counter() - t0)
         return updates
 
-    def wake(self) -> None:
-        """Input arrived (cycles still run on the interval; this is a hint for callers that wait)."""
-        self._wake.set()
-
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -325,7 +322,6 @@ class UpdateGraph:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None

@@ -64,7 +64,6 @@ class SourceTable(Table):
                     return False
                 self._seen_batches.add(batch_id)
             self._pending.extend(op for op in ops if op[1].num_rows)
-        self.graph.wake()
         return True
 
     def has_batch(self, batch_id) -> bool:
@@ -227,7 +226,7 @@ class KeyedTable(SourceTable):
     def row_keys_for(self, keys_data) -> np.ndarray:
         """Row key of each row's key in `keys_data` (-1 where the key is not in the table)."""
         t = self._key_input(keys_data)
-        with self.graph.shared_lock():
+        with self.graph.exclusive():
             return self._find(t, hash_columns([t.column(k) for k in self.keys]))[0]
 
     # -- cycle ----------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def register_operation(operation: str, make: Callable[..., "Table"]) -> None:
 
 def unique_name(graph: "UpdateGraph", base: str) -> str:
     """`base`, or `base#2`, `base#3`, ... : the first name no table of the graph has."""
-    with graph.shared_lock():
+    with graph.exclusive():
         if base not in graph.tables:
             return base
         i = 2
@@ -156,7 +156,7 @@ class Table:
 
     def to_arrow(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
         """The whole table, read under the graph's lock."""
-        with self.graph.shared_lock():
+        with self.graph.exclusive():
             return self.gather(columns)
 
     def prev_gather(self, columns: Optional[Sequence[str]] = None, keys=None) -> pa.Table:
@@ -176,12 +176,12 @@ class Table:
     # -- listening ------------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> Listener:
         """`fn(table, update, step)` runs in the cycle thread after each cycle that changed the table."""
-        with self.graph.shared_lock():
+        with self.graph.exclusive():
             self.listeners.append(fn)
         return fn
 
     def remove_listener(self, fn: Listener) -> None:
-        with self.graph.shared_lock():
+        with self.graph.exclusive():
             if fn in self.listeners:
                 self.listeners.remove(fn)
 

@@ -26,7 +26,7 @@ class HeadTailTable(_Op):
             raise ValueError(f"table {name!r}: {'tail' if tail else 'head'} needs n >= 0, got {n}")
         self.n = int(n)
         self.from_end = bool(tail)
-        with graph.shared_lock(), _unregistered_on_error(graph, self):
+        with graph.exclusive(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k == "BlinkTable"}

@@ -51,7 +51,7 @@ class LastByTable(_Op):
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
         self._gid_at = np.full(1024, -1, dtype=np.int64)  # output row key -> group
         self._next_okey = 0
-        with graph.shared_lock(), _unregistered_on_error(graph, self):
+        with graph.exclusive(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self._cycle(TableUpdate(added=parent.rowset))

@@ -103,7 +103,7 @@ class ProjectTable(_Op):
         schema = pa.schema(fields)
         self.materialize = bool(materialize) and bool(self.exprs)
         self.computed_store: Optional[ColumnStore] = None
-        with graph.shared_lock(), _unregistered_on_error(graph, self):
+        with graph.exclusive(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, schema)
             self.attributes = {k: v for k, v in parent.attributes.items()
                                if k in ("AddOnly", "AppendOnly", "BlinkTable")}

@@ -38,7 +38,7 @@ class SortTable(_Op):
         self.sort_columns = cols
         self.descending = desc
         self.encoder = SortKeys(parent.schema, cols, desc)
-        with graph.shared_lock(), _unregistered_on_error(graph, self):
+        with graph.exclusive(), _unregistered_on_error(graph, self):
             super().__init__(graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k == "BlinkTable"}

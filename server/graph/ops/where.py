@@ -55,7 +55,7 @@ class WhereTable(_Op):
                             f"got {type(predicate).__name__}")
         self.predicate = predicate
         self.columns = column_names(parent.schema, columns) if columns is not None else None
-        with graph.shared_lock(), _unregistered_on_error(graph, self):
+        with graph.exclusive(), _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k in ("AddOnly", "BlinkTable")}
