@@ -1,0 +1,265 @@
+"""The server side of a DoPut upload, sans-I/O: FlightData bytes in, events out.
+
+    decoder = UploadDecoder()
+    for raw in request_stream:
+        for event in decoder.feed(raw):   # Destination, Options, UploadSchema, Batch
+            if isinstance(event, Batch):
+                table = event.decode()    # CPU work: run it in a worker thread
+    end = decoder.close()                 # End, once the client half-closes
+
+The rules are those of docs/flows.md#doput: the first FlightData names the destination with a
+PATH descriptor (a later, different descriptor is refused); an optional metadata-only message
+carries the serialization options (`use_deephaven_nulls`, `columns_as_list`); then one Schema
+message, checked before anything is made from it (types with a wire mapping, the
+`tickwire:keys` metadata naming UTF-8 column names of the schema); then RecordBatches. Each
+refusal raises `UploadError` (INVALID_ARGUMENT); the decoder accepts nothing after one.
+
+`feed` only parses headers and checks the schema; decoding a batch's body, which costs what the
+batch holds, is left to `Batch.decode()`, which reads nothing of the decoder and may run in any
+thread (and concurrently with later calls to `feed`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import pyarrow as pa
+
+from tickwire.protocol import barrage
+from tickwire.protocol.batches import (
+    HEADER_RECORD_BATCH,
+    HEADER_SCHEMA,
+    MessageInfo,
+    decode_record_batch,
+    read_message_header,
+)
+from tickwire.protocol.errors import ProtocolError
+from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
+from tickwire.protocol.schema import (
+    check_wire_schema,
+    from_wire_arrays,
+    read_schema_message,
+    sentinels_to_nulls,
+    to_wire_array,
+    unwrap_list_schema,
+)
+
+__all__ = [
+    "KEYS_METADATA",
+    "UploadError",
+    "UploadDecoder",
+    "Destination",
+    "Options",
+    "UploadSchema",
+    "Batch",
+    "End",
+    "UploadEvent",
+    "check_put_keys",
+    "decode_put_batch",
+]
+
+# schema metadata naming the key columns of a table created by DoPut (comma separated): the
+# upload creates a keyed (upsert) table instead of an append-only one
+KEYS_METADATA = b"tickwire:keys"
+
+
+class UploadError(ProtocolError):
+    """An upload the server refuses; `code` is the gRPC status name to answer with."""
+
+    def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
+        super().__init__(message, code)
+
+
+@dataclass(frozen=True)
+class Destination:
+    """The destination named by the first descriptor: `["scope", name]` or `["export", id]`."""
+
+    path: list[str]
+
+
+@dataclass(frozen=True)
+class Options:
+    """Serialization options from a metadata-only message (they apply to the batches after it)."""
+
+    use_deephaven_nulls: bool
+    columns_as_list: bool
+
+
+@dataclass(frozen=True)
+class UploadSchema:
+    """The upload's schema: unwrapped when the columns come as lists, checked, with the key
+    columns its `tickwire:keys` metadata names (empty for an append-only upload)."""
+
+    schema: pa.Schema
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One RecordBatch, not decoded yet: `decode()` returns its rows as a pa.Table (natural
+    values), or raises UploadError. It depends on nothing but its own fields."""
+
+    info: MessageInfo
+    body: Optional[bytes | memoryview]
+    schema: pa.Schema
+    use_deephaven_nulls: bool = False
+    columns_as_list: bool = False
+
+    @property
+    def num_rows(self) -> int:
+        """The row count the header declares (the decoded table's columns may not agree)."""
+        return int(self.info.length)
+
+    def decode(self) -> pa.Table:
+        return decode_put_batch(self.info, self.body, self.schema, self.use_deephaven_nulls, self.columns_as_list)
+
+
+@dataclass(frozen=True)
+class End:
+    """The client half-closed a valid upload; `batches` counts the Batch events."""
+
+    path: list[str]
+    schema: pa.Schema
+    keys: tuple[str, ...]
+    batches: int
+
+
+UploadEvent = Union[Destination, Options, UploadSchema, Batch, End]
+
+
+def check_put_keys(schema: pa.Schema) -> tuple[str, ...]:
+    """The key columns the `tickwire:keys` schema metadata of an upload names: UTF-8 names of
+    columns of the schema (empty when the metadata is absent)."""
+    raw = (schema.metadata or {}).get(KEYS_METADATA)
+    if raw is None:
+        return ()
+    try:
+        keys = [k for k in raw.decode("utf-8").split(",") if k]
+    except UnicodeDecodeError:
+        raise UploadError("DoPut: schema metadata 'tickwire:keys' is not UTF-8") from None
+    missing = [k for k in keys if k not in schema.names]
+    if missing:
+        shown = ", ".join(repr(k[:64]) for k in missing[:5])
+        raise UploadError(f"DoPut: 'tickwire:keys' names {len(missing)} column(s) not in the schema: {shown}")
+    return tuple(keys)
+
+
+def decode_put_batch(info: MessageInfo, body, schema: pa.Schema, dh_nulls: bool, as_list: bool) -> pa.Table:
+    """One uploaded RecordBatch as a pa.Table of natural values: Deephaven nulls read as nulls when
+    `dh_nulls`, list-wrapped columns unwrapped when `as_list`; columns of different lengths and
+    instants, durations and times that do not fit in nanoseconds are refused."""
+    try:
+        arrays = decode_record_batch(info, body, schema, columns_as_list=as_list)
+        arrays = from_wire_arrays(arrays, schema)
+    except ProtocolError as exc:
+        raise UploadError(f"bad record batch: {exc}") from None
+    lengths = {len(a) for a in arrays}
+    if len(lengths) > 1:
+        raise UploadError(f"DoPut record batch columns have different lengths {sorted(lengths)}")
+    if dh_nulls:
+        arrays = [sentinels_to_nulls(a) for a in arrays]
+    for f, a in zip(schema, arrays):  # values every reader must be able to send (e.g. instants in ns)
+        if pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type) or pa.types.is_time(f.type):
+            try:
+                to_wire_array(a)
+            except (ProtocolError, pa.ArrowInvalid) as exc:
+                raise UploadError(f"DoPut column {f.name!r}: {exc}") from None
+    return pa.Table.from_arrays(arrays, names=schema.names)
+
+
+class UploadDecoder:
+    """Reads the client-to-server half of one DoPut call.
+
+    State, readable at any time: `path` (the destination, once named), `schema` and `keys` (once
+    the Schema message arrived), `use_deephaven_nulls` and `columns_as_list` (the options so far),
+    `batches` (Batch events so far) and `closed`."""
+
+    def __init__(self) -> None:
+        self.path: Optional[list[str]] = None
+        self.schema: Optional[pa.Schema] = None
+        self.keys: tuple[str, ...] = ()
+        self.use_deephaven_nulls = False
+        self.columns_as_list = False
+        self.batches = 0
+        self.closed = False
+
+    def feed(self, data) -> list[UploadEvent]:
+        """The events of one FlightData (bytes-like), in order: a Destination when the first
+        descriptor arrives, then at most one of Options, UploadSchema or Batch. Raises UploadError
+        for a message the server refuses."""
+        if self.closed:
+            raise UploadError("DoPut: a message after the end of the upload")
+        try:
+            return self._feed(data)
+        except BaseException:
+            self.closed = True
+            raise
+
+    def _feed(self, data) -> list[UploadEvent]:
+        try:
+            fd = decode_flight_data(data)
+        except ProtocolError as exc:
+            raise UploadError(f"malformed FlightData: {exc}") from None
+        events: list[UploadEvent] = []
+        if fd.descriptor is not None:
+            if fd.descriptor.type != DESCRIPTOR_PATH:
+                raise UploadError("DoPut needs a PATH flight descriptor naming the destination")
+            if self.path is None:
+                self.path = list(fd.descriptor.path)
+                events.append(Destination(list(self.path)))
+            elif list(fd.descriptor.path) != self.path:
+                raise UploadError(f"DoPut descriptor changed from {self.path} to {list(fd.descriptor.path)}")
+        if self.path is None:
+            raise UploadError("Result flight descriptor never provided")
+        if fd.app_metadata is not None and not fd.data_header:
+            try:
+                _t, obj = barrage.unwrap(fd.app_metadata)
+            except ProtocolError as exc:
+                raise UploadError(f"bad DoPut options: {exc}") from None
+            if isinstance(obj, barrage.SubscriptionRequest) and obj.options is not None:
+                self.use_deephaven_nulls = bool(obj.options.use_deephaven_nulls)
+                self.columns_as_list = bool(obj.options.columns_as_list)
+                events.append(Options(self.use_deephaven_nulls, self.columns_as_list))
+            return events
+        if not fd.data_header:
+            return events
+        try:
+            info = read_message_header(fd.data_header)
+        except ProtocolError as exc:
+            raise UploadError(f"bad Arrow message header: {exc}") from None
+        if info.header_type == HEADER_SCHEMA:
+            if self.schema is not None:
+                raise UploadError("DoPut: a second schema message")
+            try:
+                schema = read_schema_message(fd.data_header)
+                if self.columns_as_list:
+                    schema = unwrap_list_schema(schema)
+            except UploadError:
+                raise
+            except ProtocolError as exc:
+                raise UploadError(str(exc)) from None
+            try:
+                check_wire_schema(schema)
+            except ProtocolError as exc:
+                raise UploadError(f"DoPut: {exc}") from None
+            self.keys = check_put_keys(schema)
+            self.schema = schema
+            events.append(UploadSchema(schema, self.keys))
+            return events
+        if info.header_type != HEADER_RECORD_BATCH:
+            raise UploadError(f"DoPut: unsupported Arrow message type {info.header_type}")
+        if self.schema is None:
+            raise UploadError("Schema must be processed before record-batch messages")
+        self.batches += 1
+        events.append(Batch(info, fd.data_body, self.schema, self.use_deephaven_nulls, self.columns_as_list))
+        return events
+
+    def close(self) -> End:
+        """The client half-closed. Raises UploadError when the upload named no destination or sent
+        no schema."""
+        self.closed = True
+        if self.path is None:
+            raise UploadError("Result flight descriptor never provided")
+        if self.schema is None:
+            raise UploadError("DoPut: schema never provided")
+        return End(list(self.path), self.schema, self.keys, self.batches)
