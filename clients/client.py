@@ -12,7 +12,7 @@ Works against tickwire and against a Deephaven server (anonymous or pre-shared-k
         sub.close()
 
 Each subscription runs one reader thread: it decodes the stream with `tickwire.protocol`, applies
-every update to a `TableState` (remove, shift, add, modify; no per-row loops), calls the callbacks
+every update to a `NaturalTableState` (remove, shift, add, modify; no per-row loops), calls the callbacks
 and queues the update for `updates()`. The queue is bounded: a consumer that does not drain it
 makes the reader wait, which makes the server coalesce (it never buffers without bound either).
 """
@@ -23,22 +23,21 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import grpc
 import numpy as np
 import pyarrow as pa
 
-from tickwire.clients.state import TableState
+from tickwire.clients.state import NaturalTableState
 from tickwire.protocol import barrage
-from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
+from tickwire.protocol.opening import exchange_opening, request_message, snapshot_request, subscription_request
 from tickwire.protocol.proto import config_pb2, flight_pb2, session_pb2
 from tickwire.protocol.proto.methods import METHODS
-from tickwire.protocol.rowset import ranges_to_keys
-from tickwire.protocol.schema import from_wire_arrays
-from tickwire.protocol.update import BarrageUpdate, StreamDecoder
+from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
+from tickwire.protocol.update import BarrageUpdate
 
-__all__ = ["BarrageClient", "Subscription", "Update", "ClientError", "PSK_AUTH"]
+__all__ = ["BarrageClient", "Subscription", "Update", "ClientError", "PSK_AUTH", "NaturalTableState"]
 
 PSK_AUTH = "io.deephaven.authentication.psk.PskAuthenticationHandler"
 FLIGHT = "/arrow.flight.protocol.FlightService/"
@@ -166,6 +165,13 @@ class BarrageClient:
             except ClientError:
                 pass  # the next call reports the problem
 
+    def open_exchange(self, requests: Iterable[bytes]):
+        """A raw DoExchange call with this client's credentials: sends the FlightData of
+        `requests` (e.g. `protocol.opening.exchange_opening(...)`; the iterable's end half-closes)
+        and returns the gRPC call, an iterator of the server's FlightData bytes with `cancel()`.
+        Reading it raises grpc.RpcError when the call fails."""
+        return self.channel.stream_stream(FLIGHT + "DoExchange")(iter(requests), metadata=self.auth.metadata())
+
     @staticmethod
     def ticket(table: str | bytes) -> bytes:
         """A table name (global scope) or raw ticket bytes."""
@@ -195,15 +201,15 @@ class BarrageClient:
 
     def _doget(self, ticket: bytes, timeout) -> pa.Table:
         fn = self.channel.unary_stream(FLIGHT + "DoGet", request_serializer=flight_pb2.Ticket.SerializeToString)
-        dec = StreamDecoder()
+        reader = ResponseReader()
         state = None
         try:
             for raw in fn(flight_pb2.Ticket(ticket=ticket), metadata=self.auth.metadata(), timeout=timeout):
-                u = dec.feed(raw)
-                if state is None and dec.schema is not None:
-                    state = _State(dec.schema, viewport=False)
-                if u is not None:
-                    state.apply_plain(u)
+                for ev in reader.feed(raw):
+                    if isinstance(ev, SchemaReceived):
+                        state = NaturalTableState(ev.schema, viewport=False)
+                    else:
+                        state.apply_plain(ev.update)
         except grpc.RpcError as exc:
             raise ClientError(f"DoGet {ticket!r}: {exc.code().name}: {exc.details()}", exc.code()) from None
         if state is None:
@@ -262,42 +268,8 @@ class BarrageClient:
         self.close()
 
 
-class _State(TableState):
-    """TableState plus the conversion of wire values to natural Arrow values."""
-
-    def __init__(self, wire_schema: pa.Schema, viewport: bool, selected: Optional[Sequence[str]] = None):
-        super().__init__(wire_schema, viewport=viewport)
-        self.wire_schema = wire_schema
-        self.selected = list(selected) if selected is not None else None  # the columns shown
-
-    def natural(self, arrays: list) -> list:
-        return from_wire_arrays(arrays, self.wire_schema)
-
-    def apply_plain(self, u: BarrageUpdate) -> None:
-        """Applies a message of any stream: subscription updates go to `apply`; the pieces of a
-        DoGet or snapshot-request response (snapshot metadata without removed rows) insert their
-        rows by row key (`added_rows_included`: a static table comes in several pieces, and the
-        pieces of a reverse viewport come last rows first); plain Arrow batches append."""
-        md = u.metadata
-        if md is not None and not (md.is_snapshot and md.removed_rows is None):
-            self.apply(u)
-            return
-        rows = None
-        if md is not None:
-            rows = md.added_rows_included if md.added_rows_included is not None else md.added_rows
-        keys = ranges_to_keys(_ranges(rows)) if rows is not None else None
-        n = max((len(a) for a in u.added), default=0)
-        if keys is not None and keys.size == n and n:
-            self._insert_rows(keys, u.added, by_position=False)
-            self.table_size = len(self)
-            self.last_seq = md.last_seq
-        else:
-            self.append(u.added)
-
-    def table(self, names: Optional[Sequence[str]] = None) -> pa.Table:
-        cols = from_wire_arrays(self.columns, self.wire_schema)
-        t = pa.Table.from_arrays(cols, names=self.wire_schema.names)
-        return t.select(list(names)) if names is not None else t
+# the former private name of NaturalTableState, kept for existing imports
+_State = NaturalTableState
 
 
 class Subscription:
@@ -326,7 +298,7 @@ class Subscription:
         self._ready = threading.Event()
         self._closed = threading.Event()
         self.error: Optional[ClientError] = None
-        self.state: Optional[_State] = None
+        self.state: Optional[NaturalTableState] = None
         self.schema: Optional[pa.Schema] = None
         self.update_count = 0
         self.last_seq = 0
@@ -358,25 +330,20 @@ class Subscription:
             # splits a message into batches at the first column's chunk boundaries, and without
             # that column it fails messages of more than 65 536 rows with INVALID_ARGUMENT.
             cols = np.array(idx, dtype=np.int64)
-        vp = None if self.viewport is None else np.array(self.viewport, dtype=np.int64).reshape(-1, 2)
         if self.snapshot_only:
-            return barrage.wrap(barrage.SnapshotRequest(ticket=self.ticket, columns=cols, viewport=vp,
-                                                        reverse_viewport=self.reverse,
-                                                        options=barrage.SnapshotOptions()))
-        return barrage.wrap(barrage.SubscriptionRequest(
-            ticket=self.ticket, columns=cols, viewport=vp, reverse_viewport=self.reverse,
-            options=barrage.SubscriptionOptions(min_update_interval_ms=self.interval)))
+            return snapshot_request(self.ticket, columns=cols, viewport=self.viewport, reverse=self.reverse)
+        return subscription_request(self.ticket, columns=cols, viewport=self.viewport, reverse=self.reverse,
+                                    options=barrage.SubscriptionOptions(min_update_interval_ms=self.interval))
 
     def _open(self, request: bytes) -> None:
         """Starts a DoExchange stream that sends `request`, and its reader thread. A snapshot
         request half-closes at once: the server ends the stream when everything is sent."""
         requests: queue.Queue = queue.Queue()
-        requests.put(encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")))
-        requests.put(encode_flight_data(b"", request))
+        for message in exchange_opening(request):
+            requests.put(message)
         if self.snapshot_only:
             requests.put(_END)
-        call = self.client.channel.stream_stream(FLIGHT + "DoExchange")(iter(requests.get, _END),
-                                                                        metadata=self.client.auth.metadata())
+        call = self.client.open_exchange(iter(requests.get, _END))
         thread = threading.Thread(target=self._run, args=(call, self._columns), name=f"tickwire-sub-{self.name}",
                                   daemon=True)
         self._call, self._requests, self._thread = call, requests, thread
@@ -409,7 +376,7 @@ class Subscription:
                 # the columns shown change with the snapshot that answers this request, so that a
                 # message of the old view arriving in between is still shown with the old columns
                 self._pending_columns.append(self._columns)
-                self._requests.put(encode_flight_data(b"", request))
+                self._requests.put(request_message(request))
             elif columns is not None:
                 superseded = (self._call, self._requests)
                 self._open(request)
@@ -426,20 +393,18 @@ class Subscription:
         return f"{'snapshot of' if self.snapshot_only else 'subscription to'} {self.name!r}"
 
     def _run(self, call, columns) -> None:
-        dec = StreamDecoder()
-        state: Optional[_State] = None
+        reader = ResponseReader()
+        state: Optional[NaturalTableState] = None
         try:
             for raw in call:
-                u = dec.feed(raw)
-                if state is None and dec.schema is not None:
-                    state = _State(dec.schema, viewport=self.viewport is not None, selected=columns)
-                    with self._lock:
-                        if self._current(call) and self.state is None:
-                            self._adopt(state)
-                if u is None:
-                    continue
-                if not self._apply(u, state, call):
-                    break  # a newer stream replaced this one
+                for ev in reader.feed(raw):
+                    if isinstance(ev, SchemaReceived):
+                        state = NaturalTableState(ev.schema, viewport=self.viewport is not None, selected=columns)
+                        with self._lock:
+                            if self._current(call) and self.state is None:
+                                self._adopt(state)
+                    elif not self._apply(ev.update, state, call):
+                        return  # a newer stream replaced this one
         except grpc.RpcError as exc:
             if self._current(call) and not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
                 self._fail(ClientError(f"{self._what()}: {exc.code().name}: {exc.details()}",
@@ -454,13 +419,13 @@ class Subscription:
                 self._ready.set()
                 self._finish()
 
-    def _adopt(self, state: "_State") -> None:
+    def _adopt(self, state: NaturalTableState) -> None:
         """Makes `state` the one shown (caller holds the lock)."""
         self.state = state
         self._names = list(state.wire_schema.names)
         self.schema = state.wire_schema
 
-    def _apply(self, u: BarrageUpdate, state: "_State", call) -> bool:
+    def _apply(self, u: BarrageUpdate, state: NaturalTableState, call) -> bool:
         md = u.metadata
         with self._lock:
             if not self._current(call):
@@ -504,11 +469,10 @@ class Subscription:
                 continue
         return True
 
-    def _update(self, u: BarrageUpdate, names: list[str], removed_vals, state: "_State") -> Update:
+    def _update(self, u: BarrageUpdate, names: list[str], removed_vals, state: NaturalTableState) -> Update:
         md = u.metadata
         n = max((len(a) for a in u.added), default=0)
-        added = pa.Table.from_arrays(state.natural([a if len(a) == n else pa.nulls(n, a.type) for a in u.added]),
-                                     names=names)
+        added = pa.Table.from_arrays(natural_added(u, state.wire_schema, n), names=names)
         if removed_vals is None:
             removed = added.slice(0, 0)
         else:
@@ -519,7 +483,7 @@ class Subscription:
             r = _ranges(rows)
             if r.size:
                 modified_rows[names[c]] = r
-                modified[names[c]] = from_wire_arrays([u.modified[c]], pa.schema([state.wire_schema.field(c)]))[0]
+                modified[names[c]] = natural_modified(u, state.wire_schema, c)
         if state.selected is not None:
             added, removed = added.select(state.selected), removed.select(state.selected)
             modified = {k: v for k, v in modified.items() if k in state.selected}

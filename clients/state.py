@@ -7,9 +7,13 @@ order: remove, shift, add, modify. Everything is vectorized: row sets arrive as 
 and are expanded with numpy. Columns are `clients.columns.Column`s: fixed-width values change in
 place, so appends and modifications cost what they change; removals, inserts before the end and
 changes to variable-width columns rebuild the column.
+
+`NaturalTableState` is the state a client shows: it takes the messages of any response (DoGet,
+snapshot request, subscription) and reads its columns as natural Arrow values.
 """
 from __future__ import annotations
 
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -17,9 +21,10 @@ import pyarrow as pa
 from tickwire.clients.columns import Column
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.rowset import ranges_to_keys
+from tickwire.protocol.schema import from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate
 
-__all__ = ["TableState"]
+__all__ = ["TableState", "NaturalTableState"]
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -210,3 +215,49 @@ class TableState:
         if vals.type != col.type:
             vals = vals.cast(col.type)
         col.set(pos, vals)
+
+
+def _ranges(rows) -> np.ndarray:
+    return np.empty((0, 2), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+
+
+class NaturalTableState(TableState):
+    """TableState plus the conversion of wire values to natural Arrow values: the state of one
+    response stream as a client shows it. `wire_schema` is the stream's schema, `selected` the
+    columns shown (None: all)."""
+
+    def __init__(self, wire_schema: pa.Schema, viewport: bool, selected: Optional[Sequence[str]] = None):
+        super().__init__(wire_schema, viewport=viewport)
+        self.wire_schema = wire_schema
+        self.selected = list(selected) if selected is not None else None
+
+    def natural(self, arrays: list) -> list:
+        """`arrays` (one per column, wire values) as natural Arrow values."""
+        return from_wire_arrays(arrays, self.wire_schema)
+
+    def apply_plain(self, u: BarrageUpdate) -> None:
+        """Applies a message of any stream: subscription updates go to `apply`; the pieces of a
+        DoGet or snapshot-request response (snapshot metadata without removed rows) insert their
+        rows by row key (`added_rows_included`: a static table comes in several pieces, and the
+        pieces of a reverse viewport come last rows first); plain Arrow batches append."""
+        md = u.metadata
+        if md is not None and not (md.is_snapshot and md.removed_rows is None):
+            self.apply(u)
+            return
+        rows = None
+        if md is not None:
+            rows = md.added_rows_included if md.added_rows_included is not None else md.added_rows
+        keys = ranges_to_keys(_ranges(rows)) if rows is not None else None
+        n = max((len(a) for a in u.added), default=0)
+        if keys is not None and keys.size == n and n:
+            self._insert_rows(keys, u.added, by_position=False)
+            self.table_size = len(self)
+            self.last_seq = md.last_seq
+        else:
+            self.append(u.added)
+
+    def table(self, names: Optional[Sequence[str]] = None) -> pa.Table:
+        """The rows held as a pa.Table of natural values (only `names`, in that order, when given)."""
+        cols = from_wire_arrays(self.columns, self.wire_schema)
+        t = pa.Table.from_arrays(cols, names=self.wire_schema.names)
+        return t.select(list(names)) if names is not None else t

@@ -30,15 +30,16 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from tickwire.clients.client import FLIGHT, BarrageClient, _State
-from tickwire.protocol import barrage
+from tickwire.clients.client import BarrageClient
+from tickwire.clients.state import NaturalTableState
 from tickwire.protocol.errors import ProtocolError
-from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
+from tickwire.protocol.opening import exchange_opening, subscription_request
+from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
-from tickwire.protocol.update import BarrageUpdate, StreamDecoder
+from tickwire.protocol.update import BarrageUpdate
 from tickwire.server.engine import CatalogError, UpdateSourceTable, engine_of
 from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
-from tickwire.server.graph.columns import equal_mask
+from tickwire.server.graph.column_store import equal_mask
 from tickwire.server.graph.keyindex import KeyIndex, mix
 
 __all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
@@ -262,41 +263,36 @@ class Replicator:
 
     def _follow(self) -> None:
         client = self._client = BarrageClient(self.target, psk=self.psk, tls=self.tls, root_certs=self.root_certs)
-        req = barrage.wrap(barrage.SubscriptionRequest(ticket=client.ticket(self.remote),
-                                                       options=barrage.SubscriptionOptions()))
-        requests = iter([encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")),
-                         encode_flight_data(b"", req)])
+        opening = exchange_opening(subscription_request(client.ticket(self.remote)))
         done = threading.Event()
 
         def outgoing():
-            yield from requests
+            yield from opening
             done.wait()  # keep the stream open until the replicator stops or the call ends
 
-        call = self._call = client.channel.stream_stream(FLIGHT + "DoExchange")(outgoing(),
-                                                                              metadata=client.auth.metadata())
+        call = self._call = client.open_exchange(outgoing())
         try:
             if self._stop.is_set():
                 return
-            dec = StreamDecoder()
-            state: Optional[_State] = None  # the remote's state while a snapshot is being collected
+            reader = ResponseReader()
+            state: Optional[NaturalTableState] = None  # the remote's state while a snapshot is being collected
             for raw in call:
-                u = dec.feed(raw)
-                if dec.schema is not None and self.table is None:
-                    self._create(dec.schema)
-                if u is None:
-                    continue
-                self.messages += 1
-                md = u.metadata
-                if state is None and self.table.status != "connected":
-                    state = _State(dec.schema, viewport=False)
-                    self.table.status = "syncing"
-                if state is not None:
-                    state.apply(u)
-                    if md is not None and md.is_snapshot and md.effective_viewport is None:
-                        self._sync(state)
-                        state = None
-                    continue
-                self._forward(u, dec.schema)
+                for ev in reader.feed(raw):
+                    if isinstance(ev, SchemaReceived):
+                        if self.table is None:
+                            self._create(ev.schema)
+                        continue
+                    self.messages += 1
+                    if state is None and self.table.status != "connected":
+                        state = NaturalTableState(reader.schema, viewport=False)
+                        self.table.status = "syncing"
+                    if state is not None:
+                        state.apply(ev.update)
+                        if ev.ends_full_snapshot:
+                            self._sync(state)
+                            state = None
+                        continue
+                    self._forward(ev.update, reader.schema)
         finally:
             done.set()
             self._call = None
@@ -312,7 +308,7 @@ class Replicator:
             table.attributes.update(attributes_from_schema(wire_schema))
         self.table = table
 
-    def _sync(self, state: _State) -> None:
+    def _sync(self, state: NaturalTableState) -> None:
         values = state.table()
         if values.schema.names != self.table.schema.names or values.schema.types != self.table.schema.types:
             raise ProtocolError(f"replica {self.name!r}: the upstream's schema changed to {values.schema}")
@@ -330,15 +326,12 @@ class Replicator:
             raise ProtocolError(f"replica {self.name!r}: a batch without Barrage metadata")
         names = wire_schema.names
         added = _rows(md.added_rows_included if md.added_rows_included is not None else md.added_rows)
-        n = len(added)
-        cols = [a if a is not None and len(a) == n else pa.nulls(n, wire_schema.field(i).type)
-                for i, a in enumerate(u.added)] if n else [pa.array([], f.type) for f in wire_schema]
-        added_values = pa.Table.from_arrays(from_wire_arrays(cols, wire_schema), schema=self.table.schema)
+        added_values = pa.Table.from_arrays(natural_added(u, wire_schema, len(added)), schema=self.table.schema)
         mods = []
         for c, node in enumerate(md.mod_column_nodes or []):
             mrows = _rows(node)
             if len(mrows):
-                vals = from_wire_arrays([u.modified[c]], pa.schema([wire_schema.field(c)]))[0]
+                vals = natural_modified(u, wire_schema, c)
                 if len(vals) != len(mrows):
                     raise ProtocolError(f"replica {self.name!r}: column {names[c]!r} has {len(mrows)} modified "
                                         f"rows but {len(vals)} values")
