@@ -23,8 +23,7 @@ import grpc
 
 from tickwire.server.barrage import PublisherRegistry
 from tickwire.server.config import ServerConfig
-from tickwire.server.deephaven import DeephavenServices
-from tickwire.server.flight import FlightService
+from tickwire.server.services import handlers as service_handlers
 from tickwire.server.graph import UpdateGraph
 from tickwire.server.rpc import ServerContext, build_handlers, with_stubs
 from tickwire.server.session import Scope, SessionManager
@@ -70,8 +69,7 @@ class TickwireServer:
         self.sessions = SessionManager(psk=psk, duration_ms=cfg.session_duration_ms)
         self.registry = PublisherRegistry(config=cfg)
         self.ctx = ServerContext(self.graph, Scope(self.graph), self.sessions, self.registry, self.executor, cfg)
-        self.flight = FlightService(self.ctx)
-        self.deephaven = DeephavenServices(self.ctx)
+        self.services, self._handlers = service_handlers(self.ctx)  # Flight, Config, Session, Table, Application
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._server: Optional[grpc.aio.Server] = None
@@ -85,14 +83,19 @@ class TickwireServer:
         return f"{self.host}:{self.port}"
 
     @property
+    def method_paths(self) -> set[str]:
+        """Every method path the server answers (each checks credentials first): the served ones
+        and an UNIMPLEMENTED stub for every other method of the services in `proto/`."""
+        return set(with_stubs(self._handlers))
+
+    @property
     def uses_tls(self) -> bool:
         return self.tls is not None
 
     async def _start(self) -> int:
         options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.config.max_inbound_message_size)]
         server = grpc.aio.server(options=options)
-        handlers = {**self.flight.handlers(), **self.deephaven.handlers()}
-        server.add_generic_rpc_handlers(build_handlers(with_stubs(handlers), precheck=self.sessions.authenticate))
+        server.add_generic_rpc_handlers(build_handlers(with_stubs(self._handlers), precheck=self.sessions.authenticate))
         addr = f"{self.host}:{self.requested_port}"
         if self.tls is not None:
             key, cert = self.tls[1], self.tls[0]

@@ -22,7 +22,8 @@ from tickwire.server.config import ServerConfig
 from tickwire.server.engine import engine_of
 from tickwire.server.session import Session
 
-__all__ = ["CallError", "ServerContext", "build_handlers", "RAW", "short", "MAX_DETAILS"]
+__all__ = ["CallError", "ServerContext", "build_handlers", "service_handlers", "with_stubs", "unimplemented", "RAW",
+           "short", "MAX_DETAILS"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,18 @@ def unimplemented(name: str, kind: str) -> Callable:
     async def unary(_req, _context):
         raise CallError("UNIMPLEMENTED", message)
     return unary
+
+
+def service_handlers(service: str, impls: dict[str, tuple]) -> dict[str, tuple]:
+    """{method path: (fn, request codec, response codec)} for one service's methods by name; each
+    must be in the method table (tickwire.protocol.proto.methods), which gives its path and kind."""
+    out = {}
+    for name, impl in impls.items():
+        path = f"/{service}/{name}"
+        if path not in METHODS:
+            raise ValueError(f"{path} is not in the method table")
+        out[path] = impl
+    return out
 
 
 def with_stubs(impls: dict) -> dict:

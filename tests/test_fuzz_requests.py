@@ -56,7 +56,7 @@ from tickwire.protocol.proto.methods import (
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.demo import TRADES, DemoTicker
-from tickwire.server.flight import KEYS_METADATA
+from tickwire.server.services import KEYS_METADATA
 from tickwire.server.graph import UpdateGraph
 from tickwire.server.session import PSK_SCHEME
 
@@ -605,7 +605,7 @@ def invoke(channel: grpc.Channel, case: Case, metadata) -> Outcome:
 
 def registered(server: TickwireServer) -> set[str]:
     """The method paths `server` has handlers for (they must check credentials first)."""
-    return set(server.flight.handlers()) | set(server.deephaven.handlers())
+    return server.method_paths
 
 
 def problems(case: Case, out: Outcome, handled: set[str]) -> list[str]:

@@ -31,6 +31,7 @@ from tickwire.protocol.batches import (
 from tickwire.protocol.errors import ProtocolError
 from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
 from tickwire.protocol.proto import flight_pb2
+from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import (
     attributes_from_schema,
     check_wire_schema,
@@ -45,14 +46,13 @@ from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_pat
 from tickwire.server.barrage import EncodeOptions, TableWire, View, Viewport, snapshot_message
 from tickwire.server.engine import TableSpec, kind_of
 from tickwire.server.graph import Table
-from tickwire.server.rpc import RAW, CallError, ServerContext
+from tickwire.server.rpc import RAW, CallError, ServerContext, service_handlers
 from tickwire.server.session import ResolveError, Session
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
 log = logging.getLogger(__name__)
 
-SERVICE = "/arrow.flight.protocol.FlightService/"
 # schema metadata naming the key columns of a table created by DoPut (comma separated): the
 # upload creates a keyed (upsert) table instead of an append-only one
 KEYS_METADATA = b"tickwire:keys"
@@ -153,17 +153,17 @@ class FlightService:
         self._waker = _Waker()
 
     def handlers(self) -> dict:
-        return {
-            SERVICE + "Handshake": (self.handshake, None, None),
-            SERVICE + "ListFlights": (self.list_flights, None, None),
-            SERVICE + "GetFlightInfo": (self.get_flight_info, None, None),
-            SERVICE + "GetSchema": (self.get_schema, None, None),
-            SERVICE + "DoGet": (self.do_get, None, RAW),
-            SERVICE + "DoExchange": (self.do_exchange, RAW, RAW),
-            SERVICE + "DoPut": (self.do_put, RAW, None),
-            SERVICE + "DoAction": (self.do_action, None, None),
-            SERVICE + "ListActions": (self.list_actions, None, None),
-        }
+        return service_handlers(FLIGHT_SERVICE, {
+            "Handshake": (self.handshake, None, None),
+            "ListFlights": (self.list_flights, None, None),
+            "GetFlightInfo": (self.get_flight_info, None, None),
+            "GetSchema": (self.get_schema, None, None),
+            "DoGet": (self.do_get, None, RAW),
+            "DoExchange": (self.do_exchange, RAW, RAW),
+            "DoPut": (self.do_put, RAW, None),
+            "DoAction": (self.do_action, None, None),
+            "ListActions": (self.list_actions, None, None),
+        })
 
     # -- helpers ------------------------------------------------------------------------------------
     def _resolve(self, ticket: bytes, session: Optional[Session]) -> Table:

@@ -1,0 +1,26 @@
+"""tickwire.server.services: one module per gRPC service, each building its handlers from the
+method table (tickwire.protocol.proto.methods): Arrow Flight, and Deephaven's Config, Session,
+Table and Application services. `handlers(ctx)` gathers them all."""
+from tickwire.server.rpc import ServerContext
+from tickwire.server.services.application_service import ApplicationService
+from tickwire.server.services.config_service import BARRAGE_VERSION, ConfigService
+from tickwire.server.services.flight_service import KEYS_METADATA, FlightService
+from tickwire.server.services.session_service import SessionService
+from tickwire.server.services.table_service import TableService
+
+__all__ = ["FlightService", "ConfigService", "SessionService", "TableService", "ApplicationService", "handlers",
+           "BARRAGE_VERSION", "KEYS_METADATA"]
+
+SERVICES = (FlightService, ConfigService, SessionService, TableService, ApplicationService)
+
+
+def handlers(ctx: ServerContext) -> tuple[list, dict]:
+    """(the service objects, {method path: handler}) for every service of the server."""
+    services = [cls(ctx) for cls in SERVICES]
+    out: dict = {}
+    for s in services:
+        for path, impl in s.handlers().items():
+            if path in out:
+                raise ValueError(f"{path} is served twice")
+            out[path] = impl
+    return services, out

@@ -1,0 +1,69 @@
+"""Deephaven's SessionService: sessions (new, refresh, close) and exports (release, export from
+a ticket). Closing a session or releasing an export frees the tables only it held."""
+from __future__ import annotations
+
+from tickwire.protocol.proto import session_pb2
+from tickwire.protocol.proto.methods import SESSION_SERVICE
+from tickwire.server.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.exports import export, export_id
+from tickwire.server.session import Session
+
+__all__ = ["SessionService"]
+
+
+class SessionService:
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+        self.ops = ctx.scope.ops
+        # sessions that expire free their exports on the reaper's thread (never the event loop)
+        ctx.sessions.on_expire = self.ops.drop_all
+
+    def handlers(self) -> dict:
+        return service_handlers(SESSION_SERVICE, {
+            "NewSession": (self.new_session, None, None),
+            "RefreshSessionToken": (self.refresh_session, None, None),
+            "CloseSession": (self.close_session, None, None),
+            "Release": (self.release, None, None),
+            "ExportFromTicket": (self.export_from_ticket, None, None),
+            "PublishFromTicket": (self.publish_from_ticket, None, None),
+        })
+
+    def _export_to(self, session: Session, result_ticket: bytes, table) -> None:
+        export(self.ops, session, result_ticket, table)
+
+    def _handshake_response(self, session: Session) -> session_pb2.HandshakeResponse:
+        return session_pb2.HandshakeResponse(metadata_header=b"authorization", session_token=session.token.encode(),
+                                             token_expiration_delay_millis=self.ctx.sessions.duration_ms)
+
+    async def new_session(self, _req, context):
+        session = await self.ctx.authenticate(context)
+        return self._handshake_response(session)
+
+    async def refresh_session(self, _req, context):
+        session = await self.ctx.authenticate(context)
+        return self._handshake_response(session)
+
+    async def close_session(self, _req, context):
+        session = await self.ctx.authenticate(context, send_header=False)
+        held = self.ctx.sessions.close(session)
+        if held:
+            await self.ctx.run(self.ops.drop_all, held)
+        return session_pb2.CloseSessionResponse()
+
+    async def release(self, req, context):
+        session = await self.ctx.authenticate(context)
+        eid = export_id(req.id.ticket, "Release id")
+        table = session.release(eid)
+        if table is None:
+            raise CallError("NOT_FOUND", f"export {eid} does not exist in this session")
+        await self.ctx.run(self.ops.drop, table)
+        return session_pb2.ReleaseResponse()
+
+    async def export_from_ticket(self, req, context):
+        session = await self.ctx.authenticate(context)
+        table = self.ctx.scope.resolve(req.source_id.ticket, session)
+        await self.ctx.run(self._export_to, session, req.result_id.ticket, table)
+        return session_pb2.ExportResponse()
+
+    async def publish_from_ticket(self, req, context):
+        raise CallError("UNIMPLEMENTED", "PublishFromTicket: publishing exports to the global scope is not supported")

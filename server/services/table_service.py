@@ -1,0 +1,134 @@
+"""Deephaven's TableService: FetchTable, GetExportedTableCreationResponse, the table operations of
+`tickwire.server.table_ops` (Sort, Filter, UnstructuredFilter, View, Select, Update, UpdateView,
+LazyUpdate, Head, Tail) alone or in a Batch. Every other method answers UNIMPLEMENTED by name."""
+from __future__ import annotations
+
+from tickwire.protocol.proto import table_pb2
+from tickwire.protocol.proto.methods import TABLE_SERVICE
+from tickwire.protocol.schema import ipc_encapsulated_schema
+from tickwire.server.barrage import TableWire
+from tickwire.server.graph import Table
+from tickwire.server.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.exports import export, export_id
+from tickwire.server.session import Session
+from tickwire.server.table_ops import OPERATIONS
+
+__all__ = ["TableService"]
+
+
+class TableService:
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+        self.ops = ctx.scope.ops
+
+    def handlers(self) -> dict:
+        impls = {
+            "FetchTable": (self.fetch_table, None, None),
+            "GetExportedTableCreationResponse": (self.get_exported, None, None),
+            "Batch": (self.batch, None, None),
+        }
+        for method, field_name in OPERATIONS.items():
+            impls[method] = (self._operation(field_name), None, None)
+        return service_handlers(TABLE_SERVICE, impls)
+
+    def _creation_response(self, result_ticket: bytes, table: Table,
+                           batch_offset: int | None = None) -> table_pb2.ExportedTableCreationResponse:
+        """The answer for a made table: `result_id` is its export ticket, or, for a Batch step
+        without one, the step's `batch_offset` (as Deephaven answers: its clients skip those)."""
+        wire = TableWire(table)
+        resp = table_pb2.ExportedTableCreationResponse(success=True, is_static=not table.is_refreshing,
+                                                       size=table.size,
+                                                       schema_header=ipc_encapsulated_schema(wire.schema))
+        if result_ticket or batch_offset is None:
+            resp.result_id.ticket.ticket = result_ticket
+        else:
+            resp.result_id.batch_offset = batch_offset
+        return resp
+
+    def _source(self, ref, session: Session, earlier: list[Table] | None = None) -> Table:
+        which = ref.WhichOneof("ref")
+        if which == "ticket":
+            return self.ctx.scope.resolve(ref.ticket.ticket, session)
+        if which == "batch_offset":
+            i = ref.batch_offset
+            if earlier is None or not 0 <= i < len(earlier):
+                raise CallError("INVALID_ARGUMENT", f"batch_offset {i} does not name an earlier operation")
+            return earlier[i]
+        raise CallError("INVALID_ARGUMENT", "source_id not supplied")
+
+    def _apply_op(self, kind: str, req, session: Session, earlier: list[Table] | None = None,
+                  step: int | None = None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
+        """Makes (or, for fetch_table, finds) the table of one operation and exports it when the
+        request names a result ticket; otherwise the table is held for the running Batch (the
+        caller drops that hold when the batch ends). Runs off the event loop."""
+        source = self._source(req.source_id, session, earlier)
+        result = req.result_id.ticket
+        if result:
+            export_id(result, "result_id")  # a bad ticket fails before the table is made
+        table = source if kind == "fetch_table" else self.ops.build(kind, req, source)
+        if result:
+            export(self.ops, session, result, table)  # an owned table nobody holds goes at once on failure
+        else:
+            self.ops.hold(table)
+        return self._creation_response(result, table, step), table
+
+    @staticmethod
+    def _need_result(req, name: str) -> None:
+        # Deephaven refuses a one-shot operation without a result ticket (its result would be
+        # unreachable); a Batch step may omit it when later steps use it by batch_offset
+        if not req.result_id.ticket:
+            raise CallError("FAILED_PRECONDITION", f"{name}: No result ticket supplied")
+
+    def _operation(self, kind: str):
+        method = next(m for m, f in OPERATIONS.items() if f == kind)
+
+        async def handler(req, context):
+            session = await self.ctx.authenticate(context)
+            self._need_result(req, method)
+            resp, _t = await self.ctx.run(self._apply_op, kind, req, session)
+            return resp
+        return handler
+
+    async def fetch_table(self, req, context):
+        session = await self.ctx.authenticate(context)
+        self._need_result(req, "FetchTable")
+        resp, _t = await self.ctx.run(self._apply_op, "fetch_table", req, session)
+        return resp
+
+    async def get_exported(self, ticket, context):
+        session = await self.ctx.authenticate(context)
+        if not ticket.ticket:
+            raise CallError("FAILED_PRECONDITION", "No request ticket supplied")
+        table = self.ctx.scope.resolve(ticket.ticket, session)
+        return await self.ctx.run(self._creation_response, ticket.ticket, table)
+
+    async def batch(self, req, context):
+        """Deephaven's Batch: one answer per step, in order. A step with a result ticket is
+        exported; one without is answered with its `batch_offset` and lives only as long as the
+        batch's later steps need it (as the parent of what they made)."""
+        session = await self.ctx.authenticate(context)
+        allowed = {"fetch_table", *OPERATIONS.values()}
+        for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
+            which = op.WhichOneof("op")
+            if which not in allowed:
+                raise CallError("UNIMPLEMENTED", f"TableService.Batch operation {i} {which!r} is not supported")
+            ticket = getattr(op, which).result_id.ticket
+            if ticket:
+                export_id(ticket, f"Batch operation {i} result_id")
+        done: list[Table] = []
+        unexported: list[Table] = []  # held only while this batch runs
+        try:
+            for i, op in enumerate(req.ops):
+                which = op.WhichOneof("op")
+                step = getattr(op, which)
+                resp, table = await self.ctx.run(self._apply_op, which, step, session, done, i)
+                done.append(table)
+                if not step.result_id.ticket:
+                    unexported.append(table)
+                yield resp
+        finally:
+            if unexported:
+                try:  # not awaited: a cancelled call must still let go of its steps
+                    self.ctx.executor.submit(self.ops.drop_all, unexported[::-1])
+                except RuntimeError:  # the server is stopping: its worker pool is gone
+                    pass
