@@ -3,14 +3,16 @@ from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, 
 from tickwire.server.barrage.publisher import (
     Publisher,
     PublisherRegistry,
-    Subscription,
+    Subscriber,
     SubscriptionError,
     snapshot_message,
 )
 from tickwire.server.barrage.views import Plan, View, Viewport, plan_full, plan_viewport, window_keys
+from tickwire.server.barrage.handle import SubscriptionHandle, Waker, encoded_payloads
 
 __all__ = [
     "EncodeOptions", "Message", "TableWire", "metadata_bytes",
-    "Publisher", "PublisherRegistry", "Subscription", "SubscriptionError", "snapshot_message",
+    "Publisher", "PublisherRegistry", "Subscriber", "SubscriptionError", "snapshot_message",
     "Plan", "View", "Viewport", "plan_full", "plan_viewport", "window_keys",
+    "SubscriptionHandle", "Waker", "encoded_payloads",
 ]

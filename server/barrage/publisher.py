@@ -1,7 +1,7 @@
 """Publishing a table to Barrage subscribers.
 
 One `Publisher` per subscribed table follows the table's updates in the update graph's cycle
-thread. Each `Subscription` remembers what its client holds and the table's changes it has not
+thread. Each `Subscriber` remembers what its client holds and the table's changes it has not
 been sent yet, coalesced into one `TableUpdate` (`behind`). At the end of each cycle the
 publisher turns that into at most one message per subscriber, reading the values of the rows the
 message carries under the graph's lock (cost follows the change and the viewport, not the
@@ -34,7 +34,7 @@ from tickwire.server.barrage.views import View, plan_full, plan_viewport, window
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
 from tickwire.server.graph.graph import TableFailedError, TableFailure, TableListener
 
-__all__ = ["Publisher", "Subscription", "PublisherRegistry", "snapshot_message"]
+__all__ = ["Publisher", "Subscriber", "PublisherRegistry", "snapshot_message"]
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,9 @@ class SubscriptionError(TickwireError):
         super().__init__(message, code)
 
 
-class Subscription:
-    """Server-side state of one DoExchange subscription."""
+class Subscriber:
+    """Server-side state of one subscriber (what its client holds, what it has not been sent);
+    transports reach it through a SubscriptionHandle."""
 
     def __init__(self, publisher: "Publisher", view: View, options, notify: Callable[[], None]):
         self.publisher = publisher
@@ -177,7 +178,7 @@ class Publisher:
         self.table = table
         self.graph = table.graph
         self.wire = TableWire(table)
-        self.subs: list[Subscription] = []
+        self.subs: list[Subscriber] = []
         self._listener = TableListener(self._on_update, self._on_failure)
         self._attached = False
         self._shared_step = -1
@@ -191,9 +192,9 @@ class Publisher:
         return self._shared
 
     # -- membership (any thread) ------------------------------------------------------------------
-    def subscribe(self, view: View, options, notify: Callable[[], None]) -> Subscription:
+    def subscribe(self, view: View, options, notify: Callable[[], None]) -> Subscriber:
         self._check_view(view)
-        sub = Subscription(self, view, options, notify)
+        sub = Subscriber(self, view, options, notify)
         with self.graph.lock:
             if self.table.failure is not None:
                 raise _failed(self.table.failure)
@@ -208,7 +209,7 @@ class Publisher:
                 pass  # reading the table failed it (a view's formula): `sub` has the failure
         return sub
 
-    def change(self, sub: Subscription, view: View) -> None:
+    def change(self, sub: Subscriber, view: View) -> None:
         self._check_view(view)
         current = sub.requested or sub.view
         if current is not None and current.is_full != view.is_full:
@@ -222,7 +223,7 @@ class Publisher:
             except TableFailedError:
                 pass  # `sub` has the failure
 
-    def catch_up(self, sub: Subscription) -> None:
+    def catch_up(self, sub: Subscriber) -> None:
         with self.graph.lock:
             step = self.graph.step
             try:
@@ -230,7 +231,7 @@ class Publisher:
             except TableFailedError:
                 pass  # `sub` has the failure
 
-    def unsubscribe(self, sub: Subscription) -> None:
+    def unsubscribe(self, sub: Subscriber) -> None:
         with self.graph.lock:
             sub.closed = True
             with sub.lock:
@@ -302,7 +303,7 @@ class Publisher:
             except Exception:
                 log.exception("table %r: building a message for a subscriber failed", self.table.name)
 
-    def _service(self, sub: Subscription, step: int, now: float, shared: Optional[dict] = None) -> None:
+    def _service(self, sub: Subscriber, step: int, now: float, shared: Optional[dict] = None) -> None:
         """Queues the next message for `sub` if it has room and something to say."""
         if sub.closed or sub.failure is not None:
             return
@@ -318,7 +319,7 @@ class Publisher:
             return
         self._delta(sub, step, shared)
 
-    def _should_grow(self, sub: Subscription, view: View) -> bool:
+    def _should_grow(self, sub: Subscriber, view: View) -> bool:
         """Large initial snapshots of refreshing tables arrive in pieces across cycles; the C++
         client (which asks for columns_as_list) takes its snapshot whole (docs/viewports.md#growing-snapshots)."""
         return (view.is_full and sub.view is None and self.table.is_refreshing and not sub.encode.columns_as_list
@@ -326,7 +327,7 @@ class Publisher:
 
     # -- shared initial snapshots (the cycle thread, or any thread under the graph's lock) -----------
     @staticmethod
-    def _log_key(sub: Subscription, view: View) -> tuple:
+    def _log_key(sub: Subscriber, view: View) -> tuple:
         return (view.columns, bool(sub.encode.columns_as_list))
 
     def _track_logs(self, update: TableUpdate, prev: RowSet, step: int) -> None:
@@ -345,7 +346,7 @@ class Publisher:
         if lg.readers > 0 and lg not in self._replayed:
             self._replayed.append(lg)
 
-    def _leave_log(self, sub: Subscription) -> None:
+    def _leave_log(self, sub: Subscriber) -> None:
         lg, sub.log = sub.log, None
         if lg is None:
             return
@@ -353,7 +354,7 @@ class Publisher:
         if lg.readers <= 0 and lg in self._replayed:
             self._replayed.remove(lg)
 
-    def _start_log(self, sub: Subscription, view: View, step: int) -> SnapshotLog:
+    def _start_log(self, sub: Subscriber, view: View, step: int) -> SnapshotLog:
         lg = SnapshotLog(view, growing=self._should_grow(sub, view))
         lg.start_step = step
         if lg.complete:
@@ -421,7 +422,7 @@ class Publisher:
         self._logs[key] = fresh
         return fresh
 
-    def _replay(self, sub: Subscription) -> None:
+    def _replay(self, sub: Subscriber) -> None:
         """Queues the subscriber's next messages of its log; at the end of a complete log it
         continues as an ordinary subscriber that is behind by the log's `since`."""
         lg = sub.log
@@ -437,7 +438,7 @@ class Publisher:
         sub.behind_first, sub.behind_last = lg.since_first, lg.since_last
         self._leave_log(sub)
 
-    def _snapshot(self, sub: Subscription, step: int) -> None:
+    def _snapshot(self, sub: Subscriber, step: int) -> None:
         view = sub.requested
         rows = self.table.rowset
         names = self.wire.names
@@ -470,7 +471,7 @@ class Publisher:
         sub.behind = sub.behind_prev = None
         sub._push(msg)
 
-    def _delta(self, sub: Subscription, step: int, shared: Optional[dict]) -> None:
+    def _delta(self, sub: Subscriber, step: int, shared: Optional[dict]) -> None:
         """Subscribers in step with each other (same pending update) and asking for the same thing
         share one message: full subscriptions with the same columns, viewport subscriptions with
         the same window, direction and columns that hold the same rows."""
@@ -562,11 +563,11 @@ class PublisherRegistry:
             if self._by_table.get(id(p.table)) is p:
                 del self._by_table[id(p.table)]
 
-    def subscribe(self, table: Table, view: View, options, notify) -> Subscription:
+    def subscribe(self, table: Table, view: View, options, notify) -> Subscriber:
         return self.publisher(table).subscribe(view, options, notify)
 
     @property
-    def subscriptions(self) -> list[Subscription]:
+    def subscriptions(self) -> list[Subscriber]:
         with self._lock:
             pubs = list(self._by_table.values())
         return [s for p in pubs for s in p.subs]

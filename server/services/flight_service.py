@@ -13,7 +13,6 @@ import functools
 import json
 import logging
 import secrets
-import threading
 from typing import Optional
 
 import numpy as np
@@ -22,7 +21,6 @@ import pyarrow as pa
 from tickwire.protocol import barrage
 from tickwire.protocol.barrage import BarrageMessageType
 from tickwire.protocol.batches import (
-    DEFAULT_MAX_MESSAGE_SIZE,
     HEADER_RECORD_BATCH,
     HEADER_SCHEMA,
     decode_record_batch,
@@ -44,6 +42,7 @@ from tickwire.protocol.schema import (
 )
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
 from tickwire.server.barrage import EncodeOptions, TableWire, View, Viewport, snapshot_message
+from tickwire.server.barrage.handle import SubscriptionHandle, Waker, encoded_payloads
 from tickwire.server.engine import TableSpec, kind_of
 from tickwire.server.graph import Table
 from tickwire.server.rpc import RAW, CallError, ServerContext, service_handlers
@@ -114,43 +113,10 @@ def _exchange_request(app_metadata: bytes):
         raise CallError("INVALID_ARGUMENT", f"bad Barrage request: {exc}") from None
 
 
-def _next_payloads(it, n: int) -> list[bytes]:
-    out = []
-    for p in it:
-        out.append(p)
-        if len(out) >= n:
-            break
-    return out
-
-
-class _Waker:
-    """Wakes subscription writers on the event loop from other threads with one loop wake-up per
-    burst: a cycle that gives a message to a thousand subscribers costs one call_soon_threadsafe."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._events: list[asyncio.Event] = []
-        self._scheduled = False
-
-    def wake(self, loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
-        with self._lock:
-            self._events.append(event)
-            if self._scheduled:
-                return
-            self._scheduled = True
-        loop.call_soon_threadsafe(self._flush)
-
-    def _flush(self) -> None:
-        with self._lock:
-            events, self._events, self._scheduled = self._events, [], False
-        for e in events:
-            e.set()
-
-
 class FlightService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
-        self._waker = _Waker()
+        self._waker = Waker()
 
     def handlers(self) -> dict:
         return service_handlers(FLIGHT_SERVICE, {
@@ -229,27 +195,13 @@ class FlightService:
             yield p
 
     async def _payloads(self, msg, opts: EncodeOptions):
-        """The message's FlightData. Batches are split to stay under the client's
-        max_message_size; one that is still over it holds a single row that cannot fit, which
-        ends the call with RESOURCE_EXHAUSTED rather than sending what the client refuses."""
-        limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
-        it = msg.payloads(opts)
-        while True:
-            chunk = await self.ctx.run(_next_payloads, it, self.ctx.config.payloads_per_hop)
-            if not chunk:
-                return
-            for p in chunk:
-                if len(p) >= limit:
-                    raise CallError("RESOURCE_EXHAUSTED", f"a single row needs a FlightData of {len(p)} bytes, "
-                                                          f"over max_message_size {limit}")
-                yield p
+        async for p in encoded_payloads(msg, opts, self.ctx.executor, self.ctx.config):
+            yield p
 
     # -- DoExchange -----------------------------------------------------------------------------------
     async def do_exchange(self, request_iterator, context):
         session = await self.ctx.authenticate(context)
-        loop = asyncio.get_running_loop()
         requests: asyncio.Queue = asyncio.Queue()
-        wake = asyncio.Event()
 
         async def read():
             kind = None
@@ -276,17 +228,15 @@ class FlightService:
                         raise CallError("INVALID_ARGUMENT", f"DoExchange stream is a {kind.name}; cannot accept a "
                                                             f"{mtype.name}")
                     requests.put_nowait(obj)
-                    wake.set()
                 requests.put_nowait(None)  # half-close
-                wake.set()
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 - handed to the writer, which ends the call
                 requests.put_nowait(exc)
-                wake.set()
 
         reader = asyncio.ensure_future(read())
-        sub = None
+        handle: Optional[SubscriptionHandle] = None
+        follower = None
         try:
             req = await requests.get()
             if req is None:
@@ -298,53 +248,38 @@ class FlightService:
                     yield p
                 return
             table, view, options = await self.ctx.run(self._subscription_args, req, session)
-            wire = TableWire(table)
-            opts = EncodeOptions.of(options)
-
-            def notify():
-                self._waker.wake(loop, wake)
-
-            def background(fn):
-                self.ctx.executor.submit(fn)  # fire and forget: its message arrives with a notify
-
-            started = self.ctx.executor.submit(self.ctx.registry.subscribe, table, view, options, notify)
-            try:
-                sub = await asyncio.wrap_future(started)
-            except asyncio.CancelledError:  # the call ended while subscribing: release what it got
-                started.add_done_callback(lambda f: f.exception() is None and f.result().close())
-                raise
-            yield wire.schema_payload(opts.columns_as_list)
-            limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
-            while True:
-                await wake.wait()  # set by a notify (a message is ready) or by the request reader
-                wake.clear()
-                while not requests.empty():
-                    req = requests.get_nowait()
-                    if req is None:
-                        return  # client half-closed: end with OK
-                    if isinstance(req, BaseException):
-                        raise req
-                    if not isinstance(req, barrage.SubscriptionRequest):
-                        raise CallError("INVALID_ARGUMENT", "expected a subscription request")
-                    _t, new_view, _o = await self.ctx.run(self._subscription_args, req, session, table)
-                    await self.ctx.run(sub.change, new_view)
-                while True:
-                    msg = sub.take(background)  # raises once the table failed and the outbox has been sent
-                    if msg is None:
-                        break
-                    ready = msg.cached(opts)
-                    if ready is None and msg.cells <= self.ctx.config.inline_cells:
-                        ready = list(msg.payloads(opts))  # small: encoding here costs less than a trip to the pool
-                    if ready is not None and all(len(p) < limit for p in ready):
-                        for p in ready:
-                            yield p
-                    else:
-                        async for p in self._payloads(msg, opts):
-                            yield p
+            handle = SubscriptionHandle(self.ctx.registry, table, view, options, executor=self.ctx.executor,
+                                        config=self.ctx.config, waker=self._waker)
+            await handle.open()
+            follower = asyncio.ensure_future(self._follow(requests, handle, session, table))
+            async for p in handle.payloads():
+                yield p
         finally:
             reader.cancel()
-            if sub is not None:
-                self.ctx.executor.submit(sub.close)  # not awaited: a cancelled call cannot skip it
+            if follower is not None:
+                follower.cancel()
+            if handle is not None:
+                handle.close()
+
+    async def _follow(self, requests: asyncio.Queue, handle: SubscriptionHandle, session, table: Table) -> None:
+        """Hands a running subscription's later requests to its handle: view changes, the end of
+        the request stream, or the error that ends the call."""
+        try:
+            while True:
+                req = await requests.get()
+                if req is None:
+                    handle.end()  # client half-closed: end with OK
+                    return
+                if isinstance(req, BaseException):
+                    raise req
+                if not isinstance(req, barrage.SubscriptionRequest):
+                    raise CallError("INVALID_ARGUMENT", "expected a subscription request")
+                _t, new_view, _o = await self.ctx.run(self._subscription_args, req, session, table)
+                await handle.change(new_view)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - ends the call with its status
+            handle.end(exc)
 
     def _subscription_args(self, req: barrage.SubscriptionRequest, session, table: Optional[Table] = None):
         if table is None:
