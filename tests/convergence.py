@@ -44,7 +44,7 @@ from tickwire.clients.client import BarrageClient, Subscription
 from tickwire.protocol import barrage
 from tickwire.server.app import TickwireServer
 from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate, UpdateGraph
-from tickwire.server.graph.update import ROW_KEY
+from tickwire.server.graph.table_update import ROW_KEY
 from tests.scripted import ScriptedTable
 
 __all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Harness", "TickwireView",

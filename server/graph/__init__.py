@@ -1,11 +1,12 @@
 """tickwire.server.graph: the table update model (row sets, updates, tables, the update graph)."""
-from tickwire.server.graph.columns import ColumnStore, equal_mask, hash_columns
+from tickwire.server.graph.column_store import ColumnStore, equal_mask, hash_columns
 from tickwire.server.graph.graph import CycleErrorRecord, UpdateGraph
 from tickwire.server.graph.keyindex import KeyIndex
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData, RowSetShiftDataBuilder
+from tickwire.server.graph.row_set import RowSet, RowSetShiftData, RowSetShiftDataBuilder
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, SourceTable
 from tickwire.server.graph.tables import SchemaMismatchError, StaticTable, Table
-from tickwire.server.graph.update import ROW_KEY, ModifiedColumnSet, TableUpdate, UpdateValidationError, apply_update
+from tickwire.server.graph.table_update import (ROW_KEY, ModifiedColumnSet, TableUpdate, UpdateValidationError,
+                                               apply_update)
 from tickwire.server.graph.keymap import KeyMap
 from tickwire.server.graph.order import OrderIndex, SortKeys
 from tickwire.server.graph.ops import HeadTailTable, LastByTable, ProjectTable, SortTable, WhereTable

@@ -37,7 +37,7 @@ import pyarrow as pa
 from tickwire.errors import TickwireError
 from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable
 from tickwire.server.graph.tables import StaticTable, Table
-from tickwire.server.graph.update import TableUpdate
+from tickwire.server.graph.table_update import TableUpdate
 
 __all__ = ["UpdateGraph", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
 

@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.graph.batchids import BatchIds
-from tickwire.server.graph.columns import check_hashable, equal_mask, hash_columns, key_verifier
+from tickwire.server.graph.column_store import check_hashable, equal_mask, hash_columns, key_verifier
 from tickwire.server.graph.keyindex import KeyIndex
-from tickwire.server.graph.rowset import RowSet
+from tickwire.server.graph.row_set import RowSet
 from tickwire.server.graph.tables import Table, as_table, conform
-from tickwire.server.graph.update import TableUpdate
+from tickwire.server.graph.table_update import TableUpdate
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

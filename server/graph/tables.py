@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph.columns import ColumnStore
-from tickwire.server.graph.rowset import RowSet
-from tickwire.server.graph.update import ROW_KEY, TableUpdate, column_names
+from tickwire.server.graph.column_store import ColumnStore
+from tickwire.server.graph.row_set import RowSet
+from tickwire.server.graph.table_update import ROW_KEY, TableUpdate, column_names
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

@@ -14,9 +14,9 @@ import pyarrow.acero as acero
 import pyarrow.compute as pc
 from pyroaring import BitMap64
 
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData, _keys_to_bitmap
+from tickwire.server.graph.row_set import RowSet, RowSetShiftData, _keys_to_bitmap
 from tickwire.server.graph.tables import Table, unique_name
-from tickwire.server.graph.update import TableUpdate
+from tickwire.server.graph.table_update import TableUpdate
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

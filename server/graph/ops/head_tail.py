@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tickwire.server.graph.ops.base import _EMPTY, _Op, _bitmap, _first_keys, _restrict_shifts, _unregistered_on_error
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData
+from tickwire.server.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.graph.tables import Table, register_operation
-from tickwire.server.graph.update import TableUpdate
+from tickwire.server.graph.table_update import TableUpdate
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

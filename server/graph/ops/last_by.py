@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph.columns import ColumnStore, check_hashable, hash_columns, key_verifier
+from tickwire.server.graph.column_store import ColumnStore, check_hashable, hash_columns, key_verifier
 from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.keymap import KeyMap
 from tickwire.server.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
 from tickwire.server.graph.order import NONE_LO, OrderIndex
-from tickwire.server.graph.rowset import RowSet
+from tickwire.server.graph.row_set import RowSet
 from tickwire.server.graph.tables import Table, register_operation
-from tickwire.server.graph.update import TableUpdate, column_names
+from tickwire.server.graph.table_update import TableUpdate, column_names
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

@@ -8,14 +8,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.server.graph.columns import ColumnStore
+from tickwire.server.graph.column_store import ColumnStore
 from tickwire.server.graph.graph import TableFailedError
 from tickwire.server.graph.keymap import KeyMap
-from tickwire.server.graph.ops.base import (_EMPTY, _Op, _evaluate, _first_keys, _unregistered_on_error, expression_columns,
-                                            shifted_rows)
-from tickwire.server.graph.rowset import RowSet
+from tickwire.server.graph.ops.base import (_EMPTY, _Op, _evaluate, _first_keys, _unregistered_on_error,
+                                            expression_columns, shifted_rows)
+from tickwire.server.graph.row_set import RowSet
 from tickwire.server.graph.tables import Table, register_operation
-from tickwire.server.graph.update import TableUpdate, column_names
+from tickwire.server.graph.table_update import TableUpdate, column_names
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

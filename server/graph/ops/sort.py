@@ -9,9 +9,9 @@ import pyarrow as pa
 from tickwire.server.graph.ops.base import (_EMPTY, _Op, _bitmap, _shifts_from_moves, _unregistered_on_error,
                                             shifted_rows)
 from tickwire.server.graph.order import OrderIndex, SortKeys
-from tickwire.server.graph.rowset import RowSet
+from tickwire.server.graph.row_set import RowSet
 from tickwire.server.graph.tables import Table, register_operation
-from tickwire.server.graph.update import TableUpdate, column_names
+from tickwire.server.graph.table_update import TableUpdate, column_names
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

@@ -10,9 +10,9 @@ from pyroaring import BitMap64
 
 from tickwire.server.graph.ops.base import (_EMPTY, _Op, _bitmap, _bm_keys, _evaluate, _restrict_shifts, _rs_bitmap,
                                             _unregistered_on_error, expression_columns)
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData
+from tickwire.server.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.graph.tables import Table, register_operation
-from tickwire.server.graph.update import TableUpdate, column_names
+from tickwire.server.graph.table_update import TableUpdate, column_names
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph

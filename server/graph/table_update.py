@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph.rowset import RowSet, RowSetShiftData
+from tickwire.server.graph.row_set import RowSet, RowSetShiftData
 
 __all__ = ["ModifiedColumnSet", "TableUpdate", "UpdateValidationError", "apply_update", "ROW_KEY"]
 
