@@ -151,10 +151,10 @@ def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: 
 
 def _launch_spark() -> None:
     """Starts the demo's SparkSession (its JVM) if Spark can run here; `start_spark_demo` takes it."""
-    from tickwire.server.spark.demo import spark_available
+    from tickwire.server.spark.pipeline_demo import spark_available
 
     if spark_available() is None:
-        from tickwire.server.spark.session import spark_session
+        from tickwire.server.spark.launch import spark_session
 
         spark_session("tickwire-demo")
 
@@ -185,7 +185,7 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
                 _launch_spark()
             except KeyboardInterrupt:  # Ctrl-C while Spark starts (its own handler was in place)
                 done.set()
-                from tickwire.server.spark.demo import stop_active_spark
+                from tickwire.server.spark.pipeline_demo import stop_active_spark
                 stop_active_spark()
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, on_signal)  # Spark replaced it with its own
@@ -198,7 +198,7 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
                                     **limits).start()
             out(connect_help(host, server.port, psk))
         if spark and not done.is_set():
-            from tickwire.server.spark.demo import start_spark_demo, stop_active_spark
+            from tickwire.server.spark.pipeline_demo import start_spark_demo, stop_active_spark
 
             try:
                 spark_feed = start_spark_demo(graph, out=out)

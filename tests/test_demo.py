@@ -88,7 +88,7 @@ def test_demo_with_spark_serves_the_spark_tables_and_stops_on_ctrl_c():
     import time
 
     from tickwire.clients.client import BarrageClient
-    from tickwire.server.spark.demo import spark_available
+    from tickwire.server.spark.pipeline_demo import spark_available
 
     if spark_available():
         pytest.skip(spark_available())

@@ -618,19 +618,19 @@ def test_fan_out_collects_once_and_lands_in_every_table_in_one_cycle(spark, tmp_
 
 def test_session_falls_back_to_raw_local_filesystem_without_javac(monkeypatch, tmp_path):
     pytest.importorskip("pyspark")
-    from tickwire.server.spark import session
+    from tickwire.server.spark import launch
 
     monkeypatch.setenv("TICKWIRE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(session.shutil, "which", lambda name: None)
-    conf, chosen = session.spark_conf("x", {"spark.driver.extraJavaOptions": "-Dmine=1"})
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    conf, chosen = launch.spark_conf("x", {"spark.driver.extraJavaOptions": "-Dmine=1"})
     assert chosen == "raw"
     assert conf["spark.hadoop.fs.file.impl"] == "org.apache.hadoop.fs.RawLocalFileSystem"
     assert "-Djdk.lang.Process.launchMechanism=VFORK" in conf["spark.driver.extraJavaOptions"]
     assert "-Dmine=1" in conf["spark.driver.extraJavaOptions"]
     assert "spark.driver.extraClassPath" not in conf
     with pytest.raises(RuntimeError, match="not available"):
-        session.spark_conf("x", filesystem="nofork")
-    stock, chosen = session.spark_conf("x", filesystem="stock")
+        launch.spark_conf("x", filesystem="nofork")
+    stock, chosen = launch.spark_conf("x", filesystem="stock")
     assert chosen == "stock" and "spark.hadoop.fs.file.impl" not in stock
 
 
@@ -726,7 +726,7 @@ def test_rocksdb_state_store_runs_on_the_non_forking_filesystem(spark, tmp_path)
 def test_spark_demo_tables_fill_and_stop(spark, tmp_path):
     import threading
 
-    from tickwire.server.spark.demo import SparkDemo
+    from tickwire.server.spark.pipeline_demo import SparkDemo
 
     graph = UpdateGraph(interval_ms=50).start()
     names = ["spark_trades", "spark_recent", "spark_ticks", "spark_latest", "spark_totals"]

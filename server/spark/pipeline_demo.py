@@ -75,7 +75,7 @@ class SparkDemo:
         from pyspark.sql import functions as F
 
         if self.spark is None:
-            from tickwire.server.spark.session import spark_session
+            from tickwire.server.spark.launch import spark_session
 
             self.spark = spark_session("tickwire-demo")
         if self.checkpoint_dir is None:
