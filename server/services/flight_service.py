@@ -19,27 +19,11 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.protocol import barrage
-from tickwire.protocol.barrage import BarrageMessageType
-from tickwire.protocol.batches import (
-    HEADER_RECORD_BATCH,
-    HEADER_SCHEMA,
-    decode_record_batch,
-    read_message_header,
-)
-from tickwire.protocol.errors import ProtocolError
-from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
+from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
-from tickwire.protocol.schema import (
-    attributes_from_schema,
-    check_wire_schema,
-    from_wire_arrays,
-    ipc_encapsulated_schema,
-    read_schema_message,
-    sentinels_to_nulls,
-    to_wire_array,
-    unwrap_list_schema,
-)
+from tickwire.protocol.schema import attributes_from_schema, ipc_encapsulated_schema
+from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
 from tickwire.server.barrage import EncodeOptions, TableWire, View, Viewport, snapshot_message
 from tickwire.server.barrage.handle import SubscriptionHandle, Waker, encoded_payloads
@@ -52,9 +36,6 @@ __all__ = ["FlightService", "KEYS_METADATA"]
 
 log = logging.getLogger(__name__)
 
-# schema metadata naming the key columns of a table created by DoPut (comma separated): the
-# upload creates a keyed (upsert) table instead of an append-only one
-KEYS_METADATA = b"tickwire:keys"
 
 
 def _viewport_of(ranges, max_ranges: int) -> Optional[Viewport]:
@@ -83,34 +64,6 @@ def _columns_of(indices, ncols: int, what: str) -> Optional[tuple[int, ...]]:
         raise CallError("INVALID_ARGUMENT", f"{what}: column indices {first}{more} out of range for a table of "
                                             f"{ncols} columns")
     return tuple(sorted(set(cols.tolist())))  # at most ncols distinct values by now
-
-
-def _check_put_keys(schema: pa.Schema) -> None:
-    """The `tickwire:keys` schema metadata of an upload: UTF-8 names of columns of the schema."""
-    raw = (schema.metadata or {}).get(KEYS_METADATA)
-    if raw is None:
-        return
-    try:
-        keys = [k for k in raw.decode("utf-8").split(",") if k]
-    except UnicodeDecodeError:
-        raise CallError("INVALID_ARGUMENT", "DoPut: schema metadata 'tickwire:keys' is not UTF-8") from None
-    missing = [k for k in keys if k not in schema.names]
-    if missing:
-        shown = ", ".join(repr(k[:64]) for k in missing[:5])
-        raise CallError("INVALID_ARGUMENT", f"DoPut: 'tickwire:keys' names {len(missing)} column(s) not in the schema: "
-                                            f"{shown}")
-
-
-def _exchange_request(app_metadata: bytes):
-    """(type, request) of a DoExchange message's Barrage metadata; only subscription and snapshot
-    requests are accepted."""
-    try:
-        wrapper = barrage.BarrageMessageWrapper.from_bytes(app_metadata)
-        if wrapper.msg_type not in (BarrageMessageType.SUBSCRIPTION_REQUEST, BarrageMessageType.SNAPSHOT_REQUEST):
-            raise CallError("INVALID_ARGUMENT", f"DoExchange: unhandled BarrageMessageType: {wrapper.msg_type}")
-        return barrage.unwrap(app_metadata)
-    except ProtocolError as exc:
-        raise CallError("INVALID_ARGUMENT", f"bad Barrage request: {exc}") from None
 
 
 class FlightService:
@@ -204,30 +157,16 @@ class FlightService:
         requests: asyncio.Queue = asyncio.Queue()
 
         async def read():
-            kind = None
-            first = True
+            stream = ExchangeReader()
             try:
                 async for raw in request_iterator:
-                    try:
-                        fd = decode_flight_data(raw)
-                    except ProtocolError as exc:
-                        raise CallError("INVALID_ARGUMENT", f"malformed FlightData: {exc}") from None
-                    if fd.app_metadata is None:
-                        if first:
-                            first = False
-                            continue  # docs/client-traps.md#pyarrows-descriptor-only-opening-message
-                        raise CallError("INVALID_ARGUMENT", "failed to receive Barrage request metadata")
-                    first = False
-                    if len(fd.app_metadata) > self.ctx.config.inline_request_bytes:
-                        mtype, obj = await self.ctx.run(_exchange_request, fd.app_metadata)
+                    if len(raw) > self.ctx.config.inline_request_bytes:
+                        event = await self.ctx.run(stream.feed, raw)  # a large request is parsed off the loop
                     else:
-                        mtype, obj = _exchange_request(fd.app_metadata)
-                    if kind is None:
-                        kind = mtype
-                    elif mtype != kind:
-                        raise CallError("INVALID_ARGUMENT", f"DoExchange stream is a {kind.name}; cannot accept a "
-                                                            f"{mtype.name}")
-                    requests.put_nowait(obj)
+                        event = stream.feed(raw)
+                    if not isinstance(event, Opening):  # pyarrow's descriptor-only first message: nothing to do
+                        requests.put_nowait(event.request)
+                stream.close()
                 requests.put_nowait(None)  # half-close
             except asyncio.CancelledError:
                 raise
@@ -321,99 +260,30 @@ class FlightService:
     # -- DoPut ------------------------------------------------------------------------------------------
     async def do_put(self, request_iterator, context):
         session = await self.ctx.authenticate(context)
-        path: Optional[list[str]] = None
-        schema: Optional[pa.Schema] = None
+        upload = UploadDecoder()
         table: Optional[Table] = None
-        dh_nulls = as_list = False
         rows = 0
         async for raw in request_iterator:
-            try:
-                fd = decode_flight_data(raw)
-            except ProtocolError as exc:
-                raise CallError("INVALID_ARGUMENT", f"malformed FlightData: {exc}") from None
-            if fd.descriptor is not None:
-                if fd.descriptor.type != DESCRIPTOR_PATH:
-                    raise CallError("INVALID_ARGUMENT", "DoPut needs a PATH flight descriptor naming the destination")
-                if path is None:
-                    path = list(fd.descriptor.path)
-                elif list(fd.descriptor.path) != path:
-                    raise CallError("INVALID_ARGUMENT", f"DoPut descriptor changed from {path} to "
-                                                        f"{list(fd.descriptor.path)}")
-            if path is None:
-                raise CallError("INVALID_ARGUMENT", "Result flight descriptor never provided")
-            if fd.app_metadata is not None and not fd.data_header:
-                try:
-                    _t, obj = barrage.unwrap(fd.app_metadata)
-                except ProtocolError as exc:
-                    raise CallError("INVALID_ARGUMENT", f"bad DoPut options: {exc}") from None
-                if isinstance(obj, barrage.SubscriptionRequest) and obj.options is not None:
-                    dh_nulls = bool(obj.options.use_deephaven_nulls)
-                    as_list = bool(obj.options.columns_as_list)
-                continue
-            if not fd.data_header:
-                continue
-            try:
-                info = read_message_header(fd.data_header)
-            except ProtocolError as exc:
-                raise CallError("INVALID_ARGUMENT", f"bad Arrow message header: {exc}") from None
-            if info.header_type == HEADER_SCHEMA:
-                if schema is not None:
-                    raise CallError("INVALID_ARGUMENT", "DoPut: a second schema message")
-                schema = read_schema_message(fd.data_header)
-                if as_list:
-                    schema = unwrap_list_schema(schema)
-                try:
-                    check_wire_schema(schema)
-                except ProtocolError as exc:
-                    raise CallError("INVALID_ARGUMENT", f"DoPut: {exc}") from None
-                _check_put_keys(schema)
-                continue
-            if info.header_type != HEADER_RECORD_BATCH:
-                raise CallError("INVALID_ARGUMENT", f"DoPut: unsupported Arrow message type {info.header_type}")
-            if schema is None:
-                raise CallError("INVALID_ARGUMENT", "Schema must be processed before record-batch messages")
-            data = await self.ctx.run(self._decode_put_batch, info, fd.data_body, schema, dh_nulls, as_list)
-            if table is None:  # made once the first batch is known good: a refused upload leaves nothing behind
-                table = await self.ctx.run(self._put_target, path, schema, session)
-            await self.ctx.run(self._put_rows, table, data)
-            rows += data.num_rows
-            yield flight_pb2.PutResult()
-        if path is None:
-            raise CallError("INVALID_ARGUMENT", "Result flight descriptor never provided")
-        if schema is None:
-            raise CallError("INVALID_ARGUMENT", "DoPut: schema never provided")
+            for event in upload.feed(raw):
+                if not isinstance(event, Batch):
+                    continue  # the destination, options and schema are kept by the decoder
+                data = await self.ctx.run(event.decode)  # decoding costs what the batch holds: off the loop
+                if table is None:  # made once the first batch is known good: a refused upload leaves nothing behind
+                    table = await self.ctx.run(self._put_target, upload.path, upload.schema, upload.keys, session)
+                await self.ctx.run(self._put_rows, table, data)
+                rows += data.num_rows
+                yield flight_pb2.PutResult()
+        end = upload.close()
         if table is None:  # a schema and no rows: an empty table
-            await self.ctx.run(self._put_target, path, schema, session)
+            await self.ctx.run(self._put_target, end.path, end.schema, end.keys, session)
         elif rows:
             await self.ctx.run(self.ctx.engine.flush)  # read-your-writes: the next call of any client sees the rows
-        log.debug("DoPut %s: %d rows", path, rows)
+        log.debug("DoPut %s: %d rows", end.path, rows)
 
-    @staticmethod
-    def _decode_put_batch(info, body, schema: pa.Schema, dh_nulls: bool, as_list: bool) -> pa.Table:
-        try:
-            arrays = decode_record_batch(info, body, schema, columns_as_list=as_list)
-            arrays = from_wire_arrays(arrays, schema)
-        except ProtocolError as exc:
-            raise CallError("INVALID_ARGUMENT", f"bad record batch: {exc}") from None
-        lengths = {len(a) for a in arrays}
-        if len(lengths) > 1:
-            raise CallError("INVALID_ARGUMENT", f"DoPut record batch columns have different lengths {sorted(lengths)}")
-        if dh_nulls:
-            arrays = [sentinels_to_nulls(a) for a in arrays]
-        for f, a in zip(schema, arrays):  # values every reader must be able to send (e.g. instants in ns)
-            if pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type) or pa.types.is_time(f.type):
-                try:
-                    to_wire_array(a)
-                except (ProtocolError, pa.ArrowInvalid) as exc:
-                    raise CallError("INVALID_ARGUMENT", f"DoPut column {f.name!r}: {exc}") from None
-        return pa.Table.from_arrays(arrays, names=schema.names)
-
-    def _put_target(self, path: list[str], schema: pa.Schema, session: Session) -> Table:
+    def _put_target(self, path: list[str], schema: pa.Schema, keys: tuple[str, ...], session: Session) -> Table:
         t = ticket_from_path(path)
         engine = self.ctx.engine
         plain = pa.schema([pa.field(f.name, f.type) for f in schema])
-        keys_raw = (schema.metadata or {}).get(KEYS_METADATA)
-        keys = tuple(k for k in keys_raw.decode().split(",") if k) if keys_raw else ()
         attrs = {k: v for k, v in attributes_from_schema(schema).items() if k not in ("AppendOnly", "AddOnly")}
         if isinstance(t, ScopeTicket):
             existing = engine.resolve(t.name, hidden=True)
