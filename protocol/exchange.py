@@ -36,11 +36,8 @@ __all__ = [
     "Snapshot",
     "HalfClose",
     "ExchangeEvent",
-    "INLINE_REQUEST_BYTES",
+    "parse_request",
 ]
-
-#: FlightData larger than this are worth parsing off an event loop (a hint for callers)
-INLINE_REQUEST_BYTES = 4_096
 
 _HANDLED = (BarrageMessageType.SUBSCRIPTION_REQUEST, BarrageMessageType.SNAPSHOT_REQUEST)
 
