@@ -22,7 +22,8 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from tickwire.clients.client import FLIGHT, _State
+from tickwire.clients.client import FLIGHT
+from tickwire.clients.state import NaturalTableState
 from tickwire.protocol import barrage
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.update import StreamDecoder
@@ -94,7 +95,7 @@ def replay(payloads: list[bytes], skip: int) -> tuple[float, int, int]:
     for raw in payloads:
         u = dec.feed(raw)
         if state is None and dec.schema is not None:
-            state = _State(dec.schema, viewport=False)
+            state = NaturalTableState(dec.schema, viewport=False)
         if u is None:
             continue
         state.apply(u)

@@ -268,9 +268,6 @@ class BarrageClient:
         self.close()
 
 
-# the former private name of NaturalTableState, kept for existing imports
-_State = NaturalTableState
-
 
 class Subscription:
     """A live subscription (or a one-shot snapshot request) on a DoExchange stream.
