@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.clients.columns import Column
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.rowset import ranges_to_keys
 from tickwire.protocol.schema import from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate

@@ -25,7 +25,7 @@ import flatbuffers
 import numpy as np
 
 from tickwire.protocol import rowset as rs
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.fbread import FbTable as _Table
 from tickwire.protocol.fbread import root as _root
 from tickwire.protocol.fb.barrage import BarrageMessageWrapper as FbWrapper

@@ -37,7 +37,7 @@ import flatbuffers
 import numpy as np
 import pyarrow as pa
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.fb.arrow import Buffer as FbBuffer
 from tickwire.protocol.fb.arrow import FieldNode as FbFieldNode
 from tickwire.protocol.fb.arrow import Message as FbMessage

@@ -24,7 +24,7 @@ from typing import Optional, Union
 
 from tickwire.protocol import barrage
 from tickwire.protocol.barrage import BarrageMessageType
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import FlightDescriptor, decode_flight_data
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Optional
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 
 __all__ = ["FbTable", "root"]
 

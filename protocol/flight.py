@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 
 __all__ = [
     "DESCRIPTOR_UNKNOWN",

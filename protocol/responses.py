@@ -18,7 +18,7 @@ from typing import Optional, Union
 
 import pyarrow as pa
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.schema import from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate, StreamDecoder
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 
 __all__ = [
     "EMPTY_RANGES",

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 
 __all__ = [
     "DH_TYPE",

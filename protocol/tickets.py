@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 
 __all__ = [
     "TicketError",

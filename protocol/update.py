@@ -22,7 +22,7 @@ from tickwire.protocol.batches import (
     encode_record_batch,
     read_message_header,
 )
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import FlightData, decode_flight_data, encode_flight_data
 from tickwire.protocol.schema import sentinels_to_nulls
 from tickwire.protocol.schema import list_wrapped_schema, read_schema_message, schema_message, unwrap_list_schema

@@ -33,7 +33,7 @@ from tickwire.protocol.batches import (
     decode_record_batch,
     read_message_header,
 )
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
 from tickwire.protocol.schema import (
     check_wire_schema,

@@ -27,7 +27,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pyarrow as pa
 
 from tickwire.errors import TickwireError
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.schema import check_wire_schema
 from tickwire.server.graph import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, StaticTable, Table, UpdateGraph
 

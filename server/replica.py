@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from tickwire.clients.client import BarrageClient
 from tickwire.clients.state import NaturalTableState
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays

@@ -30,7 +30,7 @@ from tickwire.protocol.barrage import (
     unwrap,
     wrap,
 )
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.fbread import root
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts, keys_to_ranges, rowset_size

@@ -25,7 +25,7 @@ from tickwire.protocol.batches import (
     read_message_header,
     split_rows,
 )
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.schema import (
     ipc_encapsulated_schema,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tickwire.protocol.batches import encode_record_batch
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import (
     DESCRIPTOR_CMD,
     DESCRIPTOR_PATH,

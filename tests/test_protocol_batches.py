@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tickwire.protocol import barrage
 from tickwire.protocol.batches import decode_record_batch, encode_batches, encode_record_batch, read_message_header
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.schema import fill_sentinels, sentinels_to_nulls
 from tickwire.protocol.schema import (

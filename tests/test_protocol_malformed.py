@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.tickets import TicketError, parse_ticket, ticket_from_path
 
 

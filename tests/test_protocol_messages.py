@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tickwire.protocol import barrage
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import FlightData, FlightDescriptor, decode_flight_data, encode_flight_data
 from tickwire.protocol.rowset import keys_to_ranges
 

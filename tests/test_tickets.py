@@ -1,6 +1,6 @@
 import pytest
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.tickets import (
     AppTicket,
     ExportTicket,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["TickwireError", "CODES"]
+__all__ = ["TickwireError", "ProtocolError", "CODES"]
 
 #: the gRPC status names an error may carry
 CODES = frozenset({
@@ -35,3 +35,13 @@ class TickwireError(Exception):
     @property
     def message(self) -> str:
         return str(self)
+
+
+class ProtocolError(TickwireError, ValueError):
+    """Malformed or unsupported wire data.
+
+    Every decoder in `tickwire.protocol` raises this (and only this) for input it cannot accept:
+    truncated row sets, bad command bytes, a wrong Barrage magic, flatbuffers whose offsets point
+    outside the buffer, Arrow messages that do not match their schema. The message says what was
+    wrong and where, so a server can pass it on as an INVALID_ARGUMENT status (or the status a
+    subclass carries)."""

@@ -17,7 +17,7 @@ from typing import Callable
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.proto import (
     application_pb2 as application,
     config_pb2 as config,

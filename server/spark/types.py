@@ -27,7 +27,7 @@ from typing import Iterable, Optional
 
 import pyarrow as pa
 
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.schema import deephaven_type_for, wire_type_for
 
 __all__ = ["SparkSinkError", "arrow_type_for_spark", "arrow_schema_for_spark", "conform_arrow"]

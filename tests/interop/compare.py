@@ -40,7 +40,7 @@ from tickwire.protocol.batches import (
     MessageInfo,
     read_message_header,
 )
-from tickwire.protocol.errors import ProtocolError
+from tickwire.errors import ProtocolError
 from tickwire.protocol.fbread import root as fb_root
 from tickwire.protocol.flight import FlightData, decode_flight_data
 from tickwire.protocol.proto.methods import ALL_METHODS, Method
