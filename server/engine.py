@@ -110,7 +110,7 @@ class UpdateSourceTable(Table):
     """A source table fed whole updates by one producer (a replica following another server, a
     scripted test source): `push(op)` queues an operation of the subclass's own form from any
     thread, and the next cycle hands every queued one, in order, to the subclass's
-    `_apply_pending(step, ops)`, which applies them and returns their update (or None)."""
+    `apply_pending(step, ops)`, which applies them and returns their update (or None)."""
 
     def __init__(self, graph: UpdateGraph, name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
@@ -120,11 +120,11 @@ class UpdateSourceTable(Table):
         with self.graph._intake_lock:  # a cycle takes every source's input at once
             self._queue.append(op)
 
-    def _take_pending(self) -> list:
+    def take_pending(self) -> list:
         q, self._queue = self._queue, []
         return q
 
-    def _apply_pending(self, step: int, ops: list):
+    def apply_pending(self, step: int, ops: list):
         raise NotImplementedError
 
 

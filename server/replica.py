@@ -104,7 +104,7 @@ class ReplicaTable(UpdateSourceTable):
         self._index.insert(mix(keys), slots)
 
     # -- input (queued by the replicator's thread with `push`) -----------------------------------------
-    def _apply_pending(self, step, ops) -> Optional[TableUpdate]:
+    def apply_pending(self, step, ops) -> Optional[TableUpdate]:
         if not ops:
             return None
         prev = self.rowset

@@ -25,7 +25,7 @@ class ScriptedTable(UpdateSourceTable):
     def push(self, update: TableUpdate, values: pa.Table) -> None:
         super().push((update, values))
 
-    def _apply_pending(self, step, ops) -> Optional[TableUpdate]:
+    def apply_pending(self, step, ops) -> Optional[TableUpdate]:
         if not ops:
             return None
         total = None

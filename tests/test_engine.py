@@ -227,3 +227,21 @@ def test_nothing_outside_the_engine_reaches_into_the_graph():
 def test_the_engine_is_the_one_per_graph():
     g = UpdateGraph(interval_ms=3_600_000)
     assert isinstance(engine_of(g), Engine) and engine_of(g) is engine_of(g)
+
+
+def test_every_kind_of_table_offers_the_cycle_hooks():
+    from tickwire.server.graph.graph import CycleHooks
+
+    from .scripted import ScriptedTable
+
+    g = UpdateGraph(interval_ms=3_600_000)
+    e = engine_of(g)
+    tables = [e.get_or_create(TableSpec(k, k, SCHEMA, keys=("k",) if k == "keyed" else (),
+                                        capacity=5 if k == "ring" else None))[0]
+              for k in ("append", "keyed", "ring", "blink")]
+    tables.append(e.get_or_create(TableSpec("static", "static", data=batch(0, 2)))[0])
+    with e.reading():
+        tables.append(tables[0].where(lambda t: np.ones(t.num_rows, dtype=bool), name="w"))
+    tables.append(ScriptedTable(g, "scripted"))
+    for t in tables:
+        assert isinstance(t, CycleHooks), type(t).__name__

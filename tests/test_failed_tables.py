@@ -153,7 +153,7 @@ def test_a_source_whose_input_fails_is_not_a_failed_table(monkeypatch):
     g = UpdateGraph()
     src = g.append_table("src", SCHEMA)
     derived = src.where(pc.field("x") > 0, name="derived")
-    real = type(src)._apply_pending
+    real = type(src).apply_pending
     calls = []
 
     def once_broken(self, step, ops):
@@ -162,7 +162,7 @@ def test_a_source_whose_input_fails_is_not_a_failed_table(monkeypatch):
             raise RuntimeError("input broke")
         return real(self, step, ops)
 
-    monkeypatch.setattr(type(src), "_apply_pending", once_broken)
+    monkeypatch.setattr(type(src), "apply_pending", once_broken)
     src.add(good(0, 2))
     g.run_cycle()
     assert [e.table for e in g.errors] == ["src"]

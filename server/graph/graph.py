@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
@@ -39,9 +39,29 @@ from tickwire.server.graph.sources import AppendOnlyTable, BlinkTable, KeyedTabl
 from tickwire.server.graph.tables import StaticTable, Table
 from tickwire.server.graph.table_update import TableUpdate
 
-__all__ = ["UpdateGraph", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
+__all__ = ["UpdateGraph", "CycleHooks", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
 
 log = logging.getLogger("tickwire.graph")
+
+
+@runtime_checkable
+class CycleHooks(Protocol):
+    """What the graph calls on each table in a cycle, under its lock (every Table has them; a
+    source overrides `take_pending`/`apply_pending`, a derived table `follow_parents`):
+
+    1. `take_pending()`, with the intake lock held, for every source: the input queued since the
+       last cycle;
+    2. `apply_pending(step, ops)` for each source: applies it, returns the update or None;
+    3. `follow_parents(step, updates)` for a derived table whose parents changed: its update;
+    4. `end_cycle()` for every changed (or failed) table: drops the cycle's previous state."""
+
+    def take_pending(self) -> list: ...
+
+    def apply_pending(self, step: int, ops: list) -> Optional[TableUpdate]: ...
+
+    def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]: ...
+
+    def end_cycle(self) -> None: ...
 
 
 class CycleErrorRecord:
@@ -230,7 +250,7 @@ class UpdateGraph:
     def _fail(self, step: int, table: Table, failure: TableFailure) -> None:
         """Marks a derived table failed and tells its listeners that have an `on_failure`."""
         table.failure = failure
-        table._end_cycle()
+        table.end_cycle()
         if failure.origin != table.name:
             log.error("table %r failed at step %d with table %r it is derived from", table.name, step, failure.origin)
         for fn in list(table.listeners):
@@ -249,17 +269,17 @@ class UpdateGraph:
             step = self.step + 1
             order = list(self._order)
             with self._intake_lock:
-                taken = {t.name: t._take_pending() for t in order if not t.parents}
+                taken = {t.name: t.take_pending() for t in order if not t.parents}
             updates: dict[str, TableUpdate] = {}
             for table in order:
                 if table.parents:
                     continue
                 ops = taken.get(table.name) or []
                 try:
-                    update = table._apply_pending(step, ops)
+                    update = table.apply_pending(step, ops)
                 except Exception as exc:  # one failing source leaves the others running
                     self._report(step, table.name, exc, "applying the input")
-                    table._end_cycle()
+                    table.end_cycle()
                     continue
                 if update is not None:
                     updates[table.name] = update
@@ -275,7 +295,7 @@ class UpdateGraph:
                         continue
                 if table.parents and any(p.name in updates for p in table.parents):
                     try:
-                        update = table._on_parents(step, updates)
+                        update = table.follow_parents(step, updates)
                     except TableFailedError as exc:  # reading a parent failed it (a view's formula)
                         if table.failure is None:
                             self._fail(step, table, exc.failure.derived(table.name))
@@ -305,7 +325,7 @@ class UpdateGraph:
                 except Exception as exc:
                     self._report(step, "<cycle>", exc, "a cycle listener")
             for table in changed:
-                table._end_cycle()
+                table.end_cycle()
         self.cycle_seconds.append(time.perf_counter() - t0)
         return updates
 

@@ -75,7 +75,7 @@ class SourceTable(Table):
         with self._pending_lock:
             return sum(t.num_rows for _, t in self._pending)
 
-    def _take_pending(self):
+    def take_pending(self):
         ops, self._pending = self._pending, []
         return ops
 
@@ -106,7 +106,7 @@ class AppendOnlyTable(SourceTable):
         super().__init__(graph, name, schema)
         self.attributes = {"AddOnly": True, "AppendOnly": True}
 
-    def _apply_pending(self, step, ops):
+    def apply_pending(self, step, ops):
         data = _concat(ops)
         if data is None or data.num_rows == 0:
             return None
@@ -133,7 +133,7 @@ class RingTable(SourceTable):
     def _slots(self, keys):
         return keys % self.capacity
 
-    def _apply_pending(self, step, ops):
+    def apply_pending(self, step, ops):
         data = _concat(ops)
         if data is None or data.num_rows == 0:
             return None
@@ -159,7 +159,7 @@ class BlinkTable(SourceTable):
         super().__init__(graph, name, schema)
         self.attributes = {"BlinkTable": True}
 
-    def _apply_pending(self, step, ops):
+    def apply_pending(self, step, ops):
         data = _concat(ops)
         n = 0 if data is None else data.num_rows
         if n == 0 and self.rowset.is_empty():
@@ -249,7 +249,7 @@ class KeyedTable(SourceTable):
         last = g.column("__row_max").to_numpy()[np.argsort(first, kind="stable")]
         return t.take(pa.array(last)), h[last]
 
-    def _apply_pending(self, step, ops):
+    def apply_pending(self, step, ops):
         if not ops:
             return None
         ops = _merge_runs(ops)

@@ -224,19 +224,19 @@ class Table:
         return self._derive("last_by", name, keys)
 
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
-    def _take_pending(self) -> list:
+    def take_pending(self) -> list:
         """Called with the graph's intake lock held: the input queued since the last cycle."""
         return []
 
-    def _apply_pending(self, step: int, ops: list) -> Optional[TableUpdate]:
+    def apply_pending(self, step: int, ops: list) -> Optional[TableUpdate]:
         """Sources: applies queued input; returns the cycle's update (None when nothing changed)."""
         return None
 
-    def _on_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+    def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
         """Derived tables: follows the parents' updates of this cycle."""
         return None
 
-    def _end_cycle(self) -> None:
+    def end_cycle(self) -> None:
         self._prev = None
         self.prev_rowset = None
 

@@ -247,7 +247,7 @@ class _Op(Table):
         return _bm_keys(part)
 
     # -- the cycle ------------------------------------------------------------------------------
-    def _on_parents(self, step, updates):
+    def follow_parents(self, step, updates):
         up = updates.get(self.parent.name)
         if up is None:
             return None
@@ -293,7 +293,7 @@ class _Op(Table):
             elif keys.size:
                 op(_bitmap(keys))
 
-    def _end_cycle(self) -> None:
+    def end_cycle(self) -> None:
         self._prev = None
         self._prev_rs = None
         self._update = None

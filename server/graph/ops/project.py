@@ -257,7 +257,7 @@ class ProjectTable(_Op):
         return TableUpdate(added=up.added, removed=up.removed, modified=mod, shifted=up.shifted,
                            modified_columns=changed if not mod.is_empty() else ())
 
-    def _on_parents(self, step, updates):
+    def follow_parents(self, step, updates):
         up = updates.get(self.parent.name)
         if up is None:
             return None
@@ -271,7 +271,7 @@ class ProjectTable(_Op):
             del self.cycle_seconds[:-1000]
         return update
 
-    def _end_cycle(self) -> None:
+    def end_cycle(self) -> None:
         self._prev = None
         self._update = None
         self._moves = None
