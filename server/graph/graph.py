@@ -41,7 +41,7 @@ from tickwire.server.graph.table_update import TableUpdate
 
 __all__ = ["UpdateGraph", "CycleHooks", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
 
-log = logging.getLogger("tickwire.graph")
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable

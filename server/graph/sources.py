@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable"]
 
-log = logging.getLogger("tickwire.graph")
+log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 

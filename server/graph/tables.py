@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SchemaMismatchError", "Table", "StaticTable", "conform", "as_table", "register_operation", "unique_name"]
 
-log = logging.getLogger("tickwire.graph")
+log = logging.getLogger(__name__)
 
 Listener = Callable[["Table", TableUpdate, int], None]
 
