@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine import engine_of
+from tickwire.server.engine import TableSpec, engine_of
 from tickwire.server.graph import UpdateGraph
 
 TRADES = pa.schema([("Timestamp", pa.timestamp("ns", "UTC")), ("Sym", pa.string()), ("Price", pa.float64()),
@@ -58,11 +58,12 @@ class DemoTicker:
         self.interval = interval_s
         self.rng = np.random.default_rng(seed)
         self.seq = 0
-        self.graph.static_table("static_mixed", static_mixed())
-        self.append = graph.append_table("ticking_append", TRADES)
-        self.keyed = graph.keyed_table("ticking_keyed", TRADES, ["Sym"])
-        self.blink = graph.blink_table("blink", TRADES)
-        self.ring = graph.ring_table("ticking_ring", TRADES, 1000)
+        self.engine = engine = engine_of(graph)
+        engine.get_or_create(TableSpec("static_mixed", "static", data=static_mixed()))
+        self.append, _ = engine.get_or_create(TableSpec("ticking_append", "append", TRADES))
+        self.keyed, _ = engine.get_or_create(TableSpec("ticking_keyed", "keyed", TRADES, keys=("Sym",)))
+        self.blink, _ = engine.get_or_create(TableSpec("blink", "blink", TRADES))
+        self.ring, _ = engine.get_or_create(TableSpec("ticking_ring", "ring", TRADES, capacity=1000))
         # the latest trade per symbol, sorted on its (changing) price: a derived table whose rows
         # move, with tight row-key gaps so that moves show up as shifts as well as removes/adds
         from tickwire.server.graph.ops import LastByTable, SortTable
@@ -83,8 +84,9 @@ class DemoTicker:
             "Size": pa.array(self.rng.integers(1, 1000, n).astype(np.int32)),
             "Seq": pa.array(seq),
         }, schema=TRADES)
-        for table in (self.append, self.keyed, self.blink, self.ring):
-            table.add(t)
+        with self.engine.writes(wait=False) as writes:  # one cycle applies the tick to every table
+            for table in (self.append, self.keyed, self.blink, self.ring):
+                writes.write(table, t)
         return t
 
     def start(self) -> "DemoTicker":
@@ -145,7 +147,7 @@ def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: 
     """Adds the demo tables (and big_static) to `graph`; returns the (not yet started) ticker."""
     ticker = DemoTicker(graph, interval_s=interval_ms / 1000.0)
     if big:
-        graph.static_table("big_static", big_static())
+        engine_of(graph).get_or_create(TableSpec("big_static", "static", data=big_static()))
     return ticker
 
 

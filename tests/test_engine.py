@@ -245,3 +245,82 @@ def test_every_kind_of_table_offers_the_cycle_hooks():
     tables.append(ScriptedTable(g, "scripted"))
     for t in tables:
         assert isinstance(t, CycleHooks), type(t).__name__
+
+
+def _put_messages(table: pa.Table, path: list[str], *, corrupt_last: bool = False) -> list[bytes]:
+    """Raw DoPut FlightData: the schema (with the descriptor), then one message per record batch."""
+    from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        for b in table.to_batches(max_chunksize=2):
+            w.write_batch(b)
+    reader = pa.ipc.MessageReader.open_stream(sink.getvalue())
+    schema_msg = reader.read_next_message()
+    out = [encode_flight_data(schema_msg.metadata.to_pybytes(), None, descriptor=FlightDescriptor.for_path(*path))]
+    while True:
+        try:
+            m = reader.read_next_message()
+        except StopIteration:
+            break
+        if m is None:
+            break
+        out.append(encode_flight_data(m.metadata.to_pybytes(), None, body=m.body.to_pybytes()))
+    if corrupt_last:  # the last batch keeps its header and loses most of its body
+        from tickwire.protocol.flight import decode_flight_data
+
+        fd = decode_flight_data(out[-1])
+        out[-1] = encode_flight_data(fd.data_header, None, body=bytes(fd.data_body)[:3])
+    return out
+
+
+def test_a_refused_or_cut_doput_leaves_the_table_and_the_catalog_as_they_were(served):
+    import grpc
+
+    from tickwire.protocol.proto import flight_pb2
+
+    client = fl.FlightClient(f"grpc://{served.target}")
+    opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+    writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "kept"), SCHEMA, options=opts)
+    writer.write_table(batch(0, 10))
+    writer.close()
+
+    def state():
+        listing = sorted(tuple(i.descriptor.path) for i in client.list_flights(options=opts))
+        return listing, client.do_get(fl.Ticket(b"s/kept"), options=opts).read_all()
+
+    before = state()
+    assert before[1].num_rows == 10
+    path = "/arrow.flight.protocol.FlightService/DoPut"
+    with grpc.insecure_channel(served.target) as ch:
+        put = ch.stream_stream(path, request_serializer=None, response_deserializer=flight_pb2.PutResult.FromString)
+        md = (("authorization", "Anonymous"),)
+        # a corrupt last batch after good ones: refused, none of its batches applied
+        with pytest.raises(grpc.RpcError) as err:
+            list(put(iter(_put_messages(batch(100, 6), ["scope", "kept"], corrupt_last=True)), metadata=md, timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # another schema than the table's: refused
+        other = pa.table({"k": pa.array([1, 2], pa.int64()), "w": pa.array(["a", "b"])})
+        with pytest.raises(grpc.RpcError) as err:
+            list(put(iter(_put_messages(other, ["scope", "kept"])), metadata=md, timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+        # a stream cut mid-way: two batches sent, then the client goes away
+        gate = threading.Event()
+        msgs = _put_messages(batch(200, 6), ["scope", "kept"])
+
+        def cut():
+            yield from msgs[:3]
+            gate.wait(5)
+
+        with pytest.raises(grpc.RpcError) as err:
+            list(put(cut(), metadata=md, timeout=1.0))
+        gate.set()
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # the same three into a new name: nothing is created
+        for bad in (_put_messages(batch(0, 6), ["scope", "never"], corrupt_last=True),):
+            with pytest.raises(grpc.RpcError):
+                list(put(iter(bad), metadata=md, timeout=10))
+    after = state()
+    assert after[0] == before[0]
+    assert after[1].equals(before[1]), "a refused upload changed the table"
+    client.close()

@@ -259,26 +259,30 @@ class FlightService:
 
     # -- DoPut ------------------------------------------------------------------------------------------
     async def do_put(self, request_iterator, context):
+        """An upload is applied whole or not at all: its batches are decoded as they arrive (each
+        acknowledged with a PutResult), and only a stream that ends cleanly is written, in one
+        write that the next cycle applies, before the call returns (read-your-writes). A refused
+        message, a cut stream or a write the table refuses leaves the table, and the catalog, as
+        they were."""
         session = await self.ctx.authenticate(context)
         upload = UploadDecoder()
-        table: Optional[Table] = None
-        rows = 0
+        received: list[pa.Table] = []
         async for raw in request_iterator:
             for event in upload.feed(raw):
                 if not isinstance(event, Batch):
                     continue  # the destination, options and schema are kept by the decoder
-                data = await self.ctx.run(event.decode)  # decoding costs what the batch holds: off the loop
-                if table is None:  # made once the first batch is known good: a refused upload leaves nothing behind
-                    table = await self.ctx.run(self._put_target, upload.path, upload.schema, upload.keys, session)
-                await self.ctx.run(self._put_rows, table, data)
-                rows += data.num_rows
+                received.append(await self.ctx.run(event.decode))  # costs what the batch holds: off the loop
                 yield flight_pb2.PutResult()
         end = upload.close()
-        if table is None:  # a schema and no rows: an empty table
-            await self.ctx.run(self._put_target, end.path, end.schema, end.keys, session)
-        elif rows:
-            await self.ctx.run(self.ctx.engine.flush)  # read-your-writes: the next call of any client sees the rows
+        rows = sum(t.num_rows for t in received)
+        await self.ctx.run(self._put, end, received, session)
         log.debug("DoPut %s: %d rows", end.path, rows)
+
+    def _put(self, end, received: list[pa.Table], session: Session) -> None:
+        table = self._put_target(end.path, end.schema, end.keys, session)
+        data = [t for t in received if t.num_rows]
+        if data:
+            self.ctx.engine.write(table, pa.concat_tables(data) if len(data) > 1 else data[0])
 
     def _put_target(self, path: list[str], schema: pa.Schema, keys: tuple[str, ...], session: Session) -> Table:
         t = ticket_from_path(path)
@@ -318,9 +322,6 @@ class FlightService:
             ops.drop(table)  # removes it again
             raise
         return table
-
-    def _put_rows(self, table: Table, data: pa.Table) -> None:
-        self.ctx.engine.write(table, data, wait=False)  # the call waits once, at its end
 
     # -- actions ------------------------------------------------------------------------------------------
     ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns"}
