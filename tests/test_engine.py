@@ -166,17 +166,14 @@ def test_a_pydeephaven_import_is_readable_at_once_every_time(served):
     from pydeephaven import Session
 
     s = Session(host=served.host, port=served.port)
-    client = fl.FlightClient(f"grpc://{served.target}")
-    opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
     try:
         for i in range(100):
             t = s.import_table(batch(i, 3 + i % 4))
             assert t.size == 3 + i % 4
-            got = t.to_arrow()
+            got = t.to_arrow()  # a DoGet of the session's export, right after the upload returned
             assert got.num_rows == 3 + i % 4, f"import {i}: {got.num_rows} rows"
             assert got.column("k").to_pylist() == list(range(i, i + 3 + i % 4))
     finally:
-        client.close()
         s.close()
 
 
