@@ -1134,6 +1134,7 @@ def config_slow_reader(h: Harness, steps: int) -> None:
     h.warm(8)
     h.start()
     h.add(TickwireView(h, src, SHAPES["full"]))
+    h.verify()  # its subscription is registered: the slow ones below find their own server side, not this one
     gate = threading.Event()
     gate.set()
     slow = [h.add(RecordingView(h, src, shape, client=h.new_client(), gate=gate, find_server=True))
