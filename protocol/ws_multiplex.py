@@ -455,7 +455,9 @@ class ServerConnection:
         return out
 
     def go_away(self) -> bytes:
-        """The server's go-away: the client opens no new streams and acknowledges it."""
+        """The server's go-away: the client opens no new streams and acknowledges it. A stream the
+        client opened before it read the go-away still arrives as `StreamOpened`; whether to answer
+        or refuse it is the caller's choice (`go_away_sent` tells it)."""
         self.go_away_sent = True
         return _U32.pack(GO_AWAY_STREAM_ID)
 
