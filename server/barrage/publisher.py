@@ -27,10 +27,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from tickwire.errors import TickwireError
 from tickwire.server.config import EncodeLimits, ServerConfig
 from tickwire.server.barrage.messages import EncodeOptions, Message, TableWire, metadata_bytes
-from tickwire.server.barrage.views import View, plan_full, plan_viewport, window_keys
+from tickwire.server.barrage.views import SubscriptionError, View, plan_full, plan_viewport, requested, window_keys
 from tickwire.server.graph import RowSet, RowSetShiftData, Table, TableUpdate
 from tickwire.server.graph.graph import TableFailedError, TableFailure, TableListener
 
@@ -41,11 +40,6 @@ log = logging.getLogger(__name__)
 _EMPTY_SHIFTS = RowSetShiftData()
 
 
-class SubscriptionError(TickwireError):
-    """A request a subscription cannot honour; `code` is the gRPC status name."""
-
-    def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
-        super().__init__(message, code)
 
 
 class Subscriber:
@@ -249,14 +243,14 @@ class Publisher:
                 self.registry._drop(self)
 
     def _check_view(self, view: View) -> None:
+        """A View made from a request (`views.requested`) was checked for this table already; one
+        built by hand is checked here, by the same rules."""
         n = len(self.wire.names)
-        if any(c < 0 or c >= n for c in view.columns):
-            raise SubscriptionError(f"column index out of range for table {self.table.name!r} with {n} columns: "
-                                    f"{[c for c in view.columns if c < 0 or c >= n]}")
-        if view.reverse and view.viewport is not None and self.table.attributes.get("BlinkTable"):
-            raise SubscriptionError(f"reverse viewports are not supported on blink table {self.table.name!r}")
-        if view.reverse and view.viewport is None:
-            raise SubscriptionError("reverse_viewport needs a viewport")
+        if view.checked_for == n:
+            return
+        requested(view.columns, None if view.viewport is None else view.viewport.ranges(), view.reverse, ncols=n,
+                  blink=bool(self.table.attributes.get("BlinkTable")), max_ranges=self.registry.max_viewport_ranges,
+                  what="subscription columns", table=self.table.name)
 
     # -- the cycle thread ---------------------------------------------------------------------------
     def _on_update(self, table: Table, update: TableUpdate, step: int) -> None:
@@ -533,6 +527,7 @@ class PublisherRegistry:
         max_piece_cells = config.max_piece_cells if max_piece_cells is None else max_piece_cells
         self.outbox = config.outbox  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
         self.limits = config.encode
+        self.max_viewport_ranges = config.max_viewport_ranges
         self._lock = threading.Lock()
         self._by_table: dict[int, Publisher] = {}
         # growing snapshots: cells per piece, adapted so one piece's read under the graph's lock

@@ -13,11 +13,21 @@ from typing import Optional
 
 import numpy as np
 
+from tickwire.errors import TickwireError
 from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
 
-__all__ = ["View", "Viewport", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions"]
+__all__ = ["View", "Viewport", "SubscriptionError", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions",
+           "requested", "requested_columns", "requested_viewport"]
 
 EMPTY_SHIFTS = RowSetShiftData()
+
+
+class SubscriptionError(TickwireError):
+    """A request a subscription cannot honour (a view it cannot have, a failed table); `code` is
+    the gRPC status name."""
+
+    def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
+        super().__init__(message, code)
 _NO_RANGES = np.empty((0, 2), dtype=np.int64)
 
 
@@ -105,6 +115,7 @@ class View:
     columns: tuple[int, ...]
     viewport: Optional[Viewport] = None
     reverse: bool = False
+    checked_for: Optional[int] = field(default=None, compare=False)  # the column count `requested` checked
 
     def __post_init__(self):
         if self.viewport is not None and not isinstance(self.viewport, Viewport):
@@ -145,6 +156,48 @@ class Plan:
     def is_empty(self) -> bool:
         return (self.added_rows.is_empty() and self.removed_rows.is_empty() and self.modified_rows.is_empty()
                 and (self.shifts is None or self.shifts.is_empty()))
+
+
+def requested_columns(indices, ncols: int, what: str) -> Optional[tuple[int, ...]]:
+    """A request's column set (bitset indices) checked against the schema in one vectorized pass;
+    the error names the first few offenders and how many there are. None: all columns."""
+    if indices is None:
+        return None
+    cols = np.asarray(indices, dtype=np.int64).ravel()
+    bad = cols[(cols >= ncols) | (cols < 0)]
+    if bad.size:
+        first = ", ".join(str(c) for c in bad[:5].tolist())
+        more = f" and {bad.size - 5} more" if bad.size > 5 else ""
+        raise SubscriptionError(f"{what}: column indices {first}{more} out of range for a table of {ncols} columns")
+    return tuple(sorted(set(cols.tolist())))  # at most ncols distinct values by now
+
+
+def requested_viewport(ranges, max_ranges: int) -> Optional[Viewport]:
+    """A request's viewport, validated and kept as ranges (clipped to the table at each use)."""
+    if ranges is None:
+        return None
+    r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    if r.shape[0] > max_ranges:
+        raise SubscriptionError(f"viewport has {r.shape[0]} ranges; at most {max_ranges} are accepted", "RESOURCE_EXHAUSTED")
+    try:
+        return Viewport(r)
+    except ValueError as exc:
+        raise SubscriptionError(f"bad viewport: {exc}") from None
+
+
+def requested(columns, viewport, reverse: bool, *, ncols: int, blink: bool, max_ranges: int,
+              what: str = "subscription columns", table: str = "") -> View:
+    """The View a request asks for, checked once against the table: columns in range, a valid
+    viewport of at most `max_ranges` ranges, a reverse direction only with a viewport (and not on
+    a blink table). Publishing trusts a View made here (`checked_for`)."""
+    cols = requested_columns(columns, ncols, what)
+    vp = requested_viewport(viewport, max_ranges)
+    if reverse and vp is None:
+        raise SubscriptionError("reverse_viewport needs a viewport")
+    if reverse and blink:
+        raise SubscriptionError(f"reverse viewports are not supported on blink table {table!r}")
+    return View(columns=tuple(range(ncols)) if cols is None else cols, viewport=vp, reverse=bool(reverse),
+                checked_for=ncols)
 
 
 def clip_positions(viewport, n: int) -> np.ndarray:

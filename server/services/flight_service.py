@@ -15,7 +15,6 @@ import logging
 import secrets
 from typing import Optional
 
-import numpy as np
 import pyarrow as pa
 
 from tickwire.protocol import barrage
@@ -25,7 +24,8 @@ from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import attributes_from_schema, ipc_encapsulated_schema
 from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
-from tickwire.server.barrage import EncodeOptions, TableWire, View, Viewport, snapshot_message
+from tickwire.server.barrage import EncodeOptions, TableWire, snapshot_message
+from tickwire.server.barrage.views import requested, requested_columns, requested_viewport
 from tickwire.server.barrage.handle import SubscriptionHandle, Waker, encoded_payloads
 from tickwire.server.engine import TableSpec, kind_of
 from tickwire.server.graph import Table
@@ -36,34 +36,6 @@ __all__ = ["FlightService", "KEYS_METADATA"]
 
 log = logging.getLogger(__name__)
 
-
-
-def _viewport_of(ranges, max_ranges: int) -> Optional[Viewport]:
-    """A request's viewport, validated and kept as ranges (clipped to the table at each use)."""
-    if ranges is None:
-        return None
-    r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-    if r.shape[0] > max_ranges:
-        raise CallError("RESOURCE_EXHAUSTED", f"viewport has {r.shape[0]} ranges; at most {max_ranges} are accepted")
-    try:
-        return Viewport(r)
-    except ValueError as exc:
-        raise CallError("INVALID_ARGUMENT", f"bad viewport: {exc}") from None
-
-
-def _columns_of(indices, ncols: int, what: str) -> Optional[tuple[int, ...]]:
-    """A request's column set (bitset indices) checked against the schema, in one vectorized pass;
-    the error names the first few offenders and how many there are."""
-    if indices is None:
-        return None
-    cols = np.asarray(indices, dtype=np.int64).ravel()
-    bad = cols[(cols >= ncols) | (cols < 0)]
-    if bad.size:
-        first = ", ".join(str(c) for c in bad[:5].tolist())
-        more = f" and {bad.size - 5} more" if bad.size > 5 else ""
-        raise CallError("INVALID_ARGUMENT", f"{what}: column indices {first}{more} out of range for a table of "
-                                            f"{ncols} columns")
-    return tuple(sorted(set(cols.tolist())))  # at most ncols distinct values by now
 
 
 class FlightService:
@@ -225,11 +197,9 @@ class FlightService:
             if not req.ticket:
                 raise CallError("INVALID_ARGUMENT", "Ticket not specified.")
             table = self._resolve(req.ticket, session)
-        ncols = len(table.schema)
-        cols = _columns_of(req.columns, ncols, "subscription columns")
-        view = View(columns=tuple(range(ncols)) if cols is None else cols,
-                    viewport=_viewport_of(req.viewport, self.ctx.config.max_viewport_ranges),
-                    reverse=bool(req.reverse_viewport))
+        view = requested(req.columns, req.viewport, bool(req.reverse_viewport), ncols=len(table.schema),
+                         blink=bool(table.attributes.get("BlinkTable")),
+                         max_ranges=self.ctx.config.max_viewport_ranges, table=table.name)
         return table, view, req.options
 
     async def _snapshot_request(self, req: barrage.SnapshotRequest, session, requests: asyncio.Queue):
@@ -240,9 +210,8 @@ class FlightService:
         opts = EncodeOptions.of(req.options)
 
         def build():
-            ncols = len(wire.names)
-            cols = _columns_of(req.columns, ncols, "snapshot columns")
-            viewport = _viewport_of(req.viewport, self.ctx.config.max_viewport_ranges)
+            cols = requested_columns(req.columns, len(wire.names), "snapshot columns")
+            viewport = requested_viewport(req.viewport, self.ctx.config.max_viewport_ranges)
             return snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
                                     doget=False, limits=self.ctx.config.encode)
         msg, _n = await self.ctx.run(build)  # a failed table raises its status
