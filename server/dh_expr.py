@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.errors import TickwireError
+from tickwire.protocol.schema import sentinel_for
 
 __all__ = ["ExpressionError", "parse_filter", "parse_column_spec", "compare_operands", "MAX_LENGTH", "MAX_DEPTH",
            "MAX_NODES"]
@@ -282,8 +283,6 @@ def _number(t: _Tok, text: str):
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _FLOATS = (pa.float32(), pa.float64())
 _RANK = {pa.int8(): 0, pa.int16(): 1, pa.int32(): 2, pa.int64(): 3, pa.float32(): 4, pa.float64(): 5}
-_SENTINEL = {pa.int32(): -(2 ** 31), pa.int64(): -(2 ** 63), pa.float32(): -3.4028234663852886e38,
-             pa.float64(): -1.7976931348623157e308}
 
 
 def _kind(t) -> str:
@@ -317,8 +316,9 @@ def _promote(a, b):
 
 
 def _null_sentinel(expr, t):
-    """A result equal to Deephaven's null value for its type is null there."""
-    s = _SENTINEL.get(t)
+    """A result equal to Deephaven's null value for its type is null there (`t` is a promoted
+    numeric type: int32, int64, float32 or float64)."""
+    s = sentinel_for(t)
     if s is None:
         return expr
     return pc.if_else(pc.equal(expr, pc.scalar(pa.scalar(s, t))), pc.scalar(pa.scalar(None, t)), expr)
@@ -607,8 +607,8 @@ def _literal_value(tok: _Tok, neg: bool, t, text: str, col: str):
         v = -v if neg else v
         if t in _INTS:
             if vt in _INTS:
-                lo, hi = {pa.int8(): 7, pa.int16(): 15, pa.int32(): 31, pa.int64(): 63}[t], None
-                if -(2 ** lo) < v < 2 ** lo:
+                bits = {pa.int8(): 7, pa.int16(): 15, pa.int32(): 31, pa.int64(): 63}[t]
+                if -(2 ** bits) < v < 2 ** bits:  # the type's minimum is Deephaven's null
                     return v
                 raise ExpressionError(f"value {v} at position {tok.pos} is out of range for column {col!r} ({t}) "
                                       f"in {text!r}")
