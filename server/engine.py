@@ -64,7 +64,16 @@ class IngestError(TickwireError):
 
 
 def is_hidden(table: Table) -> bool:
-    return bool(getattr(table, "hidden", False)) or table.name.startswith("__")
+    """Tables no name reaches: session-owned ones (flagged) and "__"-prefixed names."""
+    return table.hidden or table.name.startswith("__")
+
+
+def _check_schema(name: str, schema: pa.Schema) -> None:
+    """Nothing is registered whose schema Deephaven's clients could not be served."""
+    try:
+        check_wire_schema(schema)
+    except ProtocolError as exc:
+        raise CatalogError(f"table {name!r}: {exc}") from None
 
 
 def kind_of(table: Table) -> str:
@@ -165,55 +174,54 @@ class Engine:
     def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:
         """(table, created): the table named `spec.name`, made from `spec` unless it exists; an
         existing table must be of the spec's kind, keys and capacity and hold the spec's columns."""
-        try:
-            check_wire_schema(spec.schema)
-        except ProtocolError as exc:
-            raise CatalogError(f"table {spec.name!r}: {exc}") from None
+        _check_schema(spec.name, spec.schema)
         missing = [k for k in spec.keys if k not in spec.schema.names]
         if missing:
             raise CatalogError(f"table {spec.name!r}: key column(s) {', '.join(map(repr, missing))} not in the schema")
-        with self._create:
-            existing = self.graph.tables.get(spec.name)
-            if existing is not None:
-                self._check(existing, spec)
-                return existing, False
-            g = self.graph
-            try:
-                if spec.kind == "append":
-                    table = g.append_table(spec.name, spec.schema)
-                elif spec.kind == "keyed":
-                    table = g.keyed_table(spec.name, spec.schema, list(spec.keys))
-                elif spec.kind == "ring":
-                    table = g.ring_table(spec.name, spec.schema, int(spec.capacity))
-                elif spec.kind == "blink":
-                    table = g.blink_table(spec.name, spec.schema)
-                else:
-                    table = g.static_table(spec.name, spec.data)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CatalogError(f"cannot create table {spec.name!r}: {exc}") from None
+        g = self.graph
+
+        def make() -> Table:
+            if spec.kind == "append":
+                table = g.append_table(spec.name, spec.schema)
+            elif spec.kind == "keyed":
+                table = g.keyed_table(spec.name, spec.schema, list(spec.keys))
+            elif spec.kind == "ring":
+                table = g.ring_table(spec.name, spec.schema, int(spec.capacity))
+            elif spec.kind == "blink":
+                table = g.blink_table(spec.name, spec.schema)
+            else:
+                table = g.static_table(spec.name, spec.data)
             if spec.hidden:
                 table.hidden = True
             if spec.attributes:
                 table.attributes.update(spec.attributes)
-            return table, True
+            return table
+
+        return self._get_or_make(spec.name, lambda existing: self._check(existing, spec), make)
 
     def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
         """(table, created) for an update source of class `cls` (an UpdateSourceTable): an
         existing table of that name must be of that class with that schema."""
         if not (isinstance(cls, type) and issubclass(cls, UpdateSourceTable)):
             raise CatalogError(f"{cls!r} is not an update source class")
-        try:
-            check_wire_schema(schema)
-        except ProtocolError as exc:
-            raise CatalogError(f"table {name!r}: {exc}") from None
+        _check_schema(name, schema)
+
+        def check(existing: Table) -> None:
+            if type(existing) is not cls or not existing.schema.equals(schema):
+                raise TableMismatchError(f"a different table named {name!r} exists")
+
+        return self._get_or_make(name, check, lambda: cls(self.graph, name, schema))
+
+    def _get_or_make(self, name: str, check, make) -> tuple[Table, bool]:
+        """The existing table `name` once `check(table)` accepts it, else `make()` under the
+        catalog's lock; the graph's refusals become CatalogError."""
         with self._create:
             existing = self.graph.tables.get(name)
             if existing is not None:
-                if type(existing) is not cls or not existing.schema.equals(schema):
-                    raise TableMismatchError(f"a different table named {name!r} exists")
+                check(existing)
                 return existing, False
             try:
-                return cls(self.graph, name, schema), True
+                return make(), True
             except (ValueError, KeyError, TypeError) as exc:
                 raise CatalogError(f"cannot create table {name!r}: {exc}") from None
 

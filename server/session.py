@@ -23,7 +23,7 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
 from tickwire.server.graph import Table, UpdateGraph
 
-__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "hidden"]
+__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS"]
 
 log = logging.getLogger(__name__)
 
@@ -209,11 +209,6 @@ def _reap_loop(manager_ref, stop: threading.Event) -> None:
         del manager
         if stop.wait(interval):
             return
-
-
-def hidden(table: Table) -> bool:
-    """Tables no name reaches: session-owned ones (flagged) and "__"-prefixed names."""
-    return table.hidden or table.name.startswith("__")
 
 
 class Scope:
