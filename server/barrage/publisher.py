@@ -197,10 +197,7 @@ class Publisher:
                 self.graph.add_cycle_listener(self._on_cycle)
                 self._attached = True
             self.subs.append(sub)
-            try:
-                self._service(sub, self.graph.step, time.monotonic())
-            except TableFailedError:
-                pass  # reading the table failed it (a view's formula): `sub` has the failure
+            self._service(sub, self.graph.step, time.monotonic())
         return sub
 
     def change(self, sub: Subscriber, view: View) -> None:
@@ -212,18 +209,12 @@ class Publisher:
             if sub.closed:
                 return
             sub.requested = view
-            try:
-                self._service(sub, self.graph.step, time.monotonic())
-            except TableFailedError:
-                pass  # `sub` has the failure
+            self._service(sub, self.graph.step, time.monotonic())
 
     def catch_up(self, sub: Subscriber) -> None:
         with self.graph.lock:
             step = self.graph.step
-            try:
-                self._service(sub, step, time.monotonic(), self._shared_for(step))
-            except TableFailedError:
-                pass  # `sub` has the failure
+            self._service(sub, step, time.monotonic(), self._shared_for(step))
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self.graph.lock:
@@ -292,13 +283,19 @@ class Publisher:
         for sub in list(self.subs):
             try:
                 self._service(sub, step, now, shared)
-            except TableFailedError:
-                pass  # reading the table failed it: its subscribers have the failure
             except Exception:
                 log.exception("table %r: building a message for a subscriber failed", self.table.name)
 
     def _service(self, sub: Subscriber, step: int, now: float, shared: Optional[dict] = None) -> None:
-        """Queues the next message for `sub` if it has room and something to say."""
+        """Queues the next message for `sub` if it has room and something to say. Reading a table
+        whose computation raises (a view's formula) fails it, and its subscribers, `sub` among
+        them, are told (`_on_failure`); that is the whole answer."""
+        try:
+            self._serve(sub, step, now, shared)
+        except TableFailedError:
+            pass  # the failure reached `sub` through `_on_failure`
+
+    def _serve(self, sub: Subscriber, step: int, now: float, shared: Optional[dict]) -> None:
         if sub.closed or sub.failure is not None:
             return
         if sub.log is not None:
