@@ -45,6 +45,8 @@ class ServerConfig:
     - `max_viewport_ranges`: distinct position ranges one viewport may name.
     - `piece_target_ms`, `min_piece_cells`, `max_piece_cells`: large initial snapshots of ticking
       tables are read in pieces sized to about `piece_target_ms` of reading under the graph's lock.
+    - `shared_snapshots`: initial snapshots a published table keeps for later subscribers that ask
+      for the same columns (the oldest is let go past it).
     - `encode`: how messages are cut into FlightData (`EncodeLimits`).
     - `list_fields_poll_s`: how often an open ApplicationService.ListFields stream looks for new
       or removed tables."""
@@ -60,12 +62,13 @@ class ServerConfig:
     piece_target_ms: float = 3.0
     min_piece_cells: int = 65_536
     max_piece_cells: int = 1 << 24
+    shared_snapshots: int = 4
     encode: EncodeLimits = EncodeLimits()
     list_fields_poll_s: float = 1.0
 
     def __post_init__(self):
         for name in ("workers", "session_duration_ms", "outbox", "payloads_per_hop", "max_viewport_ranges",
-                     "min_piece_cells", "max_piece_cells"):
+                     "min_piece_cells", "max_piece_cells", "shared_snapshots"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("inline_cells", "inline_request_bytes"):

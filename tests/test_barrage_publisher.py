@@ -385,3 +385,29 @@ def test_a_subscriber_behind_by_its_own_coalesced_change_gets_its_own_message(se
     b.check(table, "b after reading again")
     assert b.sub.coalesced > 0
     assert id(b.taken[-1]) not in {id(m) for m in a.taken}, "a coalesced catch-up message was shared"
+
+
+def test_subscribers_asking_for_ever_other_columns_keep_few_shared_snapshots():
+    """A published table keeps at most `shared_snapshots` initial snapshots for later joiners: one
+    per column set asked for would let clients make the server hold a table's worth per subset."""
+    from tickwire.server.config import ServerConfig
+
+    rng = np.random.default_rng(5)
+    graph = UpdateGraph(interval_ms=10_000)
+    table = ScriptedTable(graph, "t")
+    registry = PublisherRegistry(config=ServerConfig(shared_snapshots=2))
+    keys = np.empty(0, dtype=np.int64)
+    upd, vals, keys = random_update(rng, keys, max_add=50)
+    table.push(upd, vals)
+    graph.run_cycle()
+    clients = [Client(registry, table, View(cols)) for cols in ((0,), (1,), (2,), (0, 1), (1, 2))]
+    publisher = registry.publisher(table)
+    assert len(publisher._logs) == 2
+    for step in range(3):  # every client still converges
+        upd, vals, keys = random_update(rng, keys)
+        table.push(upd, vals)
+        graph.run_cycle()
+        for c in clients:
+            c.pump()
+            c.check(table, f"step {step}")
+    assert len(publisher._logs) <= 2

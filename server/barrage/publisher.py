@@ -337,6 +337,15 @@ class Publisher:
         if lg.readers > 0 and lg not in self._replayed:
             self._replayed.append(lg)
 
+    def _keep(self, key: tuple, lg: SnapshotLog) -> None:
+        """Keeps `lg` for later joiners; past `shared_snapshots` logs the oldest is let go (its
+        readers finish it), so subscribers asking for ever other columns hold no more snapshots
+        than are being read."""
+        self._logs.pop(key, None)
+        self._logs[key] = lg  # the newest, last: never the one let go below
+        while len(self._logs) > self.registry.shared_snapshots:
+            self._retire(next(iter(self._logs.values())))
+
     def _leave_log(self, sub: Subscriber) -> None:
         lg, sub.log = sub.log, None
         if lg is None:
@@ -357,7 +366,7 @@ class Publisher:
                 lg.remeta = lambda at: self._metadata(plan, view, at, at, snapshot=True)
         else:
             self._build_log(lg, step)
-        self._logs[self._log_key(sub, view)] = lg
+        self._keep(self._log_key(sub, view), lg)
         return lg
 
     def _build_log(self, lg: SnapshotLog, step: int) -> None:
@@ -410,7 +419,7 @@ class Publisher:
         fresh.start_step = step
         fresh.remeta = lg.remeta
         fresh.messages.append(lg.messages[0].with_metadata(lg.remeta(step), step))
-        self._logs[key] = fresh
+        self._keep(key, fresh)
         return fresh
 
     def _replay(self, sub: Subscriber) -> None:
@@ -525,6 +534,7 @@ class PublisherRegistry:
         self.outbox = config.outbox  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
         self.limits = config.encode
         self.max_viewport_ranges = config.max_viewport_ranges
+        self.shared_snapshots = config.shared_snapshots
         self._lock = threading.Lock()
         self._by_table: dict[int, Publisher] = {}
         # growing snapshots: cells per piece, adapted so one piece's read under the graph's lock
