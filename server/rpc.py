@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import logging
 import uuid
@@ -22,7 +23,8 @@ from tickwire.server.config import ServerConfig
 from tickwire.server.engine import engine_of
 from tickwire.server.session import Session
 
-__all__ = ["CallError", "ServerContext", "build_handlers", "service_handlers", "with_stubs", "unimplemented", "RAW",
+__all__ = ["CallError", "ServerContext", "build_handlers", "guarded_methods", "GuardedMethod",
+           "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
            "short", "MAX_DETAILS"]
 
 log = logging.getLogger(__name__)
@@ -187,29 +189,55 @@ def with_stubs(impls: dict) -> dict:
     return out
 
 
-def build_handlers(impls: dict[str, tuple[Callable, Any, Any]],
-                   precheck: Optional[Callable[[Sequence], Any]] = None) -> list[grpc.GenericRpcHandler]:
-    """Generic handlers from {method path: (async fn, request codec, response codec)}.
+#: Methods answered without credentials: the browser asks which logins exist before it has any.
+UNAUTHENTICATED_METHODS = frozenset({"/io.deephaven.proto.backplane.grpc.ConfigService/GetAuthenticationConstants"})
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardedMethod:
+    """One served method, ready for any transport: `fn(request, context)` takes the raw request
+    bytes (or an async iterator of them) and a context with `invocation_metadata()`,
+    `send_initial_metadata(md)` and `abort(code, details)`; it checks credentials, parses, runs
+    the handler and turns every error into a status. `serialize` turns a response into bytes
+    (None: the handler already yields bytes)."""
+    path: str
+    kind: str
+    fn: Callable
+    serialize: Optional[Callable[[Any], bytes]]
+
+
+def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
+                    precheck: Optional[Callable[[Sequence], Any]] = None) -> dict[str, GuardedMethod]:
+    """{method path: GuardedMethod} from {method path: (async fn, request codec, response codec)}.
 
     A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
     in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes.
     Requests always arrive as bytes: `precheck(metadata)` (the session manager's authenticate)
-    runs first and its session is what `ServerContext.authenticate` returns for the call; only
-    then is the body parsed."""
-    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    runs first, except for UNAUTHENTICATED_METHODS, and its session is what
+    `ServerContext.authenticate` returns for the call; only then is the body parsed."""
+    out = {}
     for path, (fn, req, resp, *kind) in impls.items():
         m = METHODS.get(path)
         if m is None:  # a method outside the method table: raw bytes both ways, kind given
-            service, _sep, name = path[1:].rpartition("/")
             method_kind, parse, ser = kind[0], None, None
         else:
-            service, name, method_kind = m.service, m.name, m.kind
+            method_kind = m.kind
             parse = _parser(m.request, req)
             ser = None if resp is RAW else m.response.SerializeToString
-        wrapped = _guard(fn, method_kind, parse, precheck)
+        check = None if path in UNAUTHENTICATED_METHODS else precheck
+        out[path] = GuardedMethod(path, method_kind, _guard(fn, method_kind, parse, check), ser)
+    return out
+
+
+def build_handlers(impls: dict[str, tuple[Callable, Any, Any]],
+                   precheck: Optional[Callable[[Sequence], Any]] = None) -> list[grpc.GenericRpcHandler]:
+    """grpcio generic handlers for `guarded_methods(impls, precheck)`."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for path, gm in guarded_methods(impls, precheck).items():
+        service, _sep, name = path[1:].rpartition("/")
         factory = {UNARY: grpc.unary_unary_rpc_method_handler, SERVER_STREAM: grpc.unary_stream_rpc_method_handler,
                    CLIENT_STREAM: grpc.stream_unary_rpc_method_handler,
-                   BIDI: grpc.stream_stream_rpc_method_handler}[method_kind]
-        by_service.setdefault(service, {})[name] = factory(wrapped, request_deserializer=None,
-                                                            response_serializer=ser)
+                   BIDI: grpc.stream_stream_rpc_method_handler}[gm.kind]
+        by_service.setdefault(service, {})[name] = factory(gm.fn, request_deserializer=None,
+                                                            response_serializer=gm.serialize)
     return [grpc.method_handlers_generic_handler(s, h) for s, h in by_service.items()]
