@@ -1,8 +1,13 @@
-"""The tickwire server: one grpc.aio server on one port for Flight and Deephaven's services.
+"""The tickwire server: Flight and Deephaven's services on one port, for gRPC clients and browsers.
 
-The gRPC event loop runs in its own thread; work that takes the update graph's lock or encodes
-data runs in a small worker pool so the loop never blocks. `TickwireServer` is usable from
-Python (tests, notebooks, the `tickwire serve` and `tickwire demo` commands):
+One event loop, in its own thread, runs grpcio's aio server and the web side (aiohttp). By
+default both share the server's port: a splitter owns it and sends every connection that opens
+with the HTTP/2 preface to grpcio (listening on a private Unix socket) and everything else to
+the web side (tickwire.server.web). `web_port` puts the web side on a port of its own and grpcio
+back on the main port, as does TLS (the browser side then needs `web_port`). Work that takes the
+update graph's lock or encodes data runs in a small worker pool so the loop never blocks.
+`TickwireServer` is usable from Python (tests, notebooks, the `tickwire serve` and `tickwire
+demo` commands):
 
     graph = UpdateGraph(100).start()
     server = TickwireServer(graph, port=10000).start()
@@ -15,6 +20,9 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import shutil
+import socket
+import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
@@ -25,7 +33,7 @@ from tickwire.server.barrage import PublisherRegistry
 from tickwire.server.config import ServerConfig
 from tickwire.server.services import handlers as service_handlers
 from tickwire.server.graph import UpdateGraph
-from tickwire.server.rpc import ServerContext, build_handlers, with_stubs
+from tickwire.server.rpc import ServerContext, build_handlers, guarded_methods, with_stubs
 from tickwire.server.session import Scope, SessionManager
 
 __all__ = ["TickwireServer"]
@@ -46,13 +54,19 @@ class TickwireServer:
     `port=0` picks a free port (see `.port` after `start`). `psk` requires Deephaven's
     pre-shared-key authentication; otherwise anonymous access is allowed. `tls_cert`/`tls_key`
     (PEM files) switch the port to TLS. `config` holds the tuning knobs (ServerConfig); `workers`,
-    `session_duration_ms` and `max_inbound_message_size`, when given, override its fields."""
+    `session_duration_ms` and `max_inbound_message_size`, when given, override its fields.
+
+    The web side (browsers: Deephaven's JS API and grid page) is on the same port unless `web` is
+    False or `web_port` is given (0 picks a free one, see `.web_port`); with TLS it needs
+    `web_port`. `web_assets`: a deephaven-web jar or directory to serve instead of the installed
+    deephaven-server package's."""
 
     def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
                  psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
                  tls_key: Optional[str | Path] = None, workers: Optional[int] = None,
                  session_duration_ms: Optional[int] = None, start_graph: bool = True,
-                 max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None):
+                 max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None,
+                 web: bool = True, web_port: Optional[int] = None, web_assets: Optional[str | Path] = None):
         overrides = {k: v for k, v in (("workers", workers), ("session_duration_ms", session_duration_ms),
                                        ("max_inbound_message_size", max_inbound_message_size)) if v is not None}
         self.config = dataclasses.replace(config or ServerConfig(), **overrides)
@@ -63,6 +77,7 @@ class TickwireServer:
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and a key")
         self.tls = None if tls_cert is None else (Path(tls_cert).read_bytes(), Path(tls_key).read_bytes())
+        self._tls_files = None if tls_cert is None else (str(tls_cert), str(tls_key))
         cfg = self.config
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.workers,
                                                               thread_name_prefix="tickwire-work")
@@ -76,6 +91,16 @@ class TickwireServer:
         self._stopped = threading.Event()
         self.start_graph = start_graph
         self.replicas: list = []  # Replicators feeding this server's graph
+        self.web_enabled = bool(web)
+        self.requested_web_port = None if web_port is None else int(web_port)
+        self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
+        self.web = None  # tickwire.server.web.WebSide once started
+        self.splitter = None
+        self._private_dir: Optional[str] = None
+        self.web_assets = None
+        if self.web_enabled:
+            from tickwire.server.web.assets import locate_assets
+            self.web_assets = locate_assets(web_assets)  # a bad path fails here, before anything starts
 
     @property
     def target(self) -> str:
@@ -92,12 +117,45 @@ class TickwireServer:
     def uses_tls(self) -> bool:
         return self.tls is not None
 
+    def _listener(self) -> socket.socket:
+        """The main port's listening socket, for the splitter."""
+        err: Optional[OSError] = None
+        for family, kind, proto, _name, addr in socket.getaddrinfo(self.host, self.requested_port, type=socket.SOCK_STREAM,
+                                                                   flags=socket.AI_PASSIVE):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(addr)
+                sock.listen(1024)
+                return sock
+            except OSError as exc:
+                sock.close()
+                err = exc
+        raise OSError(f"cannot listen on {self.host}:{self.requested_port}: {err}")
+
     async def _start(self) -> int:
         options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.config.max_inbound_message_size)]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers(build_handlers(with_stubs(self._handlers), precheck=self.sessions.authenticate))
+        impls = with_stubs(self._handlers)
+        server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate))
         addr = f"{self.host}:{self.requested_port}"
-        if self.tls is not None:
+        web_on_main = self.web_enabled and self.requested_web_port is None and self.tls is None
+        if self.web_enabled:
+            from tickwire.server.web import WebSide
+
+            self.web = WebSide(self.ctx, self.web_assets)
+            self.web.methods = guarded_methods(impls, precheck=self.web.precheck)
+            await self.web.start()
+        listener = None
+        if web_on_main:
+            listener = self._listener()
+            self._private_dir = tempfile.mkdtemp(prefix="tickwire-")
+            grpc_path = f"{self._private_dir}/grpc.sock"
+            if server.add_insecure_port(f"unix:{grpc_path}") == 0:
+                listener.close()
+                raise OSError(f"cannot listen on unix:{grpc_path}")
+            port = listener.getsockname()[1]
+        elif self.tls is not None:
             key, cert = self.tls[1], self.tls[0]
             port = server.add_secure_port(addr, grpc.ssl_server_credentials([(key, cert)]))
         else:
@@ -106,7 +164,40 @@ class TickwireServer:
             raise OSError(f"cannot listen on {addr}")
         await server.start()
         self._server = server
+        if web_on_main:
+            from tickwire.server.web import PortSplitter
+
+            self.splitter = PortSplitter(listener, grpc_path, self.web.protocol_factory)
+            self.splitter.start()
+            self.web_port = port
+        elif self.web is not None and self.requested_web_port is not None:
+            ssl_context = None
+            if self.tls is not None:
+                import ssl
+                ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                cert_file, key_file = self._tls_files
+                ssl_context.load_cert_chain(cert_file, key_file)
+            self.web_port = await self.web.listen(self.host, self.requested_web_port, ssl_context)
+        elif self.web is not None:
+            log.info("the web side needs --web-port with TLS; browsers cannot connect")
+            await self.web.close()
+            self.web = None
         return port
+
+    @property
+    def web_url(self) -> Optional[str]:
+        """Where a browser connects (None without a web side)."""
+        if self.web_port is None:
+            return None
+        scheme = "https" if self.tls is not None and self.requested_web_port is not None else "http"
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return f"{scheme}://{host}:{self.web_port}"
+
+    def grid_url(self, table: str) -> Optional[str]:
+        """The URL of Deephaven's grid page on `table` (None without a web side)."""
+        from urllib.parse import quote
+        base = self.web_url
+        return None if base is None else f"{base}/iframe/widget/?name={quote(table, safe='')}"
 
     def start(self) -> "TickwireServer":
         if self._thread is not None:
@@ -131,7 +222,8 @@ class TickwireServer:
             raise
         if self.start_graph and not self.graph.running:
             self.graph.start()
-        log.info("tickwire serving on %s%s", self.target, " (TLS)" if self.tls else "")
+        log.info("tickwire serving on %s%s%s", self.target, " (TLS)" if self.tls else "",
+                 f"; browsers at {self.web_url}" if self.web_url else "")
         return self
 
     def replicate(self, target: str, table: str, *, local_name: Optional[str] = None, psk: Optional[str] = None,
@@ -162,12 +254,27 @@ class TickwireServer:
         loop = self._loop
         if loop is None:
             return
+        if self.web is not None:  # go-away to every browser first, while the loop still runs
+            try:
+                asyncio.run_coroutine_threadsafe(self.web.close(), loop).result(grace + 5)
+            except Exception:
+                log.debug("web side stop", exc_info=True)
+            self.web = None
         if self._server is not None:
             try:
                 asyncio.run_coroutine_threadsafe(self._server.stop(grace), loop).result(grace + 5)
             except Exception:
                 log.debug("server stop", exc_info=True)
             self._server = None
+        if self.splitter is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self.splitter.close(), loop).result(5)
+            except Exception:
+                log.debug("splitter stop", exc_info=True)
+            self.splitter = None
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)

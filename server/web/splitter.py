@@ -1,0 +1,224 @@
+"""One port for gRPC and the browser: connections are told apart by their first bytes.
+
+An HTTP/2 client (every gRPC client, Flight and Barrage included) opens with the 24-byte connection
+preface `PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n`; a browser opens with an HTTP/1.1 request line. The
+splitter owns the listening socket, peeks at each new connection without consuming anything, and
+
+  * hands an HTTP/2 connection to grpcio, which listens on a private Unix socket: two threads per
+    connection move the bytes with `splice(2)` (kernel to kernel, never through Python objects), so
+    a bulk DoGet runs at the speed of the direct port (bench/bench_web.py measures it);
+  * hands anything else to the web side's protocol factory (aiohttp) as an accepted socket, on the
+    event loop, with the peeked bytes still unread.
+
+A connection that sends nothing within `first_bytes_timeout` seconds is closed; the number of
+connections waiting to be classified is bounded, the oldest waiting ones being closed first.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from typing import Callable, Optional
+
+__all__ = ["PortSplitter", "HTTP2_PREFACE", "classify"]
+
+log = logging.getLogger(__name__)
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_F_SETPIPE_SZ = 1031
+_PIPE_BYTES = 1 << 20
+
+
+def classify(first: bytes) -> Optional[str]:
+    """"grpc" for the HTTP/2 preface, "web" for anything else, None while `first` is still a
+    proper prefix of the preface (more bytes are needed to tell)."""
+    if first.startswith(HTTP2_PREFACE):
+        return "grpc"
+    if HTTP2_PREFACE.startswith(first):
+        return None
+    return "web"
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copies src to dst until src ends, then ends dst's writing side."""
+    try:
+        if hasattr(os, "splice"):
+            r, w = os.pipe()
+            try:
+                try:
+                    import fcntl
+                    fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
+                except OSError:
+                    pass
+                sfd, dfd = src.fileno(), dst.fileno()
+                while True:
+                    n = os.splice(sfd, w, _PIPE_BYTES)
+                    if n == 0:
+                        break
+                    while n:
+                        n -= os.splice(r, dfd, n)
+            finally:
+                os.close(r)
+                os.close(w)
+        else:  # pragma: no cover - platforms without splice
+            buf = bytearray(1 << 18)
+            view = memoryview(buf)
+            while True:
+                n = src.recv_into(buf)
+                if n == 0:
+                    break
+                dst.sendall(view[:n])
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+class _Bridge:
+    """One proxied gRPC connection: a pump each way; both sockets close when both pumps end."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket, done: Callable[["_Bridge"], None]):
+        self.client, self.upstream, self._done = client, upstream, done
+        self._left = 2
+        self._lock = threading.Lock()
+        for src, dst, name in ((client, upstream, "in"), (upstream, client, "out")):
+            threading.Thread(target=self._run, args=(src, dst), name=f"tickwire-splice-{name}", daemon=True).start()
+
+    def _run(self, src, dst) -> None:
+        _pump(src, dst)
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if not last:
+            # one direction ended: if it ended by an error the other one may be stuck in a read
+            return
+        for s in (self.client, self.upstream):
+            try:
+                s.close()
+            except OSError:
+                pass
+        self._done(self)
+
+    def abort(self) -> None:
+        for s in (self.client, self.upstream):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class PortSplitter:
+    """Accepts on `listener` and routes each connection (see the module docstring).
+
+    `grpc_path`: the Unix socket grpcio listens on. `web_factory`: an asyncio protocol factory
+    (aiohttp's `AppRunner.server`), or None to close non-gRPC connections at once."""
+
+    def __init__(self, listener: socket.socket, grpc_path: str, web_factory: Optional[Callable] = None, *,
+                 first_bytes_timeout: float = 30.0, max_waiting: int = 1024):
+        self.listener = listener
+        self.grpc_path = grpc_path
+        self.web_factory = web_factory
+        self.first_bytes_timeout = first_bytes_timeout
+        self.max_waiting = max_waiting
+        self._waiting: dict[socket.socket, asyncio.Task] = {}
+        self._bridges: set[_Bridge] = set()
+        self._bridges_lock = threading.Lock()
+        self._task: Optional[asyncio.Task] = None
+        self.counts = {"grpc": 0, "web": 0, "dropped": 0}
+
+    def start(self) -> None:
+        self.listener.setblocking(False)
+        self._task = asyncio.get_running_loop().create_task(self._accept_loop())
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _addr = await loop.sock_accept(self.listener)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:  # e.g. EMFILE: keep serving those already connected
+                log.warning("accept failed: %s", exc)
+                await asyncio.sleep(0.05)
+                continue
+            if len(self._waiting) >= self.max_waiting:
+                oldest = next(iter(self._waiting))
+                self._waiting.pop(oldest).cancel()
+                self.counts["dropped"] += 1
+            self._waiting[conn] = loop.create_task(self._route(conn))
+
+    async def _first_bytes(self, conn: socket.socket) -> bytes:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.first_bytes_timeout
+        while True:
+            ready = loop.create_future()
+            loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
+            finally:
+                loop.remove_reader(conn.fileno())
+            first = conn.recv(len(HTTP2_PREFACE), socket.MSG_PEEK)
+            if not first or classify(first) is not None:
+                return first
+            await asyncio.sleep(0.002)  # a split preface: wait for the rest without spinning
+
+    async def _route(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            try:
+                first = await self._first_bytes(conn)
+            except (asyncio.TimeoutError, OSError):
+                first = b""
+            kind = classify(first) if first else None
+            if kind == "grpc":
+                upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                await loop.sock_connect(upstream, self.grpc_path)
+                conn.setblocking(True)
+                upstream.setblocking(True)
+                self.counts["grpc"] += 1
+                with self._bridges_lock:
+                    self._bridges.add(_Bridge(conn, upstream, self._bridge_done))
+                return
+            if kind == "web" and self.web_factory is not None:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.counts["web"] += 1
+                await loop.connect_accepted_socket(self.web_factory, conn)
+                return
+            conn.close()
+        except asyncio.CancelledError:
+            conn.close()
+        except OSError as exc:
+            log.debug("connection dropped while routing: %s", exc)
+            conn.close()
+        finally:
+            self._waiting.pop(conn, None)
+
+    def _bridge_done(self, bridge: _Bridge) -> None:
+        with self._bridges_lock:
+            self._bridges.discard(bridge)
+
+    @property
+    def bridged(self) -> int:
+        with self._bridges_lock:
+            return len(self._bridges)
+
+    async def close(self) -> None:
+        """Stops accepting; connections being classified are closed, proxied ones cut."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for task in list(self._waiting.values()):
+            task.cancel()
+        self.listener.close()
+        with self._bridges_lock:
+            bridges = list(self._bridges)
+        for b in bridges:
+            b.abort()
