@@ -116,8 +116,9 @@ def big_static(n: int = 1_000_000) -> pa.Table:
     })
 
 
-def connect_help(host: str, port: int, psk: Optional[str] = None) -> str:
-    """How to reach the server's tables with each client."""
+def connect_help(host: str, port: int, psk: Optional[str] = None, web_url: Optional[str] = None,
+                 grid_table: str = "ticking_keyed") -> str:
+    """How to reach the server's tables with each client (`web_url`: the server's browser address)."""
     auth = (f"(b'authorization', b'io.deephaven.authentication.psk.PskAuthenticationHandler {psk}')" if psk
             else "(b'authorization', b'Anonymous')")
     dh_auth = (f", auth_type='io.deephaven.authentication.psk.PskAuthenticationHandler', auth_token='{psk}'"
@@ -140,7 +141,11 @@ def connect_help(host: str, port: int, psk: Optional[str] = None) -> str:
         "    sub.wait_for(lambda s: s.size > 0); print(sub.to_pandas())",
         "  Deephaven's Java client: BarrageSession to "
         f"{host}:{port}, ticket s/<table>",
-    ])
+    ] + ([] if web_url is None else [
+        "  a browser (Deephaven's grid page on a live table" + (", log in with the pre-shared key" if psk else "") + "):",
+        f"    {web_url}/iframe/widget/?name={grid_table}",
+        f"    every table: {web_url}/tables/",
+    ]))
 
 
 def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: bool = True) -> DemoTicker:
@@ -163,7 +168,8 @@ def _launch_spark() -> None:
 
 def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
              host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None,
-             spark: bool = False, max_inbound_message_size: Optional[int] = None) -> int:
+             spark: bool = False, max_inbound_message_size: Optional[int] = None, web: bool = True,
+             web_port: Optional[int] = None, web_assets=None) -> int:
     """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second. With a
     `port`, serves them over Flight/Barrage on it (port 0 picks a free one)."""
     graph = UpdateGraph(interval_ms=interval_ms)
@@ -197,8 +203,8 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
             from tickwire.server.app import TickwireServer
             limits = {} if max_inbound_message_size is None else {"max_inbound_message_size": max_inbound_message_size}
             server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key,
-                                    **limits).start()
-            out(connect_help(host, server.port, psk))
+                                    web=web, web_port=web_port, web_assets=web_assets, **limits).start()
+            out(connect_help(host, server.port, psk, server.web_url))
         if spark and not done.is_set():
             from tickwire.server.spark.pipeline_demo import start_spark_demo, stop_active_spark
 

@@ -35,6 +35,13 @@ def _server_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--max-inbound-message-size", type=int, default=100 * 1024 * 1024, metavar="BYTES",
                    help="largest gRPC message a client may send (a DoPut batch, a request); default 100 MiB, "
                         "as Deephaven's")
+    p.add_argument("--web-port", type=int, default=None,
+                   help="serve browsers (Deephaven's JS API and grid page) on this port instead of the main one "
+                        "(needed with TLS; 0 picks a free one)")
+    p.add_argument("--web-assets", default=None, metavar="PATH",
+                   help="a deephaven-web jar or directory to serve the browser pages from (default: the installed "
+                        "deephaven-server package, `pip install 'tickwire[web]'`)")
+    p.add_argument("--no-web", action="store_true", help="no browser side: the port serves gRPC only")
 
 
 def _serve(args) -> int:
@@ -57,7 +64,8 @@ def _serve(args) -> int:
         return 2
     graph = UpdateGraph(interval_ms=args.interval_ms)
     server = TickwireServer(graph, host=args.host, port=args.port, psk=args.psk, tls_cert=args.tls_cert,
-                            tls_key=args.tls_key, max_inbound_message_size=args.max_inbound_message_size).start()
+                            tls_key=args.tls_key, max_inbound_message_size=args.max_inbound_message_size,
+                            web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets).start()
     for target, table in upstreams:
         # not waiting: an upstream that is down now is retried in the background
         server.replicate(target, table, psk=args.upstream_psk, tls=args.upstream_tls, wait=False)
@@ -65,7 +73,7 @@ def _serve(args) -> int:
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    print(connect_help(args.host, server.port, args.psk), flush=True)
+    print(connect_help(args.host, server.port, args.psk, server.web_url), flush=True)
     started = time.monotonic()
     try:
         while not done.wait(0.5):
@@ -93,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                         port=None if args.no_server else args.port, host=args.host, psk=args.psk,
                         tls_cert=args.tls_cert, tls_key=args.tls_key, spark=not args.no_spark,
                         max_inbound_message_size=args.max_inbound_message_size,
+                        web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets,
                         out=lambda line: print(line, flush=True))
     if args.command == "serve":
         return _serve(args)

@@ -47,6 +47,8 @@ class WebSide:
         self.runner: Optional[web.AppRunner] = None
         self.sites: list[web.BaseSite] = []
         self.stats = {"sockets_opened": 0, "sockets_closed": 0}
+        self._handler_tasks: set[asyncio.Task] = set()
+        self._closing = False
         self.app = web.Application(client_max_size=1024 * 1024)
         self.app.router.add_route("GET", "/", self._root)
         self.app.router.add_route("GET", "/tables/", self._tables)
@@ -84,9 +86,15 @@ class WebSide:
 
     async def close(self) -> None:
         """Go-away on every socket, then the sockets and the sites close."""
+        self._closing = True
         socks = list(self.sockets)
         if socks:
             await asyncio.gather(*(s.go_away() for s in socks), return_exceptions=True)
+        tasks = list(self._handler_tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None
@@ -156,6 +164,8 @@ class WebSide:
                                send_queue=self.send_queue, on_closed=self._socket_closed)
         self.sockets.add(sock)
         self.stats["sockets_opened"] += 1
+        task = asyncio.current_task()
+        self._handler_tasks.add(task)
         log.debug("websocket opened from %s", peer)
         try:
             async for msg in ws:
@@ -168,8 +178,9 @@ class WebSide:
                 elif msg.type in (WSMsgType.ERROR, WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                     break
         finally:
+            self._handler_tasks.discard(task)
             await sock.closed_by_peer()
-            if not ws.closed:
+            if not ws.closed and not self._closing:
                 await ws.close()
         return ws
 

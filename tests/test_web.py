@@ -1,0 +1,356 @@
+"""The web side: one port for gRPC and browsers, Deephaven's pages, and gRPC over the multiplexed
+websocket (run by the same handlers as the gRPC port)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from tickwire import TickwireServer, UpdateGraph
+from tickwire.clients.websocket import WebsocketChannel
+from tickwire.protocol import barrage
+from tickwire.protocol.opening import exchange_opening, request_message, subscription_request
+from tickwire.protocol.proto import config_pb2, flight_pb2
+from tickwire.protocol.update import StreamDecoder
+from tickwire.server.web import HTTP2_PREFACE, classify
+from tickwire.server.web.assets import installed_jar
+
+CONFIG = "/io.deephaven.proto.backplane.grpc.ConfigService/"
+FLIGHT = "/arrow.flight.protocol.FlightService/"
+ANON = {"authorization": "Anonymous"}
+N = 5_000
+
+
+@pytest.fixture(scope="module")
+def served():
+    graph = UpdateGraph(interval_ms=20)
+    graph.static_table("static", pa.table({"i": np.arange(N, dtype=np.int64), "s": [f"r{i}" for i in range(N)]}))
+    keyed = graph.keyed_table("keyed", pa.schema([("k", pa.int64()), ("v", pa.float64())]), keys=["k"])
+    keyed.add(pa.table({"k": np.arange(100, dtype=np.int64), "v": np.zeros(100)}))
+    srv = TickwireServer(graph, port=0).start()
+    yield srv, graph, keyed
+    srv.stop()
+    graph.stop()
+
+
+def run(coro, timeout: float = 30):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+# -- the splitter ---------------------------------------------------------------------------------
+
+def test_classify_by_first_bytes():
+    assert classify(HTTP2_PREFACE + b"\x00\x00") == "grpc"
+    assert classify(HTTP2_PREFACE[:10]) is None
+    assert classify(b"GET / HTTP/1.1\r\n") == "web"
+    assert classify(b"\x16\x03\x01") == "web"
+
+
+def test_grpc_and_http_share_the_port(served):
+    srv, _graph, _keyed = served
+    assert srv.web_url == f"http://127.0.0.1:{srv.port}"
+    client = fl.FlightClient(f"grpc://{srv.target}")
+    t = client.do_get(fl.Ticket(b"s/static"), fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])).read_all()
+    assert t.num_rows == N and t.column("i").to_pylist() == list(range(N))
+    status, _h, body = get(srv.web_url + "/tables/")
+    assert status == 200 and b"/iframe/widget/?name=static" in body and b"keyed" in body
+    status, _h, _b = get(srv.web_url + "/no/such/page")
+    assert status == 404
+
+
+def test_a_preface_split_over_two_segments_still_reaches_grpc(served):
+    srv, _graph, _keyed = served
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(HTTP2_PREFACE[:7])
+        time.sleep(0.1)
+        s.sendall(HTTP2_PREFACE[7:] + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # an empty SETTINGS frame
+        s.settimeout(5)
+        reply = s.recv(9)
+    assert len(reply) == 9 and reply[3] == 0x04  # grpcio answers with its SETTINGS frame
+
+
+def test_a_silent_connection_does_not_stop_others(served):
+    srv, _graph, _keyed = served
+    idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(20)]
+    try:
+        status, _h, _b = get(srv.web_url + "/js-plugins/manifest.json")
+        assert status == 200
+        with grpc.insecure_channel(srv.target) as ch:
+            raw = ch.unary_unary(CONFIG + "GetConfigurationConstants")(b"", metadata=tuple(ANON.items()), timeout=5)
+        assert config_pb2.ConfigurationConstantsResponse.FromString(raw).config_values["barrage.version"]
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_web_port_apart_and_web_off():
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("t", pa.table({"a": [1, 2]}))
+    apart = TickwireServer(graph, port=0, web_port=0, start_graph=False).start()
+    off = TickwireServer(graph, port=0, web=False, start_graph=False).start()
+    try:
+        assert apart.web_port not in (None, apart.port)
+        assert get(f"http://127.0.0.1:{apart.web_port}/js-plugins/manifest.json")[0] == 200
+        assert off.web_url is None and off.web is None
+        for srv in (apart, off):
+            t = fl.FlightClient(f"grpc://{srv.target}").do_get(
+                fl.Ticket(b"s/t"), fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])).read_all()
+            assert t.column("a").to_pylist() == [1, 2]
+        with socket.create_connection(("127.0.0.1", off.port)) as s:  # grpcio itself: no HTTP/1.1 answer
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.settimeout(5)
+            assert not s.recv(64).startswith(b"HTTP/1.1")
+    finally:
+        apart.stop()
+        off.stop()
+
+
+# -- pages and assets --------------------------------------------------------------------------------
+
+def test_pages(served):
+    srv, _graph, _keyed = served
+    status, headers, _b = get(srv.web_url + "/js-plugins/manifest.json")
+    assert status == 200 and _b == b'{"plugins": []}'
+    req = urllib.request.Request(srv.web_url + "/", method="GET")
+    opener = urllib.request.build_opener(type("NoRedirect", (urllib.request.HTTPRedirectHandler,),
+                                              {"redirect_request": lambda *a, **k: None}))
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        opener.open(req)
+    assert exc.value.code == 302 and exc.value.headers["Location"] == "/tables/"
+    for bad in ("/jsapi/../../etc/passwd", "/iframe/widget/%2e%2e/%2e%2e/x", "/ide/"):
+        assert get(srv.web_url + bad)[0] == 404
+
+
+@pytest.mark.skipif(installed_jar() is None, reason="deephaven-server (tickwire[web]) is not installed")
+def test_assets_come_from_the_installed_jar(served):
+    srv, _graph, _keyed = served
+    status, headers, body = get(srv.web_url + "/jsapi/dh-core.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript") and len(body) > 100_000
+    import zipfile
+    with zipfile.ZipFile(installed_jar()) as z:
+        assert body == z.read("META-INF/resources/jsapi/dh-core.js")
+    status, headers, body = get(srv.web_url + "/iframe/widget/?name=keyed")
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"<script" in body
+    req = urllib.request.Request(srv.web_url + "/jsapi/dh-core.js", headers={"If-None-Match": headers.get("ETag") or "x"})
+    etag = get(srv.web_url + "/jsapi/dh-core.js")[1]["ETag"]
+    req = urllib.request.Request(srv.web_url + "/jsapi/dh-core.js", headers={"If-None-Match": etag})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req)
+    assert exc.value.code == 304
+
+
+def test_without_assets_the_pages_say_what_to_install(tmp_path):
+    graph = UpdateGraph(interval_ms=50)
+    srv = TickwireServer(graph, port=0, start_graph=False)
+    srv.web_assets = None  # as when deephaven-server is not installed
+    srv.start()
+    try:
+        status, _h, body = get(srv.web_url + "/jsapi/dh-core.js")
+        assert status == 404 and b"tickwire[web]" in body and b"--web-assets" in body
+        status, _h, body = get(srv.web_url + "/tables/")
+        assert status == 200 and b"tickwire[web]" in body
+        with grpc.insecure_channel(srv.target) as ch:  # everything else keeps working
+            ch.unary_unary(CONFIG + "GetConfigurationConstants")(b"", metadata=tuple(ANON.items()), timeout=5)
+    finally:
+        srv.stop()
+    with pytest.raises(ValueError, match="no such file"):
+        TickwireServer(graph, port=0, web_assets=tmp_path / "missing.jar")
+    with pytest.raises(ValueError, match="dh-core.js"):
+        TickwireServer(graph, port=0, web_assets=tmp_path)
+
+
+# -- gRPC over the websocket ---------------------------------------------------------------------------
+
+def test_unary_calls_over_the_websocket(served):
+    srv, _graph, _keyed = served
+
+    async def go():
+        async with await WebsocketChannel.connect(srv.web_url + CONFIG + "GetConfigurationConstants") as ch:
+            call = await ch.open(CONFIG + "GetConfigurationConstants", ANON)
+            raw = await call.unary(b"")
+            resp = config_pb2.ConfigurationConstantsResponse.FromString(raw)
+            assert resp.config_values["barrage.version"].string_value == "1.0.0"
+            auth = dict(call.headers)["authorization"]
+            assert auth.startswith("Bearer ") and dict(call.headers)["content-type"] == "application/grpc-web+proto"
+            # the token works on the gRPC port too: one session manager
+            with grpc.insecure_channel(srv.target) as gch:
+                gch.unary_unary(CONFIG + "GetConfigurationConstants")(b"", metadata=(("authorization", auth),),
+                                                                      timeout=5)
+            # no credentials: the same status as on the gRPC port
+            bad = await ch.open(CONFIG + "GetConfigurationConstants", {})
+            await bad.send(b"", half_close=True)
+            assert [m async for m in bad] == [] and bad.status == 16
+            # an unknown method
+            unknown = await ch.open("/no.Such/Method", ANON)
+            await unknown.send(b"", half_close=True)
+            assert [m async for m in unknown] == [] and bad.status == 16 and unknown.status == 12
+            # a malformed body: INVALID_ARGUMENT, printable, no '%'
+            garbled = await ch.open(FLIGHT + "GetFlightInfo", {"authorization": auth})
+            await garbled.send(b"\xff\xff\xff%\x00", half_close=True)
+            assert [m async for m in garbled] == [] and garbled.status == 3
+            assert "FlightDescriptor" in garbled.message and "%" not in garbled.message
+            assert all(" " <= c <= "~" for c in garbled.message)
+            # the socket still serves
+            again = await ch.unary(CONFIG + "GetConfigurationConstants", b"", {"authorization": auth})
+            assert again
+    run(go())
+
+
+def test_doget_over_the_websocket_equals_doget_over_grpc(served):
+    srv, _graph, _keyed = served
+
+    async def go():
+        async with await WebsocketChannel.connect(srv.web_url) as ch:
+            call = await ch.open(FLIGHT + "DoGet", ANON)
+            await call.send(flight_pb2.Ticket(ticket=b"s/static").SerializeToString(), half_close=True)
+            payloads = [m async for m in call]
+            assert call.status == 0
+            return payloads
+    payloads = run(go())
+    dec = StreamDecoder()
+    parts = [u for u in (dec.feed(p) for p in payloads) if u is not None]
+    got = pa.concat_tables([pa.Table.from_arrays(u.added, schema=dec.schema) for u in parts])
+    assert got.column("i").to_pylist() == list(range(N)) and got.column("s")[N - 1].as_py() == f"r{N - 1}"
+
+
+def _viewport_updates(payloads, dec):
+    return [u for u in (dec.feed(p) for p in payloads) if u is not None]
+
+
+def test_a_viewport_subscription_moves_over_one_exchange_and_ends_with_the_socket(served):
+    srv, graph, keyed = served
+    registry = srv.registry
+
+    async def go():
+        ch = await WebsocketChannel.connect(srv.web_url)
+        call = await ch.open(FLIGHT + "DoExchange", ANON)
+        opening = exchange_opening(subscription_request(b"s/keyed", viewport=[(10, 19)],
+                                                        options=barrage.SubscriptionOptions(batch_size=1000)))
+        for m in opening:
+            await call.send(m)
+        dec = StreamDecoder()
+        rows: dict = {}
+
+        async def until(pred, timeout=10):
+            deadline = time.monotonic() + timeout
+            while not pred():
+                msg = await asyncio.wait_for(call.responses.get(), max(0.01, deadline - time.monotonic()))
+                u = dec.feed(msg)
+                if u is not None and u.metadata is not None and u.added:
+                    for k, v in zip(u.added[0].to_pylist(), u.added[1].to_pylist()):
+                        rows[k] = v
+                    until.last = u
+        await until(lambda: len(rows) >= 10)
+        assert sorted(rows) == list(range(10, 20))
+        assert registry_subscribers(registry) >= 1
+        rows.clear()
+        await call.send(request_message(subscription_request(b"s/keyed", viewport=[(50, 54)])))
+        await until(lambda: set(range(50, 55)) <= set(rows))
+        # a change inside the viewport arrives on the same stream
+        keyed.add(pa.table({"k": [52], "v": [7.5]}))
+        changed = {}
+
+        def seen_change():
+            u = getattr(until, "last", None)
+            return u is not None and any(u.modified) and changed.setdefault("m", True)
+        mods = []
+        deadline = time.monotonic() + 10
+        while not mods and time.monotonic() < deadline:
+            msg = await asyncio.wait_for(call.responses.get(), 10)
+            u = dec.feed(msg)
+            if u is not None and u.modified and len(u.modified[1]):
+                mods.append(u.modified[1].to_pylist())
+        assert mods and 7.5 in mods[0]
+        before = registry_subscribers(registry)
+        await ch.close()
+        return before
+    before = run(go())
+    deadline = time.monotonic() + 10
+    while registry_subscribers(registry) >= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert registry_subscribers(registry) < before  # closing the socket ended its subscription
+
+
+def registry_subscribers(registry) -> int:
+    return len(registry.subscriptions)
+
+
+def test_malformed_framing_closes_only_that_socket(served):
+    srv, _graph, _keyed = served
+
+    async def go():
+        async with await WebsocketChannel.connect(srv.web_url) as good:
+            bad = await WebsocketChannel.connect(srv.web_url)
+            await bad.ws.send_bytes(b"\x00\x00\x00\x05\x07garbage")  # control byte on a never-opened stream
+            await asyncio.wait_for(bad.closed.wait(), 5)
+            assert bad.close_code == 1002
+            await bad.close()
+            text = await WebsocketChannel.connect(srv.web_url)
+            await text.ws.send_str("hello")
+            await asyncio.wait_for(text.closed.wait(), 5)
+            assert text.close_code == 1003
+            await text.close()
+            assert await good.unary(CONFIG + "GetConfigurationConstants", b"", ANON)
+    run(go())
+
+
+def test_a_second_request_on_a_unary_call_fails_that_call_only(served):
+    srv, _graph, _keyed = served
+
+    async def go():
+        async with await WebsocketChannel.connect(srv.web_url) as ch:
+            call = await ch.open("/io.deephaven.proto.backplane.grpc.SessionService/TerminationNotification", ANON)
+            await call.send(b"")
+            await call.send(b"")
+            await asyncio.wait_for(call.started.wait(), 5)
+            assert [m async for m in call] == [] and call.status == 3 and "more than one" in call.message
+            assert await ch.unary(CONFIG + "GetConfigurationConstants", b"", ANON)
+    run(go())
+
+
+def test_the_websocket_refuses_the_old_subprotocol(served):
+    srv, _graph, _keyed = served
+    import aiohttp
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as exc:
+                await s.ws_connect("ws" + srv.web_url[4:] + "/x", protocols=("grpc-websockets",))
+            assert exc.value.status == 400
+    run(go())
+
+
+def test_shutdown_sends_go_away_and_ends_open_streams():
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("t", pa.table({"a": [1, 2]}))
+    srv = TickwireServer(graph, port=0, start_graph=False).start()
+
+    async def go():
+        ch = await WebsocketChannel.connect(srv.web_url)
+        call = await ch.open(FLIGHT + "DoExchange", ANON)
+        for m in exchange_opening(subscription_request(b"s/t")):
+            await call.send(m)
+        await asyncio.wait_for(call.started.wait(), 10)
+        await asyncio.get_running_loop().run_in_executor(None, srv.stop)
+        await asyncio.wait_for(ch.go_away.wait(), 5)
+        while call.status is None:
+            await asyncio.wait_for(call.responses.get(), 5)
+        await ch.close()
+        return call.status
+    assert run(go()) == 14  # UNAVAILABLE
