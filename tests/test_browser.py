@@ -1,0 +1,472 @@
+"""Deephaven's own browser clients -- its JavaScript API (`/jsapi/dh-core.js`) and its stock grid
+page (`/iframe/widget/`) -- in headless Chromium, against a real Deephaven server and against
+tickwire, held to the same checks (issue 14).
+
+Chromium is driven over the DevTools protocol (tests/browser/cdp.py); the JS API runs in a page of
+the server's origin (tests/browser/jsapi.py). Everything a page sees is what Deephaven's unmodified
+browser code gets from the server: nothing here is served by the test.
+
+How the grid page's cells are checked: the grid draws on a <canvas>, so before the page loads we
+wrap `CanvasRenderingContext2D.prototype.fillText` (Page.addScriptToEvaluateOnNewDocument) to record
+every string the page draws, with its time. The page has cells when it has drawn the table's column
+names and values that are in a DoGet of the same table; it keeps updating when it draws new strings
+later and its screenshots change.
+
+Released on close (tickwire): counted from the server object: live sessions' exports (read from
+SessionManager's session map -- there is no public count of exports), Barrage subscriptions
+(PublisherRegistry.subscriptions) and session-owned tables (TableOps.owned).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from .browser.cdp import JsError, Page, launch_chromium
+from .browser.jsapi import JsApiPage, normalize_arrow, normalize_js
+from .interop.dh_server import deephaven_server_available, start_dh_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
+
+ROOT = Path(__file__).resolve().parent.parent
+README_SHOT = ROOT / "docs" / "img" / "grid.png"
+PSK = "k"
+KINDS = ["deephaven", "tickwire"]
+
+
+def _tickwire_web_missing() -> Optional[str]:
+    try:
+        ok = importlib.util.find_spec("tickwire.server.web") is not None
+    except ImportError:
+        ok = False
+    return None if ok else "tickwire's web side (tickwire.server.web) is not there yet"
+
+
+def _skip_unless(kind: str) -> None:
+    why = deephaven_server_available() if kind == "deephaven" else _tickwire_web_missing()
+    if why:
+        pytest.skip(f"{kind}: {why}")
+
+
+# -- the servers ---------------------------------------------------------------------------------
+
+class PausableTicker:
+    """tickwire's demo tables, fed from a thread that can be paused (to compare at rest)."""
+
+    def __init__(self, graph, interval: float = 0.2, rows: int = 5):
+        from tickwire.server.demo import DemoTicker
+
+        self.demo = DemoTicker(graph, rows_per_tick=rows, seed=5)
+        self.interval = interval
+        self._tick_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="browser-test-ticker", daemon=True)
+
+    def start(self) -> "PausableTicker":
+        self.demo.tick()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._tick_lock:
+                self.demo.tick()
+
+    @contextlib.contextmanager
+    def paused(self):
+        with self._tick_lock:
+            self.demo.engine.flush()
+            yield
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@dataclass
+class Served:
+    kind: str
+    port: int
+    psk: Optional[str]
+    server: Any  # DhServer | TickwireServer
+    ticker: Optional[PausableTicker] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def options(self) -> fl.FlightCallOptions:
+        auth = b"Anonymous" if self.psk is None else \
+            f"io.deephaven.authentication.psk.PskAuthenticationHandler {self.psk}".encode()
+        return fl.FlightCallOptions(headers=[(b"authorization", auth)], timeout=30)
+
+    def doget(self, name: str) -> pa.Table:
+        client = fl.FlightClient(f"grpc://127.0.0.1:{self.port}")
+        try:
+            return client.do_get(fl.Ticket(b"s/" + name.encode()), self.options).read_all()
+        finally:
+            client.close()
+
+    def paused(self):
+        """Holds the table still while the block runs (tickwire); a no-op for Deephaven."""
+        return self.ticker.paused() if self.ticker is not None else contextlib.nullcontext()
+
+    def alive(self) -> bool:
+        return self.server.alive() if self.kind == "deephaven" else True
+
+    def log(self) -> str:
+        return ("\nserver log tail:\n" + self.server.log()[-3000:]) if self.kind == "deephaven" else ""
+
+
+@contextlib.contextmanager
+def serve(kind: str, psk: Optional[str] = None):
+    _skip_unless(kind)
+    if kind == "deephaven":
+        with start_dh_server(psk=psk) as dh:
+            yield Served(kind, dh.port, psk, dh)
+        return
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.graph import UpdateGraph
+
+    graph = UpdateGraph(interval_ms=100)
+    ticker = PausableTicker(graph)
+    server = TickwireServer(graph, port=0, psk=psk).start()
+    ticker.start()
+    try:
+        yield Served(kind, server.port, psk, server, ticker)
+    finally:
+        ticker.stop()
+        server.stop()
+        graph.stop()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def served(request):
+    with serve(request.param) as s:
+        yield s
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def served_psk(request):
+    with serve(request.param, psk=PSK) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with launch_chromium() as b:
+        yield b
+
+
+@pytest.fixture()
+def page(browser):
+    p = browser.new_page()
+    yield p
+    p.close()
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def rows_set(rows) -> set[tuple]:
+    return set(normalize_js(rows))
+
+
+def converge_with_doget(js: JsApiPage, served: Served, name: str, *, timeout: float = 45.0) -> dict:
+    """Waits until the rows the page holds equal a DoGet of `name`, compared as sets of rows.
+
+    The table ticks, so the comparison retries: each round reads a DoGet, then the page's rows,
+    then a DoGet again; the page matches when its rows equal one of the recent DoGets (the page
+    may be one update behind the server). Returns the page's snapshot."""
+    history: list[tuple[float, set]] = []
+    end = time.monotonic() + timeout
+    last = None
+    while True:
+        before = time.monotonic()
+        history.append((before, set(normalize_arrow(served.doget(name), js.rows()["columns"]))))
+        snap = js.rows()
+        history.append((time.monotonic(), set(normalize_arrow(served.doget(name), snap["columns"]))))
+        history = [(t, s) for t, s in history if t > before - 3.0]  # the last 3 seconds
+        got = rows_set(snap["rows"])
+        if any(got == s for _t, s in history):
+            return snap
+        last = (got, history[-1][1])
+        if time.monotonic() > end:
+            got, want = last
+            raise AssertionError(
+                f"the page's {len(got)} rows never equalled a DoGet ({len(want)} rows) within {timeout:.0f} s;\n"
+                f"only in the page: {sorted(got - want)[:5]}\nonly in DoGet: {sorted(want - got)[:5]}"
+                f"{js.page.diagnostics()}{served.log()}")
+        time.sleep(0.2)
+
+
+def open_viewport(page: Page, served: Served, name: str, first: int, last: int, *,
+                  psk: Optional[str] = None) -> JsApiPage:
+    js = JsApiPage(page, served.origin)
+    js.login(psk=psk)
+    js.open(name)
+    js.viewport(first, last)
+    return js
+
+
+GRID_HOOK = r"""
+(() => {
+  const g = window.__twGrid = {texts: [], calls: 0};
+  const orig = CanvasRenderingContext2D.prototype.fillText;
+  CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
+    g.calls += 1;
+    g.texts.push([performance.now(), String(text)]);
+    if (g.texts.length > 20000) g.texts.splice(0, g.texts.length - 20000);
+    return orig.call(this, text, x, y, ...rest);
+  };
+})();
+"""
+
+
+def grid_texts(page: Page, seconds: float = 2.0) -> set[str]:
+    """The strings the page drew on canvases in the last `seconds`."""
+    return set(page.evaluate(f"(() => {{ const now = performance.now(); return window.__twGrid.texts"
+                             f".filter(([t, s]) => now - t < {seconds * 1000}).map(([t, s]) => s); }})()") or [])
+
+
+def wait_grid_cells(page: Page, served: Served, name: str, *, timeout: float = 60.0) -> set[str]:
+    """Waits until the grid canvas shows the table's column names and values that a DoGet of the
+    table holds; returns the strings drawn."""
+    page.wait_for("document.querySelector('canvas.grid-canvas') !== null && window.__twGrid.calls > 0",
+                  timeout=timeout, what="the grid canvas to be drawn")
+    table = served.doget(name)
+    headers = set(table.column_names)
+    end = time.monotonic() + timeout
+    while True:
+        values = {str(v) for n in table.column_names if pa.types.is_string(table.schema.field(n).type)
+                  for v in table.column(n).to_pylist() if v is not None}
+        drawn = grid_texts(page)
+        cells = drawn & values
+        if headers <= drawn and len(cells) >= min(5, len(values)):
+            return drawn
+        if time.monotonic() > end:
+            raise AssertionError(f"the grid of {name} has no cells: drew {sorted(drawn)[:40]}, headers {headers}, "
+                                 f"string values like {sorted(values)[:10]}{page.diagnostics()}{served.log()}")
+        time.sleep(0.5)
+        table = served.doget(name)
+
+
+def server_counts(server) -> dict[str, int]:
+    """What a tickwire server holds for clients: sessions, their exports, Barrage subscriptions and
+    session-owned tables. The export count reads SessionManager's private session map (there is no
+    public count of exports)."""
+    with server.sessions._lock:
+        sessions = list(server.sessions._sessions.values())
+    exports = 0
+    for s in sessions:
+        with s.lock:
+            exports += len(s.exports)
+    return {"sessions": len(sessions), "exports": exports, "subscriptions": len(server.registry.subscriptions),
+            "owned_tables": server.ctx.scope.ops.owned}
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, detail: Callable[[], str] = lambda: ""):
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail()}")
+        time.sleep(0.1)
+
+
+# -- a. the JS API's viewport equals a DoGet --------------------------------------------------------
+
+def test_jsapi_viewport_equals_doget(served, page):
+    js = JsApiPage(page, served.origin)
+    js.login()
+    info = js.open("ticking_keyed")
+    size = int(info["size"])
+    assert size > 0, info
+    js.viewport(0, size + 50)  # every row, with room to spare
+    js.wait_rows(lambda s: len(s["rows"]) == s["size"] and s["size"] > 0, what="the whole table in the viewport")
+    snap = converge_with_doget(js, served, "ticking_keyed")
+    assert snap["offset"] == 0 and len(snap["rows"]) == snap["size"]
+    assert snap["columns"] == served.doget("ticking_keyed").column_names
+    updates = snap["updates"]
+    js.wait_rows(lambda s: s["updates"] > updates + 1, what="more updates of a ticking table")
+    if served.ticker is not None:  # at rest, the page must hold exactly the DoGet
+        with served.paused():
+            want = set(normalize_arrow(served.doget("ticking_keyed"), snap["columns"]))
+            js.wait_rows(lambda s: rows_set(s["rows"]) == want, timeout=15, what="the page at rest to equal DoGet")
+    assert not page.exceptions(), page.diagnostics()
+
+
+# -- b. the stock grid page renders and keeps updating ---------------------------------------------
+
+def test_grid_page_renders_and_updates(served, page, tmp_path):
+    page.add_init_script(GRID_HOOK)
+    page.navigate(f"{served.origin}/iframe/widget/?name=ticking_sorted")
+    wait_grid_cells(page, served, "ticking_sorted")
+    time.sleep(1.0)  # fonts and the first updates settle
+    first = page.screenshot(tmp_path / f"grid-{served.kind}-1.png")
+    calls = page.evaluate("window.__twGrid.calls")
+    drawn_before = grid_texts(page, 1.5)
+
+    def changed():
+        png = page.screenshot()
+        return png if hashlib.sha256(png).digest() != hashlib.sha256(first).digest() else None
+
+    second = wait_until(changed, 20, "the grid's screenshot to change (a ticking table)", page.diagnostics)
+    (tmp_path / f"grid-{served.kind}-2.png").write_bytes(second)
+    assert page.evaluate("window.__twGrid.calls") > calls
+    wait_until(lambda: grid_texts(page, 1.5) - drawn_before, 20, "new values drawn on the grid", page.diagnostics)
+    if served.kind == "tickwire":
+        README_SHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tmp_path / f"grid-{served.kind}-2.png", README_SHOT)
+    assert not page.exceptions(), page.diagnostics()
+
+
+# -- c. closing the page releases everything --------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["jsapi", "grid"])
+def test_closing_the_page_releases_everything(served, browser, what):
+    if served.kind != "tickwire":
+        pytest.skip("server-side export and subscription counts are only read from tickwire")
+    server = served.server
+    base = server_counts(server)
+    page = browser.new_page()
+    try:
+        if what == "jsapi":
+            js = open_viewport(page, served, "ticking_keyed", 0, 9)
+            js.wait_rows(lambda s: len(s["rows"]) > 0)
+        else:
+            page.add_init_script(GRID_HOOK)
+            page.navigate(f"{served.origin}/iframe/widget/?name=ticking_sorted")
+            wait_grid_cells(page, served, "ticking_sorted")
+        held = server_counts(server)
+        assert held["exports"] > base["exports"] and held["subscriptions"] > base["subscriptions"], (base, held)
+        page.navigate("about:blank")  # the page goes: its websocket closes
+        wait_until(lambda: (lambda c: c["exports"] == base["exports"] and c["subscriptions"] == base["subscriptions"]
+                            and c["owned_tables"] == base["owned_tables"])(server_counts(server)), 15,
+                   "the server to release what the page held", lambda: f": before {base}, open {held}, "
+                                                                      f"now {server_counts(server)}")
+    finally:
+        page.close()
+
+
+# -- d. a viewport on a 10,000,000-row table --------------------------------------------------------
+
+BIG_ROWS = 10_000_000
+BIG = pa.schema([("Id", pa.int64()), ("Val", pa.float64()), ("Ver", pa.int64())])
+
+
+def _doexchange_sids(frames) -> list[int]:
+    return [f.stream_id for f in frames if f.direction == "sent" and b"FlightService/DoExchange" in f.head]
+
+
+def test_big_table_viewport_moves_only_changes(served, page):
+    if served.kind != "tickwire":
+        pytest.skip("the 10,000,000-row table is built in tickwire's engine")
+    from tickwire.server.engine import TableSpec, engine_of
+
+    engine = engine_of(served.server.graph)
+    table, _ = engine.get_or_create(TableSpec("big_keyed", "keyed", BIG, keys=("Id",)))
+    if len(table.rowset) < BIG_ROWS:
+        ids = np.arange(BIG_ROWS, dtype=np.int64)
+        engine.write(table, pa.table({"Id": ids, "Val": ids * 0.5, "Ver": np.zeros(BIG_ROWS, np.int64)}, schema=BIG),
+                     timeout=300)
+    assert len(table.rowset) == BIG_ROWS
+    stop = threading.Event()
+    rng = np.random.default_rng(1)
+
+    def tick():  # a few rows a cycle: one in each viewport the test uses, two anywhere
+        ver = 0
+        while not stop.wait(0.2):
+            ver += 1
+            ids = np.array([rng.integers(1000, 1061), rng.integers(2000, 2061), *rng.integers(0, BIG_ROWS, 2)],
+                           dtype=np.int64)
+            ids = np.unique(ids)
+            engine.write(table, pa.table({"Id": ids, "Val": ids * 0.5 + ver, "Ver": np.full(len(ids), ver, np.int64)},
+                                         schema=BIG), wait=False)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        js = open_viewport(page, served, "big_keyed", 1000, 1060)
+        snap = js.wait_rows(lambda s: s["offset"] == 1000 and len(s["rows"]) == 61, timeout=60,
+                            what="rows 1000..1060")
+        assert snap["size"] == BIG_ROWS
+        idx = snap["columns"].index("Id")
+        assert [int(r[idx]) for r in snap["rows"]] == list(range(1000, 1061))
+        sids = _doexchange_sids(page.ws_frames())
+        assert len(sids) == 1, f"one DoExchange expected, saw streams {sids}"
+        sid = sids[0]
+
+        # updates: only changed rows travel
+        t0, u0 = time.monotonic(), js.rows()["updates"]
+        time.sleep(5)
+        u1 = js.rows()["updates"]
+        recv = [f for f in page.ws_frames(t0) if f.direction == "recv" and f.stream_id == sid]
+        updates = u1 - u0
+        assert updates >= 3, f"only {updates} updates in 5 s{page.diagnostics()}"
+        total = sum(f.length for f in recv)
+        per_update = total / updates
+        biggest = max((f.length for f in recv), default=0)
+        assert per_update < 64 * 1024 and biggest < 64 * 1024, (per_update, biggest, len(recv))
+
+        # scrolling: a new request on the same DoExchange, rows 2000..2060
+        t1 = time.monotonic()
+        js.viewport(2000, 2060)
+        snap = js.wait_rows(lambda s: s["offset"] == 2000 and len(s["rows"]) == 61
+                            and [int(r[idx]) for r in s["rows"]] == list(range(2000, 2061)),
+                            timeout=30, what="rows 2000..2060 after scrolling")
+        frames = page.ws_frames(t1)
+        assert not _doexchange_sids(frames), "scrolling opened a new DoExchange"
+        sent = [f for f in frames if f.direction == "sent" and f.stream_id == sid and not f.closes]
+        assert sent, "scrolling sent no request on the DoExchange stream"
+        moved = [f for f in frames if f.direction == "recv" and f.stream_id == sid]
+        assert moved and max(f.length for f in moved) < 64 * 1024
+        print(f"\n10M-row viewport: {updates} updates in 5 s, {per_update:.0f} B/update on the socket, "
+              f"largest message {biggest} B; scrolling: {len(sent)} request message(s) on stream {sid}")
+        js.call("window.__tw.closeTable()")
+    finally:
+        stop.set()
+        ticker.join(5)
+
+
+# -- e. pre-shared key --------------------------------------------------------------------------------
+
+def test_psk_refuses_anonymous_and_takes_the_key(served_psk, browser):
+    page = browser.new_page()
+    try:
+        js = JsApiPage(page, served_psk.origin)
+        with pytest.raises(JsError):
+            js.login(timeout_ms=20000)
+        assert js.rows()["state"] == "login-failed"
+    finally:
+        page.close()
+
+    page = browser.new_page()
+    try:
+        js = open_viewport(page, served_psk, "ticking_keyed", 0, 99, psk=PSK)
+        js.wait_rows(lambda s: len(s["rows"]) == s["size"] and s["size"] > 0)
+        converge_with_doget(js, served_psk, "ticking_keyed")
+    finally:
+        page.close()
+
+    page = browser.new_page()  # the grid page takes the key from its URL (its PSK login plugin)
+    try:
+        page.add_init_script(GRID_HOOK)
+        page.navigate(f"{served_psk.origin}/iframe/widget/?name=ticking_sorted&psk={PSK}")
+        wait_grid_cells(page, served_psk, "ticking_sorted")
+    finally:
+        page.close()
