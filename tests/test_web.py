@@ -147,7 +147,13 @@ def test_assets_come_from_the_installed_jar(served):
         assert body == z.read("META-INF/resources/jsapi/dh-core.js")
     status, headers, body = get(srv.web_url + "/iframe/widget/?name=keyed")
     assert status == 200 and headers["Content-Type"].startswith("text/html") and b"<script" in body
-    req = urllib.request.Request(srv.web_url + "/jsapi/dh-core.js", headers={"If-None-Match": headers.get("ETag") or "x"})
+    gz = urllib.request.Request(srv.web_url + "/jsapi/dh-core.js", headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(gz) as r:
+        assert r.headers["Content-Encoding"] == "gzip"
+        packed = r.read()
+    import gzip
+    plain = get(srv.web_url + "/jsapi/dh-core.js")[2]
+    assert len(packed) < len(plain) // 3 and gzip.decompress(packed) == plain
     etag = get(srv.web_url + "/jsapi/dh-core.js")[1]["ETag"]
     req = urllib.request.Request(srv.web_url + "/jsapi/dh-core.js", headers={"If-None-Match": etag})
     with pytest.raises(urllib.error.HTTPError) as exc:

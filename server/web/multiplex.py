@@ -204,6 +204,7 @@ class MultiplexSocket:
         if self.closed and self._write_error is not None:
             return
         num = code.value[0] if isinstance(code, grpc.StatusCode) else int(code)
+        await stream.start()  # headers, then trailers: as Deephaven answers, even a call that fails at once
         await self.send(self.conn.end_stream(stream.sid, num, short(message)))
 
     async def _run(self, stream: _Stream) -> None:

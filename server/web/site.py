@@ -11,10 +11,12 @@ Routes:
 from __future__ import annotations
 
 import asyncio
+import gzip
 import html
 import logging
 import time
 import weakref
+from collections import OrderedDict
 from typing import Callable, Optional
 from urllib.parse import quote
 
@@ -29,6 +31,7 @@ __all__ = ["WebSide", "SUBPROTOCOL"]
 log = logging.getLogger(__name__)
 
 SUBPROTOCOL = "grpc-websockets-multiplex"
+GZIP_CACHE_BYTES = 32 * 1024 * 1024
 
 
 class WebSide:
@@ -48,6 +51,8 @@ class WebSide:
         self.sites: list[web.BaseSite] = []
         self.stats = {"sockets_opened": 0, "sockets_closed": 0}
         self._handler_tasks: set[asyncio.Task] = set()
+        self._gzip_cache: OrderedDict = OrderedDict()
+        self._gzip_bytes = 0
         self._closing = False
         self.app = web.Application(client_max_size=1024 * 1024)
         self.app.router.add_route("GET", "/", self._root)
@@ -139,10 +144,30 @@ class WebSide:
         asset = await self.ctx.run(self.assets.read, path)
         if asset is None:
             raise web.HTTPNotFound(text=f"/{path}: not found")
-        headers = {"ETag": asset.etag, "Cache-Control": "no-cache"}
+        headers = {"ETag": asset.etag, "Cache-Control": "no-cache", "Vary": "Accept-Encoding"}
         if request.headers.get("If-None-Match") == asset.etag:
             return web.Response(status=304, headers=headers)
-        return web.Response(body=asset.data, content_type=asset.content_type, headers=headers)
+        body = asset.data
+        if "gzip" in request.headers.get("Accept-Encoding", "") and _compressible(asset.content_type, len(body)):
+            body = await self._gzipped(path, asset)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, content_type=asset.content_type, headers=headers)
+
+    async def _gzipped(self, path: str, asset) -> bytes:
+        """The asset gzipped once (dh-core.js is 8 MB as it is, 1 MB gzipped), kept in a cache of
+        at most GZIP_CACHE_BYTES compressed bytes."""
+        key = (path, asset.etag)
+        hit = self._gzip_cache.get(key)
+        if hit is not None:
+            self._gzip_cache.move_to_end(key)
+            return hit
+        data = await self.ctx.run(gzip.compress, asset.data, 6)
+        self._gzip_cache[key] = data
+        self._gzip_bytes += len(data)
+        while self._gzip_bytes > GZIP_CACHE_BYTES and len(self._gzip_cache) > 1:
+            _k, old = self._gzip_cache.popitem(last=False)
+            self._gzip_bytes -= len(old)
+        return data
 
     # -- the gRPC websocket ----------------------------------------------------------------------
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
@@ -191,6 +216,11 @@ class WebSide:
             self.ctx.sessions.shorten_lease(session, until)
         log.debug("websocket from %s closed (%d sessions on a %.0f s lease)", sock.peer, len(sock.sessions),
                   self.session_grace_s)
+
+
+def _compressible(content_type: str, size: int) -> bool:
+    return size >= 1024 and (content_type.startswith("text/") or content_type in (
+        "application/json", "image/svg+xml", "application/javascript"))
 
 
 def _is_upgrade(request: web.Request) -> bool:
