@@ -102,6 +102,8 @@ class WebsocketChannel:
         self.bytes_received = 0
         self.messages_received = 0
         self.close_code: Optional[int] = None
+        self.reading = asyncio.Event()  # cleared by `pause`: the socket is not read (the server sees a slow client)
+        self.reading.set()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -133,7 +135,9 @@ class WebsocketChannel:
 
     async def _read(self) -> None:
         try:
-            async for msg in self.ws:
+            while True:
+                await self.reading.wait()
+                msg = await self.ws.receive()
                 if msg.type != aiohttp.WSMsgType.BINARY:
                     break
                 self.bytes_received += len(msg.data)
@@ -156,7 +160,15 @@ class WebsocketChannel:
             self.calls.clear()
             self.closed.set()
 
+    def pause(self) -> None:
+        """Stops reading the socket (TCP fills up, as with a browser that cannot keep up)."""
+        self.reading.clear()
+
+    def resume(self) -> None:
+        self.reading.set()
+
     async def close(self) -> None:
+        self.reading.set()
         await self.ws.close()
         await asyncio.gather(self._reader, return_exceptions=True)
         await self.session.close()

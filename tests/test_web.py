@@ -360,3 +360,80 @@ def test_shutdown_sends_go_away_and_ends_open_streams():
         await ch.close()
         return call.status
     assert run(go()) == 14  # UNAVAILABLE
+
+
+def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
+    """A browser that stops reading holds at most the socket's queue and the subscriber's outbox;
+    changes meanwhile fold into one pending update; another browser keeps receiving; once the slow
+    one reads again it converges to the table."""
+    from tickwire.clients.state import TableState
+
+    graph = UpdateGraph(interval_ms=20)
+    rows = 2000
+    hot = graph.keyed_table("hot", pa.schema([("k", pa.int64()), ("v", pa.int64()), ("pad", pa.string())]), keys=["k"])
+    pad = ["x" * 200] * rows
+    hot.add(pa.table({"k": np.arange(rows, dtype=np.int64), "v": np.zeros(rows, dtype=np.int64), "pad": pad}))
+    srv = TickwireServer(graph, port=0).start()
+    stop = asyncio.Event()
+
+    async def write(loop_stop):
+        step = 0
+        while not loop_stop.is_set():
+            step += 1
+            text = [f"{step:06d}" * 33] * rows  # every column changes: about 420 KB an update
+            hot.add(pa.table({"k": np.arange(rows, dtype=np.int64), "v": np.full(rows, step, dtype=np.int64), "pad": text}))
+            await asyncio.sleep(0.02)
+        return step
+
+    async def subscribe(ch):
+        call = await ch.open(FLIGHT + "DoExchange", ANON)
+        for m in exchange_opening(subscription_request(b"s/hot")):
+            await call.send(m)
+        return call
+
+    async def go():
+        slow = await WebsocketChannel.connect(srv.web_url)
+        healthy = await WebsocketChannel.connect(srv.web_url)
+        slow_call, healthy_call = await subscribe(slow), await subscribe(healthy)
+        await asyncio.wait_for(slow_call.started.wait(), 10)
+        writer = asyncio.ensure_future(write(stop))
+        slow.pause()
+        await asyncio.sleep(0.5)
+        before = healthy.messages_received
+        await asyncio.sleep(3.0)
+        during = healthy.messages_received - before
+        socks = list(srv.web.sockets)
+        queued = [s.out.qsize() for s in socks]
+        subs = srv.registry.subscriptions
+        coalesced = max(s.coalesced for s in subs)
+        outboxes = [s.pending() for s in subs]
+        stop.set()
+        final = await writer
+        slow.resume()
+        dec, state = StreamDecoder(), None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = await asyncio.wait_for(slow_call.responses.get(), 10)
+            u = dec.feed(msg)
+            if u is None:
+                continue
+            if state is None:
+                state = TableState(dec.schema)
+            state.apply(u)
+            t = state.to_arrow()
+            if t.num_rows == rows and set(t.column("v").to_pylist()) == {final}:
+                break
+        await slow.close()
+        await healthy.close()
+        return during, queued, coalesced, outboxes, state.to_arrow(), final
+
+    try:
+        during, queued, coalesced, outboxes, table, final = run(go(), 60)
+    finally:
+        srv.stop()
+        graph.stop()
+    assert during >= 50  # about 150 cycles in 3 s: the healthy browser kept receiving
+    assert max(queued) <= 8  # WebSide.send_queue: the socket holds at most that many messages
+    assert max(outboxes) <= 2 and coalesced > 10  # the slow one's changes were folded, not queued
+    assert table.num_rows == rows and set(table.column("v").to_pylist()) == {final}
+    assert sorted(table.column("k").to_pylist()) == list(range(rows))
