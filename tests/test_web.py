@@ -437,3 +437,45 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
     assert max(outboxes) <= 2 and coalesced > 10  # the slow one's changes were folded, not queued
     assert table.num_rows == rows and set(table.column("v").to_pylist()) == {final}
     assert sorted(table.column("k").to_pylist()) == list(range(rows))
+
+
+def test_a_closed_socket_frees_its_sessions_exports_after_a_short_lease():
+    from tickwire.protocol.proto import table_pb2
+
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("t", pa.table({"a": [1, 2, 3]}))
+    srv = TickwireServer(graph, port=0).start()
+    srv.web.session_grace_s = 0.5
+    table_service = "/io.deephaven.proto.backplane.grpc.TableService/"
+
+    async def open_and_fetch(ch, export_id):
+        call = await ch.open(CONFIG + "GetConfigurationConstants", ANON)
+        await call.unary(b"")
+        bearer = {"authorization": dict(call.headers)["authorization"]}
+        req = table_pb2.HeadOrTailRequest(num_rows=2)  # a derived table only this export holds
+        req.source_id.ticket.ticket = b"s/t"
+        req.result_id.ticket = b"e" + export_id.to_bytes(4, "little")
+        await ch.unary(table_service + "Head", req.SerializeToString(), bearer)
+        return bearer
+
+    async def go():
+        kept = await WebsocketChannel.connect(srv.web_url)
+        closed = await WebsocketChannel.connect(srv.web_url)
+        await open_and_fetch(kept, 1)
+        await open_and_fetch(closed, 1)
+        assert srv.sessions.count == 2 and graph_tables() == 3
+        await closed.close()
+        await asyncio.sleep(2.0)
+        remaining = srv.sessions.count, graph_tables()
+        # the kept socket's session still works
+        await kept.unary(CONFIG + "GetConfigurationConstants", b"", {"authorization": "Anonymous"})
+        await kept.close()
+        return remaining
+
+    def graph_tables():
+        return len(graph.tables)
+    try:
+        sessions, tables = run(go())
+    finally:
+        srv.stop()
+    assert sessions == 1 and tables == 2  # the closed page's session and its export are gone
