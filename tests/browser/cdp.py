@@ -351,6 +351,11 @@ class Page:
         """Runs `source` in every document this page loads from now on, before its own scripts."""
         self._call("Page.addScriptToEvaluateOnNewDocument", {"source": source})
 
+    def set_viewport(self, width: int, height: int, scale: float = 1.0) -> None:
+        """Emulates a window of `width` x `height` CSS pixels (screenshots take that size)."""
+        self._call("Emulation.setDeviceMetricsOverride", {"width": int(width), "height": int(height),
+                                                          "deviceScaleFactor": scale, "mobile": False})
+
     def screenshot(self, path: Optional[str | os.PathLike] = None) -> bytes:
         """A PNG of the viewport (also written to `path` when given)."""
         res = self._call("Page.captureScreenshot", {"format": "png"}, timeout=60)
