@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast test-slow soak demo bench java-check regen clean
+.PHONY: test test-fast test-slow soak demo bench java-check browser-deps regen clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,24 @@ java-check:
 	else echo "java: not found (needed for Spark and the Deephaven interop tests; install a JDK 17, e.g. apt-get install openjdk-17-jre-headless)"; fi
 	@command -v javac >/dev/null 2>&1 || echo "javac: not found (Spark checkpoints fall back to RawLocalFileSystem, ~50 ms a micro-batch instead of ~20; apt-get install openjdk-17-jdk-headless)"
 
+## browser-deps: Debian's chromium for the browser interop tests (tests/test_browser.py), installed
+## with apt-get when missing and we are root; never fails: otherwise it says why and those tests skip
+browser-deps:
+	@if [ -n "$$TICKWIRE_CHROMIUM" ] || command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ]; then :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "chromium: not found and no apt-get to install it (the browser tests will skip)"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+		echo "chromium: not found and not root (sudo apt-get install chromium; the browser tests will skip)"; \
+	else \
+		echo "chromium: installing Debian's chromium package"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q --no-install-recommends chromium >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+		|| echo "chromium: apt-get install failed (the browser tests will skip)"; \
+	fi
+
 ## test: everything, slow interop tests included (this is what CI runs)
-test: $(STAMP) java-check
+test: $(STAMP) java-check browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## test-fast: skip the tests marked slow
@@ -28,7 +44,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 ## test-slow: only the slow interop tests
-test-slow: $(STAMP) java-check
+test-slow: $(STAMP) java-check browser-deps
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
 ## soak: the randomized convergence suite with 20x the steps, then the request fuzzer for 10x its
