@@ -23,7 +23,8 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
 from tickwire.server.graph import Table, UpdateGraph
 
-__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS"]
+__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "CLOSED",
+           "EXPIRED", "SHUTDOWN"]
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,26 @@ class ResolveError(TickwireError):
         super().__init__(message, code)
 
 
-@dataclass
+#: Why a session's listeners were told it is over (`Session.on_end`).
+CLOSED, EXPIRED, SHUTDOWN = "closed", "expired", "shutdown"
+
+
+@dataclass(eq=False)
 class Session:
+    """One client's session: its exports and who listens for its end.
+
+    Listeners (`on_end`, `on_exports`) are called on whatever thread ends the session or changes
+    its exports (a worker, the reaper, the stopping thread), never under the session's lock; a
+    listener on an event loop hands itself over with `loop.call_soon_threadsafe`."""
+
     token: str
     expires: float
     exports: dict[int, Table] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    ended_by: Optional[str] = None  # CLOSED or EXPIRED once ended
+    _end_listeners: list = field(default_factory=list, repr=False)
+    _export_listeners: list = field(default_factory=list, repr=False)
 
     def export(self, export_id: int, table: Table) -> None:
         if export_id <= 0:
@@ -64,19 +78,71 @@ class Session:
             if export_id in self.exports:
                 raise ResolveError(f"export {export_id} already exists in this session", "ALREADY_EXISTS")
             self.exports[export_id] = table
+            listeners = list(self._export_listeners)
+        _call_all(listeners)
 
     def release(self, export_id: int) -> Optional[Table]:
         """Removes export `export_id`; returns its table (None when there was no such export)."""
         with self.lock:
-            return self.exports.pop(export_id, None)
+            table = self.exports.pop(export_id, None)
+            listeners = list(self._export_listeners) if table is not None else []
+        _call_all(listeners)
+        return table
 
-    def end(self) -> list[Table]:
-        """Closes the session: no export can be added any more; returns the tables it held."""
+    def end(self, reason: str = CLOSED) -> list[Table]:
+        """Closes the session: no export can be added any more; returns the tables it held. The
+        end listeners hear `reason` (once: a second end tells nobody)."""
         with self.lock:
+            first = not self.closed
             self.closed = True
+            if first:
+                self.ended_by = reason
             held = list(self.exports.values())
             self.exports.clear()
+            listeners = list(self._end_listeners) if first else []
+            self._end_listeners.clear()
+            self._export_listeners.clear()
+        _call_all(listeners, reason)
         return held
+
+    def announce(self, reason: str) -> None:
+        """Tells the end listeners `reason` without ending the session (the server is stopping:
+        its streams get their last word before the transport goes)."""
+        with self.lock:
+            listeners = list(self._end_listeners)
+            self._end_listeners.clear()
+        _call_all(listeners, reason)
+
+    def on_end(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Calls `fn(reason)` once, when the session ends (CLOSED, EXPIRED) or the server stops
+        (SHUTDOWN); at once (EXPIRED or CLOSED) when it has already ended. Returns a function that
+        takes `fn` back."""
+        with self.lock:
+            ended = self.ended_by if self.closed else None
+            if ended is None:
+                self._end_listeners.append(fn)
+        if ended is not None:
+            _call_all([fn], ended)
+        return lambda: self._remove(self._end_listeners, fn)
+
+    def on_exports(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Calls `fn()` after each export added or released; returns a function that takes it back."""
+        with self.lock:
+            if not self.closed:
+                self._export_listeners.append(fn)
+        return lambda: self._remove(self._export_listeners, fn)
+
+    def _remove(self, listeners: list, fn) -> None:
+        with self.lock:
+            try:
+                listeners.remove(fn)
+            except ValueError:
+                pass
+
+    def export_items(self) -> list[tuple[int, Table]]:
+        """(export id, table) of every export, in id order."""
+        with self.lock:
+            return sorted(self.exports.items(), key=lambda kv: kv[0])
 
     def get(self, export_id: int) -> Table:
         with self.lock:
@@ -85,6 +151,14 @@ class Session:
             code = "NOT_FOUND" if export_id > 0 else "FAILED_PRECONDITION"
             raise ResolveError(f"export {export_id} does not exist in this session", code)
         return t
+
+
+def _call_all(listeners: list, *args) -> None:
+    for fn in listeners:
+        try:
+            fn(*args)
+        except Exception:  # one listener failing must not keep the others from hearing
+            log.exception("a session listener failed")
 
 
 ReleaseHook = Callable[[list], None]
@@ -135,7 +209,7 @@ class SessionManager:
             for s in expired:
                 del self._sessions[s.token]
         for s in expired:
-            held = s.end()
+            held = s.end(EXPIRED)
             hook = self.on_expire
             if held and hook is not None:
                 try:
@@ -154,8 +228,14 @@ class SessionManager:
             return False
 
     def stop(self) -> None:
-        """Ends the reaper thread (sessions stay until the process ends)."""
+        """Ends the reaper thread and tells every session's end listeners that the server is
+        stopping (SHUTDOWN): a held TerminationNotification answers while it still can. The
+        sessions themselves stay until the process ends. Called again, it tells nobody twice."""
         self._stop.set()
+        with self._lock:
+            live = list(self._sessions.values())
+        for s in live:
+            s.announce(SHUTDOWN)
 
     def authenticate(self, metadata: Sequence[tuple[str, object]]) -> Session:
         """The session of a call's request metadata, creating one for valid initial credentials.
@@ -194,7 +274,7 @@ class SessionManager:
         """Ends `session` (CloseSession); returns the tables its exports held, for the caller to free."""
         with self._lock:
             self._sessions.pop(session.token, None)
-        return session.end()
+        return session.end(CLOSED)
 
 
 def _reap_loop(manager_ref, stop: threading.Event) -> None:
