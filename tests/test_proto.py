@@ -20,7 +20,8 @@ from google.protobuf import descriptor_pb2, text_format
 
 from tickwire.errors import ProtocolError
 from tickwire.protocol.proto import POOL
-from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2, ticket_pb2
+from tickwire.protocol.proto import (application_pb2, config_pb2, flight_pb2, session_pb2, storage_pb2, table_pb2,
+                                     ticket_pb2)
 from tickwire.protocol.proto import methods as M
 
 from .golden import GOLDEN, decoded_records, decoded_sections, golden_dirs, read_cap
@@ -58,7 +59,7 @@ def test_generated_files_are_marked_and_message_only():
 
 def test_full_method_names_and_packages():
     assert flight_pb2.DESCRIPTOR.package == "arrow.flight.protocol"
-    for mod in (ticket_pb2, config_pb2, session_pb2, table_pb2, application_pb2):
+    for mod in (ticket_pb2, config_pb2, session_pb2, table_pb2, application_pb2, storage_pb2):
         assert mod.DESCRIPTOR.package == DH_PACKAGE
         assert mod.DESCRIPTOR.name == f"tickwire/protocol/proto/{Path(mod.__file__).stem[:-4]}.proto"
     for path in ("/io.deephaven.proto.backplane.grpc.TableService/Batch",
@@ -69,7 +70,7 @@ def test_full_method_names_and_packages():
                  "/io.deephaven.proto.backplane.grpc.ApplicationService/ListFields",
                  "/arrow.flight.protocol.FlightService/DoExchange"):
         assert path in M.METHODS, path
-    assert len(M.ALL_METHODS) == 10 + 2 + 8 + 46 + 1
+    assert len(M.ALL_METHODS) == 10 + 2 + 8 + 46 + 1 + 6  # ... + Application + Storage
 
 
 def test_private_pool_coexists_with_deephaven_generated_code():
@@ -456,14 +457,14 @@ def _normalize_proto(proto: descriptor_pb2.DescriptorProto) -> dict:
     }
 
 
-DH_MODULES = ["ticket", "config", "session", "table", "application"]
+DH_MODULES = ["ticket", "config", "session", "table", "application", "storage"]
 
 
 @pytest.mark.parametrize("name", DH_MODULES)
 def test_messages_identical_to_pydeephaven_generated_code(name):
     theirs = pytest.importorskip(f"deephaven_core.proto.{name}_pb2")
     ours = {"ticket": ticket_pb2, "config": config_pb2, "session": session_pb2, "table": table_pb2,
-            "application": application_pb2}[name]
+            "application": application_pb2, "storage": storage_pb2}[name]
     assert ours.DESCRIPTOR.package == theirs.DESCRIPTOR.package
     assert set(ours.DESCRIPTOR.message_types_by_name) == set(theirs.DESCRIPTOR.message_types_by_name)
     for msg_name, d in ours.DESCRIPTOR.message_types_by_name.items():

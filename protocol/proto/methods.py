@@ -23,6 +23,7 @@ from tickwire.protocol.proto import (
     config_pb2 as config,
     flight_pb2 as flight,
     session_pb2 as session,
+    storage_pb2 as storage,
     table_pb2 as table,
     ticket_pb2 as ticket,
 )
@@ -38,6 +39,7 @@ CONFIG_SERVICE = "io.deephaven.proto.backplane.grpc.ConfigService"
 SESSION_SERVICE = "io.deephaven.proto.backplane.grpc.SessionService"
 TABLE_SERVICE = "io.deephaven.proto.backplane.grpc.TableService"
 APPLICATION_SERVICE = "io.deephaven.proto.backplane.grpc.ApplicationService"
+STORAGE_SERVICE = "io.deephaven.proto.backplane.grpc.StorageService"
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def _kind(client_streaming: bool, server_streaming: bool) -> str:
 
 def _from_descriptors() -> dict[str, Method]:
     out: dict[str, Method] = {}
-    for module in (flight, config, session, table, application, ticket):
+    for module in (flight, config, session, table, application, ticket, storage):
         for service in module.DESCRIPTOR.services_by_name.values():
             for m in service.methods:
                 out[f"/{service.full_name}/{m.name}"] = Method(
@@ -143,6 +145,7 @@ def _table(*entries: tuple[str, str, str, type[Message], type[Message]]) -> dict
 
 
 _F, _C, _S, _T, _A = FLIGHT_SERVICE, CONFIG_SERVICE, SESSION_SERVICE, TABLE_SERVICE, APPLICATION_SERVICE
+_ST = STORAGE_SERVICE
 _ETCR = table.ExportedTableCreationResponse
 
 METHODS: dict[str, Method] = _table(
@@ -174,6 +177,7 @@ METHODS: dict[str, Method] = _table(
     # Deephaven tables
     (_T, "GetExportedTableCreationResponse", UNARY, ticket.Ticket, _ETCR),
     (_T, "FetchTable", UNARY, table.FetchTableRequest, _ETCR),
+    (_T, "ApplyPreviewColumns", UNARY, table.ApplyPreviewColumnsRequest, _ETCR),
     (_T, "EmptyTable", UNARY, table.EmptyTableRequest, _ETCR),
     (_T, "TimeTable", UNARY, table.TimeTableRequest, _ETCR),
     (_T, "DropColumns", UNARY, table.DropColumnsRequest, _ETCR),
@@ -197,6 +201,8 @@ METHODS: dict[str, Method] = _table(
     (_T, "ExportedTableUpdates", SERVER_STREAM, table.ExportedTableUpdatesRequest, table.ExportedTableUpdateMessage),
     # Deephaven applications and the query scope
     (_A, "ListFields", SERVER_STREAM, application.ListFieldsRequest, application.FieldsChangeUpdate),
+    # Deephaven's shared storage (the web UI's layouts and notebooks): an empty listing
+    (_ST, "ListItems", UNARY, storage.ListItemsRequest, storage.ListItemsResponse),
 )
 
 

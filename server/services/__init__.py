@@ -1,17 +1,18 @@
 """tickwire.server.services: one module per gRPC service, each building its handlers from the
 method table (tickwire.protocol.proto.methods): Arrow Flight, and Deephaven's Config, Session,
-Table and Application services. `handlers(ctx)` gathers them all."""
+Table, Application and Storage services. `handlers(ctx)` gathers them all."""
 from tickwire.server.rpc import ServerContext
 from tickwire.server.services.application_service import ApplicationService
 from tickwire.server.services.config_service import BARRAGE_VERSION, ConfigService
 from tickwire.server.services.flight_service import KEYS_METADATA, FlightService
 from tickwire.server.services.session_service import SessionService
+from tickwire.server.services.storage_service import StorageService
 from tickwire.server.services.table_service import TableService
 
-__all__ = ["FlightService", "ConfigService", "SessionService", "TableService", "ApplicationService", "handlers",
-           "BARRAGE_VERSION", "KEYS_METADATA"]
+__all__ = ["FlightService", "ConfigService", "SessionService", "TableService", "ApplicationService", "StorageService",
+           "handlers", "BARRAGE_VERSION", "KEYS_METADATA"]
 
-SERVICES = (FlightService, ConfigService, SessionService, TableService, ApplicationService)
+SERVICES = (FlightService, ConfigService, SessionService, TableService, ApplicationService, StorageService)
 
 
 def handlers(ctx: ServerContext) -> tuple[list, dict]:
