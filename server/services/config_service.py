@@ -1,5 +1,9 @@
 """Deephaven's ConfigService: the clients' first call (it also opens the session) and the
-authentication constants (docs/flows.md#sessions-and-authentication)."""
+authentication constants (docs/flows.md#sessions-and-authentication).
+
+GetAuthenticationConstants is asked before any login (Deephaven's grid page chooses its login
+from `AuthHandlers`), so it needs no credentials (rpc.UNAUTHENTICATED_METHODS) and opens no
+session."""
 from __future__ import annotations
 
 import platform
@@ -9,10 +13,15 @@ import pyarrow as pa
 from tickwire.protocol.proto import config_pb2
 from tickwire.protocol.proto.methods import CONFIG_SERVICE
 from tickwire.server.rpc import ServerContext, service_handlers
+from tickwire.server.session import PSK_SCHEME
 
-__all__ = ["ConfigService", "BARRAGE_VERSION"]
+__all__ = ["ConfigService", "BARRAGE_VERSION", "ANONYMOUS_HANDLER", "PSK_HANDLER"]
 
 BARRAGE_VERSION = "1.0.0"
+
+#: Deephaven's names of its login handlers, as its AuthHandlers constant lists them
+ANONYMOUS_HANDLER = "io.deephaven.auth.AnonymousAuthenticationHandler"
+PSK_HANDLER = PSK_SCHEME  # io.deephaven.authentication.psk.PskAuthenticationHandler
 
 
 class ConfigService:
@@ -44,6 +53,12 @@ class ConfigService:
             resp.config_values[k].string_value = v
         return resp
 
-    async def authentication_constants(self, _req, context):
-        await self.ctx.authenticate(context)
-        return config_pb2.AuthenticationConstantsResponse()
+    def _auth_handlers(self) -> str:
+        """The one login the server takes: the pre-shared key when it has one, else anonymous."""
+        return PSK_HANDLER if self.ctx.sessions.psk is not None else ANONYMOUS_HANDLER
+
+    async def authentication_constants(self, _req, _context):
+        # no authenticate(): asked before login; answers no header and opens no session
+        resp = config_pb2.AuthenticationConstantsResponse()
+        resp.config_values["AuthHandlers"].string_value = self._auth_handlers()
+        return resp
