@@ -48,8 +48,9 @@ class ServerConfig:
     - `shared_snapshots`: initial snapshots a published table keeps for later subscribers that ask
       for the same columns (the oldest is let go past it).
     - `encode`: how messages are cut into FlightData (`EncodeLimits`).
-    - `list_fields_poll_s`: how often an open ApplicationService.ListFields stream looks for new
-      or removed tables."""
+    - `list_fields_poll_s`: how often the open ApplicationService.ListFields streams (one watcher
+      for all) look for new or removed tables, and an open TableService.ExportedTableUpdates
+      stream reads its session's export sizes."""
 
     workers: int = 4
     session_duration_ms: int = 300_000

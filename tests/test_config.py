@@ -31,5 +31,6 @@ def test_the_server_passes_its_config_down():
     assert srv.ctx.config is srv.config
     assert srv.registry.outbox == 1 and srv.registry.limits.shared_batch_bytes == 4096
     assert srv.registry.min_piece_cells == 100 and srv.registry.max_piece_cells == 200
-    assert srv.sessions.duration_ms == 5000 and srv.services[-1].poll == 0.25
+    app = next(s for s in srv.services if type(s).__name__ == "ApplicationService")
+    assert srv.sessions.duration_ms == 5000 and app.watch.interval == 0.25
     assert srv.executor._max_workers == cfg.workers

@@ -1,12 +1,19 @@
 """Deephaven's SessionService: sessions (new, refresh, close) and exports (release, export from
-a ticket). Closing a session or releasing an export frees the tables only it held."""
+a ticket). Closing a session or releasing an export frees the tables only it held.
+
+TerminationNotification is held open for as long as the session lives (a browser treats its end
+as "session over", and reconnects in a loop if it ends at once). As Deephaven 42 does, it ends
+with UNAUTHENTICATED "Session has ended" when the session is closed or expires, and answers a
+TerminationNotificationResponse (abnormal_termination false) when the server stops."""
 from __future__ import annotations
+
+import asyncio
 
 from tickwire.protocol.proto import session_pb2
 from tickwire.protocol.proto.methods import SESSION_SERVICE
 from tickwire.server.rpc import CallError, ServerContext, service_handlers
 from tickwire.server.services.exports import export, export_id
-from tickwire.server.session import Session
+from tickwire.server.session import SHUTDOWN, Session
 
 __all__ = ["SessionService"]
 
@@ -26,6 +33,7 @@ class SessionService:
             "Release": (self.release, None, None),
             "ExportFromTicket": (self.export_from_ticket, None, None),
             "PublishFromTicket": (self.publish_from_ticket, None, None),
+            "TerminationNotification": (self.termination_notification, None, None),
         })
 
     def _export_to(self, session: Session, result_ticket: bytes, table) -> None:
@@ -67,3 +75,27 @@ class SessionService:
 
     async def publish_from_ticket(self, req, context):
         raise CallError("UNIMPLEMENTED", "PublishFromTicket: publishing exports to the global scope is not supported")
+
+    async def termination_notification(self, _req, context):
+        session = await self.ctx.authenticate(context)
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future = loop.create_future()
+
+        def heard(reason: str) -> None:  # any thread: the one that ends the session
+            def settle():
+                if not ended.done():
+                    ended.set_result(reason)
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the loop is gone: nobody waits any more
+                pass
+
+        forget = session.on_end(heard)
+        try:
+            reason = await ended
+        finally:
+            forget()
+        if reason == SHUTDOWN:
+            return session_pb2.TerminationNotificationResponse(abnormal_termination=False,
+                                                               reason="the server is shutting down")
+        raise CallError("UNAUTHENTICATED", "Session has ended")

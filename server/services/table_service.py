@@ -1,19 +1,26 @@
-"""Deephaven's TableService: FetchTable, GetExportedTableCreationResponse, the table operations of
-`tickwire.server.table_ops` (Sort, Filter, UnstructuredFilter, View, Select, Update, UpdateView,
-LazyUpdate, Head, Tail) alone or in a Batch. Every other method answers UNIMPLEMENTED by name."""
+"""Deephaven's TableService: FetchTable, ApplyPreviewColumns, GetExportedTableCreationResponse, the
+table operations of `tickwire.server.table_ops` (Sort, Filter, UnstructuredFilter, View, Select,
+Update, UpdateView, LazyUpdate, Head, Tail) alone or in a Batch, and ExportedTableUpdates (the
+sizes of a session's exports, held open). Every other method answers UNIMPLEMENTED by name."""
 from __future__ import annotations
+
+import asyncio
 
 from tickwire.protocol.proto import table_pb2
 from tickwire.protocol.proto.methods import TABLE_SERVICE
 from tickwire.protocol.schema import ipc_encapsulated_schema
+from tickwire.protocol.tickets import ExportTicket
 from tickwire.server.barrage import TableWire
 from tickwire.server.graph import Table
-from tickwire.server.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.rpc import CallError, ServerContext, service_handlers, short
 from tickwire.server.services.exports import export, export_id
 from tickwire.server.session import Session
 from tickwire.server.table_ops import OPERATIONS
 
 __all__ = ["TableService"]
+
+#: operations whose result is their source table itself
+_AS_IS = ("fetch_table", "apply_preview_columns")
 
 
 class TableService:
@@ -24,6 +31,8 @@ class TableService:
     def handlers(self) -> dict:
         impls = {
             "FetchTable": (self.fetch_table, None, None),
+            "ApplyPreviewColumns": (self.apply_preview_columns, None, None),
+            "ExportedTableUpdates": (self.exported_table_updates, None, None),
             "GetExportedTableCreationResponse": (self.get_exported, None, None),
             "Batch": (self.batch, None, None),
         }
@@ -65,7 +74,7 @@ class TableService:
         result = req.result_id.ticket
         if result:
             export_id(result, "result_id")  # a bad ticket fails before the table is made
-        table = source if kind == "fetch_table" else self.ops.build(kind, req, source)
+        table = source if kind in _AS_IS else self.ops.build(kind, req, source)
         if result:
             export(self.ops, session, result, table)  # an owned table nobody holds goes at once on failure
         else:
@@ -95,6 +104,21 @@ class TableService:
         resp, _t = await self.ctx.run(self._apply_op, "fetch_table", req, session)
         return resp
 
+    async def apply_preview_columns(self, req, context):
+        """The result is an export of the source table itself, answered like FetchTable.
+
+        Deephaven answers with its source table when no column needs a preview; otherwise with a
+        view in which array and vector columns become string previews (when `convert_arrays`)
+        and columns of a type not named in `unpreviewed_types` are wrapped for display. tickwire
+        makes no previews: every column goes out as it is (the types the JS API names there,
+        numbers, booleans, strings, BigDecimal, BigInteger, Instant, LocalDate, LocalTime, as
+        themselves; list and binary columns as Arrow lists and binaries, not as strings).
+        A preview for those, if a browser needs one, belongs here."""
+        session = await self.ctx.authenticate(context)
+        self._need_result(req, "ApplyPreviewColumns")
+        resp, _t = await self.ctx.run(self._apply_op, "apply_preview_columns", req, session)
+        return resp
+
     async def get_exported(self, ticket, context):
         session = await self.ctx.authenticate(context)
         if not ticket.ticket:
@@ -107,7 +131,7 @@ class TableService:
         exported; one without is answered with its `batch_offset` and lives only as long as the
         batch's later steps need it (as the parent of what they made)."""
         session = await self.ctx.authenticate(context)
-        allowed = {"fetch_table", *OPERATIONS.values()}
+        allowed = {*_AS_IS, *OPERATIONS.values()}
         for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
             which = op.WhichOneof("op")
             if which not in allowed:
@@ -132,3 +156,66 @@ class TableService:
                     self.ctx.executor.submit(self.ops.drop_all, unexported[::-1])
                 except RuntimeError:  # the server is stopping: its worker pool is gone
                     pass
+
+    # -- ExportedTableUpdates ---------------------------------------------------------------------
+    def _export_sizes(self, session: Session) -> dict[int, tuple[Table, int, str]]:
+        """{export id: (table, size, failure message)} of the session's exports, read at one cycle
+        boundary (under the graph's lock: off the event loop). A failed table's size is -1."""
+        items = session.export_items()
+        out = {}
+        with self.ctx.engine.reading():
+            for eid, table in items:
+                failure = table.failure
+                if failure is None:
+                    out[eid] = (table, table.size, "")
+                else:
+                    out[eid] = (table, -1, short(str(failure)) or "table failed")
+        return out
+
+    async def exported_table_updates(self, _req, context):
+        """Held open: an ExportedTableUpdateMessage(export_id, size) for each of the session's
+        table exports when it is first seen and whenever its size changes (size -1 and
+        `update_failure_message` once it has failed), read every `list_fields_poll_s` and at
+        once after an export is added. Ends (OK, as Deephaven's does) when the session ends."""
+        session = await self.ctx.authenticate(context)
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        over = False
+
+        def poke(*_args) -> None:  # any thread: a worker adding an export, the session's end
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop is gone
+                pass
+
+        def ended(_reason: str) -> None:
+            nonlocal over
+            over = True
+            poke()
+
+        forget_end = session.on_end(ended)
+        forget_exports = session.on_exports(poke)
+        sent: dict[int, tuple[Table, int, str]] = {}
+        try:
+            while not over:
+                wake.clear()  # before the read: a change during it wakes the next one
+                sizes = await self.ctx.run(self._export_sizes, session)
+                if over:
+                    break
+                for eid, (table, size, failure) in sizes.items():
+                    before = sent.get(eid)
+                    if before is not None and before[0] is table and before[1:] == (size, failure):
+                        continue
+                    sent[eid] = (table, size, failure)
+                    msg = table_pb2.ExportedTableUpdateMessage(size=size, update_failure_message=failure)
+                    msg.export_id.ticket = ExportTicket(eid).to_bytes()
+                    yield msg
+                for eid in [e for e in sent if e not in sizes]:
+                    del sent[eid]  # released: a new export of that id is new again
+                try:
+                    await asyncio.wait_for(wake.wait(), self.ctx.config.list_fields_poll_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            forget_end()
+            forget_exports()

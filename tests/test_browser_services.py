@@ -1,0 +1,448 @@
+"""The gRPC methods Deephaven's browser JavaScript API calls besides the data path, against a real
+server over grpc: GetAuthenticationConstants before any login, TerminationNotification held open
+until the session ends or the server stops, ListFields and ExportedTableUpdates streams that end
+with their session, ApplyPreviewColumns, and StorageService.ListItems, compared with what
+Deephaven 42.7 answered in the browser captures (../shared/golden/browser_dh_*)."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from tests.golden import GOLDEN, read_cap
+from tickwire.protocol.proto import (application_pb2, config_pb2, session_pb2, storage_pb2, table_pb2,
+                                     ticket_pb2)
+from tickwire.protocol.proto.methods import METHODS
+from tickwire.protocol.tickets import export_ticket
+from tickwire.server.app import TickwireServer
+from tickwire.server.config import ServerConfig
+from tickwire.server.graph import UpdateGraph
+from tickwire.server.services.config_service import ANONYMOUS_HANDLER, PSK_HANDLER
+from tickwire.server.session import PSK_SCHEME
+
+DH = "/io.deephaven.proto.backplane.grpc."
+AUTH_CONSTANTS = DH + "ConfigService/GetAuthenticationConstants"
+CONFIG = DH + "ConfigService/GetConfigurationConstants"
+TERMINATION = DH + "SessionService/TerminationNotification"
+CLOSE = DH + "SessionService/CloseSession"
+RELEASE = DH + "SessionService/Release"
+LIST_FIELDS = DH + "ApplicationService/ListFields"
+FETCH = DH + "TableService/FetchTable"
+PREVIEW = DH + "TableService/ApplyPreviewColumns"
+UPDATES = DH + "TableService/ExportedTableUpdates"
+LIST_ITEMS = DH + "StorageService/ListItems"
+ANON = (("authorization", "Anonymous"),)
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
+WIDGET = GOLDEN / "browser_dh_widget"
+needs_widget_capture = pytest.mark.skipif(not WIDGET.exists(), reason="no browser_dh_widget golden capture")
+
+
+def rows(start: int, n: int) -> pa.Table:
+    k = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({"k": k, "v": k * 1.5, "s": [f"r{x}" for x in k.tolist()]}, schema=SCHEMA)
+
+
+def make_server(**kw) -> tuple[UpdateGraph, TickwireServer]:
+    graph = UpdateGraph(interval_ms=3_600_000)
+    graph.keyed_table("keyed", SCHEMA, ["k"]).add(rows(0, 200))
+    graph.static_table("static", rows(0, 50))
+    graph.run_cycle()
+    kw.setdefault("config", ServerConfig(list_fields_poll_s=0.05))
+    return graph, TickwireServer(graph, port=0, start_graph=False, **kw).start()
+
+
+@pytest.fixture()
+def served():
+    graph, srv = make_server()
+    ch = grpc.insecure_channel(srv.target)
+    yield graph, srv, ch
+    ch.close()
+    srv.stop()
+
+
+def unary(channel, path, request, metadata=ANON, timeout=10.0):
+    m = METHODS[path]
+    return channel.unary_unary(path, request_serializer=m.request.SerializeToString,
+                               response_deserializer=m.response.FromString)(request, metadata=metadata,
+                                                                             timeout=timeout)
+
+
+def raw_unary(channel, path, body: bytes, metadata=ANON, timeout=10.0):
+    return channel.unary_unary(path).with_call(body, metadata=metadata, timeout=timeout)
+
+
+def login(channel) -> tuple[tuple, str]:
+    """(metadata carrying a new session's bearer token, the token)."""
+    _r, call = channel.unary_unary(CONFIG, request_serializer=config_pb2.ConfigurationConstantsRequest.SerializeToString,
+                                   response_deserializer=config_pb2.ConfigurationConstantsResponse.FromString
+                                   ).with_call(config_pb2.ConfigurationConstantsRequest(), metadata=ANON, timeout=10)
+    bearer = dict(call.initial_metadata())["authorization"]
+    return (("authorization", bearer),), bearer.split(" ", 1)[1]
+
+
+def fetch(channel, md, name: str, eid: int) -> table_pb2.ExportedTableCreationResponse:
+    req = table_pb2.FetchTableRequest()
+    req.source_id.ticket.ticket = b"s/" + name.encode()
+    req.result_id.ticket = export_ticket(eid)
+    return unary(channel, FETCH, req, md)
+
+
+class Stream:
+    """A server stream read on a thread: messages in a queue, then its end (code, details)."""
+
+    def __init__(self, channel, path, metadata):
+        m = METHODS[path]
+        self.call = channel.unary_stream(path, request_serializer=m.request.SerializeToString,
+                                         response_deserializer=m.response.FromString)(m.request(), metadata=metadata)
+        self.messages: queue.Queue = queue.Queue()
+        self.end: tuple | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            for msg in self.call:
+                self.messages.put(msg)
+            self.end = (grpc.StatusCode.OK, "")
+        except grpc.RpcError as exc:
+            self.end = (exc.code(), exc.details())
+        finally:
+            self.done.set()
+
+    def next(self, timeout=5.0):
+        return self.messages.get(timeout=timeout)
+
+    def ended(self, timeout=5.0) -> tuple:
+        assert self.done.wait(timeout), "the stream did not end"
+        return self.end
+
+    def cancel(self):
+        self.call.cancel()
+
+
+class Held:
+    """A unary call held open by the server, waited for on a thread."""
+
+    def __init__(self, channel, path, request, metadata):
+        m = METHODS[path]
+        self.future = channel.unary_unary(path, request_serializer=m.request.SerializeToString,
+                                          response_deserializer=m.response.FromString).future(request, metadata=metadata)
+
+    def result(self, timeout=5.0):
+        return self.future.result(timeout=timeout)
+
+    def status(self, timeout=5.0) -> tuple:
+        exc = self.future.exception(timeout=timeout)
+        assert exc is not None, "the call answered instead of failing"
+        return exc.code(), exc.details()
+
+
+# -- ConfigService.GetAuthenticationConstants --------------------------------------------------------------------
+
+def test_authentication_constants_answer_without_credentials_and_name_the_anonymous_handler(served):
+    _g, srv, ch = served
+    body, call = raw_unary(ch, AUTH_CONSTANTS, b"", metadata=())
+    resp = config_pb2.AuthenticationConstantsResponse.FromString(body)
+    assert dict(resp.config_values).keys() == {"AuthHandlers"}
+    assert resp.config_values["AuthHandlers"].string_value == ANONYMOUS_HANDLER
+    assert "authorization" not in dict(call.initial_metadata())  # no session was opened for it
+    assert srv.sessions.count == 0
+    # credentials that would be refused elsewhere do not matter either
+    body2, _ = raw_unary(ch, AUTH_CONSTANTS, b"", metadata=(("authorization", "Bearer not-a-token"),))
+    assert body2 == body
+
+
+@needs_widget_capture
+def test_authentication_constants_are_the_bytes_deephaven_sent(served):
+    _g, _srv, ch = served
+    golden = [r.payload for r in read_cap(WIDGET / "0001_ConfigService_GetAuthenticationConstants.cap")
+              if r.direction == "S"]
+    body, _ = raw_unary(ch, AUTH_CONSTANTS, b"", metadata=())
+    assert [body] == golden
+
+
+def test_authentication_constants_name_the_psk_handler_when_the_server_has_a_key():
+    _g, srv = make_server(psk="s3cret")
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            for md in ((), ANON, (("authorization", f"{PSK_SCHEME} wrong"),)):
+                body, _ = raw_unary(ch, AUTH_CONSTANTS, b"", metadata=md)
+                resp = config_pb2.AuthenticationConstantsResponse.FromString(body)
+                assert resp.config_values["AuthHandlers"].string_value == PSK_HANDLER
+                assert PSK_HANDLER == "io.deephaven.authentication.psk.PskAuthenticationHandler"
+            # the rest still wants the key
+            with pytest.raises(grpc.RpcError) as e:
+                unary(ch, CONFIG, config_pb2.ConfigurationConstantsRequest(), ANON)
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert srv.sessions.count == 0
+    finally:
+        srv.stop()
+
+
+# -- SessionService.TerminationNotification ----------------------------------------------------------------------
+
+def test_termination_notification_is_held_then_ends_unauthenticated_on_close_session(served):
+    _g, srv, ch = served
+    md, _token = login(ch)
+    held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
+    time.sleep(0.5)
+    assert not held.future.done()  # held open while the session lives
+    unary(ch, CLOSE, session_pb2.HandshakeRequest(), md)
+    assert held.status() == (grpc.StatusCode.UNAUTHENTICATED, "Session has ended")
+
+
+def test_termination_notification_ends_when_the_session_expires():
+    _g, srv = make_server(session_duration_ms=400)
+    try:
+        with grpc.insecure_channel(srv.target) as ch:
+            md, _token = login(ch)
+            held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
+            t0 = time.monotonic()
+            assert held.status(timeout=5) == (grpc.StatusCode.UNAUTHENTICATED, "Session has ended")
+            assert time.monotonic() - t0 >= 0.2  # not at once: when the session expired
+            assert srv.sessions.count == 0
+    finally:
+        srv.stop()
+
+
+def test_termination_notification_answers_when_the_server_stops_its_sessions(served):
+    """SessionManager.stop (what stopping the server calls) tells every held TerminationNotification,
+    which answers (abnormal_termination false) instead of failing; the session itself lives on."""
+    _g, srv, ch = served
+    md, _token = login(ch)
+    held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
+    time.sleep(0.3)
+    assert not held.future.done()
+    srv.sessions.stop()
+    resp = held.result()
+    assert isinstance(resp, session_pb2.TerminationNotificationResponse)
+    assert resp.abnormal_termination is False and resp.reason
+    assert srv.sessions.count == 1
+
+
+def test_termination_notification_for_an_ended_session_is_unauthenticated(served):
+    _g, _srv, ch = served
+    md, _token = login(ch)
+    unary(ch, CLOSE, session_pb2.HandshakeRequest(), md)
+    held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
+    assert held.status()[0] == grpc.StatusCode.UNAUTHENTICATED
+
+
+# -- ApplicationService.ListFields -------------------------------------------------------------------------------
+
+def _names(update) -> list[str]:
+    return [f.field_name for f in update.created]
+
+
+def test_list_fields_lists_then_follows_then_ends_cancelled_on_close_session(served):
+    graph, _srv, ch = served
+    md, _token = login(ch)
+    s = Stream(ch, LIST_FIELDS, md)
+    first = s.next()
+    assert _names(first) == ["keyed", "static"] and not first.removed
+    assert first.created[0].typed_ticket.ticket.ticket == b"s/keyed"
+    graph.static_table("later", rows(0, 3))
+    upd = s.next()
+    assert _names(upd) == ["later"] and not upd.removed
+    graph.remove_table("later")
+    upd = s.next()
+    assert not upd.created and [f.field_name for f in upd.removed] == ["later"]
+    unary(ch, CLOSE, session_pb2.HandshakeRequest(), md)
+    assert s.ended() == (grpc.StatusCode.CANCELLED, "subscription cancelled")
+
+
+def test_list_fields_streams_share_one_watcher_that_ends_with_them(served):
+    graph, srv, ch = served
+    md, _token = login(ch)
+
+    def watchers():
+        return [t for t in threading.enumerate() if t.name == "tickwire-scope-watch"]
+
+    streams = [Stream(ch, LIST_FIELDS, md) for _ in range(4)]
+    for s in streams:
+        assert _names(s.next()) == ["keyed", "static"]
+    assert len(watchers()) == 1
+    graph.static_table("more", rows(0, 2))
+    for s in streams:
+        assert _names(s.next()) == ["more"]
+    for s in streams:
+        s.cancel()
+    deadline = time.monotonic() + 5
+    while watchers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert watchers() == []
+    # a new stream starts it again and sees what exists now
+    s = Stream(ch, LIST_FIELDS, md)
+    assert _names(s.next()) == ["keyed", "static", "more"]
+    s.cancel()
+
+
+def test_list_fields_answers_while_another_thread_holds_the_graph_lock(served):
+    graph, _srv, ch = served
+    md, _token = login(ch)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with graph.exclusive():  # what a long cycle over a large table does
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    assert held.wait(5)
+    try:
+        t0 = time.monotonic()
+        s = Stream(ch, LIST_FIELDS, md)
+        assert _names(s.next(timeout=1.5)) == ["keyed", "static"]
+        first = time.monotonic() - t0
+        # the event loop is free meanwhile: another call answers at once too
+        t1 = time.monotonic()
+        unary(ch, CONFIG, config_pb2.ConfigurationConstantsRequest(), md, timeout=1.5)
+        other = time.monotonic() - t1
+        time.sleep(0.3)  # the shared watcher polls several times under the held lock
+        unary(ch, CONFIG, config_pb2.ConfigurationConstantsRequest(), md, timeout=1.5)
+        assert first < 1.0 and other < 1.0, (first, other)
+        assert release.is_set() is False  # all of it happened while the lock was held
+    finally:
+        release.set()
+        t.join(5)
+    s.cancel()
+
+
+# -- TableService.ExportedTableUpdates ---------------------------------------------------------------------------
+
+def _update(msg) -> tuple[bytes, int, str]:
+    return msg.export_id.ticket, msg.size, msg.update_failure_message
+
+
+def test_exported_table_updates_report_sizes_then_changes_then_end_on_close_session(served):
+    graph, _srv, ch = served
+    md, _token = login(ch)
+    fetch(ch, md, "keyed", 1)
+    s = Stream(ch, UPDATES, md)
+    assert _update(s.next()) == (export_ticket(1), 200, "")
+    fetch(ch, md, "static", 2)
+    assert _update(s.next()) == (export_ticket(2), 50, "")
+    graph.get("keyed").add(rows(200, 10))  # keyed: 10 new keys
+    graph.run_cycle()
+    assert _update(s.next()) == (export_ticket(1), 210, "")
+    graph.get("keyed").add(rows(0, 10))  # same keys: modified, not a size change
+    graph.run_cycle()
+    with pytest.raises(queue.Empty):
+        s.next(timeout=0.4)
+    unary(ch, RELEASE, session_pb2.ReleaseRequest(id=ticket_pb2.Ticket(ticket=export_ticket(2))), md)
+    fetch(ch, md, "keyed", 2)  # a new export under a released id is new again
+    assert _update(s.next()) == (export_ticket(2), 210, "")
+    unary(ch, CLOSE, session_pb2.HandshakeRequest(), md)
+    assert s.ended() == (grpc.StatusCode.OK, "")  # as Deephaven ends it
+
+
+def test_exported_table_updates_see_only_their_own_session(served):
+    _g, _srv, ch = served
+    md_a, _ = login(ch)
+    md_b, _ = login(ch)
+    fetch(ch, md_a, "keyed", 1)
+    s = Stream(ch, UPDATES, md_b)
+    with pytest.raises(queue.Empty):
+        s.next(timeout=0.4)
+    fetch(ch, md_b, "static", 7)
+    assert _update(s.next()) == (export_ticket(7), 50, "")
+    s.cancel()
+
+
+# -- TableService.ApplyPreviewColumns ----------------------------------------------------------------------------
+
+def test_apply_preview_columns_exports_the_source_table(served):
+    graph, srv, ch = served
+    md, token = login(ch)
+    fetched = fetch(ch, md, "keyed", 1)
+    req = table_pb2.ApplyPreviewColumnsRequest(convert_arrays=True, unpreviewed_types=["long", "java.lang.String"])
+    req.source_id.ticket.ticket = export_ticket(1)
+    req.result_id.ticket = export_ticket(2)
+    resp = unary(ch, PREVIEW, req, md)
+    assert resp.success and resp.result_id.ticket.ticket == export_ticket(2)
+    assert (resp.size, resp.is_static, resp.schema_header) == (fetched.size, fetched.is_static, fetched.schema_header)
+    assert resp.size == 200 and not resp.is_static
+    # e/2 serves the same rows (and stays when e/1 is released)
+    unary(ch, RELEASE, session_pb2.ReleaseRequest(id=ticket_pb2.Ticket(ticket=export_ticket(1))), md)
+    client = fl.FlightClient(f"grpc://{srv.target}")
+    opts = fl.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+    got = client.do_get(fl.Ticket(export_ticket(2)), options=opts).read_all()
+    assert sorted(got.column("k").to_pylist()) == list(range(200))
+    client.close()
+    # without a result ticket it is refused like the other operations
+    bad = table_pb2.ApplyPreviewColumnsRequest()
+    bad.source_id.ticket.ticket = b"s/keyed"
+    with pytest.raises(grpc.RpcError) as e:
+        unary(ch, PREVIEW, bad, md)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@needs_widget_capture
+def test_apply_preview_columns_takes_the_browsers_request(served):
+    _g, _srv, ch = served
+    md, _token = login(ch)
+    fetch(ch, md, "keyed", 1)
+    body = next(r.payload for r in read_cap(WIDGET / "0009_TableService_ApplyPreviewColumns.cap") if r.direction == "C")
+    req = table_pb2.ApplyPreviewColumnsRequest.FromString(body)
+    assert req.source_id.ticket.ticket == export_ticket(1) and req.result_id.ticket == export_ticket(2)
+    out, _ = raw_unary(ch, PREVIEW, body, md)
+    resp = table_pb2.ExportedTableCreationResponse.FromString(out)
+    assert resp.success and resp.result_id.ticket.ticket == export_ticket(2) and resp.size == 200
+
+
+def test_apply_preview_columns_in_a_batch(served):
+    _g, _srv, ch = served
+    md, _token = login(ch)
+    req = table_pb2.BatchTableRequest()
+    op = req.ops.add()
+    op.fetch_table.source_id.ticket.ticket = b"s/static"
+    op = req.ops.add()
+    op.apply_preview_columns.source_id.batch_offset = 0
+    op.apply_preview_columns.result_id.ticket = export_ticket(3)
+    m = METHODS[DH + "TableService/Batch"]
+    out = list(ch.unary_stream(m.path, request_serializer=m.request.SerializeToString,
+                               response_deserializer=m.response.FromString)(req, metadata=md, timeout=10))
+    assert [r.success for r in out] == [True, True]
+    assert out[1].result_id.ticket.ticket == export_ticket(3) and out[1].size == 50
+
+
+# -- StorageService ----------------------------------------------------------------------------------------------
+
+@needs_widget_capture
+def test_list_items_answers_the_bytes_deephaven_sent(served):
+    _g, _srv, ch = served
+    md, _token = login(ch)
+    records = read_cap(WIDGET / "0006_StorageService_ListItems.cap")
+    request = next(r.payload for r in records if r.direction == "C")
+    golden = [r.payload for r in records if r.direction == "S"]
+    body, _ = raw_unary(ch, LIST_ITEMS, request, md)
+    assert [body] == golden
+    assert body == b"\x12\x01/"  # 3 bytes: no items, canonical_path "/"
+
+
+def test_list_items_is_empty_everywhere_and_checks_its_input(served):
+    _g, srv, ch = served
+    md, _token = login(ch)
+    for path, canonical in (("", "/"), ("/", "/"), ("layouts", "/layouts"), ("/a/./b/../c", "/a/c")):
+        resp = unary(ch, LIST_ITEMS, storage_pb2.ListItemsRequest(path=path), md)
+        assert (list(resp.items), resp.canonical_path) == ([], canonical)
+    for req in (storage_pb2.ListItemsRequest(path="../etc"), storage_pb2.ListItemsRequest(filter_glob="**.json"),
+                storage_pb2.ListItemsRequest(filter_glob="a/*.json")):
+        with pytest.raises(grpc.RpcError) as e:
+            unary(ch, LIST_ITEMS, req, md)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # it wants a session like every other call; the rest of the service is not there
+    with pytest.raises(grpc.RpcError) as e:
+        unary(ch, LIST_ITEMS, storage_pb2.ListItemsRequest(), ())
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as e:
+        raw_unary(ch, DH + "StorageService/FetchFile", b"", md)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "StorageService.FetchFile" in e.value.details()
+    assert DH + "StorageService/SaveFile" in srv.method_paths
