@@ -270,6 +270,14 @@ class SessionManager:
             return self._new()
         raise AuthError(f"unsupported authorization scheme {scheme!r}")
 
+    def shorten_lease(self, session: Session, until: float) -> None:
+        """Lets `session` expire at `until` (time.monotonic()) unless used before then: a closed
+        browser socket's sessions go soon after it, while a client that reconnects with the same
+        token keeps its session (any call renews the full duration)."""
+        with self._lock:
+            if session.expires > until:
+                session.expires = until
+
     def close(self, session: Session) -> list[Table]:
         """Ends `session` (CloseSession); returns the tables its exports held, for the caller to free."""
         with self._lock:
