@@ -1,4 +1,6 @@
-"""Runs every benchmark in bench/ in turn (each prints its own ratios against a reference it measures)."""
+"""Runs every benchmark in bench/ in turn (each prints its own ratios against a reference it measures):
+bench_*.py, bench_web.py (the splitter and the browsers' websocket) among them. Arguments (e.g. --quick)
+are passed to each."""
 from __future__ import annotations
 
 import subprocess
