@@ -313,3 +313,13 @@ def test_ranges_of_large_sets_mix_long_runs_and_fragments(seed):
     assert len(r) == int((ranges[:, 1] - ranges[:, 0] + 1).sum())
     long_ = RowSet.from_ranges([[0, 10**9], [10**9 + 2, 2 * 10**9]])
     assert long_.ranges().tolist() == [[0, 10**9], [10**9 + 2, 2 * 10**9]]
+
+
+def test_sort_based_unique_matches_numpy():
+    from tickwire.server.graph.arrays import has_duplicates, unique
+
+    rng = np.random.default_rng(3)
+    for a in (np.array([], np.int64), np.array([5], np.int64), rng.integers(-50, 50, 1000), np.arange(10_000)[::-1],
+              np.array([2**63 - 1, -2**63, 0, 0], np.int64)):
+        assert np.array_equal(unique(a), np.unique(a))
+        assert has_duplicates(a) == (np.unique(a).size != a.size)

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.graph.keymap import KeyMap
+from tickwire.server.graph.arrays import unique
 
 __all__ = ["SortKeys", "OrderIndex", "NONE_LO", "NONE_HI"]
 
@@ -471,7 +472,7 @@ class OrderIndex:
     # -- deleting -------------------------------------------------------------------------------
     def delete(self, keys) -> None:
         """Removes the elements at these keys."""
-        keys = np.unique(np.asarray(keys, dtype=np.int64))
+        keys = unique(np.asarray(keys, dtype=np.int64))
         if keys.size == 0:
             return
         ids = self.id_at(keys)

@@ -19,6 +19,7 @@ import numpy as np
 from pyroaring import BitMap64
 
 from tickwire.protocol.rowset import EMPTY_RANGES, keys_to_ranges, ranges_to_keys
+from tickwire.server.graph.arrays import unique
 
 __all__ = ["RowSet", "RowSetShiftData", "RowSetShiftDataBuilder"]
 
@@ -136,7 +137,7 @@ class RowSet:
         if k.size == 0:
             return cls()
         if k.size > 1 and np.any(k[1:] <= k[:-1]):
-            k = np.unique(k)
+            k = unique(k)
         elif k.size <= _LAZY_KEYS:
             k = k.copy()  # kept below: the caller's array may change afterwards
         if k[0] < 0:

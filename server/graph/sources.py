@@ -29,6 +29,7 @@ from tickwire.server.graph.keyindex import KeyIndex
 from tickwire.server.graph.row_set import RowSet
 from tickwire.server.graph.tables import Table, as_table, conform
 from tickwire.server.graph.table_update import TableUpdate
+from tickwire.server.graph.arrays import has_duplicates
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph
@@ -240,7 +241,7 @@ class KeyedTable(SourceTable):
     def _dedupe(self, t: pa.Table) -> tuple[pa.Table, np.ndarray]:
         """One row per key: the last row of each key, in order of each key's first row."""
         h = hash_columns([t.column(k) for k in self.keys])
-        if t.num_rows < 2 or np.unique(h).size == h.size:
+        if t.num_rows < 2 or not has_duplicates(h):
             return t, h  # distinct hashes: distinct keys
         idx = pa.array(np.arange(t.num_rows, dtype=np.int64))
         g = t.select(self.keys).append_column("__row", idx).group_by(self.keys, use_threads=False) \

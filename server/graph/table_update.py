@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.graph.row_set import RowSet, RowSetShiftData
+from tickwire.server.graph.arrays import unique
 
 __all__ = ["ModifiedColumnSet", "TableUpdate", "UpdateValidationError", "apply_update", "ROW_KEY"]
 
@@ -135,7 +136,7 @@ def _order_preserved(shifted: RowSetShiftData, kept: RowSet) -> bool:
     The mapping is increasing inside each piece between shift boundaries, so it is enough that at
     every boundary the nearest kept key below it lands before the nearest kept key above it.
     """
-    cuts = np.unique(np.concatenate((shifted.starts, shifted.ends + 1)))
+    cuts = unique(np.concatenate((shifted.starts, shifted.ends + 1)))
     r = kept.rank(cuts)
     both = (r > 0) & (r < len(kept))
     if not both.any():
@@ -178,7 +179,7 @@ def _compose_shifts(first: RowSetShiftData, second: RowSetShiftData, survivors: 
         inside[inside] = bounds[inside] <= de[i[inside]] + 1
         pts.append(bounds[inside] - first.deltas[i[inside]])
     lo, hi = survivors.first(), survivors.last()
-    cuts = np.unique(np.clip(np.concatenate(pts + [np.array([lo, hi + 1], dtype=np.int64)]), lo, hi + 1))
+    cuts = unique(np.clip(np.concatenate(pts + [np.array([lo, hi + 1], dtype=np.int64)]), lo, hi + 1))
     piece_lo, piece_hi = cuts[:-1], cuts[1:] - 1
     return _pieces_to_shifts(piece_lo, piece_hi, survivors,
                              lambda k: second.apply_to_keys(first.apply_to_keys(k)) - k)
@@ -186,7 +187,7 @@ def _compose_shifts(first: RowSetShiftData, second: RowSetShiftData, survivors: 
 
 def _tighten(shifted: RowSetShiftData, survivors: RowSet) -> RowSetShiftData:
     lo, hi = survivors.first(), survivors.last()
-    cuts = np.unique(np.clip(np.concatenate((shifted.starts, shifted.ends + 1, [lo, hi + 1])), lo, hi + 1))
+    cuts = unique(np.clip(np.concatenate((shifted.starts, shifted.ends + 1, [lo, hi + 1])), lo, hi + 1))
     return _pieces_to_shifts(cuts[:-1], cuts[1:] - 1, survivors, lambda k: shifted.apply_to_keys(k) - k)
 
 

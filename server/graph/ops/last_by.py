@@ -14,6 +14,7 @@ from tickwire.server.graph.order import NONE_LO, OrderIndex
 from tickwire.server.graph.row_set import RowSet
 from tickwire.server.graph.tables import Table, register_operation
 from tickwire.server.graph.table_update import TableUpdate, column_names
+from tickwire.server.graph.arrays import unique
 
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph
@@ -186,7 +187,7 @@ class LastByTable(_Op):
             np.maximum.at(self._rep, in_g, in_p)
         # 5. groups whose latest row left find their new latest row
         if lost:
-            lg = np.unique(np.concatenate(lost))
+            lg = unique(np.concatenate(lost))
             has = self._count[lg] > 0
             self._rep[lg[~has]] = -1
             self._new_reps(lg[has])
