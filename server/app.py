@@ -2,7 +2,7 @@
 
 One event loop, in its own thread, runs grpcio's aio server and the web side (aiohttp). By
 default both share the server's port: a splitter owns it and sends every connection that opens
-with the HTTP/2 preface to grpcio (listening on a private Unix socket) and everything else to
+with the HTTP/2 preface to grpcio (listening on a private loopback port) and everything else to
 the web side (tickwire.server.web). `web_port` puts the web side on a port of its own and grpcio
 back on the main port, as does TLS (the browser side then needs `web_port`). Work that takes the
 update graph's lock or encodes data runs in a small worker pool so the loop never blocks.
@@ -20,9 +20,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-import shutil
 import socket
-import tempfile
 import threading
 from pathlib import Path
 from typing import Optional
@@ -96,7 +94,6 @@ class TickwireServer:
         self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
         self.web = None  # tickwire.server.web.WebSide once started
         self.splitter = None
-        self._private_dir: Optional[str] = None
         self.web_assets = None
         if self.web_enabled:
             from tickwire.server.web.assets import locate_assets
@@ -149,11 +146,15 @@ class TickwireServer:
         listener = None
         if web_on_main:
             listener = self._listener()
-            self._private_dir = tempfile.mkdtemp(prefix="tickwire-")
-            grpc_path = f"{self._private_dir}/grpc.sock"
-            if server.add_insecure_port(f"unix:{grpc_path}") == 0:
+            # grpcio behind the splitter listens on a private loopback port: splice(2) moves TCP
+            # bytes without copying them, and grpcio writes to TCP inline from its poller (to a
+            # Unix socket it hands the writes to other threads): a bulk DoGet ran at 0.6x of the
+            # direct port through a Unix socket (bench/bench_web.py)
+            grpc_port = server.add_insecure_port("127.0.0.1:0")
+            if grpc_port == 0:
                 listener.close()
-                raise OSError(f"cannot listen on unix:{grpc_path}")
+                raise OSError("cannot listen on a private loopback port for grpcio")
+            upstream = ("127.0.0.1", grpc_port)
             port = listener.getsockname()[1]
         elif self.tls is not None:
             key, cert = self.tls[1], self.tls[0]
@@ -167,7 +168,7 @@ class TickwireServer:
         if web_on_main:
             from tickwire.server.web import PortSplitter
 
-            self.splitter = PortSplitter(listener, grpc_path, self.web.protocol_factory)
+            self.splitter = PortSplitter(listener, upstream, self.web.protocol_factory)
             self.splitter.start()
             self.web_port = port
         elif self.web is not None and self.requested_web_port is not None:
@@ -254,6 +255,13 @@ class TickwireServer:
         loop = self._loop
         if loop is None:
             return
+        # sessions first: a held TerminationNotification answers "the server stops" while its
+        # transport still carries it (the loop gets a moment to send those answers)
+        self.sessions.stop()
+        try:
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0.1), loop).result(5)
+        except Exception:
+            log.debug("waiting for session listeners", exc_info=True)
         if self.web is not None:  # go-away to every browser first, while the loop still runs
             try:
                 asyncio.run_coroutine_threadsafe(self.web.close(), loop).result(grace + 5)
@@ -272,9 +280,6 @@ class TickwireServer:
             except Exception:
                 log.debug("splitter stop", exc_info=True)
             self.splitter = None
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
-            self._private_dir = None
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)

@@ -226,6 +226,41 @@ def test_termination_notification_answers_when_the_server_stops_its_sessions(ser
     assert srv.sessions.count == 1
 
 
+def test_stopping_the_server_answers_held_termination_notifications_on_both_transports():
+    """TickwireServer.stop tells its sessions first, so a held TerminationNotification answers
+    (gRPC and websocket alike) before the transports close."""
+    import asyncio
+
+    from tickwire.clients.websocket import WebsocketChannel
+
+    _g, srv = make_server()
+    ch = grpc.insecure_channel(srv.target)
+    md, _token = login(ch)
+    held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
+
+    async def browser():
+        ws = await WebsocketChannel.connect(srv.web_url)
+        call = await ws.open(TERMINATION, {"authorization": "Anonymous"})
+        await call.send(b"", half_close=True)
+        await asyncio.sleep(0.3)
+        assert call.status is None  # held open
+        await asyncio.get_running_loop().run_in_executor(None, srv.stop)
+        got = [m async for m in call]
+        await ws.close()
+        return call.status, got
+
+    try:
+        status, got = asyncio.run(asyncio.wait_for(browser(), 30))
+    finally:
+        srv.stop()
+        ch.close()
+    assert status == 0 and len(got) == 1
+    resp = session_pb2.TerminationNotificationResponse.FromString(got[0])
+    assert resp.abnormal_termination is False and resp.reason
+    grpc_resp = held.result()
+    assert isinstance(grpc_resp, session_pb2.TerminationNotificationResponse) and grpc_resp.reason
+
+
 def test_termination_notification_for_an_ended_session_is_unauthenticated(served):
     _g, _srv, ch = served
     md, _token = login(ch)

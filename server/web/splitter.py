@@ -4,9 +4,10 @@ An HTTP/2 client (every gRPC client, Flight and Barrage included) opens with the
 preface `PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n`; a browser opens with an HTTP/1.1 request line. The
 splitter owns the listening socket, peeks at each new connection without consuming anything, and
 
-  * hands an HTTP/2 connection to grpcio, which listens on a private Unix socket: two threads per
-    connection move the bytes with `splice(2)` (kernel to kernel, never through Python objects), so
-    a bulk DoGet runs at the speed of the direct port (bench/bench_web.py measures it);
+  * hands an HTTP/2 connection to grpcio, which listens on a private loopback port: two threads per
+    connection move the bytes with `splice(2)` (kernel to kernel, never through Python objects).
+    The extra hop is not free on one machine: bench/bench_web.py measures a bulk DoGet through the
+    splitter against grpcio's own port (`--web-port`, or `web=False`, serves gRPC directly);
   * hands anything else to the web side's protocol factory (aiohttp) as an accepted socket, on the
     event loop, with the peeked bytes still unread.
 
@@ -115,13 +116,13 @@ class _Bridge:
 class PortSplitter:
     """Accepts on `listener` and routes each connection (see the module docstring).
 
-    `grpc_path`: the Unix socket grpcio listens on. `web_factory`: an asyncio protocol factory
+    `upstream`: the (host, port) grpcio listens on. `web_factory`: an asyncio protocol factory
     (aiohttp's `AppRunner.server`), or None to close non-gRPC connections at once."""
 
-    def __init__(self, listener: socket.socket, grpc_path: str, web_factory: Optional[Callable] = None, *,
+    def __init__(self, listener: socket.socket, upstream: tuple[str, int], web_factory: Optional[Callable] = None, *,
                  first_bytes_timeout: float = 30.0, max_waiting: int = 1024):
         self.listener = listener
-        self.grpc_path = grpc_path
+        self.upstream = upstream
         self.web_factory = web_factory
         self.first_bytes_timeout = first_bytes_timeout
         self.max_waiting = max_waiting
@@ -176,8 +177,11 @@ class PortSplitter:
                 first = b""
             kind = classify(first) if first else None
             if kind == "grpc":
-                upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                await loop.sock_connect(upstream, self.grpc_path)
+                upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                upstream.setblocking(False)
+                await loop.sock_connect(upstream, self.upstream)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.setblocking(True)
                 upstream.setblocking(True)
                 self.counts["grpc"] += 1
