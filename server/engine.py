@@ -254,6 +254,23 @@ class Engine:
         """The names of the tables that are not hidden, in creation order."""
         return [t.name for t in self.tables()]
 
+    def names_now(self) -> tuple[str, ...]:
+        """The public names as they are now, without waiting for a cycle boundary.
+
+        A cycle holds the graph's lock for as long as it runs (seconds, for a large table), and
+        which tables exist does not depend on one: tables are added and removed under the lock by
+        replacing entries of the registry, and copying a dict's values is atomic in CPython, so the
+        copy is the set of tables before or after any such change (as `resolve` sees them)."""
+        for _attempt in range(8):
+            try:
+                tables = list(self.graph.tables.values())
+                break
+            except RuntimeError:  # changed during the copy (only possible without the GIL's guarantee)
+                continue
+        else:
+            tables = list(dict(self.graph.tables).values())
+        return tuple(t.name for t in tables if not is_hidden(t))
+
     def tables(self, *, hidden: bool = False) -> list[Table]:
         """The tables, at a cycle boundary (hidden ones only with `hidden=True`)."""
         with self.graph.lock:

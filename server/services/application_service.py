@@ -4,7 +4,7 @@ created or removed, for as long as the client listens (and its session lives).
 One `ScopeWatch` per service looks for new and removed tables, on its own thread, for every open
 ListFields stream at once (not one poll per stream); each stream reads the names once more when it
 opens, so its first message lists what exists now. Nothing here runs on the event loop that could
-wait for the update graph: the names are read without its lock (see `scope_names`), off the loop.
+wait for the update graph: the names are read without its lock (`Engine.names_now`), off the loop.
 A stream ends when its session does, with CANCELLED "subscription cancelled", as Deephaven's does.
 """
 from __future__ import annotations
@@ -16,30 +16,11 @@ from typing import Callable, Optional
 
 from tickwire.protocol.proto import application_pb2
 from tickwire.protocol.proto.methods import APPLICATION_SERVICE
-from tickwire.server.engine import is_hidden
 from tickwire.server.rpc import CallError, ServerContext, service_handlers
 
-__all__ = ["ApplicationService", "ScopeWatch", "scope_names"]
+__all__ = ["ApplicationService", "ScopeWatch"]
 
 log = logging.getLogger(__name__)
-
-
-def scope_names(graph) -> tuple[str, ...]:
-    """The names of the graph's visible tables, in creation order, read without the graph's lock.
-
-    A cycle holds that lock for as long as it runs (seconds, for a large table), and which tables
-    exist does not depend on one: tables are added and removed under the lock by replacing entries
-    of `graph.tables`, and copying a dict's values is atomic in CPython, so the copy is the set of
-    tables before or after any such change (as `Engine.resolve`, also lock-free, sees them)."""
-    for _attempt in range(8):
-        try:
-            tables = list(graph.tables.values())
-            break
-        except RuntimeError:  # changed during the copy (only possible without the GIL's guarantee)
-            continue
-    else:
-        tables = list(dict(graph.tables).values())
-    return tuple(t.name for t in tables if not is_hidden(t))
 
 
 class ScopeWatch:
@@ -118,7 +99,7 @@ class ScopeWatch:
 class ApplicationService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
-        self.watch = ScopeWatch(lambda: scope_names(ctx.graph), ctx.config.list_fields_poll_s)
+        self.watch = ScopeWatch(ctx.engine.names_now, ctx.config.list_fields_poll_s)
 
     def handlers(self) -> dict:
         return service_handlers(APPLICATION_SERVICE, {"ListFields": (self.list_fields, None, None)})
