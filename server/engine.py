@@ -30,6 +30,7 @@ from tickwire.errors import TickwireError
 from tickwire.errors import ProtocolError
 from tickwire.protocol.schema import check_wire_schema
 from tickwire.server.graph import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, StaticTable, Table, UpdateGraph
+from tickwire.server.graph.sources import WriteRefused
 
 __all__ = ["Engine", "TableSpec", "UpdateSourceTable", "CatalogError", "TableMismatchError", "TableInUseError",
            "IngestError", "KINDS", "engine_of", "kind_of", "is_hidden"]
@@ -96,6 +97,7 @@ class TableSpec:
     hidden: bool = False
     data: Optional[pa.Table] = None
     attributes: Mapping[str, object] = field(default_factory=dict)
+    durable: bool = True  # journaled when the engine has a data directory (append, keyed, ring; not hidden)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -169,6 +171,29 @@ class Engine:
         self.graph = graph
         self._create = threading.Lock()
         self._waiter = _CycleWaiter(graph)
+        self.storage = None  # tickwire.server.storage.Storage once open_storage ran
+
+    # -- durability ---------------------------------------------------------------------------------
+    def open_storage(self, data_dir, durability=None) -> list:
+        """Makes the engine's source tables durable in `data_dir` (tickwire.server.storage): every
+        table found there comes back first (returned), then every new append, keyed or ring table
+        made through `get_or_create` with `durable=True` is journaled. `errors` of the storage
+        name the tables that could not be read back (their names then refuse `get_or_create`)."""
+        from tickwire.server.storage.store import Storage
+
+        if self.storage is not None:
+            raise CatalogError("this engine already has a data directory", "FAILED_PRECONDITION")
+        storage = Storage(self, data_dir, durability)
+        tables = storage.recover()
+        self.storage = storage
+        self.graph.set_input_journal(storage)
+        return tables
+
+    def close_storage(self) -> None:
+        storage, self.storage = self.storage, None
+        if storage is not None:
+            self.graph.set_input_journal(None)
+            storage.close()
 
     # -- catalog ------------------------------------------------------------------------------------
     def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:
@@ -195,8 +220,19 @@ class Engine:
                 table.hidden = True
             if spec.attributes:
                 table.attributes.update(spec.attributes)
+            storage = self.storage
+            if storage is not None and spec.durable and not spec.hidden and spec.kind in ("append", "keyed", "ring"):
+                try:
+                    storage.attach(table, spec)
+                except TickwireError:
+                    g.remove_table(spec.name)  # not durable as asked: not made at all
+                    raise
             return table
 
+        storage = self.storage
+        if storage is not None and spec.name in storage.errors:
+            raise CatalogError(f"table {spec.name!r} was not recovered from the data directory: "
+                               f"{storage.errors[spec.name]}", "FAILED_PRECONDITION")
         return self._get_or_make(spec.name, lambda existing: self._check(existing, spec), make)
 
     def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
@@ -289,6 +325,8 @@ class Engine:
             if table.listeners:
                 raise TableInUseError(f"table {name!r} has {len(table.listeners)} subscriber(s) or listener(s)")
             self.graph.remove_table(name)
+            if self.storage is not None:
+                self.storage.detach(table, delete=True)  # a dropped table is gone, from disk too
 
     def remove_unused(self, table: Table) -> bool:
         """Removes a table nothing derives from any more; True when it is gone (now or before),
@@ -312,6 +350,9 @@ class Engine:
         ok = _Writes().write(table, data, delete=delete, batch_id=batch_id)
         if ok and wait:
             self.flush(timeout)
+            refusal = getattr(table, "refusal", None)
+            if refusal is not None:  # the cycle could not make the write durable: it was not applied
+                raise IngestError(f"table {table.name!r} takes no writes: {refusal}", "UNAVAILABLE")
         return ok
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -382,6 +423,8 @@ class _Writes:
                 ok = table.add(data, batch_id=batch_id)
         except IngestError:
             raise
+        except WriteRefused as exc:
+            raise IngestError(str(exc), "UNAVAILABLE") from None
         except (ValueError, TypeError, KeyError, pa.ArrowInvalid) as exc:
             raise IngestError(f"write into {table.name!r}: {exc}") from None
         if ok:

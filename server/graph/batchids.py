@@ -49,6 +49,39 @@ class BatchIds:
             recent = set(ordered[cut:])
         self._scopes[scope] = (floor, recent)
 
+    def discard(self, batch_id: Hashable) -> None:
+        """Forgets an id (one accepted but never applied). A numbered id at or below its scope's
+        floor cannot be forgotten; the floor only covers numbers far behind the newest."""
+        scope, n = self._split(batch_id)
+        if scope is None:
+            self._plain.discard(batch_id)
+            return
+        entry = self._scopes.get(scope)
+        if entry is not None:
+            entry[1].discard(n)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: {"plain": [ids], "scopes": [[scope, floor, [numbers]]]}."""
+        return {"plain": list(self._plain),
+                "scopes": [[list(scope), floor, sorted(recent)] for scope, (floor, recent) in self._scopes.items()]}
+
+    @classmethod
+    def from_state(cls, state: dict, keep: int = 1024) -> "BatchIds":
+        """The memory `state()` described; ids come back as tuples where they were lists."""
+        out = cls(keep)
+        for b in state.get("plain", ()):
+            out._plain.add(_tuples(b))
+        for scope, floor, recent in state.get("scopes", ()):
+            out._scopes[tuple(_tuples(x) for x in scope)] = (int(floor), set(int(n) for n in recent))
+        return out
+
     def __len__(self) -> int:
         """How many ids are held (not how many were accepted)."""
         return len(self._plain) + sum(len(r) for _, r in self._scopes.values())
+
+
+def _tuples(value):
+    """JSON gives lists where batch ids had tuples."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value

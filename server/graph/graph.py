@@ -140,6 +140,7 @@ class UpdateGraph:
         self.errors: collections.deque[CycleErrorRecord] = collections.deque(maxlen=max_errors)
         self.lock = threading.RLock()
         self._intake_lock = threading.Lock()
+        self._input_journal = None
         self._order: list[Table] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -262,6 +263,28 @@ class UpdateGraph:
             except Exception as exc:
                 self._report(step, table.name, exc, "a listener's failure callback")
 
+    def set_input_journal(self, journal) -> None:
+        """`journal.record(step, {table: (ops, batch_ids)})` is called in every cycle, before the
+        input of the tables flagged `journaled` is applied, and returns the tables whose input it
+        could not make durable: their input of that cycle is dropped (its batch ids forgotten, so
+        a producer may send it again) rather than applied without being on disk."""
+        with self.lock:
+            self._input_journal = journal
+
+    def _journal_inputs(self, step: int, order: list, taken: dict) -> None:
+        inputs = {t: (taken[t.name], t.taken_batches) for t in order
+                  if not t.parents and getattr(t, "journaled", False) and (taken.get(t.name) or t.taken_batches)}
+        if not inputs:
+            return
+        try:
+            refused = self._input_journal.record(step, inputs)
+        except Exception as exc:  # the journal itself broke: nothing it was given is durable
+            self._report(step, "<journal>", exc, "journaling the input")
+            refused = set(inputs)
+        for t in refused:
+            t.forget_batches(t.taken_batches)
+            taken[t.name] = []
+
     def run_cycle(self) -> dict[str, TableUpdate]:
         """Runs one cycle now; returns the updates by table name."""
         t0 = time.perf_counter()
@@ -270,6 +293,8 @@ class UpdateGraph:
             order = list(self._order)
             with self._intake_lock:
                 taken = {t.name: t.take_pending() for t in order if not t.parents}
+            if self._input_journal is not None:
+                self._journal_inputs(step, order, taken)
             updates: dict[str, TableUpdate] = {}
             for table in order:
                 if table.parents:

@@ -34,19 +34,31 @@ from tickwire.server.graph.arrays import has_duplicates
 if TYPE_CHECKING:
     from tickwire.server.graph.graph import UpdateGraph
 
-__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable"]
+__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable", "WriteRefused"]
 
 log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+class WriteRefused(ValueError):
+    """The table takes no writes (its storage failed: what it cannot persist, it does not accept)."""
+
+
 class SourceTable(Table):
-    """A table fed from outside the graph; input is queued and applied at the next cycle."""
+    """A table fed from outside the graph; input is queued and applied at the next cycle.
+
+    `journaled`: the graph's input journal (UpdateGraph.set_input_journal) records this table's
+    input, with the batch ids it carries, before each cycle applies it. `refusal`, when set, is
+    the reason every write is refused."""
 
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
         self._pending: list[tuple[str, pa.Table]] = []
+        self._pending_batches: list = []
+        self.taken_batches: list = []  # the batch ids of the input the current cycle took
+        self.journaled = False
+        self.refusal: Optional[str] = None
         self._seen_batches = BatchIds()
         # the graph's intake lock: a cycle takes every table's input at once, so inputs that one
         # thread adds to several tables in order become visible in the same cycle or in order
@@ -59,13 +71,44 @@ class SourceTable(Table):
 
     def _queue(self, ops: list, batch_id) -> bool:
         with self._pending_lock:
+            if self.refusal is not None:
+                raise WriteRefused(f"table {self.name!r} takes no writes: {self.refusal}")
             if batch_id is not None:
                 if batch_id in self._seen_batches:
                     log.info("table %r: batch %r was already applied; ignored", self.name, batch_id)
                     return False
                 self._seen_batches.add(batch_id)
+                self._pending_batches.append(batch_id)
             self._pending.extend(op for op in ops if op[1].num_rows)
         return True
+
+    def forget_batches(self, batch_ids) -> None:
+        """Input taken but not applied (its journal could not record it): its batch ids may come again."""
+        with self._pending_lock:
+            for b in batch_ids:
+                self._seen_batches.discard(b)
+
+    def batch_memory(self) -> BatchIds:
+        return self._seen_batches
+
+    def restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
+        """Puts back a checkpoint's rows with their row keys (an empty table only, under the
+        graph's lock, before anyone reads it); `next_key` is the next new row's key."""
+        if len(self.rowset) or self._pending:
+            raise ValueError(f"table {self.name!r}: restore needs an empty table")
+        row_keys = np.asarray(row_keys, dtype=np.int64)
+        if row_keys.size != data.num_rows:
+            raise ValueError(f"table {self.name!r}: {row_keys.size} row keys for {data.num_rows} rows")
+        self._restore(row_keys, conform(self.name, self.schema, data), int(next_key))
+        self.prev_rowset = self.rowset
+
+    def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
+        raise ValueError(f"table {self.name!r} ({type(self).__name__}) has no checkpoints")
+
+    @property
+    def next_key(self) -> int:
+        """The row key the next new row gets."""
+        return len(self.rowset)
 
     def has_batch(self, batch_id) -> bool:
         """True when input with this batch id was accepted."""
@@ -78,6 +121,7 @@ class SourceTable(Table):
 
     def take_pending(self):
         ops, self._pending = self._pending, []
+        self.taken_batches, self._pending_batches = self._pending_batches, []
         return ops
 
 
@@ -119,6 +163,15 @@ class AppendOnlyTable(SourceTable):
         self.rowset = RowSet.range(0, first + n - 1)
         return TableUpdate(added=RowSet.range(first, first + n - 1))
 
+    def _restore(self, row_keys, data, next_key):
+        n = data.num_rows
+        if n and not np.array_equal(row_keys, np.arange(n, dtype=np.int64)):
+            raise ValueError(f"table {self.name!r}: an append table's row keys are 0..n-1")
+        if n:
+            self.store.ensure(n)
+            self.store.write(row_keys, data)
+        self.rowset = RowSet.range(0, n - 1)
+
 
 class RingTable(SourceTable):
     """Keeps the last `capacity` rows; row keys keep growing, storage is `capacity` slots."""
@@ -151,6 +204,21 @@ class RingTable(SourceTable):
         self.prev_rowset = self.rowset
         self.rowset = RowSet.range(live_first, end - 1)
         return TableUpdate(added=RowSet.range(start, end - 1), removed=removed)
+
+    @property
+    def next_key(self) -> int:
+        return self._next_key
+
+    def _restore(self, row_keys, data, next_key):
+        n = data.num_rows
+        first = next_key - n
+        if n > self.capacity or first < 0 or (n and not np.array_equal(
+                row_keys, np.arange(first, next_key, dtype=np.int64))):
+            raise ValueError(f"table {self.name!r}: a ring table's rows are its last keys, at most its capacity")
+        if n:
+            self.store.write(self._slots(row_keys), data)
+        self._next_key = next_key
+        self.rowset = RowSet.range(first, next_key - 1)
 
 
 class BlinkTable(SourceTable):
@@ -229,6 +297,25 @@ class KeyedTable(SourceTable):
         t = self._key_input(keys_data)
         with self.graph.exclusive():
             return self._find(t, hash_columns([t.column(k) for k in self.keys]))[0]
+
+    @property
+    def next_key(self) -> int:
+        return self._next_key
+
+    def _restore(self, row_keys, data, next_key):
+        if row_keys.size:
+            if row_keys.min() < 0 or row_keys.max() >= next_key or has_duplicates(row_keys):
+                raise ValueError(f"table {self.name!r}: checkpoint row keys must be distinct and below {next_key}")
+            h = hash_columns([data.column(k) for k in self.keys])
+            if has_duplicates(h) and data.select(self.keys).group_by(self.keys).aggregate([]).num_rows != data.num_rows:
+                raise ValueError(f"table {self.name!r}: a key appears twice in the checkpoint")
+            self.store.ensure(next_key)
+            self.store.write(row_keys, data)
+            self._index.insert(h, row_keys)
+            if any(data.column(k).null_count for k in self.keys):
+                self._null_keys = True
+        self._next_key = next_key
+        self.rowset = RowSet.from_keys(row_keys)
 
     # -- cycle ----------------------------------------------------------------------------------
     def _find(self, t: pa.Table, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,559 @@
+"""Durable source tables: an intraday journal per table, Parquet checkpoints, recovery at start.
+
+Layout of a data directory (after Deephaven's intraday/historical storage model):
+
+    DIR/<namespace>/<table>/
+        table.json                                    kind, keys, capacity, schema (Arrow IPC, base64)
+        intraday/<arrival date>/<source>/journal-<seq>.twj
+                                                      the input of each cycle, in order (journal.py)
+        checkpoints/checkpoint-<step>.parquet         the table's rows at a cycle boundary, with their
+                                                      row keys, the next row key and the batch ids
+
+Every cycle the graph hands this store the input it is about to apply (UpdateGraph.set_input_journal).
+Each durable table's input becomes one journal record (the rows, which operation, the batch ids
+they came with, the step), and with `fsync="cycle"` the files are synced before the input is
+applied, so a write acknowledged with `wait=True` is on disk. A table whose record cannot be
+written refuses that input and every later write, with the file and the error in the message;
+the other tables go on.
+
+Every `checkpoint_cycles` journaled cycles or `checkpoint_bytes` of journal, a table's rows are
+taken at the cycle boundary and written to Parquet in the background (to a temporary name, then
+renamed); the journal files it covers are deleted after. At start (`recover`), each table comes
+back from its last checkpoint plus the journal after it, with the same row keys and the same
+batch-id memory: a Spark query resuming from its checkpoint neither loses nor repeats a batch.
+Blink tables are not journaled (they hold one cycle), nor are static and hidden (session) tables.
+"""
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tickwire.errors import TickwireError
+from tickwire.server.graph.batchids import BatchIds
+from tickwire.server.storage.journal import JournalCorrupt, decode_data, encode_record, scan
+
+__all__ = ["Durability", "Storage", "StorageError", "DURABLE_KINDS", "OP_COLUMN", "ROWKEY_COLUMN"]
+
+log = logging.getLogger(__name__)
+
+DURABLE_KINDS = ("append", "keyed", "ring")
+FORMAT = 1
+OP_COLUMN = "__tw_op"  # 0: add/upsert, 1: delete by key
+ROWKEY_COLUMN = "__tw_rowkey"
+_CKPT_META = b"tickwire.checkpoint"
+_JOURNAL_RE = re.compile(r"^journal-(\d{8})\.twj$")
+_CKPT_RE = re.compile(r"^checkpoint-(\d{12})\.parquet$")
+
+
+class StorageError(TickwireError):
+    """A data directory, journal or checkpoint that cannot be used; the message names the file."""
+
+    def __init__(self, message: str, code: str = "FAILED_PRECONDITION"):
+        super().__init__(message, code)
+
+
+@dataclass(frozen=True)
+class Durability:
+    """`fsync`: "cycle" (each cycle's records are synced before the cycle applies them), "interval"
+    (every `fsync_interval_ms`), "off" (the OS writes when it likes). A checkpoint is taken after
+    `checkpoint_cycles` journaled cycles or `checkpoint_bytes` of journal, whichever comes first."""
+
+    fsync: str = "cycle"
+    fsync_interval_ms: int = 1000
+    checkpoint_cycles: int = 10_000
+    checkpoint_bytes: int = 256 * 1024 * 1024
+    namespace: str = "default"
+    source: str = "tickwire"
+
+    def __post_init__(self):
+        if self.fsync not in ("cycle", "interval", "off"):
+            raise ValueError(f"fsync must be cycle, interval or off, not {self.fsync!r}")
+        if self.fsync_interval_ms <= 0 or self.checkpoint_cycles <= 0 or self.checkpoint_bytes <= 0:
+            raise ValueError("fsync_interval_ms, checkpoint_cycles and checkpoint_bytes must be positive")
+
+
+def _dir_name(name: str) -> str:
+    return quote(name, safe="") if name not in (".", "..") else quote(name.replace(".", "%2E"), safe="%")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _schema_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_from_b64(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
+
+
+def _json_batch_id(b):
+    if isinstance(b, tuple):
+        return [_json_batch_id(x) for x in b]
+    if b is None or isinstance(b, (str, int, float, bool)):
+        return b
+    raise StorageError(f"batch id {b!r}: a durable table's batch ids are strings, numbers or tuples of them",
+                       "INVALID_ARGUMENT")
+
+
+def _batch_id_from_json(b):
+    return tuple(_batch_id_from_json(x) for x in b) if isinstance(b, list) else b
+
+
+class _TableFiles:
+    """One durable table's directory, its open journal and its checkpoint bookkeeping."""
+
+    def __init__(self, storage: "Storage", table, root: Path):
+        self.storage = storage
+        self.table = table
+        self.root = root
+        self.seq = 0
+        self.fd: Optional[int] = None
+        self.path: Optional[Path] = None
+        self.size = 0
+        self.dirty = False
+        self.cycles = 0  # journaled cycles since the last checkpoint
+        self.bytes = 0  # journal bytes since the last checkpoint
+        self.checkpointing = False
+        self.journal_schema = _nullable(table.schema).append(pa.field(OP_COLUMN, pa.int8()))
+
+    # -- journal --------------------------------------------------------------------------------
+    def open_journal(self, seq: int) -> None:
+        day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        folder = self.root / "intraday" / day / self.storage.config.source
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"journal-{seq:08d}.twj"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.close_journal()
+        self.fd, self.path, self.seq, self.size = fd, path, seq, os.fstat(fd).st_size
+        if self.storage.config.fsync != "off":
+            _fsync_dir(folder)
+
+    def close_journal(self) -> None:
+        if self.fd is not None:
+            try:
+                if self.dirty and self.storage.config.fsync != "off":
+                    os.fsync(self.fd)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+                self.dirty = False
+
+    def record_bytes(self, step: int, ops: list, batch_ids: list) -> bytes:
+        parts = []
+        for kind, t in ops:
+            code = 1 if kind == "delete" else 0
+            cols = []
+            for f in self.journal_schema:
+                if f.name == OP_COLUMN:
+                    cols.append(pa.array(np.full(t.num_rows, code, dtype=np.int8)))
+                elif f.name in t.column_names:
+                    cols.append(t.column(f.name).cast(f.type) if t.schema.field(f.name).type != f.type
+                                else t.column(f.name))
+                else:
+                    cols.append(pa.nulls(t.num_rows, f.type))
+            parts.append(pa.Table.from_arrays(cols, schema=self.journal_schema))
+        data = pa.concat_tables(parts) if len(parts) > 1 else (parts[0] if parts else None)
+        meta = {"step": step, "batches": [_json_batch_id(b) for b in batch_ids]}
+        return encode_record(meta, data)
+
+    def append(self, record: bytes) -> None:
+        """Writes one record whole; on an error the file is cut back to where it was."""
+        before = self.size
+        try:
+            view = memoryview(record)
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+        except OSError:
+            try:
+                os.ftruncate(self.fd, before)
+            except OSError:
+                pass  # the half record stays at the end: recovery drops it as a torn tail
+            raise
+        self.size += len(record)
+        self.bytes += len(record)
+        self.cycles += 1
+        self.dirty = True
+
+    def sync(self) -> None:
+        if self.dirty and self.fd is not None:
+            os.fsync(self.fd)
+            self.dirty = False
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def checkpoint_files(self) -> list[tuple[int, Path]]:
+        folder = self.root / "checkpoints"
+        if not folder.is_dir():
+            return []
+        out = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name))]
+        return sorted(out)
+
+    def journal_files(self) -> list[tuple[int, Path]]:
+        base = self.root / "intraday"
+        if not base.is_dir():
+            return []
+        out = []
+        for p in base.glob("*/*/journal-*.twj"):
+            m = _JOURNAL_RE.match(p.name)
+            if m:
+                out.append((int(m.group(1)), p))
+        return sorted(out)
+
+
+class Storage:
+    """The durable side of one engine (see the module docstring)."""
+
+    def __init__(self, engine, data_dir, config: Optional[Durability] = None):
+        self.engine = engine
+        self.graph = engine.graph
+        self.config = config or Durability()
+        self.root = Path(data_dir)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / ".tickwire-write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise StorageError(f"data directory {self.root}: cannot write there ({exc.strerror or exc})") from None
+        self.ns_root = self.root / _dir_name(self.config.namespace)
+        self.ns_root.mkdir(exist_ok=True)
+        self._files: dict[int, _TableFiles] = {}  # id(table) -> files
+        self.errors: dict[str, str] = {}  # table name -> why it could not be recovered
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._checkpoints: list[threading.Thread] = []
+        self._syncer: Optional[threading.Thread] = None
+        self.stats = {"records": 0, "bytes": 0, "fsyncs": 0, "fsync_seconds": 0.0, "checkpoints": 0,
+                      "checkpoint_seconds": 0.0, "recovered_rows": 0, "recovery_seconds": 0.0}
+        if self.config.fsync == "interval":
+            self._syncer = threading.Thread(target=self._sync_loop, name="tickwire-fsync", daemon=True)
+            self._syncer.start()
+
+    # -- tables ---------------------------------------------------------------------------------
+    def table_dir(self, name: str) -> Path:
+        return self.ns_root / _dir_name(name)
+
+    def attach(self, table, spec) -> None:
+        """Makes a new table durable: its metadata is written and its first journal opened."""
+        root = self.table_dir(table.name)
+        meta = {"format": FORMAT, "name": table.name, "kind": spec.kind, "keys": list(spec.keys),
+                "capacity": spec.capacity, "schema": _schema_b64(table.schema),
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / "table.json.tmp"
+            tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, root / "table.json")
+            files = _TableFiles(self, table, root)
+            existing = files.journal_files()
+            files.open_journal((existing[-1][0] + 1) if existing else 1)
+        except OSError as exc:
+            raise StorageError(f"table {table.name!r}: cannot create its files in {root} "
+                               f"({exc.strerror or exc})") from None
+        with self._lock:
+            self._files[id(table)] = files
+        table.journaled = True
+
+    def detach(self, table, *, delete: bool = False) -> None:
+        with self._lock:
+            files = self._files.pop(id(table), None)
+        table.journaled = False
+        if files is not None:
+            files.close_journal()
+            if delete:
+                shutil.rmtree(files.root, ignore_errors=True)
+
+    def durable(self, table) -> bool:
+        with self._lock:
+            return id(table) in self._files
+
+    # -- the graph's hook -----------------------------------------------------------------------
+    def record(self, step: int, inputs: dict) -> set:
+        """Journals each table's input of this cycle (UpdateGraph.set_input_journal)."""
+        refused = set()
+        written = []
+        for table, (ops, batch_ids) in inputs.items():
+            with self._lock:
+                files = self._files.get(id(table))
+            if files is None or files.fd is None:
+                continue
+            try:
+                rec = files.record_bytes(step, ops, batch_ids)
+            except StorageError as exc:
+                self._refuse(table, files, str(exc))
+                refused.add(table)
+                continue
+            try:
+                self._maybe_checkpoint(table, files, step)
+                files.append(rec)
+            except OSError as exc:
+                self._refuse(table, files, f"its journal {files.path} could not be written ({exc.strerror or exc})")
+                refused.add(table)
+                continue
+            written.append((table, files))
+            self.stats["records"] += 1
+            self.stats["bytes"] += len(rec)
+        if self.config.fsync == "cycle":
+            t0 = time.perf_counter()
+            for table, files in written:
+                try:
+                    files.sync()
+                    self.stats["fsyncs"] += 1
+                except OSError as exc:
+                    self._refuse(table, files, f"its journal {files.path} could not be synced ({exc.strerror or exc})")
+                    refused.add(table)
+            self.stats["fsync_seconds"] += time.perf_counter() - t0
+        return refused
+
+    def _refuse(self, table, files: _TableFiles, reason: str) -> None:
+        log.error("table %r refuses writes: %s", table.name, reason)
+        table.refusal = reason
+        try:
+            if files.fd is not None:
+                os.close(files.fd)
+        except OSError:
+            pass
+        files.fd = None
+
+    def _sync_loop(self) -> None:
+        interval = self.config.fsync_interval_ms / 1000.0
+        while not self._stop.wait(interval):
+            with self.graph.exclusive():
+                with self._lock:
+                    all_files = list(self._files.values())
+                for f in all_files:
+                    try:
+                        f.sync()
+                    except OSError as exc:
+                        self._refuse(f.table, f, f"its journal {f.path} could not be synced ({exc.strerror or exc})")
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _maybe_checkpoint(self, table, files: _TableFiles, step: int) -> None:
+        cfg = self.config
+        if files.checkpointing or (files.cycles < cfg.checkpoint_cycles and files.bytes < cfg.checkpoint_bytes):
+            return
+        self.checkpoint(table, step)
+
+    def checkpoint(self, table, step: int) -> None:
+        """Takes `table`'s rows at the boundary before `step` (under the graph's lock, as the cycle
+        holds it) and writes them in the background; this cycle's record goes to a new journal."""
+        with self._lock:
+            files = self._files.get(id(table))
+        if files is None or files.checkpointing:
+            return
+        files.checkpointing = True
+        data = table.gather(None)
+        row_keys = table.rowset.keys().copy()
+        memory = BatchIds.from_state(table.batch_memory().state())
+        for b in list(table.taken_batches) + list(getattr(table, "_pending_batches", ())):
+            memory.discard(b)  # taken this cycle or still queued: they go to the next journal
+        meta = {"step": step - 1, "next_key": int(table.next_key), "journal_seq": files.seq,
+                "batches": memory.state(), "format": FORMAT}
+        covered = files.seq
+        files.open_journal(files.seq + 1)
+        files.cycles = files.bytes = 0
+        thread = threading.Thread(target=self._write_checkpoint, args=(table, files, data, row_keys, meta, covered),
+                                  name=f"tickwire-checkpoint-{table.name}", daemon=True)
+        self._checkpoints = [t for t in self._checkpoints if t.is_alive()] + [thread]
+        thread.start()
+
+    def _write_checkpoint(self, table, files: _TableFiles, data: pa.Table, row_keys, meta: dict, covered: int) -> None:
+        t0 = time.perf_counter()
+        folder = files.root / "checkpoints"
+        final = folder / f"checkpoint-{meta['step']:012d}.parquet"
+        tmp = folder / (final.name + ".tmp")
+        try:
+            folder.mkdir(exist_ok=True)
+            out = data.append_column(pa.field(ROWKEY_COLUMN, pa.int64()), pa.array(row_keys, pa.int64()))
+            schema_meta = dict(out.schema.metadata or {})
+            schema_meta[_CKPT_META] = json.dumps(meta).encode()
+            out = out.replace_schema_metadata(schema_meta)
+            pq.write_table(out, tmp, compression="zstd")
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(folder)
+            for seq, path in files.journal_files():  # what the checkpoint covers
+                if seq <= covered:
+                    path.unlink(missing_ok=True)
+            for _step, path in files.checkpoint_files():
+                if path != final:
+                    path.unlink(missing_ok=True)
+            self.stats["checkpoints"] += 1
+            self.stats["checkpoint_seconds"] += time.perf_counter() - t0
+        except OSError as exc:
+            # the journal still holds everything: nothing is lost, the next checkpoint tries again
+            log.error("table %r: checkpoint %s failed (%s); its journal is kept", table.name, final, exc)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+        finally:
+            files.checkpointing = False
+
+    def wait_checkpoints(self, timeout: float = 60.0) -> None:
+        for t in list(self._checkpoints):
+            t.join(timeout)
+
+    # -- recovery -------------------------------------------------------------------------------
+    def recover(self) -> list:
+        """Brings back every table of the namespace; returns them. A table whose files cannot be
+        read is not created: `errors[name]` says why, naming the file."""
+        from tickwire.server.engine import TableSpec
+
+        t0 = time.perf_counter()
+        out = []
+        last_step = 0
+        for root in sorted(p for p in self.ns_root.iterdir() if p.is_dir()):
+            meta_path = root / "table.json"
+            if not meta_path.is_file():
+                continue
+            name = unquote(root.name)
+            try:
+                meta = json.loads(meta_path.read_text())
+                name = meta["name"]
+                spec = TableSpec(name, meta["kind"], _schema_from_b64(meta["schema"]), keys=tuple(meta.get("keys") or ()),
+                                 capacity=meta.get("capacity"))
+            except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
+                self.errors[name] = f"{meta_path} cannot be read: {exc}"
+                log.error("table %r not recovered: %s", name, self.errors[name])
+                continue
+            try:
+                table, step = self._recover_table(spec, root)
+            except (StorageError, JournalCorrupt) as exc:
+                self.errors[name] = str(exc)
+                log.error("table %r not recovered: %s", name, exc)
+                continue
+            last_step = max(last_step, step)
+            out.append(table)
+        with self.graph.exclusive():
+            if last_step > self.graph.step:
+                self.graph.step = last_step  # steps keep growing across restarts
+        self.stats["recovery_seconds"] = time.perf_counter() - t0
+        return out
+
+    def _recover_table(self, spec, root: Path):
+        engine = self.engine
+        files_probe = _TableFiles(self, _Probe(spec.schema), root)
+        ckpts = files_probe.checkpoint_files()
+        ckpt_meta, ckpt_data, ckpt_keys = None, None, None
+        if ckpts:
+            path = ckpts[-1][1]
+            try:
+                t = pq.read_table(path)
+                ckpt_meta = json.loads((t.schema.metadata or {})[_CKPT_META])
+                ckpt_keys = t.column(ROWKEY_COLUMN).to_numpy()
+                ckpt_data = t.drop_columns([ROWKEY_COLUMN]).replace_schema_metadata(None)
+            except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
+                raise StorageError(f"table {spec.name!r}: checkpoint {path} cannot be read ({exc}); move it away "
+                                   f"to recover from the journal alone only if no journal was deleted after it",
+                                   "DATA_LOSS") from None
+        journals = [(seq, p) for seq, p in files_probe.journal_files()
+                    if ckpt_meta is None or seq > ckpt_meta["journal_seq"]]
+        records = []
+        for i, (seq, path) in enumerate(journals):
+            data = path.read_bytes()
+            try:
+                res = scan(data)
+            except JournalCorrupt as exc:
+                raise StorageError(f"table {spec.name!r}: journal {path}: {exc}", "DATA_LOSS") from None
+            if res.torn:
+                if i != len(journals) - 1:
+                    raise StorageError(f"table {spec.name!r}: journal {path} ends inside a record but later "
+                                       f"journals follow it", "DATA_LOSS")
+                log.warning("table %r: dropping a torn last record (%d bytes) of %s", spec.name, res.torn, path)
+                with open(path, "r+b") as fh:
+                    fh.truncate(res.valid_end)
+                    os.fsync(fh.fileno())
+            for r in res.records:
+                if ckpt_meta is not None and r.meta["step"] <= ckpt_meta["step"]:
+                    continue
+                records.append((r.meta, decode_data(r)))
+        table, _created = engine.get_or_create(spec)
+        with self.graph.exclusive():
+            if ckpt_meta is not None:
+                table.restore(ckpt_keys, ckpt_data, ckpt_meta["next_key"])
+                mem = BatchIds.from_state(ckpt_meta["batches"])
+                table._seen_batches = mem
+                self.stats["recovered_rows"] += ckpt_data.num_rows
+            last = ckpt_meta["step"] if ckpt_meta else 0
+            pending_ops: list = []
+            for meta, data in records:
+                if data is not None:
+                    pending_ops.extend(_split_ops(data, spec.keys, table.schema))
+                    self.stats["recovered_rows"] += data.num_rows
+                for b in meta.get("batches", ()):
+                    table.batch_memory().add(_batch_id_from_json(b))
+                last = max(last, meta["step"])
+                if sum(t.num_rows for _, t in pending_ops) >= 1_000_000:
+                    self._replay(table, last, pending_ops)
+                    pending_ops = []
+            if pending_ops:
+                self._replay(table, last, pending_ops)
+            table.last_step = last
+        self.attach(table, spec)
+        return table, last
+
+    @staticmethod
+    def _replay(table, step: int, ops: list) -> None:
+        table.apply_pending(step, ops)
+        table.end_cycle()
+        table.prev_rowset = table.rowset
+
+    def close(self) -> None:
+        self._stop.set()
+        self.wait_checkpoints()
+        with self._lock:
+            files = list(self._files.values())
+        for f in files:
+            try:
+                f.close_journal()
+            except OSError as exc:
+                log.error("closing journal %s: %s", f.path, exc)
+
+
+class _Probe:
+    def __init__(self, schema):
+        self.schema = schema
+
+
+def _split_ops(data: pa.Table, keys, schema: pa.Schema) -> list:
+    """A record's rows back into (kind, rows) operations, in order."""
+    op = data.column(OP_COLUMN).to_numpy(zero_copy_only=False)
+    body = data.drop_columns([OP_COLUMN])
+    cuts = np.flatnonzero(op[1:] != op[:-1]) + 1
+    bounds = [0, *cuts.tolist(), len(op)]
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        part = body.slice(a, b - a)
+        if op[a] == 1:
+            keyed = part.select(list(keys))
+            out.append(("delete", keyed.cast(pa.schema([schema.field(k) for k in keys]))))
+        else:
+            out.append(("add", part.cast(schema)))
+    return out
