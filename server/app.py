@@ -57,14 +57,20 @@ class TickwireServer:
     The web side (browsers: Deephaven's JS API and grid page) is on the same port unless `web` is
     False or `web_port` is given (0 picks a free one, see `.web_port`); with TLS it needs
     `web_port`. `web_assets`: a deephaven-web jar or directory to serve instead of the installed
-    deephaven-server package's."""
+    deephaven-server package's.
+
+    `data_dir` makes the graph's append, keyed and ring tables durable there
+    (tickwire.server.storage): `start` first brings back every table the directory holds, and each
+    cycle's input is journaled before it is applied. `durability` (storage.Durability) sets the
+    fsync policy and the checkpoint interval."""
 
     def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
                  psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
                  tls_key: Optional[str | Path] = None, workers: Optional[int] = None,
                  session_duration_ms: Optional[int] = None, start_graph: bool = True,
                  max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None,
-                 web: bool = True, web_port: Optional[int] = None, web_assets: Optional[str | Path] = None):
+                 web: bool = True, web_port: Optional[int] = None, web_assets: Optional[str | Path] = None,
+                 data_dir: Optional[str | Path] = None, durability=None):
         overrides = {k: v for k, v in (("workers", workers), ("session_duration_ms", session_duration_ms),
                                        ("max_inbound_message_size", max_inbound_message_size)) if v is not None}
         self.config = dataclasses.replace(config or ServerConfig(), **overrides)
@@ -89,6 +95,9 @@ class TickwireServer:
         self._stopped = threading.Event()
         self.start_graph = start_graph
         self.replicas: list = []  # Replicators feeding this server's graph
+        self.data_dir = None if data_dir is None else Path(data_dir)
+        self.durability = durability
+        self.recovered: list = []  # tables brought back from data_dir at start
         self.web_enabled = bool(web)
         self.requested_web_port = None if web_port is None else int(web_port)
         self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
@@ -213,6 +222,12 @@ class TickwireServer:
             loop.run_forever()
             loop.close()
 
+        if self.data_dir is not None and self.ctx.engine.storage is None:
+            # before anything is served: a client never sees a table that is still coming back
+            self.recovered = self.ctx.engine.open_storage(self.data_dir, self.durability)
+            errors = self.ctx.engine.storage.errors
+            log.info("data directory %s: %d table(s) recovered%s", self.data_dir, len(self.recovered),
+                     "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
         self._thread = threading.Thread(target=run, name="tickwire-grpc", daemon=True)
         self._thread.start()
         ready.wait()
@@ -280,6 +295,8 @@ class TickwireServer:
             except Exception:
                 log.debug("splitter stop", exc_info=True)
             self.splitter = None
+        if self.data_dir is not None:
+            self.ctx.engine.close_storage()
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)

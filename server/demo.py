@@ -169,10 +169,13 @@ def _launch_spark() -> None:
 def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
              host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None,
              spark: bool = False, max_inbound_message_size: Optional[int] = None, web: bool = True,
-             web_port: Optional[int] = None, web_assets=None) -> int:
+             web_port: Optional[int] = None, web_assets=None, data_dir=None, durability=None) -> int:
     """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second. With a
     `port`, serves them over Flight/Barrage on it (port 0 picks a free one)."""
     graph = UpdateGraph(interval_ms=interval_ms)
+    if data_dir is not None:  # before the tables are made, so that they come back and stay durable
+        recovered = engine_of(graph).open_storage(data_dir, durability)
+        out(f"data directory {data_dir}: tables recovered: {', '.join(t.name for t in recovered) or 'none'}")
     ticker = publish_demo_tables(graph, interval_ms=interval_ms, big=port is not None)
     server = None
     spark_feed = None
@@ -237,6 +240,7 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
         if server is not None:
             server.stop()
         graph.stop()
+        engine_of(graph).close_storage()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, previous)
     out("tickwire demo: stopped")

@@ -42,6 +42,24 @@ def _server_args(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="a deephaven-web jar or directory to serve the browser pages from (default: the installed "
                         "deephaven-server package, `pip install 'tickwire[web]'`)")
     p.add_argument("--no-web", action="store_true", help="no browser side: the port serves gRPC only")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="make append, keyed and ring tables durable in DIR: a restart brings them back "
+                        "(default: in memory only)")
+    p.add_argument("--fsync", nargs="+", default=["cycle"], metavar="POLICY",
+                   help="when journals reach the disk: 'cycle' (before each cycle applies its input; a write "
+                        "acknowledged is on disk), 'interval MS', or 'off' (default: cycle)")
+
+
+def _durability(args):
+    """The --fsync policy as a storage.Durability, or an error message."""
+    from tickwire.server.storage.store import Durability
+
+    words = args.fsync
+    if words == ["cycle"] or words == ["off"]:
+        return Durability(fsync=words[0])
+    if len(words) == 2 and words[0] == "interval" and words[1].isdigit() and int(words[1]) > 0:
+        return Durability(fsync="interval", fsync_interval_ms=int(words[1]))
+    raise ValueError(f"--fsync {' '.join(words)}: use 'cycle', 'interval MS' (a positive number) or 'off'")
 
 
 def _serve(args) -> int:
@@ -62,10 +80,19 @@ def _serve(args) -> int:
     except ValueError as exc:
         print(f"tickwire: {exc}", file=sys.stderr)
         return 2
+    try:
+        durability = _durability(args)
+    except ValueError as exc:
+        print(f"tickwire: {exc}", file=sys.stderr)
+        return 2
     graph = UpdateGraph(interval_ms=args.interval_ms)
     server = TickwireServer(graph, host=args.host, port=args.port, psk=args.psk, tls_cert=args.tls_cert,
                             tls_key=args.tls_key, max_inbound_message_size=args.max_inbound_message_size,
-                            web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets).start()
+                            web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets,
+                            data_dir=args.data_dir, durability=durability).start()
+    if args.data_dir:
+        names = ", ".join(t.name for t in server.recovered) or "none"
+        print(f"data directory {args.data_dir}: tables recovered: {names}", flush=True)
     for target, table in upstreams:
         # not waiting: an upstream that is down now is retried in the background
         server.replicate(target, table, psk=args.upstream_psk, tls=args.upstream_tls, wait=False)
@@ -97,11 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from tickwire.server.demo import run_demo
 
+        try:
+            durability = _durability(args)
+        except ValueError as exc:
+            print(f"tickwire: {exc}", file=sys.stderr)
+            return 2
         return run_demo(interval_ms=args.interval_ms, duration_s=args.duration,
                         port=None if args.no_server else args.port, host=args.host, psk=args.psk,
                         tls_cert=args.tls_cert, tls_key=args.tls_key, spark=not args.no_spark,
                         max_inbound_message_size=args.max_inbound_message_size,
                         web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets,
+                        data_dir=args.data_dir, durability=durability,
                         out=lambda line: print(line, flush=True))
     if args.command == "serve":
         return _serve(args)
