@@ -233,3 +233,37 @@ def test_a_dropped_table_leaves_the_directory(tmp_path):
     engine.drop("gone")
     assert not Path(tmp_path / "default" / "gone").exists()
     engine.close_storage()
+
+
+def test_a_server_with_a_data_directory_keeps_doput_tables_across_a_restart(tmp_path):
+    import pyarrow.flight as fl
+
+    from tickwire.server.app import TickwireServer
+
+    opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+    data = rows(np.arange(1000), 1.5)
+
+    def put_and_get(srv, upload: bool) -> pa.Table:
+        client = fl.FlightClient(f"grpc://{srv.target}")
+        if upload:
+            writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "uploads"), data.schema, opts)
+            writer.write_table(data)
+            writer.close()
+        got = client.do_get(fl.Ticket(b"s/uploads"), opts).read_all()
+        client.close()
+        return got
+
+    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
+    try:
+        first = put_and_get(srv, True)
+    finally:
+        srv.stop()
+        srv.graph.stop()
+    srv2 = TickwireServer(UpdateGraph(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
+    try:
+        assert [t.name for t in srv2.recovered] == ["uploads"]
+        again = put_and_get(srv2, False)
+    finally:
+        srv2.stop()
+        srv2.graph.stop()
+    assert first.num_rows == 1000 and again.equals(first)
