@@ -494,6 +494,11 @@ def _queue_all(items) -> list[bool]:
             items[i][2]["queued_at"] = queued
             if i in waiting:
                 items[i][2]["applied_at"] = applied
+        for i in waiting:  # a table whose storage refused the cycle's input did not apply the batch
+            sink = items[i][0]
+            refusal = getattr(sink._table, "refusal", None)
+            if refusal is not None and results[i]:
+                raise SparkSinkError(f"tickwire sink into table {sink.name!r}: the batch was not applied: {refusal}")
     return results
 
 
