@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev,interop,spark]'
+	$(PY) -m pip install --quiet -e '.[test,dev,interop,spark,web]'
 	@touch $(STAMP)
 
 java-check:
