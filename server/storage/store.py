@@ -300,7 +300,10 @@ class Storage:
         for table, (ops, batch_ids) in inputs.items():
             with self._lock:
                 files = self._files.get(id(table))
-            if files is None or files.fd is None:
+            if files is None:
+                continue
+            if files.fd is None:  # refused earlier: input queued since is not applied either
+                refused.add(table)
                 continue
             try:
                 rec = files.record_bytes(step, ops, batch_ids)
