@@ -129,29 +129,31 @@ class PortSplitter:
         self._waiting: dict[socket.socket, asyncio.Task] = {}
         self._bridges: set[_Bridge] = set()
         self._bridges_lock = threading.Lock()
-        self._task: Optional[asyncio.Task] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.counts = {"grpc": 0, "web": 0, "dropped": 0}
 
     def start(self) -> None:
+        """Starts accepting (on the running loop): the listener is read when it has connections,
+        so closing it never leaves an accepted connection behind."""
+        self._loop = asyncio.get_running_loop()
         self.listener.setblocking(False)
-        self._task = asyncio.get_running_loop().create_task(self._accept_loop())
+        self._loop.add_reader(self.listener.fileno(), self._accept_ready)
 
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+    def _accept_ready(self) -> None:
+        for _ in range(64):  # at most this many per wake-up: the loop has other work
             try:
-                conn, _addr = await loop.sock_accept(self.listener)
-            except asyncio.CancelledError:
-                raise
-            except OSError as exc:  # e.g. EMFILE: keep serving those already connected
+                conn, _addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: those already connected keep being served
                 log.warning("accept failed: %s", exc)
-                await asyncio.sleep(0.05)
-                continue
+                return
             if len(self._waiting) >= self.max_waiting:
                 oldest = next(iter(self._waiting))
                 self._waiting.pop(oldest).cancel()
                 self.counts["dropped"] += 1
-            self._waiting[conn] = loop.create_task(self._route(conn))
+            conn.setblocking(False)
+            self._waiting[conn] = self._loop.create_task(self._route(conn))
 
     async def _first_bytes(self, conn: socket.socket) -> bytes:
         loop = asyncio.get_running_loop()
@@ -213,15 +215,14 @@ class PortSplitter:
 
     async def close(self) -> None:
         """Stops accepting; connections being classified are closed, proxied ones cut."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        for task in list(self._waiting.values()):
-            task.cancel()
+        if self._loop is not None:
+            self._loop.remove_reader(self.listener.fileno())
         self.listener.close()
+        tasks = list(self._waiting.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         with self._bridges_lock:
             bridges = list(self._bridges)
         for b in bridges:
