@@ -91,6 +91,20 @@ class SourceTable(Table):
     def batch_memory(self) -> BatchIds:
         return self._seen_batches
 
+    def applied_batch_state(self) -> dict:
+        """The batch-id memory as of the last applied cycle (BatchIds.state()): without the ids of
+        input still queued or taken by the running cycle, which a checkpoint must not claim."""
+        with self._pending_lock:
+            memory = BatchIds.from_state(self._seen_batches.state(), self._seen_batches.keep)
+            for b in (*self._pending_batches, *self.taken_batches):
+                memory.discard(b)
+        return memory.state()
+
+    def restore_batches(self, state: dict) -> None:
+        """Puts back a checkpoint's batch-id memory (BatchIds.state())."""
+        with self._pending_lock:
+            self._seen_batches = BatchIds.from_state(state, self._seen_batches.keep)
+
     def restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
         """Puts back a checkpoint's rows with their row keys (an empty table only, under the
         graph's lock, before anyone reads it); `next_key` is the next new row's key."""

@@ -44,7 +44,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tickwire.errors import TickwireError
-from tickwire.server.graph.batchids import BatchIds
 from tickwire.server.storage.journal import JournalCorrupt, decode_data, encode_record, scan
 
 __all__ = ["Durability", "Storage", "StorageError", "DURABLE_KINDS", "OP_COLUMN", "ROWKEY_COLUMN"]
@@ -269,6 +268,8 @@ class Storage:
             tmp = root / "table.json.tmp"
             tmp.write_text(json.dumps(meta, indent=1))
             os.replace(tmp, root / "table.json")
+            if self.config.fsync != "off":
+                _fsync_dir(root)
             files = _TableFiles(self, table, root)
             existing = files.journal_files()
             files.open_journal((existing[-1][0] + 1) if existing else 1)
@@ -372,11 +373,8 @@ class Storage:
         files.checkpointing = True
         data = table.gather(None)
         row_keys = table.rowset.keys().copy()
-        memory = BatchIds.from_state(table.batch_memory().state())
-        for b in list(table.taken_batches) + list(getattr(table, "_pending_batches", ())):
-            memory.discard(b)  # taken this cycle or still queued: they go to the next journal
         meta = {"step": step - 1, "next_key": int(table.next_key), "journal_seq": files.seq,
-                "batches": memory.state(), "format": FORMAT}
+                "batches": table.applied_batch_state(), "format": FORMAT}
         covered = files.seq
         files.open_journal(files.seq + 1)
         files.cycles = files.bytes = 0
@@ -463,6 +461,8 @@ class Storage:
     def _recover_table(self, spec, root: Path):
         engine = self.engine
         files_probe = _TableFiles(self, _Probe(spec.schema), root)
+        for stale in (root / "checkpoints").glob("*.tmp") if (root / "checkpoints").is_dir() else ():
+            stale.unlink(missing_ok=True)  # a checkpoint a crash interrupted: the journal still covers it
         ckpts = files_probe.checkpoint_files()
         ckpt_meta, ckpt_data, ckpt_keys = None, None, None
         if ckpts:
@@ -501,8 +501,7 @@ class Storage:
         with self.graph.exclusive():
             if ckpt_meta is not None:
                 table.restore(ckpt_keys, ckpt_data, ckpt_meta["next_key"])
-                mem = BatchIds.from_state(ckpt_meta["batches"])
-                table._seen_batches = mem
+                table.restore_batches(ckpt_meta["batches"])
                 self.stats["recovered_rows"] += ckpt_data.num_rows
             last = ckpt_meta["step"] if ckpt_meta else 0
             pending_ops: list = []
