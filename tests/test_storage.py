@@ -267,3 +267,35 @@ def test_a_server_with_a_data_directory_keeps_doput_tables_across_a_restart(tmp_
         srv2.stop()
         srv2.graph.stop()
     assert first.num_rows == 1000 and again.equals(first)
+
+
+@pytest.mark.parametrize("fsync", ["cycle", "interval", "off"])
+def test_each_fsync_policy_keeps_what_a_clean_stop_wrote(tmp_path, fsync):
+    import time
+
+    graph, engine, _ = open_engine(tmp_path, fsync=fsync, fsync_interval_ms=50)
+    app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))
+    for c in range(5):
+        engine.write(app, rows([c]), wait=False)
+        graph.run_cycle()
+    stats = engine.storage.stats
+    if fsync == "cycle":
+        assert stats["fsyncs"] == 5 and stats["fsync_seconds"] > 0
+    elif fsync == "interval":
+        deadline = time.monotonic() + 5
+        while stats["fsyncs"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stats["fsyncs"] >= 1
+    else:
+        assert stats["fsyncs"] == 0
+    engine.close_storage()
+    _g, engine2, found = open_engine(tmp_path)
+    assert state(engine2, found["app"])[1].column("k").to_pylist() == [0, 1, 2, 3, 4]
+    engine2.close_storage()
+
+
+def test_the_fsync_option_is_checked():
+    from tickwire.cli import main
+
+    assert main(["serve", "--port", "0", "--fsync", "sometimes", "--duration", "0"]) == 2
+    assert main(["serve", "--port", "0", "--fsync", "interval", "0", "--duration", "0"]) == 2

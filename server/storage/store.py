@@ -352,7 +352,9 @@ class Storage:
                     all_files = list(self._files.values())
                 for f in all_files:
                     try:
-                        f.sync()
+                        if f.dirty:
+                            f.sync()
+                            self.stats["fsyncs"] += 1
                     except OSError as exc:
                         self._refuse(f.table, f, f"its journal {f.path} could not be synced ({exc.strerror or exc})")
 
