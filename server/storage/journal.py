@@ -28,6 +28,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import numpy as np
 import pyarrow as pa
 
 from tickwire.errors import TickwireError
@@ -81,7 +82,14 @@ def decode_data(record: Record) -> Optional[pa.Table]:
     """The record's rows (None when it carries none)."""
     if not len(record.data):
         return None
-    return pa.ipc.open_stream(pa.py_buffer(record.data)).read_all()
+    buf = pa.py_buffer(record.data)
+    if buf.address % 8:
+        # the stream starts wherever the metadata before it ends: copied to an aligned buffer, its
+        # columns' buffers are aligned (unaligned ones make Acero warn, and slow numpy and Arrow)
+        aligned = pa.allocate_buffer(len(record.data))
+        np.frombuffer(aligned, dtype=np.uint8)[:] = np.frombuffer(record.data, dtype=np.uint8)
+        buf = aligned
+    return pa.ipc.open_stream(buf).read_all()
 
 
 def scan(data: bytes | bytearray | memoryview) -> ScanResult:
