@@ -22,7 +22,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
@@ -145,9 +145,13 @@ class _CycleWaiter:
     def __init__(self, graph: UpdateGraph):
         self.cond = threading.Condition(threading.Lock())
         self._graph = weakref.ref(graph)
+        self.durable: Optional[Callable[[int], bool]] = None  # with a data directory: is a step on disk
         graph.add_cycle_listener(self._on_cycle)
 
     def _on_cycle(self, step: int) -> None:
+        self.notify()
+
+    def notify(self) -> None:
         with self.cond:
             self.cond.notify_all()
 
@@ -156,7 +160,8 @@ class _CycleWaiter:
         with self.cond:
             while True:
                 graph = self._graph()
-                if graph is None or graph.step >= step:
+                durable = self.durable
+                if graph is None or (graph.step >= step and (durable is None or durable(step))):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0 or not graph.running:
@@ -186,6 +191,8 @@ class Engine:
         storage = Storage(self, data_dir, durability)
         tables = storage.recover()
         self.storage = storage
+        storage.on_durable = self._waiter.notify
+        self._waiter.durable = storage.durable_through  # a write is acknowledged once it is on disk
         self.graph.set_input_journal(storage)
         return tables
 
@@ -194,6 +201,8 @@ class Engine:
         if storage is not None:
             self.graph.set_input_journal(None)
             storage.close()
+            self._waiter.durable = None
+            self._waiter.notify()
 
     # -- catalog ------------------------------------------------------------------------------------
     def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:

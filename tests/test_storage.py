@@ -191,24 +191,26 @@ def tiny_disk(tmp_path):
 
 
 def test_a_full_disk_refuses_writes_keeps_what_was_acknowledged_and_other_tables_go_on(tmp_path, tiny_disk):
-    graph, engine, _ = open_engine(tiny_disk / "data")
+    graph = UpdateGraph(interval_ms=5)
+    engine = engine_of(graph)
+    engine.open_storage(tiny_disk / "data")
+    graph.start()
     full, _ = engine.get_or_create(TableSpec("full", "append", SCHEMA))
     other, _ = engine.get_or_create(TableSpec("other", "append", SCHEMA, durable=False))
     acknowledged = 0
     with pytest.raises(IngestError, match="could not be written") as exc:
         for c in range(1000):
-            engine.write(full, rows(np.arange(c * 1000, c * 1000 + 1000)), batch_id=("f", c), wait=False)
-            graph.run_cycle()
-            if full.refusal is not None:
-                engine.write(full, rows([0]), wait=False)  # refused from now on
-            acknowledged = len(full.rowset)
+            engine.write(full, rows(np.arange(c * 1000, c * 1000 + 1000)), batch_id=("f", c))  # waits for the disk
+            acknowledged += 1000
     assert "journal-" in str(exc.value) and exc.value.code == "UNAVAILABLE"
     assert acknowledged > 0
-    engine.write(other, rows([1, 2, 3]), wait=False)
-    graph.run_cycle()
+    with pytest.raises(IngestError, match="takes no writes"):
+        engine.write(full, rows([0]))
+    engine.write(other, rows([1, 2, 3]))
     assert len(other.rowset) == 3
+    graph.stop()
     engine.close_storage()
-    # everything acknowledged is on the (full) disk and comes back
+    # everything acknowledged is on the (full) disk and comes back, and nothing else
     graph2, engine2, found = open_engine(tiny_disk / "data")
     assert len(found["full"].rowset) == acknowledged
     engine2.close_storage()
@@ -278,9 +280,11 @@ def test_each_fsync_policy_keeps_what_a_clean_stop_wrote(tmp_path, fsync):
     for c in range(5):
         engine.write(app, rows([c]), wait=False)
         graph.run_cycle()
+    assert engine.storage.wait_durable()
     stats = engine.storage.stats
+    assert stats["records"] == 5
     if fsync == "cycle":
-        assert stats["fsyncs"] == 5 and stats["fsync_seconds"] > 0
+        assert 1 <= stats["fsyncs"] <= 5 and stats["fsync_seconds"] > 0  # cycles queued together share one
     elif fsync == "interval":
         deadline = time.monotonic() + 5
         while stats["fsyncs"] == 0 and time.monotonic() < deadline:

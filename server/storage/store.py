@@ -11,10 +11,12 @@ Layout of a data directory (after Deephaven's intraday/historical storage model)
 
 Every cycle the graph hands this store the input it is about to apply (UpdateGraph.set_input_journal).
 Each durable table's input becomes one journal record (the rows, which operation, the batch ids
-they came with, the step), and with `fsync="cycle"` the files are synced before the input is
-applied, so a write acknowledged with `wait=True` is on disk. A table whose record cannot be
-written refuses that input and every later write, with the file and the error in the message;
-the other tables go on.
+they came with, the step), encoded, appended and (with `fsync="cycle"`) synced by one writer
+thread, so the cycle never waits for the disk; cycles queued together share one sync (group
+commit). The engine acknowledges a write (`wait=True`) only once `durable_through(step)` says its
+cycle's input is on disk. A table whose record cannot be written or synced fails the writes of
+that cycle and refuses every later one, with the file and the error in the message; the other
+tables go on.
 
 Every `checkpoint_cycles` journaled cycles or `checkpoint_bytes` of journal, a table's rows are
 taken at the cycle boundary and written to Parquet in the background (to a temporary name, then
@@ -36,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -138,6 +140,7 @@ class _TableFiles:
         self.cycles = 0  # journaled cycles since the last checkpoint
         self.bytes = 0  # journal bytes since the last checkpoint
         self.checkpointing = False
+        self.failed = False  # its journal failed: the table refuses writes
         self.journal_schema = _nullable(table.schema).append(pa.field(OP_COLUMN, pa.int8()))
 
     # -- journal --------------------------------------------------------------------------------
@@ -196,7 +199,6 @@ class _TableFiles:
             raise
         self.size += len(record)
         self.bytes += len(record)
-        self.cycles += 1
         self.dirty = True
 
     def sync(self) -> None:
@@ -244,14 +246,19 @@ class Storage:
         self._files: dict[int, _TableFiles] = {}  # id(table) -> files
         self.errors: dict[str, str] = {}  # table name -> why it could not be recovered
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._checkpoints: list[threading.Thread] = []
-        self._syncer: Optional[threading.Thread] = None
         self.stats = {"records": 0, "bytes": 0, "fsyncs": 0, "fsync_seconds": 0.0, "checkpoints": 0,
                       "checkpoint_seconds": 0.0, "recovered_rows": 0, "recovery_seconds": 0.0}
-        if self.config.fsync == "interval":
-            self._syncer = threading.Thread(target=self._sync_loop, name="tickwire-fsync", daemon=True)
-            self._syncer.start()
+        # the journal writer: the cycle hands it each cycle's input and goes on
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list = []
+        self._stopping = False
+        self._processing = False
+        self._last_enqueued = 0  # the step of the newest input handed to the writer
+        self._durable = 0  # every input up to this step is on disk
+        self.on_durable: Optional[Callable[[], None]] = None  # the engine's waiter
+        self._writer = threading.Thread(target=self._write_loop, name="tickwire-journal", daemon=True)
+        self._writer.start()
 
     # -- tables ---------------------------------------------------------------------------------
     def table_dir(self, name: str) -> Path:
@@ -295,48 +302,127 @@ class Storage:
 
     # -- the graph's hook -----------------------------------------------------------------------
     def record(self, step: int, inputs: dict) -> set:
-        """Journals each table's input of this cycle (UpdateGraph.set_input_journal)."""
+        """Hands each durable table's input of this cycle to the journal writer
+        (UpdateGraph.set_input_journal); returns the tables that refuse writes. The cycle goes on
+        at once: the writer encodes, appends and syncs in the background, and `durable_through`
+        tells when a step's input is on disk (the engine releases `wait=True` writers then)."""
         refused = set()
-        written = []
+        entries = []
         for table, (ops, batch_ids) in inputs.items():
             with self._lock:
                 files = self._files.get(id(table))
             if files is None:
                 continue
-            if files.fd is None:  # refused earlier: input queued since is not applied either
+            if table.refusal is not None or files.failed:  # refused earlier: input since is refused too
                 refused.add(table)
                 continue
-            try:
-                rec = files.record_bytes(step, ops, batch_ids)
-            except StorageError as exc:
-                self._refuse(table, files, str(exc))
-                refused.add(table)
-                continue
-            try:
-                self._maybe_checkpoint(table, files, step)
-                files.append(rec)
-            except OSError as exc:
-                self._refuse(table, files, f"its journal {files.path} could not be written ({exc.strerror or exc})")
-                refused.add(table)
-                continue
-            written.append((table, files))
-            self.stats["records"] += 1
-            self.stats["bytes"] += len(rec)
-        if self.config.fsync == "cycle":
-            t0 = time.perf_counter()
-            for table, files in written:
-                try:
-                    files.sync()
-                    self.stats["fsyncs"] += 1
-                except OSError as exc:
-                    self._refuse(table, files, f"its journal {files.path} could not be synced ({exc.strerror or exc})")
-                    refused.add(table)
-            self.stats["fsync_seconds"] += time.perf_counter() - t0
+            if not files.checkpointing and (files.cycles >= self.config.checkpoint_cycles
+                                            or files.bytes >= self.config.checkpoint_bytes):
+                self._start_checkpoint(table, files, step)
+            files.cycles += 1
+            entries.append((table, files, ops, list(batch_ids)))
+        if entries:
+            with self._cond:
+                self._queue.append(("records", step, entries))
+                self._last_enqueued = step
+                self._cond.notify_all()
         return refused
+
+    def durable_through(self, step: int) -> bool:
+        """True once every input journaled at or before `step` is on disk (as the fsync policy
+        puts it there: synced with "cycle", written with "interval" and "off")."""
+        with self._cond:
+            return self._durable >= min(step, self._last_enqueued)
+
+    def wait_durable(self, timeout: float = 30.0) -> bool:
+        """Waits until everything handed to the writer is on disk."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._durable < self._last_enqueued:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._writer.is_alive():
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _write_loop(self) -> None:
+        cfg = self.config
+        interval = cfg.fsync_interval_ms / 1000.0
+        last_sync = time.monotonic()
+        dirty: set = set()
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    if cfg.fsync == "interval" and dirty:
+                        self._cond.wait(max(0.0, last_sync + interval - time.monotonic()))
+                        break
+                    self._cond.wait()
+                items = list(self._queue)
+                self._queue.clear()
+                stopping = self._stopping
+                self._processing = bool(items)
+            done_step = None
+            for item in items:
+                if item[0] == "records":
+                    _kind, step, entries = item
+                    for table, files, ops, batch_ids in entries:
+                        if self._append(table, files, step, ops, batch_ids):
+                            dirty.add(files)
+                    done_step = step
+                else:  # ("rotate", files, snapshot): a checkpoint starts from here
+                    _kind, files, snapshot = item
+                    self._rotate(files, snapshot)
+                    dirty.discard(files)
+            now = time.monotonic()
+            if dirty and (cfg.fsync == "cycle" or (cfg.fsync == "interval" and (now - last_sync >= interval
+                                                                                 or stopping))):
+                self._sync(dirty)  # one sync a file for every cycle taken together: group commit
+                dirty = set()
+                last_sync = now
+            with self._cond:
+                if done_step is not None:
+                    self._durable = max(self._durable, done_step)
+                self._processing = False
+                self._cond.notify_all()
+            if done_step is not None:
+                if self.on_durable is not None:
+                    self.on_durable()
+            if stopping and not items:
+                if dirty and cfg.fsync != "off":
+                    self._sync(dirty)
+                return
+
+    def _append(self, table, files: _TableFiles, step: int, ops: list, batch_ids: list) -> bool:
+        if files.failed:
+            return False
+        try:
+            rec = files.record_bytes(step, ops, batch_ids)
+            files.append(rec)
+        except StorageError as exc:
+            self._refuse(table, files, str(exc))
+            return False
+        except OSError as exc:
+            self._refuse(table, files, f"its journal {files.path} could not be written ({exc.strerror or exc})")
+            return False
+        self.stats["records"] += 1
+        self.stats["bytes"] += len(rec)
+        return True
+
+    def _sync(self, dirty) -> None:
+        t0 = time.perf_counter()
+        for files in dirty:
+            try:
+                files.sync()
+                self.stats["fsyncs"] += 1
+            except OSError as exc:
+                self._refuse(files.table, files, f"its journal {files.path} could not be synced "
+                                                 f"({exc.strerror or exc})")
+        self.stats["fsync_seconds"] += time.perf_counter() - t0
 
     def _refuse(self, table, files: _TableFiles, reason: str) -> None:
         log.error("table %r refuses writes: %s", table.name, reason)
         table.refusal = reason
+        files.failed = True
         try:
             if files.fd is not None:
                 os.close(files.fd)
@@ -344,59 +430,44 @@ class Storage:
             pass
         files.fd = None
 
-    def _sync_loop(self) -> None:
-        interval = self.config.fsync_interval_ms / 1000.0
-        while not self._stop.wait(interval):
-            # the dirty journals are taken under the graph's lock but synced outside it: a sync of
-            # 100 ms of journal can take tens of ms, and no cycle should wait for it (bench_storage)
-            todo = []
-            with self.graph.exclusive():
-                with self._lock:
-                    all_files = list(self._files.values())
-                for f in all_files:
-                    if f.dirty and f.fd is not None:
-                        try:
-                            todo.append((f, os.dup(f.fd)))
-                        except OSError as exc:
-                            self._refuse(f.table, f, f"its journal {f.path} could not be synced ({exc.strerror or exc})")
-                            continue
-                        f.dirty = False  # a write after this point marks it again
-            for f, dup in todo:
-                t0 = time.perf_counter()
-                try:
-                    os.fsync(dup)  # the same file as f.fd, even if that one was closed or rotated meanwhile
-                    self.stats["fsyncs"] += 1
-                except OSError as exc:
-                    with self.graph.exclusive():
-                        self._refuse(f.table, f, f"its journal {f.path} could not be synced ({exc.strerror or exc})")
-                finally:
-                    os.close(dup)
-                    self.stats["fsync_seconds"] += time.perf_counter() - t0
-
     # -- checkpoints ----------------------------------------------------------------------------
-    def _maybe_checkpoint(self, table, files: _TableFiles, step: int) -> None:
-        cfg = self.config
-        if files.checkpointing or (files.cycles < cfg.checkpoint_cycles and files.bytes < cfg.checkpoint_bytes):
-            return
-        self.checkpoint(table, step)
+    def checkpoint(self, table, step: Optional[int] = None) -> bool:
+        """Starts a checkpoint of `table` at the current cycle boundary (under the graph's lock);
+        False when one is already under way or the table is not durable."""
+        with self.graph.exclusive():
+            with self._lock:
+                files = self._files.get(id(table))
+            if files is None or files.checkpointing or files.failed:
+                return False
+            self._start_checkpoint(table, files, self.graph.step + 1 if step is None else step)
+            return True
 
-    def checkpoint(self, table, step: int) -> None:
-        """Takes `table`'s rows at the boundary before `step` (under the graph's lock, as the cycle
-        holds it) and writes them in the background; this cycle's record goes to a new journal."""
-        with self._lock:
-            files = self._files.get(id(table))
-        if files is None or files.checkpointing:
-            return
+    def _start_checkpoint(self, table, files: _TableFiles, step: int) -> None:
+        """Takes `table`'s rows at the boundary before `step` (the graph's lock is held) and queues
+        the journal's rotation: the writer starts a new journal there, and the old ones are deleted
+        once the checkpoint, written in the background, is on disk."""
         files.checkpointing = True
-        data = table.gather(None)
-        row_keys = table.rowset.keys().copy()
-        meta = {"step": step - 1, "next_key": int(table.next_key), "journal_seq": files.seq,
-                "batches": table.applied_batch_state(), "format": FORMAT}
+        snapshot = (table.gather(None), table.rowset.keys().copy(),
+                    {"step": step - 1, "next_key": int(table.next_key), "batches": table.applied_batch_state(),
+                     "format": FORMAT})
+        files.cycles = 0
+        with self._cond:
+            self._queue.append(("rotate", files, snapshot))
+            self._cond.notify_all()
+
+    def _rotate(self, files: _TableFiles, snapshot) -> None:
+        data, row_keys, meta = snapshot
         covered = files.seq
-        files.open_journal(files.seq + 1)
-        files.cycles = files.bytes = 0
-        thread = threading.Thread(target=self._write_checkpoint, args=(table, files, data, row_keys, meta, covered),
-                                  name=f"tickwire-checkpoint-{table.name}", daemon=True)
+        meta = dict(meta, journal_seq=covered)
+        if not files.failed:
+            try:
+                files.open_journal(files.seq + 1)
+            except OSError as exc:
+                self._refuse(files.table, files, f"a new journal in {files.root} could not be opened "
+                                                 f"({exc.strerror or exc})")
+        files.bytes = 0
+        thread = threading.Thread(target=self._write_checkpoint, args=(files.table, files, data, row_keys, meta, covered),
+                                  name=f"tickwire-checkpoint-{files.table.name}", daemon=True)
         self._checkpoints = [t for t in self._checkpoints if t.is_alive()] + [thread]
         thread.start()
 
@@ -435,8 +506,16 @@ class Storage:
             files.checkpointing = False
 
     def wait_checkpoints(self, timeout: float = 60.0) -> None:
+        """Waits for the writer to take what it was handed, then for the checkpoints it started."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (self._queue or self._processing) and self._writer.is_alive():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
         for t in list(self._checkpoints):
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     # -- recovery -------------------------------------------------------------------------------
     def recover(self) -> list:
@@ -545,9 +624,12 @@ class Storage:
         table.prev_rowset = table.rowset
 
     def close(self) -> None:
-        self._stop.set()
-        if self._syncer is not None and self._syncer is not threading.current_thread():
-            self._syncer.join()  # a sync it has under way ends before the journals are closed
+        """Writes and syncs what the writer holds, waits for checkpoints, closes the journals."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._writer is not threading.current_thread():
+            self._writer.join()
         self.wait_checkpoints()
         with self._lock:
             files = list(self._files.values())
