@@ -318,7 +318,9 @@ class KeyedTable(SourceTable):
 
     def _restore(self, row_keys, data, next_key):
         if row_keys.size:
-            if row_keys.min() < 0 or row_keys.max() >= next_key or has_duplicates(row_keys):
+            increasing = bool(np.all(row_keys[1:] > row_keys[:-1]))  # a checkpoint writes them in order
+            if row_keys[0 if increasing else row_keys.argmin()] < 0 or row_keys.max() >= next_key \
+                    or (not increasing and has_duplicates(row_keys)):
                 raise ValueError(f"table {self.name!r}: checkpoint row keys must be distinct and below {next_key}")
             h = hash_columns([data.column(k) for k in self.keys])
             if has_duplicates(h) and data.select(self.keys).group_by(self.keys).aggregate([]).num_rows != data.num_rows:
