@@ -119,12 +119,30 @@ class _Auth:
                     self.bearer = v
 
 
+def parse_target(target: str) -> tuple[str, bool]:
+    """(host:port, tls) of "host:port" or a pyarrow-style URL: grpc://, grpc+tcp:// (plain),
+    grpc+tls:// (TLS)."""
+    scheme, sep, rest = target.partition("://")
+    if not sep:
+        return target, False
+    scheme = scheme.lower()
+    if scheme not in ("grpc", "grpc+tcp", "grpc+tls"):
+        raise ClientError(f"{target!r}: unsupported scheme {scheme!r} (use grpc://, grpc+tcp:// or grpc+tls://)")
+    rest = rest.rstrip("/")
+    if not rest or "/" in rest:
+        raise ClientError(f"{target!r}: expected {scheme}://host:port")
+    return rest, scheme == "grpc+tls"
+
+
 class BarrageClient:
-    """A connection to a Barrage server. `target` is "host:port"."""
+    """A connection to a Barrage server. `target` is "host:port" or a URL as pyarrow.flight takes
+    it: "grpc://host:port" or "grpc+tls://host:port" (TLS, as `tls=True`)."""
 
     def __init__(self, target: str, *, psk: Optional[str] = None, tls: bool = False,
                  root_certs: Optional[bytes] = None, auth_type: Optional[str] = None,
                  auth_token: Optional[str] = None, keepalive: bool = True):
+        target, url_tls = parse_target(target)
+        tls = tls or url_tls
         self.target = target
         opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         if tls or root_certs is not None:

@@ -109,3 +109,35 @@ def test_psk_authentication():
         assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
     finally:
         srv.stop()
+
+
+def test_targets_may_be_pyarrow_style_urls():
+    from tickwire.clients.client import ClientError, parse_target
+
+    assert parse_target("localhost:10000") == ("localhost:10000", False)
+    assert parse_target("grpc://localhost:10000") == ("localhost:10000", False)
+    assert parse_target("grpc+tcp://h:1/") == ("h:1", False)
+    assert parse_target("grpc+tls://h:443") == ("h:443", True)
+    for bad in ("http://h:1", "grpc://", "grpc://h:1/path"):
+        with pytest.raises(ClientError):
+            parse_target(bad)
+
+
+def test_a_grpc_url_connects(served_graph_for_url):
+    from tickwire.clients.client import BarrageClient
+
+    with BarrageClient(f"grpc://{served_graph_for_url.target}") as client:
+        assert client.snapshot("url_t").column("a").to_pylist() == [1, 2, 3]
+
+
+@pytest.fixture()
+def served_graph_for_url():
+    import pyarrow as pa
+
+    from tickwire import TickwireServer, UpdateGraph
+
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("url_t", pa.table({"a": [1, 2, 3]}))
+    srv = TickwireServer(graph, port=0, start_graph=False).start()
+    yield srv
+    srv.stop()
