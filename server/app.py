@@ -31,6 +31,7 @@ from tickwire.server.barrage import PublisherRegistry
 from tickwire.server.config import ServerConfig
 from tickwire.server.services import handlers as service_handlers
 from tickwire.server.graph import UpdateGraph
+from tickwire.server.observability import Observability
 from tickwire.server.rpc import ServerContext, build_handlers, guarded_methods, with_stubs
 from tickwire.server.session import Scope, SessionManager
 
@@ -62,7 +63,13 @@ class TickwireServer:
     `data_dir` makes the graph's append, keyed and ring tables durable there
     (tickwire.server.storage): `start` first brings back every table the directory holds, and each
     cycle's input is journaled before it is applied. `durability` (storage.Durability) sets the
-    fsync policy and the checkpoint interval."""
+    fsync policy and the checkpoint interval.
+
+    Health and metrics (tickwire.server.observability): the standard gRPC health service
+    (grpc.health.v1, no credentials needed) answers NOT_SERVING until the graph's first cycle,
+    SERVING after and NOT_SERVING from the start of `stop`, with `tickwire.table/<name>` per table;
+    the web side serves `/healthz` and `/metrics` (Prometheus); `metrics_port` (0 picks a free one,
+    see `.metrics_port`) serves both on a port of their own, for servers without a web side."""
 
     def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
                  psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
@@ -70,7 +77,7 @@ class TickwireServer:
                  session_duration_ms: Optional[int] = None, start_graph: bool = True,
                  max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None,
                  web: bool = True, web_port: Optional[int] = None, web_assets: Optional[str | Path] = None,
-                 data_dir: Optional[str | Path] = None, durability=None):
+                 data_dir: Optional[str | Path] = None, durability=None, metrics_port: Optional[int] = None):
         overrides = {k: v for k, v in (("workers", workers), ("session_duration_ms", session_duration_ms),
                                        ("max_inbound_message_size", max_inbound_message_size)) if v is not None}
         self.config = dataclasses.replace(config or ServerConfig(), **overrides)
@@ -89,6 +96,10 @@ class TickwireServer:
         self.registry = PublisherRegistry(config=cfg)
         self.ctx = ServerContext(self.graph, Scope(self.graph), self.sessions, self.registry, self.executor, cfg)
         self.services, self._handlers = service_handlers(self.ctx)  # Flight, Config, Session, Table, Application
+        flight = next((s for s in self.services if hasattr(s, "counters")), None)
+        self.observability = Observability(self, flight.counters if flight is not None else None)
+        self.requested_metrics_port = None if metrics_port is None else int(metrics_port)
+        self.metrics_port: Optional[int] = None  # where /metrics and /healthz are served on their own port
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._server: Optional[grpc.aio.Server] = None
@@ -143,14 +154,18 @@ class TickwireServer:
         options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.config.max_inbound_message_size)]
         server = grpc.aio.server(options=options)
         impls = with_stubs(self._handlers)
-        server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate))
+        observability = self.observability
+        server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate,
+                                                       on_error=observability.errors))
+        await observability.health.add_to_server(server)  # grpc.health.v1, answered without credentials
         addr = f"{self.host}:{self.requested_port}"
         web_on_main = self.web_enabled and self.requested_web_port is None and self.tls is None
         if self.web_enabled:
             from tickwire.server.web import WebSide
 
             self.web = WebSide(self.ctx, self.web_assets)
-            self.web.methods = guarded_methods(impls, precheck=self.web.precheck)
+            self.web.methods = guarded_methods(impls, precheck=self.web.precheck, on_error=observability.errors)
+            self.web.observability = observability  # /healthz and /metrics
             await self.web.start()
         listener = None
         if web_on_main:
@@ -174,6 +189,8 @@ class TickwireServer:
             raise OSError(f"cannot listen on {addr}")
         await server.start()
         self._server = server
+        if self.requested_metrics_port is not None:
+            self.metrics_port = await observability.listen(self.host, self.requested_metrics_port)
         if web_on_main:
             from tickwire.server.web import PortSplitter
 
@@ -236,6 +253,7 @@ class TickwireServer:
         except BaseException:
             self.stop()
             raise
+        self.observability.attach()  # before the graph starts: its first cycle turns the health SERVING
         if self.start_graph and not self.graph.running:
             self.graph.start()
         log.info("tickwire serving on %s%s%s", self.target, " (TLS)" if self.tls else "",
@@ -264,6 +282,7 @@ class TickwireServer:
         return sink(self, table, mode, **options)
 
     def stop(self, grace: float = 1.0) -> None:
+        self.observability.health.shutdown_from_thread()  # NOT_SERVING first, while everything still runs
         for rep in self.replicas:
             rep.stop()
         self.replicas = []
@@ -295,6 +314,11 @@ class TickwireServer:
             except Exception:
                 log.debug("splitter stop", exc_info=True)
             self.splitter = None
+        self.observability.detach()
+        try:
+            asyncio.run_coroutine_threadsafe(self.observability.close(), loop).result(5)
+        except Exception:
+            log.debug("metrics port stop", exc_info=True)
         if self.data_dir is not None:
             self.ctx.engine.close_storage()
         loop.call_soon_threadsafe(loop.stop)

@@ -91,8 +91,13 @@ def short(text: str, limit: int = MAX_DETAILS) -> str:
     return text[: limit - 40] + f"... ({len(text) - limit + 40} more characters)"
 
 
-async def _abort(context, exc: BaseException):
+async def _abort(context, exc: BaseException, on_error: Optional[Callable[[grpc.StatusCode], None]] = None):
     code, details = status_of(exc)
+    if on_error is not None:  # the server's metrics: every error status of a call passes here
+        try:
+            on_error(code)
+        except Exception:  # noqa: BLE001 - counting never changes the answer
+            log.debug("error counter", exc_info=True)
     await context.abort(code, short(details))
 
 
@@ -116,7 +121,7 @@ async def _parsed_stream(request_iterator, parse):
         yield parse(raw)
 
 
-def _guard(fn, kind: str, parse=None, precheck=None):
+def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
     """Checks credentials, then parses the request body, then runs the handler; every exception
     becomes a status (unary/client-stream and streaming shapes alike). Credentials come first, so
     an unauthenticated caller learns nothing about what its request would have done."""
@@ -138,7 +143,7 @@ def _guard(fn, kind: str, parse=None, precheck=None):
             except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
                 raise  # the call is over (cancelled by the client, aborted, or closed): nothing to report
             except BaseException as exc:  # noqa: BLE001 - every error becomes a status
-                await _abort(context, exc)
+                await _abort(context, exc, on_error)
         return stream_wrapper
 
     @functools.wraps(fn)
@@ -148,7 +153,7 @@ def _guard(fn, kind: str, parse=None, precheck=None):
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except BaseException as exc:  # noqa: BLE001
-            await _abort(context, exc)
+            await _abort(context, exc, on_error)
     return unary_wrapper
 
 
@@ -207,14 +212,16 @@ class GuardedMethod:
 
 
 def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
-                    precheck: Optional[Callable[[Sequence], Any]] = None) -> dict[str, GuardedMethod]:
+                    precheck: Optional[Callable[[Sequence], Any]] = None,
+                    on_error: Optional[Callable[[grpc.StatusCode], None]] = None) -> dict[str, GuardedMethod]:
     """{method path: GuardedMethod} from {method path: (async fn, request codec, response codec)}.
 
     A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
     in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes.
     Requests always arrive as bytes: `precheck(metadata)` (the session manager's authenticate)
     runs first, except for UNAUTHENTICATED_METHODS, and its session is what
-    `ServerContext.authenticate` returns for the call; only then is the body parsed."""
+    `ServerContext.authenticate` returns for the call; only then is the body parsed. `on_error(code)`
+    hears the status code of every call that ends with an error (the server's metrics)."""
     out = {}
     for path, (fn, req, resp, *kind) in impls.items():
         m = METHODS.get(path)
@@ -225,15 +232,16 @@ def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
             parse = _parser(m.request, req)
             ser = None if resp is RAW else m.response.SerializeToString
         check = None if path in UNAUTHENTICATED_METHODS else precheck
-        out[path] = GuardedMethod(path, method_kind, _guard(fn, method_kind, parse, check), ser)
+        out[path] = GuardedMethod(path, method_kind, _guard(fn, method_kind, parse, check, on_error), ser)
     return out
 
 
 def build_handlers(impls: dict[str, tuple[Callable, Any, Any]],
-                   precheck: Optional[Callable[[Sequence], Any]] = None) -> list[grpc.GenericRpcHandler]:
-    """grpcio generic handlers for `guarded_methods(impls, precheck)`."""
+                   precheck: Optional[Callable[[Sequence], Any]] = None,
+                   on_error: Optional[Callable[[grpc.StatusCode], None]] = None) -> list[grpc.GenericRpcHandler]:
+    """grpcio generic handlers for `guarded_methods(impls, precheck, on_error)`."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for path, gm in guarded_methods(impls, precheck).items():
+    for path, gm in guarded_methods(impls, precheck, on_error).items():
         service, _sep, name = path[1:].rpartition("/")
         factory = {UNARY: grpc.unary_unary_rpc_method_handler, SERVER_STREAM: grpc.unary_stream_rpc_method_handler,
                    CLIENT_STREAM: grpc.stream_unary_rpc_method_handler,

@@ -29,6 +29,7 @@ from tickwire.server.barrage.views import requested, requested_columns, requeste
 from tickwire.server.barrage.handle import SubscriptionHandle, Waker, encoded_payloads
 from tickwire.server.engine import TableSpec, kind_of
 from tickwire.server.graph import Table
+from tickwire.server.observability.metrics import TransferCounters
 from tickwire.server.rpc import RAW, CallError, ServerContext, service_handlers
 from tickwire.server.session import ResolveError, Session
 
@@ -42,6 +43,7 @@ class FlightService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
         self._waker = Waker()
+        self.counters = TransferCounters()  # calls, rows and bytes, for the server's metrics
 
     def handlers(self) -> dict:
         return service_handlers(FLIGHT_SERVICE, {
@@ -108,15 +110,21 @@ class FlightService:
 
     # -- DoGet ----------------------------------------------------------------------------------------
     async def do_get(self, ticket, context):
+        counters = self.counters
+        counters.doget_requests += 1
         session = await self.ctx.authenticate(context)
         table = self._resolve(ticket.ticket, session)
         wire = TableWire(table)
         # a failed table raises its status
         msg, n = await self.ctx.run(functools.partial(snapshot_message, wire, limits=self.ctx.config.encode))
-        yield wire.schema_payload(False)
+        counters.doget_rows += n
+        schema = wire.schema_payload(False)
+        counters.doget_bytes += len(schema)
+        yield schema
         if n == 0 and not table.is_refreshing:
             return  # an empty static table: the schema only (docs/flows.md#doget)
         async for p in self._payloads(msg, EncodeOptions()):
+            counters.doget_bytes += len(p)
             yield p
 
     async def _payloads(self, msg, opts: EncodeOptions):
@@ -163,13 +171,17 @@ class FlightService:
                                         config=self.ctx.config, waker=self._waker)
             await handle.open()
             follower = asyncio.ensure_future(self._follow(requests, handle, session, table))
+            counters = self.counters
             async for p in handle.payloads():
+                counters.exchange_messages += 1
+                counters.exchange_bytes += len(p)
                 yield p
         finally:
             reader.cancel()
             if follower is not None:
                 follower.cancel()
             if handle is not None:
+                self.counters.retire(handle.sub)
                 handle.close()
 
     async def _follow(self, requests: asyncio.Queue, handle: SubscriptionHandle, session, table: Table) -> None:
@@ -215,8 +227,14 @@ class FlightService:
             return snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
                                     doget=False, limits=self.ctx.config.encode)
         msg, _n = await self.ctx.run(build)  # a failed table raises its status
-        yield wire.schema_payload(False)
+        counters = self.counters
+        schema = wire.schema_payload(False)
+        counters.exchange_messages += 1
+        counters.exchange_bytes += len(schema)
+        yield schema
         async for p in self._payloads(msg, opts):
+            counters.exchange_messages += 1
+            counters.exchange_bytes += len(p)
             yield p
         # the stream ends (OK) once the client half-closes (docs/flows.md#half-close-and-end-of-stream)
         while True:
@@ -233,10 +251,13 @@ class FlightService:
         write that the next cycle applies, before the call returns (read-your-writes). A refused
         message, a cut stream or a write the table refuses leaves the table, and the catalog, as
         they were."""
+        counters = self.counters
+        counters.doput_requests += 1
         session = await self.ctx.authenticate(context)
         upload = UploadDecoder()
         received: list[pa.Table] = []
         async for raw in request_iterator:
+            counters.doput_bytes += len(raw)
             for event in upload.feed(raw):
                 if not isinstance(event, Batch):
                     continue  # the destination, options and schema are kept by the decoder
@@ -245,6 +266,7 @@ class FlightService:
         end = upload.close()
         rows = sum(t.num_rows for t in received)
         await self.ctx.run(self._put, end, received, session)
+        counters.doput_rows += rows
         log.debug("DoPut %s: %d rows", end.path, rows)
 
     def _put(self, end, received: list[pa.Table], session: Session) -> None:

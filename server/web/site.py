@@ -5,6 +5,8 @@ Routes:
   * `/jsapi/*` and `/iframe/widget/*`: Deephaven's JavaScript API and grid page, read from the
     installed deephaven-server package (tickwire.server.web.assets); a clear 404 when it is missing;
   * `/js-plugins/manifest.json`: an empty plugin list (the grid page asks for it);
+  * `/healthz` (200 "SERVING" or 503) and `/metrics` (Prometheus text), from the server's
+    tickwire.server.observability;
   * a websocket upgrade on any path offering the `grpc-websockets-multiplex` subprotocol: gRPC calls
     multiplexed over the socket (tickwire.server.web.multiplex).
 """
@@ -54,11 +56,14 @@ class WebSide:
         self._gzip_cache: OrderedDict = OrderedDict()
         self._gzip_bytes = 0
         self._closing = False
+        self.observability = None  # the server's health and metrics (set before start)
         self.app = web.Application(client_max_size=1024 * 1024)
         self.app.router.add_route("GET", "/", self._root)
         self.app.router.add_route("GET", "/tables/", self._tables)
         self.app.router.add_route("GET", "/tables", self._root)
         self.app.router.add_route("GET", "/js-plugins/manifest.json", self._plugins)
+        self.app.router.add_route("GET", "/healthz", self._healthz)
+        self.app.router.add_route("GET", "/metrics", self._metrics)
         self.app.router.add_route("GET", "/{tail:.*}", self._any)
 
     # -- credentials ----------------------------------------------------------------------------
@@ -127,6 +132,16 @@ class WebSide:
             f"<body><h1>Tables</h1>{note}<ul>{items or '<li>(no tables yet)</li>'}</ul>"
             "<p>Each link opens Deephaven's grid page on the live table.</p></body></html>")
         return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-store"})
+
+    async def _healthz(self, request: web.Request) -> web.StreamResponse:
+        if self.observability is None:
+            return web.Response(status=503, text="NOT_SERVING\n")
+        return await self.observability.healthz(request)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        if self.observability is None:
+            raise web.HTTPNotFound(text="/metrics: not found")
+        return await self.observability.metrics_page(request)
 
     async def _plugins(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"plugins": []})

@@ -1,0 +1,270 @@
+"""Prometheus metrics of one server (prometheus-client, text exposition).
+
+Each server has its own `CollectorRegistry` (never the process-wide default one: a process may run
+several servers). Almost everything is read when scraped from the state the server keeps anyway
+(subscribers, sessions, the per-cycle table figures); what has to be counted as it happens is
+counted once per call, per FlightData message or per cycle, never per row:
+
+* the update graph: `tickwire_cycle_duration_seconds` (histogram), `tickwire_cycles` (the step
+  counter), `tickwire_cycle_lag_seconds` (how far the graph is behind its schedule: the time since
+  the last cycle ended beyond one interval; it grows while a cycle is stuck or the graph stopped);
+* tables (published ones): `tickwire_table_rows{table}`, `tickwire_table_rows_in{table}` (rows
+  added to a source table by its input: appended, upserted under new keys, a blink table's
+  rows), `tickwire_table_failed{table}`;
+* subscriptions: `tickwire_subscriptions{kind="full"|"viewport"}`, `tickwire_subscriptions_growing`
+  (still being sent their initial snapshot), `tickwire_subscription_outbox_messages` (queued for
+  their writers), `tickwire_subscription_updates` (Barrage messages queued for subscribers),
+  `tickwire_subscription_coalesced` (cycles folded into a pending change because the client was
+  slow);
+* Flight calls: `tickwire_doget_requests`, `tickwire_doget_rows`, `tickwire_doget_bytes`,
+  `tickwire_doput_requests`, `tickwire_doput_rows`, `tickwire_doput_bytes` (received),
+  `tickwire_exchange_messages_sent`, `tickwire_exchange_bytes_sent` (DoExchange FlightData:
+  subscriptions and snapshot requests, gRPC and browser websockets alike);
+* `tickwire_grpc_errors{code}`: calls ended with an error status, by status code;
+* `tickwire_sessions`, `tickwire_exports`, `tickwire_web_sockets`.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import weakref
+from typing import Iterable, Optional
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+__all__ = ["Metrics", "TransferCounters", "ErrorCounts", "CYCLE_BUCKETS"]
+
+CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class TransferCounters:
+    """What the Flight service counts as it serves (plain integers, bumped on the event loop)."""
+
+    def __init__(self):
+        self.doget_requests = 0
+        self.doget_rows = 0
+        self.doget_bytes = 0
+        self.doput_requests = 0
+        self.doput_rows = 0
+        self.doput_bytes = 0
+        self.exchange_messages = 0
+        self.exchange_bytes = 0
+        self._lock = threading.Lock()
+        self._retired: "weakref.WeakSet" = weakref.WeakSet()
+        self.retired_updates = 0
+        self.retired_coalesced = 0
+
+    def retire(self, sub) -> None:
+        """A subscription's call is over: its counts stay in the totals after it is gone."""
+        if sub is None:
+            return
+        with self._lock:
+            if sub in self._retired:
+                return
+            self._retired.add(sub)
+            self.retired_updates += sub.messages
+            self.retired_coalesced += sub.coalesced
+
+    def subscription_totals(self, live: Iterable) -> tuple[int, int]:
+        """(updates, coalesced) over every subscription so far: the retired ones and `live`."""
+        with self._lock:
+            updates, coalesced = self.retired_updates, self.retired_coalesced
+            for sub in live:
+                if sub not in self._retired:
+                    updates += sub.messages
+                    coalesced += sub.coalesced
+        return updates, coalesced
+
+
+class ErrorCounts:
+    """Calls ended with an error status, by status code (rpc.py's single error path)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: collections.Counter = collections.Counter()
+
+    def __call__(self, code) -> None:
+        name = getattr(code, "name", str(code))
+        with self._lock:
+            self._counts[name] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class _TableFigures:
+    """Per published table, as of the last cycle: rows now, rows in so far, failed."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.rows: dict[str, int] = {}
+        self.rows_in: dict[str, int] = {}
+        self.failed: dict[str, bool] = {}
+
+
+class Metrics:
+    """The registry of one server and the collector reading its state at scrape time.
+
+    `server` is the TickwireServer (its registry of publishers, sessions, web side); `counters`
+    and `errors` are filled by the Flight service and the call wrapper."""
+
+    def __init__(self, server, counters: TransferCounters, errors: ErrorCounts):
+        self.server = server
+        self.counters = counters
+        self.errors = errors
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.cycle_duration = Histogram("tickwire_cycle_duration_seconds",
+                                        "Duration of the update graph's cycles", buckets=CYCLE_BUCKETS,
+                                        registry=self.registry)
+        self.tables = _TableFigures()
+        self.started = time.monotonic()
+        self.last_cycle: Optional[float] = None
+        self.step = 0
+        self.registry.register(_Collector(self))
+
+    # -- fed by the cycle listener (under the graph's lock: cheap work only) ------------------------------
+    def on_cycle(self, step: int, durations, figures: dict[str, tuple[int, int, bool]]) -> None:
+        """`durations`: the graph's recent cycle durations, whose last one is the previous cycle's
+        (observed here, one cycle late: the graph records a cycle's duration after its listeners);
+        `figures`: {table: (rows now, rows added this cycle, failed)} for every published table."""
+        if durations:
+            self.cycle_duration.observe(durations[-1])
+        self.last_cycle = time.monotonic()
+        self.step = step
+        t = self.tables
+        with t.lock:
+            for name in [n for n in t.rows if n not in figures]:  # dropped tables
+                t.rows.pop(name, None)
+                t.rows_in.pop(name, None)
+                t.failed.pop(name, None)
+            for name, (rows, added, failed) in figures.items():
+                t.rows[name] = rows
+                t.failed[name] = failed
+                if added or name not in t.rows_in:
+                    t.rows_in[name] = t.rows_in.get(name, 0) + added
+
+    # -- scraping ------------------------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        """The text exposition of every metric (prometheus-client's format)."""
+        return generate_latest(self.registry)
+
+
+class _Collector:
+    def __init__(self, metrics: Metrics):
+        self.m = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        m = self.m
+        server = m.server
+        yield from self._graph(m, server)
+        yield from self._tables(m)
+        yield from self._subscriptions(m, server)
+        yield from self._calls(m)
+        yield from self._sessions(server)
+
+    @staticmethod
+    def _graph(m: Metrics, server):
+        graph = server.graph
+        yield _counter("tickwire_cycles", "Cycles the update graph has run", graph.step)
+        now = time.monotonic()
+        last = m.last_cycle if m.last_cycle is not None else m.started
+        yield _gauge("tickwire_cycle_lag_seconds",
+                     "How far the update graph is behind its schedule: seconds since its last cycle beyond one "
+                     "interval", max(0.0, now - last - graph.interval))
+        yield _gauge("tickwire_cycle_interval_seconds", "The update graph's cycle interval", graph.interval)
+
+    @staticmethod
+    def _tables(m: Metrics):
+        t = m.tables
+        with t.lock:
+            rows, rows_in, failed = dict(t.rows), dict(t.rows_in), dict(t.failed)
+        g = GaugeMetricFamily("tickwire_table_rows", "Rows of each published table (as of the last cycle)",
+                              labels=["table"])
+        for name, n in sorted(rows.items()):
+            g.add_metric([name], n)
+        yield g
+        c = CounterMetricFamily("tickwire_table_rows_in", "Rows added to each published source table by its "
+                                "input", labels=["table"])
+        for name, n in sorted(rows_in.items()):
+            c.add_metric([name], n)
+        yield c
+        f = GaugeMetricFamily("tickwire_table_failed", "1 for a published table that has failed",
+                              labels=["table"])
+        for name, bad in sorted(failed.items()):
+            f.add_metric([name], 1 if bad else 0)
+        yield f
+
+    @staticmethod
+    def _subscriptions(m: Metrics, server):
+        subs = [s for s in server.registry.subscriptions if not s.closed]
+        kinds = {"full": 0, "viewport": 0}
+        growing = outbox = 0
+        for s in subs:
+            view = s.view if s.view is not None else s.requested
+            kinds["full" if view is None or view.is_full else "viewport"] += 1
+            growing += 1 if s.growing else 0
+            outbox += len(s.outbox)
+        g = GaugeMetricFamily("tickwire_subscriptions", "Open Barrage subscriptions by kind", labels=["kind"])
+        for kind, n in kinds.items():
+            g.add_metric([kind], n)
+        yield g
+        yield _gauge("tickwire_subscriptions_growing", "Subscriptions still being sent their initial snapshot",
+                     growing)
+        yield _gauge("tickwire_subscription_outbox_messages", "Messages queued for the subscriptions' writers",
+                     outbox)
+        updates, coalesced = m.counters.subscription_totals(subs)
+        yield _counter("tickwire_subscription_updates", "Barrage messages queued for subscribers", updates)
+        yield _counter("tickwire_subscription_coalesced",
+                       "Cycles folded into a subscriber's pending change because the client was slow", coalesced)
+
+    @staticmethod
+    def _calls(m: Metrics):
+        c = m.counters
+        for name, value, doc in (
+                ("tickwire_doget_requests", c.doget_requests, "DoGet calls"),
+                ("tickwire_doget_rows", c.doget_rows, "Rows sent by DoGet"),
+                ("tickwire_doget_bytes", c.doget_bytes, "FlightData bytes sent by DoGet"),
+                ("tickwire_doput_requests", c.doput_requests, "DoPut calls"),
+                ("tickwire_doput_rows", c.doput_rows, "Rows written by DoPut calls"),
+                ("tickwire_doput_bytes", c.doput_bytes, "FlightData bytes received by DoPut"),
+                ("tickwire_exchange_messages_sent", c.exchange_messages,
+                 "FlightData messages sent by DoExchange (subscriptions and snapshot requests)"),
+                ("tickwire_exchange_bytes_sent", c.exchange_bytes,
+                 "FlightData bytes sent by DoExchange (subscriptions and snapshot requests)")):
+            yield _counter(name, doc, value)
+        e = CounterMetricFamily("tickwire_grpc_errors", "Calls ended with an error status, by status code",
+                                labels=["code"])
+        for code, n in sorted(m.errors.counts().items()):
+            e.add_metric([code], n)
+        yield e
+
+    @staticmethod
+    def _sessions(server):
+        sessions = server.sessions
+        yield _gauge("tickwire_sessions", "Open client sessions", sessions.count)
+        yield _gauge("tickwire_exports", "Exports held by the open sessions", _exports(sessions))
+        web = server.web
+        yield _gauge("tickwire_web_sockets", "Open browser websockets", web.open_sockets if web is not None else 0)
+
+
+def _exports(sessions) -> int:
+    # the session manager has no public iteration of its sessions; its lock guards the registry
+    with sessions._lock:
+        live = list(sessions._sessions.values())
+    return sum(len(s.exports) for s in live)
+
+
+def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
