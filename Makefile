@@ -53,8 +53,9 @@ soak: $(STAMP)
 	TICKWIRE_SOAK=20 $(PY) -m pytest -m slow tests/test_convergence.py $(PYTEST_ARGS)
 	TICKWIRE_SOAK=10 $(PY) -m pytest -m slow -s tests/test_fuzz_requests.py $(PYTEST_ARGS)
 
+## demo: the demo server; `make demo PORT=10001 HOST=0.0.0.0 ARGS="--psk KEY"` (or TICKWIRE_* variables)
 demo: $(STAMP) java-check
-	$(PY) -m tickwire demo
+	$(PY) -m tickwire demo $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST)) $(ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py

@@ -10,10 +10,11 @@ Tables (names kept stable for the server and its clients):
 """
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,8 @@ from tickwire.server.graph import UpdateGraph
 TRADES = pa.schema([("Timestamp", pa.timestamp("ns", "UTC")), ("Sym", pa.string()), ("Price", pa.float64()),
                     ("Size", pa.int32()), ("Seq", pa.int64())])
 SYMBOLS = [f"SYM{i:02d}" for i in range(20)]
+
+log = logging.getLogger(__name__)
 
 
 def static_mixed(n: int = 1000) -> pa.Table:
@@ -116,36 +119,74 @@ def big_static(n: int = 1_000_000) -> pa.Table:
     })
 
 
+def _pick(tables: list[str], preferred: str) -> str:
+    return preferred if preferred in tables else tables[0]
+
+
 def connect_help(host: str, port: int, psk: Optional[str] = None, web_url: Optional[str] = None,
-                 grid_table: str = "ticking_keyed") -> str:
-    """How to reach the server's tables with each client (`web_url`: the server's browser address)."""
-    auth = (f"(b'authorization', b'io.deephaven.authentication.psk.PskAuthenticationHandler {psk}')" if psk
+                 grid_table: Optional[str] = None, *, tls: bool = False, tables: Optional[Sequence[str]] = None,
+                 tls_cert: Optional[str] = None) -> str:
+    """How to reach the server's tables with each client: the examples name `tables` (the tables
+    served now; none: how to add one), use TLS when `tls` (`tls_cert`: the certificate a client of
+    a self-signed server trusts), and show the pre-shared key `psk` masked. `web_url`: the
+    server's browser address (None: no browser side)."""
+    from tickwire.config import mask
+
+    names = sorted(tables or [])
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    key = mask(psk)
+    static = _pick(names, "static_mixed") if names else "<table>"
+    keyed = _pick(names, "ticking_keyed") if names else "<table>"
+    ticking = _pick(names, "ticking_append") if names else "<table>"
+    grid = grid_table if grid_table in names else (keyed if names else None)
+    auth = (f"(b'authorization', b'io.deephaven.authentication.psk.PskAuthenticationHandler {key}')" if psk
             else "(b'authorization', b'Anonymous')")
-    dh_auth = (f", auth_type='io.deephaven.authentication.psk.PskAuthenticationHandler', auth_token='{psk}'"
+    dh_auth = (f", auth_type='io.deephaven.authentication.psk.PskAuthenticationHandler', auth_token='{key}'"
                if psk else "")
-    return "\n".join([
-        f"tickwire is serving on {host}:{port}. Connect with:",
+    certs = f"open('{tls_cert}', 'rb').read()" if tls_cert else None
+    if tls:
+        flight_url = f"grpc+tls://{shown_host}:{port}"
+        flight_tls = f", tls_root_certs={certs}" if certs else ""
+        dh_tls = ", use_tls=True" + (f", tls_root_certs={certs}" if certs else "")
+        tw_tls = ", tls=True" + (f", root_certs={certs}" if certs else "")
+    else:
+        flight_url, flight_tls, dh_tls, tw_tls = f"grpc://{shown_host}:{port}", "", "", ""
+    tw_psk = f", psk='{key}'" if psk else ""
+    lines = [f"tickwire is serving on {host}:{port}" + (" with TLS" if tls else "")
+             + (f", pre-shared key {key}" if psk else "") + ". Connect with:"]
+    if not names:
+        lines += ["  (no tables yet: DoPut an Arrow table to ['scope', NAME] with any Flight client, e.g. "
+                  "client.do_put(pyarrow.flight.FlightDescriptor.for_path('scope', NAME), schema, opts), "
+                  "or from Python with tickwire.engine_of(graph).get_or_create(TableSpec(...)))"]
+    lines += [
         "  pyarrow.flight:",
-        f"    c = pyarrow.flight.FlightClient('grpc://{host}:{port}')",
+        f"    c = pyarrow.flight.FlightClient('{flight_url}'{flight_tls})",
         f"    opts = pyarrow.flight.FlightCallOptions(headers=[{auth}])",
-        "    c.do_get(pyarrow.flight.Ticket(b's/static_mixed'), opts).read_all()",
+        f"    c.do_get(pyarrow.flight.Ticket(b's/{static}'), opts).read_all()",
         "  pydeephaven:",
-        f"    s = pydeephaven.Session(host='{host}', port={port}{dh_auth})",
-        "    s.open_table('ticking_keyed').to_arrow()",
+        f"    s = pydeephaven.Session(host='{shown_host}', port={port}{dh_auth}{dh_tls})",
+        f"    s.open_table('{keyed}').to_arrow()",
         "  pydeephaven-ticking:",
         "    from pydeephaven_ticking.table_listener import listen",
-        "    listen(s.open_table('ticking_append'), lambda update: print(update.added())).start()",
+        f"    listen(s.open_table('{ticking}'), lambda update: print(update.added())).start()",
         "  tickwire's client:",
         "    from tickwire.clients.client import BarrageClient",
-        f"    sub = BarrageClient('{host}:{port}'{', psk=' + repr(psk) if psk else ''}).subscribe('ticking_keyed')",
+        f"    sub = BarrageClient('{shown_host}:{port}'{tw_psk}{tw_tls}).subscribe('{keyed}')",
         "    sub.wait_for(lambda s: s.size > 0); print(sub.to_pandas())",
         "  Deephaven's Java client: BarrageSession to "
-        f"{host}:{port}, ticket s/<table>",
-    ] + ([] if web_url is None else [
-        "  a browser (Deephaven's grid page on a live table" + (", log in with the pre-shared key" if psk else "") + "):",
-        f"    {web_url}/iframe/widget/?name={grid_table}",
-        f"    every table: {web_url}/tables/",
-    ]))
+        f"{shown_host}:{port}{' (TLS)' if tls else ''}, ticket s/<table>",
+    ]
+    if psk:
+        lines.append(f"  (the key is shown masked: {key}; use the one given with --psk)")
+    if names:
+        lines.append(f"  tables: {', '.join(names)}")
+    if web_url is not None:
+        lines.append("  a browser" + (" (log in with the pre-shared key)" if psk else "") + ":")
+        if grid is not None:
+            from urllib.parse import quote
+            lines.append(f"    Deephaven's grid page on a live table: {web_url}/iframe/widget/?name={quote(grid, safe='')}")
+        lines.append(f"    every table: {web_url}/tables/")
+    return "\n".join(lines)
 
 
 def publish_demo_tables(graph: UpdateGraph, *, interval_ms: float = 100.0, big: bool = True) -> DemoTicker:
@@ -169,9 +210,17 @@ def _launch_spark() -> None:
 def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out=print, *, port: Optional[int] = None,
              host: str = "127.0.0.1", psk: Optional[str] = None, tls_cert=None, tls_key=None,
              spark: bool = False, max_inbound_message_size: Optional[int] = None, web: bool = True,
-             web_port: Optional[int] = None, web_assets=None, data_dir=None, durability=None) -> int:
-    """Runs the demo tables until Ctrl-C (or `duration_s`); prints one line per second. With a
-    `port`, serves them over Flight/Barrage on it (port 0 picks a free one)."""
+             web_port: Optional[int] = None, web_assets=None, data_dir=None, durability=None,
+             metrics_port: Optional[int] = None, status_interval_s: Optional[float] = None,
+             spark_tables_wait_s: float = 60.0) -> int:
+    """Runs the demo tables until Ctrl-C (or `duration_s`). With a `port`, serves them over
+    Flight/Barrage on it (port 0 picks a free one) and prints how to connect once the tables exist
+    (the Spark ones included). `status_interval_s`: print the tables' sizes that often (default:
+    never). The ports are checked before anything starts: a port in use fails at once (OSError),
+    not after Spark's ~30 s start."""
+    if port is not None:
+        from tickwire.config import probe_ports
+        probe_ports(host, {"--port": port, "--web-port": web_port if web else None, "--metrics-port": metrics_port})
     graph = UpdateGraph(interval_ms=interval_ms)
     if data_dir is not None:  # before the tables are made, so that they come back and stay durable
         recovered = engine_of(graph).open_storage(data_dir, durability)
@@ -204,10 +253,11 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
         ticker.start()
         if port is not None:
             from tickwire.server.app import TickwireServer
-            limits = {} if max_inbound_message_size is None else {"max_inbound_message_size": max_inbound_message_size}
+            options = {} if max_inbound_message_size is None else {"max_inbound_message_size": max_inbound_message_size}
+            if metrics_port is not None:
+                options["metrics_port"] = metrics_port
             server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key,
-                                    web=web, web_port=web_port, web_assets=web_assets, **limits).start()
-            out(connect_help(host, server.port, psk, server.web_url))
+                                    web=web, web_port=web_port, web_assets=web_assets, **options).start()
         if spark and not done.is_set():
             from tickwire.server.spark.pipeline_demo import start_spark_demo, stop_active_spark
 
@@ -220,21 +270,36 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
                 # Spark replaces the SIGINT handler with its own; Ctrl-C must stop the demo cleanly
                 signal.signal(signal.SIGINT, on_signal)
         engine = engine_of(graph)
+        if spark_feed is not None:  # a Spark table exists from its first micro-batch on
+            wanted = {s.name for s in spark_feed.sinks.values()}
+            until = time.monotonic() + spark_tables_wait_s
+            while not wanted <= set(engine.public_names()) and time.monotonic() < until and not done.wait(0.1):
+                pass
+        if server is not None and not done.is_set():
+            out(connect_help(host, server.port, psk, server.web_url, tls=server.tls is not None,
+                             tables=engine.public_names(), tls_cert=tls_cert))
         out(f"tickwire demo: tables {', '.join(sorted(engine.public_names()))}; Ctrl-C stops")
         started = time.monotonic()
-        while not done.wait(1.0):
+        next_status = None if not status_interval_s else started + status_interval_s
+        while not done.wait(0.25):
             if spark_feed is not None and threading.current_thread() is threading.main_thread() \
                     and signal.getsignal(signal.SIGINT) is not on_signal:
                 signal.signal(signal.SIGINT, on_signal)  # Spark may install its own handler again
-            with engine.reading():
-                sizes = ", ".join(f"{t.name}={t.size}" for t in sorted(engine.tables(), key=lambda t: t.name))
-            out(f"step {graph.step}: {sizes}")
-            if spark_feed is not None:
-                out(spark_feed.status())
-            if duration_s is not None and time.monotonic() - started >= duration_s:
+            now = time.monotonic()
+            if next_status is not None and now >= next_status:
+                next_status = now + status_interval_s
+                with engine.reading():
+                    sizes = ", ".join(f"{t.name}={t.size}" for t in sorted(engine.tables(), key=lambda t: t.name))
+                out(f"step {graph.step}: {sizes}")
+                if spark_feed is not None:
+                    out(spark_feed.status())
+            if duration_s is not None and now - started >= duration_s:
                 break
     finally:
         if spark_feed is not None:
+            if not logging.getLogger().isEnabledFor(logging.DEBUG):
+                # a micro-batch cut by the stop is logged by py4j as an ERROR with a long Java stack
+                logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
             spark_feed.stop()  # the Spark queries end before the server drains
         ticker.stop()
         if server is not None:

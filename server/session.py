@@ -11,6 +11,7 @@ tickets of their session reach them.
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import threading
 import time
@@ -65,6 +66,9 @@ class Session:
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
     ended_by: Optional[str] = None  # CLOSED or EXPIRED once ended
+    id: int = field(default_factory=lambda: next(_SESSION_IDS))  # for logs: the token is a secret
+    auth: str = ""  # how it was opened, for logs: "anonymous", "psk", "basic"
+    peer: str = ""  # who opened it, for logs, when known
     _end_listeners: list = field(default_factory=list, repr=False)
     _export_listeners: list = field(default_factory=list, repr=False)
 
@@ -153,6 +157,14 @@ class Session:
         return t
 
 
+_SESSION_IDS = itertools.count(1)
+
+
+def _log_end(s: Session, reason: str) -> None:
+    log.info("session %d %s (auth %s%s)", s.id, reason, s.auth or "?", f", peer {s.peer}" if s.peer else "",
+             extra={"event": "session_end", "session": s.id, "reason": reason, "auth": s.auth, "peer": s.peer})
+
+
 def _call_all(listeners: list, *args) -> None:
     for fn in listeners:
         try:
@@ -190,8 +202,11 @@ class SessionManager:
         """Seconds between expiry checks: a session outlives its duration by at most this."""
         return min(1.0, max(0.01, self.duration_ms / 4000.0))
 
-    def _new(self) -> Session:
-        s = Session(token=str(uuid.uuid4()), expires=time.monotonic() + self.duration_ms / 1000.0)
+    def _new(self, auth: str = "", peer: Optional[str] = None) -> Session:
+        s = Session(token=str(uuid.uuid4()), expires=time.monotonic() + self.duration_ms / 1000.0, auth=auth,
+                    peer=peer or "")
+        log.info("session %d opened (auth %s%s)", s.id, auth, f", peer {peer}" if peer else "",
+                 extra={"event": "session_open", "session": s.id, "auth": auth, "peer": s.peer})
         with self._lock:
             self._sessions[s.token] = s
             if self._reaper is None and not self._stop.is_set():
@@ -209,6 +224,8 @@ class SessionManager:
             for s in expired:
                 del self._sessions[s.token]
         for s in expired:
+            if not s.closed:
+                _log_end(s, EXPIRED)
             held = s.end(EXPIRED)
             hook = self.on_expire
             if held and hook is not None:
@@ -237,10 +254,19 @@ class SessionManager:
         for s in live:
             s.announce(SHUTDOWN)
 
-    def authenticate(self, metadata: Sequence[tuple[str, object]]) -> Session:
+    def authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str] = None) -> Session:
         """The session of a call's request metadata, creating one for valid initial credentials.
+        `peer` (the caller's address) is only logged.
 
-        Raises AuthError when the call has no usable credentials."""
+        Raises AuthError when the call has no usable credentials (logged at WARNING)."""
+        try:
+            return self._authenticate(metadata, peer)
+        except AuthError as exc:
+            log.warning("refused credentials%s: %s", f" from {peer}" if peer else "", exc,
+                        extra={"event": "auth_refused", "peer": peer or "", "reason": str(exc)})
+            raise
+
+    def _authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str]) -> Session:
         now = time.monotonic()
         values = [v.decode() if isinstance(v, bytes) else str(v) for k, v in metadata if k.lower() == "authorization"]
         if not values:
@@ -259,15 +285,15 @@ class SessionManager:
         if scheme == ANONYMOUS and not rest:
             if self.psk is not None:
                 raise AuthError("anonymous access is disabled; this server requires a pre-shared key")
-            return self._new()
+            return self._new("anonymous", peer)
         if scheme == PSK_SCHEME:
             if self.psk is None:
-                return self._new()  # anonymous servers accept any credentials
+                return self._new("psk (unchecked)", peer)  # anonymous servers accept any credentials
             if hmac.compare_digest(rest.encode(), self.psk.encode()):
-                return self._new()
+                return self._new("psk", peer)
             raise AuthError("wrong pre-shared key")
         if scheme == BASIC and self.psk is None:
-            return self._new()
+            return self._new("basic (unchecked)", peer)
         raise AuthError(f"unsupported authorization scheme {scheme!r}")
 
     def shorten_lease(self, session: Session, until: float) -> None:
@@ -282,6 +308,8 @@ class SessionManager:
         """Ends `session` (CloseSession); returns the tables its exports held, for the caller to free."""
         with self._lock:
             self._sessions.pop(session.token, None)
+        if not session.closed:
+            _log_end(session, CLOSED)
         return session.end(CLOSED)
 
 

@@ -28,10 +28,11 @@ def test_ticker_feeds_every_table():
 
 
 def test_demo_command_runs_and_stops_cleanly():
-    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--no-spark", "--no-server", "--duration", "1.5", "--interval-ms", "50"],
+    r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--no-spark", "--no-server", "--duration", "1.5",
+                        "--interval-ms", "50", "--status-interval", "0.5"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "ticking_keyed=20" in r.stdout and "stopped" in r.stdout
+    assert "ticking_keyed=20" in r.stdout and "stopped" in r.stdout  # the status lines, asked for
 
 
 def test_demo_serves_every_table_and_stops_on_ctrl_c_with_exit_code_0():
@@ -76,6 +77,7 @@ def test_serve_command_starts_and_stops():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "serving on 127.0.0.1:" in r.stdout and "stopped" in r.stdout
+    assert "static_mixed" not in r.stdout and "no tables yet" in r.stdout  # serve advertises no demo tables
 
 
 @pytest.mark.slow

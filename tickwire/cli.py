@@ -1,60 +1,50 @@
-"""The `tickwire` command line."""
+"""The `tickwire` command line.
+
+Options come from flags, `TICKWIRE_*` environment variables and a TOML file (`--config`), in that
+order of precedence (tickwire.config). A user's mistake (a bad value, a port in use, a missing
+certificate, a bad data directory) ends the command with one line on stderr and exit code 2 (a
+bad value) or 1 (the server could not start); `--log-level debug` adds the traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from typing import Optional
+
+from tickwire.config import ConfigError, Settings, add_options, describe_error, probe_ports, render, resolve
+
+log = logging.getLogger("tickwire.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tickwire", description="Barrage-compatible Arrow Flight server")
+    parser = _Parser(prog="tickwire", description="Barrage-compatible Arrow Flight server")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.add_parser("version", help="print the version")
-    demo = sub.add_parser("demo", help="serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C stops)")
-    _server_args(demo, default_port=10000)
-    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    demo.add_argument("--no-spark", action="store_true", help="no Spark pipeline: the Python ticker's tables only")
-    demo.add_argument("--no-server", action="store_true", help="run the tables without serving them")
-    serve = sub.add_parser("serve", help="run a server (tables arrive by DoPut or from Python)")
-    _server_args(serve, default_port=10000)
-    serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    serve.add_argument("--replicate", default=None, metavar="HOST:PORT/TABLE[,...]",
-                       help="follow these tables of other Barrage servers (tickwire or Deephaven) as local tables")
-    serve.add_argument("--upstream-psk", default=None, help="pre-shared key for the --replicate servers")
-    serve.add_argument("--upstream-tls", action="store_true", help="connect to the --replicate servers with TLS")
+    demo = sub.add_parser("demo", help="serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C stops)",
+                          description="Serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C "
+                                      "stops). Options: flags > TICKWIRE_* environment > --config file > defaults.")
+    add_options(demo, "demo")
+    serve = sub.add_parser("serve", help="run a server (tables arrive by DoPut or from Python)",
+                           description="Run a server; tables arrive by DoPut, from Python or by --replicate. "
+                                       "Options: flags > TICKWIRE_* environment > --config file > defaults.")
+    add_options(serve, "serve")
     return parser
-
-
-def _server_args(p: argparse.ArgumentParser, default_port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=default_port, help="port (0 picks a free one)")
-    p.add_argument("--interval-ms", type=float, default=100.0, help="update graph cycle interval")
-    p.add_argument("--psk", default=None, help="require this pre-shared key (Deephaven PSK authentication)")
-    p.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS")
-    p.add_argument("--tls-key", default=None, help="PEM private key for --tls-cert")
-    p.add_argument("--max-inbound-message-size", type=int, default=100 * 1024 * 1024, metavar="BYTES",
-                   help="largest gRPC message a client may send (a DoPut batch, a request); default 100 MiB, "
-                        "as Deephaven's")
-    p.add_argument("--web-port", type=int, default=None,
-                   help="serve browsers (Deephaven's JS API and grid page) on this port instead of the main one "
-                        "(needed with TLS; 0 picks a free one)")
-    p.add_argument("--web-assets", default=None, metavar="PATH",
-                   help="a deephaven-web jar or directory to serve the browser pages from (default: the installed "
-                        "deephaven-server package, `pip install 'tickwire[web]'`)")
-    p.add_argument("--no-web", action="store_true", help="no browser side: the port serves gRPC only")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="make append, keyed and ring tables durable in DIR: a restart brings them back "
-                        "(default: in memory only)")
-    p.add_argument("--fsync", nargs="+", default=["cycle"], metavar="POLICY",
-                   help="when journals reach the disk: 'cycle' (before each cycle applies its input; a write "
-                        "acknowledged is on disk), 'interval MS', or 'off' (default: cycle)")
 
 
 def _durability(args):
     """The --fsync policy as a storage.Durability, or an error message."""
     from tickwire.server.storage.store import Durability
 
-    words = args.fsync
+    words = list(args.fsync)
     if words == ["cycle"] or words == ["off"]:
         return Durability(fsync=words[0])
     if len(words) == 2 and words[0] == "interval" and words[1].isdigit() and int(words[1]) > 0:
@@ -62,8 +52,11 @@ def _durability(args):
     raise ValueError(f"--fsync {' '.join(words)}: use 'cycle', 'interval MS' (a positive number) or 'off'")
 
 
-def _serve(args) -> int:
-    import logging
+def _ports(s: Settings) -> dict[str, Optional[int]]:
+    return {"--port": s.port, "--web-port": None if s.no_web else s.web_port, "--metrics-port": s.metrics_port}
+
+
+def _serve(s: Settings) -> int:
     import signal
     import threading
     import time
@@ -71,46 +64,73 @@ def _serve(args) -> int:
     from tickwire.server.app import TickwireServer
     from tickwire.server.demo import connect_help
     from tickwire.server.graph import UpdateGraph
-
     from tickwire.server.replica import parse_replicate
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        upstreams = parse_replicate(args.replicate) if args.replicate else []
+        upstreams = parse_replicate(s.replicate) if s.replicate else []
+        durability = _durability(s)
     except ValueError as exc:
-        print(f"tickwire: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(exc)) from None
+    probe_ports(s.host, _ports(s))
+    extra = {} if s.metrics_port is None else {"metrics_port": s.metrics_port}
+    graph = UpdateGraph(interval_ms=s.interval_ms)
     try:
-        durability = _durability(args)
-    except ValueError as exc:
-        print(f"tickwire: {exc}", file=sys.stderr)
-        return 2
-    graph = UpdateGraph(interval_ms=args.interval_ms)
-    server = TickwireServer(graph, host=args.host, port=args.port, psk=args.psk, tls_cert=args.tls_cert,
-                            tls_key=args.tls_key, max_inbound_message_size=args.max_inbound_message_size,
-                            web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets,
-                            data_dir=args.data_dir, durability=durability).start()
-    if args.data_dir:
-        names = ", ".join(t.name for t in server.recovered) or "none"
-        print(f"data directory {args.data_dir}: tables recovered: {names}", flush=True)
-    for target, table in upstreams:
-        # not waiting: an upstream that is down now is retried in the background
-        server.replicate(target, table, psk=args.upstream_psk, tls=args.upstream_tls, wait=False)
-        print(f"replicating {target}/{table} as {table!r}", flush=True)
+        server = TickwireServer(graph, host=s.host, port=s.port, psk=s.psk, tls_cert=s.tls_cert,
+                                tls_key=s.tls_key, max_inbound_message_size=s.max_inbound_message_size,
+                                web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
+                                data_dir=s.data_dir, durability=durability, **extra).start()
+    except BaseException:
+        graph.stop()
+        raise
     done = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    print(connect_help(args.host, server.port, args.psk, server.web_url), flush=True)
-    started = time.monotonic()
     try:
-        while not done.wait(0.5):
-            if args.duration is not None and time.monotonic() - started >= args.duration:
+        if s.data_dir:
+            names = ", ".join(t.name for t in server.recovered) or "none"
+            print(f"data directory {s.data_dir}: tables recovered: {names}", flush=True)
+        for target, table in upstreams:
+            # not waiting: an upstream that is down now is retried in the background
+            server.replicate(target, table, psk=s.upstream_psk, tls=s.upstream_tls, wait=False)
+            print(f"replicating {target}/{table} as {table!r}", flush=True)
+        signal.signal(signal.SIGINT, lambda *_: done.set())
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+        tables = server.ctx.engine.public_names()
+        print(connect_help(s.host, server.port, s.psk, server.web_url, tls=server.tls is not None,
+                           tables=tables, tls_cert=s.tls_cert), flush=True)
+        started = time.monotonic()
+        while not done.wait(0.2):
+            if s.duration is not None and time.monotonic() - started >= s.duration:
                 break
     finally:
         server.stop()
         graph.stop()
     print("tickwire: stopped", flush=True)
     return 0
+
+
+def _demo(s: Settings) -> int:
+    from tickwire.server.demo import run_demo
+
+    try:
+        durability = _durability(s)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if s.web_assets is not None and not s.no_web and not s.no_server:
+        from tickwire.server.web.assets import locate_assets
+        locate_assets(s.web_assets)  # a bad path fails now, not after Spark has started
+    return run_demo(interval_ms=s.interval_ms, duration_s=s.duration,
+                    port=None if s.no_server else s.port, host=s.host, psk=s.psk,
+                    tls_cert=s.tls_cert, tls_key=s.tls_key, spark=not s.no_spark,
+                    max_inbound_message_size=s.max_inbound_message_size,
+                    web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
+                    data_dir=s.data_dir, durability=durability, metrics_port=s.metrics_port,
+                    status_interval_s=s.status_interval, out=lambda line: print(line, flush=True))
+
+
+def _fail(message: str, code: int, debug: bool) -> int:
+    if debug:
+        log.debug("startup failed", exc_info=True)
+    print(f"tickwire: {message}", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,22 +141,40 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    if args.command == "demo":
-        from tickwire.server.demo import run_demo
+    if args.command not in ("demo", "serve"):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        settings = resolve(args.command, args)
+    except ConfigError as exc:
+        return _fail(str(exc), 2, False)
+    from tickwire.logs import configure
 
-        try:
-            durability = _durability(args)
-        except ValueError as exc:
-            print(f"tickwire: {exc}", file=sys.stderr)
-            return 2
-        return run_demo(interval_ms=args.interval_ms, duration_s=args.duration,
-                        port=None if args.no_server else args.port, host=args.host, psk=args.psk,
-                        tls_cert=args.tls_cert, tls_key=args.tls_key, spark=not args.no_spark,
-                        max_inbound_message_size=args.max_inbound_message_size,
-                        web=not args.no_web, web_port=args.web_port, web_assets=args.web_assets,
-                        data_dir=args.data_dir, durability=durability,
-                        out=lambda line: print(line, flush=True))
-    if args.command == "serve":
-        return _serve(args)
-    parser.print_help(sys.stderr)
-    return 2
+    configure(settings.log_level, settings.log_format)
+    debug = settings.log_level == "debug"
+    if settings.print_config:
+        print(render(settings), flush=True)
+        return 0
+    try:
+        return _serve(settings) if args.command == "serve" else _demo(settings)
+    except ConfigError as exc:
+        return _fail(str(exc), 2, debug)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130, debug)
+    except Exception as exc:  # noqa: BLE001 - every startup mistake is one line (a traceback with debug)
+        return _fail(_startup_message(exc, settings), 1, debug)
+
+
+def _startup_message(exc: BaseException, s: Settings) -> str:
+    """One line for an exception that stopped the server from starting."""
+    from tickwire.server.storage import StorageError
+
+    text = describe_error(exc)
+    if isinstance(exc, StorageError):
+        return text if str(s.data_dir) in text else f"--data-dir {s.data_dir}: {text}"
+    if isinstance(exc, ValueError) and s.web_assets is not None and (
+            "--web-assets" in text or str(s.web_assets) in text or "asset" in text.lower()):
+        return text if "--web-assets" in text else f"--web-assets {s.web_assets}: {text}"
+    if s.tls_cert is not None and "Failed to bind" in text:
+        return f"cannot listen with --tls-cert {s.tls_cert} / --tls-key {s.tls_key}: {text}"
+    return text if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {text}"

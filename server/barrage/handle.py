@@ -21,7 +21,32 @@ from tickwire.server.barrage.publisher import PublisherRegistry, Subscriber, Sub
 from tickwire.server.barrage.views import View
 from tickwire.server.config import ServerConfig
 
-__all__ = ["SubscriptionHandle", "Waker", "encoded_payloads"]
+__all__ = ["SubscriptionHandle", "Waker", "encoded_payloads", "describe_view", "outcome_of"]
+
+
+def describe_view(view: View, ncols: Optional[int] = None) -> str:
+    """A view for logs: "all columns, full" or "columns [0, 2], viewport 0-99 reversed"."""
+    cols = view.columns
+    if ncols is not None and len(cols) == ncols:
+        what = f"all {ncols} columns"
+    else:
+        shown = ", ".join(str(c) for c in cols[:8]) + (", ..." if len(cols) > 8 else "")
+        what = f"columns [{shown}]"
+    if view.viewport is None:
+        return what + ", full"
+    ranges = view.viewport.ranges()
+    window = ", ".join(f"{a}-{b}" for a, b in ranges[:4].tolist()) + (", ..." if len(ranges) > 4 else "")
+    return f"{what}, viewport {window or 'empty'}" + (" reversed" if view.reverse else "")
+
+
+def outcome_of(exc: BaseException) -> str:
+    """How a call that raised `exc` ended, for logs: "cancelled by the client" or "failed: CODE: message"."""
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled by the client"
+    code = getattr(exc, "code", None)
+    code = code if isinstance(code, str) else type(exc).__name__
+    text = " ".join(str(exc).split())
+    return f"failed: {code}: {text[:300]}"
 
 
 class Waker:

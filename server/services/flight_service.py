@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import secrets
@@ -26,7 +27,7 @@ from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
 from tickwire.server.barrage import EncodeOptions, TableWire, snapshot_message
 from tickwire.server.barrage.views import requested, requested_columns, requested_viewport
-from tickwire.server.barrage.handle import SubscriptionHandle, Waker, encoded_payloads
+from tickwire.server.barrage.handle import SubscriptionHandle, Waker, describe_view, encoded_payloads, outcome_of
 from tickwire.server.engine import TableSpec, kind_of
 from tickwire.server.graph import Table
 from tickwire.server.observability.metrics import TransferCounters
@@ -36,6 +37,7 @@ from tickwire.server.session import ResolveError, Session
 __all__ = ["FlightService", "KEYS_METADATA"]
 
 log = logging.getLogger(__name__)
+_SUBSCRIPTION_IDS = itertools.count(1)  # for logs
 
 
 
@@ -156,6 +158,7 @@ class FlightService:
         reader = asyncio.ensure_future(read())
         handle: Optional[SubscriptionHandle] = None
         follower = None
+        sub_id, outcome = None, "ended (OK)"
         try:
             req = await requests.get()
             if req is None:
@@ -170,13 +173,26 @@ class FlightService:
             handle = SubscriptionHandle(self.ctx.registry, table, view, options, executor=self.ctx.executor,
                                         config=self.ctx.config, waker=self._waker)
             await handle.open()
-            follower = asyncio.ensure_future(self._follow(requests, handle, session, table))
+            sub_id = next(_SUBSCRIPTION_IDS)
+            log.info("subscription %d started: table %r, %s (session %d, peer %s)", sub_id, table.name,
+                     describe_view(view, len(table.schema)), session.id, context.peer(),
+                     extra={"event": "subscription_start", "subscription": sub_id, "table": table.name,
+                            "view": describe_view(view, len(table.schema)), "session": session.id,
+                            "peer": context.peer()})
+            follower = asyncio.ensure_future(self._follow(requests, handle, session, table, sub_id))
             counters = self.counters
             async for p in handle.payloads():
                 counters.exchange_messages += 1
                 counters.exchange_bytes += len(p)
                 yield p
+        except BaseException as exc:
+            outcome = outcome_of(exc)
+            raise
         finally:
+            if sub_id is not None:
+                log.info("subscription %d %s: table %r (session %d)", sub_id, outcome, handle.table.name, session.id,
+                         extra={"event": "subscription_end", "subscription": sub_id, "table": handle.table.name,
+                                "outcome": outcome, "session": session.id})
             reader.cancel()
             if follower is not None:
                 follower.cancel()
@@ -184,7 +200,8 @@ class FlightService:
                 self.counters.retire(handle.sub)
                 handle.close()
 
-    async def _follow(self, requests: asyncio.Queue, handle: SubscriptionHandle, session, table: Table) -> None:
+    async def _follow(self, requests: asyncio.Queue, handle: SubscriptionHandle, session, table: Table,
+                      sub_id: int = 0) -> None:
         """Hands a running subscription's later requests to its handle: view changes, the end of
         the request stream, or the error that ends the call."""
         try:
@@ -199,6 +216,10 @@ class FlightService:
                     raise CallError("INVALID_ARGUMENT", "expected a subscription request")
                 _t, new_view, _o = await self.ctx.run(self._subscription_args, req, session, table)
                 await handle.change(new_view)
+                log.info("subscription %d changed: table %r, %s", sub_id, table.name,
+                         describe_view(new_view, len(table.schema)),
+                         extra={"event": "subscription_change", "subscription": sub_id, "table": table.name,
+                                "view": describe_view(new_view, len(table.schema))})
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - ends the call with its status
@@ -256,18 +277,31 @@ class FlightService:
         session = await self.ctx.authenticate(context)
         upload = UploadDecoder()
         received: list[pa.Table] = []
-        async for raw in request_iterator:
-            counters.doput_bytes += len(raw)
-            for event in upload.feed(raw):
-                if not isinstance(event, Batch):
-                    continue  # the destination, options and schema are kept by the decoder
-                received.append(await self.ctx.run(event.decode))  # costs what the batch holds: off the loop
-                yield flight_pb2.PutResult()
-        end = upload.close()
-        rows = sum(t.num_rows for t in received)
-        await self.ctx.run(self._put, end, received, session)
+        try:
+            async for raw in request_iterator:
+                counters.doput_bytes += len(raw)
+                for event in upload.feed(raw):
+                    if not isinstance(event, Batch):
+                        continue  # the destination, options and schema are kept by the decoder
+                    received.append(await self.ctx.run(event.decode))  # costs what the batch holds: off the loop
+                    yield flight_pb2.PutResult()
+            end = upload.close()
+            rows = sum(t.num_rows for t in received)
+            await self.ctx.run(self._put, end, received, session)
+        except (asyncio.CancelledError, GeneratorExit):
+            log.info("DoPut to %s cut by the client: nothing written (session %d)", upload.path, session.id,
+                     extra={"event": "doput_refused", "path": upload.path, "session": session.id,
+                            "outcome": "cancelled"})
+            raise
+        except BaseException as exc:
+            log.warning("DoPut to %s refused (session %d, peer %s): %s", upload.path, session.id, context.peer(),
+                        outcome_of(exc), extra={"event": "doput_refused", "path": upload.path,
+                                                "session": session.id, "peer": context.peer(),
+                                                "outcome": outcome_of(exc)})
+            raise
         counters.doput_rows += rows
-        log.debug("DoPut %s: %d rows", end.path, rows)
+        log.debug("DoPut to %s: %d rows (session %d)", end.path, rows, session.id,
+                  extra={"event": "doput", "path": end.path, "rows": rows, "session": session.id})
 
     def _put(self, end, received: list[pa.Table], session: Session) -> None:
         table = self._put_target(end.path, end.schema, end.keys, session)

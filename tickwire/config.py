@@ -1,0 +1,367 @@
+"""The command line's options, from flags, `TICKWIRE_*` environment variables and a TOML file.
+
+Every option of `tickwire serve` and `tickwire demo` can be given three ways; the first found wins:
+
+1. a flag: `--port 10001`;
+2. an environment variable: `TICKWIRE_PORT=10001` (the flag's name in capitals, `-` as `_`; a
+   switch such as `--no-web` takes 1/true/yes/on or 0/false/no/off; `--fsync` takes
+   `"interval 50"`);
+3. the TOML file of `--config PATH` (or `TICKWIRE_CONFIG`): top-level keys apply to every command,
+   a `[serve]` or `[demo]` table to that command only (`port = 10001`, `no-web = true`,
+   `fsync = "interval 50"`; `interval_ms` and `interval-ms` are the same key);
+
+else the option's default. Values are checked once, before anything starts; a mistake is one
+`ConfigError` line naming where the value came from.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = ["Option", "OPTIONS", "ConfigError", "Settings", "add_options", "resolve", "render", "mask"]
+
+ENV_PREFIX = "TICKWIRE_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+class ConfigError(ValueError):
+    """A value that cannot be used; the message is one line naming the option and its source."""
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the flag without its dashes: "interval-ms"
+    kind: str  # "str", "int", "float", "port", "bool", "words", "choice"
+    default: Any
+    help: str
+    commands: tuple[str, ...] = ("serve", "demo")
+    metavar: Optional[str] = None
+    choices: tuple[str, ...] = ()
+    secret: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name
+
+
+BOTH = ("serve", "demo")
+OPTIONS: tuple[Option, ...] = (
+    Option("host", "str", "127.0.0.1", "address to listen on (0.0.0.0 for every interface)"),
+    Option("port", "port", 10000, "port (0 picks a free one)"),
+    Option("interval-ms", "float", 100.0, "update graph cycle interval, milliseconds"),
+    Option("psk", "str", None, "require this pre-shared key (Deephaven PSK authentication)", secret=True,
+           metavar="KEY"),
+    Option("tls-cert", "file", None, "PEM certificate: serve TLS (needs --tls-key)", metavar="PATH"),
+    Option("tls-key", "file", None, "PEM private key for --tls-cert", metavar="PATH"),
+    Option("max-inbound-message-size", "int", 100 * 1024 * 1024,
+           "largest gRPC message a client may send (a DoPut batch, a request); 100 MiB, as Deephaven's",
+           metavar="BYTES"),
+    Option("web-port", "port", None, "serve browsers (Deephaven's JS API and grid page) on this port instead of the "
+                                     "main one (needed with TLS; 0 picks a free one)"),
+    Option("web-assets", "str", None, "a deephaven-web jar or directory to serve the browser pages from (default: "
+                                      "the installed deephaven-server package, `pip install 'tickwire[web]'`)",
+           metavar="PATH"),
+    Option("no-web", "bool", False, "no browser side: the port serves gRPC only"),
+    Option("metrics-port", "port", None, "serve /metrics and /healthz on this port of their own (0 picks a free one)"),
+    Option("data-dir", "str", None, "make append, keyed and ring tables durable in DIR: a restart brings them back "
+                                    "(default: in memory only)", metavar="DIR"),
+    Option("fsync", "words", ("cycle",), "when journals reach the disk: 'cycle' (before each cycle applies its "
+                                         "input; a write acknowledged is on disk), 'interval MS', or 'off'",
+           metavar="POLICY"),
+    Option("duration", "float", None, "stop after this many seconds", metavar="SECONDS"),
+    Option("log-level", "choice", "info", "what to log (debug also prints tracebacks of startup errors)",
+           choices=LOG_LEVELS),
+    Option("log-format", "choice", "text", "log lines as text, or as JSON objects one a line", choices=LOG_FORMATS),
+    # demo only
+    Option("no-spark", "bool", False, "no Spark pipeline: the Python ticker's tables only", commands=("demo",)),
+    Option("no-server", "bool", False, "run the tables without serving them", commands=("demo",)),
+    Option("status-interval", "float", None, "print the tables' sizes every SECONDS (default: never)",
+           commands=("demo",), metavar="SECONDS"),
+    # serve only
+    Option("replicate", "str", None, "follow these tables of other Barrage servers (tickwire or Deephaven) as "
+                                     "local tables", commands=("serve",), metavar="HOST:PORT/TABLE[,...]"),
+    Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
+           secret=True),
+    Option("upstream-tls", "bool", False, "connect to the --replicate servers with TLS", commands=("serve",)),
+)
+
+
+def options_for(command: str) -> list[Option]:
+    return [o for o in OPTIONS if command in o.commands]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+def add_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Adds `command`'s options to `parser`. Nothing is defaulted here (argparse.SUPPRESS): the
+    namespace holds only the flags given, so that `resolve` can tell them from the defaults."""
+    parser.add_argument("--config", default=argparse.SUPPRESS, metavar="PATH",
+                        help=f"read options from this TOML file (env {ENV_PREFIX}CONFIG)")
+    parser.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
+                        help="print the effective options (keys masked) and where each came from, then exit")
+    for o in options_for(command):
+        default = "" if o.default in (None, False) else f"; default: {_shown(o.default)}"
+        helptext = f"{o.help} (env {o.env}{default})".replace("%", "%%")
+        if o.kind == "bool":
+            parser.add_argument(o.flag, action="store_true", default=argparse.SUPPRESS, help=helptext)
+        elif o.kind == "words":
+            parser.add_argument(o.flag, nargs="+", default=argparse.SUPPRESS, metavar=o.metavar, help=helptext)
+        else:
+            parser.add_argument(o.flag, default=argparse.SUPPRESS, metavar=o.metavar or (None if o.choices else o.dest.upper()),
+                                choices=o.choices or None, help=helptext)
+
+
+# -- parsing and checking ---------------------------------------------------------------------------------
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _convert(o: Option, raw: Any, source: str) -> Any:
+    """`raw` (a flag's or variable's string, or a TOML value) as the option's type, checked."""
+    where = f"{o.flag} {_shown(raw)!s}" if source == "flag" else f"{o.name} = {raw!r} ({source})"
+
+    def fail(why: str) -> ConfigError:
+        return ConfigError(f"{where}: {why}")
+
+    if o.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise fail("want true or false")
+    if o.kind == "words":
+        words = raw.split() if isinstance(raw, str) else raw
+        if not isinstance(words, (list, tuple)) or not words:
+            raise fail("want a policy such as 'cycle', 'interval 50' or 'off'")
+        return tuple(str(w) for w in words)
+    if raw is None:
+        return None
+    if o.kind in ("int", "port"):
+        if isinstance(raw, bool) or isinstance(raw, float):
+            raise fail("want a whole number")
+        try:
+            value = int(str(raw).strip().replace("_", ""))
+        except ValueError:
+            raise fail("want a whole number") from None
+        if o.kind == "port" and not 0 <= value <= 65535:
+            raise fail("a port is 1-65535, or 0 to pick a free one")
+        if o.kind == "int" and value <= 0:
+            raise fail("want a positive number")
+        return value
+    if o.kind == "float":
+        if isinstance(raw, bool):
+            raise fail("want a number")
+        try:
+            value = float(str(raw).strip())
+        except ValueError:
+            raise fail("want a number") from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise fail("want a number above 0")
+        return value
+    if not isinstance(raw, str):
+        raise fail("want a string")
+    if o.kind == "choice":
+        value = raw.strip().lower()
+        if value not in o.choices:
+            raise fail(f"want one of {', '.join(o.choices)}")
+        return value
+    if o.kind == "file":
+        path = Path(raw).expanduser()
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as exc:
+            raise fail(f"cannot read it: {exc.strerror or exc}") from None
+        return str(path)
+    if o.secret and not raw:
+        raise fail("an empty key")
+    return raw
+
+
+def _load_toml(path: str, command: str) -> dict[str, Any]:
+    """{option name: value} of the TOML file for `command` (its table over the top-level keys)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            raise ConfigError(f"config file {path}: reading TOML needs Python 3.11 or `pip install tomli`") from None
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+    known = {o.name for o in OPTIONS}
+    out: dict[str, Any] = {}
+    sections = {"serve", "demo"}
+    for scope in (None, command):
+        table = data if scope is None else data.get(scope, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {path}: [{scope}] must be a table")
+        for key, value in table.items():
+            if scope is None and key in sections:
+                continue
+            name = key.replace("_", "-")
+            if name not in known:
+                raise ConfigError(f"config file {path}: unknown option {key!r}" + (f" in [{scope}]" if scope else ""))
+            out[name] = value
+    return out
+
+
+@dataclass
+class Settings:
+    """The effective options of one command: `values` by dest name, `sources` saying where each
+    came from ("flag", "env TICKWIRE_X", "file PATH", "default")."""
+
+    command: str
+    values: dict[str, Any]
+    sources: dict[str, str]
+    config_path: Optional[str] = None
+    print_config: bool = False
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def resolve(command: str, args: argparse.Namespace, environ: Optional[dict[str, str]] = None) -> Settings:
+    """The effective options of `command`: flags > environment > file > defaults, checked."""
+    env = os.environ if environ is None else environ
+    given = vars(args)
+    config_path = given.get("config") or env.get(ENV_PREFIX + "CONFIG") or None
+    file_values = _load_toml(config_path, command) if config_path else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for o in options_for(command):
+        if o.dest in given:
+            raw, source = given[o.dest], "flag"
+        elif o.env in env:
+            raw, source = env[o.env], f"env {o.env}"
+        elif o.name in file_values:
+            raw, source = file_values[o.name], f"file {config_path}"
+        else:
+            values[o.dest], sources[o.dest] = o.default, "default"
+            continue
+        values[o.dest], sources[o.dest] = _convert(o, raw, source), source
+    if file_values:
+        unused = sorted(set(file_values) - {o.name for o in options_for(command)})
+        if unused:
+            raise ConfigError(f"config file {config_path}: {', '.join(unused)} is not an option of "
+                              f"`tickwire {command}`")
+    if (values.get("tls_cert") is None) != (values.get("tls_key") is None):
+        missing = "--tls-key" if values.get("tls_key") is None else "--tls-cert"
+        raise ConfigError(f"TLS needs both --tls-cert and --tls-key; {missing} is missing")
+    if values.get("tls_cert") is not None:
+        check_tls(values["tls_cert"], values["tls_key"])
+    values["fsync"] = list(values["fsync"])
+    return Settings(command, values, sources, config_path, bool(given.get("print_config")))
+
+
+def check_tls(cert: str, key: str) -> None:
+    """ConfigError unless `cert` is a PEM certificate (chain) and `key` its private key: grpc
+    would only say "Failed to bind", after C-level lines of its own on stderr."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        why = "the key does not match the certificate" if "KEY_VALUES_MISMATCH" in str(exc) else \
+            "not a PEM certificate and its PEM private key"
+        raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: {why} ({exc.reason or exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: {exc.strerror or exc}") from None
+
+
+def mask(secret: Optional[str]) -> Optional[str]:
+    """A key as it may be shown: its first two characters and ***."""
+    if secret is None:
+        return None
+    return (secret[:2] if len(secret) > 4 else "") + "***"
+
+
+def render(settings: Settings) -> str:
+    """The effective options as TOML (usable as a --config file), each with where it came from."""
+    lines = [f"# tickwire {settings.command}: effective options"
+             + (f" (config file {settings.config_path})" if settings.config_path else "")]
+    for o in options_for(settings.command):
+        value = settings.values[o.dest]
+        source = settings.sources[o.dest]
+        if o.secret and value is not None:
+            value = mask(value)
+        if value is None:
+            lines.append(f"# {o.name} = (unset)  # {source}")
+            continue
+        if o.kind == "words":
+            text = '"' + " ".join(value) + '"'
+        elif isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{o.name} = {text}  # {source}")
+    return "\n".join(lines)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a startup error."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
+
+
+
+def probe_ports(host: str, ports: dict[str, Optional[int]]) -> None:
+    """Checks that `host` can listen on each named port (None and 0 are skipped) by binding a
+    plain socket and closing it, before anything starts (the demo's Spark takes ~30 s): OSError
+    with one line naming the option when a port is taken or the address is not local."""
+    import errno
+    import socket
+
+    for option, port in ports.items():
+        if not port:
+            continue
+        where = f"{host}:{port}"
+        try:
+            infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise OSError(f"cannot listen on {where} ({option}): unknown host ({exc.strerror})") from None
+        family, socktype, proto, _name, addr = infos[0]
+        s = socket.socket(family, socktype, proto)
+        try:
+            # as servers bind: SO_REUSEADDR lets a port in TIME_WAIT through, never one a server listens on
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                why = "the port is in use (another server? pick another with " + option + ")"
+            elif exc.errno == errno.EACCES:
+                why = "permission denied (ports below 1024 need privileges)"
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                why = "the address is not one of this machine's"
+            else:
+                why = exc.strerror or str(exc)
+            raise OSError(f"cannot listen on {where} ({option}): {why}") from None
+        finally:
+            s.close()
