@@ -129,7 +129,7 @@ def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
 
     def prepare(request, context):
         if precheck is not None:
-            _CALL_SESSION.set(precheck(context.invocation_metadata() or ()))
+            _CALL_SESSION.set(precheck(context.invocation_metadata() or (), peer=context.peer()))
         if parse is None:
             return request
         return _parsed_stream(request, parse) if streaming_request else parse(request)
@@ -218,7 +218,7 @@ def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
 
     A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
     in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes.
-    Requests always arrive as bytes: `precheck(metadata)` (the session manager's authenticate)
+    Requests always arrive as bytes: `precheck(metadata, peer=...)` (the session manager's authenticate)
     runs first, except for UNAUTHENTICATED_METHODS, and its session is what
     `ServerContext.authenticate` returns for the call; only then is the body parsed. `on_error(code)`
     hears the status code of every call that ends with an error (the server's metrics)."""

@@ -479,3 +479,20 @@ def test_a_closed_socket_frees_its_sessions_exports_after_a_short_lease():
     finally:
         srv.stop()
     assert sessions == 1 and tables == 2  # the closed page's session and its export are gone
+
+
+def test_sessions_opened_over_either_transport_log_their_peer(served, caplog):
+    import logging
+
+    srv, _graph, _keyed = served
+    caplog.set_level(logging.INFO, logger="tickwire.server.session")
+
+    async def browser():
+        async with await WebsocketChannel.connect(srv.web_url) as ch:
+            await ch.unary(CONFIG + "GetConfigurationConstants", b"", ANON)
+    run(browser())
+    with grpc.insecure_channel(srv.target) as ch:
+        ch.unary_unary(CONFIG + "GetConfigurationConstants")(b"", metadata=tuple(ANON.items()), timeout=5)
+    peers = [getattr(r, "peer", None) for r in caplog.records if getattr(r, "event", None) == "session_open"]
+    assert any(p and p.startswith("ws:127.0.0.1") for p in peers), peers
+    assert any(p and p.startswith("ipv4:127.0.0.1") for p in peers), peers

@@ -67,10 +67,10 @@ class WebSide:
         self.app.router.add_route("GET", "/{tail:.*}", self._any)
 
     # -- credentials ----------------------------------------------------------------------------
-    def precheck(self, metadata):
+    def precheck(self, metadata, peer=None):
         """The session manager's check, noting the session on the socket the call came from."""
-        session = self.ctx.sessions.authenticate(metadata)
         sock = CURRENT_SOCKET.get()
+        session = self.ctx.sessions.authenticate(metadata, peer=f"ws:{sock.peer}" if sock is not None else peer)
         if sock is not None:
             sock.sessions.add(session)
         return session
