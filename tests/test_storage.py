@@ -303,3 +303,16 @@ def test_the_fsync_option_is_checked():
 
     assert main(["serve", "--port", "0", "--fsync", "sometimes", "--duration", "0"]) == 2
     assert main(["serve", "--port", "0", "--fsync", "interval", "0", "--duration", "0"]) == 2
+
+
+def test_after_the_storage_closes_durable_tables_refuse_writes(tmp_path):
+    graph, engine, _ = open_engine(tmp_path)
+    app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))
+    engine.write(app, rows([1]), wait=False)
+    graph.run_cycle()
+    engine.close_storage()
+    with pytest.raises(IngestError, match="was closed"):
+        engine.write(app, rows([2]), wait=False)
+    _g, engine2, found = open_engine(tmp_path)
+    assert state(engine2, found["app"])[1].column("k").to_pylist() == [1]
+    engine2.close_storage()

@@ -634,6 +634,8 @@ class Storage:
         with self._lock:
             files = list(self._files.values())
         for f in files:
+            # its journal is closed: a write now could be applied but never be on disk
+            f.table.refusal = f"the data directory {self.root} was closed (the server stopped)"
             try:
                 f.close_journal()
             except OSError as exc:
