@@ -44,6 +44,7 @@ FLIGHT = "/arrow.flight.protocol.FlightService/"
 CONFIG = "/io.deephaven.proto.backplane.grpc.ConfigService/GetConfigurationConstants"
 CLOSE = "/io.deephaven.proto.backplane.grpc.SessionService/CloseSession"
 _END = object()
+CLOSE_TIMEOUT_S = 5.0
 
 
 class ClientError(Exception):
@@ -161,12 +162,12 @@ class BarrageClient:
             self._keepalive.start()
 
     # -- plumbing -------------------------------------------------------------------------------------------
-    def _unary(self, path: str, request):
+    def _unary(self, path: str, request, timeout: Optional[float] = None):
         m = METHODS[path]
         fn = self.channel.unary_unary(path, request_serializer=m.request.SerializeToString,
                                       response_deserializer=m.response.FromString)
         try:
-            resp, call = fn.with_call(request, metadata=self.auth.metadata())
+            resp, call = fn.with_call(request, metadata=self.auth.metadata(), timeout=timeout)
         except grpc.RpcError as exc:
             raise ClientError(f"{m.name}: {exc.code().name}: {exc.details()}", exc.code()) from None
         self.auth.learn(call)
@@ -271,8 +272,8 @@ class BarrageClient:
         self._closed.set()
         for s in list(self._subs):
             s.close()
-        try:
-            self._unary(CLOSE, session_pb2.HandshakeRequest())
+        try:  # a courtesy to the server: closing never waits long for one that is going away
+            self._unary(CLOSE, session_pb2.HandshakeRequest(), timeout=CLOSE_TIMEOUT_S)
         except ClientError:
             pass
         self.channel.close()

@@ -302,6 +302,11 @@ class TickwireServer:
             except Exception:
                 log.debug("web side stop", exc_info=True)
             self.web = None
+        if self.splitter is not None:  # no new connection reaches a grpcio that is stopping
+            try:
+                asyncio.run_coroutine_threadsafe(self.splitter.stop_accepting(), loop).result(5)
+            except Exception:
+                log.debug("splitter stop", exc_info=True)
         if self._server is not None:
             try:
                 asyncio.run_coroutine_threadsafe(self._server.stop(grace), loop).result(grace + 5)

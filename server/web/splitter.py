@@ -213,9 +213,9 @@ class PortSplitter:
         with self._bridges_lock:
             return len(self._bridges)
 
-    async def close(self) -> None:
-        """Stops accepting; connections being classified are closed, proxied ones cut."""
-        if self._loop is not None:
+    async def stop_accepting(self) -> None:
+        """Closes the port; connections still being classified are closed (proxied ones go on)."""
+        if self._loop is not None and self.listener.fileno() >= 0:
             self._loop.remove_reader(self.listener.fileno())
         self.listener.close()
         tasks = list(self._waiting.values())
@@ -223,6 +223,10 @@ class PortSplitter:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stops accepting; connections being classified are closed, proxied ones cut."""
+        await self.stop_accepting()
         with self._bridges_lock:
             bridges = list(self._bridges)
         for b in bridges:
