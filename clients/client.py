@@ -45,6 +45,8 @@ CONFIG = "/io.deephaven.proto.backplane.grpc.ConfigService/GetConfigurationConst
 CLOSE = "/io.deephaven.proto.backplane.grpc.SessionService/CloseSession"
 _END = object()
 CLOSE_TIMEOUT_S = 5.0
+#: a subscription with `reconnect` subscribes again after these (the server went away or forgot us)
+_RECONNECT_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
 
 
 class ClientError(Exception):
@@ -108,6 +110,11 @@ class _Auth:
     def metadata(self) -> tuple:
         with self.lock:
             return (("authorization", self.bearer or self.initial),)
+
+    def forget(self) -> None:
+        """Drops the bearer token (its session is gone): the next call logs in again."""
+        with self.lock:
+            self.bearer = None
 
     def learn(self, call) -> None:
         try:
@@ -258,11 +265,20 @@ class BarrageClient:
                   viewport: Optional[Sequence[tuple[int, int]]] = None, reverse: bool = False,
                   on_update: Optional[Callable[["Update"], None]] = None,
                   on_error: Optional[Callable[[Exception], None]] = None, min_update_interval_ms: int = 0,
-                  queue_size: int = 1024) -> "Subscription":
+                  queue_size: int = 1024, reconnect: bool = False,
+                  on_connection: Optional[Callable[[str], None]] = None,
+                  backoff: tuple[float, float] = (0.1, 5.0)) -> "Subscription":
         """A live subscription: the whole table (viewport None) or a viewport of position ranges
-        (inclusive), optionally counted from the end (`reverse`) and limited to `columns`."""
+        (inclusive), optionally counted from the end (`reverse`) and limited to `columns`.
+
+        With `reconnect`, a lost connection (UNAVAILABLE, or a session the server no longer knows)
+        does not end the subscription: it subscribes again, logging in again, with a backoff
+        growing from `backoff[0]` to `backoff[1]` seconds, and the new snapshot replaces the state
+        (delivered as snapshot updates). `on_connection(state)` hears "disconnected: <reason>",
+        "reconnecting" and "connected"."""
         sub = Subscription(self, table, columns=columns, viewport=viewport, reverse=reverse, on_update=on_update,
-                           on_error=on_error, min_update_interval_ms=min_update_interval_ms, queue_size=queue_size)
+                           on_error=on_error, min_update_interval_ms=min_update_interval_ms, queue_size=queue_size,
+                           reconnect=reconnect, on_connection=on_connection, backoff=backoff)
         self._subs.append(sub)
         return sub
 
@@ -297,8 +313,15 @@ class Subscription:
     snapshot then replaces the state."""
 
     def __init__(self, client: BarrageClient, table, *, columns=None, viewport=None, reverse=False, on_update=None,
-                 on_error=None, min_update_interval_ms: int = 0, queue_size: int = 1024, snapshot: bool = False):
+                 on_error=None, min_update_interval_ms: int = 0, queue_size: int = 1024, snapshot: bool = False,
+                 reconnect: bool = False, on_connection: Optional[Callable[[str], None]] = None,
+                 backoff: tuple[float, float] = (0.1, 5.0)):
         self.client = client
+        self.reconnect = bool(reconnect) and not snapshot
+        self._on_connection = on_connection
+        self.backoff = (float(backoff[0]), float(backoff[1]))
+        self.connection = "connecting"
+        self.reconnects = 0
         self.name = table
         self.ticket = client.ticket(table)
         self._columns = list(columns) if columns is not None else None
@@ -415,6 +438,8 @@ class Subscription:
             for raw in call:
                 for ev in reader.feed(raw):
                     if isinstance(ev, SchemaReceived):
+                        if self.connection != "connected":
+                            self._connection("connected")
                         state = NaturalTableState(ev.schema, viewport=self.viewport is not None, selected=columns)
                         with self._lock:
                             if self._current(call) and self.state is None:
@@ -422,6 +447,9 @@ class Subscription:
                     elif not self._apply(ev.update, state, call):
                         return  # a newer stream replaced this one
         except grpc.RpcError as exc:
+            if self._current(call) and not self._closed.is_set() and self.reconnect \
+                    and exc.code() in _RECONNECT_CODES and self._resubscribe(call, f"{exc.code().name}: {exc.details()}"):
+                return  # a new stream (and reader) took over
             if self._current(call) and not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
                 self._fail(ClientError(f"{self._what()}: {exc.code().name}: {exc.details()}",
                                        exc.code()))
@@ -434,6 +462,40 @@ class Subscription:
                     self._fail(ClientError(f"{self._what()}: the stream ended without a schema"))
                 self._ready.set()
                 self._finish()
+
+    def _connection(self, state: str) -> None:
+        self.connection = state
+        if self._on_connection is not None:
+            try:
+                self._on_connection(state)
+            except Exception as exc:  # noqa: BLE001 - a user callback must not end the subscription
+                if self._on_error:
+                    self._on_error(exc)
+
+    def _resubscribe(self, call, reason: str) -> bool:
+        """After a lost connection: logs in again and opens a new stream, retrying with backoff
+        until it works or the subscription is closed (False then)."""
+        self._connection(f"disconnected: {reason}")
+        delay = self.backoff[0]
+        while not self._closed.wait(delay) and not self.client._closed.is_set():
+            self._connection("reconnecting")
+            self.client.auth.forget()  # a restarted server knows no session of ours
+            try:
+                self.client._config()
+                with self._lock:
+                    if self._closed.is_set() or not self._current(call):
+                        return False
+                    self._pending_columns.clear()
+                    old_requests = self._requests
+                    self._open(self._request_bytes())
+                old_requests.put(_END)
+                self.reconnects += 1
+                self._connection("connected")
+                return True
+            except ClientError as exc:
+                self._connection(f"disconnected: {exc}")
+            delay = min(self.backoff[1], delay * 2)
+        return False
 
     def _adopt(self, state: NaturalTableState) -> None:
         """Makes `state` the one shown (caller holds the lock)."""

@@ -141,3 +141,73 @@ def served_graph_for_url():
     srv = TickwireServer(graph, port=0, start_graph=False).start()
     yield srv
     srv.stop()
+
+
+def test_a_reconnecting_subscription_follows_the_table_across_a_server_restart():
+    import socket
+    import time
+
+    import numpy as np
+    import pyarrow as pa
+
+    from tickwire import TickwireServer, UpdateGraph
+    from tickwire.clients.client import BarrageClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    graph = UpdateGraph(interval_ms=20).start()
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    table = graph.keyed_table("kv", schema, ["k"])
+    table.add(pa.table({"k": np.arange(50), "v": np.zeros(50, np.int64)}, schema=schema))
+    srv = TickwireServer(graph, port=port).start()
+    states: list[str] = []
+    client = BarrageClient(f"grpc://127.0.0.1:{port}")
+
+    def same(sub) -> bool:
+        try:
+            got = sub.table.sort_by("k")
+        except Exception:  # noqa: BLE001 - no data yet
+            return False
+        return got.equals(graph.snapshot(table)[1].sort_by("k"))
+
+    try:
+        sub = client.subscribe("kv", reconnect=True, on_connection=states.append, backoff=(0.05, 0.5))
+        assert sub.wait_for(same, 20)
+        srv.stop()
+        deadline = time.monotonic() + 10
+        while not any(s.startswith("disconnected") for s in states) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert any(s.startswith("disconnected") for s in states), states
+        table.add(pa.table({"k": np.arange(25, 75), "v": np.full(50, 7, np.int64)}, schema=schema))
+        time.sleep(0.3)
+        srv = TickwireServer(graph, port=port).start()
+        assert sub.wait_for(same, 30), (states, sub.error)
+        assert sub.reconnects >= 1 and states[-1] == "connected" and not sub.closed
+        table.add(pa.table({"k": [1], "v": [99]}, schema=schema))  # and it keeps following
+        assert sub.wait_for(same, 20)
+    finally:
+        client.close()
+        srv.stop()
+        graph.stop()
+
+
+def test_without_reconnect_a_lost_connection_ends_the_subscription():
+    import numpy as np
+    import pyarrow as pa
+
+    from tickwire import TickwireServer, UpdateGraph
+    from tickwire.clients.client import BarrageClient
+
+    graph = UpdateGraph(interval_ms=20).start()
+    graph.static_table("t", pa.table({"a": np.arange(10)}))
+    srv = TickwireServer(graph, port=0).start()
+    client = BarrageClient(srv.target)
+    try:
+        sub = client.subscribe("t")
+        assert sub.wait_for(lambda s: s.table.num_rows == 10, 20)
+        srv.stop()
+        assert sub.wait_for(lambda s: s.closed, 20) and sub.error is not None
+    finally:
+        client.close()
+        graph.stop()
