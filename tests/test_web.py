@@ -496,3 +496,32 @@ def test_sessions_opened_over_either_transport_log_their_peer(served, caplog):
     peers = [getattr(r, "peer", None) for r in caplog.records if getattr(r, "event", None) == "session_open"]
     assert any(p and p.startswith("ws:127.0.0.1") for p in peers), peers
     assert any(p and p.startswith("ipv4:127.0.0.1") for p in peers), peers
+
+
+def test_with_tls_the_web_side_needs_its_own_port_and_serves_https(tmp_path):
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"openssl cannot make a test certificate: {r.stderr[-200:]!r}")
+    graph = UpdateGraph(interval_ms=50)
+    graph.static_table("t", pa.table({"a": [1]}))
+    shared = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_graph=False).start()
+    apart = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, web_port=0,
+                           start_graph=False).start()
+    try:
+        assert shared.web_url is None and shared.web is None  # grpcio keeps the TLS port to itself
+        assert apart.web_url == f"https://localhost:{apart.web_port}"
+        ctx = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(apart.web_url + "/js-plugins/manifest.json", context=ctx, timeout=10) as resp:
+            assert resp.status == 200 and resp.read() == b'{"plugins": []}'
+        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(f"localhost:{apart.port}", creds) as ch:
+            ch.unary_unary(CONFIG + "GetConfigurationConstants")(b"", metadata=tuple(ANON.items()), timeout=5)
+    finally:
+        shared.stop()
+        apart.stop()
