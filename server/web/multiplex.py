@@ -70,9 +70,11 @@ class _CallContext:
 
 
 class _Stream:
-    def __init__(self, socket: "MultiplexSocket", sid: int, method: GuardedMethod, headers: tuple):
+    def __init__(self, socket: "MultiplexSocket", sid: int, path: str, method: Optional[GuardedMethod],
+                 headers: tuple):
         self.socket = socket
         self.sid = sid
+        self.path = path
         self.method = method
         self.headers = headers
         self.requests: asyncio.Queue = asyncio.Queue(maxsize=socket.request_queue)
@@ -194,7 +196,7 @@ class MultiplexSocket:
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_loop())
         method = self.methods.get(ev.path)
-        stream = _Stream(self, ev.stream_id, method, ev.headers)
+        stream = _Stream(self, ev.stream_id, ev.path, method, ev.headers)
         self.streams[ev.stream_id] = stream
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_SOCKET.set, self)
@@ -211,7 +213,7 @@ class MultiplexSocket:
         try:
             if stream.method is None:
                 await self._finish(stream, grpc.StatusCode.UNIMPLEMENTED,
-                                   f"Method not found: {self.conn_path(stream)}")
+                                   f"Method not found: {stream.path}")
                 return
             gm = stream.method
             context = _CallContext(stream)
@@ -243,15 +245,9 @@ class MultiplexSocket:
         except ConnectionResetError:
             pass
         except Exception:  # noqa: BLE001 - a transport error must not escape the task
-            log.exception("websocket stream %d (%s) failed", stream.sid, stream.method and stream.method.path)
+            log.exception("websocket stream %d (%s) failed", stream.sid, stream.path)
         finally:
             self.streams.pop(stream.sid, None)
-
-    def conn_path(self, stream: _Stream) -> str:
-        for k, v in stream.headers:
-            if k == "grpc-websockets-path":
-                return v
-        return "?"
 
     # -- closing -------------------------------------------------------------------------------
     async def go_away(self, message: str = "the server is shutting down") -> None:
