@@ -316,3 +316,32 @@ def test_after_the_storage_closes_durable_tables_refuse_writes(tmp_path):
     _g, engine2, found = open_engine(tmp_path)
     assert state(engine2, found["app"])[1].column("k").to_pylist() == [1]
     engine2.close_storage()
+
+
+def test_a_slow_disk_holds_cycles_back_instead_of_queueing_without_bound(tmp_path, monkeypatch):
+    import time
+
+    from tickwire.server.storage import store
+
+    graph, engine, _ = open_engine(tmp_path)
+    app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))
+    slow_append = store._TableFiles.append
+    longest = []
+
+    def append(self, record):
+        time.sleep(0.01)  # a disk that takes 10 ms a record
+        with engine.storage._cond:
+            longest.append(len(engine.storage._queue))
+        slow_append(self, record)
+
+    monkeypatch.setattr(store._TableFiles, "append", append)
+    monkeypatch.setattr(store, "MAX_QUEUED", 4)
+    for c in range(60):
+        engine.write(app, rows([c]), wait=False)
+        graph.run_cycle()  # back to back, far faster than the disk
+    assert engine.storage.wait_durable()
+    assert max(longest) <= 4 and engine.storage.stats["writer_waits"] > 0
+    engine.close_storage()
+    _g, engine2, found = open_engine(tmp_path)
+    assert state(engine2, found["app"])[1].column("k").to_pylist() == list(range(60))
+    engine2.close_storage()

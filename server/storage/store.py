@@ -57,6 +57,7 @@ FORMAT = 1
 OP_COLUMN = "__tw_op"  # 0: add/upsert, 1: delete by key
 ROWKEY_COLUMN = "__tw_rowkey"
 _CKPT_META = b"tickwire.checkpoint"
+MAX_QUEUED = 64  # cycles of input handed to the journal writer and not yet taken
 _JOURNAL_RE = re.compile(r"^journal-(\d{8})\.twj$")
 _CKPT_RE = re.compile(r"^checkpoint-(\d{12})\.parquet$")
 
@@ -208,22 +209,26 @@ class _TableFiles:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint_files(self) -> list[tuple[int, Path]]:
-        folder = self.root / "checkpoints"
-        if not folder.is_dir():
-            return []
-        out = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name))]
-        return sorted(out)
+        return _checkpoint_files(self.root)
 
     def journal_files(self) -> list[tuple[int, Path]]:
-        base = self.root / "intraday"
-        if not base.is_dir():
-            return []
-        out = []
-        for p in base.glob("*/*/journal-*.twj"):
-            m = _JOURNAL_RE.match(p.name)
-            if m:
-                out.append((int(m.group(1)), p))
-        return sorted(out)
+        return _journal_files(self.root)
+
+
+def _checkpoint_files(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of a table directory's checkpoints, oldest first."""
+    folder = root / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name)))
+
+
+def _journal_files(root: Path) -> list[tuple[int, Path]]:
+    """(sequence, path) of a table directory's journals, in order, across dates and sources."""
+    base = root / "intraday"
+    if not base.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in base.glob("*/*/journal-*.twj") if (m := _JOURNAL_RE.match(p.name)))
 
 
 class Storage:
@@ -248,7 +253,7 @@ class Storage:
         self._lock = threading.Lock()
         self._checkpoints: list[threading.Thread] = []
         self.stats = {"records": 0, "bytes": 0, "fsyncs": 0, "fsync_seconds": 0.0, "checkpoints": 0,
-                      "checkpoint_seconds": 0.0, "recovered_rows": 0, "recovery_seconds": 0.0}
+                      "checkpoint_seconds": 0.0, "recovered_rows": 0, "recovery_seconds": 0.0, "writer_waits": 0}
         # the journal writer: the cycle hands it each cycle's input and goes on
         self._cond = threading.Condition(threading.Lock())
         self._queue: list = []
@@ -296,10 +301,6 @@ class Storage:
             if delete:
                 shutil.rmtree(files.root, ignore_errors=True)
 
-    def durable(self, table) -> bool:
-        with self._lock:
-            return id(table) in self._files
-
     # -- the graph's hook -----------------------------------------------------------------------
     def record(self, step: int, inputs: dict) -> set:
         """Hands each durable table's input of this cycle to the journal writer
@@ -323,6 +324,11 @@ class Storage:
             entries.append((table, files, ops, list(batch_ids)))
         if entries:
             with self._cond:
+                # a disk slower than the input holds the cycles back instead of queueing their rows
+                # without bound: at most MAX_QUEUED cycles wait, plus those the writer is on
+                while len(self._queue) >= MAX_QUEUED and self._writer.is_alive():
+                    self.stats["writer_waits"] += 1
+                    self._cond.wait(1.0)
                 self._queue.append(("records", step, entries))
                 self._last_enqueued = step
                 self._cond.notify_all()
@@ -361,6 +367,7 @@ class Storage:
                 self._queue.clear()
                 stopping = self._stopping
                 self._processing = bool(items)
+                self._cond.notify_all()  # a cycle held back by a full queue may go on
             done_step = None
             for item in items:
                 if item[0] == "records":
@@ -556,10 +563,9 @@ class Storage:
 
     def _recover_table(self, spec, root: Path):
         engine = self.engine
-        files_probe = _TableFiles(self, _Probe(spec.schema), root)
         for stale in (root / "checkpoints").glob("*.tmp") if (root / "checkpoints").is_dir() else ():
             stale.unlink(missing_ok=True)  # a checkpoint a crash interrupted: the journal still covers it
-        ckpts = files_probe.checkpoint_files()
+        ckpts = _checkpoint_files(root)
         ckpt_meta, ckpt_data, ckpt_keys = None, None, None
         if ckpts:
             path = ckpts[-1][1]
@@ -572,7 +578,7 @@ class Storage:
                 raise StorageError(f"table {spec.name!r}: checkpoint {path} cannot be read ({exc}); move it away "
                                    f"to recover from the journal alone only if no journal was deleted after it",
                                    "DATA_LOSS") from None
-        journals = [(seq, p) for seq, p in files_probe.journal_files()
+        journals = [(seq, p) for seq, p in _journal_files(root)
                     if ckpt_meta is None or seq > ckpt_meta["journal_seq"]]
         records = []
         for i, (seq, path) in enumerate(journals):
@@ -640,11 +646,6 @@ class Storage:
                 f.close_journal()
             except OSError as exc:
                 log.error("closing journal %s: %s", f.path, exc)
-
-
-class _Probe:
-    def __init__(self, schema):
-        self.schema = schema
 
 
 def _split_ops(data: pa.Table, keys, schema: pa.Schema) -> list:
