@@ -43,7 +43,8 @@ class WebsocketCall:
         self.headers: tuple = ()
         self.status: Optional[int] = None
         self.message = ""
-        self.responses: asyncio.Queue = asyncio.Queue()
+        # bounded: a call whose responses are not read stops the channel's reading (as TCP would)
+        self.responses: asyncio.Queue = asyncio.Queue(maxsize=channel.max_queued)
         self.started = asyncio.Event()
 
     async def send(self, payload: bytes, *, half_close: bool = False) -> None:
@@ -60,6 +61,8 @@ class WebsocketCall:
         return self
 
     async def __anext__(self) -> bytes:
+        if self.status is not None and self.responses.empty():
+            raise StopAsyncIteration  # ended while its queue was full: no end marker fitted
         item = await self.responses.get()
         if item is _END:
             self.responses.put_nowait(_END)
@@ -76,24 +79,30 @@ class WebsocketCall:
             raise CallFailed(13, f"{len(out)} responses to a unary call")
         return out[0]
 
-    def _event(self, ev) -> None:
+    async def _event(self, ev) -> None:
         if isinstance(ev, ResponseStarted):
             self.headers = ev.headers
             self.started.set()
         elif isinstance(ev, ResponseMessage):
             self.started.set()
-            self.responses.put_nowait(ev.payload)
+            await self.responses.put(ev.payload)
         elif isinstance(ev, ResponseEnded):
-            self.status, self.message = ev.status, ev.message
-            self.started.set()
+            self._end(ev.status, ev.message)
+
+    def _end(self, status: int, message: str) -> None:
+        self.status, self.message = status, message
+        self.started.set()
+        if not self.responses.full():  # else the iterator ends once the queue is drained
             self.responses.put_nowait(_END)
 
 
 class WebsocketChannel:
     """One websocket carrying many calls."""
 
-    def __init__(self, session: aiohttp.ClientSession, ws, *, max_message_size: int = 256 * 1024 * 1024):
+    def __init__(self, session: aiohttp.ClientSession, ws, *, max_message_size: int = 256 * 1024 * 1024,
+                 max_queued: int = 1024):
         self.session = session
+        self.max_queued = max_queued  # responses held per call before the channel stops reading
         self.ws = ws
         self.conn = ClientConnection(max_message_size=max_message_size)
         self.calls: dict[int, WebsocketCall] = {}
@@ -149,14 +158,14 @@ class WebsocketChannel:
                         continue
                     call = self.calls.get(ev.stream_id)
                     if call is not None:
-                        call._event(ev)
+                        await call._event(ev)
                         if isinstance(ev, ResponseEnded):
                             del self.calls[ev.stream_id]
         finally:
             self.close_code = self.ws.close_code
             for call in list(self.calls.values()):
                 if call.status is None:
-                    call._event(ResponseEnded(call.sid, 14, "the websocket closed", ()))
+                    call._end(14, "the websocket closed")
             self.calls.clear()
             self.closed.set()
 

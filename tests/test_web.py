@@ -395,6 +395,11 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
         slow = await WebsocketChannel.connect(srv.web_url)
         healthy = await WebsocketChannel.connect(srv.web_url)
         slow_call, healthy_call = await subscribe(slow), await subscribe(healthy)
+
+        async def drain(call):  # the healthy browser reads everything it is sent
+            async for _msg in call:
+                pass
+        reader = asyncio.ensure_future(drain(healthy_call))
         await asyncio.wait_for(slow_call.started.wait(), 10)
         writer = asyncio.ensure_future(write(stop))
         slow.pause()
@@ -425,6 +430,7 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
                 break
         await slow.close()
         await healthy.close()
+        await reader
         return during, queued, coalesced, outboxes, state.to_arrow(), final
 
     try:
