@@ -14,6 +14,7 @@ import pytest
 from tickwire.cli import build_parser
 from tickwire.config import ConfigError, render, resolve
 from tickwire.server.demo import connect_help
+from tests.certs import self_signed
 
 
 def run(*args, env=None, timeout=60):
@@ -30,13 +31,7 @@ def settings(*argv, environ=None):
 
 @pytest.fixture(scope="module")
 def tls_pair(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                        str(cert), "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"openssl cannot make a test certificate: {r.stderr[-200:]!r}")
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"))
     return str(cert), str(key)
 
 

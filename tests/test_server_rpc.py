@@ -4,7 +4,6 @@ requests, half-close), and a stalled subscriber that neither grows memory nor ho
 from __future__ import annotations
 
 import queue
-import subprocess
 import threading
 import time
 
@@ -23,6 +22,7 @@ from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
 from tickwire.server.graph import UpdateGraph
 from tickwire.server.session import PSK_SCHEME
+from tests.certs import self_signed
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 ANON = (("authorization", "Anonymous"),)
@@ -193,12 +193,7 @@ def test_psk_is_required_when_configured():
 
 
 def test_tls(tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                        str(cert), "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"openssl cannot make a test certificate: {r.stderr[-200:]!r}")
+    cert, key = self_signed(tmp_path)
     graph = UpdateGraph(interval_ms=3_600_000)
     graph.static_table("t", rows(0, 5))
     srv = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_graph=False).start()

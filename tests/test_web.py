@@ -506,14 +506,10 @@ def test_sessions_opened_over_either_transport_log_their_peer(served, caplog):
 
 def test_with_tls_the_web_side_needs_its_own_port_and_serves_https(tmp_path):
     import ssl
-    import subprocess
 
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                        str(cert), "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"openssl cannot make a test certificate: {r.stderr[-200:]!r}")
+    from tests.certs import self_signed
+
+    cert, key = self_signed(tmp_path)
     graph = UpdateGraph(interval_ms=50)
     graph.static_table("t", pa.table({"a": [1]}))
     shared = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_graph=False).start()
