@@ -69,10 +69,10 @@ def test_diff_by_key_matches_a_reference_on_random_tables():
 
 
 def test_diff_by_key_is_exact_when_key_hashes_collide(monkeypatch):
-    import tickwire.server.spark.sinks as sink_module
+    import tickwire.server.ingest as ingest_module
 
-    real = sink_module.hash_columns
-    monkeypatch.setattr(sink_module, "hash_columns", lambda cols: real(cols) % np.uint64(5))
+    real = ingest_module.hash_columns
+    monkeypatch.setattr(ingest_module, "hash_columns", lambda cols: real(cols) % np.uint64(5))
     check_diffs_against_a_reference(seed=12, rounds=40, max_rows=12)  # few rows: both lookup paths run
     check_diffs_against_a_reference(seed=13, rounds=10, max_rows=60)
 
