@@ -13,7 +13,9 @@ through the update graph's lock or table registry.
 - **Reading**: `reading()` holds a cycle boundary; `snapshot(table)` reads one table at one.
 
 Hidden tables (a session's exports and the tables derived for them) are flagged `hidden`; they are
-never listed and never resolved by name.
+never listed and never resolved by name. System tables (`TableSpec.system`: the server's performance
+tables) are resolved by name like any other but listed only when asked (`system=True`), or by
+default once `list_system` is set (a server started with --show-system-tables).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from tickwire.server.graph import AppendOnlyTable, BlinkTable, KeyedTable, RingT
 from tickwire.server.graph.sources import WriteRefused
 
 __all__ = ["Engine", "TableSpec", "UpdateSourceTable", "CatalogError", "TableMismatchError", "TableInUseError",
-           "IngestError", "KINDS", "engine_of", "kind_of", "is_hidden"]
+           "IngestError", "KINDS", "engine_of", "kind_of", "is_hidden", "is_system"]
 
 KINDS = ("append", "keyed", "ring", "blink", "static")
 _CLASSES = {"append": AppendOnlyTable, "keyed": KeyedTable, "ring": RingTable, "blink": BlinkTable,
@@ -69,6 +71,11 @@ def is_hidden(table: Table) -> bool:
     return table.hidden or table.name.startswith("__")
 
 
+def is_system(table: Table) -> bool:
+    """Tables made with `TableSpec.system`: reachable by name, listed only when asked."""
+    return getattr(table, "system", False)
+
+
 def _check_schema(name: str, schema: pa.Schema) -> None:
     """Nothing is registered whose schema Deephaven's clients could not be served."""
     try:
@@ -87,7 +94,8 @@ def kind_of(table: Table) -> str:
 @dataclass(frozen=True)
 class TableSpec:
     """What a table should be. `keys` for keyed tables, `capacity` for ring tables, `data` for
-    static ones (their schema is the data's). `attributes` are Deephaven table attributes."""
+    static ones (their schema is the data's). `attributes` are Deephaven table attributes. A
+    `system` table is never durable and is listed only when asked (`Engine.list_system`)."""
 
     name: str
     kind: str
@@ -98,6 +106,7 @@ class TableSpec:
     data: Optional[pa.Table] = None
     attributes: Mapping[str, object] = field(default_factory=dict)
     durable: bool = True  # journaled when the engine has a data directory (append, keyed, ring; not hidden)
+    system: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -177,6 +186,7 @@ class Engine:
         self._create = threading.Lock()
         self._waiter = _CycleWaiter(graph)
         self.storage = None  # tickwire.server.storage.Storage once open_storage ran
+        self.list_system = False  # whether the listings include system tables when not told
 
     # -- durability ---------------------------------------------------------------------------------
     def open_storage(self, data_dir, durability=None) -> list:
@@ -227,10 +237,12 @@ class Engine:
                 table = g.static_table(spec.name, spec.data)
             if spec.hidden:
                 table.hidden = True
+            if spec.system:
+                table.system = True
             if spec.attributes:
                 table.attributes.update(spec.attributes)
             storage = self.storage
-            if storage is not None and spec.durable and not spec.hidden and spec.kind in ("append", "keyed", "ring"):
+            if storage is not None and spec.durable and not spec.hidden and not spec.system and spec.kind in ("append", "keyed", "ring"):
                 try:
                     storage.attach(table, spec)
                 except TickwireError:
@@ -295,11 +307,19 @@ class Engine:
             return None
         return t
 
-    def public_names(self) -> list[str]:
-        """The names of the tables that are not hidden, in creation order."""
-        return [t.name for t in self.tables()]
+    def _listed(self, table: Table, hidden: bool, system: Optional[bool]) -> bool:
+        if is_hidden(table):
+            return hidden
+        if is_system(table):
+            return hidden or (self.list_system if system is None else system)
+        return True
 
-    def names_now(self) -> tuple[str, ...]:
+    def public_names(self, *, system: Optional[bool] = None) -> list[str]:
+        """The names of the tables that are not hidden, in creation order (system tables when
+        `system`, by default when `list_system`)."""
+        return [t.name for t in self.tables(system=system)]
+
+    def names_now(self, *, system: Optional[bool] = None) -> tuple[str, ...]:
         """The public names as they are now, without waiting for a cycle boundary.
 
         A cycle holds the graph's lock for as long as it runs (seconds, for a large table), and
@@ -314,12 +334,13 @@ class Engine:
                 continue
         else:
             tables = list(dict(self.graph.tables).values())
-        return tuple(t.name for t in tables if not is_hidden(t))
+        return tuple(t.name for t in tables if self._listed(t, False, system))
 
-    def tables(self, *, hidden: bool = False) -> list[Table]:
-        """The tables, at a cycle boundary (hidden ones only with `hidden=True`)."""
+    def tables(self, *, hidden: bool = False, system: Optional[bool] = None) -> list[Table]:
+        """The tables, at a cycle boundary (hidden ones only with `hidden=True`, which includes the
+        system ones; system ones with `system=True`, by default when `list_system`)."""
         with self.graph.lock:
-            return [t for t in self.graph.tables.values() if hidden or not is_hidden(t)]
+            return [t for t in self.graph.tables.values() if self._listed(t, hidden, system)]
 
     def drop(self, name: str) -> None:
         """Removes a table; refused while tables derived from it or subscribers hold it."""
