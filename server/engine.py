@@ -242,7 +242,7 @@ class Engine:
             if spec.attributes:
                 table.attributes.update(spec.attributes)
             storage = self.storage
-            journaled = spec.durable and not spec.hidden and not spec.system and spec.kind in ("append", "keyed", "ring")
+            journaled = spec.durable and not (spec.hidden or spec.system) and spec.kind in ("append", "keyed", "ring")
             if storage is not None and journaled:
                 try:
                     storage.attach(table, spec)
