@@ -146,6 +146,12 @@ class UpdateGraph:
         self._thread: Optional[threading.Thread] = None
         self._cycle_listeners: list[Callable[[int], None]] = []
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        # what the cycle listeners may read about the cycle that calls them: when it started
+        # (time.time()), each changed table's update, and the seconds each changed table took
+        # (applying its input or following its parents, then its listeners)
+        self.cycle_started = 0.0
+        self.cycle_updates: dict[str, TableUpdate] = {}
+        self.cycle_work: dict[str, float] = {}
 
     @property
     def interval(self) -> float:
@@ -215,7 +221,9 @@ class UpdateGraph:
             return self.step, t.gather(columns)
 
     def add_cycle_listener(self, fn: Callable[[int], None]) -> None:
-        """`fn(step)` runs at the end of every cycle, under the lock, after the tables' listeners."""
+        """`fn(step)` runs at the end of every cycle, under the lock, after the tables' listeners
+        (and before the changed tables drop their previous state); `cycle_updates`, `cycle_work`
+        and `cycle_started` describe that cycle while it runs."""
         with self.lock:
             self._cycle_listeners.append(fn)
 
@@ -288,7 +296,10 @@ class UpdateGraph:
     def run_cycle(self) -> dict[str, TableUpdate]:
         """Runs one cycle now; returns the updates by table name."""
         t0 = time.perf_counter()
+        clock = time.perf_counter
         with self.lock:
+            self.cycle_started = time.time()
+            work: dict[str, float] = {}
             step = self.step + 1
             order = list(self._order)
             with self._intake_lock:
@@ -300,6 +311,7 @@ class UpdateGraph:
                 if table.parents:
                     continue
                 ops = taken.get(table.name) or []
+                t1 = clock()
                 try:
                     update = table.apply_pending(step, ops)
                 except Exception as exc:  # one failing source leaves the others running
@@ -308,6 +320,7 @@ class UpdateGraph:
                     continue
                 if update is not None:
                     updates[table.name] = update
+                    work[table.name] = clock() - t1
             self.step = step
             changed: list[Table] = []
             for table in order:
@@ -318,6 +331,7 @@ class UpdateGraph:
                     if broken is not None:  # failed this cycle (parents come first in `order`)
                         self._fail(step, table, broken.failure.derived(table.name))
                         continue
+                t1 = clock()
                 if table.parents and any(p.name in updates for p in table.parents):
                     try:
                         update = table.follow_parents(step, updates)
@@ -344,11 +358,14 @@ class UpdateGraph:
                         fn(table, update, step)
                     except Exception as exc:
                         self._report(step, table.name, exc, "a listener")
+                work[table.name] = work.get(table.name, 0.0) + clock() - t1
+            self.cycle_updates, self.cycle_work = updates, work
             for fn in list(self._cycle_listeners):
                 try:
                     fn(step)
                 except Exception as exc:
                     self._report(step, "<cycle>", exc, "a cycle listener")
+            self.cycle_updates, self.cycle_work = {}, {}
             for table in changed:
                 table.end_cycle()
         self.cycle_seconds.append(time.perf_counter() - t0)
