@@ -20,6 +20,7 @@ failure's message); new subscriptions and snapshots of a failed table are refuse
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -38,7 +39,18 @@ __all__ = ["Publisher", "Subscriber", "PublisherRegistry", "snapshot_message"]
 log = logging.getLogger(__name__)
 
 _EMPTY_SHIFTS = RowSetShiftData()
+_SUBSCRIBER_IDS = itertools.count(1)
 
+
+def message_bytes(msg: Message) -> int:
+    """A message's size before FlightData framing: its metadata and its columns' buffers."""
+    cols = (*(msg.added or ()), *(msg.modified or ()))
+    return len(msg.metadata) + sum(c.nbytes for c in cols if c is not None)
+
+
+def _message_rows(msg: Message) -> int:
+    """The rows a message carries: added, and modified."""
+    return msg.n_added + max((len(c) for c in msg.modified or () if c is not None), default=0)
 
 
 
@@ -48,6 +60,7 @@ class Subscriber:
 
     def __init__(self, publisher: "Publisher", view: View, options, notify: Callable[[], None]):
         self.publisher = publisher
+        self.id = next(_SUBSCRIBER_IDS)
         self.encode = EncodeOptions.of(options)
         interval_ms = int(getattr(options, "min_update_interval_ms", 0) or 0) if options is not None else 0
         self.interval = max(0, interval_ms) / 1000.0
@@ -65,6 +78,9 @@ class Subscriber:
         self.last_sent = 0.0
         self.messages = 0
         self.coalesced = 0  # cycles folded into an earlier pending change because the client was slow
+        self.bytes = 0  # of the messages queued (`message_bytes`)
+        self.rows = 0  # carried by the messages queued (added and modified)
+        self.snapshot_messages = 0  # messages of snapshots (an initial one may come in pieces)
         self.log: Optional[SnapshotLog] = None  # a shared initial snapshot this subscriber is replaying
         self.cursor = 0  # the next message of `log` to queue
         self.failure: Optional[TableFailure] = None  # the table failed: no more messages after the outbox
@@ -100,10 +116,14 @@ class Subscriber:
         with self.lock:
             return len(self.outbox)
 
-    def _push(self, msg: Message) -> None:
+    def _push(self, msg: Message, snapshot: bool = False) -> None:
         with self.lock:
             self.outbox.append(msg)
         self.messages += 1
+        self.bytes += message_bytes(msg)
+        self.rows += _message_rows(msg)
+        if snapshot:
+            self.snapshot_messages += 1
         self.last_sent = time.monotonic()
         try:
             self.notify()
@@ -150,6 +170,7 @@ class SnapshotLog:
         self.start_step = 0
         self.remeta: Optional[Callable[[int], bytes]] = None  # a one-message log's metadata at another step
         self.changed = 0  # rows touched by `since` (added + removed + modified), to know when to retire
+        self.seconds = 0.0  # spent reading the snapshot's pieces
 
     def track(self, update: TableUpdate, prev: RowSet, step: int) -> None:
         if self.since is None:
@@ -361,7 +382,9 @@ class Publisher:
             rows = self.table.rowset
             plan = plan_full(None, rows, self.wire.names, view, snapshot=True)
             first = last = step if self.table.is_refreshing else -1  # docs/messages.md#sequence-numbers
+            t0 = time.perf_counter()
             lg.messages.append(self._message(plan, view, last, first, snapshot=True))
+            self._snapshot_done(len(rows), len(view.columns), lg.messages, time.perf_counter() - t0, last)
             if self.table.is_refreshing:
                 lg.remeta = lambda at: self._metadata(plan, view, at, at, snapshot=True)
         else:
@@ -391,7 +414,9 @@ class Publisher:
         piece = remaining.subset_by_positions(0, n - 1)
         t0 = time.perf_counter()
         added = self.wire.gather(piece, view.columns)
-        self.registry.observe_piece(len(piece) * max(1, len(view.columns)), time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        lg.seconds += took
+        self.registry.observe_piece(len(piece) * max(1, len(view.columns)), took)
         lg.delivered = lg.delivered.union(piece)
         done = len(lg.delivered) == len(rows)
         ncols = len(self.wire.names)
@@ -404,6 +429,7 @@ class Publisher:
         if done:
             lg.complete = True
             lg.delivered = RowSet()
+            self._snapshot_done(len(rows), len(view.columns), lg.messages, lg.seconds, step)
 
     def _restated(self, key: tuple, lg: SnapshotLog, step: int) -> Optional[SnapshotLog]:
         """A log usable by a subscriber joining at `step`, or None. Every message a subscriber gets
@@ -429,7 +455,7 @@ class Publisher:
         while sub.cursor < len(lg.messages) and sub.pending() < self.registry.outbox:
             msg = lg.messages[sub.cursor]
             sub.cursor += 1
-            sub._push(msg)
+            sub._push(msg, snapshot=True)
         if sub.cursor < len(lg.messages) or not lg.complete:
             return
         sub.view = lg.view
@@ -465,11 +491,23 @@ class Publisher:
         first = sub.behind_first if sub.behind is not None else step
         if not self.table.is_refreshing:
             first = step = -1  # Deephaven reports -1 for static tables (docs/messages.md#sequence-numbers)
+        t0 = time.perf_counter()
         msg = self._message(plan, view, step, first, snapshot=True)
+        self._snapshot_done(msg.n_added, len(view.columns), [msg], time.perf_counter() - t0, step)
         sub.view, sub.requested = view, None
         sub.client_keys = plan.client_keys
         sub.behind = sub.behind_prev = None
-        sub._push(msg)
+        sub._push(msg, snapshot=True)
+
+    def _snapshot_done(self, rows: int, columns: int, messages: list, seconds: float, step: int) -> None:
+        """Tells the registry's `on_snapshot` of a snapshot built for subscribers."""
+        hook = self.registry.on_snapshot
+        if hook is None:
+            return
+        try:
+            hook(self.table, rows, columns, sum(message_bytes(m) for m in messages), seconds, step, len(messages))
+        except Exception:  # recording never changes what is published
+            log.debug("on_snapshot", exc_info=True)
 
     def _delta(self, sub: Subscriber, step: int, shared: Optional[dict]) -> None:
         """Subscribers in step with each other (same pending update) and asking for the same thing
@@ -544,6 +582,9 @@ class PublisherRegistry:
         self.max_piece_cells = int(max_piece_cells)
         self.piece_cells = min(self.max_piece_cells, max(self.min_piece_cells, 500_000))
         self._sec_per_cell: Optional[float] = None
+        # on_snapshot(table, rows, columns, bytes, seconds, step, messages): a snapshot was built for
+        # subscribers (under the graph's lock: cheap work only)
+        self.on_snapshot: Optional[Callable] = None
 
     def observe_piece(self, cells: int, seconds: float) -> None:
         if cells <= 0 or seconds <= 0:
