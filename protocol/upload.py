@@ -9,7 +9,8 @@
 
 The rules are those of docs/flows.md#doput: the first FlightData names the destination with a
 PATH descriptor (a later, different descriptor is refused); an optional metadata-only message
-carries the serialization options (`use_deephaven_nulls`, `columns_as_list`); then one Schema
+carries the serialization options (`use_deephaven_nulls`, `columns_as_list`), or a transaction
+(a JSON object, protocol/txn.py: the upload is staged for an exactly-once commit); then one Schema
 message, checked before anything is made from it (types with a wire mapping, the
 `tickwire:keys` metadata naming UTF-8 column names of the schema); then RecordBatches. Each
 refusal raises `UploadError` (INVALID_ARGUMENT); the decoder accepts nothing after one.
@@ -35,6 +36,7 @@ from tickwire.protocol.batches import (
 )
 from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
+from tickwire.protocol.txn import Transaction, TxnError, is_transaction, parse_transaction
 from tickwire.protocol.schema import (
     check_wire_schema,
     from_wire_arrays,
@@ -124,7 +126,7 @@ class End:
     batches: int
 
 
-UploadEvent = Union[Destination, Options, UploadSchema, Batch, End]
+UploadEvent = Union[Destination, Options, UploadSchema, Transaction, Batch, End]
 
 
 def check_put_keys(schema: pa.Schema) -> tuple[str, ...]:
@@ -172,7 +174,7 @@ class UploadDecoder:
 
     State, readable at any time: `path` (the destination, once named), `schema` and `keys` (once
     the Schema message arrived), `use_deephaven_nulls` and `columns_as_list` (the options so far),
-    `batches` (Batch events so far) and `closed`."""
+    `transaction` (once named), `batches` (Batch events so far) and `closed`."""
 
     def __init__(self) -> None:
         self.path: Optional[list[str]] = None
@@ -182,10 +184,12 @@ class UploadDecoder:
         self.columns_as_list = False
         self.batches = 0
         self.closed = False
+        self.transaction: Optional[Transaction] = None
 
     def feed(self, data) -> list[UploadEvent]:
         """The events of one FlightData (bytes-like), in order: a Destination when the first
-        descriptor arrives, then at most one of Options, UploadSchema or Batch. Raises UploadError
+        descriptor arrives, a Transaction when its app_metadata names one, then at most one of
+        Options, UploadSchema or Batch. Raises UploadError
         for a message the server refuses."""
         if self.closed:
             raise UploadError("DoPut: a message after the end of the upload")
@@ -211,7 +215,20 @@ class UploadDecoder:
                 raise UploadError(f"DoPut descriptor changed from {self.path} to {list(fd.descriptor.path)}")
         if self.path is None:
             raise UploadError("Result flight descriptor never provided")
-        if fd.app_metadata is not None and not fd.data_header:
+        if fd.app_metadata is not None and is_transaction(fd.app_metadata):
+            # an exactly-once write (protocol/txn.py): before or with the first record batch, once
+            if self.batches:
+                raise UploadError("DoPut: the transaction must come before the first record batch")
+            if self.transaction is not None:
+                raise UploadError("DoPut: a second transaction in one upload")
+            try:
+                self.transaction = parse_transaction(fd.app_metadata)
+            except TxnError as exc:
+                raise UploadError(str(exc)) from None
+            events.append(self.transaction)
+            if not fd.data_header:
+                return events
+        elif fd.app_metadata is not None and not fd.data_header:
             try:
                 _t, obj = barrage.unwrap(fd.app_metadata)
             except ProtocolError as exc:

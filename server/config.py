@@ -50,7 +50,11 @@ class ServerConfig:
     - `encode`: how messages are cut into FlightData (`EncodeLimits`).
     - `list_fields_poll_s`: how often the open ApplicationService.ListFields streams (one watcher
       for all) look for new or removed tables, and an open TableService.ExportedTableUpdates
-      stream reads its session's export sizes."""
+      stream reads its session's export sizes.
+    - `staging_producer_bytes`, `staging_total_bytes`, `staging_ttl_s`, `staging_wait_s`: the
+      staging area of exactly-once writes from other processes (tickwire.server.staging): bytes one
+      producer and all producers may have staged, how long an uncommitted batch's parts live after
+      their last write, and how long an upload waits for room before RESOURCE_EXHAUSTED."""
 
     workers: int = 4
     session_duration_ms: int = 300_000
@@ -66,8 +70,15 @@ class ServerConfig:
     shared_snapshots: int = 4
     encode: EncodeLimits = EncodeLimits()
     list_fields_poll_s: float = 1.0
+    staging_producer_bytes: int = 256 << 20
+    staging_total_bytes: int = 1 << 30
+    staging_ttl_s: float = 600.0
+    staging_wait_s: float = 60.0
 
     def __post_init__(self):
+        for name in ("staging_producer_bytes", "staging_total_bytes", "staging_ttl_s", "staging_wait_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("workers", "session_duration_ms", "outbox", "payloads_per_hop", "max_viewport_ranges",
                      "min_piece_cells", "max_piece_cells", "shared_snapshots"):
             if getattr(self, name) <= 0:

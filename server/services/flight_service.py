@@ -23,6 +23,15 @@ from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import attributes_from_schema, ipc_encapsulated_schema
+from tickwire.protocol.txn import (
+    ACTION_ABORT,
+    ACTION_COMMIT,
+    ACTION_STAGING,
+    Transaction,
+    TxnError,
+    parse_abort,
+    parse_commit,
+)
 from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
 from tickwire.server.barrage import EncodeOptions, TableWire, snapshot_message
@@ -33,6 +42,7 @@ from tickwire.server.graph import Table
 from tickwire.server.observability.metrics import TransferCounters
 from tickwire.server.rpc import RAW, CallError, ServerContext, service_handlers
 from tickwire.server.session import ResolveError, Session
+from tickwire.server.staging import StagedPart, staging_of
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
@@ -46,6 +56,10 @@ class FlightService:
         self.ctx = ctx
         self._waker = Waker()
         self.counters = TransferCounters()  # calls, rows and bytes, for the server's metrics
+        cfg = ctx.config
+        self.staging = staging_of(ctx.graph, producer_limit=cfg.staging_producer_bytes,
+                                  total_limit=cfg.staging_total_bytes, ttl=cfg.staging_ttl_s,
+                                  wait_timeout=cfg.staging_wait_s)
 
     def handlers(self) -> dict:
         return service_handlers(FLIGHT_SERVICE, {
@@ -271,29 +285,53 @@ class FlightService:
         acknowledged with a PutResult), and only a stream that ends cleanly is written, in one
         write that the next cycle applies, before the call returns (read-your-writes). A refused
         message, a cut stream or a write the table refuses leaves the table, and the catalog, as
-        they were."""
+        they were.
+
+        An upload whose app_metadata names a transaction (protocol/txn.py) is staged instead, under
+        its producer, batch, part and attempt, within the staging area's bounds (a part that does
+        not fit waits: the stream is not read meanwhile); it is committed at its end when the
+        transaction says so. Its last PutResult's app_metadata is a JSON object saying what
+        happened: {"staged": true, "rows", "bytes"} or {"applied", "replay", "rows"}."""
         counters = self.counters
         counters.doput_requests += 1
         session = await self.ctx.authenticate(context)
         upload = UploadDecoder()
         received: list[pa.Table] = []
+        staged: Optional[_Staged] = None
         try:
             async for raw in request_iterator:
                 counters.doput_bytes += len(raw)
                 for event in upload.feed(raw):
+                    if isinstance(event, Transaction):
+                        staged = await self.ctx.run(self._begin_stage, upload, event)
+                        continue
                     if not isinstance(event, Batch):
                         continue  # the destination, options and schema are kept by the decoder
-                    received.append(await self.ctx.run(event.decode))  # costs what the batch holds: off the loop
+                    if staged is None:
+                        received.append(await self.ctx.run(event.decode))  # costs what the batch holds: off the loop
+                    elif staged.part is not None:  # (a batch the table has: read, not kept)
+                        t = await self.ctx.run(event.decode)
+                        await self._reserve(staged.part, t.nbytes)
+                        self.staging.add(staged.part, t)
                     yield flight_pb2.PutResult()
             end = upload.close()
             rows = sum(t.num_rows for t in received)
-            await self.ctx.run(self._put, end, received, session)
+            if staged is not None:
+                result = await self.ctx.run(self._end_stage, staged)
+                rows = result.get("rows", 0)
+                yield flight_pb2.PutResult(app_metadata=json.dumps(result).encode())
+            else:
+                await self.ctx.run(self._put, end, received, session)
         except (asyncio.CancelledError, GeneratorExit):
+            if staged is not None and staged.part is not None:
+                self.staging.cancel(staged.part)
             log.info("DoPut to %s cut by the client: nothing written (session %d)", upload.path, session.id,
                      extra={"event": "doput_refused", "path": upload.path, "session": session.id,
                             "outcome": "cancelled"})
             raise
         except BaseException as exc:
+            if staged is not None and staged.part is not None:
+                self.staging.cancel(staged.part)
             log.warning("DoPut to %s refused (session %d, peer %s): %s", upload.path, session.id, context.peer(),
                         outcome_of(exc), extra={"event": "doput_refused", "path": upload.path,
                                                 "session": session.id, "peer": context.peer(),
@@ -302,6 +340,52 @@ class FlightService:
         counters.doput_rows += rows
         log.debug("DoPut to %s: %d rows (session %d)", end.path, rows, session.id,
                   extra={"event": "doput", "path": end.path, "rows": rows, "session": session.id})
+
+    # -- staged, exactly-once uploads (tickwire.server.staging) -----------------------------------------
+    def _scope_name(self, path: list[str], what: str) -> str:
+        t = ticket_from_path(path)
+        if not isinstance(t, ScopeTicket):
+            raise CallError("INVALID_ARGUMENT", f"{what} names a table as ['scope', name], got {path}")
+        existing = self.ctx.engine.resolve(t.name, hidden=True)
+        if t.name.startswith("__") or (existing is not None and existing.hidden):
+            raise CallError("INVALID_ARGUMENT", f"{what}: scope names starting with '__' are reserved, "
+                                                f"got {t.name!r}")
+        return t.name
+
+    def _begin_stage(self, upload: UploadDecoder, txn: Transaction) -> "_Staged":
+        if upload.schema is None:
+            raise CallError("INVALID_ARGUMENT", "DoPut: the transaction must follow the schema")
+        name = self._scope_name(upload.path, "a DoPut transaction")
+        writer = self.staging.writer(name, txn.mode, txn.keys, txn.delete_column, txn.max_rows, upload.keys)
+        if self.staging.applied(name, txn.producer, txn.batch):
+            return _Staged(writer, txn, None)
+        plain = pa.schema([pa.field(f.name, f.type) for f in upload.schema])
+        return _Staged(writer, txn, self.staging.begin(writer, plain, txn.producer, txn.batch, txn.part, txn.attempt))
+
+    async def _reserve(self, part: StagedPart, nbytes: int) -> None:
+        """Room for `nbytes` more of a staged part; waits (not reading the stream) while the
+        staging area is full, up to its wait timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.staging.wait_timeout
+        delay = 0.005
+        while not self.staging.try_reserve(part, nbytes):
+            if loop.time() > deadline:
+                raise CallError("RESOURCE_EXHAUSTED", f"DoPut: no room to stage batch {part.batch} part "
+                                                      f"{part.part!r} of producer {part.producer!r} within "
+                                                      f"{self.staging.wait_timeout:.0f} s (staging area full)")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    def _end_stage(self, staged: "_Staged") -> dict:
+        txn = staged.txn
+        if staged.part is None:
+            log.info("DoPut to %r: batch %d of producer %r was already applied; acknowledged, not applied again",
+                     staged.writer.name, txn.batch, txn.producer)
+            return {"applied": False, "replay": True, "rows": 0}
+        self.staging.finish(staged.part)
+        if not txn.commit:
+            return {"staged": True, "rows": staged.part.rows, "bytes": staged.part.nbytes}
+        return self.staging.commit(staged.writer, txn.producer, txn.batch, [(txn.part, txn.attempt)])
 
     def _put(self, end, received: list[pa.Table], session: Session) -> None:
         table = self._put_target(end.path, end.schema, end.keys, session)
@@ -349,14 +433,39 @@ class FlightService:
         return table
 
     # -- actions ------------------------------------------------------------------------------------------
-    ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns"}
+    ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns",
+               ACTION_COMMIT: "exactly-once commit of a staged batch (JSON body, see protocol/txn.py); "
+                              "answers {applied, replay, rows}",
+               ACTION_ABORT: "discard the staged parts of a batch (JSON body {producer, batch}); answers {discarded}",
+               ACTION_STAGING: "JSON status of the staging area: bytes staged, limits, staged batches and parts"}
 
     async def do_action(self, action, context):
         await self.ctx.authenticate(context)
         if action.type == "list-tables":
             yield flight_pb2.Result(body=json.dumps(await self.ctx.run(self._list_tables)).encode())
             return
+        if action.type in (ACTION_COMMIT, ACTION_ABORT, ACTION_STAGING):
+            yield flight_pb2.Result(body=json.dumps(await self.ctx.run(self._staging_action, action.type,
+                                                                       action.body)).encode())
+            return
         raise CallError("UNIMPLEMENTED", f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)}")
+
+    def _staging_action(self, kind: str, body: bytes) -> dict:
+        if kind == ACTION_STAGING:
+            return self.staging.status()
+        try:
+            req = parse_commit(body) if kind == ACTION_COMMIT else parse_abort(body)
+        except TxnError as exc:
+            raise CallError("INVALID_ARGUMENT", str(exc)) from None
+        if kind == ACTION_ABORT:
+            n = self.staging.abort(req.producer, req.batch)
+            log.info("batch %d of producer %r aborted: %d staged part(s) discarded", req.batch, req.producer, n)
+            return {"discarded": n}
+        name = self._scope_name(["scope", req.table], f"action {ACTION_COMMIT}")
+        writer = self.staging.writer(name, req.mode, req.keys, req.delete_column, req.max_rows)
+        result = self.staging.commit(writer, req.producer, req.batch, list(req.parts))
+        log.debug("batch %d of producer %r committed into %r: %s", req.batch, req.producer, name, result)
+        return result
 
     def _list_tables(self) -> list[dict]:
         with self.ctx.engine.reading() as engine:
@@ -368,3 +477,13 @@ class FlightService:
         await self.ctx.authenticate(context)
         for name, desc in self.ACTIONS.items():
             yield flight_pb2.ActionType(type=name, description=desc)
+
+
+class _Staged:
+    """A DoPut being staged: the writer its transaction describes, and its part (None when the
+    table has the batch already: the upload is read and acknowledged, nothing is kept)."""
+
+    __slots__ = ("writer", "txn", "part")
+
+    def __init__(self, writer, txn: Transaction, part: Optional[StagedPart]):
+        self.writer, self.txn, self.part = writer, txn, part
