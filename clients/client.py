@@ -31,10 +31,12 @@ import pyarrow as pa
 
 from tickwire.clients.state import NaturalTableState
 from tickwire.protocol import barrage
+from tickwire.protocol.difference import Difference, difference
 from tickwire.protocol.opening import exchange_opening, request_message, snapshot_request, subscription_request
 from tickwire.protocol.proto import config_pb2, flight_pb2, session_pb2
 from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
+from tickwire.protocol.rowset import keys_to_ranges
 from tickwire.protocol.update import BarrageUpdate
 
 __all__ = ["BarrageClient", "Subscription", "Update", "ClientError", "PSK_AUTH", "NaturalTableState"]
@@ -68,6 +70,19 @@ def _shifts(shift_data) -> np.ndarray:
     return np.column_stack([np.asarray(a, dtype=np.int64) for a in shift_data]).reshape(-1, 3)
 
 
+def _merged(ranges) -> np.ndarray:
+    """Inclusive position ranges, sorted, with overlapping and adjacent ones merged."""
+    r = _ranges(ranges)
+    if r.shape[0] < 2:
+        return r
+    r = r[np.argsort(r[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(r[:, 1])
+    starts_new = np.concatenate(([True], r[1:, 0] > ends[:-1] + 1))
+    first = np.flatnonzero(starts_new)
+    last = np.concatenate((first[1:] - 1, [r.shape[0] - 1]))
+    return np.column_stack([r[first, 0], ends[last]])
+
+
 @dataclass
 class Update:
     """One applied update. Row sets are (n, 2) ranges: row keys for full subscriptions, indices
@@ -75,7 +90,10 @@ class Update:
     rows, `removed` the values the removed rows had, `modified` the new values of each modified
     column (in the order of `modified_rows[column]`). `shifts` (full subscriptions) holds the
     row-key moves as [start, end, dest] rows: keys start..end (inclusive, after the removals)
-    moved to dest..dest+(end-start), applied before the additions."""
+    moved to dest..dest+(end-start), applied before the additions. `reconnected` marks the one
+    update that follows a reconnection: the difference between the state held before and the
+    new snapshot (rows gone, rows new, and for rows held on both sides only the columns whose
+    values differ; no shifts)."""
 
     is_snapshot: bool
     first_seq: int
@@ -88,10 +106,40 @@ class Update:
     removed: pa.Table
     modified: dict[str, pa.Array] = field(default_factory=dict)
     shifts: np.ndarray = field(default_factory=lambda: np.empty((0, 3), dtype=np.int64))
+    reconnected: bool = False
 
     @property
     def modified_columns(self) -> list[str]:
         return list(self.modified)
+
+
+def _row_ids(state: NaturalTableState) -> np.ndarray:
+    """What an update calls the rows of `state`: row keys (full), window indices (viewport)."""
+    return np.arange(len(state), dtype=np.int64) if state.viewport else state.keys.copy()
+
+
+def _reconnect_update(old: NaturalTableState, new: NaturalTableState) -> Update:
+    """The one update that takes `old` (the state shown before a reconnection) to `new` (the
+    new stream's snapshot). A full subscription compares rows by row key; a viewport
+    subscription compares its window index by index. When the table's columns changed, every
+    row goes and comes."""
+    old_ids, new_ids = _row_ids(old), _row_ids(new)
+    old_t, new_t = old.table(), new.table()
+    shown = new.selected if new.selected is not None else list(new_t.column_names)
+    if old_t.schema.equals(new_t.schema):
+        d = difference(old_ids, new_ids, new_t, old_t, columns=shown)
+    else:
+        d = Difference(removed=old_ids, added=np.arange(new_ids.size, dtype=np.int64))
+    removed = old_t.take(pa.array(np.searchsorted(old_ids, d.removed), type=pa.int64()))
+    added = new_t.take(pa.array(d.added, type=pa.int64()))
+    modified = {n: new_t.column(n).take(pa.array(d.modified[n])).combine_chunks() for n in shown if n in d.modified}
+    modified_rows = {n: keys_to_ranges(new_ids[d.modified[n]]) for n in modified}
+    return Update(is_snapshot=False, first_seq=new.last_seq, last_seq=new.last_seq,
+                  table_size=new.table_size if new.viewport else len(new),
+                  added_rows=keys_to_ranges(new_ids[d.added]), removed_rows=keys_to_ranges(d.removed),
+                  modified_rows=modified_rows, added=added.select(shown),
+                  removed=removed.select(old.selected if old.selected is not None else old_t.column_names),
+                  modified=modified, reconnected=True)
 
 
 class _Auth:
@@ -273,8 +321,10 @@ class BarrageClient:
 
         With `reconnect`, a lost connection (UNAVAILABLE, or a session the server no longer knows)
         does not end the subscription: it subscribes again, logging in again, with a backoff
-        growing from `backoff[0]` to `backoff[1]` seconds, and the new snapshot replaces the state
-        (delivered as snapshot updates). `on_connection(state)` hears "disconnected: <reason>",
+        growing from `backoff[0]` to `backoff[1]` seconds. The new stream's snapshot is collected
+        aside (the state shown stays as it was meanwhile), then becomes the state in one update
+        marked `reconnected`: the rows removed, the rows added and, for rows on both sides, only
+        the columns that changed. `on_connection(state)` hears "disconnected: <reason>",
         "reconnecting" and "connected"."""
         sub = Subscription(self, table, columns=columns, viewport=viewport, reverse=reverse, on_update=on_update,
                            on_error=on_error, min_update_interval_ms=min_update_interval_ms, queue_size=queue_size,
@@ -374,17 +424,19 @@ class Subscription:
         return subscription_request(self.ticket, columns=cols, viewport=self.viewport, reverse=self.reverse,
                                     options=barrage.SubscriptionOptions(min_update_interval_ms=self.interval))
 
-    def _open(self, request: bytes) -> None:
+    def _open(self, request: bytes, resync: bool = False) -> None:
         """Starts a DoExchange stream that sends `request`, and its reader thread. A snapshot
-        request half-closes at once: the server ends the stream when everything is sent."""
+        request half-closes at once: the server ends the stream when everything is sent. With
+        `resync` the reader collects the stream's snapshot off the state shown, then delivers
+        the difference as one update (a reconnection)."""
         requests: queue.Queue = queue.Queue()
         for message in exchange_opening(request):
             requests.put(message)
         if self.snapshot_only:
             requests.put(_END)
         call = self.client.open_exchange(iter(requests.get, _END))
-        thread = threading.Thread(target=self._run, args=(call, self._columns), name=f"tickwire-sub-{self.name}",
-                                  daemon=True)
+        thread = threading.Thread(target=self._run, args=(call, self._columns, resync),
+                                  name=f"tickwire-sub-{self.name}", daemon=True)
         self._call, self._requests, self._thread = call, requests, thread
         self._threads.append(thread)
         thread.start()
@@ -431,7 +483,7 @@ class Subscription:
     def _what(self) -> str:
         return f"{'snapshot of' if self.snapshot_only else 'subscription to'} {self.name!r}"
 
-    def _run(self, call, columns) -> None:
+    def _run(self, call, columns, resync: bool = False) -> None:
         reader = ResponseReader()
         state: Optional[NaturalTableState] = None
         try:
@@ -444,6 +496,17 @@ class Subscription:
                         with self._lock:
                             if self._current(call) and self.state is None:
                                 self._adopt(state)
+                    elif resync:
+                        # the state shown stays as it was until this stream's snapshot is whole
+                        with self._lock:
+                            if not self._current(call):
+                                return
+                            self._apply_to(state, ev.update)
+                            whole = self._snapshot_whole(ev)
+                        if whole:
+                            resync = False
+                            if not self._resync(state, call):
+                                return
                     elif not self._apply(ev.update, state, call):
                         return  # a newer stream replaced this one
         except grpc.RpcError as exc:
@@ -487,7 +550,7 @@ class Subscription:
                         return False
                     self._pending_columns.clear()
                     old_requests = self._requests
-                    self._open(self._request_bytes())
+                    self._open(self._request_bytes(), resync=self.state is not None)
                 old_requests.put(_END)
                 self.reconnects += 1
                 self._connection("connected")
@@ -514,20 +577,60 @@ class Subscription:
             removed_vals = None
             if md is not None and md.removed_rows is not None:
                 removed_vals = state.values_at(_ranges(md.removed_rows))
-            state.apply_plain(u)
-            if md is not None and md.is_snapshot and self._pending_columns and md.removed_rows is not None:
-                state.selected = self._pending_columns.popleft()
-            self.update_count += 1
-            self.last_seq = state.last_seq
-            callbacks = list(self._callbacks)
-            if callbacks:
-                self._delivering = True  # wait_for() waits until the callbacks have seen this update
-            else:
-                self._changed.notify_all()
-        if not callbacks and not self._iterating:
+            self._apply_to(state, u)
+            callbacks = self._applied(state)
+        self._deliver(lambda: self._update(u, names, removed_vals, state), callbacks)
+        return True
+
+    def _apply_to(self, state: NaturalTableState, u: BarrageUpdate) -> None:
+        """Applies one message to `state` (caller holds the lock); the snapshot that answers a
+        view change brings that change's columns."""
+        md = u.metadata
+        state.apply_plain(u)
+        if md is not None and md.is_snapshot and self._pending_columns and md.removed_rows is not None:
+            state.selected = self._pending_columns.popleft()
+
+    def _applied(self, state: NaturalTableState) -> list:
+        """Counts an update of the state shown (caller holds the lock); returns the callbacks to call."""
+        self.update_count += 1
+        self.last_seq = state.last_seq
+        callbacks = list(self._callbacks)
+        if callbacks:
+            self._delivering = True  # wait_for() waits until the callbacks have seen this update
+        else:
+            self._changed.notify_all()
+        return callbacks
+
+    def _snapshot_whole(self, ev) -> bool:
+        """Does this message complete a resubscription's snapshot? A full subscription's
+        snapshot ends with the piece without an effective viewport; a viewport's with the snapshot
+        whose effective viewport is the one requested (caller holds the lock)."""
+        md = ev.update.metadata
+        if md is None or not md.is_snapshot:
+            return False
+        if md.effective_viewport is None:
             return True
+        return self.viewport is not None and np.array_equal(_merged(md.effective_viewport), _merged(self.viewport))
+
+    def _resync(self, new: NaturalTableState, call) -> bool:
+        """A resubscription's snapshot is whole: `new` becomes the state shown, and the
+        subscriber gets one update that takes the previous state to it."""
+        with self._lock:
+            if not self._current(call):
+                return False
+            old = self.state
+            self._adopt(new)
+            callbacks = self._applied(new)
+        self._deliver(lambda: _reconnect_update(old, new), callbacks)
+        return True
+
+    def _deliver(self, make: Callable[[], "Update"], callbacks: list) -> None:
+        """Builds the update (only when someone takes it), calls the callbacks, then queues it
+        for `updates()` (waiting while the queue is full)."""
+        if not callbacks and not self._iterating:
+            return
         try:
-            upd = self._update(u, names, removed_vals, state)
+            upd = make()
             for cb in callbacks:
                 try:
                     cb(upd)
@@ -545,7 +648,6 @@ class Subscription:
                 break
             except queue.Full:
                 continue
-        return True
 
     def _update(self, u: BarrageUpdate, names: list[str], removed_vals, state: NaturalTableState) -> Update:
         md = u.metadata

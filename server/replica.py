@@ -33,13 +33,13 @@ import pyarrow as pa
 from tickwire.clients.client import BarrageClient
 from tickwire.clients.state import NaturalTableState
 from tickwire.errors import ProtocolError
+from tickwire.protocol.difference import difference
 from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate
 from tickwire.server.engine import CatalogError, UpdateSourceTable, engine_of
 from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
-from tickwire.server.graph.column_store import equal_mask
 from tickwire.server.graph.keyindex import KeyIndex, mix
 
 __all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
@@ -156,33 +156,17 @@ class ReplicaTable(UpdateSourceTable):
     def _sync(self, keys: np.ndarray, values: pa.Table) -> TableUpdate:
         """Makes the table hold exactly `keys` -> `values` (the remote's state), as the net
         difference from what it holds now."""
-        old_rows = self.rowset
-        old_keys = old_rows.keys()
-        gone = np.setdiff1d(old_keys, keys, assume_unique=True)
-        new_mask = ~np.isin(keys, old_keys, assume_unique=True)
-        common_new = np.flatnonzero(~new_mask)
-        changed = np.zeros(common_new.size, dtype=bool)
-        names: list[str] = []
-        if common_new.size:
-            common_keys = keys[common_new]
-            current = self.gather(None, common_keys)
-            incoming = values.take(pa.array(common_new))
-            for name in self.schema.names:
-                d = ~equal_mask(current.column(name), incoming.column(name))
-                if d.any():
-                    changed |= d
-                    names.append(name)
-        self._drop_keys(gone)
-        new_idx = np.flatnonzero(new_mask)
-        self._add_keys(keys[new_idx], values.take(pa.array(new_idx)))
-        mod_idx = common_new[changed]
+        d = difference(self.rowset.keys(), keys, values, lambda common: self.gather(None, common))
+        self._drop_keys(d.removed)
+        self._add_keys(keys[d.added], values.take(pa.array(d.added)))
+        mod_idx = d.modified_rows
         if mod_idx.size:
             self.store.write(self._slots(keys[mod_idx]), values.take(pa.array(mod_idx)))
         self.rowset = RowSet.from_keys(keys) if keys.size else RowSet()
-        return TableUpdate(added=RowSet.from_keys(keys[new_idx]) if new_idx.size else RowSet(),
-                           removed=RowSet.from_keys(gone) if gone.size else RowSet(),
+        return TableUpdate(added=RowSet.from_keys(keys[d.added]) if d.added.size else RowSet(),
+                           removed=RowSet.from_keys(d.removed) if d.removed.size else RowSet(),
                            modified=RowSet.from_keys(keys[mod_idx]) if mod_idx.size else RowSet(),
-                           modified_columns=names if mod_idx.size else ())
+                           modified_columns=[n for n in self.schema.names if n in d.modified])
 
 
 class Replicator:
