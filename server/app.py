@@ -32,6 +32,8 @@ from tickwire.server.config import ServerConfig
 from tickwire.server.services import handlers as service_handlers
 from tickwire.server.graph import UpdateGraph
 from tickwire.server.observability import Observability
+from tickwire.server.observability.perf_tables import PerfTablesConfig
+from tickwire.server.observability.perf_tables import perf_tables as _perf_tables
 from tickwire.server.rpc import ServerContext, build_handlers, guarded_methods, with_stubs
 from tickwire.server.session import Scope, SessionManager
 
@@ -69,7 +71,14 @@ class TickwireServer:
     (grpc.health.v1, no credentials needed) answers NOT_SERVING until the graph's first cycle,
     SERVING after and NOT_SERVING from the start of `stop`, with `tickwire.table/<name>` per table;
     the web side serves `/healthz` and `/metrics` (Prometheus); `metrics_port` (0 picks a free one,
-    see `.metrics_port`) serves both on a port of their own, for servers without a web side."""
+    see `.metrics_port`) serves both on a port of their own, for servers without a web side.
+
+    Performance tables (tickwire.server.observability.perf_tables): `start` makes the system tables
+    `tickwire.update_performance`, `tickwire.barrage_performance` and
+    `tickwire.snapshot_performance`, which any client can DoGet or subscribe to by name;
+    `perf_tables` (a PerfTablesConfig) sets their capacity and interval, False leaves them out.
+    They are listed (ListFlights, ListFields, list-tables, the browser's table list) only with
+    `show_system_tables`, which lists the system tables of every server on the graph."""
 
     def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
                  psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
@@ -77,7 +86,8 @@ class TickwireServer:
                  session_duration_ms: Optional[int] = None, start_graph: bool = True,
                  max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None,
                  web: bool = True, web_port: Optional[int] = None, web_assets: Optional[str | Path] = None,
-                 data_dir: Optional[str | Path] = None, durability=None, metrics_port: Optional[int] = None):
+                 data_dir: Optional[str | Path] = None, durability=None, metrics_port: Optional[int] = None,
+                 show_system_tables: bool = False, perf_tables: PerfTablesConfig | bool = True):
         overrides = {k: v for k, v in (("workers", workers), ("session_duration_ms", session_duration_ms),
                                        ("max_inbound_message_size", max_inbound_message_size)) if v is not None}
         self.config = dataclasses.replace(config or ServerConfig(), **overrides)
@@ -98,6 +108,13 @@ class TickwireServer:
         self.services, self._handlers = service_handlers(self.ctx)  # Flight, Config, Session, Table, Application
         flight = next((s for s in self.services if hasattr(s, "counters")), None)
         self.observability = Observability(self, flight.counters if flight is not None else None)
+        if show_system_tables:
+            self.ctx.engine.list_system = True
+        if perf_tables is False:
+            self.perf = None
+        else:
+            config = perf_tables if isinstance(perf_tables, PerfTablesConfig) else None
+            self.perf = _perf_tables(self.graph, config)
         self.requested_metrics_port = None if metrics_port is None else int(metrics_port)
         self.metrics_port: Optional[int] = None  # where /metrics and /healthz are served on their own port
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -245,6 +262,8 @@ class TickwireServer:
             errors = self.ctx.engine.storage.errors
             log.info("data directory %s: %d table(s) recovered%s", self.data_dir, len(self.recovered),
                      "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
+        if self.perf is not None:  # the performance tables exist before anything is served
+            self.perf.attach(self.registry)
         self._thread = threading.Thread(target=run, name="tickwire-grpc", daemon=True)
         self._thread.start()
         ready.wait()
@@ -320,6 +339,8 @@ class TickwireServer:
                 log.debug("splitter stop", exc_info=True)
             self.splitter = None
         self.observability.detach()
+        if self.perf is not None:
+            self.perf.detach(self.registry)
         try:
             asyncio.run_coroutine_threadsafe(self.observability.close(), loop).result(5)
         except Exception:
