@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import secrets
+import time
 from typing import Optional
 
 import pyarrow as pa
@@ -37,9 +38,10 @@ from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_pat
 from tickwire.server.barrage import EncodeOptions, TableWire, snapshot_message
 from tickwire.server.barrage.views import requested, requested_columns, requested_viewport
 from tickwire.server.barrage.handle import SubscriptionHandle, Waker, describe_view, encoded_payloads, outcome_of
-from tickwire.server.engine import TableSpec, kind_of
+from tickwire.server.engine import TableSpec, is_system, kind_of
 from tickwire.server.graph import Table
 from tickwire.server.observability.metrics import TransferCounters
+from tickwire.server.observability.perf_tables import record_snapshot
 from tickwire.server.rpc import RAW, CallError, ServerContext, service_handlers
 from tickwire.server.session import ResolveError, Session
 from tickwire.server.staging import StagedPart, staging_of
@@ -131,17 +133,23 @@ class FlightService:
         session = await self.ctx.authenticate(context)
         table = self._resolve(ticket.ticket, session)
         wire = TableWire(table)
+        started = time.perf_counter()
         # a failed table raises its status
         msg, n = await self.ctx.run(functools.partial(snapshot_message, wire, limits=self.ctx.config.encode))
+        read = time.perf_counter()
         counters.doget_rows += n
         schema = wire.schema_payload(False)
         counters.doget_bytes += len(schema)
+        sent, messages = len(schema), 1
         yield schema
-        if n == 0 and not table.is_refreshing:
-            return  # an empty static table: the schema only (docs/flows.md#doget)
-        async for p in self._payloads(msg, EncodeOptions()):
-            counters.doget_bytes += len(p)
-            yield p
+        if n or table.is_refreshing:  # an empty static table: the schema only (docs/flows.md#doget)
+            async for p in self._payloads(msg, EncodeOptions()):
+                counters.doget_bytes += len(p)
+                sent += len(p)
+                messages += 1
+                yield p
+        record_snapshot(table, "doget", rows=n, columns=len(wire.names), nbytes=sent, messages=messages,
+                        snapshot_s=read - started, write_s=time.perf_counter() - read, step=msg.step)
 
     async def _payloads(self, msg, opts: EncodeOptions):
         async for p in encoded_payloads(msg, opts, self.ctx.executor, self.ctx.config):
@@ -259,18 +267,26 @@ class FlightService:
         def build():
             cols = requested_columns(req.columns, len(wire.names), "snapshot columns")
             viewport = requested_viewport(req.viewport, self.ctx.config.max_viewport_ranges)
-            return snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
-                                    doget=False, limits=self.ctx.config.encode)
-        msg, _n = await self.ctx.run(build)  # a failed table raises its status
+            msg, n = snapshot_message(wire, columns=cols, viewport=viewport, reverse=bool(req.reverse_viewport),
+                                      doget=False, limits=self.ctx.config.encode)
+            return msg, n, len(wire.names) if cols is None else len(cols)
+        started = time.perf_counter()
+        msg, n, columns = await self.ctx.run(build)  # a failed table raises its status
+        read = time.perf_counter()
         counters = self.counters
         schema = wire.schema_payload(False)
         counters.exchange_messages += 1
         counters.exchange_bytes += len(schema)
+        sent, messages = len(schema), 1
         yield schema
         async for p in self._payloads(msg, opts):
             counters.exchange_messages += 1
             counters.exchange_bytes += len(p)
+            sent += len(p)
+            messages += 1
             yield p
+        record_snapshot(table, "snapshot", rows=n, columns=columns, nbytes=sent, messages=messages,
+                        snapshot_s=read - started, write_s=time.perf_counter() - read, step=msg.step)
         # the stream ends (OK) once the client half-closes (docs/flows.md#half-close-and-end-of-stream)
         while True:
             nxt = await requests.get()
@@ -470,7 +486,7 @@ class FlightService:
     def _list_tables(self) -> list[dict]:
         with self.ctx.engine.reading() as engine:
             return [{"name": t.name, "rows": t.size, "refreshing": t.is_refreshing, "kind": type(t).__name__,
-                     "columns": [{"name": f.name, "type": str(f.type)} for f in t.schema]}
+                     "columns": [{"name": f.name, "type": str(f.type)} for f in t.schema], "system": is_system(t)}
                     for t in engine.tables()]
 
     async def list_actions(self, _empty, context):
