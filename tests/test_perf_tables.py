@@ -1,0 +1,208 @@
+"""The performance tables (tickwire.server.observability.perf_tables) read as any client reads
+tables: tickwire's own client subscribes to them and DoGets them while a ticking table is
+subscribed and read, and their rows are checked against what was written and read. They are not
+listed unless the server is started with show_system_tables, and an idle server's performance
+tables stay still however many cycles run."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+import pytest
+
+from tickwire.clients.client import BarrageClient
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import TableSpec, engine_of
+from tickwire.server.graph import UpdateGraph
+from tickwire.server.observability.perf_tables import (BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, NAMES,
+                                                       SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA,
+                                                       UPDATE_PERFORMANCE, UPDATE_SCHEMA, PerfTablesConfig)
+
+SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("sym", pa.string())])
+ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
+PERF = PerfTablesConfig(capacity=2_000, barrage_interval_s=0.1)
+
+
+def batch(start: int, n: int) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({"id": ids, "x": ids * 0.5, "sym": [f"s{i % 7}" for i in ids]}, schema=SCHEMA)
+
+
+def wait_until(predicate, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def of_table(t: pa.Table, name: str) -> pa.Table:
+    return t.filter(pc.equal(t["TableName"], name))
+
+
+def serve(**kwargs) -> tuple[UpdateGraph, TickwireServer]:
+    g = UpdateGraph(interval_ms=20)
+    srv = TickwireServer(g, port=0, web=False, perf_tables=PERF, **kwargs).start()
+    return g, srv
+
+
+def list_tables(target: str) -> list[dict]:
+    client = fl.FlightClient(f"grpc://{target}")
+    try:
+        (result,) = list(client.do_action(fl.Action("list-tables", b""), ANON))
+        return json.loads(result.body.to_pybytes())
+    finally:
+        client.close()
+
+
+def test_clients_subscribe_to_and_read_the_performance_tables():
+    g, srv = serve()
+    engine = engine_of(g)
+    ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
+    client = BarrageClient(srv.target)
+    try:
+        # the performance tables, subscribed before the traffic they describe
+        upl = client.subscribe(UPDATE_PERFORMANCE)
+        bpl = client.subscribe(BARRAGE_PERFORMANCE)
+        assert upl.wait_for(lambda s: s.table.schema.names == UPDATE_SCHEMA.names, 15)
+        sub = client.subscribe("ticks")
+        assert sub.wait_for(lambda s: s.table.num_rows == 0, 15)
+        sizes = [50, 120, 7, 300, 23]
+        start = 0
+        for n in sizes:
+            engine.write(ticks, batch(start, n))
+            start += n
+        total = sum(sizes)
+        assert sub.wait_for(lambda s: s.size == total, 15)
+
+        # one row per cycle in which "ticks" changed: its rows added add up to what was written
+        def ticks_rows():
+            return of_table(upl.table, "ticks")
+        assert upl.wait_for(lambda s: pc.sum(of_table(s.table, "ticks")["RowsAdded"]).as_py() == total, 15), \
+            ticks_rows().to_pylist()
+        rows = ticks_rows()
+        assert rows.num_rows == len(sizes)  # engine.write waits for the cycle that applies it: a cycle each
+        assert rows["RowsAdded"].to_pylist() == sizes
+        assert rows["TableSize"].to_pylist() == list(np.cumsum(sizes))
+        assert set(rows["TableKind"].to_pylist()) == {"append"}
+        assert pc.min(rows["UsageNanos"]).as_py() > 0
+        assert all(r["UsageNanos"] <= r["IntervalDurationNanos"] for r in rows.to_pylist())
+        assert pc.sum(rows["RowsRemoved"]).as_py() == pc.sum(rows["RowsModified"]).as_py() == 0
+        steps = rows["Step"].to_pylist()
+        assert steps == sorted(steps) and len(set(steps)) == len(steps) and steps[-1] <= g.step
+
+        # DoGet and a snapshot request of "ticks", then the snapshot table read by DoGet
+        assert client.snapshot("ticks").num_rows == total
+        assert client.snapshot("ticks", columns=["id", "sym"], viewport=[(0, 9)]).num_rows == 10
+
+        def snaps():
+            return of_table(client.snapshot(SNAPSHOT_PERFORMANCE), "ticks")
+        assert wait_until(lambda: {"doget", "snapshot", "subscription"} <= set(snaps()["Kind"].to_pylist()))
+        got = snaps()
+        assert got.schema.names == SNAPSHOT_SCHEMA.names
+        by_kind = {r["Kind"]: r for r in got.to_pylist()}
+        doget = by_kind["doget"]
+        assert (doget["Rows"], doget["Columns"]) == (total, 3)
+        assert doget["Bytes"] > total * 8 and doget["Messages"] >= 2 and doget["Step"] > 0
+        assert doget["SnapshotNanos"] > 0 and doget["WriteNanos"] > 0
+        snap = by_kind["snapshot"]
+        assert (snap["Rows"], snap["Columns"]) == (10, 2)
+        initial = by_kind["subscription"]  # the subscription's initial snapshot, of the empty table
+        assert initial["Rows"] == 0 and initial["Columns"] == 3 and initial["WriteNanos"] is None
+
+        # the subscription's figures per interval: every row sent is counted once
+        def subs():
+            return of_table(bpl.table, "ticks")
+        assert bpl.wait_for(lambda s: pc.sum(of_table(s.table, "ticks")["Rows"]).as_py() == total, 15), \
+            subs().to_pylist()
+        figures = subs()
+        assert figures.schema.names == BARRAGE_SCHEMA.names
+        assert set(figures["Kind"].to_pylist()) == {"full"}
+        assert len(set(figures["SubscriptionId"].to_pylist())) == 1
+        assert pc.sum(figures["Messages"]).as_py() >= 1 + 1  # the snapshot and at least one update
+        assert pc.sum(figures["SnapshotMessages"]).as_py() == 1
+        assert pc.sum(figures["Bytes"]).as_py() > total * 8
+        assert not any(figures["Ended"].to_pylist())
+        sub.close()
+        assert bpl.wait_for(lambda s: any(of_table(s.table, "ticks")["Ended"].to_pylist()), 15)
+
+        # nothing about the performance tables themselves, though they were subscribed and read
+        for name in NAMES:
+            for t in (upl.table, bpl.table, client.snapshot(SNAPSHOT_PERFORMANCE)):
+                assert of_table(t, name).num_rows == 0
+    finally:
+        client.close()
+        srv.stop()
+        g.stop()
+
+
+def test_performance_tables_are_listed_only_with_the_switch():
+    for show in (False, True):
+        g, srv = serve(show_system_tables=show)
+        engine_of(g).get_or_create(TableSpec("plain", "append", SCHEMA))
+        client = BarrageClient(srv.target)
+        try:
+            listed = client.tables()
+            actions = {t["name"]: t for t in list_tables(srv.target)}
+            assert "plain" in listed and not actions["plain"]["system"]
+            for name in NAMES:
+                assert (name in listed) == show
+                assert (name in actions) == show and (not show or actions[name]["system"])
+                assert (name in engine_of(g).names_now()) == show
+                # listed or not, the name reaches the table
+                assert client.snapshot(name).schema.names == {UPDATE_PERFORMANCE: UPDATE_SCHEMA,
+                                                               BARRAGE_PERFORMANCE: BARRAGE_SCHEMA,
+                                                               SNAPSHOT_PERFORMANCE: SNAPSHOT_SCHEMA}[name].names
+        finally:
+            client.close()
+            srv.stop()
+            g.stop()
+
+
+def test_an_idle_server_records_nothing_while_its_performance_tables_are_watched():
+    g, srv = serve()
+    engine = engine_of(g)
+    ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
+    client = BarrageClient(srv.target)
+    try:
+        watchers = [client.subscribe(name) for name in NAMES]  # each table's own subscriber, all the time
+        sub = client.subscribe("ticks")
+        engine.write(ticks, batch(0, 40))
+        assert sub.wait_for(lambda s: s.size == 40, 15)
+        client.snapshot("ticks")
+
+        def sizes():
+            return tuple(w.size for w in watchers)
+        # once the last interval with traffic has been recorded, nothing more comes
+        assert wait_until(lambda: of_table(watchers[2].table, "ticks").num_rows >= 2)
+        settled = sizes()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = sizes()
+            if now == settled:
+                break
+            settled = now
+        step = g.step
+        time.sleep(1.5)  # about 75 cycles and 15 barrage intervals
+        assert g.step - step > 20
+        assert sizes() == settled
+        assert settled[0] > 0 and settled[1] > 0 and settled[2] >= 2
+        for name in NAMES:
+            for w in watchers:
+                assert of_table(w.table, name).num_rows == 0
+    finally:
+        client.close()
+        srv.stop()
+        g.stop()
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_config_refuses_no_capacity(capacity):
+    with pytest.raises(ValueError):
+        PerfTablesConfig(capacity=capacity)
