@@ -10,12 +10,15 @@ counted once per call, per FlightData message or per cycle, never per row:
   the last cycle ended beyond one interval; it grows while a cycle is stuck or the graph stopped);
 * tables (published ones): `tickwire_table_rows{table}`, `tickwire_table_rows_in{table}` (rows
   added to a source table by its input: appended, upserted under new keys, a blink table's
-  rows), `tickwire_table_failed{table}`;
+  rows), `tickwire_table_failed{table}`, `tickwire_table_rows_out{table}` (rows sent to clients:
+  DoGet, snapshot requests and the added and modified rows of subscription messages, counted per
+  message; the rows of tables that are not published, e.g. a session's own, under `table=""`);
 * subscriptions: `tickwire_subscriptions{kind="full"|"viewport"}`, `tickwire_subscriptions_growing`
   (still being sent their initial snapshot), `tickwire_subscription_outbox_messages` (queued for
   their writers), `tickwire_subscription_updates` (Barrage messages queued for subscribers),
   `tickwire_subscription_coalesced` (cycles folded into a pending change because the client was
-  slow);
+  slow), `tickwire_snapshot_pieces` (snapshot messages: those queued for subscribers, an initial
+  snapshot's pieces each, and the replies to snapshot requests);
 * Flight calls: `tickwire_doget_requests`, `tickwire_doget_rows`, `tickwire_doget_bytes`,
   `tickwire_doput_requests`, `tickwire_doput_rows`, `tickwire_doput_bytes` (received),
   `tickwire_exchange_messages_sent`, `tickwire_exchange_bytes_sent` (DoExchange FlightData:
@@ -51,10 +54,24 @@ class TransferCounters:
         self.doput_bytes = 0
         self.exchange_messages = 0
         self.exchange_bytes = 0
+        self.snapshot_replies = 0  # answers to snapshot requests (one snapshot message each)
         self._lock = threading.Lock()
         self._retired: "weakref.WeakSet" = weakref.WeakSet()
         self.retired_updates = 0
         self.retired_coalesced = 0
+        self.retired_snapshot_messages = 0
+        self._rows_out: collections.Counter = collections.Counter()  # by table: DoGet, snapshot requests, retired subscriptions
+
+    def rows_out(self, table: str, rows: int) -> None:
+        """A message of `rows` rows of `table` is sent (DoGet or a snapshot request's reply)."""
+        with self._lock:
+            self._rows_out[table] += rows
+
+    def snapshot_reply(self, table: str, rows: int) -> None:
+        """A snapshot request is answered with a snapshot of `rows` rows of `table`."""
+        with self._lock:
+            self.snapshot_replies += 1
+            self._rows_out[table] += rows
 
     def retire(self, sub) -> None:
         """A subscription's call is over: its counts stay in the totals after it is gone."""
@@ -66,16 +83,45 @@ class TransferCounters:
             self._retired.add(sub)
             self.retired_updates += sub.messages
             self.retired_coalesced += sub.coalesced
+            self.retired_snapshot_messages += sub.snapshot_messages
+            self._rows_out[_table_of(sub)] += sub.rows
 
-    def subscription_totals(self, live: Iterable) -> tuple[int, int]:
-        """(updates, coalesced) over every subscription so far: the retired ones and `live`."""
+    def fold(self, published) -> None:
+        """Moves the rows out of tables no longer (or never) published to the `""` entry, so that
+        the per-table counts stay as many as the published tables."""
         with self._lock:
-            updates, coalesced = self.retired_updates, self.retired_coalesced
+            for name in [n for n in self._rows_out if n and n not in published]:
+                self._rows_out[""] += self._rows_out.pop(name)
+
+    def subscription_figures(self, live: Iterable, published=None) -> "_SubscriptionFigures":
+        """Totals over every subscription so far (the retired ones and `live`) and the rows out by
+        table (DoGet and snapshot requests included); with `published`, the rows of other tables
+        are counted under `""`."""
+        with self._lock:
+            f = _SubscriptionFigures(self.retired_updates, self.retired_coalesced,
+                                     self.retired_snapshot_messages + self.snapshot_replies,
+                                     collections.Counter(self._rows_out))
             for sub in live:
                 if sub not in self._retired:
-                    updates += sub.messages
-                    coalesced += sub.coalesced
-        return updates, coalesced
+                    f.updates += sub.messages
+                    f.coalesced += sub.coalesced
+                    f.snapshot_pieces += sub.snapshot_messages
+                    f.rows_out[_table_of(sub)] += sub.rows
+        if published is not None:
+            for name in [n for n in f.rows_out if n and n not in published]:
+                f.rows_out[""] += f.rows_out.pop(name)
+        return f
+
+
+class _SubscriptionFigures:
+    __slots__ = ("updates", "coalesced", "snapshot_pieces", "rows_out")
+
+    def __init__(self, updates: int, coalesced: int, snapshot_pieces: int, rows_out: collections.Counter):
+        self.updates, self.coalesced, self.snapshot_pieces, self.rows_out = updates, coalesced, snapshot_pieces, rows_out
+
+
+def _table_of(sub) -> str:
+    return sub.publisher.table.name
 
 
 class ErrorCounts:
@@ -145,6 +191,7 @@ class Metrics:
                 t.failed[name] = failed
                 if added or name not in t.rows_in:
                     t.rows_in[name] = t.rows_in.get(name, 0) + added
+        self.counters.fold(figures)
 
     # -- scraping ------------------------------------------------------------------------------------------
     def exposition(self) -> bytes:
@@ -218,10 +265,22 @@ class _Collector:
                      growing)
         yield _gauge("tickwire_subscription_outbox_messages", "Messages queued for the subscriptions' writers",
                      outbox)
-        updates, coalesced = m.counters.subscription_totals(subs)
-        yield _counter("tickwire_subscription_updates", "Barrage messages queued for subscribers", updates)
+        t = m.tables
+        with t.lock:
+            published = set(t.rows)
+        f = m.counters.subscription_figures(subs, published)
+        yield _counter("tickwire_subscription_updates", "Barrage messages queued for subscribers", f.updates)
         yield _counter("tickwire_subscription_coalesced",
-                       "Cycles folded into a subscriber's pending change because the client was slow", coalesced)
+                       "Cycles folded into a subscriber's pending change because the client was slow", f.coalesced)
+        yield _counter("tickwire_snapshot_pieces",
+                       "Snapshot messages queued for subscribers (an initial snapshot's pieces each) and replies "
+                       "to snapshot requests", f.snapshot_pieces)
+        c = CounterMetricFamily("tickwire_table_rows_out", "Rows sent to clients by DoGet, snapshot requests and "
+                                "subscriptions (added and modified), by table; \"\" for tables not published",
+                                labels=["table"])
+        for name, n in sorted(f.rows_out.items()):
+            c.add_metric([name], n)
+        yield c
 
     @staticmethod
     def _calls(m: Metrics):

@@ -138,6 +138,7 @@ class FlightService:
         msg, n = await self.ctx.run(functools.partial(snapshot_message, wire, limits=self.ctx.config.encode))
         read = time.perf_counter()
         counters.doget_rows += n
+        counters.rows_out(table.name, n)
         schema = wire.schema_payload(False)
         counters.doget_bytes += len(schema)
         sent, messages = len(schema), 1
@@ -274,6 +275,7 @@ class FlightService:
         msg, n, columns = await self.ctx.run(build)  # a failed table raises its status
         read = time.perf_counter()
         counters = self.counters
+        counters.snapshot_reply(table.name, n)
         schema = wire.schema_payload(False)
         counters.exchange_messages += 1
         counters.exchange_bytes += len(schema)
