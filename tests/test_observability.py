@@ -3,6 +3,7 @@ with grpcio-health-checking's own client stub, `/healthz`, and `/metrics` scrape
 prometheus-client's parser while traffic moves its counters."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 import urllib.error
@@ -19,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
+from tickwire.server.config import ServerConfig
 from tickwire.server.graph import UpdateGraph
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -164,6 +166,40 @@ def test_a_failed_derived_table_has_a_not_serving_table_name():
         srv.stop()
 
 
+def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_name(tmp_path, monkeypatch):
+    import errno
+
+    from tickwire.server.engine import IngestError, TableSpec, engine_of
+    from tickwire.server.storage import store
+
+    g = UpdateGraph(interval_ms=20)
+    engine = engine_of(g)
+    engine.open_storage(tmp_path)
+    kept, _ = engine.get_or_create(TableSpec("kept", "append", SCHEMA))
+    mem, _ = engine.get_or_create(TableSpec("mem", "append", SCHEMA, durable=False))
+    srv = TickwireServer(g, port=0).start()
+    try:
+        engine.write(kept, rows(0, 5))
+        assert wait_until(lambda: check(srv.target, "tickwire.table/kept") == SERVING)
+        assert check(srv.target, "tickwire.table/mem") == SERVING
+
+        def full_disk(self, record):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(store._TableFiles, "append", full_disk)  # the disk is full from now on
+        with pytest.raises(IngestError, match="could not be written"):
+            engine.write(kept, rows(5, 5))
+        assert kept.refusal is not None
+        assert wait_until(lambda: check(srv.target, "tickwire.table/kept") == NOT_SERVING)
+        assert http(f"{srv.web_url}/healthz?service=tickwire.table/kept") == (503, "NOT_SERVING\n")
+        engine.write(mem, rows(0, 3))  # the others go on
+        assert check(srv.target, "tickwire.table/mem") == SERVING
+        assert check(srv.target) == SERVING
+    finally:
+        srv.stop()
+        engine.close_storage()
+
+
 # ----------------------------------------------------------------------------------------------
 # metrics
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +272,48 @@ def test_metrics_move_with_traffic():
         assert m["tickwire_cycle_duration_seconds_count"] >= 1 and m["tickwire_cycle_lag_seconds"] >= 0
     finally:
         flight.close()
+        client.close()
+        srv.stop()
+
+
+def test_snapshot_pieces_and_rows_out_move_with_traffic():
+    g = UpdateGraph(interval_ms=20)
+    src = g.append_table("src", SCHEMA)
+    src.add(rows(0, 1000))
+    # 300 cells a piece: a full subscriber's initial snapshot of 1000 rows of 3 columns comes in 10 pieces
+    srv = TickwireServer(g, port=0, config=ServerConfig(min_piece_cells=300, max_piece_cells=300)).start()
+    url = f"{srv.web_url}/metrics"
+    client = BarrageClient(srv.target)
+    try:
+        assert wait_until(lambda: scrape(url).get("tickwire_table_rows_in_total{table=src}") == 1000)
+        m = scrape(url)
+        assert m["tickwire_snapshot_pieces_total"] == 0 and "tickwire_table_rows_out_total{table=src}" not in m
+
+        assert client.snapshot("src").num_rows == 1000  # DoGet
+        assert scrape(url)["tickwire_table_rows_out_total{table=src}"] == 1000
+
+        full = client.subscribe("src")
+        vp = client.subscribe("src", viewport=[(0, 9)])
+        assert full.wait_for(lambda s: s.size == 1000, 30) and vp.wait_for(lambda s: s.table.num_rows == 10, 30)
+        m = scrape(url)
+        assert m["tickwire_table_rows_out_total{table=src}"] == 1000 + 1000 + 10
+        assert m["tickwire_snapshot_pieces_total"] == 10 + 1
+        assert full.update_count == 10  # the pieces reached the client one message each
+
+        assert client.snapshot("src", viewport=[(0, 4)]).num_rows == 5  # a snapshot request
+        m = scrape(url)
+        assert m["tickwire_snapshot_pieces_total"] == 12
+        assert m["tickwire_table_rows_out_total{table=src}"] == 2015
+
+        src.add(rows(1000, 500))  # to the full subscriber only: the viewport's rows stay
+        assert full.wait_for(lambda s: s.size == 1500, 30)
+        assert wait_until(lambda: scrape(url)["tickwire_table_rows_out_total{table=src}"] == 2515)
+        full.close()
+        vp.close()
+        assert wait_until(lambda: scrape(url)["tickwire_subscriptions{kind=full}"] == 0)
+        m = scrape(url)  # subscriptions that ended stay in the totals
+        assert m["tickwire_table_rows_out_total{table=src}"] == 2515 and m["tickwire_snapshot_pieces_total"] == 12
+    finally:
         client.close()
         srv.stop()
 

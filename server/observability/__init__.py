@@ -2,9 +2,9 @@
 
 `Observability(server)` holds both: the gRPC health service (`health.Health`, registered on the
 grpc.aio server without credentials), the Prometheus registry (`metrics.Metrics`), one cycle
-listener on the update graph feeding them (per published table: rows, rows in, failed), and the
-HTTP handlers `/healthz` and `/metrics`, served by the web side (tickwire.server.web.site) and, on
-request, on a port of their own (`metrics_port`).
+listener on the update graph feeding them (per published table: rows, rows in, failed or refusing
+writes), and the HTTP handlers `/healthz` and `/metrics`, served by the web side
+(tickwire.server.web.site) and, on request, on a port of their own (`metrics_port`).
 
 Nothing here reaches into the graph: tables are read through the engine (`engine_of(graph)`),
 in the cycle listener, which runs at the end of each cycle under the graph's lock.
@@ -74,7 +74,9 @@ class Observability:
             failed = t.failure is not None
             added = _rows_added(t) if not t.parents and t.last_step == step else 0
             figures[t.name] = (t.size, added, failed)
-            statuses[t.name] = NOT_SERVING if failed else SERVING
+            # a durable table whose storage refuses writes (tickwire.server.storage) takes no input any more
+            refused = getattr(t, "refusal", None) is not None
+            statuses[t.name] = NOT_SERVING if failed or refused else SERVING
         self.metrics.on_cycle(step, self.server.graph.cycle_seconds, figures)
         self.health.set_tables(statuses)
         if not self.health.serving:
