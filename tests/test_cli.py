@@ -58,6 +58,50 @@ def test_precedence_is_flag_over_environment_over_file_over_default(tmp_path):
         10000, "127.0.0.1", 100.0, None, False, ["cycle"], "info")
 
 
+def test_flags_turn_off_what_the_environment_or_the_file_turned_on(tmp_path, tls_pair):
+    cert, key = tls_pair
+    cfg = tmp_path / "on.toml"
+    cfg.write_text(f'no-web = true\ndata-dir = "{tmp_path}"\nlog-format = "json"\n'
+                   f'metrics-port = 9100\ntls-cert = "{cert}"\ntls-key = "{key}"\n'
+                   '[serve]\nupstream-tls = true\nreplicate = "h:1/t"\n'
+                   '[demo]\nno-spark = true\nno-server = true\nstatus-interval = 5\n')
+    env = {"TICKWIRE_CONFIG": str(cfg), "TICKWIRE_PSK": "from-env"}
+    on = settings("serve", environ=env)
+    assert (on.no_web, on.upstream_tls, on.data_dir, on.log_format, on.metrics_port, on.tls_cert, on.psk) == (
+        True, True, str(tmp_path), "json", 9100, cert, "from-env")
+    off = settings("serve", "--web", "--no-upstream-tls", "--no-data-dir", "--log-format", "text",
+                   "--no-metrics-port", "--no-tls", "--no-psk", "--no-replicate", environ=env)
+    assert (off.no_web, off.upstream_tls, off.data_dir, off.log_format, off.metrics_port, off.tls_cert,
+            off.tls_key, off.psk, off.replicate) == (False, False, None, "text", None, None, None, None, None)
+    assert all(off.sources[d] == "flag" for d in ("no_web", "upstream_tls", "data_dir", "tls_cert", "tls_key", "psk"))
+    assert "# data-dir = (unset)  # flag" in render(off) and "no-web = false  # flag" in render(off)
+    demo = settings("demo", environ=env)
+    assert (demo.no_spark, demo.no_server, demo.status_interval) == (True, True, 5.0)
+    demo = settings("demo", "--spark", "--server", "--no-status-interval", environ=env)
+    assert (demo.no_spark, demo.no_server, demo.status_interval) == (False, False, None)
+    # the last of a switch and its opposite wins, as flags do
+    assert settings("serve", "--web", "--no-web").no_web is True
+    assert settings("serve", "--no-web", "--web").no_web is False
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_every_switch_and_every_unset_by_default_option_has_a_flag_that_turns_it_off(command):
+    from tickwire.config import options_for, opposite
+
+    parser = build_parser()
+    for o in options_for(command):
+        if o.kind == "bool":
+            argv, env = [opposite(o)], {o.env: "true"}
+            expected = False
+        elif o.default is None:
+            argv, env = ["--no-" + o.name], {o.env: "1"}  # any value: it is unset before it is read
+            expected = None
+        else:
+            continue  # an option with a default takes another value by its own flag
+        args = parser.parse_args([command, *argv])
+        assert resolve(command, args, env).values[o.dest] is expected, o.name
+
+
 def test_print_config_shows_effective_values_with_the_key_masked(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("interval-ms = 25\n")

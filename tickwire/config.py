@@ -12,6 +12,12 @@ Every option of `tickwire serve` and `tickwire demo` can be given three ways; th
 
 else the option's default. Values are checked once, before anything starts; a mistake is one
 `ConfigError` line naming where the value came from.
+
+Whatever the environment or the file turned on, a flag turns off: each switch has its opposite
+(`--web` for `--no-web`, `--no-upstream-tls` for `--upstream-tls`), each option that is unset by
+default has `--no-<option>` (`--no-data-dir`: in memory only; `--no-status-interval`: no status
+lines; `--no-metrics-port`, `--no-psk`, ...), `--no-tls` unsets both `--tls-cert` and `--tls-key`,
+and the choices and `--fsync` take their other values (`--log-format text`, `--fsync off`).
 """
 from __future__ import annotations
 
@@ -108,23 +114,56 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def opposite(o: Option) -> str:
+    """The flag that turns switch `o` off: --web for --no-web, --no-upstream-tls for --upstream-tls."""
+    return "--" + (o.name[3:] if o.name.startswith("no-") else "no-" + o.name)
+
+
+class _Unset(argparse.Action):
+    """A flag that unsets options (`dests`): their value is None, whatever the environment or the
+    file says."""
+
+    def __init__(self, option_strings, dest, dests=(), **kwargs):
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+        self.dests = tuple(dests)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for dest in self.dests:
+            setattr(namespace, dest, None)
+
+
 def add_options(parser: argparse.ArgumentParser, command: str) -> None:
     """Adds `command`'s options to `parser`. Nothing is defaulted here (argparse.SUPPRESS): the
-    namespace holds only the flags given, so that `resolve` can tell them from the defaults."""
+    namespace holds only the flags given, so that `resolve` can tell them from the defaults.
+    Every switch gets its opposite and every option unset by default a `--no-` flag that unsets
+    it, so that a flag can undo what the environment or the file set."""
     parser.add_argument("--config", default=argparse.SUPPRESS, metavar="PATH",
                         help=f"read options from this TOML file (env {ENV_PREFIX}CONFIG)")
     parser.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
                         help="print the effective options (keys masked) and where each came from, then exit")
+    names = {o.name for o in options_for(command)}
     for o in options_for(command):
         default = "" if o.default in (None, False) else f"; default: {_shown(o.default)}"
         helptext = f"{o.help} (env {o.env}{default})".replace("%", "%%")
         if o.kind == "bool":
-            parser.add_argument(o.flag, action="store_true", default=argparse.SUPPRESS, help=helptext)
-        elif o.kind == "words":
+            parser.add_argument(o.flag, action="store_true", dest=o.dest, default=argparse.SUPPRESS, help=helptext)
+            parser.add_argument(opposite(o), action="store_false", dest=o.dest, default=argparse.SUPPRESS,
+                                help=f"the opposite of {o.flag}, whatever {o.env} or the config file say")
+            continue
+        if o.default is None:
+            parser.add_argument("--no-" + o.name, action=_Unset, dests=(o.dest,), dest="_unset_" + o.dest,
+                                default=argparse.SUPPRESS,
+                                help=f"leave {o.flag} unset, whatever {o.env} or the config file say")
+        if o.kind == "words":
             parser.add_argument(o.flag, nargs="+", default=argparse.SUPPRESS, metavar=o.metavar, help=helptext)
         else:
             parser.add_argument(o.flag, default=argparse.SUPPRESS, metavar=o.metavar or (None if o.choices else o.dest.upper()),
                                 choices=o.choices or None, help=helptext)
+    if {"tls-cert", "tls-key"} <= names:
+        parser.add_argument("--no-tls", action=_Unset, dests=("tls_cert", "tls_key"), dest="_unset_tls",
+                            default=argparse.SUPPRESS,
+                            help="serve without TLS: unsets --tls-cert and --tls-key, whatever the environment or "
+                                 "the config file say")
 
 
 # -- parsing and checking ---------------------------------------------------------------------------------
