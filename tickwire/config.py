@@ -81,6 +81,8 @@ OPTIONS: tuple[Option, ...] = (
            metavar="PATH"),
     Option("no-web", "bool", False, "no browser side: the port serves gRPC only"),
     Option("metrics-port", "port", None, "serve /metrics and /healthz on this port of their own (0 picks a free one)"),
+    Option("show-system-tables", "bool", False, "list the performance tables (tickwire.update_performance, ...) with "
+                                                "the others; they are reachable by name either way"),
     Option("data-dir", "str", None, "make append, keyed and ring tables durable in DIR: a restart brings them back "
                                     "(default: in memory only)", metavar="DIR"),
     Option("fsync", "words", ("cycle",), "when journals reach the disk: 'cycle' (before each cycle applies its "
