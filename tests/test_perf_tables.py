@@ -128,6 +128,14 @@ def test_clients_subscribe_to_and_read_the_performance_tables():
         assert pc.sum(figures["SnapshotMessages"]).as_py() == 1
         assert pc.sum(figures["Bytes"]).as_py() > total * 8
         assert not any(figures["Ended"].to_pylist())
+
+        # a viewport subscription: its own rows, and its snapshot of the window
+        vp = client.subscribe("ticks", viewport=[(0, 4)], columns=["id"])
+        assert vp.wait_for(lambda s: s.table.num_rows == 5, 15)
+        assert bpl.wait_for(lambda s: "viewport" in of_table(s.table, "ticks")["Kind"].to_pylist(), 15)
+        assert wait_until(lambda: [5, 1] in [[r["Rows"], r["Columns"]] for r in snaps().to_pylist()
+                                             if r["Kind"] == "subscription"])
+        vp.close()
         sub.close()
         assert bpl.wait_for(lambda s: any(of_table(s.table, "ticks")["Ended"].to_pylist()), 15)
 
