@@ -176,6 +176,7 @@ class PerfTables:
             if not self._registries and self._listening:
                 self._listening = False
                 self.graph.remove_cycle_listener(self._on_cycle)
+                self._seen.clear()
 
     # -- snapshots (any thread) ------------------------------------------------------------------------
     def snapshot(self, table: Table, kind: str, *, rows: int, columns: int, nbytes: int, messages: int,
