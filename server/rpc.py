@@ -25,7 +25,7 @@ from tickwire.server.session import Session
 
 __all__ = ["CallError", "ServerContext", "build_handlers", "guarded_methods", "GuardedMethod",
            "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
-           "short", "MAX_DETAILS"]
+           "short", "MAX_DETAILS", "real_peer", "add_peer_resolver", "remove_peer_resolver"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,59 @@ def short(text: str, limit: int = MAX_DETAILS) -> str:
     return text[: limit - 40] + f"... ({len(text) - limit + 40} more characters)"
 
 
+# -- peers ----------------------------------------------------------------------------------------------
+#: who can name the client behind a peer grpcio reports: the port splitter (tickwire.server.web)
+#: hands grpcio its connections over a loopback hop, so grpcio sees 127.0.0.1:<the hop's port>
+_PEER_RESOLVERS: list[Callable[[str], str]] = []
+
+
+def add_peer_resolver(resolve: Callable[[str], str]) -> None:
+    """`resolve(peer)` returns the real peer of a connection it relays, else `peer` unchanged."""
+    _PEER_RESOLVERS.append(resolve)
+
+
+def remove_peer_resolver(resolve: Callable[[str], str]) -> None:
+    try:
+        _PEER_RESOLVERS.remove(resolve)
+    except ValueError:
+        pass
+
+
+def real_peer(peer: str) -> str:
+    """The client's own address for a peer as grpcio names it (e.g. "ipv4:10.1.2.3:51234"): the
+    relayed connections' loopback hops are replaced by the address the client connected from."""
+    for resolve in list(_PEER_RESOLVERS):
+        real = resolve(peer)
+        if real != peer:
+            return real
+    return peer
+
+
+class _RealPeerContext:
+    """A call's context whose `peer()` is the client's own address (every other attribute is the
+    call's context's): what handlers log names the client, not the splitter's loopback hop."""
+
+    __slots__ = ("_context", "_peer")
+
+    def __init__(self, context, peer: str):
+        self._context = context
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
+def _with_real_peer(context):
+    if not _PEER_RESOLVERS:
+        return context
+    peer = context.peer()
+    real = real_peer(peer)
+    return context if real == peer else _RealPeerContext(context, real)
+
+
 async def _abort(context, exc: BaseException, on_error: Optional[Callable[[grpc.StatusCode], None]] = None):
     code, details = status_of(exc)
     if on_error is not None:  # the server's metrics: every error status of a call passes here
@@ -138,6 +191,7 @@ def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
         @functools.wraps(fn)
         async def stream_wrapper(request, context):
             try:
+                context = _with_real_peer(context)
                 async for item in fn(prepare(request, context), context):
                     yield item
             except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
@@ -149,6 +203,7 @@ def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
     @functools.wraps(fn)
     async def unary_wrapper(request, context):
         try:
+            context = _with_real_peer(context)
             return await fn(prepare(request, context), context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise

@@ -270,6 +270,57 @@ def test_demo_banner_comes_once_the_tables_exist_and_status_lines_are_off_by_def
 
 
 # -- logs ------------------------------------------------------------------------------------------------------
+def _client_ports(server_port: int) -> set[int]:
+    """Local ports of this machine's TCP connections to `server_port` (the clients' side; grpcio's
+    sockets are IPv6 ones holding IPv4-mapped addresses)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, remote = line.split()[1:3]
+                if int(remote.rpartition(":")[2], 16) == server_port:
+                    ports.add(int(local.rpartition(":")[2], 16))
+    return ports
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads the connections in /proc/net/tcp")
+def test_grpc_calls_through_the_shared_port_are_logged_with_the_clients_own_address(caplog):
+    import pyarrow as pa
+
+    from tickwire.clients.client import BarrageClient
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.graph import UpdateGraph
+
+    caplog.set_level(logging.INFO, logger="tickwire")
+    graph = UpdateGraph(interval_ms=20)
+    graph.static_table("t", pa.table({"a": [1, 2, 3]}))
+    srv = TickwireServer(graph, port=0).start()  # the web side on: gRPC goes through the splitter
+    try:
+        assert srv.splitter is not None
+        with BarrageClient(srv.target) as client:
+            sub = client.subscribe("t")
+            assert sub.wait_for(lambda s: s.size == 3, 20)
+            ports = _client_ports(srv.port)
+            assert ports
+            opened = [r for r in caplog.records if getattr(r, "event", None) == "session_open"]
+            assert opened and all(parse_port(r.peer) in ports for r in opened), ([r.peer for r in opened], ports)
+            assert all(r.peer.startswith("ipv4:127.0.0.1:") for r in opened)
+            started = [r for r in caplog.records if getattr(r, "event", None) == "subscription_start"]
+            assert started and parse_port(started[0].peer) in ports
+            assert f"peer {opened[0].peer}" in opened[0].getMessage()
+            # grpcio itself still sees the loopback hop, whose port is not the client's
+            hops = {b.hop[1] for b in list(srv.splitter._bridges)}
+            assert hops and not hops & ports
+            assert srv.splitter.real_peer(f"ipv4:127.0.0.1:{next(iter(hops))}") in {r.peer for r in opened}
+            assert srv.splitter.real_peer("ipv4:10.9.8.7:1") == "ipv4:10.9.8.7:1"  # not one of its hops
+    finally:
+        srv.stop()
+
+
+def parse_port(peer: str) -> int:
+    return int(peer.rpartition(":")[2])
+
+
 def test_session_life_is_logged(caplog):
     from tickwire.server.session import AuthError, PSK_SCHEME, SessionManager
 

@@ -13,6 +13,12 @@ splitter owns the listening socket, peeks at each new connection without consumi
 
 A connection that sends nothing within `first_bytes_timeout` seconds is closed; the number of
 connections waiting to be classified is bounded, the oldest waiting ones being closed first.
+
+grpcio sees each relayed connection as coming from 127.0.0.1 and the hop's port. Each hop is bound
+to a port of its own before it connects, and the splitter remembers which client it carries:
+`real_peer("ipv4:127.0.0.1:<hop port>")` gives the client's address, in grpcio's own notation.
+While the splitter runs, tickwire.server.rpc asks it (`add_peer_resolver`), so that sessions,
+logs and handlers name the client.
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ import socket
 import threading
 from typing import Callable, Optional
 
-__all__ = ["PortSplitter", "HTTP2_PREFACE", "classify"]
+from tickwire.server.rpc import add_peer_resolver, remove_peer_resolver
+
+__all__ = ["PortSplitter", "HTTP2_PREFACE", "classify", "peer_name", "parse_peer"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,23 @@ def classify(first: bytes) -> Optional[str]:
     if HTTP2_PREFACE.startswith(first):
         return None
     return "web"
+
+
+def peer_name(address) -> str:
+    """A socket address as grpcio names peers: "ipv4:1.2.3.4:5678", "ipv6:[::1]:5678"."""
+    host, port = address[0], address[1]
+    return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+
+def parse_peer(peer: str) -> Optional[tuple[str, int]]:
+    """(host, port) of a peer in grpcio's notation, None for any other (e.g. "unix:...")."""
+    scheme, _sep, rest = peer.partition(":")
+    if scheme not in ("ipv4", "ipv6"):
+        return None
+    host, _sep, port = rest.rpartition(":")
+    if not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -83,8 +108,10 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 class _Bridge:
     """One proxied gRPC connection: a pump each way; both sockets close when both pumps end."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket, done: Callable[["_Bridge"], None]):
+    def __init__(self, client: socket.socket, upstream: socket.socket, done: Callable[["_Bridge"], None],
+                 hop: Optional[tuple[str, int]] = None):
         self.client, self.upstream, self._done = client, upstream, done
+        self.hop = hop  # the upstream socket's (host, port): how grpcio sees this connection
         self._left = 2
         self._lock = threading.Lock()
         for src, dst, name in ((client, upstream, "in"), (upstream, client, "out")):
@@ -129,6 +156,7 @@ class PortSplitter:
         self._waiting: dict[socket.socket, asyncio.Task] = {}
         self._bridges: set[_Bridge] = set()
         self._bridges_lock = threading.Lock()
+        self._peers: dict[tuple[str, int], str] = {}  # a hop's (host, port) -> the client's peer name
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.counts = {"grpc": 0, "web": 0, "dropped": 0}
 
@@ -138,6 +166,16 @@ class PortSplitter:
         self._loop = asyncio.get_running_loop()
         self.listener.setblocking(False)
         self._loop.add_reader(self.listener.fileno(), self._accept_ready)
+        add_peer_resolver(self.real_peer)
+
+    def real_peer(self, peer: str) -> str:
+        """The client's address (grpcio's notation) for `peer` as grpcio reports a connection
+        this splitter relays (the loopback hop); any other peer unchanged."""
+        hop = parse_peer(peer)
+        if hop is None:
+            return peer
+        with self._bridges_lock:
+            return self._peers.get(hop, peer)
 
     def _accept_ready(self) -> None:
         for _ in range(64):  # at most this many per wake-up: the loop has other work
@@ -182,13 +220,23 @@ class PortSplitter:
                 upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 upstream.setblocking(False)
+                # a port of its own (a connect alone may share its port with connections to
+                # other addresses): it names this client to grpcio, and nobody else
+                upstream.bind((self.upstream[0], 0))
+                hop = upstream.getsockname()[:2]
+                try:
+                    client = peer_name(conn.getpeername())
+                except OSError:  # the client is gone already: the bridge ends at once
+                    client = None
                 await loop.sock_connect(upstream, self.upstream)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.setblocking(True)
                 upstream.setblocking(True)
                 self.counts["grpc"] += 1
                 with self._bridges_lock:
-                    self._bridges.add(_Bridge(conn, upstream, self._bridge_done))
+                    if client is not None:
+                        self._peers[hop] = client  # before the first byte reaches grpcio
+                    self._bridges.add(_Bridge(conn, upstream, self._bridge_done, hop))
                 return
             if kind == "web" and self.web_factory is not None:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -207,6 +255,7 @@ class PortSplitter:
     def _bridge_done(self, bridge: _Bridge) -> None:
         with self._bridges_lock:
             self._bridges.discard(bridge)
+            self._peers.pop(bridge.hop, None)
 
     @property
     def bridged(self) -> int:
@@ -231,3 +280,4 @@ class PortSplitter:
             bridges = list(self._bridges)
         for b in bridges:
             b.abort()
+        remove_peer_resolver(self.real_peer)
