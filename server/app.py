@@ -256,14 +256,19 @@ class TickwireServer:
             loop.run_forever()
             loop.close()
 
-        if self.data_dir is not None and self.ctx.engine.storage is None:
-            # before anything is served: a client never sees a table that is still coming back
-            self.recovered = self.ctx.engine.open_storage(self.data_dir, self.durability)
-            errors = self.ctx.engine.storage.errors
-            log.info("data directory %s: %d table(s) recovered%s", self.data_dir, len(self.recovered),
-                     "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
-        if self.perf is not None:  # the performance tables exist before anything is served
-            self.perf.attach(self.registry)
+        try:
+            if self.data_dir is not None and self.ctx.engine.storage is None:
+                # before anything is served: a client never sees a table that is still coming back
+                self.recovered = self.ctx.engine.open_storage(self.data_dir, self.durability)
+                errors = self.ctx.engine.storage.errors
+                log.info("data directory %s: %d table(s) recovered%s", self.data_dir, len(self.recovered),
+                         "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
+            if self.perf is not None:  # the performance tables exist before anything is served
+                self.perf.attach(self.registry)
+        except BaseException:
+            self._loop = None
+            loop.close()  # never ran: nothing to stop
+            raise
         self._thread = threading.Thread(target=run, name="tickwire-grpc", daemon=True)
         self._thread.start()
         ready.wait()

@@ -212,7 +212,7 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
              spark: bool = False, max_inbound_message_size: Optional[int] = None, web: bool = True,
              web_port: Optional[int] = None, web_assets=None, data_dir=None, durability=None,
              metrics_port: Optional[int] = None, status_interval_s: Optional[float] = None,
-             spark_tables_wait_s: float = 60.0) -> int:
+             spark_tables_wait_s: float = 60.0, show_system_tables: bool = False) -> int:
     """Runs the demo tables until Ctrl-C (or `duration_s`). With a `port`, serves them over
     Flight/Barrage on it (port 0 picks a free one) and prints how to connect once the tables exist
     (the Spark ones included). `status_interval_s`: print the tables' sizes that often (default:
@@ -257,7 +257,8 @@ def run_demo(interval_ms: float = 100.0, duration_s: Optional[float] = None, out
             if metrics_port is not None:
                 options["metrics_port"] = metrics_port
             server = TickwireServer(graph, host=host, port=port, psk=psk, tls_cert=tls_cert, tls_key=tls_key,
-                                    web=web, web_port=web_port, web_assets=web_assets, **options).start()
+                                    web=web, web_port=web_port, web_assets=web_assets,
+                                    show_system_tables=show_system_tables, **options).start()
         if spark and not done.is_set():
             from tickwire.server.spark.pipeline_demo import start_spark_demo, stop_active_spark
 

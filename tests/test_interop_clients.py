@@ -17,6 +17,7 @@ import pytest
 from tickwire.server.app import TickwireServer
 from tickwire.server.demo import TRADES, DemoTicker, static_mixed
 from tickwire.server.graph import UpdateGraph
+from tickwire.server.observability.perf_tables import NAMES as PERF_TABLES
 
 pytestmark = pytest.mark.interop
 
@@ -63,7 +64,8 @@ def plain(t: pa.Table) -> pa.Table:
 def test_pyarrow_list_flights_describes_every_table(served, client):
     _server, graph, _t, _l = served
     infos = {tuple(p.decode() for p in i.descriptor.path): i for i in client.list_flights(options=ANON)}
-    assert set(infos) == {("scope", n) for n in graph.tables if not n.startswith("__")}  # "__": hidden
+    # "__": hidden; the performance tables are listed only when asked for
+    assert set(infos) == {("scope", n) for n in graph.tables if not n.startswith("__") and n not in PERF_TABLES}
     static = infos[("scope", "static_mixed")]
     assert static.total_records == 1000 and static.total_bytes == -1
     assert infos[("scope", "ticking_append")].total_records == -1
@@ -186,6 +188,7 @@ def test_pydeephaven_open_table_to_arrow(served):
     s = Session(host="127.0.0.1", port=server.port)
     try:
         assert {n for n in graph.tables if not n.startswith("__")} - {"big_test", "uploaded", "uploaded_keyed"} \
+            - set(PERF_TABLES) \
             <= set(s.tables)
         assert plain(s.open_table("static_mixed").to_arrow()).equals(static_mixed())
         with lock:

@@ -78,7 +78,8 @@ def _serve(s: Settings) -> int:
         server = TickwireServer(graph, host=s.host, port=s.port, psk=s.psk, tls_cert=s.tls_cert,
                                 tls_key=s.tls_key, max_inbound_message_size=s.max_inbound_message_size,
                                 web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
-                                data_dir=s.data_dir, durability=durability, **extra).start()
+                                data_dir=s.data_dir, durability=durability,
+                                show_system_tables=s.show_system_tables, **extra).start()
     except BaseException:
         graph.stop()
         raise
@@ -123,7 +124,8 @@ def _demo(s: Settings) -> int:
                     max_inbound_message_size=s.max_inbound_message_size,
                     web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
                     data_dir=s.data_dir, durability=durability, metrics_port=s.metrics_port,
-                    status_interval_s=s.status_interval, out=lambda line: print(line, flush=True))
+                    status_interval_s=s.status_interval, show_system_tables=s.show_system_tables,
+                    out=lambda line: print(line, flush=True))
 
 
 def _fail(message: str, code: int, debug: bool) -> int:
