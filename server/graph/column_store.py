@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.protocol.difference import equal_mask
 from tickwire.protocol.schema import numpy_storage_dtype
 from tickwire.server.graph.keyindex import mix
 
@@ -221,12 +222,6 @@ def _validity(a: pa.Array) -> np.ndarray:
     return a.is_valid().to_numpy(zero_copy_only=False)
 
 
-def _segments_all(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """For each segment [start, start + length) of `flags`: are all flags true (empty: true)."""
-    bad = np.concatenate(([0], np.cumsum(~flags, dtype=np.int64)))
-    return bad[starts + lengths] - bad[starts] == 0
-
-
 def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.Array]):
     """A KeyIndex verifier: do the rows stored at `rows` (columns `names` of `store`) hold the key
     values of queries `qi` (rows of `cols`)? Compared in bulk, nulls equal nulls."""
@@ -238,66 +233,6 @@ def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.A
             ok &= equal_mask(stored.column(j), col.take(take))
         return ok
     return verify
-
-
-def equal_mask(a, b) -> np.ndarray:
-    """Row-wise equality of two arrays of one type: a bool array, True where the rows are equal.
-
-    Nulls equal nulls; NaN equals NaN. Lists compare element by element, structs field by field.
-    Types without a comparison kernel compare as different (a conservative answer).
-    """
-    a, b = _as_array(a), _as_array(b)
-    n = len(a)
-    if len(b) != n:
-        raise ValueError(f"arrays differ in length ({n} and {len(b)})")
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    t = a.type
-    va, vb = _validity(a), _validity(b)
-    both_valid = va & vb
-    out = va == vb  # both null -> equal; one null -> different; both valid -> decided below
-    if not both_valid.any():
-        return out
-    if pa.types.is_dictionary(t):
-        return equal_mask(a.dictionary_decode(), b.dictionary_decode())
-    if pa.types.is_null(t):
-        return np.ones(n, dtype=bool)
-    if pa.types.is_struct(t):
-        eq = np.ones(n, dtype=bool)
-        for i in range(t.num_fields):
-            eq &= equal_mask(a.field(i), b.field(i))
-        return np.where(both_valid, eq, out)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_map(t) or pa.types.is_fixed_size_list(t):
-        if pa.types.is_fixed_size_list(t):
-            size = t.list_size
-            oa = (np.arange(n + 1, dtype=np.int64) + a.offset) * size
-            ob = (np.arange(n + 1, dtype=np.int64) + b.offset) * size
-        else:
-            oa = a.offsets.to_numpy().astype(np.int64)
-            ob = b.offsets.to_numpy().astype(np.int64)
-        la, lb = np.diff(oa), np.diff(ob)
-        same_len = both_valid & (la == lb)
-        rows = np.flatnonzero(same_len)
-        lens = la[rows]
-        total = int(lens.sum())
-        eq = np.zeros(n, dtype=bool)
-        if total == 0:
-            eq[rows] = True
-        else:
-            within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-            ia = np.repeat(oa[rows], lens) + within
-            ib = np.repeat(ob[rows], lens) + within
-            elem = equal_mask(a.values.take(pa.array(ia)), b.values.take(pa.array(ib)))
-            eq[rows] = _segments_all(elem, np.cumsum(lens) - lens, lens)
-        return np.where(both_valid, eq, out)
-    try:
-        e = pc.equal(a, b)
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
-        return np.where(both_valid, False, out)
-    eq = pc.fill_null(e, False).to_numpy(zero_copy_only=False)
-    if pa.types.is_floating(t):
-        eq |= pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False).to_numpy(zero_copy_only=False)
-    return np.where(both_valid, eq, out)
 
 
 # ----------------------------------------------------------------------------------------------
