@@ -451,7 +451,7 @@ class FlightService:
         return table
 
     # -- actions ------------------------------------------------------------------------------------------
-    ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns",
+    ACTIONS = {"list-tables": "JSON list of the published tables: name, rows, refreshing, kind, columns, system",
                ACTION_COMMIT: "exactly-once commit of a staged batch (JSON body, see protocol/txn.py); "
                               "answers {applied, replay, rows}",
                ACTION_ABORT: "discard the staged parts of a batch (JSON body {producer, batch}); answers {discarded}",
