@@ -66,9 +66,18 @@ def _serve(s: Settings) -> int:
     from tickwire.server.graph import UpdateGraph
     from tickwire.server.replica import parse_replicate
 
+    from tickwire.server.config import ServerConfig
+
     try:
         upstreams = parse_replicate(s.replicate) if s.replicate else []
         durability = _durability(s)
+        if s.staging_limit_mb <= 0:
+            raise ValueError(f"--staging-limit-mb must be positive, got {s.staging_limit_mb}")
+        if s.staging_ttl <= 0:
+            raise ValueError(f"--staging-ttl must be positive, got {s.staging_ttl}")
+        limit = s.staging_limit_mb << 20
+        config = ServerConfig(staging_producer_bytes=limit, staging_total_bytes=max(limit, 1 << 30),
+                              staging_ttl_s=s.staging_ttl)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     probe_ports(s.host, _ports(s))
@@ -78,7 +87,7 @@ def _serve(s: Settings) -> int:
         server = TickwireServer(graph, host=s.host, port=s.port, psk=s.psk, tls_cert=s.tls_cert,
                                 tls_key=s.tls_key, max_inbound_message_size=s.max_inbound_message_size,
                                 web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
-                                data_dir=s.data_dir, durability=durability,
+                                data_dir=s.data_dir, durability=durability, config=config,
                                 show_system_tables=s.show_system_tables, **extra).start()
     except BaseException:
         graph.stop()

@@ -103,6 +103,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
            secret=True),
     Option("upstream-tls", "bool", False, "connect to the --replicate servers with TLS", commands=("serve",)),
+    Option("staging-limit-mb", "int", 256, "MiB one producer of exactly-once writes (Spark's tickwire data source, a "
+                                           "DoPut naming a transaction) may have staged; uploads beyond it wait",
+           commands=("serve",), metavar="MIB"),
+    Option("staging-ttl", "float", 600.0, "seconds an uncommitted staged batch lives after its last write",
+           commands=("serve",), metavar="SECONDS"),
 )
 
 
