@@ -1,0 +1,304 @@
+"""The processes tests/test_spark_remote.py starts: Spark streaming queries writing into a tickwire
+server that runs in another process, and (for the fault tests) such a server.
+
+    python tests/spark_remote_child.py run SPEC.json
+    python tests/spark_remote_child.py serve --port P --data-dir DIR
+
+`run` starts one SparkSession (classic, with `spark_session`, or Spark Connect with
+`"connect": true`), registers the "tickwire" data source and the test-only "tickwire_faulty"
+one (below), starts every query of the spec at once and waits for each to end (they read a
+directory of Parquet files one file per micro-batch with the available-now trigger, so they
+end by themselves). A query's sink is either the data source (`"sink": "remote"`: the server
+in the other process) or tickwire's in-process `foreachBatch` sinks (`"sink": "local"`: an
+update graph in this process), the reference the remote tables are compared with; the local
+tables, and every update each of them had (`Recorder`), are written to the spec's `local_out`
+as JSON.
+
+Lines on stdout (flushed; the parent reads them): "SPARK <version>" once the session is up,
+"STARTED <name>" for each query, then "DONE <name>" or "FAILED <name> <JSON string: the
+query's exception>", and "ALL-DONE" last.
+
+The "tickwire_faulty" data source is tickwire's with faults the tests ask for in its "fault"
+option (JSON); it is defined in this script, so Spark pickles it by value to its workers:
+- "kill": [{"batch": b, "partition": p, "when": "mid" | "staged"}]: the first attempt of
+  that task dies by SIGKILL (its Python worker), either in the middle of its upload ("mid":
+  once part of its rows reached the server, which the worker sees in the server's staging
+  status) or once its part is staged, before its commit message reaches the driver
+  ("staged"); each kill appends a JSON line to the "log" file first;
+- "hold": {"batch": b, "when": "before" | "after", "marker": path, "go": path or null}: the
+  driver's commit of batch b writes `marker` (the commit messages' parts, as JSON) before or
+  after committing on the server, then waits until the file `go` exists (forever when null: the
+  parent kills the process).
+
+`serve` runs a TickwireServer with a data directory on a fixed port, prints "READY <port>" and
+serves until its stdin closes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+FAULTY = "tickwire_faulty"
+
+
+def say(*parts) -> None:
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------------------------
+# what the tables of a graph did (used here for the in-process sinks and by the test for the server)
+# ------------------------------------------------------------------------------------------------
+
+class Recorder:
+    """Every update-graph cycle's update of the tables `names`: the rows added (their values), the
+    number of rows removed and modified, and the modified columns, one entry per cycle."""
+
+    def __init__(self, graph, names):
+        self.graph = graph
+        self.names = set(names)
+        self.lock = threading.Lock()
+        self.updates: dict[str, list[dict]] = {n: [] for n in self.names}
+        graph.add_cycle_listener(self._cycle)
+
+    def _cycle(self, step: int) -> None:
+        for name, u in self.graph.cycle_updates.items():
+            if name not in self.names:
+                continue
+            table = self.graph.tables[name]
+            entry = {"step": step, "added": table.gather(None, u.added).to_pylist(), "removed": int(u.removed.size),
+                     "modified": int(u.modified.size), "modified_columns": sorted(u.modified_columns)}
+            with self.lock:
+                self.updates[name].append(entry)
+
+    def table(self, name: str) -> dict:
+        """The table now: its row keys, rows (in row-key order) and column types."""
+        t = self.graph.tables[name]
+        with self.graph.exclusive():
+            data = t.gather_with_keys(key_column="__key")
+        return {"keys": data.column("__key").to_pylist(), "rows": data.drop_columns(["__key"]).to_pylist(),
+                "schema": [[f.name, str(f.type)] for f in t.schema], "kind": type(t).__name__}
+
+    def dump(self) -> dict:
+        with self.lock:
+            return {n: {"updates": list(self.updates[n]), **self.table(n)} for n in self.names
+                    if n in self.graph.tables}
+
+
+# ------------------------------------------------------------------------------------------------
+# the data source with faults
+# ------------------------------------------------------------------------------------------------
+
+def faulty_source():
+    """The "tickwire_faulty" data source class (see the module documentation)."""
+    from tickwire.server.spark.datasource import BATCH_ID_PROPERTY, TickwireDataSource, TickwireStreamWriter
+
+    class FaultyWriter(TickwireStreamWriter):
+        def __init__(self, options, spark_schema):
+            super().__init__(options, spark_schema)
+            opts = {str(k).lower(): v for k, v in options.items()}
+            self.fault = json.loads(opts.get("fault") or "{}")
+
+        def _log(self, **what) -> None:
+            if self.fault.get("log"):
+                with open(self.fault["log"], "a") as f:
+                    f.write(json.dumps(what) + "\n")
+
+        def write(self, iterator):
+            from pyspark import TaskContext
+
+            from tickwire.server.spark import datasource
+
+            tc = TaskContext.get()
+            batch, partition = int(tc.getLocalProperty(BATCH_ID_PROPERTY)), tc.partitionId()
+            kill = next((k for k in self.fault.get("kill", []) if k["batch"] == batch and
+                         k["partition"] == partition), None)
+            if kill is None or tc.attemptNumber() != 0:
+                return super().write(iterator)
+            what = dict(kill, attempt=str(tc.taskAttemptId()), pid=os.getpid())
+            if kill["when"] == "staged":
+                msg = super().write(iterator)
+                self._log(**what, rows=msg.rows, part=msg.part)
+                os.kill(os.getpid(), signal.SIGKILL)
+            # "mid": the upload gets the first half of the rows; asked for more, the worker waits
+            # until the server holds some of them, then dies with the stream open
+            import pyarrow as pa
+
+            data = pa.Table.from_batches(list(iterator)).combine_chunks()
+            if data.num_rows < 2:
+                raise RuntimeError(f"batch {batch} partition {partition}: too few rows to cut an upload")
+            half = data.num_rows // 2
+            conn = datasource._connection(self)
+
+            producer = self.producer or tc.getLocalProperty(datasource.QUERY_ID_PROPERTY)
+
+            def rows():
+                yield from data.slice(0, half).to_batches()
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    # bytes the server reserved for this producer beyond its parts already staged:
+                    # the upload in flight
+                    status = conn.action("tickwire.staging", b"")
+                    staged = sum(p["bytes"] for b in status["batches"] if b["producer"] == producer
+                                 for p in b["parts"])
+                    in_flight = status["producers"].get(producer, 0) - staged
+                    if in_flight > 0:
+                        self._log(**what, rows=half, in_flight_bytes=in_flight)
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    time.sleep(0.02)
+                raise RuntimeError("the server never showed the first rows of the upload as received")
+
+            return super().write(rows())
+
+        def commit(self, messages, batchId):
+            hold = self.fault.get("hold")
+            holding = hold is not None and int(hold["batch"]) == int(batchId)
+            if holding and hold["when"] == "before":
+                self._hold(hold, messages)
+            super().commit(messages, batchId)
+            if holding and hold["when"] == "after":
+                self._hold(hold, messages)
+
+        @staticmethod
+        def _hold(hold, messages) -> None:
+            parts = [[m.part, m.attempt, m.rows] for m in messages if m is not None and m.part is not None]
+            producer = next((m.producer for m in messages if m is not None), None)
+            tmp = hold["marker"] + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"producer": producer, "parts": parts, "pid": os.getpid()}, f)
+            os.replace(tmp, hold["marker"])
+            while hold.get("go") is None or not os.path.exists(hold["go"]):
+                time.sleep(0.05)
+
+    class FaultySource(TickwireDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return FAULTY
+
+        def streamWriter(self, schema, overwrite: bool):
+            return FaultyWriter(dict(self.options), schema)
+
+    return FaultySource
+
+
+# ------------------------------------------------------------------------------------------------
+# queries
+# ------------------------------------------------------------------------------------------------
+
+def shaped(df, shape: str):
+    """The query's rows: "raw" (the input, hash-partitioned in two by Seq, so batches have two
+    parts), "keyed" (the input, hash-partitioned by Sym: the rows of a Sym stay in one partition,
+    in input order), "totals" (running totals per Sym, with a Closed flag: an update-mode
+    aggregation), "replace" (totals per Sym below a limit, whole: a complete-mode aggregation)."""
+    from pyspark.sql import functions as F
+
+    if shape == "raw":
+        return df.repartition(2, "Seq")
+    if shape == "keyed":
+        return df.repartition(2, "Sym")
+    if shape == "totals":
+        return df.groupBy("Sym").agg(F.sum("Size").alias("Total"), F.count("*").alias("N"),
+                                     F.max("Seq").alias("Last"), F.bool_or("Closed").alias("Closed"))
+    if shape == "replace":
+        return df.groupBy("Sym").agg(F.sum("Size").alias("Total"), F.max("Seq").alias("Last")) \
+            .where(F.col("Total") < 12)
+    raise SystemExit(f"unknown shape {shape!r}")
+
+
+def start_query(spark, q: dict, graph):
+    df = (spark.readStream.schema(q["ddl"]).option("maxFilesPerTrigger", 1).parquet(q["input"]))
+    w = shaped(df, q["shape"]).writeStream.outputMode(q.get("output_mode", "append")) \
+        .option("checkpointLocation", q["checkpoint"]).trigger(availableNow=True).queryName(q["name"])
+    if q["sink"] == "remote":
+        w = w.format(q.get("format", "tickwire"))
+        for k, v in q["options"].items():
+            w = w.option(k, v if isinstance(v, str) else json.dumps(v))
+        return w.start()
+    from tickwire.server.spark import fan_out, sink
+
+    sinks = [sink(graph, t["table"], t.get("mode", "append"), keys=t.get("keys"),
+                  delete_column=t.get("delete_column"), max_rows=t.get("max_rows")) for t in q["tables"]]
+    return w.foreachBatch(fan_out(*sinks)).start()
+
+
+def run(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if spec.get("connect"):
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.remote(spec.get("master", "local[2]"))
+                 .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+                 .config("spark.sql.execution.arrow.useLargeVarTypes", "false").getOrCreate())
+    else:
+        from tickwire.server.spark import spark_session
+
+        spark = spark_session("tickwire-remote-child", master=spec.get("master", "local[2]"))
+    from tickwire.server.spark.datasource import register
+
+    register(spark)
+    spark.dataSource.register(faulty_source())
+    say("SPARK", spark.version)
+
+    graph = recorder = None
+    local = [q for q in spec["queries"] if q["sink"] == "local"]
+    if local:
+        from tickwire.server.graph import UpdateGraph
+
+        graph = UpdateGraph(interval_ms=20).start()
+        recorder = Recorder(graph, [t["table"] for q in local for t in q["tables"]])
+    queries = {}
+    for q in spec["queries"]:
+        queries[q["name"]] = start_query(spark, q, graph)
+        say("STARTED", q["name"])
+    for name, query in queries.items():
+        try:
+            query.awaitTermination()
+            error = query.exception()
+        except Exception as exc:  # noqa: BLE001 - a failed query: reported to the parent
+            error = exc
+        if error is None:
+            say("DONE", name)
+        else:
+            say("FAILED", name, json.dumps(str(error)))
+    if recorder is not None:
+        Path(spec["local_out"]).write_text(json.dumps(recorder.dump()))
+        graph.stop()
+    say("ALL-DONE")
+    spark.stop()
+
+
+def serve(port: int, data_dir: str) -> None:
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.graph import UpdateGraph
+
+    server = TickwireServer(UpdateGraph(interval_ms=20), port=port, web=False, data_dir=data_dir).start()
+    say("READY", server.port)
+    sys.stdin.read()
+    server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("spec")
+    s = sub.add_parser("serve")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--data-dir", required=True)
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run(args.spec)
+    else:
+        serve(args.port, args.data_dir)
+
+
+if __name__ == "__main__":
+    main()
