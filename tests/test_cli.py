@@ -425,3 +425,17 @@ def test_json_formatter_carries_the_extra_ids():
 def test_log_level_warning_hides_info():
     r = run("serve", "--port", "0", "--no-web", "--duration", "0.5", "--log-level", "warning")
     assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    import subprocess
+    import sys
+
+    for argv in (["serve", "--print-config"], ["serve", "--port", "0", "--no-web", "--duration", "5"]):
+        proc = subprocess.Popen([sys.executable, "-m", "tickwire", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        proc.stdout.readline()
+        proc.stdout.close()  # the reader leaves, as `| head -1` does
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert b"Traceback" not in err and b"Broken pipe" not in err, err

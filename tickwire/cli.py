@@ -145,6 +145,19 @@ def _fail(message: str, code: int, debug: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # stdout's reader left (`tickwire serve --print-config | head -3`): it has what it wanted.
+        # Point stdout at /dev/null so that the interpreter's final flush does not fail again.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version or args.command == "version":
@@ -172,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(str(exc), 2, debug)
     except KeyboardInterrupt:
         return _fail("interrupted", 130, debug)
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - every startup mistake is one line (a traceback with debug)
         return _fail(_startup_message(exc, settings), 1, debug)
 
