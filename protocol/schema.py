@@ -43,6 +43,9 @@ __all__ = [
     "deephaven_type_for",
     "arrow_type_for_deephaven",
     "wire_type_for",
+    "BARRAGE_SCHEMA",
+    "keeps_upload_type",
+    "served_types",
     "is_sortable_type",
     "to_deephaven_schema",
     "check_wire_schema",
@@ -274,6 +277,31 @@ def wire_type_for(t: pa.DataType) -> pa.DataType:
     raise ProtocolError(f"Arrow type {t} has no Barrage wire mapping")
 
 
+#: The table attribute holding the Arrow schema a DoPut created the table with. As in Deephaven,
+#: such a table is served with the uploaded Arrow types (docs/types.md) where `keeps_upload_type`
+#: says so; the attribute itself is announced as `deephaven:unsent.attribute.BarrageSchema`.
+BARRAGE_SCHEMA = "BarrageSchema"
+
+
+def keeps_upload_type(t: pa.DataType) -> bool:
+    """Whether a column uploaded with Arrow type `t` is served with that same type, as Deephaven
+    42.7 serves it (docs/types.md): decimal128/256, timestamps of any unit and zone, dates, times
+    and durations of any unit. Other types are served as `wire_type_for` says."""
+    return (pa.types.is_decimal128(t) or pa.types.is_decimal256(t) or pa.types.is_timestamp(t)
+            or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t))
+
+
+def served_types(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> list[pa.DataType]:
+    """The Arrow type each column of a table is sent as: the type the table was uploaded with
+    (its `BarrageSchema` attribute) where `keeps_upload_type` holds and the table still has that
+    type, `wire_type_for` otherwise."""
+    upload = (attributes or {}).get(BARRAGE_SCHEMA)
+    kept = {}
+    if isinstance(upload, pa.Schema):
+        kept = {f.name: f.type for f in upload if keeps_upload_type(f.type)}
+    return [f.type if kept.get(f.name) == f.type else wire_type_for(f.type) for f in schema]
+
+
 def is_sortable_type(dh_type: str) -> bool:
     """Whether Deephaven marks a column of this type `isSortable` (primitive or Comparable)."""
     return dh_type in _SORTABLE
@@ -335,7 +363,8 @@ def _attribute_entry(value) -> Optional[tuple[str, str]]:
 def to_deephaven_schema(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> pa.Schema:
     """The schema Deephaven's clients expect for a table of `schema` (wire types + metadata).
 
-    Every field becomes nullable with its wire type (docs/schema.md#type-mapping) and gets `deephaven:type` (an explicit
+    Every field becomes nullable with its wire type (docs/schema.md#type-mapping), or the type it
+    was uploaded with when `attributes` hold a `BarrageSchema` (`served_types`), and gets `deephaven:type` (an explicit
     one on the input field wins), `isSortable` for primitive/Comparable types, `componentType` for
     lists, and the style/format markers of docs/schema.md#column-metadata. `attributes` become
     schema metadata (docs/schema.md#table-attributes):
@@ -344,8 +373,8 @@ def to_deephaven_schema(schema: pa.Schema, attributes: Optional[Mapping[str, obj
     and `deephaven:unsent.attribute.<Name>` for anything else. Typical attributes: IsFlat,
     BlinkTable, AddOnly, AppendOnly. Schema metadata already present on `schema` is kept."""
     names = set(schema.names)
-    fields = [pa.field(f.name, wire_type_for(f.type), nullable=True, metadata=_field_metadata(f, names))
-              for f in schema]
+    fields = [pa.field(f.name, t, nullable=True, metadata=_field_metadata(f, names))
+              for f, t in zip(schema, served_types(schema, attributes))]
     md: dict[bytes, bytes] = dict(schema.metadata or {})
     for key, value in (attributes or {}).items():
         entry = _attribute_entry(value)
@@ -711,12 +740,15 @@ def _rebuild_list(arr: pa.Array, values: pa.Array) -> pa.Array:
                                  offset=arr.offset, children=[values])
 
 
-def to_wire_array(arr) -> pa.Array:
+def to_wire_array(arr, wire_type: Optional[pa.DataType] = None) -> pa.Array:
     """Converts one column's values to `wire_type_for(arr.type)` (docs/schema.md#type-mapping); wire-typed input is
-    returned unchanged (no copy)."""
+    returned unchanged (no copy). With `wire_type` (one of `served_types`), values already of that
+    type are returned unchanged too (an uploaded type the table keeps)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     t = arr.type
+    if wire_type is not None and t == wire_type:
+        return arr
     if pa.types.is_dictionary(t):
         return to_wire_array(arr.dictionary_decode())
     target = wire_type_for(t)

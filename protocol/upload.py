@@ -11,7 +11,7 @@ The rules are those of docs/flows.md#doput: the first FlightData names the desti
 PATH descriptor (a later, different descriptor is refused); an optional metadata-only message
 carries the serialization options (`use_deephaven_nulls`, `columns_as_list`), or a transaction
 (a JSON object, protocol/txn.py: the upload is staged for an exactly-once commit); then one Schema
-message, checked before anything is made from it (types with a wire mapping, the
+message, checked before anything is made from it (types with a wire mapping that Deephaven accepts, the
 `tickwire:keys` metadata naming UTF-8 column names of the schema); then RecordBatches. Each
 refusal raises `UploadError` (INVALID_ARGUMENT); the decoder accepts nothing after one.
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tickwire.protocol import barrage
 from tickwire.protocol.batches import (
@@ -40,6 +41,7 @@ from tickwire.protocol.txn import Transaction, TxnError, is_transaction, parse_t
 from tickwire.protocol.schema import (
     check_wire_schema,
     from_wire_arrays,
+    keeps_upload_type,
     read_schema_message,
     sentinels_to_nulls,
     to_wire_array,
@@ -57,6 +59,7 @@ __all__ = [
     "End",
     "UploadEvent",
     "check_put_keys",
+    "check_put_types",
     "decode_put_batch",
 ]
 
@@ -151,8 +154,11 @@ def decode_put_batch(info: MessageInfo, body, schema: pa.Schema, dh_nulls: bool,
     `dh_nulls`, list-wrapped columns unwrapped when `as_list`; columns of different lengths and
     instants, durations and times that do not fit in nanoseconds are refused."""
     try:
-        arrays = decode_record_batch(info, body, schema, columns_as_list=as_list)
-        arrays = from_wire_arrays(arrays, schema)
+        raw = decode_record_batch(info, body, schema, columns_as_list=as_list)
+        arrays = from_wire_arrays(raw, schema)
+        # a type the table keeps from the upload stays as sent (a LocalDate sent as date64 is not made date32)
+        arrays = [r if keeps_upload_type(f.type) and a.type != f.type and r.type == f.type else a
+                  for f, r, a in zip(schema, raw, arrays)]
     except ProtocolError as exc:
         raise UploadError(f"bad record batch: {exc}") from None
     lengths = {len(a) for a in arrays}
@@ -163,10 +169,36 @@ def decode_put_batch(info: MessageInfo, body, schema: pa.Schema, dh_nulls: bool,
     for f, a in zip(schema, arrays):  # values every reader must be able to send (e.g. instants in ns)
         if pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type) or pa.types.is_time(f.type):
             try:
-                to_wire_array(a)
+                wire = to_wire_array(a)
             except (ProtocolError, pa.ArrowInvalid) as exc:
                 raise UploadError(f"DoPut column {f.name!r}: {exc}") from None
+            if pa.types.is_time(f.type):
+                _check_time_of_day(f, wire)
     return pa.Table.from_arrays(arrays, names=schema.names)
+
+
+_NS_PER_DAY = 86_400 * 10**9
+
+
+def _check_time_of_day(f: pa.Field, ns: pa.Array) -> None:
+    """Times (as ns) must lie within a day, as Deephaven's LocalTime does: it refuses the upload otherwise."""
+    if len(ns) == 0 or ns.null_count == len(ns):
+        return
+    v = ns.view(pa.int64())
+    lo, hi = pc.min(v).as_py(), pc.max(v).as_py()
+    if lo < 0 or hi >= _NS_PER_DAY:
+        bad = lo if lo < 0 else hi
+        raise UploadError(f"DoPut column {f.name!r} ({f.type}): {bad} ns is not a time of day "
+                          f"(0 to 24 h, excluded)")
+
+
+def check_put_types(schema: pa.Schema) -> None:
+    """Refuses the column types Deephaven refuses on DoPut although tickwire could serve them:
+    decimal32 and decimal64 (docs/types.md). Raises UploadError naming the column and its type."""
+    for f in schema:
+        if pa.types.is_decimal32(f.type) or pa.types.is_decimal64(f.type):
+            raise UploadError(f"DoPut: column {f.name!r} has type {f.type}, which Deephaven does not accept "
+                              f"on DoPut; send decimal128 or decimal256")
 
 
 class UploadDecoder:
@@ -259,6 +291,7 @@ class UploadDecoder:
                 check_wire_schema(schema)
             except ProtocolError as exc:
                 raise UploadError(f"DoPut: {exc}") from None
+            check_put_types(schema)
             self.keys = check_put_keys(schema)
             self.schema = schema
             events.append(UploadSchema(schema, self.keys))

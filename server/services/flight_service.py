@@ -486,9 +486,13 @@ class FlightService:
         return result
 
     def _list_tables(self) -> list[dict]:
+        from tickwire.protocol.schema import served_types
+
         with self.ctx.engine.reading() as engine:
             return [{"name": t.name, "rows": t.size, "refreshing": t.is_refreshing, "kind": type(t).__name__,
-                     "columns": [{"name": f.name, "type": str(f.type)} for f in t.schema], "system": is_system(t)}
+                     "columns": [{"name": f.name, "type": str(w)}  # the type DoGet and subscriptions send
+                                 for f, w in zip(t.schema, served_types(t.schema, t.attributes))],
+                     "system": is_system(t)}
                     for t in engine.tables()]
 
     async def list_actions(self, _empty, context):
