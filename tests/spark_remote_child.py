@@ -14,9 +14,9 @@ update graph in this process), the reference the remote tables are compared with
 tables, and every update each of them had (`Recorder`), are written to the spec's `local_out`
 as JSON.
 
-Lines on stdout (flushed; the parent reads them): "SPARK <version>" once the session is up,
-"STARTED <name>" for each query, then "DONE <name>" or "FAILED <name> <JSON string: the
-query's exception>", and "ALL-DONE" last.
+Lines on stdout (flushed; the parent reads them): "SPARK <version> <module of the session's
+class>" once the session is up, "STARTED <name>" for each query, then "DONE <name>" or
+"FAILED <name> <JSON string: the query's exception>", and "ALL-DONE" last.
 
 The "tickwire_faulty" data source is tickwire's with faults the tests ask for in its "fault"
 option (JSON); it is defined in this script, so Spark pickles it by value to its workers:
@@ -27,8 +27,8 @@ option (JSON); it is defined in this script, so Spark pickles it by value to its
   ("staged"); each kill appends a JSON line to the "log" file first;
 - "hold": {"batch": b, "when": "before" | "after", "marker": path, "go": path or null}: the
   driver's commit of batch b writes `marker` (the commit messages' parts, as JSON) before or
-  after committing on the server, then waits until the file `go` exists (forever when null: the
-  parent kills the process).
+  after committing on the server, then waits until the file `go` exists (when null, until the
+  parent kills the process; ten minutes at most either way).
 
 `serve` runs a TickwireServer with a data directory on a fixed port, prints "READY <port>" and
 serves until its stdin closes.
@@ -173,7 +173,10 @@ def faulty_source():
             with open(tmp, "w") as f:
                 json.dump({"producer": producer, "parts": parts, "pid": os.getpid()}, f)
             os.replace(tmp, hold["marker"])
+            deadline = time.monotonic() + 600  # the parent kills this process or lets it go long before
             while hold.get("go") is None or not os.path.exists(hold["go"]):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"held the commit for 600 s: no {hold.get('go')}")
                 time.sleep(0.05)
 
     class FaultySource(TickwireDataSource):
@@ -245,7 +248,7 @@ def run(spec_path: str) -> None:
 
     register(spark)
     spark.dataSource.register(faulty_source())
-    say("SPARK", spark.version)
+    say("SPARK", spark.version, type(spark).__module__)
 
     graph = recorder = None
     local = [q for q in spec["queries"] if q["sink"] == "local"]

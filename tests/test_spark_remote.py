@@ -634,7 +634,8 @@ def test_a_spark_connect_session_writes_through_the_data_source(server, tmp_path
     child = run_child(tmp_path, "connect", [remote_query("q", folder, tmp_path, server.port, "trades")],
                       connect=True)
     try:
-        assert child.wait_for("SPARK").startswith("SPARK 4.")
+        _spark, version, session = child.wait_for("SPARK").split()
+        assert version.startswith("4.") and session == "pyspark.sql.connect.session"
         assert child.outcomes() == {"q": "DONE"}
     finally:
         child.stop()
