@@ -206,7 +206,7 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         _write_column(w, arr.values.slice(first, last - first), dh_nulls)
         return
     width = _fixed_width(t)
-    if width is None or pa.types.is_decimal(t) or pa.types.is_fixed_size_binary(t):
+    if width is None or pa.types.is_decimal32(t) or pa.types.is_decimal64(t) or pa.types.is_fixed_size_binary(t):
         raise ProtocolError(f"unsupported Arrow type for Barrage: {t} (convert with schema.to_wire_array first)")
     sentinel = has_sentinel(t)
     if nulls and sentinel:

@@ -18,7 +18,7 @@ import pyarrow as pa
 from tickwire.protocol import barrage
 from tickwire.protocol.flight import decode_flight_data, encode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts
-from tickwire.protocol.schema import to_deephaven_schema, to_wire_array, wire_type_for
+from tickwire.protocol.schema import to_deephaven_schema, to_wire_array
 from tickwire.protocol.update import encode_schema, encode_update
 from tickwire.server.config import EncodeLimits
 from tickwire.server.graph import RowSet, Table
@@ -58,7 +58,7 @@ class TableWire:
         self.table = table
         self.names = list(table.schema.names)
         self.schema = to_deephaven_schema(table.schema, table.attributes)
-        self.types = [wire_type_for(f.type) for f in table.schema]
+        self.types = [f.type for f in self.schema]  # served_types: wire types, or the kept upload types
         self._schema_payload: dict[bool, bytes] = {}
 
     def schema_payload(self, columns_as_list: bool) -> bytes:
@@ -109,11 +109,10 @@ class Message:
         m._base = self
         return m
 
-    @staticmethod
-    def _wire(cols: Optional[list[Optional[pa.Array]]]) -> Optional[list[Optional[pa.Array]]]:
+    def _wire(self, cols: Optional[list[Optional[pa.Array]]]) -> Optional[list[Optional[pa.Array]]]:
         if cols is None:
             return None
-        return [None if c is None else to_wire_array(c) for c in cols]
+        return [None if c is None else to_wire_array(c, t) for c, t in zip(cols, self.types)]
 
     def cached(self, opts: EncodeOptions) -> Optional[list[bytes]]:
         """The payloads under `opts` if they are already encoded (no work, no lock), else None."""
@@ -167,7 +166,8 @@ class Message:
         if opts.batch_size > 0:
             rows = min(rows, opts.batch_size)
         for start in range(0, self.n_added, rows):
-            part = [None if c is None else to_wire_array(c.slice(start, rows)) for c in self.added]
+            part = [None if c is None else to_wire_array(c.slice(start, rows), t)
+                    for c, t in zip(self.added, self.types)]
             yield from encode_update(md, self.types, part, None, initial_batch_rows=rows, **kw)
             md = b""
         if self.modified is not None and any(c is not None and len(c) for c in self.modified):

@@ -23,7 +23,7 @@ from tickwire.protocol import barrage
 from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
-from tickwire.protocol.schema import attributes_from_schema, ipc_encapsulated_schema
+from tickwire.protocol.schema import BARRAGE_SCHEMA, attributes_from_schema, ipc_encapsulated_schema
 from tickwire.protocol.txn import (
     ACTION_ABORT,
     ACTION_COMMIT,
@@ -416,6 +416,7 @@ class FlightService:
         engine = self.ctx.engine
         plain = pa.schema([pa.field(f.name, f.type) for f in schema])
         attrs = {k: v for k, v in attributes_from_schema(schema).items() if k not in ("AppendOnly", "AddOnly")}
+        attrs[BARRAGE_SCHEMA] = plain  # served with the uploaded types Deephaven keeps (docs/types.md)
         if isinstance(t, ScopeTicket):
             existing = engine.resolve(t.name, hidden=True)
             if t.name.startswith("__") or (existing is not None and existing.hidden):
