@@ -158,16 +158,9 @@ def tw(tickwire):
     up.close()
 
 
-def _needs_kept_types(got: dict) -> None:
-    if got["Dec10_2"][0] == "binary":
-        pytest.xfail("the wire layer still sends every column as wire_type_for says (server/barrage/messages.py "
-                     "must send TableWire.schema's types: docs/types.md)")
-
-
 def test_doget_and_flight_info_answer_the_uploaded_types(tw):
     i = tw.put(accepted_table())
     got = answer(tw.get(i))
-    _needs_kept_types(got)
     assert got == expected_answer()
     schema = tw.info_schema(i)
     assert [str(f.type) for f in schema] == [str(arr.type) for arr, _dh in ACCEPTED.values()]
@@ -182,7 +175,6 @@ def test_list_tables_subscriptions_and_snapshots_agree_with_doget(tickwire, tw):
     try:
         opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
         doget = flight.do_get(fl.Ticket(b"s/kept_types"), opts).read_all()
-        _needs_kept_types(answer(doget))
         assert answer(doget) == expected_answer()
         (result,) = list(flight.do_action(fl.Action("list-tables", b""), opts))
         listed = {t["name"]: t for t in json.loads(result.body.to_pybytes())}["kept_types"]
@@ -248,7 +240,6 @@ def test_deephaven_answers_what_tickwire_answers(dh_up, tw):
     theirs = dh_up.get(dh_up.put(data))
     ours = tw.get(tw.put(data))
     assert answer(theirs) == expected_answer()  # what docs/types.md records
-    _needs_kept_types(answer(ours))
     assert answer(ours) == answer(theirs)
     assert [f.type for f in dh_up.info_schema(dh_up.next_id)] == [f.type for f in ours.schema]
     for name, arr in REFUSED.items():
@@ -268,5 +259,30 @@ def test_pydeephaven_reads_the_same_from_both(dh, tickwire):
         finally:
             session.close()
     assert got["deephaven"] == expected_answer()
-    _needs_kept_types(got["tickwire"])
     assert got["tickwire"] == got["deephaven"]
+
+
+def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path):
+    """The upload's schema (the types it is served with) is part of the table's stored metadata."""
+    def serve(port=0):
+        return TickwireServer(UpdateGraph(interval_ms=50), port=port, web=False, data_dir=tmp_path).start()
+
+    auth = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+    server = serve()
+    port = server.port
+    try:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "kept"), accepted_table().schema,
+                                  options=auth)
+        writer.write_table(accepted_table())
+        writer.close()
+        before = answer(client.do_get(fl.Ticket(b"s/kept"), options=auth).read_all())
+        assert before == expected_answer()
+    finally:
+        server.stop()
+    server = serve(port)
+    try:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        assert answer(client.do_get(fl.Ticket(b"s/kept"), options=auth).read_all()) == before
+    finally:
+        server.stop()

@@ -3,7 +3,8 @@
 Layout of a data directory (after Deephaven's intraday/historical storage model):
 
     DIR/<namespace>/<table>/
-        table.json                                    kind, keys, capacity, schema (Arrow IPC, base64)
+        table.json                                    kind, keys, capacity, schema (Arrow IPC, base64),
+                                                      attributes, an upload's schema (its served types)
         intraday/<arrival date>/<source>/journal-<seq>.twj
                                                       the input of each cycle, in order (journal.py)
         checkpoints/checkpoint-<step>.parquet         the table's rows at a cycle boundary, with their
@@ -46,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tickwire.errors import TickwireError
+from tickwire.protocol.schema import BARRAGE_SCHEMA
 from tickwire.server.storage.journal import JournalCorrupt, decode_data, encode_record, scan
 
 __all__ = ["Durability", "Storage", "StorageError", "DURABLE_KINDS", "OP_COLUMN", "ROWKEY_COLUMN"]
@@ -274,7 +276,11 @@ class Storage:
         root = self.table_dir(table.name)
         meta = {"format": FORMAT, "name": table.name, "kind": spec.kind, "keys": list(spec.keys),
                 "capacity": spec.capacity, "schema": _schema_b64(table.schema),
+                "attributes": {k: v for k, v in spec.attributes.items() if isinstance(v, (str, int, float, bool))},
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        upload = spec.attributes.get(BARRAGE_SCHEMA)
+        if isinstance(upload, pa.Schema):  # an upload's types, which the table is served with
+            meta["barrage_schema"] = _schema_b64(upload)
         try:
             root.mkdir(parents=True, exist_ok=True)
             tmp = root / "table.json.tmp"
@@ -541,8 +547,11 @@ class Storage:
             try:
                 meta = json.loads(meta_path.read_text())
                 name = meta["name"]
+                attributes = dict(meta.get("attributes") or {})
+                if meta.get("barrage_schema"):
+                    attributes[BARRAGE_SCHEMA] = _schema_from_b64(meta["barrage_schema"])
                 spec = TableSpec(name, meta["kind"], _schema_from_b64(meta["schema"]), keys=tuple(meta.get("keys") or ()),
-                                 capacity=meta.get("capacity"))
+                                 capacity=meta.get("capacity"), attributes=attributes)
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
                 self.errors[name] = f"{meta_path} cannot be read: {exc}"
                 log.error("table %r not recovered: %s", name, self.errors[name])
