@@ -29,12 +29,18 @@ Options (strings, as Spark passes them):
 - `producer`: the name batches are remembered under (default: the streaming query's id);
 - `timeout`: seconds for each call (default 120).
 
+Output modes: Spark gives Python data sources the append and complete modes only (update mode
+fails at the query's start: "tickwire does not support Update mode"). A stateless query upserts
+with append output mode; an aggregation's results go whole into mode "replace" with complete
+output mode, or through the in-process `foreachBatch` sinks (tickwire.server.spark.sinks).
+
 Types are mapped as the in-process sinks map them (`tickwire.server.spark.types`), and the
 server checks and applies batches with the same `ModeWriter`, so the same query gives the same
 table either way.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -233,12 +239,35 @@ class _Connection:
             return call()
 
     def put(self, table: str, schema: pa.Schema, txn: bytes, tables) -> dict:
+        """Uploads `tables`. A session token the server refuses (it restarted, or the session
+        expired) is dropped; the upload starts again with fresh credentials when the refusal came
+        before a second table was taken from `tables`, else the task fails (its retry logs in)."""
+        tables = iter(tables)
+        first = next(tables, None)
+        taken = []
+
+        def rest():
+            for t in tables:
+                taken.append(1)
+                yield t
+
+        head = [first] if first is not None else []
+        try:
+            return self._put(table, schema, txn, head, rest())
+        except fl.FlightUnauthenticatedError:
+            with self.lock:
+                stale, self.bearer = self.bearer is not None, None
+            if not stale or taken:
+                raise
+            return self._put(table, schema, txn, head, rest())
+
+    def _put(self, table: str, schema: pa.Schema, txn: bytes, first: list, tables) -> dict:
         writer, reader = self.client.do_put(fl.FlightDescriptor.for_path("scope", table), schema,
                                             options=self._options())
         result: dict = {}
         try:
             writer.write_metadata(txn)
-            for t in tables:
+            for t in itertools.chain(first, tables):
                 writer.write_table(t, max_chunksize=65536)
             writer.done_writing()
             while True:
