@@ -12,7 +12,8 @@ end by themselves). A query's sink is either the data source (`"sink": "remote"`
 in the other process) or tickwire's in-process `foreachBatch` sinks (`"sink": "local"`: an
 update graph in this process), the reference the remote tables are compared with; the local
 tables, and every update each of them had (`Recorder`), are written to the spec's `local_out`
-as JSON.
+as JSON. A query with "then" (another query) that fails is followed by that one, started in
+the same session, as a user restarts a query in a long-lived Spark application.
 
 Lines on stdout (flushed; the parent reads them): "SPARK <version> <module of the session's
 class>" once the session is up, "STARTED <name>" for each query, then "DONE <name>" or
@@ -230,6 +231,15 @@ def start_query(spark, q: dict, graph):
     return w.foreachBatch(fan_out(*sinks)).start()
 
 
+def wait(query):
+    """The query's exception once it ended (None when it ended well)."""
+    try:
+        query.awaitTermination()
+        return query.exception()
+    except Exception as exc:  # noqa: BLE001 - a failed query: reported to the parent
+        return exc
+
+
 def run(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -259,18 +269,23 @@ def run(spec_path: str) -> None:
         recorder = Recorder(graph, [t["table"] for q in local for t in q["tables"]])
     queries = {}
     for q in spec["queries"]:
-        queries[q["name"]] = start_query(spark, q, graph)
+        queries[q["name"]] = (q, start_query(spark, q, graph))
         say("STARTED", q["name"])
-    for name, query in queries.items():
-        try:
-            query.awaitTermination()
-            error = query.exception()
-        except Exception as exc:  # noqa: BLE001 - a failed query: reported to the parent
-            error = exc
-        if error is None:
-            say("DONE", name)
-        else:
-            say("FAILED", name, json.dumps(str(error)))
+    for name, (q, query) in queries.items():
+        while True:
+            error = wait(query)
+            if error is None:
+                say("DONE", name)
+            else:
+                say("FAILED", name, json.dumps(str(error)))
+            if error is None or "then" not in q:
+                break
+            # a failed query with a "then" is started again in this session (its Spark
+            # application, executors and Python workers), as the "then" query
+            q = q["then"]
+            name = q["name"]
+            query = start_query(spark, q, graph)
+            say("STARTED", name)
     if recorder is not None:
         Path(spec["local_out"]).write_text(json.dumps(recorder.dump()))
         graph.stop()
