@@ -24,8 +24,9 @@ option (JSON); it is defined in this script, so Spark pickles it by value to its
 - "kill": [{"batch": b, "partition": p, "when": "mid" | "staged"}]: the first attempt of
   that task dies by SIGKILL (its Python worker), either in the middle of its upload ("mid":
   once part of its rows reached the server, which the worker sees in the server's staging
-  status) or once its part is staged, before its commit message reaches the driver
-  ("staged"); each kill appends a JSON line to the "log" file first;
+  status, once the parts listed in its "after" are staged) or once its part is staged, before
+  its commit message reaches the driver ("staged"); each kill appends a JSON line to the "log"
+  file first;
 - "hold": {"batch": b, "when": "before" | "after", "marker": path, "go": path or null}: the
   driver's commit of batch b writes `marker` (the commit messages' parts, as JSON) before or
   after committing on the server, then waits until the file `go` exists (when null, until the
@@ -143,13 +144,14 @@ def faulty_source():
                 yield from data.slice(0, half).to_batches()
                 deadline = time.monotonic() + 30
                 while time.monotonic() < deadline:
-                    # bytes the server reserved for this producer beyond its parts already staged:
-                    # the upload in flight
+                    # once the other parts named in "after" are staged, the bytes the server holds
+                    # for this producer beyond its staged parts are this upload's
                     status = conn.action("tickwire.staging", b"")
-                    staged = sum(p["bytes"] for b in status["batches"] if b["producer"] == producer
-                                 for p in b["parts"])
-                    in_flight = status["producers"].get(producer, 0) - staged
-                    if in_flight > 0:
+                    mine = [p for b in status["batches"] if b["producer"] == producer for p in b["parts"]]
+                    others = {p["part"] for b in status["batches"] if b["producer"] == producer and
+                              b["batch"] == batch for p in b["parts"]}
+                    in_flight = status["producers"].get(producer, 0) - sum(p["bytes"] for p in mine)
+                    if in_flight > 0 and others >= set(kill.get("after", [])):
                         self._log(**what, rows=half, in_flight_bytes=in_flight)
                         os.kill(os.getpid(), signal.SIGKILL)
                     time.sleep(0.02)
