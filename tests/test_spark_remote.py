@@ -22,9 +22,9 @@ the available-now trigger, so batch i is file i and the query ends by itself.
    restarted server no longer knows: they log in again, without a failed task). Each ends with
    every row once, none missing, and nothing left staged.
 3. A Spark Connect session (`SparkSession.builder.remote("local[2]")`) writing through the data
-   source registered on it: skipped, with pyspark's own words, where pyspark's Spark Connect
-   client cannot load (it needs grpcio-status, googleapis-common-protos and zstandard:
-   `pip install 'pyspark[connect]'`).
+   source registered on it. The `spark` extra installs what pyspark's Spark Connect client needs
+   (grpcio-status, googleapis-common-protos, zstandard); where they are missing the test skips
+   with pyspark's own words.
 """
 from __future__ import annotations
 
