@@ -242,3 +242,28 @@ def test_the_command_line_switch_reaches_the_server(flag, listed):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):
+    import logging
+
+    g, srv = serve()
+    engine = engine_of(g)
+    ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
+    caplog.set_level(logging.INFO, logger="tickwire.server.services.flight_service")
+    client = BarrageClient(srv.target)
+    try:
+        bpl = client.subscribe(BARRAGE_PERFORMANCE)
+        sub = client.subscribe("ticks")
+        engine.write(ticks, batch(0, 40))
+        assert sub.wait_for(lambda s: s.size == 40, 15)
+        started = [r for r in caplog.records if getattr(r, "event", "") == "subscription_start"
+                   and getattr(r, "table", "") == "ticks"]
+        assert len(started) == 1
+        sub_id = started[0].subscription
+        assert bpl.wait_for(lambda s: sub_id in of_table(s.table, "ticks")["SubscriptionId"].to_pylist(), 15), \
+            (sub_id, of_table(bpl.table, "ticks").to_pylist())
+    finally:
+        client.close()
+        srv.stop()
+        g.stop()

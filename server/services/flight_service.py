@@ -49,7 +49,7 @@ from tickwire.server.staging import StagedPart, staging_of
 __all__ = ["FlightService", "KEYS_METADATA"]
 
 log = logging.getLogger(__name__)
-_SUBSCRIPTION_IDS = itertools.count(1)  # for logs
+_SUBSCRIPTION_IDS = itertools.count(1 << 32)  # for logs, when a subscription has no publisher id
 
 
 
@@ -196,7 +196,8 @@ class FlightService:
             handle = SubscriptionHandle(self.ctx.registry, table, view, options, executor=self.ctx.executor,
                                         config=self.ctx.config, waker=self._waker)
             await handle.open()
-            sub_id = next(_SUBSCRIPTION_IDS)
+            # the publisher's subscriber id: the SubscriptionId of tickwire.barrage_performance
+            sub_id = getattr(handle.sub, "id", None) or next(_SUBSCRIPTION_IDS)
             log.info("subscription %d started: table %r, %s (session %d, peer %s)", sub_id, table.name,
                      describe_view(view, len(table.schema)), session.id, context.peer(),
                      extra={"event": "subscription_start", "subscription": sub_id, "table": table.name,
