@@ -282,6 +282,7 @@ class Staging:
         """What is staged: bytes in all and per producer, and the parts of each batch."""
         with self._lock:
             return {"bytes": self._total, "producer_limit": self.producer_limit, "total_limit": self.total_limit,
+                    "ttl_s": self.ttl,
                     "committed": self.committed, "replays": self.replays, "expired": self.expired,
                     "producers": {p: b for p, b in self._used.items()},
                     "batches": [{"producer": k[0], "batch": k[1],

@@ -218,30 +218,15 @@ def test_config_refuses_no_capacity(capacity):
 
 @pytest.mark.parametrize("flag, listed", [("--show-system-tables", True), ("--no-show-system-tables", False)])
 def test_the_command_line_switch_reaches_the_server(flag, listed):
-    import re
-    import subprocess
-    import sys
+    from tests.serving import serve_process
 
-    proc = subprocess.Popen([sys.executable, "-m", "tickwire", "serve", "--port", "0", "--no-web", flag,
-                             "--duration", "20"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**__import__("os").environ, "TICKWIRE_SHOW_SYSTEM_TABLES": "true"})
-    try:
-        port = None
-        for line in proc.stdout:
-            m = re.search(r"serving on [\w.:]+:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "no banner"
+    with serve_process("--no-web", flag, env={"TICKWIRE_SHOW_SYSTEM_TABLES": "true"}) as port:
         client = fl.connect(f"grpc://127.0.0.1:{port}")
         names = {i.descriptor.path[1].decode() for i in client.list_flights(options=ANON)}
         assert (set(NAMES) <= names) is listed and (not set(NAMES) & names) is not listed
         # listed or not, a performance table answers DoGet by name
         assert client.do_get(fl.Ticket(b"s/" + UPDATE_PERFORMANCE.encode()), options=ANON).read_all().schema \
             .names == UPDATE_SCHEMA.names
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
 
 def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):

@@ -330,27 +330,11 @@ def test_a_durable_table_remembers_committed_batches_across_a_restart(tmp_path):
 
 
 def test_serve_takes_the_staging_limits_from_its_command_line():
-    import os
-    import re
-    import subprocess
-    import sys
+    from tests.serving import serve_process
 
-    proc = subprocess.Popen([sys.executable, "-m", "tickwire", "serve", "--port", "0", "--no-web",
-                             "--staging-limit-mb", "3", "--staging-ttl", "42", "--duration", "20"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
-    try:
-        port = None
-        for line in proc.stdout:
-            m = re.search(r"serving on [\w.:]+:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "no banner"
+    with serve_process("--no-web", "--staging-limit-mb", "3", "--staging-ttl", "42") as port:
         c = fl.connect(f"grpc://127.0.0.1:{port}")
-        assert status(c)["producer_limit"] == 3 << 20
+        assert status(c)["producer_limit"] == 3 << 20 and status(c)["ttl_s"] == 42
         big = pa.table({"v": pa.array(range(500_000), pa.int64())})  # 4 MB: more than one producer may stage
         with pytest.raises(ERRORS, match=f"needs more than the {3 << 20} bytes"):
             put(c, "t", big, Transaction(producer="p", batch=0, commit=False))
-    finally:
-        proc.terminate()
-        proc.wait(20)

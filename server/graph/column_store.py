@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.protocol.difference import equal_mask
+from tickwire.protocol.difference import _as_array, _validity, equal_mask
 from tickwire.protocol.schema import numpy_storage_dtype
 from tickwire.server.graph.keyindex import mix
 
@@ -211,16 +211,6 @@ class ColumnStore:
 # ----------------------------------------------------------------------------------------------
 # row-wise equality
 # ----------------------------------------------------------------------------------------------
-
-def _as_array(a) -> pa.Array:
-    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
-
-
-def _validity(a: pa.Array) -> np.ndarray:
-    if a.null_count == 0:
-        return np.ones(len(a), dtype=bool)
-    return a.is_valid().to_numpy(zero_copy_only=False)
-
 
 def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.Array]):
     """A KeyIndex verifier: do the rows stored at `rows` (columns `names` of `store`) hold the key
