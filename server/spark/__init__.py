@@ -2,13 +2,35 @@
 
 `sink(server_or_graph, table, mode=...)` is a `foreachBatch` function that turns each micro-batch
 into one update of a tickwire table, exactly once (see `sinks`); `spark_session(...)` builds a
-local SparkSession suited to it (see `session`); `types` maps Spark's column types. pyspark is
-imported only when a session is built or a batch arrives.
+local SparkSession suited to it (see `launch`); `types` maps Spark's column types; `datasource`
+is `writeStream.format("tickwire")` for queries in other processes. pyspark is imported only when
+a session is built or a batch arrives, and the names below are imported when first used, so that
+a Spark Python worker loading the data source does not load the engine.
 """
-from tickwire.server.spark.launch import compile_filesystem, spark_conf, spark_session
-from tickwire.server.spark.sinks import MODES, TickwireSink, collect_arrow, diff_by_key, fan_out, last_per_key, sink
-from tickwire.server.spark.types import SparkSinkError, arrow_schema_for_spark, arrow_type_for_spark
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["sink", "fan_out", "TickwireSink", "MODES", "SparkSinkError", "spark_session", "spark_conf",
            "compile_filesystem", "collect_arrow", "arrow_schema_for_spark", "arrow_type_for_spark", "diff_by_key",
            "last_per_key"]
+
+_WHERE = {
+    "compile_filesystem": "launch", "spark_conf": "launch", "spark_session": "launch",
+    "MODES": "sinks", "TickwireSink": "sinks", "collect_arrow": "sinks", "diff_by_key": "sinks", "fan_out": "sinks",
+    "last_per_key": "sinks", "sink": "sinks",
+    "SparkSinkError": "types", "arrow_schema_for_spark": "types", "arrow_type_for_spark": "types",
+}
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
