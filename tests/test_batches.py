@@ -314,12 +314,23 @@ def test_list_mode_wrapper_layout():
 
 
 def test_unsupported_types_are_rejected():
-    with pytest.raises(ProtocolError, match="to_wire_array"):
-        encode_record_batch([pa.array([decimal.Decimal("1.5")])])
+    # decimal32/64 have no Deephaven column type (Deephaven refuses their upload)
+    for t in (pa.decimal32(5, 1), pa.decimal64(12, 1)):
+        with pytest.raises(ProtocolError, match="to_wire_array"):
+            encode_record_batch([pa.array([decimal.Decimal("1.5")], t)])
     with pytest.raises(ProtocolError):
         encode_record_batch([pa.array([{"a": 1}])])
     with pytest.raises(ProtocolError, match="schema says"):
         encode_record_batch([pa.array([1], pa.int32())], [pa.int64()])
+
+
+def test_decimals_kept_from_an_upload_are_written_as_they_are():
+    """decimal128/256 columns of a DoPut table are served in their own type (docs/types.md)."""
+    for t in (pa.decimal128(10, 2), pa.decimal256(50, 5)):
+        arr = pa.array([decimal.Decimal("1.25"), None, decimal.Decimal("-7.50")], t)
+        enc = encode_record_batch([arr])
+        table = ipc_read(pa.schema([pa.field("d", t)]), [enc])
+        assert table.column("d").type == t and table.column("d").to_pylist() == arr.to_pylist()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -339,20 +339,19 @@ def console_commands(text: str) -> list[tuple[str, str]]:
     return [(cmd, "\n".join(lines)) for cmd, lines in out]
 
 
-@pytest.mark.parametrize("block", _params({"console"}))
-def test_console_block(block, request, workdir, shell_env):
-    text, _ = substituted(block, _server_for(block, request))
-    commands = console_commands(text)
-    assert commands, f"README.md:{block.line}: no `$ ` command"
-    for command, expected in commands:
-        r = subprocess.run(["bash", "-c", command], cwd=workdir, env=shell_env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=120)
-        assert_output(expected, r.stdout, f"README.md:{block.line}: $ {command}")
-
-
-@pytest.mark.parametrize("block", _params({"bash"}))
-def test_bash_block(block, request, workdir, shell_env):
+@pytest.mark.parametrize("block", _params({"console", "bash"}))
+def test_shell_block(block, request, workdir, shell_env):
+    """A ```console block (`$ command` lines, each with its output) or a ```bash / ```sh block (a
+    script, run with `bash -e`)."""
     text, expected = substituted(block, _server_for(block, request))
+    if how_safe(block) == "console":
+        commands = console_commands(text)
+        assert commands, f"README.md:{block.line}: no `$ ` command"
+        for command, want in commands:
+            r = subprocess.run(["bash", "-c", command], cwd=workdir, env=shell_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=120)
+            assert_output(want, r.stdout, f"README.md:{block.line}: $ {command}")
+        return
     r = subprocess.run(["bash", "-e", "-c", text], cwd=workdir, env=shell_env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, f"README.md:{block.line} failed:\n{r.stderr[-3000:]}"
