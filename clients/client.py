@@ -36,7 +36,7 @@ from tickwire.protocol.opening import exchange_opening, request_message, snapsho
 from tickwire.protocol.proto import config_pb2, flight_pb2, session_pb2
 from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
-from tickwire.protocol.rowset import keys_to_ranges
+from tickwire.protocol.rowset import keys_to_ranges, merge_ranges
 from tickwire.protocol.update import BarrageUpdate
 
 __all__ = ["BarrageClient", "Subscription", "Update", "ClientError", "PSK_AUTH", "NaturalTableState"]
@@ -68,19 +68,6 @@ def _shifts(shift_data) -> np.ndarray:
     if shift_data is None:
         return np.empty((0, 3), dtype=np.int64)
     return np.column_stack([np.asarray(a, dtype=np.int64) for a in shift_data]).reshape(-1, 3)
-
-
-def _merged(ranges) -> np.ndarray:
-    """Inclusive position ranges, sorted, with overlapping and adjacent ones merged."""
-    r = _ranges(ranges)
-    if r.shape[0] < 2:
-        return r
-    r = r[np.argsort(r[:, 0], kind="stable")]
-    ends = np.maximum.accumulate(r[:, 1])
-    starts_new = np.concatenate(([True], r[1:, 0] > ends[:-1] + 1))
-    first = np.flatnonzero(starts_new)
-    last = np.concatenate((first[1:] - 1, [r.shape[0] - 1]))
-    return np.column_stack([r[first, 0], ends[last]])
 
 
 @dataclass
@@ -610,7 +597,8 @@ class Subscription:
             return False
         if md.effective_viewport is None:
             return True
-        return self.viewport is not None and np.array_equal(_merged(md.effective_viewport), _merged(self.viewport))
+        return self.viewport is not None and np.array_equal(merge_ranges(_ranges(md.effective_viewport)),
+                                                                 merge_ranges(_ranges(self.viewport)))
 
     def _resync(self, new: NaturalTableState, call) -> bool:
         """A resubscription's snapshot is whole: `new` becomes the state shown, and the

@@ -22,6 +22,7 @@ from tickwire.errors import ProtocolError
 
 __all__ = [
     "EMPTY_RANGES",
+    "merge_ranges",
     "EMPTY_ROWSET_BYTES",
     "NO_SHIFTS_BYTES",
     "encode_rowset",
@@ -101,6 +102,23 @@ def _as_ranges(ranges) -> np.ndarray:
     if r.ndim != 2 or r.shape[1] != 2:
         raise ValueError(f"ranges must have shape (n, 2), got {r.shape}")
     return r
+
+
+def merge_ranges(ranges) -> np.ndarray:
+    """Closed ranges in any order, overlapping or adjacent, as sorted disjoint ones with the
+    overlapping and adjacent ones joined (viewports: a client may name positions twice)."""
+    r = _as_ranges(ranges)
+    if r.shape[0] < 2:
+        return r
+    r = r[np.argsort(r[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(r[:, 1])
+    # a range starts a new run when it begins after every earlier range ends (+1: adjacent joins)
+    new = np.empty(r.shape[0], dtype=bool)
+    new[0] = True
+    new[1:] = r[1:, 0] > ends[:-1] + 1
+    starts = r[new, 0]
+    last_of_run = np.append(np.flatnonzero(new)[1:] - 1, r.shape[0] - 1)
+    return np.ascontiguousarray(np.stack([starts, ends[last_of_run]], axis=1), dtype=np.int64)
 
 
 def normalize_ranges(ranges) -> np.ndarray:

@@ -18,6 +18,7 @@ from tickwire.protocol.rowset import (
     encode_rowset,
     encode_shifts,
     keys_to_ranges,
+    merge_ranges,
     ranges_to_keys,
 )
 
@@ -433,3 +434,15 @@ def test_fuzz_mutations_of_valid_rowsets(ranges, data):
             # whatever decodes is a valid canonical range set
             assert np.all(out[:, 1] >= out[:, 0])
             assert np.all(out[1:, 0] > out[:-1, 1] + 1)
+
+
+def test_merge_ranges_sorts_and_joins_overlapping_and_adjacent_ranges():
+    got = merge_ranges([[10, 12], [0, 3], [4, 5], [11, 20], [30, 30], [2, 2]])
+    assert got.tolist() == [[0, 5], [10, 20], [30, 30]]
+    assert merge_ranges(np.empty((0, 2), dtype=np.int64)).shape == (0, 2)
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        starts = rng.integers(0, 200, 12)
+        r = np.stack([starts, starts + rng.integers(0, 15, 12)], axis=1)
+        keys = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in r]))
+        assert merge_ranges(r).tolist() == keys_to_ranges(keys).tolist()

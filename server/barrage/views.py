@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 
 from tickwire.errors import TickwireError
+from tickwire.protocol.rowset import merge_ranges
 from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate
 
 __all__ = ["View", "Viewport", "SubscriptionError", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions",
@@ -52,7 +53,7 @@ class Viewport:
                 raise ValueError("viewport has negative positions")
             if (r[:, 1] < r[:, 0]).any():
                 raise ValueError("viewport has a range whose end is before its start")
-            r = _merge_ranges(r)
+            r = merge_ranges(r)
         else:
             r = _NO_RANGES
         r.setflags(write=False)
@@ -91,19 +92,6 @@ class Viewport:
         shown = ", ".join(f"{a}-{b}" for a, b in self._ranges[:4].tolist())
         more = f", ... ({self._ranges.shape[0]} ranges)" if self._ranges.shape[0] > 4 else ""
         return f"Viewport({shown}{more})"
-
-
-def _merge_ranges(r: np.ndarray) -> np.ndarray:
-    """Sorted closed ranges with overlapping and adjacent ones joined."""
-    r = r[np.argsort(r[:, 0], kind="stable")]
-    ends = np.maximum.accumulate(r[:, 1])
-    # a range starts a new run when it begins after every earlier range ends (+1: adjacent joins)
-    new = np.empty(r.shape[0], dtype=bool)
-    new[0] = True
-    new[1:] = r[1:, 0] > ends[:-1] + 1
-    starts = r[new, 0]
-    last_of_run = np.append(np.flatnonzero(new)[1:] - 1, r.shape[0] - 1)
-    return np.ascontiguousarray(np.stack([starts, ends[last_of_run]], axis=1), dtype=np.int64)
 
 
 @dataclass(frozen=True)
