@@ -252,3 +252,34 @@ def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):
         client.close()
         srv.stop()
         g.stop()
+
+
+def test_rows_shifted_counts_the_rows_the_shifts_moved():
+    """Against a reference that counts, per shift, the surviving rows (the table's rows less the
+    added ones) in its destination range; on a sorted table whose rows move as prices change."""
+    from tickwire.server.observability.perf_tables import _rows_shifted
+
+    g = UpdateGraph()
+    engine = engine_of(g)
+    prices, _ = engine.get_or_create(TableSpec("prices", "keyed", pa.schema([("k", pa.int64()), ("p", pa.float64())]),
+                                               keys=("k",)))
+    ranked = prices.sort(["p"])
+    seen = []
+    ranked.add_listener(lambda t, u, step: seen.append((u, t.rowset)))
+    rng = np.random.default_rng(3)
+    engine.write(prices, pa.table({"k": np.arange(200), "p": rng.random(200)}), wait=False)
+    g.run_cycle()
+    for _ in range(30):
+        keys = rng.choice(400, 25, replace=False)
+        engine.write(prices, pa.table({"k": keys, "p": rng.random(25)}), wait=False)
+        g.run_cycle()
+    moved = 0
+    for update, rows in seen:
+        want = 0
+        if not update.shifted.is_empty():
+            kept = rows.minus(update.added).keys()
+            for s, e, d in zip(update.shifted.starts, update.shifted.ends, update.shifted.deltas):
+                want += int(((kept >= s + d) & (kept <= e + d)).sum())
+        assert _rows_shifted(update, rows) == want
+        moved += want
+    assert moved > 0  # the case was exercised

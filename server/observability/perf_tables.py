@@ -99,19 +99,19 @@ def _ns(seconds: float) -> int:
 
 
 def _rows_shifted(update, rows) -> int:
-    """Rows a cycle's shifts moved: the surviving rows (the table's rows but the added ones)
-    inside each shift's destination range (destinations hold no row that stayed)."""
+    """Rows a cycle's shifts moved: in each shift's destination range, the table's rows less the
+    added ones (destinations hold no row that stayed). Two binary searches per shift in each of
+    `rows` and `update.added`: the cost follows the shifts, not the table."""
     shifted = update.shifted
     if shifted.is_empty():
         return 0
-    kept = rows.minus(update.added)
-    if kept.is_empty():
-        return 0
     d = shifted.deltas
-    with np.errstate(over="ignore"):
-        lo = shifted.starts + d
-        hi = np.where(shifted.ends >= _MAX_KEY - d, _MAX_KEY, shifted.ends + d + 1)
-    return int((kept.rank(hi) - kept.rank(lo)).sum())
+    lo = shifted.starts + d
+    # the end of each destination range, exclusive; clamped where it would pass the largest key
+    # (only a shift up can: the bound is computed with the upward part of the delta, so it never overflows)
+    hi = np.where(shifted.ends >= _MAX_KEY - 1 - np.maximum(d, 0), _MAX_KEY, shifted.ends + d + 1)
+    added = update.added
+    return int((rows.rank(hi) - rows.rank(lo)).sum() - (added.rank(hi) - added.rank(lo)).sum())
 
 
 class _Seen:
