@@ -103,10 +103,8 @@ def add_peer_resolver(resolve: Callable[[str], str]) -> None:
 
 
 def remove_peer_resolver(resolve: Callable[[str], str]) -> None:
-    try:
+    if resolve in _PEER_RESOLVERS:
         _PEER_RESOLVERS.remove(resolve)
-    except ValueError:
-        pass
 
 
 def real_peer(peer: str) -> str:

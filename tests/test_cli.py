@@ -196,6 +196,8 @@ CASES = {
     "missing config file": (["--config", "{tmp}/missing.toml"], ["missing.toml", "cannot read"]),
     "unknown flag": (["--prot", "1"], ["unrecognized arguments: --prot"]),
     "bad log level": (["--log-level", "loud"], ["--log-level", "loud"]),
+    "zero staging limit": (["--staging-limit-mb", "0"], ["--staging-limit-mb 0", "positive"]),
+    "zero staging ttl": (["--staging-ttl", "0"], ["--staging-ttl 0", "above 0"]),
 }
 
 

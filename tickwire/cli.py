@@ -62,20 +62,15 @@ def _serve(s: Settings) -> int:
     import time
 
     from tickwire.server.app import TickwireServer
+    from tickwire.server.config import ServerConfig
     from tickwire.server.demo import connect_help
     from tickwire.server.graph import UpdateGraph
     from tickwire.server.replica import parse_replicate
 
-    from tickwire.server.config import ServerConfig
-
     try:
         upstreams = parse_replicate(s.replicate) if s.replicate else []
         durability = _durability(s)
-        if s.staging_limit_mb <= 0:
-            raise ValueError(f"--staging-limit-mb must be positive, got {s.staging_limit_mb}")
-        if s.staging_ttl <= 0:
-            raise ValueError(f"--staging-ttl must be positive, got {s.staging_ttl}")
-        limit = s.staging_limit_mb << 20
+        limit = s.staging_limit_mb << 20  # positive: tickwire.config checks it, and --staging-ttl
         config = ServerConfig(staging_producer_bytes=limit, staging_total_bytes=max(limit, 1 << 30),
                               staging_ttl_s=s.staging_ttl)
     except ValueError as exc:

@@ -90,8 +90,7 @@ class TransferCounters:
         """Moves the rows out of tables no longer (or never) published to the `""` entry, so that
         the per-table counts stay as many as the published tables."""
         with self._lock:
-            for name in [n for n in self._rows_out if n and n not in published]:
-                self._rows_out[""] += self._rows_out.pop(name)
+            _fold(self._rows_out, published)
 
     def subscription_figures(self, live: Iterable, published=None) -> "_SubscriptionFigures":
         """Totals over every subscription so far (the retired ones and `live`) and the rows out by
@@ -108,9 +107,14 @@ class TransferCounters:
                     f.snapshot_pieces += sub.snapshot_messages
                     f.rows_out[_table_of(sub)] += sub.rows
         if published is not None:
-            for name in [n for n in f.rows_out if n and n not in published]:
-                f.rows_out[""] += f.rows_out.pop(name)
+            _fold(f.rows_out, published)
         return f
+
+
+def _fold(rows_out: collections.Counter, published) -> None:
+    """Moves the counts of tables not in `published` to the `""` entry."""
+    for name in [n for n in rows_out if n and n not in published]:
+        rows_out[""] += rows_out.pop(name)
 
 
 class _SubscriptionFigures:

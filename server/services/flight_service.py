@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import json
 import logging
 import secrets
@@ -49,7 +48,6 @@ from tickwire.server.staging import StagedPart, staging_of
 __all__ = ["FlightService", "KEYS_METADATA"]
 
 log = logging.getLogger(__name__)
-_SUBSCRIPTION_IDS = itertools.count(1 << 32)  # for logs, when a subscription has no publisher id
 
 
 
@@ -197,7 +195,7 @@ class FlightService:
                                         config=self.ctx.config, waker=self._waker)
             await handle.open()
             # the publisher's subscriber id: the SubscriptionId of tickwire.barrage_performance
-            sub_id = getattr(handle.sub, "id", None) or next(_SUBSCRIPTION_IDS)
+            sub_id = handle.sub.id
             log.info("subscription %d started: table %r, %s (session %d, peer %s)", sub_id, table.name,
                      describe_view(view, len(table.schema)), session.id, context.peer(),
                      extra={"event": "subscription_start", "subscription": sub_id, "table": table.name,
