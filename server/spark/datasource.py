@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import threading
 import time
@@ -60,6 +61,8 @@ except ImportError:  # pragma: no cover - pyspark missing or too old
     DataSource = DataSourceStreamArrowWriter = WriterCommitMessage = object
 
 __all__ = ["TickwireDataSource", "TickwireStreamWriter", "PartCommit", "register", "NAME"]
+
+log = logging.getLogger(__name__)
 
 NAME = "tickwire"
 PSK_AUTH = "io.deephaven.authentication.psk.PskAuthenticationHandler"
@@ -187,8 +190,9 @@ class TickwireStreamWriter(DataSourceStreamArrowWriter):
             return  # nothing was staged that we can name; staged parts expire on the server
         try:
             _connection(self).action(ACTION_ABORT, AbortRequest(producer, int(batchId)).to_json())
-        except Exception:  # noqa: BLE001 - the batch failed already; its staged parts also expire
-            pass
+        except Exception as exc:  # noqa: BLE001 - the batch failed already; its staged parts also expire
+            log.warning("tickwire sink into table %r: abort of batch %s not delivered (%s); its staged parts "
+                        "expire on the server", self.table, batchId, exc)
 
 
 def _required(opts: dict, name: str) -> str:
