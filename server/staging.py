@@ -12,6 +12,8 @@ Bounds, so that nothing grows without limit:
 * bytes staged per producer (`producer_limit`) and in all (`total_limit`): a part that does not
   fit waits for room (the upload stops reading its stream, so the sender waits in turn) until
   `wait_timeout`, then fails with RESOURCE_EXHAUSTED; nothing is ever dropped to make room;
+* parts staged or being staged, per producer (`max_parts`) and in all (`max_parts_total`), so
+  that empty parts, which hold no bytes, cannot pile up either: one more is RESOURCE_EXHAUSTED;
 * parts of a batch that is not committed within `ttl` seconds of its last write expire;
 * when batch `b` commits, every part of batches up to `b` of that producer is dropped (a
   producer never commits an older batch after a newer one).
@@ -67,13 +69,15 @@ class StagedPart:
     rows: int = 0
     done: bool = False
     touched: float = 0.0
+    counted: bool = False  # holds one of the producer's parts (`max_parts`) until released
 
 
 class Staging:
     """The staging area of one engine (see the module documentation)."""
 
     def __init__(self, graph: UpdateGraph, *, producer_limit: int = 256 * MiB, total_limit: int = 1024 * MiB,
-                 ttl: float = 600.0, wait_timeout: float = 60.0, clock: Callable[[], float] = time.monotonic):
+                 ttl: float = 600.0, wait_timeout: float = 60.0, max_parts: int = 10_000,
+                 max_parts_total: int = 100_000, clock: Callable[[], float] = time.monotonic):
         if producer_limit <= 0 or total_limit <= 0 or ttl <= 0:
             raise ValueError("staging limits and ttl must be positive")
         self.graph = graph
@@ -81,6 +85,10 @@ class Staging:
         self.total_limit = int(total_limit)
         self.ttl = float(ttl)
         self.wait_timeout = float(wait_timeout)
+        self.max_parts = int(max_parts)
+        self.max_parts_total = int(max_parts_total)
+        self._parts: dict[str, int] = {}  # producer -> parts counted
+        self._parts_total = 0
         self._clock = clock
         self._lock = threading.Lock()
         # (producer, batch) -> {(part, attempt): StagedPart}
@@ -113,8 +121,19 @@ class Staging:
         it exists). A part staged before under the same names is replaced when this one is done."""
         schema = writer.table_schema(upload_schema)
         writer.check(schema)
-        self.expire()
-        return StagedPart(producer, int(batch), part, attempt, writer.name, upload_schema, touched=self._clock())
+        staged = StagedPart(producer, int(batch), part, attempt, writer.name, upload_schema, touched=self._clock())
+        with self._lock:
+            self._expire_locked(self._clock())
+            mine = self._parts.get(producer, 0)
+            if mine >= self.max_parts or self._parts_total >= self.max_parts_total:
+                raise StagingError(f"batch {batch} part {part!r} of producer {producer!r}: "
+                                   f"{mine if mine >= self.max_parts else self._parts_total} parts are staged "
+                                   f"already, the most {'a producer' if mine >= self.max_parts else 'the server'} "
+                                   f"may have; commit or abort batches first", "RESOURCE_EXHAUSTED")
+            self._parts[producer] = mine + 1
+            self._parts_total += 1
+            staged.counted = True
+        return staged
 
     def try_reserve(self, part: StagedPart, nbytes: int) -> bool:
         """Reserves room for `nbytes` more of `part`; False when it does not fit now (try again
@@ -252,6 +271,14 @@ class Staging:
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _release_locked(self, part: StagedPart) -> None:
+        if part.counted:
+            part.counted = False
+            self._parts_total -= 1
+            left = self._parts.get(part.producer, 0) - 1
+            if left > 0:
+                self._parts[part.producer] = left
+            else:
+                self._parts.pop(part.producer, None)
         if part.nbytes:
             left = self._used.get(part.producer, 0) - part.nbytes
             if left > 0:
@@ -282,7 +309,7 @@ class Staging:
         """What is staged: bytes in all and per producer, and the parts of each batch."""
         with self._lock:
             return {"bytes": self._total, "producer_limit": self.producer_limit, "total_limit": self.total_limit,
-                    "ttl_s": self.ttl,
+                    "ttl_s": self.ttl, "parts": self._parts_total, "max_parts": self.max_parts,
                     "committed": self.committed, "replays": self.replays, "expired": self.expired,
                     "producers": {p: b for p, b in self._used.items()},
                     "batches": [{"producer": k[0], "batch": k[1],

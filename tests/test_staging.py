@@ -338,3 +338,43 @@ def test_serve_takes_the_staging_limits_from_its_command_line():
         big = pa.table({"v": pa.array(range(500_000), pa.int64())})  # 4 MB: more than one producer may stage
         with pytest.raises(ERRORS, match=f"needs more than the {3 << 20} bytes"):
             put(c, "t", big, Transaction(producer="p", batch=0, commit=False))
+
+
+def test_empty_parts_cannot_pile_up():
+    """Parts are bounded by count as well as bytes: an empty part holds no bytes."""
+    from tickwire.server.staging import staging_of
+
+    graph = UpdateGraph(interval_ms=20)
+    staging_of(graph, max_parts=3, max_parts_total=5)
+    srv = TickwireServer(graph, port=0, web=False).start()
+    try:
+        c = connect(srv)
+        empty = T.slice(0, 0)
+        for i in range(3):
+            assert put(c, "e", empty, Transaction(producer="p", batch=0, part=str(i), commit=False))["staged"]
+        with pytest.raises(ERRORS, match="3 parts are staged already, the most a producer may have"):
+            put(c, "e", empty, Transaction(producer="p", batch=0, part="3", commit=False))
+        for i in range(2):
+            put(c, "e", empty, Transaction(producer="q", batch=0, part=str(i), commit=False))
+        with pytest.raises(ERRORS, match="5 parts are staged already, the most the server may have"):
+            put(c, "e", empty, Transaction(producer="r", batch=0, commit=False))
+        assert status(c)["parts"] == 5
+        assert action(c, "tickwire.abort", AbortRequest("p", 0)) == {"discarded": 3}
+        assert status(c)["parts"] == 2
+        assert put(c, "e", empty, Transaction(producer="p", batch=1, commit=False))["staged"]  # room again
+        # a refused upload (a bad batch) gives its part back
+        writer, reader = c.do_put(fl.FlightDescriptor.for_path("scope", "e"), T.schema, options=AUTH)
+        with pytest.raises(ERRORS):
+            try:
+                writer.write_metadata(Transaction(producer="p", batch=2, commit=False).to_json())
+                writer.write_table(pa.table({"k": ["x"], "v": [1]}).cast(pa.schema([("k", pa.string()),
+                                                                                     ("v", pa.int64())])))
+                writer.write_metadata(Transaction(producer="p", batch=2, commit=False).to_json())
+                writer.done_writing()
+                while reader.read() is not None:
+                    pass
+            finally:
+                writer.close()
+        assert status(c)["parts"] == 3
+    finally:
+        srv.stop()
