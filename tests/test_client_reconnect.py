@@ -16,6 +16,7 @@ import pyarrow as pa
 from tickwire import TickwireServer, UpdateGraph
 from tickwire.clients.client import BarrageClient, Update
 from tickwire.protocol.rowset import ranges_to_keys
+from tests import waiting
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("s", pa.string())])
 
@@ -75,12 +76,7 @@ class WindowModel:
 
 
 def _wait(predicate, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return bool(predicate())
+    return waiting.wait_until(predicate, timeout)
 
 
 def test_a_reconnection_delivers_the_difference_as_one_update():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -22,6 +21,7 @@ from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
 from tickwire.server.graph import UpdateGraph
+from tests import waiting
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -61,12 +61,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+    return waiting.wait_until(predicate, timeout)
 
 
 # ----------------------------------------------------------------------------------------------

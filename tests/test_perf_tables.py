@@ -18,6 +18,7 @@ from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import TableSpec, engine_of
 from tickwire.server.graph import UpdateGraph
+from tests import waiting
 from tickwire.server.observability.perf_tables import (BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, NAMES,
                                                        SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA,
                                                        UPDATE_PERFORMANCE, UPDATE_SCHEMA, PerfTablesConfig)
@@ -33,12 +34,7 @@ def batch(start: int, n: int) -> pa.Table:
 
 
 def wait_until(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+    return waiting.wait_until(predicate, timeout)
 
 
 def of_table(t: pa.Table, name: str) -> pa.Table:
