@@ -16,6 +16,7 @@ from tickwire.server.graph import UpdateGraph
 from .golden import GOLDEN
 from .interop.capture import CaptureProxy
 from .interop.compare import compare_captures, format_differences
+from .waiting import wait_until
 
 pytestmark = pytest.mark.interop
 
@@ -29,6 +30,13 @@ def proxied(tmp_path):
     with CaptureProxy(server.target, out) as proxy:
         yield proxy, out
     server.stop()
+
+
+def _settle(proxy) -> None:
+    """Waits for every recorded call's status: a call the client cancelled (a DoExchange) gets
+    its status from the proxy's on_terminate callback, which runs after the client has moved on;
+    flushed before it, index.json would record it UNFINISHED."""
+    wait_until(lambda: not any(c["status"] == "UNFINISHED" for c in proxy.calls), 10)
 
 
 def _compare(golden: str, out, calls):
@@ -57,7 +65,7 @@ def test_pydeephaven_open_table_to_arrow_matches_deephaven(proxied):
         assert s.open_table("static_mixed").to_arrow().num_rows == 1000
     finally:
         s.close()
-    time.sleep(0.2)
+    _settle(proxy)
     proxy.flush()
     # GetConfigurationConstants, FetchTable and DoGet of static_mixed (calls 1, 3, 4 of the golden run)
     _compare("pydeephaven", out, calls=[1, 3, 4])
@@ -81,6 +89,6 @@ def test_pydeephaven_ticking_subscription_to_static_mixed_matches_deephaven(prox
     finally:
         s.close()
     assert got
-    time.sleep(0.2)
+    _settle(proxy)
     proxy.flush()
     _compare("ticking_static_mixed", out, calls=["FlightService/DoExchange"])

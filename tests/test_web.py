@@ -24,6 +24,8 @@ from tickwire.server.web import HTTP2_PREFACE, classify
 from tickwire.server.web.assets import installed_jar
 from tickwire.server.observability.perf_tables import NAMES as PERF_TABLES
 
+from .waiting import wait_until
+
 CONFIG = "/io.deephaven.proto.backplane.grpc.ConfigService/"
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 ANON = {"authorization": "Anonymous"}
@@ -376,15 +378,16 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
     hot.add(pa.table({"k": np.arange(rows, dtype=np.int64), "v": np.zeros(rows, dtype=np.int64), "pad": pad}))
     srv = TickwireServer(graph, port=0).start()
     stop = asyncio.Event()
+    steps = [0]  # the writer's steps so far
 
     async def write(loop_stop):
-        step = 0
         while not loop_stop.is_set():
-            step += 1
+            steps[0] += 1
+            step = steps[0]
             text = [f"{step:06d}" * 33] * rows  # every column changes: about 420 KB an update
             hot.add(pa.table({"k": np.arange(rows, dtype=np.int64), "v": np.full(rows, step, dtype=np.int64), "pad": text}))
             await asyncio.sleep(0.02)
-        return step
+        return steps[0]
 
     async def subscribe(ch):
         call = await ch.open(FLIGHT + "DoExchange", ANON)
@@ -405,9 +408,13 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
         writer = asyncio.ensure_future(write(stop))
         slow.pause()
         await asyncio.sleep(0.5)
-        before = healthy.messages_received
-        await asyncio.sleep(3.0)
-        during = healthy.messages_received - before
+        def folds():
+            return max(s.coalesced for s in srv.registry.subscriptions)
+        before, step0, folds0 = healthy.messages_received, steps[0], folds()
+        # until the slow one's changes have been folded ten more times (polled on a thread: this
+        # loop runs the writer and the healthy reader meanwhile)
+        folded = await asyncio.to_thread(wait_until, lambda: folds() > max(10, folds0 + 10), 30)
+        during, written = healthy.messages_received - before, steps[0] - step0
         socks = list(srv.web.sockets)
         queued = [s.out.qsize() for s in socks]
         subs = srv.registry.subscriptions
@@ -432,14 +439,17 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
         await slow.close()
         await healthy.close()
         await reader
-        return during, queued, coalesced, outboxes, state.to_arrow(), final
+        return folded, during, written, folds0, queued, coalesced, outboxes, state.to_arrow(), final
 
     try:
-        during, queued, coalesced, outboxes, table, final = run(go(), 60)
+        folded, during, written, folds0, queued, coalesced, outboxes, table, final = run(go(), 120)
     finally:
         srv.stop()
         graph.stop()
-    assert during >= 50  # about 150 cycles in 3 s: the healthy browser kept receiving
+    assert folded, (folds0, coalesced)
+    # the healthy browser kept receiving while the slow one's changes were folded: a fair share of
+    # the writer's steps in that same window (one message a cycle; a cycle may take several steps)
+    assert during >= max(10, written / 4), (during, written)
     assert max(queued) <= 8  # WebSide.send_queue: the socket holds at most that many messages
     assert max(outboxes) <= 2 and coalesced > 10  # the slow one's changes were folded, not queued
     assert table.num_rows == rows and set(table.column("v").to_pylist()) == {final}
@@ -471,21 +481,30 @@ def test_a_closed_socket_frees_its_sessions_exports_after_a_short_lease():
         await open_and_fetch(kept, 1)
         await open_and_fetch(closed, 1)
         assert srv.sessions.count == 2 and graph_tables() == 3
+        t0 = time.monotonic()
         await closed.close()
-        await asyncio.sleep(2.0)
+        # polled on a thread so that this loop keeps serving the kept socket meanwhile
+        released = await asyncio.to_thread(
+            wait_until, lambda: srv.sessions.count == 1 and graph_tables() == 2, 15)
+        took = time.monotonic() - t0
         remaining = srv.sessions.count, graph_tables()
         # the kept socket's session still works
         await kept.unary(CONFIG + "GetConfigurationConstants", b"", {"authorization": "Anonymous"})
         await kept.close()
-        return remaining
+        return released, took, remaining
 
     def graph_tables():
-        return len(set(graph.tables) - set(PERF_TABLES))
+        with graph.lock:  # read while the reaper may be removing the export's table
+            names = set(graph.tables)
+        return len(names - set(PERF_TABLES))
     try:
-        sessions, tables = run(go())
+        released, took, (sessions, tables) = run(go())
     finally:
         srv.stop()
-    assert sessions == 1 and tables == 2  # the closed page's session and its export are gone
+    # the closed page's session and its export are gone, and the kept page's are not
+    assert released and sessions == 1 and tables == 2, (took, sessions, tables)
+    # on the short lease (0.5 s grace, then the reaper's next pass), not the sessions' 300 s duration
+    assert srv.sessions.duration_ms >= 300_000 and took < 10.0, took
 
 
 def test_sessions_opened_over_either_transport_log_their_peer(served, caplog):
