@@ -3,10 +3,11 @@ server (PyPI `deephaven-server`, tests/interop/dh_server.py). Every result is co
 server's own snapshot of the same table: a DoGet through plain `pyarrow.flight`.
 
 Ticking tables are made by one script, run through pydeephaven just before the subscriptions
-start, from a source that stops after ROWS rows (`time_table(...).head(ROWS)`). Once the source
-is complete and the derived tables' snapshots stop changing, each subscription must hold exactly
-the server's final snapshot (or its viewport slice), and replaying the updates it delivered
-must give the same rows."""
+start, from a source the test itself writes to step by step (a DynamicTableWriter), ROWS rows in
+all: after each step every subscription must catch up with the server, so how many updates of
+each kind the subscriptions see does not depend on how fast the machine is. Once the source is
+complete, each subscription must hold exactly the server's final snapshot (or its viewport
+slice), and replaying the updates it delivered must give the same rows."""
 from __future__ import annotations
 
 import threading
@@ -68,15 +69,24 @@ forever = time_table("PT0.1S").update(["Seq = ii"])
 
 HELPERS = ["BD_s", "BI_s"]
 
-ROWS = 120  # rows of the ticking source: one every PERIOD, then it stops
-PERIOD = "PT0.05S"
+ROWS = 120  # rows of the ticking source in all
+FIRST_ROWS = 10  # rows written before subscribing
+STEP_ROWS = 5  # rows written at each step after that
 
 #: Run in the server's scope just before subscribing. Seq = row number; `keyed` modifies rows
 #: (last_by), `filtered` adds and removes them, `sorted` moves them (shifts in key space),
-#: `flat` shifts dense keys, `ring` drops its oldest rows.
-LIVE_SCRIPT = f'''
-from deephaven import time_table, ring_table
-src = time_table("{PERIOD}").head({ROWS}).update(["Seq = ii"])
+#: `flat` shifts dense keys, `ring` drops its oldest rows. `_write_src(first, count)` appends
+#: the rows Seq = first .. first + count - 1.
+LIVE_SCRIPT = '''
+from deephaven import DynamicTableWriter, ring_table
+import deephaven.dtypes as dht
+_src_writer = DynamicTableWriter({"Seq": dht.int64})
+src = _src_writer.table
+
+def _write_src(first, count):
+    for seq in range(first, first + count):
+        _src_writer.write_row(seq)
+
 app = src.update(["Sym = Seq % 3 == 0 ? `A` : `B`", "Px = Seq * 0.5", "Qty = Seq % 7 == 0 ? NULL_LONG : Seq * 100"])
 keyed = src.update(["Key = (int) (Seq % 25)", "Val = (int) ((Seq * 37) % 101)", "Cnt = Seq"]).last_by("Key")
 filtered = keyed.where("Val % 3 != 0")
@@ -291,25 +301,56 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(dh, session, client):
+    """Writes the source in steps; after each one, waits until the server has all its rows and
+    every subscription holds the server's new state (its view of it). The set_view calls are made
+    once a third of the rows are written, and the next step is written right after them."""
     session.run_script(LIVE_SCRIPT)
+    written = 0
+
+    def write(count: int) -> None:
+        nonlocal written
+        session.run_script(f"_write_src({written}, {count})")
+        written += count
+
+    def server_has_all_rows() -> None:
+        deadline = time.monotonic() + 30
+        while doget(dh, "src").num_rows < written:
+            assert time.monotonic() < deadline, f"the server did not get {written} source rows"
+            time.sleep(0.05)
+
+    write(FIRST_ROWS)
+    server_has_all_rows()
     updates: dict[str, list[Update]] = {name: [] for name in SPECS}
+    views = {name: {k: v for k, v in spec.kw.items() if k in ("viewport", "reverse", "columns")}
+             for name, spec in SPECS.items()}
     subs = {name: client.subscribe(spec.table, on_update=updates[name].append, min_update_interval_ms=CYCLE_MS,
                                    **spec.kw)
             for name, spec in SPECS.items()}
+
+    def caught_up() -> None:
+        server_has_all_rows()
+        # derived tables change in the same update cycle as their source: this is their state
+        server = {name: doget(dh, name) for name in LIVE_TABLES}
+        for name, spec in SPECS.items():
+            expected = view_of(server[spec.table], **views[name])
+            assert subs[name].wait_for(lambda s: s.table.equals(expected), 30), \
+                f"{name} did not catch up at {written} source rows: {subs[name].error}"
+
     try:
         for name, sub in subs.items():
             assert sub.wait_for(lambda s: s.update_count > 0, 30), f"{name}: {sub.error}"
-        deadline = time.monotonic() + 30
-        while doget(dh, "src").num_rows < ROWS // 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        changed_at = doget(dh, "src").num_rows
+        caught_up()
+        while written < ROWS // 3:
+            write(STEP_ROWS)
+            caught_up()
+        changed_at = written
         for name, spec in SPECS.items():
             if spec.change:
                 subs[name].set_view(**spec.change)
-        deadline = time.monotonic() + 60
-        while doget(dh, "src").num_rows < ROWS:
-            assert time.monotonic() < deadline, "the ticking source did not complete"
-            time.sleep(0.1)
+                views[name] = spec.final_view()
+        while written < ROWS:
+            write(min(STEP_ROWS, ROWS - written))
+            caught_up()
         final = {name: stable_doget(dh, name) for name in LIVE_TABLES}
         yield Live(subs, updates, final, changed_at)
     finally:

@@ -1,7 +1,7 @@
 """Deephaven -> tickwire -> tickwire: replicas of a real Deephaven server's tables.
 
-The Deephaven tables tick for a few seconds and then stop changing (time tables cut by `head`),
-so that the end state can be compared exactly: while they tick, the replicas follow (appends,
+The Deephaven tables tick for a while and then stop changing (time tables cut by `head`), so
+that the end state can be compared exactly: while they tick, the replicas follow (appends,
 modifications of a last_by, shifts of a sort with Deephaven's sparse row keys); once they stop,
 both replicas in the chain hold exactly the Deephaven server's rows and values, and the second
 replica holds the same row keys as the first."""
@@ -25,17 +25,26 @@ pytestmark = pytest.mark.slow
 _skip = deephaven_server_available()
 if _skip:
     pytest.skip(_skip, allow_module_level=True)
+pydeephaven = pytest.importorskip("pydeephaven")
 
-TABLES = r'''
-from deephaven import empty_table, time_table
+#: The ticking tables tick for TICK_S seconds (1,000 ticks of 30 ms) from when the script runs:
+#: the chain test runs it again just before it starts replicating, so that its replicas follow
+#: them for that long however slowly the server started or the replicas subscribed.
+TICK_S = 30
+TICKING = '''
+from deephaven import time_table
 
-static_t = empty_table(500).update(["I = i", "S = i % 7 == 0 ? null : `s` + i", "D = i * 0.5"])
-growing = time_table("PT0.01S").head(1000).update(["Seq = ii", "Px = 100.0 + ii * 0.25"])
-keyed = time_table("PT0.01S").head(1000).update(["Key = (int) (ii % 17)", "Val = ii * 3"]).last_by("Key")
-sorted_t = time_table("PT0.01S").head(1000).update([
+growing = time_table("PT0.03S").head(1000).update(["Seq = ii", "Px = 100.0 + ii * 0.25"])
+keyed = time_table("PT0.03S").head(1000).update(["Key = (int) (ii % 17)", "Val = ii * 3"]).last_by("Key")
+sorted_t = time_table("PT0.03S").head(1000).update([
     "Key = (int) (ii % 40)", "SortVal = (int) ((ii * 7919) % 101)", "Label = `k` + Key",
 ]).last_by("Key").sort("SortVal")
 '''
+TABLES = r'''
+from deephaven import empty_table
+
+static_t = empty_table(500).update(["I = i", "S = i % 7 == 0 ? null : `s` + i", "D = i * 0.5"])
+''' + TICKING
 NAMES = ("static_t", "growing", "keyed", "sorted_t")
 
 
@@ -56,13 +65,18 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
     first = TickwireServer(g1, port=0).start()
     g2 = UpdateGraph(interval_ms=20)
     second = TickwireServer(g2, port=0).start()
+    host, port = dh.target.rsplit(":", 1)
+    session = pydeephaven.Session(host=host, port=int(port))
     try:
+        # fresh ticking tables, so that they tick for TICK_S seconds from here, however long the
+        # server took to start or other tests ran before
+        session.run_script(TICKING)
         reps1 = {n: first.replicate(dh.target, n) for n in NAMES}
         reps2 = {n: second.replicate(first.target, n) for n in NAMES}
         with BarrageClient(dh.target) as upstream:
-            # the ticking tables stop after 1,000 ticks of 10 ms; Deephaven sends a subscription
-            # update at most once a second, so a replica may be up to a second behind
-            assert wait_until(lambda: upstream.snapshot("growing").num_rows == 1000, 60)
+            # the ticking tables stop after 1,000 ticks (TICK_S seconds); Deephaven sends a
+            # subscription update at most once a second, so a replica may be up to a second behind
+            assert wait_until(lambda: upstream.snapshot("growing").num_rows == 1000, TICK_S + 60)
 
             def settled(name):
                 want = upstream.snapshot(name)
@@ -79,6 +93,7 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
         keys, _ = _state(reps1["sorted_t"].table)
         assert keys.size == 40 and keys.max() > 40
     finally:
+        session.close()
         second.stop(), first.stop(), g2.stop(), g1.stop()
 
 

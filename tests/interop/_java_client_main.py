@@ -14,12 +14,14 @@ defaults; else the client update graph's cycle and the subscriptions' minUpdateI
 `execute(spec)` (one Batch whose intermediate steps are not exported) and the resulting handle
 is snapshotted; its result is reported as (name, "spec").
 
-All subscriptions (full and viewport, every table) are opened together; `seconds` after they
-were opened each one's table is copied (a consistent snapshot inside the client's update graph)
-and written to `out_dir` as an Arrow IPC file; then the Barrage snapshots are taken. Per
-(table, mode) metadata goes to `out_dir/results.json`, rewritten (atomically) after each phase so
-that a run killed later still reports what finished; the process exits with status 0 after the
-last write.
+All subscriptions (full and viewport, every table) are opened together; `seconds` after all of
+them have completed and have their update listeners attached (and, for a full subscription of a
+table that the server reports as ticking, once it has seen at least one update, waiting at most
+FIRST_UPDATE_CAP_S from then) each one's table is copied (a consistent snapshot inside the
+client's update graph) and written to `out_dir` as an Arrow IPC file; then the Barrage snapshots
+are taken. Per (table, mode) metadata goes to `out_dir/results.json`, rewritten (atomically)
+after each phase so that a run killed later still reports what finished; the process exits with
+status 0 after the last write.
 """
 from __future__ import annotations
 
@@ -33,6 +35,30 @@ import traceback
 from _dh_server_main import _exit_when_parent_goes, _jvm_args
 
 PSK_HANDLER = "io.deephaven.authentication.psk.PskAuthenticationHandler"
+
+
+#: how long (from the start of the observation window) a full subscription of a ticking table
+#: may wait for its first update
+FIRST_UPDATE_CAP_S = 30.0
+
+
+def _server_says_ticking(session, spec) -> bool:
+    """Whether the server reports the table `spec` as refreshing (its ExportedTableCreationResponse
+    is not static); False when that cannot be found out."""
+    handle = None
+    try:
+        handle = session.j_session.execute(spec)
+        if not handle.isSuccessful():
+            return False
+        return not bool(handle.response().getIsStatic())
+    except BaseException:  # noqa: BLE001 - only decides whether to wait longer
+        return False
+    finally:
+        if handle is not None:
+            try:
+                handle.close()
+            except BaseException:  # noqa: BLE001
+                pass
 
 
 def _error_text(exc: BaseException) -> str:
@@ -189,9 +215,17 @@ def main() -> None:
                     job.listener = listen(Table(j_table=job.j_table), job.on_update)
             except BaseException as exc:
                 job.error = _error_text(exc)
-    remaining = float(cfg["seconds"]) - (time.monotonic() - opened)
-    if remaining > 0:
-        time.sleep(remaining)
+    # The observation window starts once every listener is attached (a cold JVM can take longer
+    # than `seconds` to get there). Then a full subscription of a table the server says is
+    # ticking that has not seen an update yet is given more time (at most FIRST_UPDATE_CAP_S
+    # from the window's start): a server that never sends deltas still ends with updates == 0.
+    window_start = time.monotonic()
+    time.sleep(max(0.0, float(cfg["seconds"])))
+    cap = window_start + max(float(cfg["seconds"]), min(FIRST_UPDATE_CAP_S, future_timeout))
+    waiting = [job for job in subs if job.mode == "full" and job.error is None and job.listener is not None
+               and job.updates == 0 and _server_says_ticking(session, ticket(job.table))]
+    while any(job.updates == 0 for job in waiting) and time.monotonic() < cap:
+        time.sleep(0.1)
     for job in subs:
         if job.error is None:
             try:

@@ -196,10 +196,19 @@ def start_dh_server(
             start_new_session=True,
         )
     deadline = time.monotonic() + timeout
+    # The log is read from where the last look stopped, and only whole lines are parsed: the JVM
+    # may log a lot right after READY, which a look at the log's tail alone could miss, and a
+    # line still being written could give a truncated port.
+    offset, pending = 0, b""
     try:
         while True:
-            for line in tail(log_path, 20000).splitlines():
-                if line.startswith("READY "):
+            with open(log_path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line.startswith(b"READY "):
                     return DhServer(proc, int(line.split()[1]), work_dir, log_path, psk)
             if proc.poll() is not None:
                 raise DhServerError(f"Deephaven server exited with code {proc.returncode}:\n{tail(log_path)}")
