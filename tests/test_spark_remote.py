@@ -33,7 +33,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ import pytest
 
 pytest.importorskip("pyspark.sql.datasource")
 
+from tests import waiting  # noqa: E402
 from tests.spark_remote_child import Recorder  # noqa: E402
 from tickwire.server.app import TickwireServer  # noqa: E402
 from tickwire.server.engine import TableSpec  # noqa: E402
@@ -219,12 +219,6 @@ def local_query(name: str, folder: Path, tmp: Path, tables: list[dict], *, shape
             "checkpoint": str(tmp / f"ck-{name}"), "sink": "local", "tables": tables}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -318,8 +312,14 @@ def modes(tmp_path_factory):
         outcomes = child.outcomes()
         local = json.loads((tmp / "local.json").read_text())
         total = sum(f.num_rows for f in files)
-        sub.wait_for(lambda s: s.size >= total, timeout=30)
-        time.sleep(0.2)  # the blink tables' last rows leave in the next cycle
+        assert sub.wait_for(lambda s: s.size >= total, timeout=60), (sub.size, total)
+
+        def blink_emptied() -> bool:  # every batch added, and the cycle after the last one removed it
+            with recorder.lock:
+                ups = list(recorder.updates["ticks"])
+            return sum(len(u["added"]) for u in ups) == total and bool(ups) and not ups[-1]["added"]
+        # the blink table's last rows leave in the next cycle; when they never do, the blink test says how
+        waiting.wait_until(blink_emptied, 30)
         yield {"files": files, "outcomes": outcomes, "local": local, "remote": recorder.dump(),
                "subscribed": list(seen), "port": port, "staging": staging_status(port),
                "update_mode_table": engine.resolve("totals_by_update")}
@@ -559,19 +559,34 @@ def test_the_driver_killed_before_and_after_its_commit(server, tmp_path):
 
 
 class ServerChild:
-    """tests/spark_remote_child.py serve: a server with a data directory, on a fixed port."""
+    """tests/spark_remote_child.py serve: a server with a data directory, on `port` (0: one the
+    system picks; `self.port` is the one it listens on). A restart on the port its clients know
+    is tried again for a while when the port cannot be listened on yet."""
 
-    def __init__(self, tmp: Path, port: int, data: Path, n: int):
-        self.child = Child(["serve", "--port", str(port), "--data-dir", str(data)], tmp / f"server-{n}.log")
-        assert self.child.wait_for("READY", 60) == f"READY {port}"
+    def __init__(self, tmp: Path, port: int, data: Path, n: int, retry_s: float = 20.0):
+        deadline = time.monotonic() + retry_s
+        for attempt in range(1, 1000):
+            log = tmp / (f"server-{n}.log" if attempt == 1 else f"server-{n}-{attempt}.log")
+            self.child = Child(["serve", "--port", str(port), "--data-dir", str(data)], log)
+            try:
+                ready = self.child.wait_for("READY", 60)
+                break
+            except AssertionError:
+                self.child.stop()
+                if not (port and "cannot listen" in self.child._tail() and time.monotonic() < deadline):
+                    raise
+                time.sleep(0.5)
+        self.port = int(ready.split()[1])
+        assert port in (0, self.port), ready
 
 
 def test_the_server_killed_between_staging_and_commit(tmp_path):
     folder = tmp_path / "in"
     files = input_files(folder)
-    port, data = free_port(), tmp_path / "data"
+    data = tmp_path / "data"
     marker, go = tmp_path / "held", tmp_path / "go"
-    server = ServerChild(tmp_path, port, data, 1)
+    server = ServerChild(tmp_path, 0, data, 1)  # a port of its own; the restart below takes it again
+    port = server.port
     query = remote_query("q", folder, tmp_path, port, "trades", fmt="tickwire_faulty", checkpoint="ck",
                          fault={"hold": {"batch": 2, "when": "before", "marker": str(marker), "go": str(go)}})
     # failed, the query is started again from its checkpoint in the same Spark application, whose
