@@ -1,14 +1,17 @@
 """Serve a ticking table in-process and follow it with tickwire's client for a few seconds.
 
-    python examples/serve_and_subscribe.py [--host 127.0.0.1] [--port 0] [--seconds 3]
+    python examples/serve_and_subscribe.py [--host 127.0.0.1] [--port 0] [--seconds 3 | --updates N]
 
 A keyed table `prices` (one row per symbol) is created through the engine, a feeder thread
 upserts new prices every 200 ms, and a subscription prints one line per update it receives:
 first the snapshot, then the rows each cycle modified. `--port 0` (the default) picks a free port.
+It follows the table for `--seconds`, or, with `--updates N`, until N updates after the snapshot
+came (exit code 1 when they do not within `--timeout` seconds, however slow the machine).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 
@@ -48,6 +51,10 @@ def main(argv=None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (0 picks a free one)")
     parser.add_argument("--seconds", type=float, default=3.0, help="how long to follow the table")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="instead of --seconds: stop after this many updates after the snapshot")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="with --updates: give up after this many seconds")
     args = parser.parse_args(argv)
 
     graph = UpdateGraph(interval_ms=100)
@@ -61,10 +68,14 @@ def main(argv=None) -> int:
         with BarrageClient(f"grpc://{server.target}") as client:
             sub = client.subscribe("prices")
             feeder.start()
-            end = time.monotonic() + args.seconds
-            for update in sub.updates(timeout=5):  # ends if no update comes for 5 s
+            counting = args.updates is not None
+            end = time.monotonic() + (args.timeout if counting else args.seconds)
+            got = 0
+            # ends if no update comes for 5 s (with --updates: for the whole --timeout)
+            for update in sub.updates(timeout=args.timeout if counting else 5):
                 print(describe(update), flush=True)
-                if time.monotonic() >= end:
+                got += not update.is_snapshot
+                if (counting and got >= args.updates) or time.monotonic() >= end:
                     break
             print(f"last state ({sub.size} rows):")
             for row in sub.table.to_pylist():
@@ -72,6 +83,9 @@ def main(argv=None) -> int:
         stop.set()
         feeder.join()
     graph.stop()
+    if counting and got < args.updates:
+        print(f"only {got} of {args.updates} updates in {args.timeout:g} s", file=sys.stderr)
+        return 1
     return 0
 
 
