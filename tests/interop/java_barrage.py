@@ -16,7 +16,9 @@ BarrageSession` through jpy. Modes:
 .sort(...).tail(...))` (one Batch, intermediate steps unexported), then a snapshot of the handle;
 reported as results[(name, "spec")].
 
-Subscriptions are all opened at once and read `seconds` later; snapshots are taken after that.
+Subscriptions are all opened at once and read `seconds` after the last of them is open (a ticking
+table's full subscription with no update by then waits for its first, up to 30 s); snapshots are
+taken after that.
 Tables travel back as Arrow IPC files, the rest as JSON.
 """
 from __future__ import annotations
