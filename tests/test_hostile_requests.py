@@ -8,6 +8,7 @@ initial snapshot."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import queue
 import subprocess
@@ -89,12 +90,16 @@ def sub_request(ticket=b"s/keyed", viewport=None, columns=None) -> bytes:
 
 @pytest.fixture()
 def ticking():
-    """A keyed table of 10,000 rows changed every 20 ms by a writer thread."""
+    """A keyed table of 10,000 rows changed every 20 ms by a writer thread; `srv.changed_steps` are the
+    steps that changed it (on a loaded machine the writer may miss a cycle, which then sends nothing)."""
     graph = UpdateGraph(interval_ms=20)
     keyed = graph.keyed_table("keyed", SCHEMA, ["k"])
     keyed.add(rows(0, 10_000))
     graph.run_cycle()
+    changed: set[int] = set()
+    keyed.add_listener(lambda _table, _update, step: changed.add(step))
     srv = TickwireServer(graph, port=0).start()
+    srv.changed_steps = changed
     stop = threading.Event()
 
     def writer():
@@ -113,11 +118,13 @@ def ticking():
     graph.stop()
 
 
-def _assert_no_gap(ex: Exchange):
-    """Every update after the snapshot starts one step after the previous one ended."""
+def _assert_no_gap(ex: Exchange, changed_steps: set[int]):
+    """Every update after the snapshot starts after the previous one ended, and no step that changed
+    the table was skipped between them (a step that changed nothing sends nothing)."""
     seqs = [(u.metadata.first_seq, u.metadata.last_seq) for u in ex.updates]
     for (_f0, l0), (f1, _l1) in zip(seqs, seqs[1:]):
-        assert f1 == l0 + 1, f"gap in a healthy subscriber's updates: {seqs}"
+        skipped = sorted(changed_steps.intersection(range(l0 + 1, f1)))
+        assert f1 > l0 and not skipped, f"a healthy subscriber's updates skip steps {skipped} or overlap: {seqs}"
 
 
 @pytest.mark.parametrize("far", [2**40, 2**62])
@@ -127,8 +134,9 @@ def test_a_huge_viewport_answers_at_once_with_the_clipped_rows_and_nobody_waits(
         healthy.send(sub_request())
         healthy.wait(3)
         hostile = Exchange(ch2)
+        request = sub_request(viewport=[[0, 0], [2, far]])
         sent = time.monotonic()
-        hostile.send(sub_request(viewport=[[0, 0], [2, far]]))
+        hostile.send(request)
         hostile.wait(1, timeout=5)
         took = hostile.times[0] - sent
         first = hostile.updates[0]
@@ -139,14 +147,18 @@ def test_a_huge_viewport_answers_at_once_with_the_clipped_rows_and_nobody_waits(
         assert first.metadata.added_rows.tolist() == [[0, n - 2]]
         keys = np.asarray(first.added[0])
         assert keys[0] == 0 and keys[1] == 2 and len(keys) == n - 1
-        assert took < 0.1, f"the clipped snapshot took {took * 1000:.0f} ms"
+        # 9,999 rows take milliseconds; 2 s is room for a GC pass or a stalled CPU, while expanding the
+        # requested 2^40 or 2^62 rows would take minutes or run out of memory
+        assert took < 2.0, f"the clipped snapshot of {n - 1} rows took {took * 1000:.0f} ms"
         # the viewport keeps working as the table ticks, and the healthy subscriber never skipped a step
         before = len(healthy.updates)
         hostile.wait(3, timeout=5)
         healthy.wait(before + 5, timeout=5)
-        _assert_no_gap(healthy)
+        _assert_no_gap(healthy, ticking.changed_steps)
+        # updates come every 20 ms; 5 s allows for a loaded machine, while waiting out work on the
+        # requested viewport (minutes) would not fit
         gaps = np.diff(np.array(healthy.times))
-        assert gaps.max() < 1.0, f"the healthy subscriber waited {gaps.max():.2f} s for an update"
+        assert gaps.max() < 5.0, f"the healthy subscriber waited {gaps.max():.2f} s for an update"
         assert hostile.error is None and healthy.error is None
         hostile.close()
         healthy.close()
@@ -155,10 +167,13 @@ def test_a_huge_viewport_answers_at_once_with_the_clipped_rows_and_nobody_waits(
 def test_a_huge_viewport_snapshot_request_is_clipped(ticking):
     with grpc.insecure_channel(ticking.target) as ch:
         ex = Exchange(ch)
+        request = barrage.wrap(barrage.SnapshotRequest(ticket=b"s/keyed", viewport=np.array([[5, 2**62]])))
         sent = time.monotonic()
-        ex.send(barrage.wrap(barrage.SnapshotRequest(ticket=b"s/keyed", viewport=np.array([[5, 2**62]]))))
+        ex.send(request)
         ex.wait(1)
-        assert ex.times[0] - sent < 0.5
+        # 9,995 rows take milliseconds; expanding 2^62 rows would never finish
+        took = ex.times[0] - sent
+        assert took < 5.0, f"the clipped snapshot took {took:.2f} s"
         got = np.asarray(ex.updates[0].added[0])
         assert got.tolist() == list(range(5, 10_000))
         ex.close()
@@ -168,15 +183,27 @@ def test_column_sets_are_checked_in_one_pass_with_a_short_message(ticking):
     with grpc.insecure_channel(ticking.target) as ch:
         # a 1 MB bitset with every bit set: 8 million column indices for a 3-column table
         for cols in (np.arange(8 * 1024 * 1024, dtype=np.int64), np.arange(3, 4099, dtype=np.int64)):
-            ex = Exchange(ch)
-            sent = time.monotonic()
-            ex.send(sub_request(columns=cols))
-            assert ex.done.wait(5)
-            assert time.monotonic() - sent < 2.0
-            assert ex.error.code() == grpc.StatusCode.INVALID_ARGUMENT
-            details = ex.error.details()
-            assert len(details) < 300, details
-            assert "out of range for a table of 3 columns" in details and "more" in details
+            request = sub_request(columns=cols)
+            # Refusing 8 million indices in vectorized passes took 60 ms to 1.1 s a try on a 2-core machine
+            # at load 6, the best of a few tries 60-180 ms; putting them in a Python set first added 1.1-2.1 s
+            # to every try. So the best of up to ten tries, spaced out, must come under 1 s: load or a GC
+            # pass slows some tries, not all of them, while per-index work is slow on every try.
+            took = []
+            for _try in range(10):
+                ex = Exchange(ch)
+                sent = time.monotonic()
+                ex.send(request)
+                assert ex.done.wait(10), "the request was not refused"
+                took.append(time.monotonic() - sent)
+                assert ex.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                details = ex.error.details()
+                assert len(details) < 300, details
+                assert "out of range for a table of 3 columns" in details and "more" in details
+                ex.close()
+                if min(took) < 1.0:
+                    break
+                time.sleep(0.2)
+            assert min(took) < 1.0, f"refusing {len(cols)} column indices took {', '.join(f'{t:.2f}' for t in took)} s"
 
 
 def test_an_oversize_message_is_refused_before_it_is_read_whole():
@@ -363,6 +390,10 @@ sys.stdin.read()
 
 
 def _rss_mb() -> float:
+    """The process's resident size once garbage is collected and freed memory handed back to the system
+    (both of pyarrow's pool and of malloc), so what is measured is what is still held."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
