@@ -333,7 +333,10 @@ def test_stalled_subscriber_stays_bounded_and_converges(server):
     keeps receiving every step; once it reads again it catches up in one coalesced message."""
     graph = server.graph
     keyed = graph.tables["keyed"]
-    with grpc.insecure_channel(server.target) as ch, grpc.insecure_channel(server.target) as ch2:
+    # no BDP probing on the stalled client's channel: its receive window stays at HTTP/2's 64 KiB instead
+    # of growing to take in messages the server should keep (and coalesce) itself
+    with grpc.insecure_channel(server.target) as ch, \
+            grpc.insecure_channel(server.target, options=[("grpc.http2.bdp_probe", 0)]) as ch2:
         fast = Exchange(ch)
         fast.send(sub_request())
         fast.wait(1)
