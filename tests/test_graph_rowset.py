@@ -131,21 +131,36 @@ def test_from_ranges_accepts_unsorted_overlapping_and_long_ranges():
     assert RowSet.range(3, 2).is_empty() and RowSet.range(0, 0).keys().tolist() == [0]
 
 
+# The timing bounds below are for the best of up to three runs, each on sets made afresh (a set
+# builds some of its form on first use): a GC pass or a stalled CPU slows one run, while work
+# proportional to the keys instead of the ranges is slow in every run.
+RUNS = 3
+
+
+def _times(took: list[float]) -> str:
+    return ", ".join(f"{t:.2f}" for t in took) + " s"
+
+
 def test_a_million_singleton_ranges_convert_fast():
     keys = np.arange(0, 2_000_000, 2, dtype=np.int64)
     ranges = np.stack((keys, keys), axis=1)
-    t0 = time.perf_counter()
-    r = RowSet.from_ranges(ranges)
-    back = r.ranges()
-    k = r.keys()
-    took = time.perf_counter() - t0
-    assert len(r) == 1_000_000 and np.array_equal(back, ranges) and np.array_equal(k, keys)
-    assert took < 1.5, f"1M singleton ranges took {took:.2f}s"
-    t0 = time.perf_counter()
-    assert RowSet.from_keys(keys) == r
-    assert r.select(np.arange(0, 1_000_000, 7)).tolist() == keys[::7].tolist()
-    assert r.find(keys[::3]).tolist() == list(range(0, 1_000_000, 3))
-    assert time.perf_counter() - t0 < 1.5
+    convert, lookup = [], []
+    for _run in range(RUNS):
+        t0 = time.perf_counter()
+        r = RowSet.from_ranges(ranges)
+        back = r.ranges()
+        k = r.keys()
+        convert.append(time.perf_counter() - t0)
+        assert len(r) == 1_000_000 and np.array_equal(back, ranges) and np.array_equal(k, keys)
+        t0 = time.perf_counter()
+        assert RowSet.from_keys(keys) == r
+        assert r.select(np.arange(0, 1_000_000, 7)).tolist() == keys[::7].tolist()
+        assert r.find(keys[::3]).tolist() == list(range(0, 1_000_000, 3))
+        lookup.append(time.perf_counter() - t0)
+        if min(convert) < 1.5 and min(lookup) < 1.5:
+            break
+    assert min(convert) < 1.5, f"1M singleton ranges took {_times(convert)}"
+    assert min(lookup) < 1.5, f"comparing, selecting and finding in 1M singleton ranges took {_times(lookup)}"
 
 
 def test_single_range_fast_path_is_arithmetic():
@@ -158,11 +173,17 @@ def test_single_range_fast_path_is_arithmetic():
     assert r.minus(RowSet.range(0, 9)).is_single_range
     assert r.subset_by_positions(10, 19) == RowSet.range(10, 19)
     assert r.positions_of(RowSet.from_keys([3, 9_000_000])).keys().tolist() == [3, 9_000_000]
-    t0 = time.perf_counter()
-    for _ in range(2000):
-        r = r.union(RowSet.range(len(r), len(r) + 99))
-    assert r.is_single_range and len(r) == 10_200_000
-    assert time.perf_counter() - t0 < 0.5
+    took = []
+    for _run in range(RUNS):
+        r = RowSet.range(0, 9_999_999)
+        t0 = time.perf_counter()
+        for _ in range(2000):
+            r = r.union(RowSet.range(len(r), len(r) + 99))
+        took.append(time.perf_counter() - t0)
+        assert r.is_single_range and len(r) == 10_200_000
+        if min(took) < 0.5:
+            break
+    assert min(took) < 0.5, f"2000 unions of adjacent ranges took {_times(took)}"
 
 
 def _random_order_preserving(rng, kept: np.ndarray, span: int):
@@ -270,13 +291,18 @@ def test_shift_builder_normalises_and_validates():
 
 
 def test_shift_apply_on_large_sets_costs_per_range():
-    r = RowSet.range(0, 9_999_999).minus(RowSet.from_keys([5_000_000]))
-    sd = RowSetShiftData.build([5_000_001], [9_999_999], [-1])
-    t0 = time.perf_counter()
-    out = sd.apply(r)
-    assert time.perf_counter() - t0 < 0.2
-    assert out == RowSet.range(0, 9_999_998)
-    assert sd.unapply(out) == r
+    took = []
+    for _run in range(RUNS):
+        r = RowSet.range(0, 9_999_999).minus(RowSet.from_keys([5_000_000]))
+        sd = RowSetShiftData.build([5_000_001], [9_999_999], [-1])
+        t0 = time.perf_counter()
+        out = sd.apply(r)
+        took.append(time.perf_counter() - t0)
+        assert out == RowSet.range(0, 9_999_998)
+        assert sd.unapply(out) == r
+        if min(took) < 0.2:
+            break
+    assert min(took) < 0.2, f"shifting 10M keys in 2 ranges took {_times(took)}"
 
 
 def test_modified_column_set_maps_to_schema_indices():
