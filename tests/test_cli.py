@@ -14,6 +14,7 @@ import pytest
 from tickwire.cli import build_parser
 from tickwire.config import ConfigError, render, resolve
 from tickwire.server.demo import connect_help
+from tests import waiting
 from tests.certs import self_signed
 
 
@@ -217,11 +218,24 @@ def test_port_in_use_is_one_line(busy_port):
     _one_line_error(r, "--web-port", "in use")
 
 
-def test_demo_finds_its_port_taken_before_starting_spark(busy_port):
-    started = time.monotonic()
-    r = run("demo", "--port", str(busy_port), "--duration", "1")  # Spark included, when it can run here
+def test_demo_finds_its_port_taken_before_starting_spark(busy_port, tmp_path):
+    """pyspark launches Spark's JVM with $SPARK_HOME/bin/spark-submit: a stand-in there notes each
+    launch (and fails it), so whether Spark was started is seen, not guessed from how long it took."""
+    from tickwire.server.spark.pipeline_demo import spark_available
+
+    home = tmp_path / "spark-home"
+    (home / "bin").mkdir(parents=True)
+    submit = home / "bin" / "spark-submit"
+    submit.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/../launched"\nexit 1\n')
+    submit.chmod(0o755)
+    launched = home / "launched"
+    env = {"SPARK_HOME": str(home)}
+    r = run("demo", "--port", str(busy_port), "--duration", "1", env=env)  # Spark included, when it can run here
     _one_line_error(r, f"127.0.0.1:{busy_port}", "in use")
-    assert time.monotonic() - started < 15  # Spark's JVM takes ~30 s to start: it never did
+    assert not launched.exists(), launched.read_text()  # Spark was never started
+    if spark_available() is None:  # the stand-in is what a demo that can use Spark launches
+        r = run("demo", "--port", "0", "--duration", "1", env=env)
+        assert r.returncode != 0 and launched.exists(), (r.returncode, r.stderr[-2000:])
 
 
 def test_debug_log_level_adds_the_traceback(bad_files):
@@ -381,10 +395,9 @@ def test_subscription_and_refused_put_are_logged_with_ids(caplog):
             w.write_table(data)
             w.close()
         flight.close()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not any(getattr(r, "event", None) == "subscription_end"
-                                                      for r in caplog.records):
-            time.sleep(0.05)
+        # the server logs the end once its side of the closed stream is over; the asserts below say if never
+        waiting.wait_until(lambda: any(getattr(r, "event", None) == "subscription_end" for r in caplog.records),
+                           30, interval=0.05)
     finally:
         server.stop()
         graph.stop()
