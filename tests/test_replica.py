@@ -7,7 +7,6 @@ mid-stream leaves the replica serving its last state; when the upstream comes ba
 resynchronises to it."""
 from __future__ import annotations
 
-import socket
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tests.scripted import ScriptedTable, random_update
+from tests.test_client_reconnect import _serve_again
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
 from tickwire.server.graph import UpdateGraph
@@ -33,10 +33,6 @@ def _same(a, b) -> bool:
     return ka.size == kb.size and bool(np.array_equal(ka, kb)) and va.equals(vb)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -90,12 +86,12 @@ def test_a_chain_of_two_replicas_converges_to_the_origin(origin, seed):
 
 
 def test_replica_survives_the_upstream_going_away_and_resynchronises():
-    port = _free_port()
     graph = UpdateGraph(interval_ms=20)
     src = ScriptedTable(graph, "src")
     rng = np.random.default_rng(9)
     keys = _traffic(graph, src, rng, np.empty(0, dtype=np.int64), 10)
-    upstream = TickwireServer(graph, port=port).start()
+    upstream = TickwireServer(graph, port=0).start()
+    port = upstream.port  # it comes back on the same port
     local = UpdateGraph(interval_ms=10).start()
     rep = Replicator(local, f"127.0.0.1:{port}", "src", backoff=(0.05, 0.5)).start()
     try:
@@ -109,7 +105,7 @@ def test_replica_survives_the_upstream_going_away_and_resynchronises():
         now = _state(rep.table)  # the replica keeps serving its last consistent state
         assert np.array_equal(now[0], held[0]) and now[1].equals(held[1])
         syncs = rep.syncs
-        upstream = TickwireServer(graph, port=port).start()
+        upstream = _serve_again(graph, port)
         assert wait_until(lambda: rep.syncs > syncs and _same(src, rep.table), 20), \
             "the replica did not resynchronise after the upstream came back"
         keys = _traffic(graph, src, rng, keys, 10, pause=0.002)
@@ -124,13 +120,13 @@ def test_replica_survives_the_upstream_going_away_and_resynchronises():
 def test_resynchronising_emits_only_the_net_difference():
     """After a reconnection to an upstream whose table changed, the replica's update holds just
     the rows that went, came, or changed value."""
-    port = _free_port()
     graph = UpdateGraph(interval_ms=20)
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
     src = graph.keyed_table("kv", schema, ["k"])
     src.add(pa.table({"k": np.arange(100), "v": [f"a{i}" for i in range(100)]}, schema=schema))
     graph.run_cycle()
-    upstream = TickwireServer(graph, port=port).start()
+    upstream = TickwireServer(graph, port=0).start()
+    port = upstream.port  # it comes back on the same port
     local = UpdateGraph(interval_ms=10).start()
     rep = Replicator(local, f"127.0.0.1:{port}", "kv", backoff=(0.05, 0.5)).start()
     seen = []
@@ -142,7 +138,7 @@ def test_resynchronising_emits_only_the_net_difference():
         src.delete(pa.table({"k": [3, 4]}))
         src.add(pa.table({"k": [7, 200], "v": ["changed", "new"]}, schema=schema))
         graph.run_cycle()
-        upstream = TickwireServer(graph, port=port).start()
+        upstream = _serve_again(graph, port)
         assert wait_until(lambda: _same(src, rep.table), 20)
         time.sleep(0.1)
         assert len(seen) == 1
