@@ -328,12 +328,13 @@ def test_expired_sessions_free_their_tables_with_no_traffic():
             t_last = time.monotonic()  # before the last call: it renews its session no earlier than this
             c.put_export(2, _quotes(20 + i))
         assert len(graph.tables) == base + 3 * 4
+        t0 = time.monotonic()  # after every call: each session's lease ends by t0 + duration
         _wait(lambda: len(graph.tables) == base, timeout=duration + 15)  # no call at all meanwhile
-        took = time.monotonic() - t_last
+        freed = time.monotonic()
         assert server.sessions.count == 0 and server.ctx.scope.ops.owned == 0
-        assert took >= duration, took  # the last session lived its full duration after its last call
+        assert freed - t_last >= duration, freed - t_last  # the last session lived its full duration
         # expiry plus the reaper's interval (0.75 s), with room for a loaded machine
-        assert took < duration + 5.0, took
+        assert freed - t0 < duration + 5.0, freed - t0
         # an expired token is refused, and nothing can be exported into the ended session
         assert _code(lambda: clients[0].where(b"s/quotes", ["Price > 1"], 5)) == grpc.StatusCode.UNAUTHENTICATED
         assert len(graph.tables) == base
