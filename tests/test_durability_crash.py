@@ -25,7 +25,6 @@ import os
 import queue
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -77,8 +76,8 @@ class Child:
     def __init__(self, data_dir: Path, spark_ck: Path, log: Path, pause=None):
         args = [sys.executable, str(CHILD), str(data_dir), str(spark_ck), "--rows", str(N_ROWS),
                 "--rows-per-batch", str(ROWS_PER_BATCH), "--checkpoint-cycles", str(CHECKPOINT_CYCLES)]
-        if pause:
-            args += ["--pause-checkpoint", pause, "5"]
+        if pause:  # held until the kill: the test first finds the file, which a loaded machine may make slow
+            args += ["--pause-checkpoint", pause, "120"]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
@@ -313,10 +312,17 @@ def _batch_ids(table) -> list:
 # a replica and a pydeephaven-ticking subscriber across a restart
 # ------------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _serve_again(start, timeout: float = 10.0):
+    """`start()`, a server on a port another one listened on: tried again while that port cannot
+    be listened on (grpcio: "Failed to bind", or "in use"), which another process may hold a moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return start()
+        except (OSError, RuntimeError) as exc:
+            if not ("Failed to bind" in str(exc) or "in use" in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _wait_until(cond, timeout: float, what: str) -> None:
@@ -399,7 +405,6 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
 
     schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
     rng = np.random.default_rng(5)
-    port = _free_port()
     data_dir = tmp_path / "data"
     durability = Durability(checkpoint_cycles=5)
 
@@ -428,7 +433,8 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
 
     graph = UpdateGraph(interval_ms=20)
     engine = engine_of(graph)
-    server = TickwireServer(graph, port=port, web=False, data_dir=data_dir, durability=durability).start()
+    server = TickwireServer(graph, port=0, web=False, data_dir=data_dir, durability=durability).start()
+    port = server.port  # the restart below listens on it again
     engine.get_or_create(TableSpec("trades", "append", schema))
     engine.get_or_create(TableSpec("prices", "keyed", schema, keys=("k",)))
     produce(engine, range(0, 12))
@@ -451,9 +457,18 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
                     "the replicas to notice")
         _wait_until(lambda: len(sub.errors) >= 1, 10, "the ticking listeners to end")
         sub.close()
-        graph2 = UpdateGraph(interval_ms=20)
+
+        def start_again():
+            g = UpdateGraph(interval_ms=20)
+            try:
+                return TickwireServer(g, port=port, web=False, data_dir=data_dir, durability=durability).start()
+            except BaseException:
+                g.stop()
+                raise
+
+        server2 = _serve_again(start_again)
+        graph2 = server2.graph
         engine2 = engine_of(graph2)
-        server2 = TickwireServer(graph2, port=port, web=False, data_dir=data_dir, durability=durability).start()
         assert {t.name for t in server2.recovered} == {"trades", "prices"}
         for name, (keys, data) in before.items():
             k2, d2 = _state(engine2.resolve(name))
