@@ -573,7 +573,8 @@ class ServerChild:
                 break
             except AssertionError:
                 self.child.stop()
-                if not (port and "cannot listen" in self.child._tail() and time.monotonic() < deadline):
+                said = self.child._tail()  # grpcio: "Failed to bind to address ... Address already in use"
+                if not (port and ("Failed to bind" in said or "in use" in said) and time.monotonic() < deadline):
                     raise
                 time.sleep(0.5)
         self.port = int(ready.split()[1])
