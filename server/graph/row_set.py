@@ -488,6 +488,12 @@ class RowSet:
         return RowSet(0, -1, self._bm.shift(delta))
 
 
+# A shift range of at least this many keys may be clipped out of a copy of the set instead of
+# sliced by position (see RowSetShiftData.apply); below it, slicing costs little either way.
+_SLICE_LIMIT = 1 << 16
+_KEY_END = (1 << 64) - 1  # remove_range's exclusive end covering every 63-bit key
+
+
 class RowSetShiftData:
     """Row-key shifts: shift i moves every existing key in [starts[i], ends[i]] by deltas[i].
 
@@ -632,12 +638,24 @@ class RowSetShiftData:
         src = rowset._bitmap()
         stay = src.copy()
         moved = BitMap64()
+        containers = None
         for a, b, delta in zip(s.tolist(), e.tolist(), d.tolist()):  # one roaring step per shift range
-            part = RowSet._from_bitmap(src).subset_by_key_range(a, b)
-            if part.is_empty():
+            count = src.range_cardinality(a, b + 1)
+            if count == 0:
                 continue
             stay.remove_range(a, b + 1)
-            moved |= part.shift(delta)._bitmap()
+            if count >= _SLICE_LIMIT and containers is None:
+                containers = src.get_statistics()["n_containers"]
+            if count >= _SLICE_LIMIT and count >= 64 * containers:
+                # many keys per container: clip a copy of the set (cost per container) rather
+                # than slice it by position (cost per key)
+                part = src.copy()
+                if a > 0:
+                    part.remove_range(0, a)
+                part.remove_range(b + 1, _KEY_END)
+                moved |= part.shift(delta)
+            else:
+                moved |= RowSet._from_bitmap(src).subset_by_key_range(a, b).shift(delta)._bitmap()
         if not stay.isdisjoint(moved):
             raise ValueError("a shift moves keys onto keys that do not move")
         return RowSet._from_bitmap(stay | moved)
