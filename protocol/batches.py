@@ -79,6 +79,8 @@ def _fixed_width(t: pa.DataType) -> Optional[int]:
     """Byte width of a fixed-width (non-bit) type, None otherwise."""
     if pa.types.is_boolean(t) or pa.types.is_nested(t) or pa.types.is_dictionary(t):
         return None
+    if pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
+        return t.byte_width
     try:
         bits = t.bit_width
     except ValueError:
@@ -163,6 +165,8 @@ def _write_empty(w: _BodyWriter, t: pa.DataType) -> None:
     elif pa.types.is_list(t):
         w.empty()
         _write_empty(w, t.value_type)
+    elif pa.types.is_fixed_size_list(t):
+        _write_empty(w, t.value_type)
     elif pa.types.is_boolean(t) or _fixed_width(t) is not None:
         w.empty()
     else:
@@ -205,8 +209,14 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         w.add(offs)
         _write_column(w, arr.values.slice(first, last - first), dh_nulls)
         return
+    if pa.types.is_fixed_size_list(t):
+        # no offsets: the child holds list_size values per row, null rows included
+        w.nodes.append((n, nulls))
+        _write_validity(w, arr, nulls)
+        _write_column(w, arr.values.slice(arr.offset * t.list_size, n * t.list_size), dh_nulls)
+        return
     width = _fixed_width(t)
-    if width is None or pa.types.is_decimal32(t) or pa.types.is_decimal64(t) or pa.types.is_fixed_size_binary(t):
+    if width is None or pa.types.is_decimal32(t) or pa.types.is_decimal64(t):
         raise ProtocolError(f"unsupported Arrow type for Barrage: {t} (convert with schema.to_wire_array first)")
     sentinel = has_sentinel(t)
     if nulls and sentinel:
@@ -215,7 +225,10 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
     w.nodes.append((n, 0 if skip_validity else nulls))
     _write_validity(w, arr, 0 if skip_validity else nulls)
     start = arr.offset * width
-    w.add(memoryview(arr.buffers()[1])[start:start + n * width])
+    if width:
+        w.add(memoryview(arr.buffers()[1])[start:start + n * width])
+    else:
+        w.empty()  # fixed_size_binary[0]
 
 
 @dataclass
@@ -511,6 +524,12 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
         _need(validity, (n + 7) // 8, "validity", name)
     else:
         validity = None
+    if pa.types.is_fixed_size_list(t):
+        child = _read_column(r, t.value_type, name + "[]")
+        if len(child) < n * t.list_size:
+            raise ProtocolError(f"record batch: fixed-size list column {name!r} of {n} rows needs "
+                                f"{n * t.list_size} values, the child has {len(child)}")
+        return _from_buffers(t, n, [validity], nulls, name, children=[child])
     if _is_var_binary(t) or pa.types.is_list(t):
         offsets = r.buffer(name)
         if n:
@@ -543,7 +562,7 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
 
 
 def _has_var_width(t: pa.DataType) -> bool:
-    if pa.types.is_list(t):
+    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
         return _has_var_width(t.value_type)
     return _is_var_binary(t)
 

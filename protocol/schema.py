@@ -286,9 +286,23 @@ BARRAGE_SCHEMA = "BarrageSchema"
 def keeps_upload_type(t: pa.DataType) -> bool:
     """Whether a column uploaded with Arrow type `t` is served with that same type, as Deephaven
     42.7 serves it (docs/types.md): decimal128/256, timestamps of any unit and zone, dates, times
-    and durations of any unit. Other types are served as `wire_type_for` says."""
-    return (pa.types.is_decimal128(t) or pa.types.is_decimal256(t) or pa.types.is_timestamp(t)
-            or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t))
+    and durations of any unit, unsigned integers (uint8 as `short`, uint16 as `char`, uint32 as
+    `long`, uint64 as BigInteger), float16 (`float`), fixed_size_binary (`byte[]`), and
+    fixed-size lists and lists (child name, nullability and all) of any type that is kept or is
+    sent unchanged anyway. Other types are served as `wire_type_for` says."""
+    if (pa.types.is_decimal128(t) or pa.types.is_decimal256(t) or pa.types.is_timestamp(t)
+            or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
+            or pa.types.is_unsigned_integer(t) or pa.types.is_float16(t) or pa.types.is_fixed_size_binary(t)):
+        return True
+    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
+        v = t.value_type
+        if keeps_upload_type(v):
+            return True
+        try:
+            return not pa.types.is_nested(v) and not pa.types.is_dictionary(v) and wire_type_for(v) == v
+        except ProtocolError:
+            return False
+    return False
 
 
 def served_types(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> list[pa.DataType]:
@@ -811,8 +825,10 @@ def from_wire_array(arr, dh_type: Optional[str] = None, *, component_type: Optio
     elif pa.types.is_list(t):
         comp = _component_of(dh_type, component_type)
         child_target = target_type.value_type if target_type is not None and _is_any_list(target_type) else None
-        values = from_wire_array(arr.values, comp, target_type=child_target)
-        out = arr if values is arr.values else _rebuild_list(arr, values)
+        child = arr.values
+        values = from_wire_array(child, comp, target_type=child_target)
+        # unchanged values keep the list as sent (its child's name: "item" in a kept upload type)
+        out = arr if values is child else _rebuild_list(arr, values)
     else:
         out = arr
     if target_type is not None and out.type != target_type:

@@ -166,6 +166,9 @@ def decode_put_batch(info: MessageInfo, body, schema: pa.Schema, dh_nulls: bool,
         raise UploadError(f"DoPut record batch columns have different lengths {sorted(lengths)}")
     if dh_nulls:
         arrays = [sentinels_to_nulls(a) for a in arrays]
+    # Deephaven stores uint16 as `char` and list elements as Java primitives, whose null sentinels
+    # (0xFFFF, -2^31, ...) read as null there whatever the options: so do they here
+    arrays = [_char_and_element_nulls(a) for a in arrays]
     for f, a in zip(schema, arrays):  # values every reader must be able to send (e.g. instants in ns)
         if pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type) or pa.types.is_time(f.type):
             try:
@@ -178,6 +181,34 @@ def decode_put_batch(info: MessageInfo, body, schema: pa.Schema, dh_nulls: bool,
 
 
 _NS_PER_DAY = 86_400 * 10**9
+
+
+def _char_and_element_nulls(arr: pa.Array) -> pa.Array:
+    """`arr` with its uint16 values 0xFFFF, and the sentinel-valued elements of its (fixed-size)
+    lists, made null, as Deephaven reads them; whole-array operations, no copy when nothing changes."""
+    t = arr.type
+    if pa.types.is_uint16(t):
+        return sentinels_to_nulls(arr)
+    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
+        child = arr.values
+        ct = child.type
+        new = _char_and_element_nulls(child) if _is_list_like(ct) or pa.types.is_uint16(ct) \
+            else sentinels_to_nulls(child) if not _is_temporal(ct) else child
+        if new is child:
+            return arr
+        validity = arr.buffers()[0] if arr.null_count else None
+        bufs = [validity] if pa.types.is_fixed_size_list(t) else [validity, arr.buffers()[1]]
+        return pa.Array.from_buffers(t, len(arr), bufs, null_count=arr.null_count, offset=arr.offset,
+                                     children=[new])
+    return arr
+
+
+def _is_list_like(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _is_temporal(t: pa.DataType) -> bool:
+    return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
 
 
 def _check_time_of_day(f: pa.Field, ns: pa.Array) -> None:

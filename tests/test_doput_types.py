@@ -1,9 +1,11 @@
-"""Decimal, timestamp, date, time and duration columns uploaded with DoPut, read back by DoGet,
-GetFlightInfo, `list-tables`, tickwire's Barrage client and pydeephaven (docs/types.md).
+"""Decimal, timestamp, date, time, duration, unsigned integer, float16, fixed_size_binary,
+fixed_size_list and list columns uploaded with DoPut, read back by DoGet, GetFlightInfo,
+`list-tables`, tickwire's Barrage client and pydeephaven (docs/types.md).
 
 Deephaven 42.7 keeps the Arrow schema of an upload (its `BarrageSchema` table attribute) and
 serves the table with exactly those types; it refuses decimal32/decimal64 columns and times of
-day outside one day. The tickwire tests run always; the same uploads against a real Deephaven
+day outside one day, and reads uint16 0xFFFF and list elements equal to a null sentinel as null.
+The tickwire tests run always; the same uploads against a real Deephaven
 server (tests/interop/dh_server.py) are `slow` and must give the same answers, nulls included.
 """
 from __future__ import annotations
@@ -52,6 +54,34 @@ ACCEPTED: dict[str, tuple[pa.Array, str]] = {
     "TimeNs": (pa.array([1, None, 86_399_999_999_999], pa.time64("ns")), "java.time.LocalTime"),
     "DurS": (pa.array([1, None, -5], pa.duration("s")), "java.time.Duration"),
     "DurMs": (pa.array([1, None, -5], pa.duration("ms")), "java.time.Duration"),
+    "U8": (pa.array([1, None, 255], pa.uint8()), "short"),
+    "U16": (pa.array([1, None, 65534], pa.uint16()), "char"),
+    "U32": (pa.array([1, None, 2**32 - 1], pa.uint32()), "long"),
+    "U64": (pa.array([1, None, 2**64 - 1], pa.uint64()), "java.math.BigInteger"),
+    "F16": (pa.array([1.5, None, -2.0], pa.float16()), "float"),
+    "Fsb": (pa.array([b"abc", None, b"\x00\xff\x01"], pa.binary(3)), "byte[]"),
+    "FslI32": (pa.array([[1, 2], None, [3, None]], pa.list_(pa.int32(), 2)), "int[]"),
+    "FslU8": (pa.array([[1, 255], None, [None, 0]], pa.list_(pa.uint8(), 2)), "short[]"),
+    "FslF16": (pa.array([[1.5, None], None, [0.0, 2.0]], pa.list_(pa.float16(), 2)), "float[]"),
+    "FslFsb": (pa.array([[b"a", b"b"], None, [None, b"c"]], pa.list_(pa.binary(1), 2)), "byte[][]"),
+    "ListU8": (pa.array([[1, 255], None, [None, 0]], pa.list_(pa.uint8())), "short[]"),
+    "ListU32": (pa.array([[1, 2**32 - 1], None, []], pa.list_(pa.uint32())), "long[]"),
+    "ListU64": (pa.array([[1, 2**64 - 1], None, [None]], pa.list_(pa.uint64())), "java.math.BigInteger[]"),
+    "ListF16": (pa.array([[1.5, -2.0], None, [None]], pa.list_(pa.float16())), "float[]"),
+    "ListFsb": (pa.array([[b"ab", b"cd"], None, [None]], pa.list_(pa.binary(2))), "byte[][]"),
+    "ListFsl": (pa.array([[[1, 2]], None, [None, [3, None]]], pa.list_(pa.list_(pa.int32(), 2))), "int[][]"),
+    "ListListU8": (pa.array([[[1]], None, [None, [2, None]]], pa.list_(pa.list_(pa.uint8()))), "short[][]"),
+    "ListI32": (pa.array([[1, 2], None, [None]], pa.list_(pa.int32())), "int[]"),
+    "ListStr": (pa.array([["a"], None, [None, ""]], pa.list_(pa.string())), "java.lang.String[]"),
+}
+
+#: uploads whose values Deephaven reads as null: column -> (values, what comes back). A uint16 is a
+#: `char`, whose null is 0xFFFF; list elements are Java primitives with their null sentinels.
+NULLED: dict[str, tuple[pa.Array, list]] = {
+    "U16Max": (pa.array([65535, None, 0], pa.uint16()), [None, None, 0]),
+    "ListU16Max": (pa.array([[1, 65535], None, [None, 0]], pa.list_(pa.uint16())), [[1, None], None, [None, 0]]),
+    "FslI32Min": (pa.array([[1, -2**31], None, [None, 0]], pa.list_(pa.int32(), 2)), [[1, None], None, [None, 0]]),
+    "ListI32Min": (pa.array([[1, -2**31], None, [None]], pa.list_(pa.int32())), [[1, None], None, [None]]),
 }
 
 #: uploads Deephaven refuses (INVALID_ARGUMENT)
@@ -210,9 +240,41 @@ def test_served_types_keep_only_an_upload_schemas_types():
     from tickwire.protocol.schema import served_types
 
     schema = accepted_table().schema
+    def wire_list(t):
+        return pa.list_(pa.field("", t))
+
     assert served_types(schema) == [pa.binary()] * 5 + [pa.timestamp("ns", "UTC")] * 8 + [pa.date64()] * 2 \
-        + [pa.time64("ns")] * 4 + [pa.duration("ns")] * 2
+        + [pa.time64("ns")] * 4 + [pa.duration("ns")] * 2 \
+        + [pa.int16(), pa.uint16(), pa.int64(), pa.binary(), pa.float32(), pa.binary()] \
+        + [wire_list(pa.int32()), wire_list(pa.int16()), wire_list(pa.float32()), wire_list(pa.binary())] \
+        + [wire_list(pa.int16()), wire_list(pa.int64()), wire_list(pa.binary()), wire_list(pa.float32()),
+           wire_list(pa.binary()), wire_list(wire_list(pa.int32())), wire_list(wire_list(pa.int16())),
+           wire_list(pa.int32()), wire_list(pa.string())]
     assert served_types(schema, {"BarrageSchema": schema}) == list(schema.types)
+
+
+def test_fixed_size_lists_and_binaries_round_trip_through_record_batches():
+    """Barrage record batches carry fixed_size_list (validity, then list_size values per row) and
+    fixed_size_binary (byte_width bytes per row), slices and empty columns included."""
+    from tickwire.protocol.batches import decode_record_batch, encode_record_batch
+
+    cols = [ACCEPTED[n][0] for n in ("Fsb", "FslI32", "FslFsb", "ListFsl")]
+    types = [c.type for c in cols]
+    for part in ([c for c in cols], [c.slice(1, 2) for c in cols], [c.slice(3) for c in cols],
+                 [c.slice(1, 2) if i % 2 else None for i, c in enumerate(cols)]):
+        enc = encode_record_batch(part, types)
+        back = decode_record_batch(enc.header, enc.body(), types)
+        for sent, got, t in zip(part, back, types):
+            assert got.to_pylist() == ([] if sent is None else sent.to_pylist()), t
+    zero = pa.array([b"", None, b""], pa.binary(0))
+    enc = encode_record_batch([zero], [zero.type])
+    assert decode_record_batch(enc.header, enc.body(), [zero.type])[0].to_pylist() == [b"", None, b""]
+
+
+def test_sentinel_values_come_back_null(tw):
+    """uint16 0xFFFF (Deephaven's null char) and list elements equal to their type's null sentinel."""
+    got = values(tw.get(tw.put(pa.table({n: arr for n, (arr, _) in NULLED.items()}))))
+    assert got == {n: (str(arr.type), want) for n, (arr, want) in NULLED.items()}
 
 
 # -- the same uploads against Deephaven ---------------------------------------------------------------------
@@ -242,6 +304,10 @@ def test_deephaven_answers_what_tickwire_answers(dh_up, tw):
     assert answer(theirs) == expected_answer()  # what docs/types.md records
     assert answer(ours) == answer(theirs)
     assert [f.type for f in dh_up.info_schema(dh_up.next_id)] == [f.type for f in ours.schema]
+    nulled = pa.table({n: arr for n, (arr, _) in NULLED.items()})
+    theirs = values(dh_up.get(dh_up.put(nulled)))
+    assert theirs == {n: (str(arr.type), want) for n, (arr, want) in NULLED.items()}
+    assert values(tw.get(tw.put(nulled))) == theirs
     for name, arr in REFUSED.items():
         assert "invalid argument" in dh_up.refusal(pa.table({name: arr})).lower(), name
 
@@ -262,22 +328,34 @@ def test_pydeephaven_reads_the_same_from_both(dh, tickwire):
     assert got["tickwire"] == got["deephaven"]
 
 
-def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path):
-    """The upload's schema (the types it is served with) is part of the table's stored metadata."""
+#: the columns of ACCEPTED kept since unsigned integers, float16 and fixed-size types are (a table of
+#: them also round-trips through a Parquet checkpoint, which decimal(5, -2) cannot be written to)
+_FIXED_SIZE_AND_UNSIGNED = [n for n in ACCEPTED if n.startswith(("U", "F", "List"))]
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["journal", "checkpoint"])
+def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path, checkpoint):
+    """The upload's schema (the types it is served with) is part of the table's stored metadata;
+    the rows come back from the journal, or from a checkpoint, with those types."""
     def serve(port=0):
         return TickwireServer(UpdateGraph(interval_ms=50), port=port, web=False, data_dir=tmp_path).start()
 
+    data = accepted_table().select(_FIXED_SIZE_AND_UNSIGNED) if checkpoint else accepted_table()
     auth = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
     server = serve()
     port = server.port
     try:
         client = fl.connect(f"grpc://127.0.0.1:{port}")
-        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "kept"), accepted_table().schema,
-                                  options=auth)
-        writer.write_table(accepted_table())
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "kept"), data.schema, options=auth)
+        writer.write_table(data)
         writer.close()
         before = answer(client.do_get(fl.Ticket(b"s/kept"), options=auth).read_all())
-        assert before == expected_answer()
+        assert before == {n: a for n, a in expected_answer().items() if n in data.column_names}
+        if checkpoint:
+            storage = server.ctx.engine.storage
+            assert storage.checkpoint(server.ctx.engine.resolve("kept"))
+            storage.wait_checkpoints()
+            assert list((tmp_path / "default" / "kept" / "checkpoints").glob("*.parquet"))
     finally:
         server.stop()
     server = serve(port)

@@ -2,10 +2,11 @@
 
 Fixed-width columns (integers, floats, booleans, temporal types) live in numpy arrays of their
 storage type with a separate validity array. Strings and binaries live in a byte heap with a
-start and length per slot (`_BytesColumn`). Other types (lists, structs, decimals, ...) live in
-numpy object arrays filled through Arrow's Python conversion. Reads (`gather`) build one Arrow array per column from the
-requested slots with one numpy take and one Arrow conversion. Capacity grows by doubling, so
-writes are amortised O(rows written).
+start and length per slot (`_BytesColumn`; fixed_size_binary too, as binary). Fixed-size lists
+of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Other types (lists,
+structs, decimals, ...) live in numpy object arrays filled through Arrow's Python conversion.
+Reads (`gather`) build one Arrow array per column from the requested slots with one numpy take
+and one Arrow conversion. Capacity grows by doubling, so writes are amortised O(rows written).
 
 `equal_mask` compares two Arrow arrays row by row (nulls equal nulls, NaN equals NaN), recursing
 into lists and structs with whole-array operations. `hash_columns` gives every row of a set of
@@ -29,7 +30,7 @@ __all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_v
 
 def _is_c_convertible(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-        or pa.types.is_large_binary(t)
+        or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
 
 
 class _Column:
@@ -78,6 +79,62 @@ class _Column:
         return out if self.storage_type == self.type else out.view(self.type)
 
 
+class _FixedListColumn:
+    """fixed_size_list columns of a fixed-width element type: a (capacity, list_size) numpy array of
+    the elements' storage values, one of their validity, and one of the rows' validity. Writes and
+    gathers are whole-array numpy operations (no per-row conversion)."""
+
+    __slots__ = ("type", "size", "child_type", "dtype", "storage_type", "values", "child_valid", "valid", "_fill")
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        self.type = t
+        self.size = t.list_size
+        self.child_type = t.value_type
+        self.dtype = numpy_storage_dtype(self.child_type)
+        self.storage_type = pa.bool_() if self.dtype == bool else pa.from_numpy_dtype(self.dtype)
+        self._fill = pa.scalar(False if self.dtype == bool else 0, self.storage_type)
+        self.values = np.zeros((capacity, self.size), dtype=self.dtype)
+        self.child_valid = np.zeros((capacity, self.size), dtype=bool)
+        self.valid = np.zeros(capacity, dtype=bool)
+
+    @staticmethod
+    def handles(t: pa.DataType) -> bool:
+        return pa.types.is_fixed_size_list(t) and numpy_storage_dtype(t.value_type) is not None
+
+    def grow(self, capacity: int) -> None:
+        for name in ("values", "child_valid", "valid"):
+            old = getattr(self, name)
+            new = np.zeros((capacity,) + old.shape[1:], dtype=old.dtype)
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
+
+    def write(self, slots, arr: pa.Array) -> None:
+        n = len(arr)
+        self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else True
+        child = arr.values.slice(arr.offset * self.size, n * self.size)
+        if child.null_count:
+            self.child_valid[slots] = child.is_valid().to_numpy(zero_copy_only=False).reshape(n, self.size)
+            child = pc.fill_null(child.view(self.storage_type) if child.type != self.storage_type else child,
+                                 self._fill)
+        else:
+            self.child_valid[slots] = True
+            if child.type != self.storage_type:
+                child = child.view(self.storage_type)
+        self.values[slots] = child.to_numpy(zero_copy_only=False).reshape(n, self.size)
+
+    def gather(self, slots) -> pa.Array:
+        valid = self.valid[slots]
+        n = valid.size
+        child_valid = self.child_valid[slots].reshape(-1)
+        child = pa.array(self.values[slots].reshape(-1), type=self.storage_type,
+                         mask=None if child_valid.all() else ~child_valid)
+        if self.storage_type != self.child_type:
+            child = child.view(self.child_type)
+        validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(self.type, n, [validity], null_count=-1 if validity is not None else 0,
+                                     children=[child])
+
+
 class _BytesColumn:
     """Strings and binaries: each slot's bytes live in one growing byte heap (start, length per
     slot). Appends copy the input's data buffer once; gathers copy the bytes of the requested
@@ -85,10 +142,14 @@ class _BytesColumn:
     garbage until the heap is compacted, which happens when garbage exceeds the live bytes and
     costs O(heap), amortised over at least as many bytes written."""
 
-    __slots__ = ("type", "large", "start", "length", "valid", "heap", "used", "garbage")
+    __slots__ = ("type", "fixed", "large", "start", "length", "valid", "heap", "used", "garbage")
     min_garbage = 1 << 20  # bytes of garbage below which the heap is never compacted
 
     def __init__(self, t: pa.DataType, capacity: int):
+        # fixed_size_binary is kept as binary (the same bytes) and cast back when read
+        self.fixed = t if pa.types.is_fixed_size_binary(t) else None
+        if self.fixed is not None:
+            t = pa.binary()
         self.type = t
         self.large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
         self.start = np.zeros(capacity, dtype=np.int64)
@@ -117,6 +178,8 @@ class _BytesColumn:
         self.heap = heap
 
     def write(self, slots, arr: pa.Array) -> None:
+        if self.fixed is not None:
+            arr = arr.cast(pa.binary())
         n = len(arr)
         bufs = arr.buffers()
         off = np.frombuffer(bufs[1], dtype=np.int64 if self.large else np.int32, count=n + 1,
@@ -161,8 +224,9 @@ class _BytesColumn:
                 raise ValueError(f"gathering {int(offsets[-1])} bytes into one {self.type} array; use a large type")
             offsets = offsets.astype(np.int32)
         validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-        return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
-                                     null_count=-1 if validity is not None else 0)
+        out = pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                    null_count=-1 if validity is not None else 0)
+        return out if self.fixed is None else out.cast(self.fixed)
 
 
 class ColumnStore:
@@ -171,7 +235,8 @@ class ColumnStore:
     def __init__(self, schema: pa.Schema, capacity: int = 1024):
         self.schema = schema
         self.capacity = max(16, int(capacity))
-        self.columns = [(_BytesColumn if _is_c_convertible(f.type) else _Column)(f.type, self.capacity)
+        self.columns = [(_BytesColumn if _is_c_convertible(f.type) else
+                         _FixedListColumn if _FixedListColumn.handles(f.type) else _Column)(f.type, self.capacity)
                         for f in schema]
         self.index = {name: i for i, name in enumerate(schema.names)}
 
