@@ -942,7 +942,16 @@ class Harness:
 
     def finish(self, timeout: float = 120.0) -> None:
         """One more cycle after every pending interval has passed; then every view, including
-        those that do not see every step, must hold the source's final state."""
+        those that do not see every step, must hold the source's final state. A view change still
+        in flight is answered first: its snapshot, queued after the clock's jump, would restart
+        that subscriber's interval, and no later cycle would send what the last one held back."""
+        def answering(v) -> bool:  # a change the client will read (a closed gate reads nothing)
+            gate = getattr(v, "gate", None)
+            return getattr(v, "changing", False) and (gate is None or gate.is_set())
+
+        end = time.monotonic() + timeout
+        while any(answering(v) for v in self.views) and time.monotonic() < end:
+            time.sleep(0.01)
         if self.clock is not None:
             self.clock.now += 64.0
         step = self._cycle()
