@@ -256,11 +256,13 @@ class CaptureProxy:
         rec = self._new_call(method, context.invocation_metadata())
         upstream = {"call": None}
         ended = threading.Event()
+        gone = threading.Event()  # the client went away: on_terminate records the call, not the relay
 
         def on_terminate():
             # Runs when the downstream RPC ends; if the relay had not finished, the client went away.
             if ended.is_set():
                 return
+            gone.set()  # before the cancel, which wakes the relay with an error it must not record
             call = upstream["call"]
             if call is not None:
                 call.cancel()
@@ -301,6 +303,8 @@ class CaptureProxy:
                 yield msg
         except grpc.RpcError:
             pass
+        if gone.is_set():
+            return
         code = call.code()
         trailing = call.trailing_metadata()
         details = call.details() or ""
