@@ -66,6 +66,7 @@ __all__ = [
     "has_sentinel",
     "fill_sentinels",
     "sentinels_to_nulls",
+    "with_list_values",
 ]
 
 DH_TYPE = b"deephaven:type"
@@ -970,6 +971,17 @@ def fill_sentinels(arr: pa.Array) -> pa.Array:
     return out.view(arr.type) if storage.type != arr.type else out
 
 
+def with_list_values(arr: pa.Array, values: pa.Array) -> pa.Array:
+    """`arr`, a list or fixed-size list array, over the child `values` (its type, offsets and
+    validity kept); `arr` itself when `values` is its child."""
+    if values is arr.values:
+        return arr
+    validity = arr.buffers()[0] if arr.null_count else None
+    buffers = [validity] if pa.types.is_fixed_size_list(arr.type) else [validity, arr.buffers()[1]]
+    return pa.Array.from_buffers(arr.type, len(arr), buffers, null_count=arr.null_count, offset=arr.offset,
+                                 children=[values])
+
+
 def sentinels_to_nulls(arr: pa.Array, dh_type: Optional[str] = None, *,
                        component_type: Optional[str] = None) -> pa.Array:
     """Marks every slot holding the Deephaven null sentinel as null (the `use_deephaven_nulls` reading).
@@ -982,10 +994,7 @@ def sentinels_to_nulls(arr: pa.Array, dh_type: Optional[str] = None, *,
     t = arr.type
     if pa.types.is_list(t):
         comp = _component_of(dh_type, component_type)
-        values = sentinels_to_nulls(arr.values, comp)
-        return arr if values is arr.values else pa.Array.from_buffers(
-            t, len(arr), [arr.buffers()[0] if arr.null_count else None, arr.buffers()[1]],
-            null_count=arr.null_count, offset=arr.offset, children=[values])
+        return with_list_values(arr, sentinels_to_nulls(arr.values, comp))
     if dh_type is not None and dh_type not in _DH_SENTINELS:
         return arr
     if not has_sentinel(t) or len(arr) == 0:

@@ -46,6 +46,7 @@ from tickwire.protocol.schema import (
     sentinels_to_nulls,
     to_wire_array,
     unwrap_list_schema,
+    with_list_values,
 )
 
 __all__ = [
@@ -189,17 +190,12 @@ def _char_and_element_nulls(arr: pa.Array) -> pa.Array:
     t = arr.type
     if pa.types.is_uint16(t):
         return sentinels_to_nulls(arr)
-    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
+    if _is_list_like(t):
         child = arr.values
         ct = child.type
         new = _char_and_element_nulls(child) if _is_list_like(ct) or pa.types.is_uint16(ct) \
             else sentinels_to_nulls(child) if not _is_temporal(ct) else child
-        if new is child:
-            return arr
-        validity = arr.buffers()[0] if arr.null_count else None
-        bufs = [validity] if pa.types.is_fixed_size_list(t) else [validity, arr.buffers()[1]]
-        return pa.Array.from_buffers(t, len(arr), bufs, null_count=arr.null_count, offset=arr.offset,
-                                     children=[new])
+        return with_list_values(arr, new)
     return arr
 
 
