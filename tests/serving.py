@@ -1,12 +1,36 @@
-"""`tickwire serve` as a child process, for tests of what its command line reaches."""
+"""`tickwire serve` as a child process, for tests of what its command line reaches, and a server
+started again on the port a stopped one listened on."""
 from __future__ import annotations
 
 import os
 import re
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, TypeVar
+
+T = TypeVar("T")
+
+
+def port_held(said: str) -> bool:
+    """Whether a server's failure to start says its port is held (tickwire: "in use"; grpcio:
+    "Failed to bind to address")."""
+    return "in use" in said or "Failed to bind" in said
+
+
+def start_again(start: Callable[[], T], timeout: float = 10.0) -> T:
+    """`start()`, a server on the port a stopped one listened on, tried again while that port is
+    still held (another process may hold it a moment); any other failure, or a port still held
+    after `timeout` seconds, is raised."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return start()
+        except (OSError, RuntimeError) as exc:
+            if not port_held(str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 @contextmanager

@@ -152,7 +152,7 @@ def test_a_reconnecting_subscription_follows_the_table_across_a_server_restart()
 
     from tickwire import TickwireServer, UpdateGraph
     from tickwire.clients.client import BarrageClient
-    from tests.test_client_reconnect import _serve_again
+    from tests.serving import start_again
 
     graph = UpdateGraph(interval_ms=20).start()
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
@@ -177,7 +177,7 @@ def test_a_reconnecting_subscription_follows_the_table_across_a_server_restart()
         assert wait_until(lambda: any(s.startswith("disconnected") for s in states), 10), states
         table.add(pa.table({"k": np.arange(25, 75), "v": np.full(50, 7, np.int64)}, schema=schema))
         time.sleep(0.3)
-        srv = _serve_again(graph, port)
+        srv = start_again(lambda: TickwireServer(graph, port=port).start())
         assert sub.wait_for(same, 30), (states, sub.error)
         # counted and reported once the new stream is open, which may be after its reader delivered
         assert wait_until(lambda: sub.reconnects >= 1 and states[-1] == "connected", 10), (sub.reconnects, states)

@@ -16,21 +16,9 @@ from tickwire import TickwireServer, UpdateGraph
 from tickwire.clients.client import BarrageClient, Update
 from tickwire.protocol.rowset import ranges_to_keys
 from tests import waiting
+from tests.serving import start_again
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("s", pa.string())])
-
-
-def _serve_again(graph: UpdateGraph, port: int, timeout: float = 10.0) -> TickwireServer:
-    """A server on `port`, where the stopped one listened: tried again while the port cannot be
-    listened on ("in use"; grpcio: "Failed to bind"), which another process may hold a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return TickwireServer(graph, port=port).start()
-        except (OSError, RuntimeError) as exc:
-            if not ("in use" in str(exc) or "Failed to bind" in str(exc)) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def _rows(t: pa.Table) -> list[dict]:
@@ -124,7 +112,7 @@ def test_a_reconnection_delivers_the_difference_as_one_update():
         table.delete(pa.table({"k": [3, 4]}))
         table.add(pa.table({"k": [7, 200], "v": [-7, 2000], "s": ["r7", "new"]}, schema=SCHEMA))
         assert _wait(lambda: len(server_rows()) == 39, 10)
-        srv = _serve_again(graph, port)
+        srv = start_again(lambda: TickwireServer(graph, port=port).start())
 
         assert _wait(lambda: len(full_seen) > full_before and len(view_seen) > view_before, 30), (states, full.error)
         time.sleep(0.5)  # nothing else is coming: the table does not change any more
@@ -172,7 +160,7 @@ def test_a_reconnection_to_an_unchanged_table_delivers_an_empty_update():
         sub = client.subscribe("t", reconnect=True, on_update=seen.append, backoff=(0.05, 0.5))
         assert sub.wait_for(lambda s: s.size == 5, 20)
         srv.stop()
-        srv = _serve_again(graph, port)
+        srv = start_again(lambda: TickwireServer(graph, port=port).start())
         assert _wait(lambda: sub.reconnects == 1 and len(seen) == 2, 30), (seen, sub.error)
         u = seen[-1]
         assert u.reconnected and u.added.num_rows == 0 and u.removed.num_rows == 0 and not u.modified_rows

@@ -36,6 +36,8 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests.serving import start_again
+
 pytestmark = pytest.mark.slow
 
 ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
@@ -312,19 +314,6 @@ def _batch_ids(table) -> list:
 # a replica and a pydeephaven-ticking subscriber across a restart
 # ------------------------------------------------------------------------------------------------
 
-def _serve_again(start, timeout: float = 10.0):
-    """`start()`, a server on a port another one listened on: tried again while that port cannot
-    be listened on (grpcio: "Failed to bind", or "in use"), which another process may hold a moment."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return start()
-        except (OSError, RuntimeError) as exc:
-            if not ("Failed to bind" in str(exc) or "in use" in str(exc)) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def _wait_until(cond, timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -458,7 +447,7 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
         _wait_until(lambda: len(sub.errors) >= 1, 10, "the ticking listeners to end")
         sub.close()
 
-        def start_again():
+        def restart():
             g = UpdateGraph(interval_ms=20)
             try:
                 return TickwireServer(g, port=port, web=False, data_dir=data_dir, durability=durability).start()
@@ -466,7 +455,7 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
                 g.stop()
                 raise
 
-        server2 = _serve_again(start_again)
+        server2 = start_again(restart)
         graph2 = server2.graph
         engine2 = engine_of(graph2)
         assert {t.name for t in server2.recovered} == {"trades", "prices"}

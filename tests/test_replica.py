@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from tests.scripted import ScriptedTable, random_update
-from tests.test_client_reconnect import _serve_again
+from tests.serving import start_again
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
 from tickwire.server.graph import UpdateGraph
@@ -105,7 +105,7 @@ def test_replica_survives_the_upstream_going_away_and_resynchronises():
         now = _state(rep.table)  # the replica keeps serving its last consistent state
         assert np.array_equal(now[0], held[0]) and now[1].equals(held[1])
         syncs = rep.syncs
-        upstream = _serve_again(graph, port)
+        upstream = start_again(lambda: TickwireServer(graph, port=port).start())
         assert wait_until(lambda: rep.syncs > syncs and _same(src, rep.table), 20), \
             "the replica did not resynchronise after the upstream came back"
         keys = _traffic(graph, src, rng, keys, 10, pause=0.002)
@@ -138,7 +138,7 @@ def test_resynchronising_emits_only_the_net_difference():
         src.delete(pa.table({"k": [3, 4]}))
         src.add(pa.table({"k": [7, 200], "v": ["changed", "new"]}, schema=schema))
         graph.run_cycle()
-        upstream = _serve_again(graph, port)
+        upstream = start_again(lambda: TickwireServer(graph, port=port).start())
         assert wait_until(lambda: _same(src, rep.table), 20)
         time.sleep(0.1)
         assert len(seen) == 1

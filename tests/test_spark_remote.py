@@ -47,6 +47,7 @@ import pytest
 pytest.importorskip("pyspark.sql.datasource")
 
 from tests import waiting  # noqa: E402
+from tests.serving import port_held  # noqa: E402
 from tests.spark_remote_child import Recorder  # noqa: E402
 from tickwire.server.app import TickwireServer  # noqa: E402
 from tickwire.server.engine import TableSpec  # noqa: E402
@@ -573,8 +574,7 @@ class ServerChild:
                 break
             except AssertionError:
                 self.child.stop()
-                said = self.child._tail()  # grpcio: "Failed to bind to address ... Address already in use"
-                if not (port and ("Failed to bind" in said or "in use" in said) and time.monotonic() < deadline):
+                if not (port and port_held(self.child._tail()) and time.monotonic() < deadline):
                     raise
                 time.sleep(0.5)
         self.port = int(ready.split()[1])
