@@ -28,7 +28,7 @@ from tickwire.protocol import barrage
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 SCHEMA = pa.schema([("Key", pa.int64()), ("Px", pa.float64()), ("Qty", pa.int64()), ("Sym", pa.string())])
 

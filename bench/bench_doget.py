@@ -24,8 +24,8 @@ ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 
 def serve_tickwire(rows: int) -> None:
     from tickwire.server.app import TickwireServer
-    from tickwire.server.demo import big_static
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.adapters.demo import big_static
+    from tickwire.server.engine.graph import UpdateGraph
 
     graph = UpdateGraph(interval_ms=100)
     graph.static_table("big_static", big_static(rows))
@@ -36,7 +36,7 @@ def serve_tickwire(rows: int) -> None:
 
 
 def serve_reference(rows: int) -> None:
-    from tickwire.server.demo import big_static
+    from tickwire.server.adapters.demo import big_static
 
     table = big_static(rows).combine_chunks()
 
@@ -84,7 +84,7 @@ def main() -> int:
         return 0
     runs = 3 if args.quick else args.runs
 
-    from tickwire.server.demo import big_static
+    from tickwire.server.adapters.demo import big_static
     expected = big_static(args.rows)
     servers = {"tickwire": start("tickwire", args.rows), "reference": start("reference", args.rows)}
     targets = {

@@ -35,7 +35,7 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float) -> None:
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
     graph = UpdateGraph(interval_ms=interval_ms)

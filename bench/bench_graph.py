@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64()), ("sym", pa.string())])
 

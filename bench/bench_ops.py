@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64())])
 

@@ -1,4 +1,4 @@
-"""Spark Structured Streaming into tickwire tables (tickwire.server.spark), on a local[2] session.
+"""Spark Structured Streaming into tickwire tables (tickwire.server.adapters.spark), on a local[2] session.
 
 1. Micro-batch floor: median time between consecutive micro-batches of a `rate-micro-batch`
    stream (10 rows a batch, checkpointed) with a do-nothing `foreachBatch`, and with a tickwire
@@ -73,8 +73,8 @@ def run_batches(df, fn, count: int, checkpoint: Path, timeout: float = 120.0) ->
 # ------------------------------------------------------------------------------------------------
 
 def floor_child(filesystem: str) -> None:
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.spark import sink, spark_session
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.adapters.spark import sink, spark_session
 
     spark = spark_session("bench-floor", filesystem=filesystem)
     tmp = Path(tempfile.mkdtemp(prefix="tickwire-floor-"))
@@ -139,8 +139,8 @@ def conversions(spark, tmp: Path) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.spark import sink
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.adapters.spark import sink
 
     graph = UpdateGraph(interval_ms=20).start()
     s = sink(graph, "trades", "append")
@@ -171,8 +171,8 @@ def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
 def latency(spark, tmp: Path, rows: int, count: int, interval_ms: float) -> dict:
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.spark import sink
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.adapters.spark import sink
 
     graph = UpdateGraph(interval_ms=interval_ms)
     server = TickwireServer(graph, port=0).start()
@@ -240,7 +240,7 @@ def main() -> None:
               f"stock {st['sink'] * 1e3:.1f} ms, non-forking {nf['sink'] * 1e3:.1f} ms; "
               f"ratio {st['sink'] / nf['sink']:.2f}")
 
-    from tickwire.server.spark import spark_session
+    from tickwire.server.adapters.spark import spark_session
 
     t0 = time.perf_counter()
     spark = spark_session("bench-spark")

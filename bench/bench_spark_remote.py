@@ -1,6 +1,6 @@
 """Spark into a tickwire server in another process (`writeStream.format("tickwire")`,
-tickwire.server.spark.datasource) against the in-process `foreachBatch` sink
-(tickwire.server.spark.sink) as the reference, both measured in the same run.
+tickwire.clients.spark.datasource) against the in-process `foreachBatch` sink
+(tickwire.server.adapters.spark.sink) as the reference, both measured in the same run.
 
 Same input for both: bench_spark's trades stream (`rate-micro-batch`, 2 partitions; Sym, Price,
 Size, Seq, Ts) on local[2], one fresh checkpoint per query, into an append table. Same server
@@ -73,7 +73,7 @@ INTERVAL_MS = 20  # update-graph cycle of both servers
 def server_child(interval_ms: float) -> None:
     """The remote server: prints its target, serves until its stdin closes."""
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     graph = UpdateGraph(interval_ms=interval_ms)
     server = TickwireServer(graph, port=0).start()
@@ -111,7 +111,7 @@ class RemoteServer:
 def floor_source():
     """A data source like "tickwire" whose tasks only read their partitions (nothing is sent) and
     whose commit does nothing: the cost of Spark's Python data source path itself."""
-    from tickwire.server.spark.datasource import PartCommit, TickwireDataSource, TickwireStreamWriter
+    from tickwire.clients.spark.datasource import PartCommit, TickwireDataSource, TickwireStreamWriter
 
     class FloorWriter(TickwireStreamWriter):
         def write(self, iterator):
@@ -146,7 +146,7 @@ class Paths:
         return self.local.target if path == "in-process" else self.remote.target
 
     def start(self, path: str, rows: int, table: str, trigger_ms=None):
-        from tickwire.server.spark import sink
+        from tickwire.server.adapters.spark import sink
 
         w = trades_stream(self.spark, rows).writeStream
         w = w.option("checkpointLocation", str(self.tmp / f"{path}-{table}"))
@@ -323,9 +323,9 @@ def main() -> None:
              [(10_000, 30, 3, 40, 300), (1_000_000, 5, 2, 8, 3000)])
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.spark import spark_session
-    from tickwire.server.spark.datasource import register
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.adapters.spark import spark_session
+    from tickwire.clients.spark.datasource import register
 
     spark = spark_session("bench-spark-remote")  # (before any gRPC thread of this process: it forks)
     remote = RemoteServer(INTERVAL_MS)

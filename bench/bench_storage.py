@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.engine import TableSpec, engine_of
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.storage import store as store_mod
-from tickwire.server.storage.store import Durability
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine.storage import store as store_mod
+from tickwire.server.engine.storage.store import Durability
 
 SCHEMA = pa.schema([("k", pa.int64()), ("px", pa.float64()), ("qty", pa.int64()), ("w", pa.float64())])
 CHUNK = 1_000_000
@@ -135,9 +135,9 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
     journal_mb = sum(p.stat().st_size for p in journals) / 1e6
 
     # recovery, timed: a fresh graph and open_storage; where its time goes
-    from tickwire.server.graph import sources
-    from tickwire.server.graph.keyindex import KeyIndex
-    from tickwire.server.graph.row_set import RowSet
+    from tickwire.server.engine.graph import sources
+    from tickwire.server.engine.graph.keyindex import KeyIndex
+    from tickwire.server.engine.graph.row_set import RowSet
 
     parts: dict = {}
     graph, engine = new_engine()
@@ -202,7 +202,7 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
 
 
 def _store_class():
-    from tickwire.server.graph.column_store import ColumnStore
+    from tickwire.server.engine.graph.column_store import ColumnStore
     return ColumnStore
 
 

@@ -67,8 +67,8 @@ def stop_child(proc: subprocess.Popen) -> None:
 # == 1. bulk DoGet =====================================================================================
 def serve_static(kind: str, rows: int) -> None:
     from tickwire.server.app import TickwireServer
-    from tickwire.server.demo import big_static
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.adapters.demo import big_static
+    from tickwire.server.engine.graph import UpdateGraph
 
     graph = UpdateGraph(interval_ms=100)
     graph.static_table("big_static", big_static(rows))
@@ -83,7 +83,7 @@ def serve_static(kind: str, rows: int) -> None:
 def doget_bench(rows: int, runs: int, concurrent: int, concurrent_runs: int) -> dict:
     import pyarrow.flight as fl
 
-    from tickwire.server.demo import big_static
+    from tickwire.server.adapters.demo import big_static
 
     options = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
     ticket = fl.Ticket(b"s/big_static")
@@ -194,7 +194,7 @@ def serve_ticking(keys: int, subscribers: int, window: int, per_view: int, backg
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
     graph = UpdateGraph(interval_ms=interval_ms)

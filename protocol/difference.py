@@ -5,7 +5,7 @@
     d.added              # indices (into new_keys) of the rows not held before
     d.modified["Price"]  # indices (into new_keys) of rows held before whose Price changed
 
-Both sides of a resynchronisation use it: the replica (`tickwire.server.replica`) when it turns
+Both sides of a resynchronisation use it: the replica (`tickwire.server.adapters.replica`) when it turns
 the upstream's new snapshot into one update of its local table, and the client
 (`tickwire.clients.client`) when a reconnected subscription turns the new snapshot into one
 update of the state it shows. `equal_mask` is the row-wise equality they compare with.

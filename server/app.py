@@ -27,15 +27,15 @@ from typing import Optional
 
 import grpc
 
-from tickwire.server.barrage import PublisherRegistry
+from tickwire.server.engine.publishing import PublisherRegistry
 from tickwire.server.config import ServerConfig
 from tickwire.server.services import handlers as service_handlers
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.observability import Observability
-from tickwire.server.observability.perf_tables import PerfTablesConfig
-from tickwire.server.observability.perf_tables import perf_tables as _perf_tables
-from tickwire.server.rpc import ServerContext, build_handlers, guarded_methods, with_stubs
-from tickwire.server.session import Scope, SessionManager
+from tickwire.server.engine.perf_tables import PerfTablesConfig
+from tickwire.server.engine.perf_tables import perf_tables as _perf_tables
+from tickwire.server.services.rpc import ServerContext, build_handlers, guarded_methods, with_stubs
+from tickwire.server.services.sessions import Scope, SessionManager
 
 __all__ = ["TickwireServer"]
 
@@ -63,7 +63,7 @@ class TickwireServer:
     deephaven-server package's.
 
     `data_dir` makes the graph's append, keyed and ring tables durable there
-    (tickwire.server.storage): `start` first brings back every table the directory holds, and each
+    (tickwire.server.engine.storage): `start` first brings back every table the directory holds, and each
     cycle's input is journaled before it is applied. `durability` (storage.Durability) sets the
     fsync policy and the checkpoint interval.
 
@@ -73,7 +73,7 @@ class TickwireServer:
     the web side serves `/healthz` and `/metrics` (Prometheus); `metrics_port` (0 picks a free one,
     see `.metrics_port`) serves both on a port of their own, for servers without a web side.
 
-    Performance tables (tickwire.server.observability.perf_tables): `start` makes the system tables
+    Performance tables (tickwire.server.engine.perf_tables): `start` makes the system tables
     `tickwire.update_performance`, `tickwire.barrage_performance` and
     `tickwire.snapshot_performance`, which any client can DoGet or subscribe to by name;
     `perf_tables` (a PerfTablesConfig) sets their capacity and interval, False leaves them out.
@@ -287,9 +287,9 @@ class TickwireServer:
     def replicate(self, target: str, table: str, *, local_name: Optional[str] = None, psk: Optional[str] = None,
                   tls: bool = False, root_certs: Optional[bytes] = None, wait: bool = True):
         """Follows `table` of the Barrage server at `target` ("host:port": tickwire or Deephaven)
-        as the local table `local_name` (default: the same name); see tickwire.server.replica.
+        as the local table `local_name` (default: the same name); see tickwire.server.adapters.replica.
         With `wait`, returns once the first snapshot is in. Stopped with the server."""
-        from tickwire.server.replica import Replicator
+        from tickwire.server.adapters.replica import Replicator
 
         if self.start_graph and not self.graph.running:
             self.graph.start()
@@ -300,8 +300,8 @@ class TickwireServer:
     def sink(self, table: str, mode: str = "append", **options):
         """A Spark `foreachBatch` function writing each micro-batch into `table`:
         `df.writeStream.foreachBatch(server.sink("trades", mode="append")).start()`. Modes and
-        options: see tickwire.server.spark.sink."""
-        from tickwire.server.spark import sink
+        options: see tickwire.server.adapters.spark.sink."""
+        from tickwire.server.adapters.spark import sink
 
         return sink(self, table, mode, **options)
 

@@ -52,7 +52,7 @@ class ServerConfig:
       for all) look for new or removed tables, and an open TableService.ExportedTableUpdates
       stream reads its session's export sizes.
     - `staging_producer_bytes`, `staging_total_bytes`, `staging_ttl_s`, `staging_wait_s`: the
-      staging area of exactly-once writes from other processes (tickwire.server.staging): bytes one
+      staging area of exactly-once writes from other processes (tickwire.server.engine.staging): bytes one
       producer and all producers may have staged, how long an uncommitted batch's parts live after
       their last write, and how long an upload waits for room before RESOURCE_EXHAUSTED."""
 

@@ -43,8 +43,8 @@ import pyarrow.compute as pc
 from tickwire.clients.client import BarrageClient, Subscription
 from tickwire.protocol import barrage
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import RowSet, RowSetShiftData, TableUpdate, UpdateGraph
-from tickwire.server.graph.table_update import ROW_KEY
+from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate, UpdateGraph
+from tickwire.server.engine.graph.table_update import ROW_KEY
 from tests.scripted import ScriptedTable
 
 __all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Harness", "TickwireView",
@@ -840,7 +840,7 @@ class Harness:
 
     def start(self) -> "Harness":
         if self.clock is not None:
-            import tickwire.server.barrage.publisher as publisher
+            import tickwire.server.engine.publishing.publisher as publisher
             self._saved_time = publisher.time
             publisher.time = self.clock
         for src in self.sources.values():
@@ -886,7 +886,7 @@ class Harness:
         if self.server is not None:
             self.server.stop()
         if self._saved_time is not None:
-            import tickwire.server.barrage.publisher as publisher
+            import tickwire.server.engine.publishing.publisher as publisher
             publisher.time = self._saved_time
             self._saved_time = None
 

@@ -40,12 +40,12 @@ def pause_checkpoints(where: str, seconds: float) -> None:
     """Holds checkpoint writes at `where` (test instrumentation of this process only)."""
     import pyarrow.parquet as real_pq
 
-    from tickwire.server.storage import store
+    from tickwire.server.engine.storage import store
 
     # the checkpoint thread writes the temporary file with store.pq.write_table, renames it, then
     # syncs the folder with store._fsync_dir before deleting the journal it covers
     if not (hasattr(store, "pq") and hasattr(store, "_fsync_dir")):
-        raise SystemExit("tickwire.server.storage.store no longer has pq/_fsync_dir: update --pause-checkpoint")
+        raise SystemExit("tickwire.server.engine.storage.store no longer has pq/_fsync_dir: update --pause-checkpoint")
     if where == "tmp":
         class SlowParquet:
             def __getattr__(self, name):
@@ -83,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     n_rows = args.rows
 
-    from tickwire.server.spark import spark_session
+    from tickwire.server.adapters.spark import spark_session
 
     # the SparkSession first: starting its JVM forks, which must not happen beside gRPC's threads
     spark = spark_session("tickwire-durability-crash")
@@ -92,8 +92,8 @@ def main() -> None:
 
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import engine_of
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.storage import Durability
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.engine.storage import Durability
 
     if args.pause_checkpoint:
         pause_checkpoints(args.pause_checkpoint[0], float(args.pause_checkpoint[1]))

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.engine import UpdateSourceTable
-from tickwire.server.graph import ROW_KEY, RowSet, RowSetShiftData, TableUpdate, apply_update
+from tickwire.server.engine.graph import ROW_KEY, RowSet, RowSetShiftData, TableUpdate, apply_update
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64())])
 

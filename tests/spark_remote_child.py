@@ -99,7 +99,7 @@ class Recorder:
 
 def faulty_source():
     """The "tickwire_faulty" data source class (see the module documentation)."""
-    from tickwire.server.spark.datasource import BATCH_ID_PROPERTY, TickwireDataSource, TickwireStreamWriter
+    from tickwire.clients.spark.datasource import BATCH_ID_PROPERTY, TickwireDataSource, TickwireStreamWriter
 
     class FaultyWriter(TickwireStreamWriter):
         def __init__(self, options, spark_schema):
@@ -115,7 +115,7 @@ def faulty_source():
         def write(self, iterator):
             from pyspark import TaskContext
 
-            from tickwire.server.spark import datasource
+            from tickwire.clients.spark import datasource
 
             tc = TaskContext.get()
             batch, partition = int(tc.getLocalProperty(BATCH_ID_PROPERTY)), tc.partitionId()
@@ -226,7 +226,7 @@ def start_query(spark, q: dict, graph):
         for k, v in q["options"].items():
             w = w.option(k, v if isinstance(v, str) else json.dumps(v))
         return w.start()
-    from tickwire.server.spark import fan_out, sink
+    from tickwire.server.adapters.spark import fan_out, sink
 
     sinks = [sink(graph, t["table"], t.get("mode", "append"), keys=t.get("keys"),
                   delete_column=t.get("delete_column"), max_rows=t.get("max_rows")) for t in q["tables"]]
@@ -253,10 +253,10 @@ def run(spec_path: str) -> None:
                  .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
                  .config("spark.sql.execution.arrow.useLargeVarTypes", "false").getOrCreate())
     else:
-        from tickwire.server.spark import spark_session
+        from tickwire.server.adapters.spark import spark_session
 
         spark = spark_session("tickwire-remote-child", master=spec.get("master", "local[2]"))
-    from tickwire.server.spark.datasource import register
+    from tickwire.clients.spark.datasource import register
 
     register(spark)
     spark.dataSource.register(faulty_source())
@@ -265,7 +265,7 @@ def run(spec_path: str) -> None:
     graph = recorder = None
     local = [q for q in spec["queries"] if q["sink"] == "local"]
     if local:
-        from tickwire.server.graph import UpdateGraph
+        from tickwire.server.engine.graph import UpdateGraph
 
         graph = UpdateGraph(interval_ms=20).start()
         recorder = Recorder(graph, [t["table"] for q in local for t in q["tables"]])
@@ -297,7 +297,7 @@ def run(spec_path: str) -> None:
 
 def serve(port: int, data_dir: str) -> None:
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     server = TickwireServer(UpdateGraph(interval_ms=20), port=port, web=False, data_dir=data_dir).start()
     say("READY", server.port)

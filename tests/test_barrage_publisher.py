@@ -10,8 +10,8 @@ import pytest
 
 from tickwire.clients.state import TableState
 from tickwire.protocol.update import StreamDecoder
-from tickwire.server.barrage import PublisherRegistry, SubscriptionError, TableWire, View, window_keys
-from tickwire.server.graph import RowSet, UpdateGraph
+from tickwire.server.engine.publishing import PublisherRegistry, SubscriptionError, TableWire, View, window_keys
+from tickwire.server.engine.graph import RowSet, UpdateGraph
 from tests.scripted import ScriptedTable, random_update
 
 
@@ -308,7 +308,7 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
 
 
 def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
-    import tickwire.server.barrage.publisher as pub
+    import tickwire.server.engine.publishing.publisher as pub
     clock = [1000.0]
     monkeypatch.setattr(pub.time, "monotonic", lambda: clock[0])
     rng = np.random.default_rng(77)

@@ -66,7 +66,7 @@ class PausableTicker:
     """tickwire's demo tables, fed from a thread that can be paused (to compare at rest)."""
 
     def __init__(self, graph, interval: float = 0.2, rows: int = 5):
-        from tickwire.server.demo import DemoTicker
+        from tickwire.server.adapters.demo import DemoTicker
 
         self.demo = DemoTicker(graph, rows_per_tick=rows, seed=5)
         self.interval = interval
@@ -140,7 +140,7 @@ def serve(kind: str, psk: Optional[str] = None):
             yield Served(kind, dh.port, psk, dh)
         return
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     graph = UpdateGraph(interval_ms=100)
     ticker = PausableTicker(graph)

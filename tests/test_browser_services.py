@@ -22,9 +22,9 @@ from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.services.config_service import ANONYMOUS_HANDLER, PSK_HANDLER
-from tickwire.server.session import PSK_SCHEME
+from tickwire.server.services.sessions import PSK_SCHEME
 
 DH = "/io.deephaven.proto.backplane.grpc."
 AUTH_CONSTANTS = DH + "ConfigService/GetAuthenticationConstants"

@@ -10,8 +10,8 @@ import pyarrow.flight as fl
 import pytest
 
 from tickwire.server.app import TickwireServer
-from tickwire.server.demo import static_mixed
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.adapters.demo import static_mixed
+from tickwire.server.engine.graph import UpdateGraph
 
 from .golden import GOLDEN
 from .interop.capture import CaptureProxy

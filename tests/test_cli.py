@@ -12,8 +12,8 @@ import time
 import pytest
 
 from tickwire.cli import build_parser
-from tickwire.config import ConfigError, render, resolve
-from tickwire.server.demo import connect_help
+from tickwire.options import ConfigError, render, resolve
+from tickwire.server.adapters.demo import connect_help
 from tests import waiting
 from tests.certs import self_signed
 
@@ -87,7 +87,7 @@ def test_flags_turn_off_what_the_environment_or_the_file_turned_on(tmp_path, tls
 
 @pytest.mark.parametrize("command", ["serve", "demo"])
 def test_every_switch_and_every_unset_by_default_option_has_a_flag_that_turns_it_off(command):
-    from tickwire.config import options_for, opposite
+    from tickwire.options import options_for, opposite
 
     parser = build_parser()
     for o in options_for(command):
@@ -221,7 +221,7 @@ def test_port_in_use_is_one_line(busy_port):
 def test_demo_finds_its_port_taken_before_starting_spark(busy_port, tmp_path):
     """pyspark launches Spark's JVM with $SPARK_HOME/bin/spark-submit: a stand-in there notes each
     launch (and fails it), so whether Spark was started is seen, not guessed from how long it took."""
-    from tickwire.server.spark.pipeline_demo import spark_available
+    from tickwire.server.adapters.spark.pipeline_demo import spark_available
 
     home = tmp_path / "spark-home"
     (home / "bin").mkdir(parents=True)
@@ -305,7 +305,7 @@ def test_grpc_calls_through_the_shared_port_are_logged_with_the_clients_own_addr
 
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     caplog.set_level(logging.INFO, logger="tickwire")
     graph = UpdateGraph(interval_ms=20)
@@ -338,7 +338,7 @@ def parse_port(peer: str) -> int:
 
 
 def test_session_life_is_logged(caplog):
-    from tickwire.server.session import AuthError, PSK_SCHEME, SessionManager
+    from tickwire.server.services.sessions import AuthError, PSK_SCHEME, SessionManager
 
     caplog.set_level(logging.INFO, logger="tickwire")
     m = SessionManager(psk="k3y")
@@ -352,7 +352,7 @@ def test_session_life_is_logged(caplog):
     t = m.authenticate([("authorization", f"{PSK_SCHEME} k3y")], peer="ipv4:10.0.0.9:5002")
     m.reap(now=time.monotonic() + 3600)
     m.stop()
-    records = [r for r in caplog.records if r.name == "tickwire.server.session"]
+    records = [r for r in caplog.records if r.name == "tickwire.server.services.sessions"]
     opened = [r for r in records if getattr(r, "event", None) == "session_open"]
     assert [(r.session, r.auth, r.peer, r.levelno) for r in opened] == [
         (s.id, "psk", "ipv4:10.0.0.7:5000", logging.INFO), (t.id, "psk", "ipv4:10.0.0.9:5002", logging.INFO)]
@@ -372,7 +372,7 @@ def test_subscription_and_refused_put_are_logged_with_ids(caplog):
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import TableSpec, engine_of
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     caplog.set_level(logging.DEBUG, logger="tickwire")
     graph = UpdateGraph(interval_ms=20)
@@ -429,7 +429,7 @@ def test_json_log_format():
 def test_json_formatter_carries_the_extra_ids():
     from tickwire.logs import JsonFormatter
 
-    rec = logging.LogRecord("tickwire.server.session", logging.INFO, __file__, 1, "session %d opened", (3,), None)
+    rec = logging.LogRecord("tickwire.server.services.sessions", logging.INFO, __file__, 1, "session %d opened", (3,), None)
     rec.session, rec.peer, rec.auth = 3, "ipv4:1.2.3.4:5", "psk"
     obj = json.loads(JsonFormatter().format(rec))
     assert obj["message"] == "session 3 opened" and obj["level"] == "INFO"

@@ -8,8 +8,8 @@ import pytest
 
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
-from tickwire.server.demo import DemoTicker, static_mixed
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.adapters.demo import DemoTicker, static_mixed
+from tickwire.server.engine.graph import UpdateGraph
 from tests.waiting import wait_until
 
 

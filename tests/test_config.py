@@ -7,7 +7,7 @@ import pytest
 
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import EncodeLimits, ServerConfig
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 
 def test_defaults_and_validation():

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 from tests import convergence as cv
 from tests.convergence import (CONFIGS, KINDS, SHAPES, Divergence, Harness, RecordingView, Shape, Source,
                                TickingView, TickwireView, expected_slice, run_config, scaled, soak_factor)

@@ -4,8 +4,8 @@ import sys
 import numpy as np
 import pytest
 
-from tickwire.server.demo import DemoTicker, static_mixed
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.adapters.demo import DemoTicker, static_mixed
+from tickwire.server.engine.graph import UpdateGraph
 
 
 def test_static_mixed_is_deterministic_with_nulls():
@@ -90,7 +90,7 @@ def test_demo_with_spark_serves_the_spark_tables_and_stops_on_ctrl_c():
     import time
 
     from tickwire.clients.client import BarrageClient
-    from tickwire.server.spark.pipeline_demo import spark_available
+    from tickwire.server.adapters.spark.pipeline_demo import spark_available
 
     if spark_available():
         pytest.skip(spark_available())

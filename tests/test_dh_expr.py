@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from tickwire.server.dh_expr import ExpressionError, parse_column_spec, parse_filter
+from tickwire.server.services.dh_expr import ExpressionError, parse_column_spec, parse_filter
 
 T = pa.table({"Sym": ["AAPL", "MSFT", None, "GOOG"], "Price": [101.0, 99.5, 200.0, None], "Size": [1, 2, 3, 4]})
 
@@ -266,8 +266,8 @@ def test_nothing_but_expression_errors_escape():
 
 def test_structured_conditions_follow_the_same_rules():
     from tickwire.protocol.proto import table_pb2
-    from tickwire.server.rpc import CallError
-    from tickwire.server.table_ops import condition_expression
+    from tickwire.server.services.rpc import CallError
+    from tickwire.server.services.table_ops import condition_expression
 
     def compare(op, column, **literal):
         cond = table_pb2.Condition()

@@ -21,7 +21,7 @@ import pytest
 
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 from .interop.dh_server import deephaven_server_available, start_dh_server
 

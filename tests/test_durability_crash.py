@@ -239,7 +239,7 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
     if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
         pytest.skip("Spark needs a Java 17 runtime on PATH")
     from tickwire.server.engine import engine_of
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     seed = int(os.environ.get("TICKWIRE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
@@ -389,8 +389,8 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
     pytest.importorskip("pydeephaven_ticking")
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import TableSpec, engine_of
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.storage import Durability
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.engine.storage import Durability
 
     schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
     rng = np.random.default_rng(5)

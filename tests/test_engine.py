@@ -23,7 +23,7 @@ from tickwire.server.engine import (
     TableSpec,
     engine_of,
 )
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64())])
@@ -205,7 +205,7 @@ def test_concurrent_doputs_each_read_their_own_rows(served):
 
 
 ENGINE_ONLY = re.compile(r"graph\.tables\b|graph\.lock\b|\._intake_lock\b|graph\.remove_table\(")
-ENGINE_AREA = ("server/graph/", "server/barrage/", "server/engine.py")
+ENGINE_AREA = ("server/engine/graph/", "server/engine/publishing/", "server/engine/core.py")
 
 
 def test_nothing_outside_the_engine_reaches_into_the_graph():
@@ -227,7 +227,7 @@ def test_the_engine_is_the_one_per_graph():
 
 
 def test_every_kind_of_table_offers_the_cycle_hooks():
-    from tickwire.server.graph.graph import CycleHooks
+    from tickwire.server.engine.graph.graph import CycleHooks
 
     from .scripted import ScriptedTable
 

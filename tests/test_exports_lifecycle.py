@@ -25,7 +25,7 @@ from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, ses
 from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 from tests import waiting
 

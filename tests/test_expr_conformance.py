@@ -139,7 +139,7 @@ def servers():
     from pydeephaven import Session
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.engine.graph import UpdateGraph
 
     dh = start_dh_server(tables_script="")
     graph = UpdateGraph(interval_ms=50)

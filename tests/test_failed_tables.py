@@ -15,8 +15,8 @@ import pytest
 
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.graph.graph import TableFailedError, TableListener
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine.graph.graph import TableFailedError, TableListener
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.int64()), ("y", pa.int64())])
 

@@ -55,11 +55,11 @@ from tickwire.protocol.proto.methods import (
 )
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
-from tickwire.server.demo import TRADES, DemoTicker
+from tickwire.server.adapters.demo import TRADES, DemoTicker
 from tickwire.server.services import KEYS_METADATA
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.rpc import UNAUTHENTICATED_METHODS
-from tickwire.server.session import PSK_SCHEME
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.services.rpc import UNAUTHENTICATED_METHODS
+from tickwire.server.services.sessions import PSK_SCHEME
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import ColumnStore, KeyIndex, equal_mask, hash_columns
+from tickwire.server.engine.graph import ColumnStore, KeyIndex, equal_mask, hash_columns
 
 
 def test_equal_mask_handles_nulls_nan_and_nested_types():
@@ -89,7 +89,7 @@ def test_key_index_matches_a_dict_even_with_colliding_hashes(seed):
 
 
 def test_bytes_columns_compact_under_churn_and_keep_values(monkeypatch):
-    from tickwire.server.graph.column_store import _BytesColumn
+    from tickwire.server.engine.graph.column_store import _BytesColumn
     monkeypatch.setattr(_BytesColumn, "min_garbage", 4096)
     schema = pa.schema([("s", pa.string()), ("b", pa.large_binary())])
     store = ColumnStore(schema, capacity=16)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 
 def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
     g = UpdateGraph(interval_ms=5).start()

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import ROW_KEY, RowSet, UpdateGraph, apply_update
+from tickwire.server.engine.graph import ROW_KEY, RowSet, UpdateGraph, apply_update
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("tag", pa.string())])
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [101, 202]

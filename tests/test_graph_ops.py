@@ -17,10 +17,10 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.scripted import ScriptedTable, random_update
-from tickwire.server.graph import (ROW_KEY, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
+from tickwire.server.engine.graph import (ROW_KEY, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
                                    apply_update, equal_mask)
-from tickwire.server.graph.ops import base as ops_base
-from tickwire.server.graph.ops import LastByTable
+from tickwire.server.engine.graph.ops import base as ops_base
+from tickwire.server.engine.graph.ops import LastByTable
 
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [11, 12, 13, 14, 15, 16]
 CYCLES = 120

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tests.test_graph_ops import Follower, ref_sort, same_table
-from tickwire.server.graph import ROW_KEY, SortTable, UpdateGraph, apply_update
+from tickwire.server.engine.graph import ROW_KEY, SortTable, UpdateGraph, apply_update
 
 SCHEMA = pa.schema([("sym", pa.string()), ("px", pa.float64()), ("vol", pa.int64())])
 

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import KeyMap, OrderIndex, SortKeys
-from tickwire.server.graph.order import NONE_HI, NONE_LO, _lex_greater
+from tickwire.server.engine.graph import KeyMap, OrderIndex, SortKeys
+from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, _lex_greater
 
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [1, 2, 3]
 

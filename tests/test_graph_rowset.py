@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tickwire.protocol.rowset import decode_rowset, decode_shifts, encode_rowset, encode_shifts
-from tickwire.server.graph import (
+from tickwire.server.engine.graph import (
     ModifiedColumnSet,
     RowSet,
     RowSetShiftData,
@@ -367,7 +367,7 @@ def test_ranges_of_large_sets_mix_long_runs_and_fragments(seed):
 
 
 def test_sort_based_unique_matches_numpy():
-    from tickwire.server.graph.arrays import has_duplicates, unique
+    from tickwire.server.engine.graph.arrays import has_duplicates, unique
 
     rng = np.random.default_rng(3)
     for a in (np.array([], np.int64), np.array([5], np.int64), rng.integers(-50, 50, 1000), np.arange(10_000)[::-1],

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, WhereTable, apply_update
-from tickwire.server.graph.batchids import BatchIds
+from tickwire.server.engine.graph import RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, WhereTable, apply_update
+from tickwire.server.engine.graph.batchids import BatchIds
 
 SCHEMA = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),
                     ("flag", pa.bool_()), ("ts", pa.timestamp("ns", "UTC")), ("tags", pa.list_(pa.string()))])

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.graph import (
+from tickwire.server.engine.graph import (
     ROW_KEY,
     RowSet,
     RowSetShiftData,

@@ -18,7 +18,7 @@ import time
 
 import grpc
 
-from tickwire.server.rpc import UNAUTHENTICATED_METHODS
+from tickwire.server.services.rpc import UNAUTHENTICATED_METHODS
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -30,8 +30,8 @@ from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import ALL_METHODS, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.session import PSK_SCHEME
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.services.sessions import PSK_SCHEME
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
 ANON = (("authorization", "Anonymous"),)

@@ -15,9 +15,9 @@ import pyarrow.flight as fl
 import pytest
 
 from tickwire.server.app import TickwireServer
-from tickwire.server.demo import TRADES, DemoTicker, static_mixed
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.observability.perf_tables import NAMES as PERF_TABLES
+from tickwire.server.adapters.demo import TRADES, DemoTicker, static_mixed
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
 
 pytestmark = pytest.mark.interop
 

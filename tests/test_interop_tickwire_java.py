@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from tickwire.server.app import TickwireServer
-from tickwire.server.demo import DemoTicker, static_mixed
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.adapters.demo import DemoTicker, static_mixed
+from tickwire.server.engine.graph import UpdateGraph
 
 from .interop.dh_server import deephaven_server_available
 from .interop.java_barrage import run_java_client

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 from tests import waiting
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -165,7 +165,7 @@ def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_na
     import errno
 
     from tickwire.server.engine import IngestError, TableSpec, engine_of
-    from tickwire.server.storage import store
+    from tickwire.server.engine.storage import store
 
     g = UpdateGraph(interval_ms=20)
     engine = engine_of(g)

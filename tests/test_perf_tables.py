@@ -1,4 +1,4 @@
-"""The performance tables (tickwire.server.observability.perf_tables) read as any client reads
+"""The performance tables (tickwire.server.engine.perf_tables) read as any client reads
 tables: tickwire's own client subscribes to them and DoGets them while a ticking table is
 subscribed and read, and their rows are checked against what was written and read. They are not
 listed unless the server is started with show_system_tables, and an idle server's performance
@@ -17,9 +17,9 @@ import pytest
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import TableSpec, engine_of
-from tickwire.server.graph import UpdateGraph
+from tickwire.server.engine.graph import UpdateGraph
 from tests import waiting
-from tickwire.server.observability.perf_tables import (BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, NAMES,
+from tickwire.server.engine.perf_tables import (BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, NAMES,
                                                        SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA,
                                                        UPDATE_PERFORMANCE, UPDATE_SCHEMA, PerfTablesConfig)
 
@@ -263,7 +263,7 @@ def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):
 def test_rows_shifted_counts_the_rows_the_shifts_moved():
     """Against a reference that counts, per shift, the surviving rows (the table's rows less the
     added ones) in its destination range; on a sorted table whose rows move as prices change."""
-    from tickwire.server.observability.perf_tables import _rows_shifted
+    from tickwire.server.engine.perf_tables import _rows_shifted
 
     g = UpdateGraph()
     engine = engine_of(g)

@@ -20,8 +20,8 @@ def test_exported_names():
 def test_exported_names_are_the_implementations():
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.spark import sink
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.adapters.spark import sink
 
     assert tickwire.UpdateGraph is UpdateGraph and tickwire.TickwireServer is TickwireServer
     assert tickwire.BarrageClient is BarrageClient and tickwire.sink is sink

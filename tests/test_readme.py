@@ -14,7 +14,7 @@ non-blank line before the fence (invisible on GitHub):
   `serves`, the block is one command that serves until Ctrl-C: it is started, must print its
   banner and answer a client, and must stop with exit code 0 on SIGINT; with `--data-dir`, a table
   written to it must come back when the same command runs again.
-- ```toml: a `--config` file: parsed with tomllib and resolved by tickwire.config for `serve` and
+- ```toml: a `--config` file: parsed with tomllib and resolved by tickwire.options for `serve` and
   `demo`; every key must reach the settings with its value (an unknown key fails).
 - ```text with the marker `synopsis`: the command-line synopsis; it must name every option of
   `tickwire serve` and `tickwire demo`, and no other.
@@ -249,8 +249,8 @@ def demo_server():
     """The demo's Python tables (no Spark, no big_static), ticking every 100 ms, with enough rows
     that every key of ticking_keyed exists and ticking_append holds more than 150 rows."""
     from tickwire.server.app import TickwireServer
-    from tickwire.server.demo import DemoTicker
-    from tickwire.server.graph import UpdateGraph
+    from tickwire.server.adapters.demo import DemoTicker
+    from tickwire.server.engine.graph import UpdateGraph
 
     graph = UpdateGraph(interval_ms=100)
     ticker = DemoTicker(graph, rows_per_tick=5, interval_s=0.1)
@@ -313,7 +313,7 @@ def _server_for(block: Block, request):
 @pytest.mark.parametrize("block", _params({"python"}))
 def test_python_block(block, request, workdir, shell_env):
     if "spark" in block.text:
-        from tickwire.server.spark.pipeline_demo import spark_available
+        from tickwire.server.adapters.spark.pipeline_demo import spark_available
 
         if spark_available():
             pytest.skip(spark_available())
@@ -434,7 +434,7 @@ def test_serving_block(block, request, workdir, shell_env):
 @pytest.mark.parametrize("block", _params({"toml"}))
 def test_toml_block(block, tmp_path):
     from tickwire.cli import build_parser
-    from tickwire.config import OPTIONS, resolve
+    from tickwire.options import OPTIONS, resolve
 
     data = tomllib.loads(block.text)
     path = tmp_path / "tickwire.toml"

@@ -17,8 +17,8 @@ from tests.scripted import ScriptedTable, random_update
 from tests.serving import start_again
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.replica import ReplicaTable, Replicator, parse_replicate, wait_until
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.adapters.replica import ReplicaTable, Replicator, parse_replicate, wait_until
 
 
 def _state(table) -> tuple[np.ndarray, pa.Table]:

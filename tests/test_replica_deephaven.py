@@ -17,8 +17,8 @@ import pytest
 from tests.interop.dh_server import deephaven_server_available, start_dh_server
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.replica import wait_until
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.adapters.replica import wait_until
 
 pytestmark = pytest.mark.slow
 

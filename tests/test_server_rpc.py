@@ -20,8 +20,8 @@ from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.session import PSK_SCHEME
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.services.sessions import PSK_SCHEME
 from tests.certs import self_signed
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
@@ -455,7 +455,7 @@ def test_a_streaming_handler_closed_by_grpc_is_not_aborted():
     trying to send an error status on a finished call."""
     import asyncio
 
-    from tickwire.server.rpc import SERVER_STREAM, _guard
+    from tickwire.server.services.rpc import SERVER_STREAM, _guard
 
     aborted = []
 

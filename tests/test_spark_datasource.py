@@ -15,10 +15,10 @@ from pyspark.sql.types import BooleanType, DecimalType, LongType, StringType, St
 
 from tests.certs import self_signed  # noqa: E402
 from tickwire.server.app import TickwireServer  # noqa: E402
-from tickwire.server.graph import UpdateGraph  # noqa: E402
-from tickwire.server.spark import SparkSinkError  # noqa: E402
-from tickwire.server.spark import datasource  # noqa: E402
-from tickwire.server.spark.datasource import PartCommit, TickwireDataSource, TickwireStreamWriter  # noqa: E402
+from tickwire.server.engine.graph import UpdateGraph  # noqa: E402
+from tickwire.clients.spark.types import SparkSinkError  # noqa: E402
+from tickwire.clients.spark import datasource  # noqa: E402
+from tickwire.clients.spark.datasource import PartCommit, TickwireDataSource, TickwireStreamWriter  # noqa: E402
 
 SCHEMA = StructType([StructField("Sym", StringType()), StructField("Px", DecimalType(10, 2)),
                      StructField("Seq", LongType()), StructField("Ts", TimestampType())])

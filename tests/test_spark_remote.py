@@ -1,5 +1,5 @@
 """Spark beyond one process: `writeStream.format("tickwire")` from a Spark driver in another
-process than the server (tickwire.server.spark.datasource).
+process than the server (tickwire.clients.spark.datasource).
 
 Every Spark query runs in a child process (tests/spark_remote_child.py: its own SparkSession,
 `local[2]`), and the server it writes into runs in this process (or, for the server-restart
@@ -51,7 +51,7 @@ from tests.serving import port_held  # noqa: E402
 from tests.spark_remote_child import Recorder  # noqa: E402
 from tickwire.server.app import TickwireServer  # noqa: E402
 from tickwire.server.engine import TableSpec  # noqa: E402
-from tickwire.server.graph import UpdateGraph  # noqa: E402
+from tickwire.server.engine.graph import UpdateGraph  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

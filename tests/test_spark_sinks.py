@@ -1,4 +1,4 @@
-"""Spark Structured Streaming sinks (tickwire.server.spark).
+"""Spark Structured Streaming sinks (tickwire.server.adapters.spark).
 
 The Arrow-level tests (diffs, replays, type mapping) need no JVM. The others drive a real local
 SparkSession (one per pytest process, session-scoped fixture below): each test writes parquet
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tickwire.server.graph import UpdateGraph, equal_mask
-from tickwire.server.spark import SparkSinkError, diff_by_key, fan_out, last_per_key, sink
+from tickwire.server.engine.graph import UpdateGraph, equal_mask
+from tickwire.server.adapters.spark import SparkSinkError, diff_by_key, fan_out, last_per_key, sink
 
 TRADES = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int32()), ("Seq", pa.int64())])
 TRADES_DDL = "Sym STRING, Price DOUBLE, Size INT, Seq BIGINT"
@@ -69,7 +69,7 @@ def test_diff_by_key_matches_a_reference_on_random_tables():
 
 
 def test_diff_by_key_is_exact_when_key_hashes_collide(monkeypatch):
-    import tickwire.server.ingest as ingest_module
+    import tickwire.server.engine.ingest as ingest_module
 
     real = ingest_module.hash_columns
     monkeypatch.setattr(ingest_module, "hash_columns", lambda cols: real(cols) % np.uint64(5))
@@ -160,7 +160,7 @@ def test_sink_argument_errors():
 def test_spark_type_mapping_and_unsupported_types_name_table_and_column():
     T = pytest.importorskip("pyspark.sql.types")
     from tickwire.protocol.schema import to_deephaven_schema
-    from tickwire.server.spark import arrow_schema_for_spark
+    from tickwire.server.adapters.spark import arrow_schema_for_spark
 
     f = T.StructField
     schema = T.StructType([
@@ -197,7 +197,7 @@ def spark():
     pytest.importorskip("pyspark")
     if shutil.which("java") is None:
         pytest.skip("Spark needs a Java 17 runtime on PATH")
-    from tickwire.server.spark import spark_session
+    from tickwire.server.adapters.spark import spark_session
 
     session = spark_session("tickwire-tests")
     yield session
@@ -618,7 +618,7 @@ def test_fan_out_collects_once_and_lands_in_every_table_in_one_cycle(spark, tmp_
 
 def test_session_falls_back_to_raw_local_filesystem_without_javac(monkeypatch, tmp_path):
     pytest.importorskip("pyspark")
-    from tickwire.server.spark import launch
+    from tickwire.server.adapters.spark import launch
 
     monkeypatch.setenv("TICKWIRE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(launch.shutil, "which", lambda name: None)
@@ -639,7 +639,7 @@ def test_filesystem_class_compiles_once_into_the_cache(tmp_path):
     pytest.importorskip("pyspark")
     if shutil.which("javac") is None:
         pytest.skip("needs javac")
-    from tickwire.server.spark import compile_filesystem
+    from tickwire.server.adapters.spark import compile_filesystem
 
     classes = compile_filesystem(tmp_path)
     built = classes / "tickwire" / "hadoop" / "NoForkLocalFileSystem.class"
@@ -726,7 +726,7 @@ def test_rocksdb_state_store_runs_on_the_non_forking_filesystem(spark, tmp_path)
 def test_spark_demo_tables_fill_and_stop(spark, tmp_path):
     import threading
 
-    from tickwire.server.spark.pipeline_demo import SparkDemo
+    from tickwire.server.adapters.spark.pipeline_demo import SparkDemo
 
     graph = UpdateGraph(interval_ms=50).start()
     names = ["spark_trades", "spark_recent", "spark_ticks", "spark_latest", "spark_totals"]

@@ -1,4 +1,4 @@
-"""Staged, exactly-once writes over Flight (protocol/txn.py, server/staging.py): DoPut with a
+"""Staged, exactly-once writes over Flight (protocol/txn.py, server/engine/staging.py): DoPut with a
 transaction in its app_metadata, the tickwire.commit / tickwire.abort / tickwire.staging actions."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from tickwire.protocol.txn import AbortRequest, CommitRequest, Transaction
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.spark import sink
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.adapters.spark import sink
 
 # what pyarrow raises for a refused call (it maps INVALID_ARGUMENT and FAILED_PRECONDITION to ArrowInvalid)
 ERRORS = (fl.FlightError, pa.ArrowException)
@@ -342,7 +342,7 @@ def test_serve_takes_the_staging_limits_from_its_command_line():
 
 def test_empty_parts_cannot_pile_up():
     """Parts are bounded by count as well as bytes: an empty part holds no bytes."""
-    from tickwire.server.staging import staging_of
+    from tickwire.server.engine.staging import staging_of
 
     graph = UpdateGraph(interval_ms=20)
     staging_of(graph, max_parts=3, max_parts_total=5)

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from tickwire.server.engine import CatalogError, IngestError, TableSpec, engine_of
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.storage.store import Durability, StorageError
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine.storage.store import Durability, StorageError
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
 
@@ -321,7 +321,7 @@ def test_after_the_storage_closes_durable_tables_refuse_writes(tmp_path):
 def test_a_slow_disk_holds_cycles_back_instead_of_queueing_without_bound(tmp_path, monkeypatch):
     import time
 
-    from tickwire.server.storage import store
+    from tickwire.server.engine.storage import store
 
     graph, engine, _ = open_engine(tmp_path)
     app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))

@@ -6,7 +6,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from tickwire.server.storage.journal import HEADER, JournalCorrupt, decode_data, encode_record, scan
+from tickwire.server.engine.storage.journal import HEADER, JournalCorrupt, decode_data, encode_record, scan
 
 
 def batch(lo: int, n: int) -> pa.Table:

@@ -17,8 +17,8 @@ import pytest
 
 from tickwire.protocol.proto import table_pb2
 from tickwire.server.app import TickwireServer
-from tickwire.server.graph import UpdateGraph
-from tickwire.server.observability.perf_tables import NAMES as PERF_TABLES
+from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int32()), ("Venue", pa.string())])
 

@@ -22,7 +22,7 @@ from tickwire.protocol.proto import config_pb2, flight_pb2
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.web import HTTP2_PREFACE, classify
 from tickwire.server.web.assets import installed_jar
-from tickwire.server.observability.perf_tables import NAMES as PERF_TABLES
+from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
 
 from .waiting import wait_until
 
@@ -511,7 +511,7 @@ def test_sessions_opened_over_either_transport_log_their_peer(served, caplog):
     import logging
 
     srv, _graph, _keyed = served
-    caplog.set_level(logging.INFO, logger="tickwire.server.session")
+    caplog.set_level(logging.INFO, logger="tickwire.server.services.sessions")
 
     async def browser():
         async with await WebsocketChannel.connect(srv.web_url) as ch:

@@ -8,13 +8,13 @@ The public names load on first use, so `import tickwire` stays light:
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "UpdateGraph": ("tickwire.server.graph", "UpdateGraph"),
+    "UpdateGraph": ("tickwire.server.engine.graph", "UpdateGraph"),
     "TickwireServer": ("tickwire.server.app", "TickwireServer"),
     "ServerConfig": ("tickwire.server.config", "ServerConfig"),
     "TableSpec": ("tickwire.server.engine", "TableSpec"),
     "engine_of": ("tickwire.server.engine", "engine_of"),
     "BarrageClient": ("tickwire.clients.client", "BarrageClient"),
-    "sink": ("tickwire.server.spark", "sink"),
+    "sink": ("tickwire.server.adapters.spark", "sink"),
     "TickwireError": ("tickwire.errors", "TickwireError"),
 }
 

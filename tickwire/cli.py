@@ -1,7 +1,7 @@
 """The `tickwire` command line.
 
 Options come from flags, `TICKWIRE_*` environment variables and a TOML file (`--config`), in that
-order of precedence (tickwire.config). A user's mistake (a bad value, a port in use, a missing
+order of precedence (tickwire.options). A user's mistake (a bad value, a port in use, a missing
 certificate, a bad data directory) ends the command with one line on stderr and exit code 2 (a
 bad value) or 1 (the server could not start); `--log-level debug` adds the traceback.
 """
@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Optional
 
-from tickwire.config import ConfigError, Settings, add_options, describe_error, probe_ports, render, resolve
+from tickwire.options import ConfigError, Settings, add_options, describe_error, probe_ports, render, resolve
 
 log = logging.getLogger("tickwire.cli")
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _durability(args):
     """The --fsync policy as a storage.Durability, or an error message."""
-    from tickwire.server.storage.store import Durability
+    from tickwire.server.engine.storage.store import Durability
 
     words = list(args.fsync)
     if words == ["cycle"] or words == ["off"]:
@@ -63,14 +63,14 @@ def _serve(s: Settings) -> int:
 
     from tickwire.server.app import TickwireServer
     from tickwire.server.config import ServerConfig
-    from tickwire.server.demo import connect_help
-    from tickwire.server.graph import UpdateGraph
-    from tickwire.server.replica import parse_replicate
+    from tickwire.server.adapters.demo import connect_help
+    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.adapters.replica import parse_replicate
 
     try:
         upstreams = parse_replicate(s.replicate) if s.replicate else []
         durability = _durability(s)
-        limit = s.staging_limit_mb << 20  # positive: tickwire.config checks it, and --staging-ttl
+        limit = s.staging_limit_mb << 20  # positive: tickwire.options checks it, and --staging-ttl
         config = ServerConfig(staging_producer_bytes=limit, staging_total_bytes=max(limit, 1 << 30),
                               staging_ttl_s=s.staging_ttl)
     except ValueError as exc:
@@ -113,7 +113,7 @@ def _serve(s: Settings) -> int:
 
 
 def _demo(s: Settings) -> int:
-    from tickwire.server.demo import run_demo
+    from tickwire.server.adapters.demo import run_demo
 
     try:
         durability = _durability(s)
@@ -188,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
 
 def _startup_message(exc: BaseException, s: Settings) -> str:
     """One line for an exception that stopped the server from starting."""
-    from tickwire.server.storage import StorageError
+    from tickwire.server.engine.storage import StorageError
 
     text = describe_error(exc)
     if isinstance(exc, StorageError):

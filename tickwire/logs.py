@@ -4,7 +4,7 @@ Lifecycle events are logged with ids as `extra` fields (`session`, `peer`, `auth
 `table`, `view`, `outcome`, ...): the text format shows them in the message, the JSON format
 also as keys of the line's object:
 
-    {"time": "2024-05-01T12:00:00.123+00:00", "level": "INFO", "logger": "tickwire.server.session",
+    {"time": "2024-05-01T12:00:00.123+00:00", "level": "INFO", "logger": "tickwire.server.services.sessions",
      "message": "session 3 opened: auth psk, peer ipv4:127.0.0.1:50312", "session": 3, "auth": "psk", ...}
 """
 from __future__ import annotations

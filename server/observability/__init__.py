@@ -74,7 +74,7 @@ class Observability:
             failed = t.failure is not None
             added = _rows_added(t) if not t.parents and t.last_step == step else 0
             figures[t.name] = (t.size, added, failed)
-            # a durable table whose storage refuses writes (tickwire.server.storage) takes no input any more
+            # a durable table whose storage refuses writes (tickwire.server.engine.storage) takes no input any more
             refused = getattr(t, "refusal", None) is not None
             statuses[t.name] = NOT_SERVING if failed or refused else SERVING
         self.metrics.on_cycle(step, self.server.graph.cycle_seconds, figures)

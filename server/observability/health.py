@@ -6,9 +6,9 @@ Service names and what they answer:
   update graph has run its first cycle, SERVING after, NOT_SERVING from the first thing `stop`
   does (and for good: a stopping server never turns SERVING again);
 * `tickwire.table/<name>` for every published table: SERVING, or NOT_SERVING once the table has
-  failed (a derived table whose computation raised, tickwire.server.graph) or, for a durable
+  failed (a derived table whose computation raised, tickwire.server.engine.graph) or, for a durable
   table, once its storage refuses writes (its journal could not be written or synced, or the data
-  directory was closed: `SourceTable.refusal`, tickwire.server.storage); the names are kept
+  directory was closed: `SourceTable.refusal`, tickwire.server.engine.storage); the names are kept
   up to date at the end of every cycle, so a table created or failed between cycles appears at
   the next one. A name that no table has (any more) answers NOT_FOUND to Check and
   SERVICE_UNKNOWN to Watch, as the protocol says.

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from tickwire.protocol.proto import application_pb2
 from tickwire.protocol.proto.methods import APPLICATION_SERVICE
-from tickwire.server.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.rpc import CallError, ServerContext, service_handlers
 
 __all__ = ["ApplicationService", "ScopeWatch"]
 

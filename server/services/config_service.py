@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from tickwire.protocol.proto import config_pb2
 from tickwire.protocol.proto.methods import CONFIG_SERVICE
-from tickwire.server.rpc import ServerContext, service_handlers
-from tickwire.server.session import PSK_SCHEME
+from tickwire.server.services.rpc import ServerContext, service_handlers
+from tickwire.server.services.sessions import PSK_SCHEME
 
 __all__ = ["ConfigService", "BARRAGE_VERSION", "ANONYMOUS_HANDLER", "PSK_HANDLER"]
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from tickwire.protocol.tickets import ExportTicket, TicketError, parse_ticket
-from tickwire.server.graph import Table
-from tickwire.server.rpc import CallError
-from tickwire.server.session import Session
+from tickwire.server.engine.graph import Table
+from tickwire.server.services.rpc import CallError
+from tickwire.server.services.sessions import Session
 
 __all__ = ["export_id", "export"]
 

@@ -34,16 +34,16 @@ from tickwire.protocol.txn import (
 )
 from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
 from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
-from tickwire.server.barrage import EncodeOptions, TableWire, snapshot_message
-from tickwire.server.barrage.views import requested, requested_columns, requested_viewport
-from tickwire.server.barrage.handle import SubscriptionHandle, Waker, describe_view, encoded_payloads, outcome_of
+from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot_message
+from tickwire.server.engine.publishing.views import requested, requested_columns, requested_viewport
+from tickwire.server.engine.publishing.handle import SubscriptionHandle, Waker, describe_view, encoded_payloads, outcome_of
 from tickwire.server.engine import TableSpec, is_system, kind_of
-from tickwire.server.graph import Table
+from tickwire.server.engine.graph import Table
 from tickwire.server.observability.metrics import TransferCounters
-from tickwire.server.observability.perf_tables import record_snapshot
-from tickwire.server.rpc import RAW, CallError, ServerContext, service_handlers
-from tickwire.server.session import ResolveError, Session
-from tickwire.server.staging import StagedPart, staging_of
+from tickwire.server.engine.perf_tables import record_snapshot
+from tickwire.server.services.rpc import RAW, CallError, ServerContext, service_handlers
+from tickwire.server.services.sessions import ResolveError, Session
+from tickwire.server.engine.staging import StagedPart, staging_of
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
@@ -358,7 +358,7 @@ class FlightService:
         log.debug("DoPut to %s: %d rows (session %d)", end.path, rows, session.id,
                   extra={"event": "doput", "path": end.path, "rows": rows, "session": session.id})
 
-    # -- staged, exactly-once uploads (tickwire.server.staging) -----------------------------------------
+    # -- staged, exactly-once uploads (tickwire.server.engine.staging) -----------------------------------------
     def _scope_name(self, path: list[str], what: str) -> str:
         t = ticket_from_path(path)
         if not isinstance(t, ScopeTicket):

@@ -11,9 +11,9 @@ import asyncio
 
 from tickwire.protocol.proto import session_pb2
 from tickwire.protocol.proto.methods import SESSION_SERVICE
-from tickwire.server.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.rpc import CallError, ServerContext, service_handlers
 from tickwire.server.services.exports import export, export_id
-from tickwire.server.session import SHUTDOWN, Session
+from tickwire.server.services.sessions import SHUTDOWN, Session
 
 __all__ = ["SessionService"]
 

@@ -8,7 +8,7 @@ import posixpath
 
 from tickwire.protocol.proto import storage_pb2
 from tickwire.protocol.proto.methods import STORAGE_SERVICE
-from tickwire.server.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.rpc import CallError, ServerContext, service_handlers
 
 __all__ = ["StorageService", "canonical_path"]
 

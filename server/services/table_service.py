@@ -1,5 +1,5 @@
 """Deephaven's TableService: FetchTable, ApplyPreviewColumns, GetExportedTableCreationResponse, the
-table operations of `tickwire.server.table_ops` (Sort, Filter, UnstructuredFilter, View, Select,
+table operations of `tickwire.server.services.table_ops` (Sort, Filter, UnstructuredFilter, View, Select,
 Update, UpdateView, LazyUpdate, Head, Tail) alone or in a Batch, and ExportedTableUpdates (the
 sizes of a session's exports, held open). Every other method answers UNIMPLEMENTED by name."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ from tickwire.protocol.proto import table_pb2
 from tickwire.protocol.proto.methods import TABLE_SERVICE
 from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket
-from tickwire.server.barrage import TableWire
-from tickwire.server.graph import Table
-from tickwire.server.rpc import CallError, ServerContext, service_handlers, short
+from tickwire.server.engine.publishing import TableWire
+from tickwire.server.engine.graph import Table
+from tickwire.server.services.rpc import CallError, ServerContext, service_handlers, short
 from tickwire.server.services.exports import export, export_id
-from tickwire.server.session import Session
-from tickwire.server.table_ops import OPERATIONS
+from tickwire.server.services.sessions import Session
+from tickwire.server.services.table_ops import OPERATIONS
 
 __all__ = ["TableService"]
 

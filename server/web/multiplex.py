@@ -1,6 +1,6 @@
 """gRPC calls over one `grpc-websockets-multiplex` websocket, run by the same handlers as grpcio.
 
-Each stream the browser opens is one call of a `GuardedMethod` (tickwire.server.rpc): the same
+Each stream the browser opens is one call of a `GuardedMethod` (tickwire.server.services.rpc): the same
 credentials check, request parsing, handler and error-to-status mapping as on the gRPC port, with
 no loopback gRPC hop. The framing is `tickwire.protocol.ws_multiplex.ServerConnection`.
 
@@ -29,7 +29,7 @@ from tickwire.errors import ProtocolError
 from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM, UNARY
 from tickwire.protocol.ws_multiplex import (GoAwayAcknowledged, HalfClosed, MessageReceived, ServerConnection,
                                             StreamClosedByClient, StreamOpened, close_reason)
-from tickwire.server.rpc import GuardedMethod, short
+from tickwire.server.services.rpc import GuardedMethod, short
 
 __all__ = ["MultiplexSocket", "CURRENT_SOCKET"]
 

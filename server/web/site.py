@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 from aiohttp import WSMsgType, web
 
-from tickwire.server.rpc import GuardedMethod, ServerContext
+from tickwire.server.services.rpc import GuardedMethod, ServerContext
 from tickwire.server.web.assets import MISSING_ASSETS, AssetSource
 from tickwire.server.web.multiplex import CURRENT_SOCKET, MultiplexSocket
 

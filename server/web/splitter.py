@@ -17,7 +17,7 @@ connections waiting to be classified is bounded, the oldest waiting ones being c
 grpcio sees each relayed connection as coming from 127.0.0.1 and the hop's port. Each hop is bound
 to a port of its own before it connects, and the splitter remembers which client it carries:
 `real_peer("ipv4:127.0.0.1:<hop port>")` gives the client's address, in grpcio's own notation.
-While the splitter runs, tickwire.server.rpc asks it (`add_peer_resolver`), so that sessions,
+While the splitter runs, tickwire.server.services.rpc asks it (`add_peer_resolver`), so that sessions,
 logs and handlers name the client.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import socket
 import threading
 from typing import Callable, Optional
 
-from tickwire.server.rpc import add_peer_resolver, remove_peer_resolver
+from tickwire.server.services.rpc import add_peer_resolver, remove_peer_resolver
 
 __all__ = ["PortSplitter", "HTTP2_PREFACE", "classify", "peer_name", "parse_peer"]
 

@@ -1,0 +1,349 @@
+"""Replication: a local table that follows a table of another Barrage server (tickwire or Deephaven).
+
+    graph = UpdateGraph()
+    rep = Replicator(graph, "upstream:10000", "trades").start()   # local table "trades"
+    ...
+    rep.stop()
+
+A `Replicator` holds a full Barrage subscription to the remote table and feeds a `ReplicaTable`
+in the local graph. The replica uses the remote's row keys, so each cycle's update is the
+remote's updates of that interval (removes, shifts, adds, modifies) in the remote's key space:
+local subscribers see the same rows, keys and shifts as the remote's own subscribers, coalesced
+to the local cycle. Row keys map to storage slots through a hash index, so the remote's key
+space may be as sparse as it likes and each update costs what it changes.
+
+(Re)synchronisation: the initial snapshot (whole, or in pieces) is collected off the graph and
+then applied as one update: the net difference between what the replica holds and the remote's
+state (rows gone, rows new, rows whose values differ). When the upstream goes away the replica
+keeps its last consistent state, reports `status` ("connected", "syncing", or "disconnected:
+<reason>"), retries with exponential backoff, and on reconnect resynchronises the same way:
+nothing is applied twice and nothing is lost.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+import grpc
+import numpy as np
+import pyarrow as pa
+
+from tickwire.clients.client import BarrageClient
+from tickwire.clients.state import NaturalTableState
+from tickwire.errors import ProtocolError
+from tickwire.protocol.difference import difference
+from tickwire.protocol.opening import exchange_opening, subscription_request
+from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
+from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
+from tickwire.protocol.update import BarrageUpdate
+from tickwire.server.engine import CatalogError, UpdateSourceTable, engine_of
+from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
+from tickwire.server.engine.graph.keyindex import KeyIndex, mix
+
+__all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
+
+log = logging.getLogger(__name__)
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _same(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    return np.ones(qi.size, dtype=bool)  # the hash is a bijection: equal hashes are equal keys
+
+
+def _rows(ranges) -> RowSet:
+    if ranges is None:
+        return RowSet()
+    r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    return RowSet.from_ranges(r) if r.size else RowSet()
+
+
+class ReplicaTable(UpdateSourceTable):
+    """A source table whose content is set by a Replicator (never by producers): it pushes
+    ("sync", keys, values) and ("delta", removed, shifts, added, values, mods) operations."""
+
+    def __init__(self, graph, name: str, schema: pa.Schema):
+        super().__init__(graph, name, schema)
+        self._index = KeyIndex()
+        self._free = _EMPTY
+        self._next_slot = 0
+        self.status = "connecting"
+
+    # -- key -> slot ------------------------------------------------------------------------------
+    def _slots(self, keys) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.int64)
+        slots, _ = self._index.lookup(mix(keys), _same)
+        if slots.size and slots.min() < 0:
+            missing = keys[slots < 0][:5].tolist()
+            raise KeyError(f"table {self.name!r}: rows {missing} are not held")
+        return slots
+
+    def _alloc(self, n: int) -> np.ndarray:
+        take = min(n, self._free.size)
+        reused, self._free = self._free[:take], self._free[take:]
+        fresh = np.arange(self._next_slot, self._next_slot + n - take, dtype=np.int64)
+        self._next_slot += n - take
+        return np.concatenate([reused, fresh])
+
+    def _drop_keys(self, keys: np.ndarray) -> None:
+        if keys.size == 0:
+            return
+        slots, where = self._index.lookup(mix(keys), _same)
+        if slots.min() < 0:
+            raise ProtocolError(f"replica {self.name!r}: removed rows {keys[slots < 0][:5].tolist()} are not held")
+        self._index.delete(where)
+        self._free = np.concatenate([self._free, slots])
+
+    def _add_keys(self, keys: np.ndarray, values: pa.Table) -> None:
+        if keys.size == 0:
+            return
+        slots = self._alloc(keys.size)
+        self.store.write(slots, values)
+        self._index.insert(mix(keys), slots)
+
+    # -- input (queued by the replicator's thread with `push`) -----------------------------------------
+    def apply_pending(self, step, ops) -> Optional[TableUpdate]:
+        if not ops:
+            return None
+        prev = self.rowset
+        total: Optional[TableUpdate] = None
+        for op in ops:
+            u = self._sync(*op[1:]) if op[0] == "sync" else self._delta(*op[1:])
+            total = u if total is None else total.coalesce(u, prev)
+        self.prev_rowset = prev
+        return None if total is None or total.is_empty() else total
+
+    def _delta(self, removed: RowSet, shifts: RowSetShiftData, added: RowSet, added_values: pa.Table,
+               mods: list[tuple[str, RowSet, pa.Array]]) -> TableUpdate:
+        """One remote update, in the remote's key space: remove, shift, add, modify."""
+        rows = self.rowset
+        if not removed.is_subset_of(rows):
+            raise ProtocolError(f"replica {self.name!r}: removed rows are not all held")
+        self._drop_keys(removed.keys())
+        rows = rows.minus(removed)
+        if not shifts.is_empty():
+            starts, ends, dests = shifts.to_wire()
+            old, delta = [], []
+            for s, e, d in zip(starts.tolist(), ends.tolist(), dests.tolist()):
+                k = rows.subset_by_key_range(s, e).keys()
+                old.append(k)
+                delta.append(np.full(k.size, d - s, dtype=np.int64))
+            old_keys = np.concatenate(old) if old else _EMPTY
+            if old_keys.size:
+                slots, where = self._index.lookup(mix(old_keys), _same)
+                self._index.delete(where)
+                self._index.insert(mix(old_keys + np.concatenate(delta)), slots)
+            rows = shifts.apply(rows)
+        if rows.overlaps(added):
+            raise ProtocolError(f"replica {self.name!r}: added rows collide with rows held")
+        self._add_keys(added.keys(), added_values)
+        rows = rows.union(added)
+        modified = RowSet()
+        names = []
+        for name, mrows, values in mods:
+            if not mrows.is_subset_of(rows):
+                raise ProtocolError(f"replica {self.name!r}: modified rows of {name!r} are not all held")
+            col = self.store.columns[self.store.index[name]]
+            col.write(self._slots(mrows.keys()), values)
+            modified = modified.union(mrows)
+            names.append(name)
+        self.rowset = rows
+        return TableUpdate(added=added, removed=removed, modified=modified.minus(added), shifted=shifts,
+                           modified_columns=names)
+
+    def _sync(self, keys: np.ndarray, values: pa.Table) -> TableUpdate:
+        """Makes the table hold exactly `keys` -> `values` (the remote's state), as the net
+        difference from what it holds now."""
+        d = difference(self.rowset.keys(), keys, values, lambda common: self.gather(None, common))
+        self._drop_keys(d.removed)
+        self._add_keys(keys[d.added], values.take(pa.array(d.added)))
+        mod_idx = d.modified_rows
+        if mod_idx.size:
+            self.store.write(self._slots(keys[mod_idx]), values.take(pa.array(mod_idx)))
+        self.rowset = RowSet.from_keys(keys) if keys.size else RowSet()
+        return TableUpdate(added=RowSet.from_keys(keys[d.added]) if d.added.size else RowSet(),
+                           removed=RowSet.from_keys(d.removed) if d.removed.size else RowSet(),
+                           modified=RowSet.from_keys(keys[mod_idx]) if mod_idx.size else RowSet(),
+                           modified_columns=[n for n in self.schema.names if n in d.modified])
+
+
+class Replicator:
+    """Follows `table` of the Barrage server at `target` ("host:port") into `graph` as `local_name`."""
+
+    def __init__(self, graph, target: str, table: str, *, local_name: Optional[str] = None,
+                 psk: Optional[str] = None, tls: bool = False, root_certs: Optional[bytes] = None,
+                 backoff: tuple[float, float] = (0.1, 5.0), connect_timeout: float = 30.0):
+        self.graph = graph
+        self.target = target
+        self.remote = table
+        self.name = local_name or table
+        self.psk, self.tls, self.root_certs = psk, tls, root_certs
+        self.backoff = backoff
+        self.connect_timeout = connect_timeout
+        self.table: Optional[ReplicaTable] = None
+        self.syncs = 0  # completed (re)synchronisations
+        self.failures = 0
+        self.messages = 0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._call = None
+        self._client: Optional[BarrageClient] = None
+
+    @property
+    def status(self) -> str:
+        return self.table.status if self.table is not None else "connecting"
+
+    def start(self, wait: bool = True) -> "Replicator":
+        """Starts following; with `wait`, returns once the first snapshot is queued for the graph
+        (raises TimeoutError after `connect_timeout`)."""
+        self._thread = threading.Thread(target=self._run, name=f"tickwire-replica-{self.name}", daemon=True)
+        self._thread.start()
+        if wait and not self._ready.wait(self.connect_timeout):
+            raise TimeoutError(f"replica {self.name!r}: no snapshot from {self.target}/{self.remote} "
+                               f"within {self.connect_timeout} s (status: {self.status})")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._client is not None:
+            self._client.close()
+
+    # -- the replicator's thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        delay = self.backoff[0]
+        while not self._stop.is_set():
+            synced_before = self.syncs
+            try:
+                self._follow()
+                reason = "the upstream ended the stream"
+            except grpc.RpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            except Exception as exc:  # noqa: BLE001 - reported, then retried
+                reason = f"{type(exc).__name__}: {exc}"
+                log.exception("replica %r: following %s/%s failed", self.name, self.target, self.remote)
+            finally:
+                if self._client is not None:
+                    self._client.close()
+                    self._client = None
+            if self._stop.is_set():
+                break
+            self.failures += 1
+            if self.table is not None:
+                self.table.status = f"disconnected: {reason}"
+            log.warning("replica %r: lost %s/%s (%s); retrying in %.1f s", self.name, self.target, self.remote,
+                        reason, delay)
+            if self.syncs > synced_before:
+                delay = self.backoff[0]  # it had worked: start the backoff again
+            self._stop.wait(delay)
+            delay = min(self.backoff[1], delay * 2)
+
+    def _follow(self) -> None:
+        client = self._client = BarrageClient(self.target, psk=self.psk, tls=self.tls, root_certs=self.root_certs)
+        opening = exchange_opening(subscription_request(client.ticket(self.remote)))
+        done = threading.Event()
+
+        def outgoing():
+            yield from opening
+            done.wait()  # keep the stream open until the replicator stops or the call ends
+
+        call = self._call = client.open_exchange(outgoing())
+        try:
+            if self._stop.is_set():
+                return
+            reader = ResponseReader()
+            state: Optional[NaturalTableState] = None  # the remote's state while a snapshot is being collected
+            for raw in call:
+                for ev in reader.feed(raw):
+                    if isinstance(ev, SchemaReceived):
+                        if self.table is None:
+                            self._create(ev.schema)
+                        continue
+                    self.messages += 1
+                    if state is None and self.table.status != "connected":
+                        state = NaturalTableState(reader.schema, viewport=False)
+                        self.table.status = "syncing"
+                    if state is not None:
+                        state.apply(ev.update)
+                        if ev.ends_full_snapshot:
+                            self._sync(state)
+                            state = None
+                        continue
+                    self._forward(ev.update, reader.schema)
+        finally:
+            done.set()
+            self._call = None
+
+    def _create(self, wire_schema: pa.Schema) -> None:
+        empty = from_wire_arrays([pa.array([], f.type) for f in wire_schema], wire_schema)
+        schema = pa.schema([pa.field(f.name, a.type) for f, a in zip(wire_schema, empty)])
+        try:
+            table, created = engine_of(self.graph).get_or_create_source(ReplicaTable, self.name, schema)
+        except CatalogError as exc:
+            raise ValueError(f"replica {self.name!r}: {exc}") from None
+        if created:
+            table.attributes.update(attributes_from_schema(wire_schema))
+        self.table = table
+
+    def _sync(self, state: NaturalTableState) -> None:
+        values = state.table()
+        if values.schema.names != self.table.schema.names or values.schema.types != self.table.schema.types:
+            raise ProtocolError(f"replica {self.name!r}: the upstream's schema changed to {values.schema}")
+        values = pa.Table.from_arrays(values.columns, schema=self.table.schema)
+        self.table.push(("sync", state.keys.copy(), values))
+        self.table.status = "connected"
+        self.syncs += 1
+        self._ready.set()
+        log.info("replica %r: synchronised with %s/%s (%d rows)", self.name, self.target, self.remote,
+                 state.keys.size)
+
+    def _forward(self, u: BarrageUpdate, wire_schema: pa.Schema) -> None:
+        md = u.metadata
+        if md is None:
+            raise ProtocolError(f"replica {self.name!r}: a batch without Barrage metadata")
+        names = wire_schema.names
+        added = _rows(md.added_rows_included if md.added_rows_included is not None else md.added_rows)
+        added_values = pa.Table.from_arrays(natural_added(u, wire_schema, len(added)), schema=self.table.schema)
+        mods = []
+        for c, node in enumerate(md.mod_column_nodes or []):
+            mrows = _rows(node)
+            if len(mrows):
+                vals = natural_modified(u, wire_schema, c)
+                if len(vals) != len(mrows):
+                    raise ProtocolError(f"replica {self.name!r}: column {names[c]!r} has {len(mrows)} modified "
+                                        f"rows but {len(vals)} values")
+                mods.append((names[c], mrows, vals))
+        shifts = RowSetShiftData() if md.shift_data is None else RowSetShiftData.from_wire(*md.shift_data)
+        self.table.push(("delta", _rows(md.removed_rows), shifts, added, added_values, mods))
+
+
+def parse_replicate(spec: str) -> list[tuple[str, str]]:
+    """"host:port/table[,host:port/table...]" -> [(target, table), ...]."""
+    out = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        target, sep, table = part.rpartition("/")
+        if not sep or not target or not table or ":" not in target:
+            raise ValueError(f"--replicate wants HOST:PORT/TABLE, got {part!r}")
+        out.append((target, table))
+    if not out:
+        raise ValueError("--replicate names no table")
+    return out
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> bool:
+    """Polls `predicate` until it is true or `timeout` passes (for callers and tests)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())

@@ -1,0 +1,375 @@
+"""Column storage addressed by slot, row-wise value comparison, and key hashing; all in bulk.
+
+Fixed-width columns (integers, floats, booleans, temporal types) live in numpy arrays of their
+storage type with a separate validity array. Strings and binaries live in a byte heap with a
+start and length per slot (`_BytesColumn`; fixed_size_binary too, as binary). Fixed-size lists
+of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Other types (lists,
+structs, decimals, ...) live in numpy object arrays filled through Arrow's Python conversion.
+Reads (`gather`) build one Arrow array per column from the requested slots with one numpy take
+and one Arrow conversion. Capacity grows by doubling, so writes are amortised O(rows written).
+
+`equal_mask` compares two Arrow arrays row by row (nulls equal nulls, NaN equals NaN), recursing
+into lists and structs with whole-array operations. `hash_columns` gives every row of a set of
+key columns a 64-bit hash computed from the Arrow buffers with numpy (strings and binaries by a
+polynomial over their bytes), for the keyed tables' hash index.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.protocol.difference import _as_array, _validity, equal_mask
+from tickwire.protocol.schema import numpy_storage_dtype
+from tickwire.server.engine.graph.keyindex import mix
+
+__all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier"]
+
+
+def _is_c_convertible(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+        or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
+
+class _Column:
+    __slots__ = ("type", "dtype", "values", "valid", "storage_type", "_fill")
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        self.type = t
+        self.dtype = numpy_storage_dtype(t)
+        if self.dtype is None:
+            self.values = np.empty(capacity, dtype=object)
+            self.storage_type = t
+        else:
+            self.values = np.zeros(capacity, dtype=self.dtype)
+            self.storage_type = pa.bool_() if self.dtype == bool else pa.from_numpy_dtype(self.dtype)
+            self._fill = pa.scalar(False if self.dtype == bool else 0, self.storage_type)
+        self.valid = np.zeros(capacity, dtype=bool)
+
+    def grow(self, capacity: int) -> None:
+        for name in ("values", "valid"):
+            old = getattr(self, name)
+            new = np.empty(capacity, dtype=old.dtype) if old.dtype == object else np.zeros(capacity, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+
+    def write(self, slots, arr: pa.Array) -> None:
+        """Writes `arr` at `slots` (an int64 array or a slice)."""
+        if arr.null_count:
+            self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False)
+        else:
+            self.valid[slots] = True
+        if self.dtype is None:
+            self.values[slots] = np.fromiter(arr.to_pylist(), dtype=object, count=len(arr))
+            return
+        if self.storage_type != arr.type:
+            arr = arr.view(self.storage_type)
+        if arr.null_count:
+            arr = pc.fill_null(arr, self._fill)
+        self.values[slots] = arr.to_numpy(zero_copy_only=False)
+
+    def gather(self, slots) -> pa.Array:
+        valid = self.valid[slots]
+        mask = None if valid.all() else ~valid
+        if self.dtype is None:
+            return pa.array(self.values[slots], type=self.type, mask=mask)
+        out = pa.array(self.values[slots], type=self.storage_type, mask=mask)
+        return out if self.storage_type == self.type else out.view(self.type)
+
+
+class _FixedListColumn:
+    """fixed_size_list columns of a fixed-width element type: a (capacity, list_size) numpy array of
+    the elements' storage values, one of their validity, and one of the rows' validity. Writes and
+    gathers are whole-array numpy operations (no per-row conversion)."""
+
+    __slots__ = ("type", "size", "child_type", "dtype", "storage_type", "values", "child_valid", "valid", "_fill")
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        self.type = t
+        self.size = t.list_size
+        self.child_type = t.value_type
+        self.dtype = numpy_storage_dtype(self.child_type)
+        self.storage_type = pa.bool_() if self.dtype == bool else pa.from_numpy_dtype(self.dtype)
+        self._fill = pa.scalar(False if self.dtype == bool else 0, self.storage_type)
+        self.values = np.zeros((capacity, self.size), dtype=self.dtype)
+        self.child_valid = np.zeros((capacity, self.size), dtype=bool)
+        self.valid = np.zeros(capacity, dtype=bool)
+
+    @staticmethod
+    def handles(t: pa.DataType) -> bool:
+        return pa.types.is_fixed_size_list(t) and numpy_storage_dtype(t.value_type) is not None
+
+    def grow(self, capacity: int) -> None:
+        for name in ("values", "child_valid", "valid"):
+            old = getattr(self, name)
+            new = np.zeros((capacity,) + old.shape[1:], dtype=old.dtype)
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
+
+    def write(self, slots, arr: pa.Array) -> None:
+        n = len(arr)
+        self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else True
+        child = arr.values.slice(arr.offset * self.size, n * self.size)
+        if child.null_count:
+            self.child_valid[slots] = child.is_valid().to_numpy(zero_copy_only=False).reshape(n, self.size)
+            child = pc.fill_null(child.view(self.storage_type) if child.type != self.storage_type else child,
+                                 self._fill)
+        else:
+            self.child_valid[slots] = True
+            if child.type != self.storage_type:
+                child = child.view(self.storage_type)
+        self.values[slots] = child.to_numpy(zero_copy_only=False).reshape(n, self.size)
+
+    def gather(self, slots) -> pa.Array:
+        valid = self.valid[slots]
+        n = valid.size
+        child_valid = self.child_valid[slots].reshape(-1)
+        child = pa.array(self.values[slots].reshape(-1), type=self.storage_type,
+                         mask=None if child_valid.all() else ~child_valid)
+        if self.storage_type != self.child_type:
+            child = child.view(self.child_type)
+        validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(self.type, n, [validity], null_count=-1 if validity is not None else 0,
+                                     children=[child])
+
+
+class _BytesColumn:
+    """Strings and binaries: each slot's bytes live in one growing byte heap (start, length per
+    slot). Appends copy the input's data buffer once; gathers copy the bytes of the requested
+    slots with one numpy take and build the Arrow array from buffers. Overwritten bytes are
+    garbage until the heap is compacted, which happens when garbage exceeds the live bytes and
+    costs O(heap), amortised over at least as many bytes written."""
+
+    __slots__ = ("type", "fixed", "large", "start", "length", "valid", "heap", "used", "garbage")
+    min_garbage = 1 << 20  # bytes of garbage below which the heap is never compacted
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        # fixed_size_binary is kept as binary (the same bytes) and cast back when read
+        self.fixed = t if pa.types.is_fixed_size_binary(t) else None
+        if self.fixed is not None:
+            t = pa.binary()
+        self.type = t
+        self.large = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        self.start = np.zeros(capacity, dtype=np.int64)
+        self.length = np.zeros(capacity, dtype=np.int64)
+        self.valid = np.zeros(capacity, dtype=bool)
+        self.heap = np.zeros(1 << 16, dtype=np.uint8)
+        self.used = 0
+        self.garbage = 0
+
+    def grow(self, capacity: int) -> None:
+        for name in ("start", "length", "valid"):
+            old = getattr(self, name)
+            new = np.zeros(capacity, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+
+    def _reserve(self, nbytes: int) -> None:
+        need = self.used + nbytes
+        if need <= self.heap.size:
+            return
+        size = self.heap.size
+        while size < need:
+            size *= 2
+        heap = np.zeros(size, dtype=np.uint8)
+        heap[: self.used] = self.heap[: self.used]
+        self.heap = heap
+
+    def write(self, slots, arr: pa.Array) -> None:
+        if self.fixed is not None:
+            arr = arr.cast(pa.binary())
+        n = len(arr)
+        bufs = arr.buffers()
+        off = np.frombuffer(bufs[1], dtype=np.int64 if self.large else np.int32, count=n + 1,
+                            offset=arr.offset * (8 if self.large else 4)).astype(np.int64)
+        first, total = int(off[0]), int(off[-1] - off[0])
+        self.garbage += int(self.length[slots].sum())
+        if self.garbage > max(self.used // 2, self.min_garbage):
+            self._compact()
+        self._reserve(total)
+        if total:
+            self.heap[self.used:self.used + total] = np.frombuffer(bufs[2], dtype=np.uint8, count=total, offset=first)
+        self.start[slots] = self.used + off[:-1] - first
+        self.length[slots] = np.diff(off)
+        self.used += total
+        self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else True
+
+    def _bytes(self, start: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if total == 0:
+            return offsets, np.zeros(0, dtype=np.uint8)
+        idx = np.repeat(start - offsets[:-1], lengths)
+        idx += np.arange(total, dtype=np.int64)
+        return offsets, self.heap[idx]
+
+    def _compact(self) -> None:
+        used = np.flatnonzero(self.length)
+        offsets, data = self._bytes(self.start[used], self.length[used])
+        heap = np.zeros(max(1 << 16, 2 * data.size), dtype=np.uint8)
+        heap[: data.size] = data
+        self.heap, self.used, self.garbage = heap, int(data.size), 0
+        self.start[used] = offsets[:-1]
+
+    def gather(self, slots) -> pa.Array:
+        valid = self.valid[slots]
+        lengths = np.where(valid, self.length[slots], 0)
+        offsets, data = self._bytes(self.start[slots], lengths)
+        n = lengths.size
+        if not self.large:
+            if offsets[-1] > np.iinfo(np.int32).max:
+                raise ValueError(f"gathering {int(offsets[-1])} bytes into one {self.type} array; use a large type")
+            offsets = offsets.astype(np.int32)
+        validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        out = pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                    null_count=-1 if validity is not None else 0)
+        return out if self.fixed is None else out.cast(self.fixed)
+
+
+class ColumnStore:
+    """The columns of one table, addressed by integer slots; bulk writes and gathers."""
+
+    def __init__(self, schema: pa.Schema, capacity: int = 1024):
+        self.schema = schema
+        self.capacity = max(16, int(capacity))
+        self.columns = [(_BytesColumn if _is_c_convertible(f.type) else
+                         _FixedListColumn if _FixedListColumn.handles(f.type) else _Column)(f.type, self.capacity)
+                        for f in schema]
+        self.index = {name: i for i, name in enumerate(schema.names)}
+
+    def ensure(self, capacity: int) -> None:
+        """Makes room for slots below `capacity` (doubling)."""
+        if capacity <= self.capacity:
+            return
+        new = self.capacity
+        while new < capacity:
+            new *= 2
+        for c in self.columns:
+            c.grow(new)
+        self.capacity = new
+
+    def write(self, slots: np.ndarray, table: pa.Table) -> None:
+        """Writes every column of `table` (columns in schema order) at `slots`."""
+        n = len(slots)
+        if n == 0:
+            return
+        lo, hi = int(slots[0]), int(slots[-1])
+        self.ensure(max(hi, int(slots.max()) if n > 1 else hi) + 1)
+        # contiguous ascending slots (appends) are written through a slice view
+        where = slice(lo, hi + 1) if hi - lo + 1 == n and (n == 1 or bool(np.all(np.diff(slots) == 1))) else slots
+        for c, col in zip(self.columns, table.columns):
+            c.write(where, col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+
+    def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """The values at `slots` as a table (all columns, or `columns` in that order)."""
+        names = list(columns) if columns is not None else self.schema.names
+        arrays = [self.columns[self.index[n]].gather(slots) for n in names]
+        return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(n) for n in names]))
+
+    def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
+        return self.columns[self.index[name]].gather(slots)
+
+
+# ----------------------------------------------------------------------------------------------
+# row-wise equality
+# ----------------------------------------------------------------------------------------------
+
+def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.Array]):
+    """A KeyIndex verifier: do the rows stored at `rows` (columns `names` of `store`) hold the key
+    values of queries `qi` (rows of `cols`)? Compared in bulk, nulls equal nulls."""
+    def verify(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        stored = store.gather(rows, names)
+        take = pa.array(qi, type=pa.int64())
+        ok = np.ones(qi.size, dtype=bool)
+        for j, col in enumerate(cols):
+            ok &= equal_mask(stored.column(j), col.take(take))
+        return ok
+    return verify
+
+
+# ----------------------------------------------------------------------------------------------
+# hashing of key columns
+# ----------------------------------------------------------------------------------------------
+
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_BYTE_BASE = np.uint64(0x100000001B3)
+_NULL_HASH = np.uint64(0x6A09E667F3BCC909)
+_POWERS = np.ones(1, dtype=np.uint64)
+
+
+def _powers(n: int) -> np.ndarray:
+    global _POWERS
+    if _POWERS.size < n:
+        size = max(n, 2 * _POWERS.size)
+        p = np.full(size, _BYTE_BASE, dtype=np.uint64)
+        p[0] = 1
+        _POWERS = np.cumprod(p, dtype=np.uint64)
+    return _POWERS[:n]
+
+
+def _bytes_hash(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Polynomial hash of each byte string data[offsets[i]:offsets[i+1]]."""
+    starts = offsets[:-1]
+    lengths = np.diff(offsets)
+    total = int(lengths.sum())
+    out = lengths.astype(np.uint64) * _GOLD
+    if total == 0:
+        return out
+    first = int(starts[0])
+    seg = data[first:first + total].astype(np.uint64)
+    rel = starts - first
+    within = np.arange(total, dtype=np.int64) - np.repeat(rel, lengths)
+    seg *= _powers(int(lengths.max()))[within]
+    sums = np.add.reduceat(np.append(seg, np.uint64(0)), np.minimum(rel, total))
+    sums[lengths == 0] = 0
+    return out ^ sums
+
+
+_HASHABLE = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_temporal,
+             pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+             pa.types.is_fixed_size_binary, pa.types.is_decimal)
+
+
+def check_hashable(t: pa.DataType) -> bool:
+    return any(f(t) for f in _HASHABLE)
+
+
+def _column_hash(a: pa.Array) -> np.ndarray:
+    t = a.type
+    n = len(a)
+    bufs = a.buffers()
+    if pa.types.is_boolean(t):
+        h = a.to_numpy(zero_copy_only=False).astype(np.uint64) + np.uint64(1)
+    elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t):
+        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        off = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32, count=n + 1,
+                            offset=a.offset * (8 if wide else 4)).astype(np.int64)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        h = _bytes_hash(off, data)
+    elif pa.types.is_fixed_size_binary(t) or t.bit_width not in (8, 16, 32, 64):
+        w = t.bit_width // 8
+        off = (np.arange(n + 1, dtype=np.int64) + a.offset) * w
+        h = _bytes_hash(off, np.frombuffer(bufs[1], dtype=np.uint8))
+    elif pa.types.is_floating(t):
+        v = np.frombuffer(bufs[1], dtype=t.to_pandas_dtype(), count=n, offset=a.offset * t.bit_width // 8)
+        v = np.where(np.isnan(v), np.nan, v + 0.0).astype(np.float64)  # one NaN, and -0.0 == 0.0
+        h = v.view(np.uint64).copy()
+    else:
+        w = t.bit_width // 8
+        h = np.frombuffer(bufs[1], dtype=np.dtype(f"<u{w}"), count=n, offset=a.offset * w).astype(np.uint64)
+    h = mix(h ^ _GOLD)
+    if a.null_count:
+        h[~_validity(a)] = _NULL_HASH
+    return h
+
+
+def hash_columns(columns: Sequence[pa.Array]) -> np.ndarray:
+    """A 64-bit hash per row of the given key columns (equal keys give equal hashes)."""
+    h = None
+    for col in columns:
+        ch = _column_hash(_as_array(col))
+        h = ch if h is None else mix(h * _GOLD + ch)
+    return h

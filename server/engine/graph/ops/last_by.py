@@ -1,0 +1,254 @@
+"""last_by: the latest row of each distinct key, as a keyed table."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, hash_columns, key_verifier
+from tickwire.server.engine.graph.keyindex import KeyIndex
+from tickwire.server.engine.graph.keymap import KeyMap
+from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
+from tickwire.server.engine.graph.order import NONE_LO, OrderIndex
+from tickwire.server.engine.graph.row_set import RowSet
+from tickwire.server.engine.graph.tables import Table, register_operation
+from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.graph.arrays import unique
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.graph.graph import UpdateGraph
+
+__all__ = ["LastByTable"]
+
+_U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class LastByTable(_Op):
+    """One row per distinct value of the key columns: the group's latest row (the one with the
+    largest parent row key), as a keyed table. A group gets the next row key when it first
+    appears (groups appearing in one cycle are numbered in the order of their first rows, as
+    Deephaven orders groups by first appearance) and keeps it while it has rows; a group that empties is removed, and one that comes back is a new
+    row. The group's row is modified when its latest row changes (every non-key column is then
+    reported modified) or when the parent modifies that row (its modified columns)."""
+
+    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, keys: Union[str, Sequence[str]]):
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        if not keys:
+            raise ValueError(f"table {name!r}: last_by needs at least one key column")
+        for k in column_names(parent.schema, keys):
+            if not check_hashable(parent.schema.field(k).type):
+                raise ValueError(f"table {name!r}: key column {k!r} has type {parent.schema.field(k).type}, "
+                                 f"which cannot be a key")
+        self.keys = keys
+        self.value_columns = [n for n in parent.schema.names if n not in keys]
+        self._groups = KeyIndex()
+        self._group_keys = ColumnStore(pa.schema([parent.schema.field(k) for k in keys]))
+        self._ngroups = 0
+        self._gid_of = KeyMap()                       # parent row key -> group
+        self._members = OrderIndex(2)                 # (group, parent row key) in order
+        self._rep = np.full(1024, -1, dtype=np.int64)    # group -> its latest parent row key
+        self._count = np.zeros(1024, dtype=np.int64)     # group -> rows
+        self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
+        self._gid_at = np.full(1024, -1, dtype=np.int64)  # output row key -> group
+        self._next_okey = 0
+        with graph.exclusive(), _unregistered_on_error(graph, self):
+            _Op.__init__(self, graph, name, parent, parent.schema)
+            self.store = parent.store
+            self._cycle(TableUpdate(added=parent.rowset))
+            self._rs = None
+
+    # -- storage --------------------------------------------------------------------------------
+    def _grow(self, groups: int) -> None:
+        size = self._rep.size
+        if groups <= size:
+            return
+        while size < groups:
+            size *= 2
+        for name, fill in (("_rep", -1), ("_count", 0), ("_okey", -1)):
+            old = getattr(self, name)
+            new = np.full(size, fill, dtype=np.int64)
+            new[:old.size] = old
+            setattr(self, name, new)
+
+    def _reps(self, okeys: np.ndarray) -> np.ndarray:
+        return self._rep[self._gid_at[okeys]]
+
+    def _parent_keys(self, keys):
+        return self._reps(np.asarray(keys, dtype=np.int64))
+
+    def _slots(self, keys):
+        return self.parent._slots(self._reps(np.asarray(keys, dtype=np.int64)))
+
+    def prev_gather(self, columns=None, keys=None):
+        raise RuntimeError(f"table {self.name!r}: last_by does not keep previous values")
+
+    # -- groups ---------------------------------------------------------------------------------
+    def _group_of(self, values: pa.Table) -> np.ndarray:
+        """Group of each row of key values, creating groups for new keys."""
+        n = values.num_rows
+        if n == 0:
+            return _EMPTY.copy()
+        cols = [values.column(k).combine_chunks() for k in self.keys]
+        # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
+        h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+
+        same = key_verifier(self._group_keys, self.keys, cols)
+        gids, _ = self._groups.lookup(h, same)
+        missing = np.flatnonzero(gids < 0)
+        if missing.size:
+            # one new group per distinct new key (its first row stands for it)
+            sub = values.select(self.keys).take(pa.array(missing)).append_column(
+                "__i", pa.array(np.arange(missing.size, dtype=np.int64)))
+            firsts = np.sort(sub.group_by(self.keys, use_threads=False).aggregate([("__i", "min")])
+                             .column("__i_min").to_numpy())
+            rows = missing[firsts]
+            new = np.arange(self._ngroups, self._ngroups + rows.size, dtype=np.int64)
+            self._ngroups += rows.size
+            self._grow(self._ngroups)
+            self._group_keys.ensure(self._ngroups)
+            self._group_keys.write(new, values.select(self.keys).take(pa.array(rows)))
+            self._groups.insert(h[rows], new)
+            again, _ = self._groups.lookup(h[missing], lambda qi, g: same(missing[qi], g))
+            gids[missing] = again
+        return gids
+
+    def _new_reps(self, groups: np.ndarray) -> None:
+        """Finds the latest row of each group (groups with rows)."""
+        if groups.size == 0:
+            return
+        q = [groups.astype(np.uint64), np.full(groups.size, _U64_MAX, dtype=np.uint64)]
+        pred, _ = self._members.locate(q)
+        ok = pred != NONE_LO
+        w = self._members.words_at(pred[ok])
+        same = w[0].astype(np.int64) == groups[ok]
+        rep = np.full(groups.size, -1, dtype=np.int64)
+        rep[np.flatnonzero(ok)[same]] = w[1][same].astype(np.int64)
+        self._rep[groups] = rep
+
+    def _follow(self, step, up):
+        return self._cycle(up)
+
+    def _cycle(self, up: TableUpdate) -> Optional[TableUpdate]:
+        parent, members, gid_of = self.parent, self._members, self._gid_of
+        rec_g: list[np.ndarray] = []       # touched groups, with their latest row before the cycle
+        rec_rep: list[np.ndarray] = []     # (post-shift key; -2 when that row left)
+        lost: list[np.ndarray] = []        # groups whose latest row left
+        # 1. removed rows (pre-shift keys)
+        rem_p = up.removed.keys()
+        if rem_p.size:
+            g = gid_of.get(rem_p)
+            if np.any(g < 0):
+                raise RuntimeError(f"table {self.name!r}: the parent removed rows this table does not have")
+            rep_b = self._rep[g]
+            gone = np.isin(rep_b, rem_p)
+            rep_b = np.where(gone, -2, up.shifted.apply_to_keys(rep_b))
+            rec_g.append(g)
+            rec_rep.append(rep_b)
+            lost.append(g[gone])
+            gid_of.delete(rem_p)
+            members.delete(members.key_of(rem_p))
+            np.subtract.at(self._count, g, 1)
+        # 2. shifted rows: new parent keys
+        if not up.shifted.is_empty():
+            old, new = shifted_rows(parent, up)
+            if old.size:
+                g = gid_of.get(old)
+                gid_of.remap(old, new)
+                members.set_last_word(members.key_of(old), new)
+                is_rep = self._rep[g] == old
+                self._rep[g[is_rep]] = new[is_rep]
+        # 3. modified rows that changed group move to it
+        mod_p = up.modified.keys()
+        moved_in_p, moved_in_g = _EMPTY, _EMPTY
+        if mod_p.size and set(self.keys) & up.modified_columns:
+            cur = gid_of.get(mod_p)
+            new_g = self._group_of(parent.gather(self.keys, mod_p))
+            ch = new_g != cur
+            if ch.any():
+                mp, cg, ng = mod_p[ch], cur[ch], new_g[ch]
+                rec_g.extend([cg, ng])
+                rec_rep.extend([self._rep[cg], self._rep[ng]])
+                lost.append(cg[self._rep[cg] == mp])
+                members.delete(members.key_of(mp))
+                np.subtract.at(self._count, cg, 1)
+                moved_in_p, moved_in_g = mp, ng
+        # 4. added rows (and rows that moved in) join their groups
+        add_p = up.added.keys()
+        add_g = self._group_of(parent.gather(self.keys, add_p))
+        in_p = np.concatenate((add_p, moved_in_p))
+        in_g = np.concatenate((add_g, moved_in_g))
+        if in_p.size:
+            rec_g.append(in_g)
+            rec_rep.append(self._rep[in_g])
+            gid_of.set(in_p, in_g)
+            members.insert([in_g.astype(np.uint64), in_p.astype(np.uint64)])
+            np.add.at(self._count, in_g, 1)
+            np.maximum.at(self._rep, in_g, in_p)
+        # 5. groups whose latest row left find their new latest row
+        if lost:
+            lg = unique(np.concatenate(lost))
+            has = self._count[lg] > 0
+            self._rep[lg[~has]] = -1
+            self._new_reps(lg[has])
+        if not rec_g:
+            mod_o = self._modified_reps(mod_p)
+            return self._emit(_EMPTY, _EMPTY, mod_o, up, False)
+        # 6. what each touched group's output row does
+        allg = np.concatenate(rec_g)
+        allrep = np.concatenate(rec_rep)
+        G, first = np.unique(allg, return_index=True)
+        rep_b = allrep[first]
+        existed = self._okey[G] >= 0
+        now = self._count[G] > 0
+        gone_o = self._okey[G[existed & ~now]]
+        self._gid_at[gone_o] = -1
+        self._okey[G[existed & ~now]] = -1
+        born = G[~existed & now]
+        if born.size:
+            # new groups in the order of their first rows (all their rows came in this cycle)
+            o = np.argsort(in_p, kind="stable")
+            firsts_g, firsts_i = np.unique(in_g[o], return_index=True)
+            first_row = np.full(self._ngroups, np.iinfo(np.int64).max, dtype=np.int64)
+            first_row[firsts_g] = in_p[o][firsts_i]
+            born = born[np.argsort(first_row[born], kind="stable")]
+        new_o = np.arange(self._next_okey, self._next_okey + born.size, dtype=np.int64)
+        self._next_okey += born.size
+        if new_o.size:
+            size = self._gid_at.size
+            while size < self._next_okey:
+                size *= 2
+            if size > self._gid_at.size:
+                grown = np.full(size, -1, dtype=np.int64)
+                grown[:self._gid_at.size] = self._gid_at
+                self._gid_at = grown
+            self._gid_at[new_o] = born
+            self._okey[born] = new_o
+        both = existed & now
+        rep_changed = both & (self._rep[G] != rep_b)
+        changed_o = self._okey[G[rep_changed]]
+        mod_o = np.union1d(changed_o, self._modified_reps(mod_p))
+        return self._emit(new_o, gone_o, mod_o, up, bool(changed_o.size))
+
+    def _modified_reps(self, mod_p: np.ndarray) -> np.ndarray:
+        """Output keys of groups whose latest row the parent modified in place."""
+        if mod_p.size == 0:
+            return _EMPTY
+        g = self._gid_of.get(mod_p)
+        ok = g >= 0
+        g, p = g[ok], mod_p[ok]
+        is_rep = self._rep[g] == p
+        return self._okey[g[is_rep]]
+
+    def _emit(self, added, removed, modified, up, reps_changed: bool) -> TableUpdate:
+        self._commit(removed, added)
+        modified = np.setdiff1d(modified, added)
+        cols = set()
+        if modified.size:
+            cols = set(self.value_columns) if reps_changed else set()
+            cols |= up.modified_columns
+        return TableUpdate(added=RowSet.from_keys(added), removed=RowSet.from_keys(removed),
+                           modified=RowSet.from_keys(modified), modified_columns=cols)
+
+
+register_operation("last_by", LastByTable)

@@ -1,0 +1,270 @@
+"""Tables of the update graph: the common base and static tables.
+
+Every table has a name, an Arrow schema, a row set (`rowset`), the step of its last change
+(`last_step`), attributes, listeners, and reads its values in bulk (`gather`). During a cycle a
+changed table also exposes `prev_rowset` (its row set before the cycle) and `prev_gather` (the
+values its modified rows had before the cycle). The source tables are in `sources.py`, the derived
+tables in the `ops` package.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.server.engine.graph.column_store import ColumnStore
+from tickwire.server.engine.graph.row_set import RowSet
+from tickwire.server.engine.graph.table_update import ROW_KEY, TableUpdate, column_names
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.graph.graph import UpdateGraph
+
+__all__ = ["SchemaMismatchError", "Table", "StaticTable", "conform", "as_table", "register_operation", "unique_name"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[["Table", TableUpdate, int], None]
+
+
+class SchemaMismatchError(ValueError):
+    """Input whose schema does not match the table's; the message names the table, the column
+    and both types. Types must be equal (no casts are applied); column order may differ."""
+
+
+def as_table(data) -> pa.Table:
+    """A pyarrow Table from a Table, a RecordBatch or a sequence of RecordBatches."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, (list, tuple)) and data and all(isinstance(b, pa.RecordBatch) for b in data):
+        return pa.Table.from_batches(list(data))
+    raise TypeError(f"expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
+
+
+def conform(table_name: str, schema: pa.Schema, data, names: Optional[Sequence[str]] = None) -> pa.Table:
+    """Checks `data` against `schema` (or only its columns `names`) and returns it with the
+    columns in schema order and one chunk per column. Raises SchemaMismatchError."""
+    t = as_table(data)
+    want = list(names) if names is not None else list(schema.names)
+    have = t.column_names
+    if len(set(have)) != len(have):
+        dup = next(n for n in have if have.count(n) > 1)
+        raise SchemaMismatchError(f"table {table_name!r}: input has column {dup!r} more than once")
+    missing = [n for n in want if n not in have]
+    if missing:
+        raise SchemaMismatchError(f"table {table_name!r}: input is missing column {missing[0]!r} "
+                                  f"(type {schema.field(missing[0]).type})")
+    wanted = set(want)
+    extra = [n for n in have if n not in wanted]
+    if extra:
+        raise SchemaMismatchError(f"table {table_name!r}: input has column {extra[0]!r} "
+                                  f"(type {t.schema.field(extra[0]).type}) that the table does not have")
+    for n in want:
+        got, expected = t.schema.field(n).type, schema.field(n).type
+        if got != expected:
+            raise SchemaMismatchError(f"table {table_name!r}: column {n!r} has type {got}, "
+                                      f"expected {expected}")
+    if have != want:
+        t = t.select(want)
+    return t.combine_chunks()
+
+
+# The derived-table operations by name, `make(graph, name, parent, *args) -> Table`: each module
+# of tickwire.server.engine.graph.ops registers its own when imported (the package imports them all), so
+# this module, which they build on, imports none of them.
+_operations: dict[str, Callable[..., "Table"]] = {}
+
+
+def register_operation(operation: str, make: Callable[..., "Table"]) -> None:
+    """Makes `make(graph, name, parent, *args)` the table that `Table.<operation>(*args, name=...)` returns."""
+    _operations[operation] = make
+
+
+def unique_name(graph: "UpdateGraph", base: str) -> str:
+    """`base`, or `base#2`, `base#3`, ... : the first name no table of the graph has."""
+    with graph.exclusive():
+        if base not in graph.tables:
+            return base
+        i = 2
+        while f"{base}#{i}" in graph.tables:
+            i += 1
+        return f"{base}#{i}"
+
+
+class Table:
+    """A table in the update graph: a row set, column values, attributes and listeners."""
+
+    is_refreshing = True
+    # a session's table (an export or what it derives from): never resolvable or listed by name
+    hidden = False
+    # a TableFailure once a derived table's computation (or its parent's) raised: it no longer
+    # updates and its contents are not served (see UpdateGraph)
+    failure = None
+
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema, parents: Sequence["Table"] = ()):
+        if not isinstance(schema, pa.Schema):
+            raise TypeError(f"table {name!r}: schema must be a pyarrow Schema, got {type(schema).__name__}")
+        self.graph = graph
+        self.name = name
+        self.schema = schema
+        self.rowset = RowSet()
+        self.prev_rowset: Optional[RowSet] = None
+        self.last_step = 0
+        self.attributes: dict[str, object] = {}
+        self.listeners: list[Listener] = []
+        self.parents: tuple[Table, ...] = tuple(parents)
+        self.depth = 1 + max((p.depth for p in self.parents), default=-1)
+        self.store = ColumnStore(schema)
+        # previous values of this cycle's modified rows: (sorted row keys, values)
+        self._prev: Optional[tuple[np.ndarray, pa.Table]] = None
+        graph._register(self)
+
+    # -- reading ----------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.rowset)
+
+    def _slots(self, keys: np.ndarray) -> np.ndarray:
+        """Storage slot of each row key."""
+        return keys
+
+    def gather(self, columns: Optional[Sequence[str]] = None, rowset=None) -> pa.Table:
+        """Values of `rowset` (a RowSet or an array of row keys; default: every row) in that order,
+        as one Arrow table built in bulk. Call under the graph's lock (or from a listener) for
+        values consistent with `rowset`."""
+        names = column_names(self.schema, columns)
+        if rowset is None:
+            rowset = self.rowset
+        keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
+        return self.store.gather(self._slots(keys), names)
+
+    def gather_with_keys(self, columns: Optional[Sequence[str]] = None, rowset=None,
+                         key_column: str = ROW_KEY) -> pa.Table:
+        """Like `gather`, with the row keys as a first int64 column `key_column` (the state form
+        `apply_update` works on)."""
+        if rowset is None:
+            rowset = self.rowset
+        keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
+        values = self.gather(columns, keys)
+        return values.add_column(0, pa.field(key_column, pa.int64(), nullable=False), [pa.array(keys, pa.int64())])
+
+    def gather_column(self, name: str, rowset=None) -> pa.Array:
+        return self.gather([name], rowset).column(0).combine_chunks()
+
+    def to_arrow(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """The whole table, read under the graph's lock."""
+        with self.graph.exclusive():
+            return self.gather(columns)
+
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys=None) -> pa.Table:
+        """During this table's cycle: the values the modified rows (`keys`, post-shift row keys;
+        default all of them) had before the cycle."""
+        if self._prev is None:
+            raise RuntimeError(f"table {self.name!r}: previous values exist only during a cycle that modified it")
+        names = column_names(self.schema, columns)
+        pkeys, values = self._prev
+        want = pkeys if keys is None else (keys.keys() if isinstance(keys, RowSet)
+                                            else np.asarray(keys, dtype=np.int64).ravel())
+        idx = np.searchsorted(pkeys, want)
+        if idx.size and (np.any(idx >= pkeys.size) or np.any(pkeys[np.minimum(idx, pkeys.size - 1)] != want)):
+            raise KeyError(f"table {self.name!r}: previous values exist only for rows modified this cycle")
+        return values.select(names).take(pa.array(idx, type=pa.int64()))
+
+    # -- listening ------------------------------------------------------------------------------
+    def add_listener(self, fn: Listener) -> Listener:
+        """`fn(table, update, step)` runs in the cycle thread after each cycle that changed the table."""
+        with self.graph.exclusive():
+            self.listeners.append(fn)
+        return fn
+
+    def remove_listener(self, fn: Listener) -> None:
+        with self.graph.exclusive():
+            if fn in self.listeners:
+                self.listeners.remove(fn)
+
+    # -- derived tables (made by the operations of tickwire.server.engine.graph.ops) -------------------
+    def _derive(self, operation: str, name: Optional[str], *args) -> "Table":
+        make = _operations.get(operation)
+        if make is None:
+            raise RuntimeError(f"no operation {operation!r} is registered (tickwire.server.engine.graph.ops registers them)")
+        return make(self.graph, name or unique_name(self.graph, f"{self.name}.{operation}"), self, *args)
+
+    def where(self, predicate, name: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> "Table":
+        """The rows for which `predicate` holds: a pyarrow compute Expression (``pc.field("x") > 3``)
+        or a callable ``values -> boolean array`` (given `columns` of the rows when set)."""
+        return self._derive("where", name, predicate, columns)
+
+    def sort(self, columns, descending=False, name: Optional[str] = None) -> "Table":
+        """The rows ordered by `columns` (a name or names; `descending` a flag or one per column),
+        ties in this table's row order."""
+        return self._derive("sort", name, columns, descending)
+
+    def view(self, columns, name: Optional[str] = None) -> "Table":
+        """Columns kept, renamed or computed: names, ``(new_name, column)`` and ``(name, Expression)``
+        pairs, or a dict; computed columns are evaluated when read."""
+        return self._derive("view", name, columns)
+
+    def select(self, columns, name: Optional[str] = None) -> "Table":
+        """Like `view`, with the computed columns stored (computed once per change)."""
+        return self._derive("select", name, columns)
+
+    def head(self, n: int, name: Optional[str] = None) -> "Table":
+        """The first n rows."""
+        return self._derive("head", name, n)
+
+    def tail(self, n: int, name: Optional[str] = None) -> "Table":
+        """The last n rows."""
+        return self._derive("tail", name, n)
+
+    def last_by(self, keys, name: Optional[str] = None) -> "Table":
+        """The latest row of each distinct value of `keys` (a keyed table)."""
+        return self._derive("last_by", name, keys)
+
+    # -- cycle hooks (called by the graph under its lock) ---------------------------------------
+    def take_pending(self) -> list:
+        """Called with the graph's intake lock held: the input queued since the last cycle."""
+        return []
+
+    def apply_pending(self, step: int, ops: list) -> Optional[TableUpdate]:
+        """Sources: applies queued input; returns the cycle's update (None when nothing changed)."""
+        return None
+
+    def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        """Derived tables: follows the parents' updates of this cycle."""
+        return None
+
+    def end_cycle(self) -> None:
+        self._prev = None
+        self.prev_rowset = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, rows={len(self.rowset)}, last_step={self.last_step})"
+
+
+class StaticTable(Table):
+    """A table that never changes."""
+
+    is_refreshing = False
+
+    def __init__(self, graph: "UpdateGraph", name: str, data):
+        data = as_table(data).combine_chunks()
+        super().__init__(graph, name, data.schema)
+        n = data.num_rows
+        self.store.ensure(n)
+        self.store.write(np.arange(n, dtype=np.int64), data)
+        self.rowset = RowSet.range(0, n - 1)
+        self.attributes = {"IsFlat": True}  # row keys are positions, as Deephaven marks its flat tables
+        self.data = data
+
+    def gather(self, columns: Optional[Sequence[str]] = None, rowset=None) -> pa.Table:
+        """Contiguous row ranges are zero-copy slices of the table's data; other row sets a take."""
+        data = self.data.select(column_names(self.schema, columns))
+        if rowset is None:
+            rowset = self.rowset
+        if isinstance(rowset, RowSet) and rowset.is_single_range:
+            return data.slice(rowset.first(), len(rowset)) if rowset else data.slice(0, 0)
+        keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
+        return data.take(pa.array(keys, type=pa.int64()))

@@ -1,0 +1,304 @@
+"""Shared plumbing of the gRPC services: call errors, authentication, generic handlers.
+
+All services run on one grpc.aio server. Handlers are registered generically from the method
+table (`tickwire.protocol.proto.methods`), so no generated stubs are needed; FlightData travels as
+raw bytes in both directions (no protobuf objects on the data path).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import functools
+import logging
+import uuid
+from typing import Any, Callable, Optional, Sequence
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from tickwire.errors import TickwireError
+from tickwire.protocol.proto.methods import ALL_METHODS, BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
+from tickwire.server.config import ServerConfig
+from tickwire.server.engine import engine_of
+from tickwire.server.services.sessions import Session
+
+__all__ = ["CallError", "ServerContext", "build_handlers", "guarded_methods", "GuardedMethod",
+           "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
+           "short", "MAX_DETAILS", "real_peer", "add_peer_resolver", "remove_peer_resolver"]
+
+log = logging.getLogger(__name__)
+
+RAW = "raw"  # marker: the message travels as bytes, unparsed
+
+
+class CallError(TickwireError):
+    """Ends a call with a gRPC status; `code` is a status name such as "INVALID_ARGUMENT"."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message, code)
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status a handler's exception is answered with."""
+    if isinstance(exc, TickwireError):  # every error raised on purpose carries its status
+        return grpc.StatusCode[exc.code], str(exc)
+    ref = uuid.uuid4()
+    log.error("internal error (reference %s)", ref, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc} (reference {ref})"
+
+
+class ServerContext:
+    """What every service needs: the graph, the scope, sessions, publishers and a worker pool."""
+
+    def __init__(self, graph, scope, sessions, registry, executor, config: Optional[ServerConfig] = None):
+        self.graph = graph
+        self.scope = scope
+        self.sessions = sessions
+        self.registry = registry
+        self.executor = executor
+        self.config = config or ServerConfig()
+        self.engine = engine_of(graph)
+
+    async def run(self, fn: Callable, *args) -> Any:
+        """Runs blocking work (the graph's lock, encoding) off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
+
+    async def authenticate(self, context: grpc.aio.ServicerContext, *, send_header: bool = True) -> Session:
+        """The call's session: the one its credentials were checked for before its body was
+        parsed, or (outside such a call) a fresh check of its metadata."""
+        session = _CALL_SESSION.get()
+        if session is None:
+            session = self.sessions.authenticate(context.invocation_metadata() or ())
+        if send_header:
+            await context.send_initial_metadata((("authorization", f"Bearer {session.token}"),))
+        return session
+
+
+_CALL_SESSION: contextvars.ContextVar = contextvars.ContextVar("tickwire_call_session", default=None)
+
+#: gRPC status details are sent in a trailer that clients cap at 16 KiB (after %-encoding); an
+#: error message is cut well below that so that it always arrives as sent.
+MAX_DETAILS = 1_000
+
+
+def short(text: str, limit: int = MAX_DETAILS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return text[: limit - 40] + f"... ({len(text) - limit + 40} more characters)"
+
+
+# -- peers ----------------------------------------------------------------------------------------------
+#: who can name the client behind a peer grpcio reports: the port splitter (tickwire.server.web)
+#: hands grpcio its connections over a loopback hop, so grpcio sees 127.0.0.1:<the hop's port>
+_PEER_RESOLVERS: list[Callable[[str], str]] = []
+
+
+def add_peer_resolver(resolve: Callable[[str], str]) -> None:
+    """`resolve(peer)` returns the real peer of a connection it relays, else `peer` unchanged."""
+    _PEER_RESOLVERS.append(resolve)
+
+
+def remove_peer_resolver(resolve: Callable[[str], str]) -> None:
+    if resolve in _PEER_RESOLVERS:
+        _PEER_RESOLVERS.remove(resolve)
+
+
+def real_peer(peer: str) -> str:
+    """The client's own address for a peer as grpcio names it (e.g. "ipv4:10.1.2.3:51234"): the
+    relayed connections' loopback hops are replaced by the address the client connected from."""
+    for resolve in list(_PEER_RESOLVERS):
+        real = resolve(peer)
+        if real != peer:
+            return real
+    return peer
+
+
+class _RealPeerContext:
+    """A call's context whose `peer()` is the client's own address (every other attribute is the
+    call's context's): what handlers log names the client, not the splitter's loopback hop."""
+
+    __slots__ = ("_context", "_peer")
+
+    def __init__(self, context, peer: str):
+        self._context = context
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
+def _with_real_peer(context):
+    if not _PEER_RESOLVERS:
+        return context
+    peer = context.peer()
+    real = real_peer(peer)
+    return context if real == peer else _RealPeerContext(context, real)
+
+
+async def _abort(context, exc: BaseException, on_error: Optional[Callable[[grpc.StatusCode], None]] = None):
+    code, details = status_of(exc)
+    if on_error is not None:  # the server's metrics: every error status of a call passes here
+        try:
+            on_error(code)
+        except Exception:  # noqa: BLE001 - counting never changes the answer
+            log.debug("error counter", exc_info=True)
+    await context.abort(code, short(details))
+
+
+def _parser(message_cls, codec):
+    """bytes -> request for one method: RAW passes bytes through; otherwise the protobuf class,
+    whose decode errors become INVALID_ARGUMENT naming the message type."""
+    if codec is RAW or message_cls is None:
+        return None
+    name = message_cls.DESCRIPTOR.full_name
+
+    def parse(raw: bytes):
+        try:
+            return message_cls.FromString(raw)
+        except DecodeError as exc:
+            raise CallError("INVALID_ARGUMENT", f"malformed {name} request: {short(exc, 200)}") from None
+    return parse
+
+
+async def _parsed_stream(request_iterator, parse):
+    async for raw in request_iterator:
+        yield parse(raw)
+
+
+def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
+    """Checks credentials, then parses the request body, then runs the handler; every exception
+    becomes a status (unary/client-stream and streaming shapes alike). Credentials come first, so
+    an unauthenticated caller learns nothing about what its request would have done."""
+    streaming_request = kind in (CLIENT_STREAM, BIDI)
+
+    def prepare(request, context):
+        if precheck is not None:
+            _CALL_SESSION.set(precheck(context.invocation_metadata() or (), peer=context.peer()))
+        if parse is None:
+            return request
+        return _parsed_stream(request, parse) if streaming_request else parse(request)
+
+    if kind in (SERVER_STREAM, BIDI):
+        @functools.wraps(fn)
+        async def stream_wrapper(request, context):
+            try:
+                context = _with_real_peer(context)
+                async for item in fn(prepare(request, context), context):
+                    yield item
+            except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
+                raise  # the call is over (cancelled by the client, aborted, or closed): nothing to report
+            except BaseException as exc:  # noqa: BLE001 - every error becomes a status
+                await _abort(context, exc, on_error)
+        return stream_wrapper
+
+    @functools.wraps(fn)
+    async def unary_wrapper(request, context):
+        try:
+            context = _with_real_peer(context)
+            return await fn(prepare(request, context), context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            await _abort(context, exc, on_error)
+    return unary_wrapper
+
+
+def unimplemented(name: str, kind: str) -> Callable:
+    """A handler that answers UNIMPLEMENTED naming the method (after the credentials check every
+    registered method gets)."""
+    message = f"{name} is not supported by tickwire"
+    if kind in (SERVER_STREAM, BIDI):
+        async def stream(_req, _context):
+            raise CallError("UNIMPLEMENTED", message)
+            yield  # unreachable: makes this an async generator
+        return stream
+
+    async def unary(_req, _context):
+        raise CallError("UNIMPLEMENTED", message)
+    return unary
+
+
+def service_handlers(service: str, impls: dict[str, tuple]) -> dict[str, tuple]:
+    """{method path: (fn, request codec, response codec)} for one service's methods by name; each
+    must be in the method table (tickwire.protocol.proto.methods), which gives its path and kind."""
+    out = {}
+    for name, impl in impls.items():
+        path = f"/{service}/{name}"
+        if path not in METHODS:
+            raise ValueError(f"{path} is not in the method table")
+        out[path] = impl
+    return out
+
+
+def with_stubs(impls: dict) -> dict:
+    """`impls` plus an UNIMPLEMENTED stub for every other method of the services in `proto/`, so
+    that each of them checks credentials like the rest."""
+    out = dict(impls)
+    for path, m in ALL_METHODS.items():
+        if path not in out:
+            out[path] = (unimplemented(f"{m.service.rpartition('.')[2]}.{m.name}", m.kind), RAW, RAW, m.kind)
+    return out
+
+
+#: Methods answered without credentials: the browser asks which logins exist before it has any.
+UNAUTHENTICATED_METHODS = frozenset({"/io.deephaven.proto.backplane.grpc.ConfigService/GetAuthenticationConstants"})
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardedMethod:
+    """One served method, ready for any transport: `fn(request, context)` takes the raw request
+    bytes (or an async iterator of them) and a context with `invocation_metadata()`,
+    `send_initial_metadata(md)` and `abort(code, details)`; it checks credentials, parses, runs
+    the handler and turns every error into a status. `serialize` turns a response into bytes
+    (None: the handler already yields bytes)."""
+    path: str
+    kind: str
+    fn: Callable
+    serialize: Optional[Callable[[Any], bytes]]
+
+
+def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
+                    precheck: Optional[Callable[[Sequence], Any]] = None,
+                    on_error: Optional[Callable[[grpc.StatusCode], None]] = None) -> dict[str, GuardedMethod]:
+    """{method path: GuardedMethod} from {method path: (async fn, request codec, response codec)}.
+
+    A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
+    in the method table takes a fourth element, its kind (UNARY, SERVER_STREAM, ...), and raw bytes.
+    Requests always arrive as bytes: `precheck(metadata, peer=...)` (the session manager's authenticate)
+    runs first, except for UNAUTHENTICATED_METHODS, and its session is what
+    `ServerContext.authenticate` returns for the call; only then is the body parsed. `on_error(code)`
+    hears the status code of every call that ends with an error (the server's metrics)."""
+    out = {}
+    for path, (fn, req, resp, *kind) in impls.items():
+        m = METHODS.get(path)
+        if m is None:  # a method outside the method table: raw bytes both ways, kind given
+            method_kind, parse, ser = kind[0], None, None
+        else:
+            method_kind = m.kind
+            parse = _parser(m.request, req)
+            ser = None if resp is RAW else m.response.SerializeToString
+        check = None if path in UNAUTHENTICATED_METHODS else precheck
+        out[path] = GuardedMethod(path, method_kind, _guard(fn, method_kind, parse, check, on_error), ser)
+    return out
+
+
+def build_handlers(impls: dict[str, tuple[Callable, Any, Any]],
+                   precheck: Optional[Callable[[Sequence], Any]] = None,
+                   on_error: Optional[Callable[[grpc.StatusCode], None]] = None) -> list[grpc.GenericRpcHandler]:
+    """grpcio generic handlers for `guarded_methods(impls, precheck, on_error)`."""
+    by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+    for path, gm in guarded_methods(impls, precheck, on_error).items():
+        service, _sep, name = path[1:].rpartition("/")
+        factory = {UNARY: grpc.unary_unary_rpc_method_handler, SERVER_STREAM: grpc.unary_stream_rpc_method_handler,
+                   CLIENT_STREAM: grpc.stream_unary_rpc_method_handler,
+                   BIDI: grpc.stream_stream_rpc_method_handler}[gm.kind]
+        by_service.setdefault(service, {})[name] = factory(gm.fn, request_deserializer=None,
+                                                            response_serializer=gm.serialize)
+    return [grpc.method_handlers_generic_handler(s, h) for s, h in by_service.items()]

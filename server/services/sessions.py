@@ -1,0 +1,375 @@
+"""Sessions, authentication and ticket resolution for the gRPC services.
+
+Deephaven's clients authenticate with an `authorization` header on their first call
+(`Anonymous`, or a pre-shared key in the form `io.deephaven.authentication.psk.PskAuthenticationHandler <key>`)
+and the server answers with a response header `authorization: Bearer <token>` that they send on
+every later call (docs/flows.md#sessions-and-authentication). A token names a session; a session holds its exports
+(`e` + int32 LE tickets) and expires after `http.session.durationMs` without use. Ending a
+session (CloseSession or expiry) frees its exports; the tables they held are hidden: only export
+tickets of their session reach them.
+"""
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from tickwire.errors import TickwireError
+from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
+from tickwire.server.engine.graph import Table, UpdateGraph
+
+__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "CLOSED",
+           "EXPIRED", "SHUTDOWN"]
+
+log = logging.getLogger(__name__)
+
+PSK_SCHEME = "io.deephaven.authentication.psk.PskAuthenticationHandler"
+ANONYMOUS = "Anonymous"
+BEARER = "Bearer"
+BASIC = "Basic"
+
+
+class AuthError(TickwireError):
+    """No usable credentials."""
+
+    code = "UNAUTHENTICATED"
+
+
+class ResolveError(TickwireError):
+    """A ticket that names nothing usable; `code` is the gRPC status name."""
+
+    def __init__(self, message: str, code: str = "NOT_FOUND"):
+        super().__init__(message, code)
+
+
+#: Why a session's listeners were told it is over (`Session.on_end`).
+CLOSED, EXPIRED, SHUTDOWN = "closed", "expired", "shutdown"
+
+
+@dataclass(eq=False)
+class Session:
+    """One client's session: its exports and who listens for its end.
+
+    Listeners (`on_end`, `on_exports`) are called on whatever thread ends the session or changes
+    its exports (a worker, the reaper, the stopping thread), never under the session's lock; a
+    listener on an event loop hands itself over with `loop.call_soon_threadsafe`."""
+
+    token: str
+    expires: float
+    exports: dict[int, Table] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+    ended_by: Optional[str] = None  # CLOSED or EXPIRED once ended
+    id: int = field(default_factory=lambda: next(_SESSION_IDS))  # for logs: the token is a secret
+    auth: str = ""  # how it was opened, for logs: "anonymous", "psk", "basic"
+    peer: str = ""  # who opened it, for logs, when known
+    _end_listeners: list = field(default_factory=list, repr=False)
+    _export_listeners: list = field(default_factory=list, repr=False)
+
+    def export(self, export_id: int, table: Table) -> None:
+        if export_id <= 0:
+            raise ResolveError(f"result export id must be positive (client-chosen), got {export_id}",
+                               "INVALID_ARGUMENT")
+        with self.lock:
+            if self.closed:  # closed or expired while the call ran: nothing may outlive it
+                raise ResolveError("the session is closed", "UNAUTHENTICATED")
+            if export_id in self.exports:
+                raise ResolveError(f"export {export_id} already exists in this session", "ALREADY_EXISTS")
+            self.exports[export_id] = table
+            listeners = list(self._export_listeners)
+        _call_all(listeners)
+
+    def release(self, export_id: int) -> Optional[Table]:
+        """Removes export `export_id`; returns its table (None when there was no such export)."""
+        with self.lock:
+            table = self.exports.pop(export_id, None)
+            listeners = list(self._export_listeners) if table is not None else []
+        _call_all(listeners)
+        return table
+
+    def end(self, reason: str = CLOSED) -> list[Table]:
+        """Closes the session: no export can be added any more; returns the tables it held. The
+        end listeners hear `reason` (once: a second end tells nobody)."""
+        with self.lock:
+            first = not self.closed
+            self.closed = True
+            if first:
+                self.ended_by = reason
+            held = list(self.exports.values())
+            self.exports.clear()
+            listeners = list(self._end_listeners) if first else []
+            self._end_listeners.clear()
+            self._export_listeners.clear()
+        _call_all(listeners, reason)
+        return held
+
+    def announce(self, reason: str) -> None:
+        """Tells the end listeners `reason` without ending the session (the server is stopping:
+        its streams get their last word before the transport goes)."""
+        with self.lock:
+            listeners = list(self._end_listeners)
+            self._end_listeners.clear()
+        _call_all(listeners, reason)
+
+    def on_end(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Calls `fn(reason)` once, when the session ends (CLOSED, EXPIRED) or the server stops
+        (SHUTDOWN); at once (EXPIRED or CLOSED) when it has already ended. Returns a function that
+        takes `fn` back."""
+        with self.lock:
+            ended = self.ended_by if self.closed else None
+            if ended is None:
+                self._end_listeners.append(fn)
+        if ended is not None:
+            _call_all([fn], ended)
+        return lambda: self._remove(self._end_listeners, fn)
+
+    def on_exports(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Calls `fn()` after each export added or released; returns a function that takes it back."""
+        with self.lock:
+            if not self.closed:
+                self._export_listeners.append(fn)
+        return lambda: self._remove(self._export_listeners, fn)
+
+    def _remove(self, listeners: list, fn) -> None:
+        with self.lock:
+            try:
+                listeners.remove(fn)
+            except ValueError:
+                pass
+
+    def export_items(self) -> list[tuple[int, Table]]:
+        """(export id, table) of every export, in id order."""
+        with self.lock:
+            return sorted(self.exports.items(), key=lambda kv: kv[0])
+
+    def get(self, export_id: int) -> Table:
+        with self.lock:
+            t = self.exports.get(export_id)
+        if t is None:
+            code = "NOT_FOUND" if export_id > 0 else "FAILED_PRECONDITION"
+            raise ResolveError(f"export {export_id} does not exist in this session", code)
+        return t
+
+
+_SESSION_IDS = itertools.count(1)
+
+
+def _log_end(s: Session, reason: str) -> None:
+    log.info("session %d %s (auth %s%s)", s.id, reason, s.auth or "?", f", peer {s.peer}" if s.peer else "",
+             extra={"event": "session_end", "session": s.id, "reason": reason, "auth": s.auth, "peer": s.peer})
+
+
+def _call_all(listeners: list, *args) -> None:
+    for fn in listeners:
+        try:
+            fn(*args)
+        except Exception:  # one listener failing must not keep the others from hearing
+            log.exception("a session listener failed")
+
+
+ReleaseHook = Callable[[list], None]
+
+
+class SessionManager:
+    """Issues and checks bearer tokens; `psk` None means anonymous access is allowed.
+
+    Sessions expire `duration_ms` after their last call. A reaper thread (running while any
+    session exists) ends expired sessions and hands the tables they held to `on_expire` (set by
+    the service that frees them), so an abandoned session frees its exports without any traffic."""
+
+    def __init__(self, psk: Optional[str] = None, duration_ms: int = 300_000):
+        self.psk = psk
+        self.duration_ms = int(duration_ms)
+        self.on_expire: Optional[ReleaseHook] = None
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._reaper: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    @property
+    def reap_interval(self) -> float:
+        """Seconds between expiry checks: a session outlives its duration by at most this."""
+        return min(1.0, max(0.01, self.duration_ms / 4000.0))
+
+    def _new(self, auth: str = "", peer: Optional[str] = None) -> Session:
+        s = Session(token=str(uuid.uuid4()), expires=time.monotonic() + self.duration_ms / 1000.0, auth=auth,
+                    peer=peer or "")
+        log.info("session %d opened (auth %s%s)", s.id, auth, f", peer {peer}" if peer else "",
+                 extra={"event": "session_open", "session": s.id, "auth": auth, "peer": s.peer})
+        with self._lock:
+            self._sessions[s.token] = s
+            if self._reaper is None and not self._stop.is_set():
+                self._reaper = threading.Thread(target=_reap_loop, args=(weakref.ref(self), self._stop),
+                                                name="tickwire-session-reaper", daemon=True)
+                self._reaper.start()
+        return s
+
+    def reap(self, now: Optional[float] = None) -> int:
+        """Ends every expired session and frees what it held (through `on_expire`); returns how
+        many ended. Runs on the reaper thread: the hook may take the update graph's lock."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            expired = [s for s in self._sessions.values() if s.expires < now]
+            for s in expired:
+                del self._sessions[s.token]
+        for s in expired:
+            if not s.closed:
+                _log_end(s, EXPIRED)
+            held = s.end(EXPIRED)
+            hook = self.on_expire
+            if held and hook is not None:
+                try:
+                    hook(held)
+                except Exception:  # the reaper keeps running; the next session still expires
+                    log.exception("freeing the exports of an expired session failed")
+        return len(expired)
+
+    def _reap_step(self) -> bool:
+        """One pass of the reaper thread; False when it should end (no session left)."""
+        self.reap()
+        with self._lock:
+            if self._sessions and not self._stop.is_set():
+                return True
+            self._reaper = None
+            return False
+
+    def stop(self) -> None:
+        """Ends the reaper thread and tells every session's end listeners that the server is
+        stopping (SHUTDOWN): a held TerminationNotification answers while it still can. The
+        sessions themselves stay until the process ends. Called again, it tells nobody twice."""
+        self._stop.set()
+        with self._lock:
+            live = list(self._sessions.values())
+        for s in live:
+            s.announce(SHUTDOWN)
+
+    def authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str] = None) -> Session:
+        """The session of a call's request metadata, creating one for valid initial credentials.
+        `peer` (the caller's address) is only logged.
+
+        Raises AuthError when the call has no usable credentials (logged at WARNING)."""
+        try:
+            return self._authenticate(metadata, peer)
+        except AuthError as exc:
+            log.warning("refused credentials%s: %s", f" from {peer}" if peer else "", exc,
+                        extra={"event": "auth_refused", "peer": peer or "", "reason": str(exc)})
+            raise
+
+    def _authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str]) -> Session:
+        now = time.monotonic()
+        values = [v.decode() if isinstance(v, bytes) else str(v) for k, v in metadata if k.lower() == "authorization"]
+        if not values:
+            raise AuthError("no authorization header; send 'authorization: Anonymous'"
+                            + (" or the pre-shared key" if self.psk is not None else ""))
+        header = values[-1].strip()
+        scheme, _, rest = header.partition(" ")
+        rest = rest.strip()
+        if scheme == BEARER:
+            with self._lock:
+                s = self._sessions.get(rest)
+                if s is None or s.expires < now or s.closed:
+                    raise AuthError("unknown or expired session token")
+                s.expires = now + self.duration_ms / 1000.0
+            return s
+        if scheme == ANONYMOUS and not rest:
+            if self.psk is not None:
+                raise AuthError("anonymous access is disabled; this server requires a pre-shared key")
+            return self._new("anonymous", peer)
+        if scheme == PSK_SCHEME:
+            if self.psk is None:
+                return self._new("psk (unchecked)", peer)  # anonymous servers accept any credentials
+            if hmac.compare_digest(rest.encode(), self.psk.encode()):
+                return self._new("psk", peer)
+            raise AuthError("wrong pre-shared key")
+        if scheme == BASIC and self.psk is None:
+            return self._new("basic (unchecked)", peer)
+        raise AuthError(f"unsupported authorization scheme {scheme!r}")
+
+    def shorten_lease(self, session: Session, until: float) -> None:
+        """Lets `session` expire at `until` (time.monotonic()) unless used before then: a closed
+        browser socket's sessions go soon after it, while a client that reconnects with the same
+        token keeps its session (any call renews the full duration)."""
+        with self._lock:
+            if session.expires > until:
+                session.expires = until
+
+    def close(self, session: Session) -> list[Table]:
+        """Ends `session` (CloseSession); returns the tables its exports held, for the caller to free."""
+        with self._lock:
+            self._sessions.pop(session.token, None)
+        if not session.closed:
+            _log_end(session, CLOSED)
+        return session.end(CLOSED)
+
+
+def _reap_loop(manager_ref, stop: threading.Event) -> None:
+    """The reaper thread: holds its manager weakly, so a dropped server's manager goes away."""
+    while True:
+        manager = manager_ref()
+        if manager is None:
+            return
+        interval = manager.reap_interval
+        if not manager._reap_step():
+            return
+        del manager
+        if stop.wait(interval):
+            return
+
+
+class Scope:
+    """The global scope: every visible table of the update graph, by name (`s/<name>` tickets).
+
+    Hidden tables (`hidden`) are neither listed nor resolvable: they are reached only through
+    the export tickets of the session that holds them. `ops` keeps the session-owned tables'
+    reference counts (tickwire.server.services.table_ops.TableOps), shared by every service."""
+
+    def __init__(self, graph: UpdateGraph):
+        self.graph = graph
+        from tickwire.server.engine import engine_of
+        from tickwire.server.services.table_ops import TableOps  # table_ops needs rpc, which needs this module
+
+        self.engine = engine_of(graph)
+        self.ops = TableOps(graph)
+
+    def names(self) -> list[str]:
+        return self.engine.public_names()
+
+    def get(self, name: str) -> Table:
+        t = self.engine.resolve(name)
+        if t is None:
+            raise ResolveError(f"Could not resolve 'table': variable '{name}' not found", "NOT_FOUND")
+        return t
+
+    def resolve(self, ticket: bytes, session: Optional[Session]) -> Table:
+        """The table a ticket names, or ResolveError with the status code to answer."""
+        try:
+            t = parse_ticket(ticket)
+        except TicketError as exc:
+            raise ResolveError(str(exc), exc.code) from None
+        return self.resolve_parsed(t, session)
+
+    def resolve_parsed(self, t, session: Optional[Session]) -> Table:
+        if isinstance(t, ScopeTicket):
+            return self.get(t.name)
+        if isinstance(t, ExportTicket):
+            if session is None:
+                raise ResolveError("export tickets need a session", "UNAUTHENTICATED")
+            return session.get(t.export_id)
+        if isinstance(t, AppTicket):
+            if t.app_id == "scope":
+                return self.get(t.field)
+            raise ResolveError(f"no application {t.app_id!r} (field {t.field!r})", "NOT_FOUND")
+        if isinstance(t, SharedTicket):
+            raise ResolveError(f"shared ticket 0x{t.shared_id.hex()} not found", "NOT_FOUND")
+        raise ResolveError(f"unsupported ticket {t!r}", "FAILED_PRECONDITION")

@@ -1,0 +1,261 @@
+"""Deephaven TableService operations on tickwire tables: Sort, Filter, UnstructuredFilter, View,
+Select, Update (adding columns), Head, Tail, also inside Batch.
+
+Each operation makes a derived table in the update graph (tickwire.server.engine.graph.ops), which stays
+correct incrementally and can be exported, fetched and subscribed to like any other. A derived
+table lives while an export holds it (or a derived table built on it); releasing the last export
+removes it from the graph. They are hidden: no scope name reaches them, only their session's
+export tickets.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.server.services.dh_expr import ExpressionError, parse_column_spec, parse_filter
+from tickwire.server.engine import engine_of
+from tickwire.server.engine.graph import Table
+from tickwire.server.services.rpc import CallError
+
+__all__ = ["OPERATIONS", "TableOps", "condition_expression"]
+
+# TableService method name -> Batch `op` field name, for the operations served
+OPERATIONS = {
+    "Sort": "sort", "Filter": "filter", "UnstructuredFilter": "unstructured_filter", "View": "view",
+    "Select": "select", "Update": "update", "UpdateView": "update_view", "LazyUpdate": "lazy_update",
+    "Head": "head", "Tail": "tail",
+}
+
+# CompareCondition.CompareOperation -> the operator of a filter string
+_COMPARE = {0: "<", 1: "<=", 2: ">", 3: ">=", 4: "==", 5: "!="}
+
+_LITERAL_TYPES = {"string_value": pa.string(), "double_value": pa.float64(), "bool_value": pa.bool_(),
+                  "long_value": pa.int64(), "nano_time_value": pa.timestamp("ns", "UTC")}
+
+
+def _value(v, schema: pa.Schema, what: str):
+    """A Value as a `compare_operands` operand: ("column", name) or ("literal", value, type)."""
+    which = v.WhichOneof("data")
+    if which == "reference":
+        name = v.reference.column_name
+        if name not in schema.names:
+            raise CallError("INVALID_ARGUMENT", f"{what}: unknown column {name!r}")
+        return ("column", name)
+    if which == "literal":
+        lit = v.literal
+        kind = lit.WhichOneof("value")
+        if kind is None:
+            raise CallError("INVALID_ARGUMENT", f"{what}: empty literal")
+        return ("literal", getattr(lit, kind), _LITERAL_TYPES[kind])
+    raise CallError("INVALID_ARGUMENT", f"{what}: a value needs a column reference or a literal")
+
+
+def _compare(op: str, lhs, rhs, schema: pa.Schema, what: str) -> pc.Expression:
+    """A comparison with Deephaven's rules (those of filter strings: null below every value and
+    equal to null, NaN unequal to everything); what they cannot match is INVALID_ARGUMENT."""
+    import math
+
+    from tickwire.server.services.dh_expr import compare_operands
+
+    for col, lit in ((lhs, rhs), (rhs, lhs)):
+        if col[0] == "column" and lit[0] == "literal" and lit[2] == pa.float64() \
+                and pa.types.is_integer(schema.field(col[1]).type):
+            # Deephaven converts the literal to the column's type: only whole numbers in range
+            bits = schema.field(col[1]).type.bit_width - 1
+            if not (lit[1] == int(lit[1]) if math.isfinite(lit[1]) else False) or not abs(lit[1]) < 2 ** bits:
+                raise CallError("INVALID_ARGUMENT", f"{what}: {lit[1]!r} is not a value of integer column {col[1]!r}")
+            lit_int = ("literal", int(lit[1]), pa.int64())
+            lhs, rhs = (lit_int, rhs) if lit is lhs else (lhs, lit_int)
+    try:
+        return compare_operands(op, lhs, rhs, schema)
+    except ExpressionError as exc:
+        raise CallError("INVALID_ARGUMENT", f"{what}: {exc}") from None
+
+
+def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
+    """A TableService Condition as a pyarrow boolean expression (the simple conditions)."""
+    which = cond.WhichOneof("data")
+    if which == "and":
+        return _fold([condition_expression(c, schema) for c in getattr(cond, "and").filters], pc.and_kleene, True)
+    if which == "or":
+        return _fold([condition_expression(c, schema) for c in getattr(cond, "or").filters], pc.or_kleene, False)
+    if which == "not":
+        return pc.invert(condition_expression(getattr(cond, "not").filter, schema))
+    if which == "compare":
+        c = cond.compare
+        op = _COMPARE.get(c.operation)
+        if op is None:
+            raise CallError("INVALID_ARGUMENT", f"unknown compare operation {c.operation}")
+        if c.case_sensitivity != 0:
+            raise CallError("UNIMPLEMENTED", "Filter: case-insensitive comparison is not supported")
+        lhs, rhs = _value(c.lhs, schema, "compare"), _value(c.rhs, schema, "compare")
+        return _compare(op, lhs, rhs, schema, "compare")
+    if which == "in":
+        c = getattr(cond, "in")
+        if c.case_sensitivity != 0:
+            raise CallError("UNIMPLEMENTED", "Filter: case-insensitive 'in' is not supported")
+        target = _value(c.target, schema, "in")
+        terms = [_compare("==", target, _value(v, schema, "in"), schema, "in") for v in c.candidates]
+        expr = _fold(terms, pc.or_kleene, False)
+        return pc.invert(expr) if c.match_type == 1 else expr
+    if which == "is_null":
+        name = cond.is_null.reference.column_name
+        if name not in schema.names:
+            raise CallError("INVALID_ARGUMENT", f"is_null: unknown column {name!r}")
+        return pc.is_null(pc.field(name))
+    raise CallError("UNIMPLEMENTED", f"Filter: condition {which!r} is not supported")
+
+
+def _fold(parts: list, fn, empty: bool) -> pc.Expression:
+    if not parts:
+        return pc.scalar(empty)
+    out = parts[0]
+    for p in parts[1:]:
+        out = fn(out, p)
+    return out
+
+
+class TableOps:
+    """Builds derived tables for TableService requests and keeps session-owned tables alive while held.
+
+    A session-owned table (a derived table made here, or a DoPut export, `adopt`ed) is hidden and
+    counted: each export of it is a hold (`hold`/`drop`), and a derived table built on it keeps it
+    as a parent. When neither holds it any more it leaves the graph, and its own parents are
+    checked the same way. Tables of the global scope are never counted or removed. Every count
+    change happens under the graph's lock (callers run off the event loop)."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.engine = engine_of(graph)
+        self._holds: dict[Table, int] = {}  # owned table -> holds (exports, running batches)
+
+    @property
+    def owned(self) -> int:
+        """How many session-owned tables are in the graph."""
+        with self.engine.reading():
+            return len(self._holds)
+
+    def owns(self, table: Table) -> bool:
+        with self.engine.reading():
+            return table in self._holds
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def adopt(self, table: Table) -> Table:
+        """Makes `table` session-owned: hidden, and removed once nothing holds it."""
+        with self.engine.reading():
+            table.hidden = True
+            self._holds.setdefault(table, 0)
+        return table
+
+    def hold(self, table: Table) -> None:
+        with self.engine.reading():
+            if table in self._holds:
+                self._holds[table] += 1
+
+    def drop(self, table: Table) -> None:
+        """A hold on `table` ended: remove it (and parents made for it) once unused."""
+        with self.engine.reading():
+            n = self._holds.get(table)
+            if n is None:
+                return
+            self._holds[table] = max(0, n - 1)
+            self._collect(table)
+
+    def drop_all(self, tables) -> None:
+        with self.engine.reading():
+            for t in tables:
+                self.drop(t)
+
+    def _collect(self, table: Table) -> None:
+        with self.engine.reading():
+            todo = [table]
+            while todo:
+                t = todo.pop()
+                if self._holds.get(t, 1) > 0:
+                    continue  # held, or not session-owned
+                if not self.engine.remove_unused(t):
+                    continue  # a derived table still uses it; it goes with that one
+                del self._holds[t]
+                todo.extend(t.parents)
+
+    def _name(self, source: Table, op: str) -> str:
+        """Exports are not global-scope variables: their tables' names start with "__" (hidden)."""
+        from tickwire.server.engine.graph.ops import unique_name
+
+        base = source.name if source.name.startswith("__") else f"__export.{source.name}"
+        return unique_name(self.graph, f"{base}.{op}")
+
+    # -- operations -------------------------------------------------------------------------------
+    def build(self, kind: str, req, source: Table) -> Table:
+        """The derived table for operation `kind` (a Batch op field name) on `source`."""
+        make: Optional[Callable[[], Table]] = None
+        schema = source.schema
+        if kind == "sort":
+            if not req.sorts:
+                raise CallError("INVALID_ARGUMENT", "Sort: no sort columns")
+            cols, desc = [], []
+            for s in req.sorts:
+                if s.column_name not in schema.names:
+                    raise CallError("INVALID_ARGUMENT", f"Sort: unknown column {s.column_name!r}")
+                if s.is_absolute:
+                    raise CallError("UNIMPLEMENTED", "Sort: absolute-value sorting is not supported")
+                if s.direction == 2:
+                    raise CallError("UNIMPLEMENTED", "Sort: REVERSE is not supported")
+                if s.direction not in (1, -1):  # as Deephaven: UNKNOWN (0) is no direction
+                    raise CallError("INVALID_ARGUMENT", f"Unexpected sort direction: {s.direction}")
+                cols.append(s.column_name)
+                desc.append(s.direction == -1)
+
+            def make():
+                return source.sort(cols, descending=desc, name=self._name(source, "sort"))
+        elif kind == "unstructured_filter":
+            try:
+                exprs = [parse_filter(f, schema) for f in req.filters]
+            except ExpressionError as exc:
+                raise CallError("INVALID_ARGUMENT", f"Filter: {exc}") from None
+
+            def make():
+                return source.where(_fold(exprs, pc.and_kleene, True), name=self._name(source, "where"))
+        elif kind == "filter":
+            expr = _fold([condition_expression(c, schema) for c in req.filters], pc.and_kleene, True)
+
+            def make():
+                return source.where(expr, name=self._name(source, "where"))
+        elif kind in ("view", "select", "update", "update_view", "lazy_update"):
+            try:
+                specs = [parse_column_spec(s, schema) for s in req.column_specs]
+            except ExpressionError as exc:
+                raise CallError("INVALID_ARGUMENT", f"{kind}: {exc}") from None
+            cols: list = []
+            if kind in ("update", "update_view", "lazy_update"):
+                new_names = {name for name, _e, _s in specs}
+                cols = [n for n in schema.names if n not in new_names]
+            for name, expr, src in specs:
+                if expr is not None:
+                    cols.append((name, expr))
+                elif src == name:
+                    cols.append(name)
+                else:
+                    cols.append((name, src))
+            stored = kind in ("select", "update")
+
+            def make():
+                name = self._name(source, kind)
+                return source.select(cols, name=name) if stored else source.view(cols, name=name)
+        elif kind in ("head", "tail"):
+            n = int(req.num_rows)
+            if n < 0:
+                raise CallError("INVALID_ARGUMENT", f"{kind}: num_rows must be >= 0, got {n}")
+
+            def make():
+                name = self._name(source, kind)
+                return source.head(n, name=name) if kind == "head" else source.tail(n, name=name)
+        if make is None:
+            raise CallError("UNIMPLEMENTED", f"TableService operation {kind!r} is not supported")
+        try:
+            with self.engine.reading():
+                return self.adopt(make())
+        except (ValueError, TypeError, KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise CallError("INVALID_ARGUMENT", f"{kind} on {source.name!r}: {exc}") from None
