@@ -18,6 +18,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
+from tickwire.server.engine import Engine, TableSpec
 
 ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 
@@ -25,10 +26,9 @@ ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 def serve_tickwire(rows: int) -> None:
     from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.demo import big_static
-    from tickwire.server.engine.graph import UpdateGraph
-
-    graph = UpdateGraph(interval_ms=100)
-    graph.static_table("big_static", big_static(rows))
+    
+    graph = Engine(interval_ms=100)
+    graph.create(TableSpec("big_static", "static", data=big_static(rows)))
     server = TickwireServer(graph, port=0).start()
     print(server.port, flush=True)
     sys.stdin.read()

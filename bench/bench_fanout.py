@@ -26,6 +26,7 @@ import threading
 import time
 
 import numpy as np
+from tickwire.server.engine import Engine, TableSpec
 
 TABLE = "fanout"
 
@@ -35,11 +36,10 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float) -> None:
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
-
+    
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
-    graph = UpdateGraph(interval_ms=interval_ms)
-    table = graph.keyed_table(TABLE, schema, ["Key"])
+    graph = Engine(interval_ms=interval_ms)
+    table = graph.create(TableSpec(TABLE, "keyed", schema, keys=["Key"]))
     rng = np.random.default_rng(1)
     table.add(pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
                         "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema))

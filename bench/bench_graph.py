@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from tickwire.server.engine import Engine, TableSpec
 
-from tickwire.server.engine.graph import UpdateGraph
 
 SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64()), ("sym", pa.string())])
 
@@ -30,8 +30,8 @@ def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 def upsert_cycle_cost(table_rows: int, cycles: int, rng) -> float:
-    g = UpdateGraph()
-    t = g.keyed_table("k", SCHEMA, ["id"])
+    g = Engine()
+    t = g.create(TableSpec("k", "keyed", SCHEMA, keys=["id"]))
     chunk = 1_000_000
     for start in range(0, table_rows, chunk):
         t.add(rows(np.arange(start, min(table_rows, start + chunk), dtype=np.int64), rng))
@@ -52,8 +52,8 @@ def upsert_cycle_cost(table_rows: int, cycles: int, rng) -> float:
 
 
 def append_rate(total: int, batch: int, rng) -> tuple[float, float]:
-    g = UpdateGraph()
-    t = g.append_table("a", SCHEMA)
+    g = Engine()
+    t = g.create(TableSpec("a", "append", SCHEMA))
     data = rows(np.arange(batch, dtype=np.int64), rng)
     t0 = time.perf_counter()
     for _ in range(total // batch):
@@ -72,8 +72,8 @@ def threaded_append_rate(total: int, batch: int, rng) -> float:
     it can (keeping at most 1M rows queued) and the graph runs on its own thread at the default
     100 ms interval; timed until the last row is in the table."""
     import threading
-    g = UpdateGraph(interval_ms=100)
-    t = g.append_table("a", SCHEMA)
+    g = Engine(interval_ms=100)
+    t = g.create(TableSpec("a", "append", SCHEMA))
     data = rows(np.arange(batch, dtype=np.int64), rng)
 
     def produce():

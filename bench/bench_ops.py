@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from tickwire.server.engine import Engine, TableSpec
 
-from tickwire.server.engine.graph import UpdateGraph
 
 SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64())])
 
@@ -36,8 +36,8 @@ class Setup:
     def __init__(self, table_rows: int, seed: int, read_rowset: bool):
         self.rng = np.random.default_rng(seed)
         self.read_rowset = read_rowset
-        self.g = g = UpdateGraph()
-        self.t = t = g.keyed_table("k", SCHEMA, ["id"])
+        self.g = g = Engine()
+        self.t = t = g.create(TableSpec("k", "keyed", SCHEMA, keys=["id"]))
         chunk = 1_000_000
         for start in range(0, table_rows, chunk):
             t.add(rows(np.arange(start, min(table_rows, start + chunk), dtype=np.int64), self.rng))

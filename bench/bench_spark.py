@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from tickwire.server.engine import Engine
 
 
 def pct(values, q: float) -> float:
@@ -73,7 +74,6 @@ def run_batches(df, fn, count: int, checkpoint: Path, timeout: float = 120.0) ->
 # ------------------------------------------------------------------------------------------------
 
 def floor_child(filesystem: str) -> None:
-    from tickwire.server.engine.graph import UpdateGraph
     from tickwire.server.adapters.spark import sink, spark_session
 
     spark = spark_session("bench-floor", filesystem=filesystem)
@@ -82,7 +82,7 @@ def floor_child(filesystem: str) -> None:
     out = {"filesystem": spark.conf.get("spark.tickwire.filesystem")}
     run_batches(df, lambda d, i: None, 40, tmp / "warm-up")  # JIT: a JVM's first query runs slower
     for name, fn in (("noop", lambda d, i: None),
-                     ("sink", sink(UpdateGraph(), "floor", "append", wait=False))):
+                     ("sink", sink(Engine(), "floor", "append", wait=False))):
         starts = run_batches(df, fn, 60, tmp / name)
         out[name] = statistics.median(np.diff(starts[10:]))
     spark.stop()
@@ -139,10 +139,9 @@ def conversions(spark, tmp: Path) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
-    from tickwire.server.engine.graph import UpdateGraph
     from tickwire.server.adapters.spark import sink
 
-    graph = UpdateGraph(interval_ms=20).start()
+    graph = Engine(interval_ms=20).start()
     s = sink(graph, "trades", "append")
     sink_s = []
 
@@ -171,10 +170,9 @@ def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
 def latency(spark, tmp: Path, rows: int, count: int, interval_ms: float) -> dict:
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
     from tickwire.server.adapters.spark import sink
 
-    graph = UpdateGraph(interval_ms=interval_ms)
+    graph = Engine(interval_ms=interval_ms)
     server = TickwireServer(graph, port=0).start()
     s = sink(server, "live", "append")
     timings: dict[int, dict] = {}

@@ -4,7 +4,7 @@ tickwire.clients.spark.datasource) against the in-process `foreachBatch` sink
 
 Same input for both: bench_spark's trades stream (`rate-micro-batch`, 2 partitions; Sym, Price,
 Size, Seq, Ts) on local[2], one fresh checkpoint per query, into an append table. Same server
-settings: `TickwireServer(UpdateGraph(interval_ms=20), port=0)` with its defaults. The reference
+settings: `TickwireServer(Engine(interval_ms=20), port=0)` with its defaults. The reference
 server runs in the Spark driver's Python process (where users of the `foreachBatch` sink have
 it), the remote one in a child process (where users of the data source have it). The machine
 may have 2 cores only: Spark (JVM and Python workers), the servers and the subscriber share them,
@@ -62,6 +62,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_spark import pct, trades_stream  # noqa: E402 - the same input as bench_spark
+from tickwire.server.engine import Engine
 
 INTERVAL_MS = 20  # update-graph cycle of both servers
 
@@ -73,9 +74,8 @@ INTERVAL_MS = 20  # update-graph cycle of both servers
 def server_child(interval_ms: float) -> None:
     """The remote server: prints its target, serves until its stdin closes."""
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
 
-    graph = UpdateGraph(interval_ms=interval_ms)
+    graph = Engine(interval_ms=interval_ms)
     server = TickwireServer(graph, port=0).start()
     print(json.dumps({"target": server.target, "pid": os.getpid()}), flush=True)
     sys.stdin.read()
@@ -323,13 +323,12 @@ def main() -> None:
              [(10_000, 30, 3, 40, 300), (1_000_000, 5, 2, 8, 3000)])
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
     from tickwire.server.adapters.spark import spark_session
     from tickwire.clients.spark.datasource import register
 
     spark = spark_session("bench-spark-remote")  # (before any gRPC thread of this process: it forks)
     remote = RemoteServer(INTERVAL_MS)
-    graph = UpdateGraph(interval_ms=INTERVAL_MS)
+    graph = Engine(interval_ms=INTERVAL_MS)
     local = TickwireServer(graph, port=0).start()
     register(spark)
     spark.dataSource.register(floor_source())

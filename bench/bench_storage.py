@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine import TableSpec, engine_of
-from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine import Engine
+from tickwire.server.engine import TableSpec
 from tickwire.server.engine.storage import store as store_mod
 from tickwire.server.engine.storage.store import Durability
 
@@ -46,8 +46,8 @@ def rows(keys: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 def new_engine():
-    graph = UpdateGraph(interval_ms=3_600_000)  # cycles are run here
-    return graph, engine_of(graph)
+    graph = Engine(interval_ms=3_600_000)  # cycles are run here
+    return graph, graph
 
 
 def fill(graph, engine, table, data: pa.Table) -> float:
@@ -110,7 +110,7 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
     del data
     storage = engine.storage
     t0 = time.perf_counter()
-    with graph.exclusive():
+    with graph.reading():
         storage.checkpoint(table, graph.step + 1)
         held = time.perf_counter() - t0  # the graph's lock is held while the rows are taken
     storage.wait_checkpoints(600)

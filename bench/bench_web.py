@@ -40,6 +40,7 @@ import threading
 import time
 
 import numpy as np
+from tickwire.server.engine import Engine, TableSpec
 
 TABLE = "ticking"
 DOEXCHANGE = "/arrow.flight.protocol.FlightService/DoExchange"
@@ -68,10 +69,9 @@ def stop_child(proc: subprocess.Popen) -> None:
 def serve_static(kind: str, rows: int) -> None:
     from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.demo import big_static
-    from tickwire.server.engine.graph import UpdateGraph
-
-    graph = UpdateGraph(interval_ms=100)
-    graph.static_table("big_static", big_static(rows))
+    
+    graph = Engine(interval_ms=100)
+    graph.create(TableSpec("big_static", "static", data=big_static(rows)))
     server = TickwireServer(graph, port=0, web=(kind == "splitter")).start()
     assert (server.splitter is not None) == (kind == "splitter")
     print(server.port, flush=True)
@@ -194,16 +194,15 @@ def serve_ticking(keys: int, subscribers: int, window: int, per_view: int, backg
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
-
+    
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
-    graph = UpdateGraph(interval_ms=interval_ms)
-    table = graph.keyed_table(TABLE, schema, ["Key"])
+    graph = Engine(interval_ms=interval_ms)
+    table = graph.create(TableSpec(TABLE, "keyed", schema, keys=["Key"]))
     rng = np.random.default_rng(1)
     table.add(pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
                         "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema))
     graph.run_cycle()
-    server = TickwireServer(graph, port=0, web_port=0, start_graph=False).start()
+    server = TickwireServer(graph, port=0, web_port=0, start_engine=False).start()
     assert server.splitter is None and server.web_port not in (None, server.port)
     starts = np.array([a for a, _ in viewports(keys, subscribers, window)], dtype=np.int64)
     stop = threading.Event()

@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from tickwire import BarrageClient, TableSpec, TickwireServer, UpdateGraph, engine_of
+from tickwire.server.engine import Engine
+from tickwire import BarrageClient, TableSpec, TickwireServer
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Seq", pa.int64())])
 SYMBOLS = ["AAPL", "AMZN", "MSFT", "NVDA"]
@@ -57,8 +58,8 @@ def main(argv=None) -> int:
                         help="with --updates: give up after this many seconds")
     args = parser.parse_args(argv)
 
-    graph = UpdateGraph(interval_ms=100)
-    engine = engine_of(graph)
+    graph = Engine(interval_ms=100)
+    engine = graph
     table, _ = engine.get_or_create(TableSpec("prices", "keyed", SCHEMA, keys=("Sym",)))
     stop = threading.Event()
     with TickwireServer(graph, host=args.host, port=args.port, web=False) as server:  # starts the graph too

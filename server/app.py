@@ -9,33 +9,35 @@ update graph's lock or encodes data runs in a small worker pool so the loop neve
 `TickwireServer` is usable from Python (tests, notebooks, the `tickwire serve` and `tickwire
 demo` commands):
 
-    graph = UpdateGraph(100).start()
-    server = TickwireServer(graph, port=10000).start()
+    engine = Engine(interval_ms=100)
+    server = TickwireServer(engine, port=10000).start()     # starts the engine too
     ...
     server.stop()
+    engine.stop()
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import socket
+import ssl
 import threading
-from pathlib import Path
 from typing import Optional
+from urllib.parse import quote
 
 import grpc
 
-from tickwire.server.engine.publishing import PublisherRegistry
+from tickwire.server.adapters.replica import Replicator, parse_replicate
+from tickwire.server.adapters.spark.sinks import sink as spark_sink
 from tickwire.server.config import ServerConfig
-from tickwire.server.services import handlers as service_handlers
-from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine import Engine
 from tickwire.server.observability import Observability
-from tickwire.server.engine.perf_tables import PerfTablesConfig
-from tickwire.server.engine.perf_tables import perf_tables as _perf_tables
-from tickwire.server.services.rpc import ServerContext, build_handlers, guarded_methods, with_stubs
-from tickwire.server.services.sessions import Scope, SessionManager
+from tickwire.server.services import handlers as service_handlers
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import build_handlers, guarded_methods, with_stubs
+from tickwire.server.web import PortSplitter, WebSide
+from tickwire.server.web.assets import locate_assets
 
 __all__ = ["TickwireServer"]
 
@@ -50,91 +52,83 @@ GRPC_OPTIONS = [
 
 
 class TickwireServer:
-    """Serves the tables of `graph` (every table is a global-scope variable `s/<name>`).
+    """Serves the tables of `engine` (every table is a global-scope variable `s/<name>`).
+
+    `config` is a ServerConfig, or its fields are given as keywords
+    (`TickwireServer(engine, port=0, psk="k")`; a keyword wins over the same field of `config`).
+    Without an `engine` the server builds one from `config.engine` and stops it with itself; a
+    given engine is the caller's (started by `start` when `start_engine` and not yet running,
+    never stopped here).
 
     `port=0` picks a free port (see `.port` after `start`). `psk` requires Deephaven's
     pre-shared-key authentication; otherwise anonymous access is allowed. `tls_cert`/`tls_key`
-    (PEM files) switch the port to TLS. `config` holds the tuning knobs (ServerConfig); `workers`,
-    `session_duration_ms` and `max_inbound_message_size`, when given, override its fields.
+    (PEM files) switch the port to TLS.
 
     The web side (browsers: Deephaven's JS API and grid page) is on the same port unless `web` is
     False or `web_port` is given (0 picks a free one, see `.web_port`); with TLS it needs
     `web_port`. `web_assets`: a deephaven-web jar or directory to serve instead of the installed
     deephaven-server package's.
 
-    `data_dir` makes the graph's append, keyed and ring tables durable there
-    (tickwire.server.engine.storage): `start` first brings back every table the directory holds, and each
-    cycle's input is journaled before it is applied. `durability` (storage.Durability) sets the
-    fsync policy and the checkpoint interval.
+    A data directory (`EngineConfig.data_dir`) makes the engine's append, keyed and ring tables
+    durable: `start` first brings back every table the directory holds (`engine.open()`).
 
     Health and metrics (tickwire.server.observability): the standard gRPC health service
-    (grpc.health.v1, no credentials needed) answers NOT_SERVING until the graph's first cycle,
+    (grpc.health.v1, no credentials needed) answers NOT_SERVING until the engine's first cycle,
     SERVING after and NOT_SERVING from the start of `stop`, with `tickwire.table/<name>` per table;
     the web side serves `/healthz` and `/metrics` (Prometheus); `metrics_port` (0 picks a free one,
     see `.metrics_port`) serves both on a port of their own, for servers without a web side.
 
-    Performance tables (tickwire.server.engine.perf_tables): `start` makes the system tables
-    `tickwire.update_performance`, `tickwire.barrage_performance` and
-    `tickwire.snapshot_performance`, which any client can DoGet or subscribe to by name;
-    `perf_tables` (a PerfTablesConfig) sets their capacity and interval, False leaves them out.
-    They are listed (ListFlights, ListFields, list-tables, the browser's table list) only with
-    `show_system_tables`, which lists the system tables of every server on the graph."""
+    Performance tables (tickwire.server.engine.perf_tables): `start` makes the engine's system
+    tables `tickwire.update_performance`, `tickwire.barrage_performance` and
+    `tickwire.snapshot_performance` (unless the engine's config has `perf_tables=None`), which any
+    client can DoGet or subscribe to by name; they are listed (ListFlights, ListFields,
+    list-tables, the browser's table list) only with `show_system_tables`.
 
-    def __init__(self, graph: Optional[UpdateGraph] = None, *, host: str = "127.0.0.1", port: int = 10000,
-                 psk: Optional[str] = None, tls_cert: Optional[str | Path] = None,
-                 tls_key: Optional[str | Path] = None, workers: Optional[int] = None,
-                 session_duration_ms: Optional[int] = None, start_graph: bool = True,
-                 max_inbound_message_size: Optional[int] = None, config: Optional[ServerConfig] = None,
-                 web: bool = True, web_port: Optional[int] = None, web_assets: Optional[str | Path] = None,
-                 data_dir: Optional[str | Path] = None, durability=None, metrics_port: Optional[int] = None,
-                 show_system_tables: bool = False, perf_tables: PerfTablesConfig | bool = True):
-        overrides = {k: v for k, v in (("workers", workers), ("session_duration_ms", session_duration_ms),
-                                       ("max_inbound_message_size", max_inbound_message_size)) if v is not None}
-        self.config = dataclasses.replace(config or ServerConfig(), **overrides)
-        self.graph = graph if graph is not None else UpdateGraph()
-        self.host = host
-        self.requested_port = int(port)
+    `replicate` ("HOST:PORT/TABLE", ...) follows tables of other Barrage servers once started."""
+
+    def __init__(self, engine: Optional[Engine] = None, config: Optional[ServerConfig] = None, *,
+                 start_engine: bool = True, **options):
+        if engine is not None and not isinstance(engine, Engine):
+            raise TypeError(f"TickwireServer takes an Engine, got {type(engine).__name__}")
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ServerConfig)})
+        if unknown:
+            raise TypeError(f"TickwireServer got unknown option(s) {', '.join(unknown)}; its options are the "
+                            f"fields of ServerConfig")
+        self.config = cfg = dataclasses.replace(config or ServerConfig(), **options)
+        self.owns_engine = engine is None
+        self.engine = engine if engine is not None else Engine(cfg.engine)
+        self.host = cfg.host
+        self.requested_port = int(cfg.port)
         self.port: Optional[int] = None
-        if (tls_cert is None) != (tls_key is None):
-            raise ValueError("TLS needs both a certificate and a key")
-        self.tls = None if tls_cert is None else (Path(tls_cert).read_bytes(), Path(tls_key).read_bytes())
-        self._tls_files = None if tls_cert is None else (str(tls_cert), str(tls_key))
-        cfg = self.config
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=cfg.workers,
-                                                              thread_name_prefix="tickwire-work")
-        self.sessions = SessionManager(psk=psk, duration_ms=cfg.session_duration_ms)
-        self.registry = PublisherRegistry(config=cfg)
-        self.ctx = ServerContext(self.graph, Scope(self.graph), self.sessions, self.registry, self.executor, cfg)
+        self.tls = None
+        if cfg.tls_cert is not None:
+            self.tls = (cfg.tls_cert.read_bytes(), cfg.tls_key.read_bytes())
+        self.ctx = ServerContext(self.engine, cfg)
+        self.executor = self.ctx.executor
+        self.sessions = self.ctx.sessions
+        self.registry = self.ctx.registry
         self.services, self._handlers = service_handlers(self.ctx)  # Flight, Config, Session, Table, Application
         flight = next((s for s in self.services if hasattr(s, "counters")), None)
         self.observability = Observability(self, flight.counters if flight is not None else None)
-        if show_system_tables:
-            self.ctx.engine.list_system = True
-        if perf_tables is False:
-            self.perf = None
-        else:
-            config = perf_tables if isinstance(perf_tables, PerfTablesConfig) else None
-            self.perf = _perf_tables(self.graph, config)
-        self.requested_metrics_port = None if metrics_port is None else int(metrics_port)
+        self.perf = self.engine.perf
+        self.requested_metrics_port = cfg.metrics_port
         self.metrics_port: Optional[int] = None  # where /metrics and /healthz are served on their own port
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._server: Optional[grpc.aio.Server] = None
         self._stopped = threading.Event()
-        self.start_graph = start_graph
-        self.replicas: list = []  # Replicators feeding this server's graph
-        self.data_dir = None if data_dir is None else Path(data_dir)
-        self.durability = durability
-        self.recovered: list = []  # tables brought back from data_dir at start
-        self.web_enabled = bool(web)
-        self.requested_web_port = None if web_port is None else int(web_port)
+        self.start_engine = start_engine
+        self.replicas: list[Replicator] = []  # Replicators feeding this server's engine
+        self.upstreams = parse_replicate(",".join(cfg.replicate)) if cfg.replicate else []
+        self.recovered: list = []  # tables brought back from the data directory at start
+        self.web_enabled = bool(cfg.web)
+        self.requested_web_port = cfg.web_port
         self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
-        self.web = None  # tickwire.server.web.WebSide once started
-        self.splitter = None
+        self.web: Optional[WebSide] = None  # the web side once started
+        self.splitter: Optional[PortSplitter] = None
         self.web_assets = None
         if self.web_enabled:
-            from tickwire.server.web.assets import locate_assets
-            self.web_assets = locate_assets(web_assets)  # a bad path fails here, before anything starts
+            self.web_assets = locate_assets(cfg.web_assets)  # a bad path fails here, before anything starts
 
     @property
     def target(self) -> str:
@@ -178,8 +172,6 @@ class TickwireServer:
         addr = f"{self.host}:{self.requested_port}"
         web_on_main = self.web_enabled and self.requested_web_port is None and self.tls is None
         if self.web_enabled:
-            from tickwire.server.web import WebSide
-
             self.web = WebSide(self.ctx, self.web_assets)
             self.web.methods = guarded_methods(impls, precheck=self.web.precheck, on_error=observability.errors)
             self.web.observability = observability  # /healthz and /metrics
@@ -209,18 +201,14 @@ class TickwireServer:
         if self.requested_metrics_port is not None:
             self.metrics_port = await observability.listen(self.host, self.requested_metrics_port)
         if web_on_main:
-            from tickwire.server.web import PortSplitter
-
             self.splitter = PortSplitter(listener, upstream, self.web.protocol_factory)
             self.splitter.start()
             self.web_port = port
         elif self.web is not None and self.requested_web_port is not None:
             ssl_context = None
             if self.tls is not None:
-                import ssl
                 ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                cert_file, key_file = self._tls_files
-                ssl_context.load_cert_chain(cert_file, key_file)
+                ssl_context.load_cert_chain(str(self.config.tls_cert), str(self.config.tls_key))
             self.web_port = await self.web.listen(self.host, self.requested_web_port, ssl_context)
         elif self.web is not None:
             log.info("the web side needs --web-port with TLS; browsers cannot connect")
@@ -239,7 +227,6 @@ class TickwireServer:
 
     def grid_url(self, table: str) -> Optional[str]:
         """The URL of Deephaven's grid page on `table` (None without a web side)."""
-        from urllib.parse import quote
         base = self.web_url
         return None if base is None else f"{base}/iframe/widget/?name={quote(table, safe='')}"
 
@@ -257,11 +244,13 @@ class TickwireServer:
             loop.close()
 
         try:
-            if self.data_dir is not None and self.ctx.engine.storage is None:
+            engine = self.engine
+            if engine.storage is None and engine.config.data_dir is not None:
                 # before anything is served: a client never sees a table that is still coming back
-                self.recovered = self.ctx.engine.open_storage(self.data_dir, self.durability)
-                errors = self.ctx.engine.storage.errors
-                log.info("data directory %s: %d table(s) recovered%s", self.data_dir, len(self.recovered),
+                engine.open()
+                self.recovered = list(engine.recovered)
+                errors = engine.storage.errors if engine.storage is not None else {}
+                log.info("data directory %s: %d table(s) recovered%s", engine.config.data_dir, len(self.recovered),
                          "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
             if self.perf is not None:  # the performance tables exist before anything is served
                 self.perf.attach(self.registry)
@@ -277,9 +266,12 @@ class TickwireServer:
         except BaseException:
             self.stop()
             raise
-        self.observability.attach()  # before the graph starts: its first cycle turns the health SERVING
-        if self.start_graph and not self.graph.running:
-            self.graph.start()
+        self.observability.attach()  # before the engine starts: its first cycle turns the health SERVING
+        if (self.start_engine or self.owns_engine) and not self.engine.running:
+            self.engine.start()
+        for target, table in self.upstreams:
+            # not waiting: an upstream that is down now is retried in the background
+            self.replicate(target, table, psk=self.config.upstream_psk, tls=self.config.upstream_tls, wait=False)
         log.info("tickwire serving on %s%s%s", self.target, " (TLS)" if self.tls else "",
                  f"; browsers at {self.web_url}" if self.web_url else "")
         return self
@@ -289,11 +281,9 @@ class TickwireServer:
         """Follows `table` of the Barrage server at `target` ("host:port": tickwire or Deephaven)
         as the local table `local_name` (default: the same name); see tickwire.server.adapters.replica.
         With `wait`, returns once the first snapshot is in. Stopped with the server."""
-        from tickwire.server.adapters.replica import Replicator
-
-        if self.start_graph and not self.graph.running:
-            self.graph.start()
-        rep = Replicator(self.graph, target, table, local_name=local_name, psk=psk, tls=tls, root_certs=root_certs)
+        if (self.start_engine or self.owns_engine) and not self.engine.running:
+            self.engine.start()
+        rep = Replicator(self.engine, target, table, local_name=local_name, psk=psk, tls=tls, root_certs=root_certs)
         self.replicas.append(rep)
         return rep.start(wait=wait)
 
@@ -301,9 +291,7 @@ class TickwireServer:
         """A Spark `foreachBatch` function writing each micro-batch into `table`:
         `df.writeStream.foreachBatch(server.sink("trades", mode="append")).start()`. Modes and
         options: see tickwire.server.adapters.spark.sink."""
-        from tickwire.server.adapters.spark import sink
-
-        return sink(self, table, mode, **options)
+        return spark_sink(self.engine, table, mode, **options)
 
     def stop(self, grace: float = 1.0) -> None:
         self.observability.health.shutdown_from_thread()  # NOT_SERVING first, while everything still runs
@@ -350,8 +338,8 @@ class TickwireServer:
             asyncio.run_coroutine_threadsafe(self.observability.close(), loop).result(5)
         except Exception:
             log.debug("metrics port stop", exc_info=True)
-        if self.data_dir is not None:
-            self.ctx.engine.close_storage()
+        if self.owns_engine:
+            self.engine.stop()
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)

@@ -1,87 +1,103 @@
-"""The server's tuning knobs in one place, passed from `TickwireServer` down to the services and
-publishing. Every field has a default that works without configuration."""
+"""Every option of a tickwire server in one frozen object, `ServerConfig`.
+
+The command line, the `TICKWIRE_*` environment and a TOML file build one
+(`tickwire.options.server_config`); Python builds one directly. `TickwireServer(engine, config)`
+takes it whole, or its fields as keywords (`TickwireServer(engine, port=0, psk="k")`); the
+engine's own options (cycle interval, data directory, staging, performance tables) are its
+`engine` field, an `EngineConfig`, from which `Engine(config.engine)` is built. Every field has a
+default that works without configuration, and is checked when the object is made."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
 
-__all__ = ["ServerConfig", "EncodeLimits", "DEFAULT_MAX_INBOUND_MESSAGE_SIZE"]
+from tickwire.server.engine.config import EncodeLimits, EngineConfig, PublishingConfig
+
+__all__ = ["ServerConfig", "EncodeLimits", "EngineConfig", "PublishingConfig", "DEFAULT_MAX_INBOUND_MESSAGE_SIZE"]
 
 #: Deephaven's default limit on one inbound gRPC message (a DoPut batch, a Barrage request)
 DEFAULT_MAX_INBOUND_MESSAGE_SIZE = 100 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class EncodeLimits:
-    """How messages are cut into FlightData.
-
-    A message of more than `chunk_rows` added rows is encoded chunk by chunk, each about
-    `chunk_bytes` (one record batch unless the client's batch_size / max_message_size cut it
-    further), while the previous one is written. Smaller messages are encoded whole, once, and
-    shared by every subscriber that gets them, in record batches of about `shared_batch_bytes`, so a
-    subscriber that stops reading holds one small piece of a shared message in its transport."""
-
-    chunk_rows: int = 1 << 17
-    chunk_bytes: int = 1 << 20
-    shared_batch_bytes: int = 1 << 17
-
-    def __post_init__(self):
-        for f in fields(self):
-            if getattr(self, f.name) <= 0:
-                raise ValueError(f"{f.name} must be positive, got {getattr(self, f.name)}")
-
-
-@dataclass(frozen=True)
 class ServerConfig:
-    """Tuning of one server.
+    """One server's options.
 
-    - `workers`: threads of the pool that runs blocking work (the graph's lock, encoding, decoding).
+    Where it listens and who may call:
+    - `host`, `port` (0 picks a free one); `psk`: require Deephaven's pre-shared-key
+      authentication (else anonymous access); `tls_cert`/`tls_key`: PEM files that switch the port
+      to TLS.
+    - `web`: serve browsers (Deephaven's JS API and grid page) on the same port, or on `web_port`
+      (needed with TLS; 0 picks a free one); `web_assets`: a deephaven-web jar or directory to serve
+      instead of the installed deephaven-server package's.
+    - `metrics_port`: serve /metrics and /healthz on a port of their own (0 picks a free one).
+    - `show_system_tables`: list the performance tables with the others.
+    - `replicate`: tables of other Barrage servers to follow as local tables ("HOST:PORT/TABLE"),
+      with `upstream_psk` and `upstream_tls`.
+
+    How it serves:
+    - `workers`: threads of the pool that runs blocking work (reading tables, encoding, decoding).
     - `session_duration_ms`: a session without calls for this long expires (Deephaven's
       `http.session.durationMs`).
     - `max_inbound_message_size`: the largest gRPC message a client may send.
-    - `outbox`: messages queued for one subscriber's writer; past it, changes are coalesced.
     - `inline_cells`: messages of up to this many values are encoded on the event loop (cheaper
       than a trip to the pool); larger ones in the pool, `payloads_per_hop` FlightData per trip.
     - `inline_request_bytes`: Barrage requests larger than this are decoded in the pool.
-    - `max_viewport_ranges`: distinct position ranges one viewport may name.
-    - `piece_target_ms`, `min_piece_cells`, `max_piece_cells`: large initial snapshots of ticking
-      tables are read in pieces sized to about `piece_target_ms` of reading under the graph's lock.
-    - `shared_snapshots`: initial snapshots a published table keeps for later subscribers that ask
-      for the same columns (the oldest is let go past it).
-    - `encode`: how messages are cut into FlightData (`EncodeLimits`).
     - `list_fields_poll_s`: how often the open ApplicationService.ListFields streams (one watcher
       for all) look for new or removed tables, and an open TableService.ExportedTableUpdates
       stream reads its session's export sizes.
-    - `staging_producer_bytes`, `staging_total_bytes`, `staging_ttl_s`, `staging_wait_s`: the
-      staging area of exactly-once writes from other processes (tickwire.server.engine.staging): bytes one
-      producer and all producers may have staged, how long an uncommitted batch's parts live after
-      their last write, and how long an upload waits for room before RESOURCE_EXHAUSTED."""
+    - publishing (`publishing` gathers them): `outbox`, `max_viewport_ranges`, `piece_target_ms`,
+      `min_piece_cells`, `max_piece_cells`, `shared_snapshots`, `encode` (see PublishingConfig).
 
+    `engine`: the options of the engine a server builds for itself when it is given none."""
+
+    host: str = "127.0.0.1"
+    port: int = 10000
+    psk: Optional[str] = None
+    tls_cert: Optional[Path] = None
+    tls_key: Optional[Path] = None
+    web: bool = True
+    web_port: Optional[int] = None
+    web_assets: Optional[Path] = None
+    metrics_port: Optional[int] = None
+    show_system_tables: bool = False
+    replicate: tuple[str, ...] = ()
+    upstream_psk: Optional[str] = None
+    upstream_tls: bool = False
     workers: int = 4
     session_duration_ms: int = 300_000
     max_inbound_message_size: int = DEFAULT_MAX_INBOUND_MESSAGE_SIZE
-    outbox: int = 2
     inline_cells: int = 16_384
     payloads_per_hop: int = 2
     inline_request_bytes: int = 4_096
+    list_fields_poll_s: float = 1.0
+    outbox: int = 2
     max_viewport_ranges: int = 1 << 20
     piece_target_ms: float = 3.0
     min_piece_cells: int = 65_536
     max_piece_cells: int = 1 << 24
     shared_snapshots: int = 4
-    encode: EncodeLimits = EncodeLimits()
-    list_fields_poll_s: float = 1.0
-    staging_producer_bytes: int = 256 << 20
-    staging_total_bytes: int = 1 << 30
-    staging_ttl_s: float = 600.0
-    staging_wait_s: float = 60.0
+    encode: EncodeLimits = field(default_factory=EncodeLimits)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def __post_init__(self):
-        for name in ("staging_producer_bytes", "staging_total_bytes", "staging_ttl_s", "staging_wait_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("workers", "session_duration_ms", "outbox", "payloads_per_hop", "max_viewport_ranges",
-                     "min_piece_cells", "max_piece_cells", "shared_snapshots"):
-            if getattr(self, name) <= 0:
+        for name in ("tls_cert", "tls_key", "web_assets"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if isinstance(self.replicate, str):
+            object.__setattr__(self, "replicate", tuple(p.strip() for p in self.replicate.split(",") if p.strip()))
+        else:
+            object.__setattr__(self, "replicate", tuple(self.replicate))
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key")
+        for name in ("port", "web_port", "metrics_port"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= int(value) <= 65535:
+                raise ValueError(f"{name} must be 0-65535, got {value}")
+        for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s"):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("inline_cells", "inline_request_bytes"):
             if getattr(self, name) < 0:
@@ -89,7 +105,12 @@ class ServerConfig:
         if not 0 < self.max_inbound_message_size <= 2**31 - 1:
             raise ValueError(f"max_inbound_message_size must be 1..{2**31 - 1} bytes, got "
                              f"{self.max_inbound_message_size}")
-        if self.piece_target_ms <= 0 or self.list_fields_poll_s <= 0:
-            raise ValueError("piece_target_ms and list_fields_poll_s must be positive")
-        if self.min_piece_cells > self.max_piece_cells:
-            raise ValueError("min_piece_cells must not exceed max_piece_cells")
+        self.publishing  # checks the publishing fields  # noqa: B018
+
+    @property
+    def publishing(self) -> PublishingConfig:
+        """The publishing fields as the engine's publishers take them."""
+        return PublishingConfig(outbox=self.outbox, max_viewport_ranges=self.max_viewport_ranges,
+                                piece_target_ms=self.piece_target_ms, min_piece_cells=self.min_piece_cells,
+                                max_piece_cells=self.max_piece_cells, shared_snapshots=self.shared_snapshots,
+                                encode=self.encode)

@@ -41,11 +41,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.clients.client import BarrageClient, Subscription
+from tickwire.clock import ManualClock
 from tickwire.protocol import barrage
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate, UpdateGraph
+from tickwire.server.engine import Engine
+from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.table_update import ROW_KEY
-from tests.scripted import ScriptedTable
+from tests.scripted import scripted_table
 
 __all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Harness", "TickwireView",
            "GrowingView", "RecordingView", "TickingView", "CONFIGS", "soak_factor", "scaled", "expected_slice",
@@ -339,10 +341,11 @@ class Traffic:
 class Source:
     """A scripted source table, its traffic, and its contents at every recorded step."""
 
-    def __init__(self, graph: UpdateGraph, name: str, rng: np.random.Generator, *, per_cycle: int = 1,
+    def __init__(self, engine: Engine, name: str, rng: np.random.Generator, *, per_cycle: int = 1,
                  blink: bool = False, schema: pa.Schema = SCHEMA, **traffic):
         self.name = name
-        self.table = ScriptedTable(graph, name, schema)
+        self.engine = engine
+        self.table = scripted_table(engine, name, schema)
         if blink:
             self.table.attributes["BlinkTable"] = True
         self.blink = blink
@@ -355,7 +358,7 @@ class Source:
         """Queues `count` (default `per_cycle`) random updates for the next cycle."""
         for _ in range(self.per_cycle if count is None else count):
             update, values, self.keys = self.traffic.next(self.keys)
-            self.table.push(update, values)
+            self.engine.write(self.table, (update, values), wait=False)
 
     def record(self, step: int) -> None:
         keys = self.table.rowset.keys()
@@ -788,21 +791,6 @@ class TickingView(View):
 
 # -- the harness ------------------------------------------------------------------------------------------
 
-class FakeClock:
-    """Stands in for the `time` module of tickwire's publisher so that `min_update_interval_ms`
-    counts cycles: `monotonic()` moves only when the harness advances it, once per cycle. Start
-    and tick are binary fractions, so the sums are exact."""
-
-    def __init__(self, start: float = 1024.0):
-        self.now = start
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
-
 class Harness:
     """One configuration run: an update graph stepped by hand, its sources, a server on a free
     port, and the views checked after every step."""
@@ -811,7 +799,10 @@ class Harness:
         self.config = config
         self.seed = int(seed)
         self.rng = np.random.default_rng([self.seed, 1])  # the harness's own choices (views, changes)
-        self.graph = UpdateGraph(interval_ms=3_600_000)  # never started: the harness runs the cycles
+        # the publishers' update intervals count cycles: the clock moves only when the harness
+        # runs one (by `tick_s`; start and tick are binary fractions, so the sums are exact)
+        self.clock = ManualClock(start=1024.0) if tick_s is not None else None
+        self.graph = Engine(interval_ms=3_600_000, clock=self.clock)  # never started: the harness runs the cycles
         self.sources: dict[str, Source] = {}
         self.views: list[View] = []
         self.server: Optional[TickwireServer] = None
@@ -820,9 +811,7 @@ class Harness:
         self._clients: list[BarrageClient] = []
         self.steps = 0  # cycles run after start()
         self.checks = 0
-        self.clock = FakeClock() if tick_s is not None else None
         self.tick_s = tick_s
-        self._saved_time = None
         self.before_cycle: list[Callable[["Harness"], None]] = []
         self.stats: dict = {}
         self.planned: Optional[int] = None  # the steps asked of the run (for the replay line)
@@ -839,13 +828,9 @@ class Harness:
             self._cycle()
 
     def start(self) -> "Harness":
-        if self.clock is not None:
-            import tickwire.server.engine.publishing.publisher as publisher
-            self._saved_time = publisher.time
-            publisher.time = self.clock
         for src in self.sources.values():
             src.record(self.graph.step)
-        self.server = TickwireServer(self.graph, port=0, start_graph=False).start()
+        self.server = TickwireServer(self.graph, port=0, start_engine=False).start()
         self.client = self.new_client()
         return self
 
@@ -885,10 +870,6 @@ class Harness:
             c.close()
         if self.server is not None:
             self.server.stop()
-        if self._saved_time is not None:
-            import tickwire.server.engine.publishing.publisher as publisher
-            publisher.time = self._saved_time
-            self._saved_time = None
 
     def __enter__(self) -> "Harness":
         return self
@@ -907,9 +888,9 @@ class Harness:
     def _cycle(self) -> int:
         for src in self.sources.values():
             src.feed()
-        with self.graph.lock:  # a message built in the background meanwhile sees the new time with this cycle
+        with self.graph.reading():  # a message built in the background meanwhile sees the new time with this cycle
             if self.clock is not None:
-                self.clock.now += self.tick_s
+                self.clock.advance(self.tick_s)
             self.graph.run_cycle()
             step = self.graph.step
         if self.graph.errors:
@@ -953,7 +934,7 @@ class Harness:
         while any(answering(v) for v in self.views) and time.monotonic() < end:
             time.sleep(0.01)
         if self.clock is not None:
-            self.clock.now += 64.0
+            self.clock.advance(64.0)
         step = self._cycle()
         self.steps += 1
         for v in list(self.views):

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from tickwire.server.engine import Engine
 
 
 def say(*parts) -> None:
@@ -91,17 +92,15 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine import engine_of
-    from tickwire.server.engine.graph import UpdateGraph
     from tickwire.server.engine.storage import Durability
 
     if args.pause_checkpoint:
         pause_checkpoints(args.pause_checkpoint[0], float(args.pause_checkpoint[1]))
 
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     server = TickwireServer(graph, port=0, web=False, data_dir=args.data_dir,
                             durability=Durability(checkpoint_cycles=args.checkpoint_cycles)).start()
-    engine = engine_of(graph)
+    engine = graph
     say("READY", server.port)
 
     appended = server.sink("appended", mode="append")

@@ -7,23 +7,21 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine import UpdateSourceTable
+from tickwire.server.engine import Engine, UpdateSourceTable
 from tickwire.server.engine.graph import ROW_KEY, RowSet, RowSetShiftData, TableUpdate, apply_update
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64())])
 
 
 class ScriptedTable(UpdateSourceTable):
-    """Applies queued (update, values) pairs; `values` holds the new values of the added and
-    modified rows with their post-update keys in a first column `__row_key__`."""
+    """Applies queued (update, values) pairs, written with `Engine.write(table, (update, values))`
+    (`scripted_table` makes one); `values` holds the new values of the added and modified rows with
+    their post-update keys in a first column `__row_key__`."""
 
     def __init__(self, graph, name: str, schema: pa.Schema = SCHEMA):
         super().__init__(graph, name, schema)
         self.state = pa.table({ROW_KEY: pa.array([], pa.int64()),
                                **{f.name: pa.array([], f.type) for f in schema}})
-
-    def push(self, update: TableUpdate, values: pa.Table) -> None:
-        super().push((update, values))
 
     def apply_pending(self, step, ops) -> Optional[TableUpdate]:
         if not ops:
@@ -40,6 +38,13 @@ class ScriptedTable(UpdateSourceTable):
         self.prev_rowset = prev
         self.rowset = RowSet.from_keys(keys)
         return total
+
+
+def scripted_table(engine: Engine, name: str, schema: pa.Schema = SCHEMA) -> ScriptedTable:
+    """A new ScriptedTable of `engine`."""
+    table, created = engine.get_or_create_source(ScriptedTable, name, schema)
+    assert created, f"a table named {name!r} exists already"
+    return table
 
 
 def _moves(rng, kept: np.ndarray):

@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from tickwire.server.engine import Engine
 
 FAULTY = "tickwire_faulty"
 
@@ -82,7 +83,7 @@ class Recorder:
     def table(self, name: str) -> dict:
         """The table now: its row keys, rows (in row-key order) and column types."""
         t = self.graph.tables[name]
-        with self.graph.exclusive():
+        with self.graph.reading():
             data = t.gather_with_keys(key_column="__key")
         return {"keys": data.column("__key").to_pylist(), "rows": data.drop_columns(["__key"]).to_pylist(),
                 "schema": [[f.name, str(f.type)] for f in t.schema], "kind": type(t).__name__}
@@ -265,9 +266,8 @@ def run(spec_path: str) -> None:
     graph = recorder = None
     local = [q for q in spec["queries"] if q["sink"] == "local"]
     if local:
-        from tickwire.server.engine.graph import UpdateGraph
-
-        graph = UpdateGraph(interval_ms=20).start()
+        
+        graph = Engine(interval_ms=20).start()
         recorder = Recorder(graph, [t["table"] for q in local for t in q["tables"]])
     queries = {}
     for q in spec["queries"]:
@@ -297,9 +297,8 @@ def run(spec_path: str) -> None:
 
 def serve(port: int, data_dir: str) -> None:
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
-
-    server = TickwireServer(UpdateGraph(interval_ms=20), port=port, web=False, data_dir=data_dir).start()
+    
+    server = TickwireServer(Engine(interval_ms=20), port=port, web=False, data_dir=data_dir).start()
     say("READY", server.port)
     sys.stdin.read()
     server.stop()

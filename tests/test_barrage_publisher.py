@@ -8,10 +8,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.clients.state import TableState
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.engine.publishing import PublisherRegistry, SubscriptionError, TableWire, View, window_keys
-from tickwire.server.engine.graph import RowSet, UpdateGraph
+from tickwire.server.engine.graph import RowSet
 from tests.scripted import ScriptedTable, random_update
 
 
@@ -86,7 +87,7 @@ SHAPES = {
 
 
 def _setup(seed):
-    graph = UpdateGraph(interval_ms=10_000)
+    graph = Engine(interval_ms=10_000)
     table = ScriptedTable(graph, "t")
     registry = PublisherRegistry()
     return graph, table, registry
@@ -263,7 +264,7 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
     already delivered sent between pieces; every intermediate state holds current values, and
     the final state is the table."""
     rng = np.random.default_rng(300 + seed)
-    graph = UpdateGraph(interval_ms=10_000)
+    graph = Engine(interval_ms=10_000)
     table = ScriptedTable(graph, "t")
     registry = PublisherRegistry(min_piece_cells=60, max_piece_cells=90)
     keys = np.empty(0, dtype=np.int64)
@@ -393,7 +394,7 @@ def test_subscribers_asking_for_ever_other_columns_keep_few_shared_snapshots():
     from tickwire.server.config import ServerConfig
 
     rng = np.random.default_rng(5)
-    graph = UpdateGraph(interval_ms=10_000)
+    graph = Engine(interval_ms=10_000)
     table = ScriptedTable(graph, "t")
     registry = PublisherRegistry(config=ServerConfig(shared_snapshots=2))
     keys = np.empty(0, dtype=np.int64)

@@ -37,6 +37,7 @@ import pytest
 from .browser.cdp import JsError, Page, launch_chromium
 from .browser.jsapi import JsApiPage, normalize_arrow, normalize_js
 from .interop.dh_server import deephaven_server_available, start_dh_server
+from tickwire.server.engine import Engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
@@ -140,9 +141,8 @@ def serve(kind: str, psk: Optional[str] = None):
             yield Served(kind, dh.port, psk, dh)
         return
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
-
-    graph = UpdateGraph(interval_ms=100)
+    
+    graph = Engine(interval_ms=100)
     ticker = PausableTicker(graph)
     server = TickwireServer(graph, port=0, psk=psk).start()
     ticker.start()
@@ -397,9 +397,9 @@ def _doexchange_sids(frames) -> list[int]:
 def test_big_table_viewport_moves_only_changes(served, page):
     if served.kind != "tickwire":
         pytest.skip("the 10,000,000-row table is built in tickwire's engine")
-    from tickwire.server.engine import TableSpec, engine_of
+    from tickwire.server.engine import TableSpec
 
-    engine = engine_of(served.server.graph)
+    engine = served.server.graph
     table, _ = engine.get_or_create(TableSpec("big_keyed", "keyed", BIG, keys=("Id",)))
     if len(table.rowset) < BIG_ROWS:
         ids = np.arange(BIG_ROWS, dtype=np.int64)

@@ -16,13 +16,13 @@ import pyarrow.flight as fl
 import pytest
 
 from tests.golden import GOLDEN, read_cap
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.protocol.proto import (application_pb2, config_pb2, session_pb2, storage_pb2, table_pb2,
                                      ticket_pb2)
 from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.services.config_service import ANONYMOUS_HANDLER, PSK_HANDLER
 from tickwire.server.services.sessions import PSK_SCHEME
 
@@ -49,12 +49,12 @@ def rows(start: int, n: int) -> pa.Table:
 
 
 def make_server(**kw) -> tuple[UpdateGraph, TickwireServer]:
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.keyed_table("keyed", SCHEMA, ["k"]).add(rows(0, 200))
-    graph.static_table("static", rows(0, 50))
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("keyed", "keyed", SCHEMA, keys=["k"])).add(rows(0, 200))
+    graph.create(TableSpec("static", "static", data=rows(0, 50)))
     graph.run_cycle()
     kw.setdefault("config", ServerConfig(list_fields_poll_s=0.05))
-    return graph, TickwireServer(graph, port=0, start_graph=False, **kw).start()
+    return graph, TickwireServer(graph, port=0, start_engine=False, **kw).start()
 
 
 @pytest.fixture()
@@ -285,7 +285,7 @@ def test_list_fields_lists_then_follows_then_ends_cancelled_on_close_session(ser
     first = s.next()
     assert _names(first) == ["keyed", "static"] and not first.removed
     assert first.created[0].typed_ticket.ticket.ticket == b"s/keyed"
-    graph.static_table("later", rows(0, 3))
+    graph.create(TableSpec("later", "static", data=rows(0, 3)))
     upd = s.next()
     assert _names(upd) == ["later"] and not upd.removed
     graph.remove_table("later")
@@ -306,7 +306,7 @@ def test_list_fields_streams_share_one_watcher_that_ends_with_them(served):
     for s in streams:
         assert _names(s.next()) == ["keyed", "static"]
     assert len(watchers()) == 1
-    graph.static_table("more", rows(0, 2))
+    graph.create(TableSpec("more", "static", data=rows(0, 2)))
     for s in streams:
         assert _names(s.next()) == ["more"]
     for s in streams:
@@ -327,7 +327,7 @@ def test_list_fields_answers_while_another_thread_holds_the_graph_lock(served):
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with graph.exclusive():  # what a long cycle over a large table does
+        with graph.reading():  # what a long cycle over a large table does
             held.set()
             release.wait(60)
 

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.cli import build_parser
 from tickwire.options import ConfigError, render, resolve
-from tickwire.server.adapters.demo import connect_help
+from tickwire.demo import connect_help
 from tests import waiting
 from tests.certs import self_signed
 
@@ -305,11 +306,10 @@ def test_grpc_calls_through_the_shared_port_are_logged_with_the_clients_own_addr
 
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
-
+    
     caplog.set_level(logging.INFO, logger="tickwire")
-    graph = UpdateGraph(interval_ms=20)
-    graph.static_table("t", pa.table({"a": [1, 2, 3]}))
+    graph = Engine(interval_ms=20)
+    graph.create(TableSpec("t", "static", data=pa.table({"a": [1, 2, 3]})))
     srv = TickwireServer(graph, port=0).start()  # the web side on: gRPC goes through the splitter
     try:
         assert srv.splitter is not None
@@ -371,15 +371,14 @@ def test_subscription_and_refused_put_are_logged_with_ids(caplog):
 
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine import TableSpec, engine_of
-    from tickwire.server.engine.graph import UpdateGraph
-
+    from tickwire.server.engine import TableSpec
+    
     caplog.set_level(logging.DEBUG, logger="tickwire")
-    graph = UpdateGraph(interval_ms=20)
-    table, _ = engine_of(graph).get_or_create(TableSpec("t", "append", pa.schema([("x", pa.int64())])))
+    graph = Engine(interval_ms=20)
+    table, _ = graph.get_or_create(TableSpec("t", "append", pa.schema([("x", pa.int64())])))
     server = TickwireServer(graph, port=0, web=False).start()
     try:
-        engine_of(graph).write(table, pa.table({"x": [1, 2, 3]}))
+        graph.write(table, pa.table({"x": [1, 2, 3]}))
         with BarrageClient(f"127.0.0.1:{server.port}") as client:
             sub = client.subscribe("t", viewport=[(0, 1)])
             assert sub.wait_for(lambda s: s.size == 3, timeout=10)  # a viewport: the table's size

@@ -6,21 +6,21 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
-from tickwire.server.engine.graph import UpdateGraph
 from tests.waiting import wait_until
 
 
 @pytest.fixture()
 def served():
-    graph = UpdateGraph(interval_ms=3_600_000)
+    graph = Engine(interval_ms=3_600_000)
     ticker = DemoTicker(graph, rows_per_tick=9, seed=3)
     for _ in range(4):
         ticker.tick()
         graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_graph=False).start()
+    server = TickwireServer(graph, port=0, start_engine=False).start()
     yield server, graph, ticker
     server.stop()
 
@@ -99,9 +99,9 @@ def test_errors_reach_the_subscriber(served):
 
 
 def test_psk_authentication():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.static_table("t", pa.table({"x": np.arange(5)}))
-    srv = TickwireServer(graph, port=0, psk="k1", start_graph=False).start()
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("t", "static", data=pa.table({"x": np.arange(5)})))
+    srv = TickwireServer(graph, port=0, psk="k1", start_engine=False).start()
     try:
         with BarrageClient(srv.target, psk="k1") as c:
             assert c.snapshot("t").column("x").to_pylist() == [0, 1, 2, 3, 4]
@@ -135,11 +135,11 @@ def test_a_grpc_url_connects(served_graph_for_url):
 def served_graph_for_url():
     import pyarrow as pa
 
-    from tickwire import TickwireServer, UpdateGraph
+    from tickwire import TickwireServer
 
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("url_t", pa.table({"a": [1, 2, 3]}))
-    srv = TickwireServer(graph, port=0, start_graph=False).start()
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("url_t", "static", data=pa.table({"a": [1, 2, 3]})))
+    srv = TickwireServer(graph, port=0, start_engine=False).start()
     yield srv
     srv.stop()
 
@@ -150,13 +150,13 @@ def test_a_reconnecting_subscription_follows_the_table_across_a_server_restart()
     import numpy as np
     import pyarrow as pa
 
-    from tickwire import TickwireServer, UpdateGraph
+    from tickwire import TickwireServer
     from tickwire.clients.client import BarrageClient
     from tests.serving import start_again
 
-    graph = UpdateGraph(interval_ms=20).start()
+    graph = Engine(interval_ms=20).start()
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    table = graph.keyed_table("kv", schema, ["k"])
+    table = graph.create(TableSpec("kv", "keyed", schema, keys=["k"]))
     table.add(pa.table({"k": np.arange(50), "v": np.zeros(50, np.int64)}, schema=schema))
     srv = TickwireServer(graph, port=0).start()
     port = srv.port  # the restart listens on it again
@@ -194,11 +194,11 @@ def test_without_reconnect_a_lost_connection_ends_the_subscription():
     import numpy as np
     import pyarrow as pa
 
-    from tickwire import TickwireServer, UpdateGraph
+    from tickwire import TickwireServer
     from tickwire.clients.client import BarrageClient
 
-    graph = UpdateGraph(interval_ms=20).start()
-    graph.static_table("t", pa.table({"a": np.arange(10)}))
+    graph = Engine(interval_ms=20).start()
+    graph.create(TableSpec("t", "static", data=pa.table({"a": np.arange(10)})))
     srv = TickwireServer(graph, port=0).start()
     client = BarrageClient(srv.target)
     try:

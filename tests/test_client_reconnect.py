@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from tickwire import TickwireServer, UpdateGraph
+from tickwire.server.engine import Engine, TableSpec
+from tickwire import TickwireServer
 from tickwire.clients.client import BarrageClient, Update
 from tickwire.protocol.rowset import ranges_to_keys
 from tests import waiting
@@ -74,8 +75,8 @@ def _wait(predicate, timeout: float = 20.0) -> bool:
 
 
 def test_a_reconnection_delivers_the_difference_as_one_update():
-    graph = UpdateGraph(interval_ms=20).start()
-    table = graph.keyed_table("kv", SCHEMA, ["k"])
+    graph = Engine(interval_ms=20).start()
+    table = graph.create(TableSpec("kv", "keyed", SCHEMA, keys=["k"]))
     table.add(pa.table({"k": np.arange(40), "v": np.arange(40) * 10, "s": [f"r{i}" for i in range(40)]},
                        schema=SCHEMA))
     srv = TickwireServer(graph, port=0).start()
@@ -150,8 +151,8 @@ def test_a_reconnection_delivers_the_difference_as_one_update():
 
 
 def test_a_reconnection_to_an_unchanged_table_delivers_an_empty_update():
-    graph = UpdateGraph(interval_ms=20).start()
-    graph.static_table("t", pa.table({"a": np.arange(5)}))
+    graph = Engine(interval_ms=20).start()
+    graph.create(TableSpec("t", "static", data=pa.table({"a": np.arange(5)})))
     srv = TickwireServer(graph, port=0).start()
     port = srv.port  # the restart listens on it again
     client = BarrageClient(f"grpc://127.0.0.1:{port}")

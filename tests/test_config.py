@@ -5,9 +5,9 @@ import dataclasses
 
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import EncodeLimits, ServerConfig
-from tickwire.server.engine.graph import UpdateGraph
 
 
 def test_defaults_and_validation():
@@ -26,7 +26,7 @@ def test_defaults_and_validation():
 def test_the_server_passes_its_config_down():
     cfg = ServerConfig(outbox=1, min_piece_cells=100, max_piece_cells=200, inline_cells=0,
                        encode=EncodeLimits(shared_batch_bytes=4096), list_fields_poll_s=0.25)
-    srv = TickwireServer(UpdateGraph(interval_ms=1000), port=0, config=cfg, session_duration_ms=5000)
+    srv = TickwireServer(Engine(interval_ms=1000), port=0, config=cfg, session_duration_ms=5000)
     assert srv.config == dataclasses.replace(cfg, session_duration_ms=5000)  # keyword arguments override
     assert srv.ctx.config is srv.config
     assert srv.registry.outbox == 1 and srv.registry.limits.shared_batch_bytes == 4096

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tickwire.server.engine.graph import UpdateGraph
 from tests import convergence as cv
 from tests.convergence import (CONFIGS, KINDS, SHAPES, Divergence, Harness, RecordingView, Shape, Source,
                                TickingView, TickwireView, expected_slice, run_config, scaled, soak_factor)
@@ -118,7 +117,7 @@ def test_traffic_makes_valid_updates_of_every_kind():
     """Every update is validated by TableUpdate.validate as it is made; the table's row keys after
     each cycle must be the traffic's; and the mix covers every kind, shifts both ways, subsets of
     modified columns and emptying the table."""
-    graph = UpdateGraph(interval_ms=3_600_000)
+    graph = Engine(interval_ms=3_600_000)
     src = Source(graph, "t", np.random.default_rng(5), per_cycle=1, target=60)
     seen_up = seen_down = subset = emptied = 0
     orig = src.table.push

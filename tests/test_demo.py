@@ -4,8 +4,8 @@ import sys
 import numpy as np
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
-from tickwire.server.engine.graph import UpdateGraph
 
 
 def test_static_mixed_is_deterministic_with_nulls():
@@ -15,7 +15,7 @@ def test_static_mixed_is_deterministic_with_nulls():
 
 
 def test_ticker_feeds_every_table():
-    g = UpdateGraph()
+    g = Engine()
     ticker = DemoTicker(g, rows_per_tick=5)
     for _ in range(300):
         ticker.tick()

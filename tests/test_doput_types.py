@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
 
 from .interop.dh_server import deephaven_server_available, start_dh_server
 
@@ -172,7 +172,7 @@ def expected_answer() -> dict[str, tuple[str, str, list]]:
 
 @pytest.fixture(scope="module")
 def tickwire():
-    graph = UpdateGraph(interval_ms=50)
+    graph = Engine(interval_ms=50)
     server = TickwireServer(graph, port=0).start()
     try:
         yield server
@@ -338,7 +338,7 @@ def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path, checkpoint)
     """The upload's schema (the types it is served with) is part of the table's stored metadata;
     the rows come back from the journal, or from a checkpoint, with those types."""
     def serve(port=0):
-        return TickwireServer(UpdateGraph(interval_ms=50), port=port, web=False, data_dir=tmp_path).start()
+        return TickwireServer(Engine(interval_ms=50), port=port, web=False, data_dir=tmp_path).start()
 
     data = accepted_table().select(_FIXED_SIZE_AND_UNSIGNED) if checkpoint else accepted_table()
     auth = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])

@@ -37,6 +37,7 @@ import pyarrow.flight as fl
 import pytest
 
 from tests.serving import start_again
+from tickwire.server.engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -238,8 +239,6 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
     pytest.importorskip("pyspark")
     if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
         pytest.skip("Spark needs a Java 17 runtime on PATH")
-    from tickwire.server.engine import engine_of
-    from tickwire.server.engine.graph import UpdateGraph
 
     seed = int(os.environ.get("TICKWIRE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
@@ -285,8 +284,8 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
         assert bad not in text, f"the child's log says {bad!r}:\n" + text[max(0, text.find(bad) - 2000):][:4000]
 
     # and the data directory alone, in a fresh engine: the same tables, the same row keys
-    graph = UpdateGraph(interval_ms=3_600_000)
-    engine = engine_of(graph)
+    graph = Engine(interval_ms=3_600_000)
+    engine = graph
     found = {t.name: t for t in engine.open_storage(data_dir)}
     try:
         assert set(found) == {"appended", "latest"} and not engine.storage.errors
@@ -324,7 +323,7 @@ def _wait_until(cond, timeout: float, what: str) -> None:
 
 
 def _state(table) -> tuple[np.ndarray, pa.Table]:
-    with table.graph.exclusive():
+    with table.graph.reading():
         keys = table.rowset.keys().copy()
         return keys, table.gather(None, keys)
 
@@ -388,8 +387,7 @@ class Subscriber:
 def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_restart(tmp_path):
     pytest.importorskip("pydeephaven_ticking")
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine import TableSpec, engine_of
-    from tickwire.server.engine.graph import UpdateGraph
+    from tickwire.server.engine import TableSpec
     from tickwire.server.engine.storage import Durability
 
     schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
@@ -420,15 +418,15 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
         _step, expected = engine.snapshot(engine.resolve(name))
         return got.num_rows == expected.num_rows and got.equals(_plain(expected).cast(got.schema))
 
-    graph = UpdateGraph(interval_ms=20)
-    engine = engine_of(graph)
+    graph = Engine(interval_ms=20)
+    engine = graph
     server = TickwireServer(graph, port=0, web=False, data_dir=data_dir, durability=durability).start()
     port = server.port  # the restart below listens on it again
     engine.get_or_create(TableSpec("trades", "append", schema))
     engine.get_or_create(TableSpec("prices", "keyed", schema, keys=("k",)))
     produce(engine, range(0, 12))
 
-    local = UpdateGraph(interval_ms=10)
+    local = Engine(interval_ms=10)
     follower = TickwireServer(local, port=0, web=False).start()
     replicas = {name: follower.replicate(f"127.0.0.1:{port}", name) for name in ("trades", "prices")}
     sub = Subscriber(port, ["trades", "prices"])
@@ -448,7 +446,7 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
         sub.close()
 
         def restart():
-            g = UpdateGraph(interval_ms=20)
+            g = Engine(interval_ms=20)
             try:
                 return TickwireServer(g, port=port, web=False, data_dir=data_dir, durability=durability).start()
             except BaseException:
@@ -457,7 +455,7 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
 
         server2 = start_again(restart)
         graph2 = server2.graph
-        engine2 = engine_of(graph2)
+        engine2 = graph2
         assert {t.name for t in server2.recovered} == {"trades", "prices"}
         for name, (keys, data) in before.items():
             k2, d2 = _state(engine2.resolve(name))

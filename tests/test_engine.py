@@ -14,16 +14,7 @@ import pyarrow.flight as fl
 import pytest
 
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine import (
-    CatalogError,
-    Engine,
-    IngestError,
-    TableInUseError,
-    TableMismatchError,
-    TableSpec,
-    engine_of,
-)
-from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine import CatalogError, Engine, IngestError, TableInUseError, TableMismatchError, TableSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64())])
@@ -35,9 +26,7 @@ def batch(start: int, n: int) -> pa.Table:
 
 
 def test_get_or_create_makes_each_kind_once_and_refuses_mismatches():
-    g = UpdateGraph(interval_ms=3_600_000)
-    e = engine_of(g)
-    assert engine_of(g) is e
+    e = Engine(interval_ms=3_600_000)
     a, created = e.get_or_create(TableSpec("a", "append", SCHEMA))
     assert created and e.get_or_create(TableSpec("a", "append", SCHEMA)) == (a, False)
     k, _ = e.get_or_create(TableSpec("k", "keyed", SCHEMA, keys=("k",)))
@@ -66,8 +55,7 @@ def test_get_or_create_makes_each_kind_once_and_refuses_mismatches():
                                     pa.field("S", pa.struct([("a", pa.int64())])),
                                     pa.field("m", pa.map_(pa.string(), pa.int64()))])
 def test_an_unservable_schema_registers_nothing(column):
-    g = UpdateGraph(interval_ms=3_600_000)
-    e = engine_of(g)
+    e = g = Engine(interval_ms=3_600_000)
     with pytest.raises(CatalogError, match=f"column '{column.name}'") as err:
         e.get_or_create(TableSpec("t", "append", pa.schema([("k", pa.int64()), column])))
     assert err.value.code == "INVALID_ARGUMENT"
@@ -75,16 +63,14 @@ def test_an_unservable_schema_registers_nothing(column):
 
 
 def test_hidden_tables_are_neither_listed_nor_resolved_by_name():
-    g = UpdateGraph(interval_ms=3_600_000)
-    e = engine_of(g)
+    e = g = Engine(interval_ms=3_600_000)
     h, _ = e.get_or_create(TableSpec("secret", "append", SCHEMA, hidden=True))
     assert e.public_names() == [] and e.resolve("secret") is None
     assert e.resolve("secret", hidden=True) is h and h in e.tables(hidden=True)
 
 
 def test_drop_is_refused_while_held_and_works_after():
-    g = UpdateGraph(interval_ms=3_600_000)
-    e = engine_of(g)
+    e = g = Engine(interval_ms=3_600_000)
     t, _ = e.get_or_create(TableSpec("t", "append", SCHEMA))
     e.write(t, batch(0, 5))
     g.run_cycle()
@@ -106,9 +92,9 @@ def test_drop_is_refused_while_held_and_works_after():
 
 
 def test_write_returns_once_applied_and_remembers_batch_ids():
-    g = UpdateGraph(interval_ms=50).start()
+    g = Engine(interval_ms=50).start()
     try:
-        e = engine_of(g)
+        e = g
         t, _ = e.get_or_create(TableSpec("t", "keyed", SCHEMA, keys=("k",)))
         for i in range(20):
             assert e.write(t, batch(i * 3, 3), batch_id=("test", i))
@@ -139,7 +125,7 @@ def test_write_returns_once_applied_and_remembers_batch_ids():
 
 @pytest.fixture(scope="module")
 def served():
-    graph = UpdateGraph(interval_ms=100)
+    graph = Engine(interval_ms=100)
     srv = TickwireServer(graph, port=0).start()
     yield srv
     srv.stop()
@@ -222,8 +208,8 @@ def test_nothing_outside_the_engine_reaches_into_the_graph():
 
 
 def test_the_engine_is_the_one_per_graph():
-    g = UpdateGraph(interval_ms=3_600_000)
-    assert isinstance(engine_of(g), Engine) and engine_of(g) is engine_of(g)
+    g = Engine(interval_ms=3_600_000)
+    assert isinstance(g, Engine) and g is g
 
 
 def test_every_kind_of_table_offers_the_cycle_hooks():
@@ -231,8 +217,7 @@ def test_every_kind_of_table_offers_the_cycle_hooks():
 
     from .scripted import ScriptedTable
 
-    g = UpdateGraph(interval_ms=3_600_000)
-    e = engine_of(g)
+    e = g = Engine(interval_ms=3_600_000)
     tables = [e.get_or_create(TableSpec(k, k, SCHEMA, keys=("k",) if k == "keyed" else (),
                                         capacity=5 if k == "ring" else None))[0]
               for k in ("append", "keyed", "ring", "blink")]

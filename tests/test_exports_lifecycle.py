@@ -21,11 +21,11 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2
 from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
 
 from tests import waiting
 
@@ -43,11 +43,11 @@ def _quotes(n: int = 500) -> pa.Table:
 
 
 def _start(**kw):
-    graph = UpdateGraph(interval_ms=3_600_000)  # cycles only when a test runs one
-    t = graph.keyed_table("quotes", SCHEMA, ["Sym"])
+    graph = Engine(interval_ms=3_600_000)  # cycles only when a test runs one
+    t = graph.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
     t.add(_quotes())
     graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_graph=False, **kw).start()
+    server = TickwireServer(graph, port=0, start_engine=False, **kw).start()
     return graph, server
 
 
@@ -455,8 +455,8 @@ def dh():
 
 @pytest.fixture(scope="module")
 def tw():
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("lc_quotes", _lc_rows())
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("lc_quotes", "static", data=_lc_rows()))
     server = TickwireServer(graph, port=0).start()
     yield server
     server.stop()

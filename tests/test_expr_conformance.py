@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from .interop.dh_server import deephaven_server_available, start_dh_server
+from tickwire.server.engine import Engine, TableSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
@@ -139,11 +140,10 @@ def servers():
     from pydeephaven import Session
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.graph import UpdateGraph
-
+    
     dh = start_dh_server(tables_script="")
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("data", DATA)
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("data", "static", data=DATA))
     tw = TickwireServer(graph, port=0).start()
     dh_session = Session(host="127.0.0.1", port=dh.port)
     tw_session = Session(host="127.0.0.1", port=tw.port)

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.engine.graph.graph import TableFailedError, TableListener
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.int64()), ("y", pa.int64())])
@@ -55,8 +55,8 @@ FORMULAS = {
 
 @pytest.mark.parametrize("make", FORMULAS.values(), ids=list(FORMULAS))
 def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(make):
-    g = UpdateGraph()
-    src = g.append_table("src", SCHEMA)
+    g = Engine()
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(good(0, 5))
     g.run_cycle()
     bad = make(src)
@@ -115,8 +115,8 @@ def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(
 
 
 def test_a_view_whose_formula_raises_when_read_fails_with_its_derived_tables():
-    g = UpdateGraph()
-    src = g.append_table("src", SCHEMA)
+    g = Engine()
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(good(0, 3))
     g.run_cycle()
     view = src.view(["id", ("q", pc.divide_checked(pc.field("x"), pc.field("y")))], name="v")
@@ -139,8 +139,8 @@ def test_a_view_whose_formula_raises_when_read_fails_with_its_derived_tables():
 
 
 def test_a_failure_at_creation_is_an_error_of_the_creating_call():
-    g = UpdateGraph()
-    src = g.append_table("src", SCHEMA)
+    g = Engine()
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(rows([1], [1], [0]))
     g.run_cycle()
     with pytest.raises(pa.ArrowInvalid, match="divide by zero"):
@@ -150,8 +150,8 @@ def test_a_failure_at_creation_is_an_error_of_the_creating_call():
 
 
 def test_a_source_whose_input_fails_is_not_a_failed_table(monkeypatch):
-    g = UpdateGraph()
-    src = g.append_table("src", SCHEMA)
+    g = Engine()
+    src = g.create(TableSpec("src", "append", SCHEMA))
     derived = src.where(pc.field("x") > 0, name="derived")
     real = type(src).apply_pending
     calls = []
@@ -173,8 +173,8 @@ def test_a_source_whose_input_fails_is_not_a_failed_table(monkeypatch):
 
 
 def test_the_cycle_thread_keeps_running_after_a_table_fails():
-    g = UpdateGraph(interval_ms=5)
-    src = g.append_table("src", SCHEMA)
+    g = Engine(interval_ms=5)
+    src = g.create(TableSpec("src", "append", SCHEMA))
     bad = src.where(ratio_over_one(), name="bad")
     with g:
         src.add(rows([1], [5], [0]))
@@ -205,15 +205,15 @@ def plain(t: pa.Table) -> pa.Table:
 
 @pytest.fixture()
 def failing():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    src = graph.append_table("src", SCHEMA)
+    graph = Engine(interval_ms=3_600_000)
+    src = graph.create(TableSpec("src", "append", SCHEMA))
     src.add(good(0, 6))
     graph.run_cycle()
     ratio = src.where(ratio_over_one(), name="ratio")
     ratio.sort("x", descending=True, name="ratio_sorted")
     src.where(pc.field("x") > 6, name="sibling")
     src.view(["id", ("q", pc.divide_checked(pc.field("x"), pc.field("y")))], name="quotient")
-    server = TickwireServer(graph, port=0, start_graph=False).start()
+    server = TickwireServer(graph, port=0, start_engine=False).start()
     yield server, graph, src
     server.stop()
 

@@ -39,6 +39,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from tests.convergence import soak_factor
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import BarrageClient
 from tickwire.protocol import barrage
 from tickwire.protocol import rowset as rs
@@ -57,7 +58,6 @@ from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import TRADES, DemoTicker
 from tickwire.server.services import KEYS_METADATA
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.services.rpc import UNAUTHENTICATED_METHODS
 from tickwire.server.services.sessions import PSK_SCHEME
 
@@ -665,17 +665,17 @@ def failure_class(method: str, out: Outcome, what: str) -> tuple:
 
 class Servers:
     def __init__(self, seed: int):
-        self.graph = UpdateGraph(interval_ms=3_600_000)
+        self.graph = Engine(interval_ms=3_600_000)
         self.ticker = DemoTicker(self.graph, rows_per_tick=5, seed=seed % 2**32)
         for _ in range(3):
             self.ticker.tick()
             self.graph.run_cycle()
-        self.main = TickwireServer(self.graph, port=0, start_graph=False).start()
-        pgraph = UpdateGraph(interval_ms=3_600_000)
-        pgraph.static_table("static_mixed", pa.table({"a": pa.array([1, 2, 3], pa.int64())}))
-        pgraph.keyed_table("ticking_keyed", TRADES, ["Sym"])
+        self.main = TickwireServer(self.graph, port=0, start_engine=False).start()
+        pgraph = Engine(interval_ms=3_600_000)
+        pgraph.create(TableSpec("static_mixed", "static", data=pa.table({"a": pa.array([1, 2, 3], pa.int64())})))
+        pgraph.create(TableSpec("ticking_keyed", "keyed", TRADES, keys=["Sym"]))
         pgraph.run_cycle()
-        self.psk = TickwireServer(pgraph, port=0, psk=PSK, start_graph=False).start()
+        self.psk = TickwireServer(pgraph, port=0, psk=PSK, start_engine=False).start()
         self.channels = {"main": grpc.insecure_channel(self.main.target), "psk": grpc.insecure_channel(self.psk.target)}
         self.bearers: dict[str, str] = {}
         self.tick_lock = threading.Lock()

@@ -6,14 +6,14 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from tickwire.server.engine import Engine, TableSpec
 
-from tickwire.server.engine.graph import UpdateGraph
 
 def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
-    g = UpdateGraph(interval_ms=5).start()
+    g = Engine(interval_ms=5).start()
     s = pa.schema([("producer", pa.int32()), ("batch", pa.int64()), ("i", pa.int32())])
-    t = g.append_table("t", s)
-    keyed = g.keyed_table("kt", pa.schema([("producer", pa.int32()), ("n", pa.int64())]), ["producer"])
+    t = g.create(TableSpec("t", "append", s))
+    keyed = g.create(TableSpec("kt", "keyed", pa.schema([("producer", pa.int32()), ("n", pa.int64())]), keys=["producer"]))
     batch_rows = 17
     stop = threading.Event()
     errors = []
@@ -30,7 +30,7 @@ def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
     def reader():
         seen_sizes: dict[int, int] = {}
         while not stop.is_set():
-            with g.exclusive():
+            with g.reading():
                 step = g.step
                 snap = t.gather()
                 counts = keyed.gather()
@@ -67,10 +67,10 @@ def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
 def test_snapshots_match_the_state_recorded_at_their_step():
     """A listener records the table at the end of every cycle; each snapshot taken by reader threads
     while the graph runs on its own thread must equal the record for its step."""
-    g = UpdateGraph(interval_ms=2)
+    g = Engine(interval_ms=2)
     s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    keyed = g.keyed_table("k", s, ["k"])
-    ring = g.ring_table("r", s, 50)
+    keyed = g.create(TableSpec("k", "keyed", s, keys=["k"]))
+    ring = g.create(TableSpec("r", "ring", s, capacity=50))
     states: dict[int, tuple[list, list]] = {}
     g.add_cycle_listener(lambda step: states.__setitem__(step, (keyed.gather().to_pylist(),
                                                                 ring.gather().to_pylist())))
@@ -91,7 +91,7 @@ def test_snapshots_match_the_state_recorded_at_their_step():
 
     def reader():
         while not stop.is_set():
-            with g.exclusive():
+            with g.reading():
                 step = g.step
                 snaps.append((step, keyed.gather().to_pylist(), g.snapshot(ring)[1].to_pylist()))
             time.sleep(0.0005)

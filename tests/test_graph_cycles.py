@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine.graph import ROW_KEY, RowSet, UpdateGraph, apply_update
+from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine.graph import ROW_KEY, RowSet, apply_update
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("tag", pa.string())])
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [101, 202]
@@ -71,11 +72,11 @@ def expected_keyed(log_kind: np.ndarray, log_k: np.ndarray, log_rows: pa.Table) 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_thousands_of_random_cycles_match_recomputation(seed):
     rng = np.random.default_rng(seed)
-    g = UpdateGraph()
-    app = g.append_table("append", SCHEMA)
-    keyed = g.keyed_table("keyed", SCHEMA, ["k"])
-    blink = g.blink_table("blink", SCHEMA)
-    ring = g.ring_table("ring", SCHEMA, RING)
+    g = Engine()
+    app = g.create(TableSpec("append", "append", SCHEMA))
+    keyed = g.create(TableSpec("keyed", "keyed", SCHEMA, keys=["k"]))
+    blink = g.create(TableSpec("blink", "blink", SCHEMA))
+    ring = g.create(TableSpec("ring", "ring", SCHEMA, capacity=RING))
     checkers = [UpdateChecker(t) for t in (app, keyed, blink, ring)]
     appended, ring_in, blink_in = [], [], []
     log_kind, log_k, log_rows = [], [], []

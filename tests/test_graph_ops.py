@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.scripted import ScriptedTable, random_update
-from tickwire.server.engine.graph import (ROW_KEY, RowSet, SortTable, TableUpdate, UpdateGraph, WhereTable,
+from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine.graph import (ROW_KEY, RowSet, SortTable, TableUpdate, WhereTable,
                                    apply_update, equal_mask)
 from tickwire.server.engine.graph.ops import base as ops_base
 from tickwire.server.engine.graph.ops import LastByTable
@@ -279,11 +280,11 @@ def make_op(parent, rng, i: int) -> Node:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_chains_match_recomputation(seed):
     rng = np.random.default_rng(seed)
-    g = UpdateGraph()
+    g = Engine()
     scripted = ScriptedTable(g, "scripted")
-    keyed = g.keyed_table("keyed", MARKET, ["sym", "k"])
-    trades = g.append_table("trades", MARKET)
-    ring = g.ring_table("ring", MARKET, 60)
+    keyed = g.create(TableSpec("keyed", "keyed", MARKET, keys=["sym", "k"]))
+    trades = g.create(TableSpec("trades", "append", MARKET))
+    ring = g.create(TableSpec("ring", "ring", MARKET, capacity=60))
     sources = [scripted, keyed, trades, ring]
     keyed.add(market_rows(rng, 40))
     trades.add(market_rows(rng, 40))
@@ -339,9 +340,9 @@ def test_random_chains_read_only_now_and_then_match_recomputation(seed, queue_ke
     if queue_keys is not None:
         monkeypatch.setattr(ops_base, "_QUEUE_KEYS", queue_keys)
     rng = np.random.default_rng(seed + 1000)
-    g = UpdateGraph()
-    keyed = g.keyed_table("keyed", MARKET, ["sym", "k"])
-    ring = g.ring_table("ring", MARKET, 60)
+    g = Engine()
+    keyed = g.create(TableSpec("keyed", "keyed", MARKET, keys=["sym", "k"]))
+    ring = g.create(TableSpec("ring", "ring", MARKET, capacity=60))
     keyed.add(market_rows(rng, 40))
     g.run_cycle()
     nodes, tables = [], [keyed, ring]
@@ -394,8 +395,8 @@ def quotes(rows) -> pa.Table:
 
 
 def _graph_with_quotes():
-    g = UpdateGraph()
-    t = g.keyed_table("q", QUOTES, ["sym"])
+    g = Engine()
+    t = g.create(TableSpec("q", "keyed", QUOTES, keys=["sym"]))
     t.add(quotes([("a", 10.0, 5, "X"), ("b", 20.0, 7, "Y"), ("c", 30.0, 9, "X"), ("d", 40.0, 1, "Y")]))
     g.run_cycle()
     return g, t
@@ -444,8 +445,8 @@ def test_sort_shifts_rows_when_a_gap_is_full_and_the_update_applies():
 
 
 def test_sort_descending_nulls_and_multiple_columns():
-    g = UpdateGraph()
-    t = g.append_table("t", QUOTES)
+    g = Engine()
+    t = g.create(TableSpec("t", "append", QUOTES))
     t.add(quotes([("a", None, 1, "X"), ("b", 2.0, 1, "Y"), ("c", float("nan"), 2, "X"), ("d", 2.0, 0, None),
                   ("e", -1.0, 3, "X")]))
     g.run_cycle()
@@ -541,8 +542,8 @@ def test_head_and_tail_follow_the_order():
 
 
 def test_last_by_then_where_then_sort_one_update_per_table_per_cycle():
-    g = UpdateGraph()
-    trades = g.append_table("trades", QUOTES)
+    g = Engine()
+    trades = g.create(TableSpec("trades", "append", QUOTES))
     latest = trades.last_by("sym")
     big = latest.where(pc.field("vol") > 100)
     ranked = big.sort("vol", descending=True)
@@ -565,8 +566,8 @@ def test_last_by_then_where_then_sort_one_update_per_table_per_cycle():
 
 
 def test_last_by_groups_empty_and_come_back_as_new_rows():
-    g = UpdateGraph()
-    k = g.keyed_table("k", QUOTES, ["sym"])
+    g = Engine()
+    k = g.create(TableSpec("k", "keyed", QUOTES, keys=["sym"]))
     k.add(quotes([("a1", 1.0, 1, "X"), ("a2", 2.0, 2, "X"), ("b1", 3.0, 3, "Y")]))
     g.run_cycle()
     lb = k.last_by(["venue"])
@@ -598,8 +599,8 @@ def test_default_names_are_unique_and_where_of_a_callable_is_a_where_table():
 
 
 def test_sort_on_strings_longer_than_the_encoding_with_modifications_in_the_same_cycle():
-    g = UpdateGraph()
-    t = g.keyed_table("t", QUOTES, ["vol"])
+    g = Engine()
+    t = g.create(TableSpec("t", "keyed", QUOTES, keys=["vol"]))
     t.add(quotes([("bb", 1.0, 1, "X"), ("d", 1.0, 2, "X"), ("a", 1.0, 3, "X"), ("c", 1.0, 4, "X")]))
     g.run_cycle()
     s = t.sort("sym")

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tests.test_graph_ops import Follower, ref_sort, same_table
-from tickwire.server.engine.graph import ROW_KEY, SortTable, UpdateGraph, apply_update
+from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine.graph import ROW_KEY, SortTable, apply_update
 
 SCHEMA = pa.schema([("sym", pa.string()), ("px", pa.float64()), ("vol", pa.int64())])
 
@@ -23,9 +24,9 @@ def _rows(rng, n: int, syms: int = 60) -> pa.Table:
 
 
 def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
-    g = UpdateGraph(interval_ms=3)
-    quotes = g.keyed_table("quotes", SCHEMA, ["sym"])
-    trades = g.append_table("trades", SCHEMA)
+    g = Engine(interval_ms=3)
+    quotes = g.create(TableSpec("quotes", "keyed", SCHEMA, keys=["sym"]))
+    trades = g.create(TableSpec("trades", "append", SCHEMA))
     top = quotes.where(pc.field("px") > 30).sort("px", descending=True).head(10)
     view = quotes.view(["sym", ("notional", pc.field("px") * pc.field("vol"))])
     ranked = trades.last_by("sym").sort("vol")
@@ -45,7 +46,7 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
 
     def reader():
         while not stop.is_set():
-            with g.exclusive():  # one cycle boundary for all the reads below
+            with g.reading():  # one cycle boundary for all the reads below
                 s1, q = g.step, quotes.gather_with_keys()
                 s2, t = g.snapshot(top)
                 s3, v = g.snapshot(view)
@@ -103,8 +104,8 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
 
 def test_coalesced_updates_of_a_sorted_table_with_shifts_give_the_new_state():
     rng = np.random.default_rng(5)
-    g = UpdateGraph()
-    quotes = g.keyed_table("quotes", SCHEMA, ["sym"])
+    g = Engine()
+    quotes = g.create(TableSpec("quotes", "keyed", SCHEMA, keys=["sym"]))
     quotes.add(_rows(rng, 200, syms=400))
     g.run_cycle()
     s = SortTable(g, "by_px", quotes, ["px"], [False], spacing=2)  # tight keys: crowded gaps shift rows

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine.graph import RowSet, SchemaMismatchError, TableUpdate, UpdateGraph, WhereTable, apply_update
+from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine.graph import RowSet, SchemaMismatchError, TableUpdate, WhereTable, apply_update
 from tickwire.server.engine.graph.batchids import BatchIds
 
 SCHEMA = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),
@@ -83,11 +84,11 @@ class Checker:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_traffic_matches_models(seed):
     rng = np.random.default_rng(seed)
-    g = UpdateGraph()
-    app = g.append_table("append", SCHEMA)
-    keyed = g.keyed_table("keyed", SCHEMA, ["sym", "k"])
-    blink = g.blink_table("blink", SCHEMA)
-    ring = g.ring_table("ring", SCHEMA, 40)
+    g = Engine()
+    app = g.create(TableSpec("append", "append", SCHEMA))
+    keyed = g.create(TableSpec("keyed", "keyed", SCHEMA, keys=["sym", "k"]))
+    blink = g.create(TableSpec("blink", "blink", SCHEMA))
+    ring = g.create(TableSpec("ring", "ring", SCHEMA, capacity=40))
     cheap = keyed.where(lambda v: pa.compute.less(v["qty"], 2), name="keyed_cheap", columns=["qty"])
     flagged = app.where(lambda v: v["flag"], name="append_flagged")
     checkers = {t.name: Checker(t) for t in (app, keyed, blink, ring, cheap, flagged)}
@@ -151,8 +152,8 @@ def test_random_traffic_matches_models(seed):
 
 
 def test_ring_keeps_the_last_rows():
-    g = UpdateGraph()
-    ring = g.ring_table("ring", SCHEMA, 10)
+    g = Engine()
+    ring = g.create(TableSpec("ring", "ring", SCHEMA, capacity=10))
     c = Checker(ring)
     rng = np.random.default_rng(9)
     everything = []
@@ -169,8 +170,8 @@ def test_ring_keeps_the_last_rows():
 
 
 def test_keyed_modified_columns_are_only_the_changed_ones():
-    g = UpdateGraph()
-    keyed = g.keyed_table("keyed", SCHEMA, ["sym", "k"])
+    g = Engine()
+    keyed = g.create(TableSpec("keyed", "keyed", SCHEMA, keys=["sym", "k"]))
     rng = np.random.default_rng(3)
     t = random_rows(rng, 5, keys=1000).slice(0, 5)
     keyed.add(t)
@@ -187,9 +188,9 @@ def test_keyed_modified_columns_are_only_the_changed_ones():
 
 
 def test_keyed_row_keys_are_stable_and_deletes_remove():
-    g = UpdateGraph()
+    g = Engine()
     s = pa.schema([("id", pa.string()), ("v", pa.int64())])
-    t = g.keyed_table("t", s, ["id"])
+    t = g.create(TableSpec("t", "keyed", s, keys=["id"]))
     t.add(pa.table({"id": ["a", "b", "c"], "v": [1, 2, 3]}, schema=s))
     g.run_cycle()
     t.add(pa.table({"id": ["b", "d"], "v": [20, 4]}, schema=s))
@@ -206,8 +207,8 @@ def test_keyed_row_keys_are_stable_and_deletes_remove():
 
 
 def test_schema_mismatch_names_table_column_and_types_and_changes_nothing():
-    g = UpdateGraph()
-    t = g.append_table("trades", SCHEMA)
+    g = Engine()
+    t = g.create(TableSpec("trades", "append", SCHEMA))
     bad = random_rows(np.random.default_rng(1), 3).set_column(2, "px", pa.array(["1", "2", "3"]))
     with pytest.raises(SchemaMismatchError, match=r"table 'trades': column 'px' has type string, expected double"):
         t.add(bad)
@@ -224,9 +225,9 @@ def test_schema_mismatch_names_table_column_and_types_and_changes_nothing():
 
 
 def test_listener_error_is_reported_and_others_continue():
-    g = UpdateGraph()
-    a = g.append_table("a", SCHEMA)
-    b = g.append_table("b", SCHEMA)
+    g = Engine()
+    a = g.create(TableSpec("a", "append", SCHEMA))
+    b = g.create(TableSpec("b", "append", SCHEMA))
     seen = []
 
     def boom(table, update, step):
@@ -244,9 +245,9 @@ def test_listener_error_is_reported_and_others_continue():
 
 
 def test_keyed_cycle_with_several_operations_reports_net_change_and_previous_values():
-    g = UpdateGraph()
+    g = Engine()
     s = pa.schema([("id", pa.string()), ("n", pa.int32()), ("v", pa.float64()), ("note", pa.string())])
-    t = g.keyed_table("t", s, ["id", "n"])
+    t = g.create(TableSpec("t", "keyed", s, keys=["id", "n"]))
     t.add(pa.table({"id": ["a", "b", "c", None], "n": [1, 1, 1, 1], "v": [1.0, 2.0, float("nan"), 4.0],
                     "note": ["x", "y", "z", None]}, schema=s))
     assert g.run_cycle()["t"].added == RowSet.range(0, 3)
@@ -281,9 +282,9 @@ def test_keyed_cycle_with_several_operations_reports_net_change_and_previous_val
 
 
 def test_batch_ids_make_every_source_exactly_once():
-    g = UpdateGraph()
+    g = Engine()
     s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    tables = [g.append_table("a", s), g.keyed_table("k", s, ["k"]), g.blink_table("b", s), g.ring_table("r", s, 5)]
+    tables = [g.create(TableSpec("a", "append", s)), g.create(TableSpec("k", "keyed", s, keys=["k"])), g.create(TableSpec("b", "blink", s)), g.create(TableSpec("r", "ring", s, capacity=5))]
     rows = pa.table({"k": [1, 2], "v": [10, 20]}, schema=s)
     for t in tables:
         assert t.add(rows, batch_id=7)
@@ -297,26 +298,26 @@ def test_batch_ids_make_every_source_exactly_once():
 
 
 def test_schema_errors_for_keyed_tables_name_the_key_column():
-    g = UpdateGraph()
+    g = Engine()
     s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    t = g.keyed_table("prices", s, ["k"])
+    t = g.create(TableSpec("prices", "keyed", s, keys=["k"]))
     with pytest.raises(SchemaMismatchError, match=r"table 'prices': column 'k' has type string, expected int64"):
         t.delete(pa.table({"k": ["1"]}))
     with pytest.raises(SchemaMismatchError, match="missing column 'k'"):
         t.delete(pa.table({"v": [1]}))
     with pytest.raises(ValueError, match="not in the schema"):
-        g.keyed_table("bad", s, ["nope"])
+        g.create(TableSpec("bad", "keyed", s, keys=["nope"]))
     with pytest.raises(ValueError, match="cannot be a key"):
-        g.keyed_table("bad2", pa.schema([("l", pa.list_(pa.int64()))]), ["l"])
+        g.create(TableSpec("bad2", "keyed", pa.schema([("l", pa.list_(pa.int64()))]), keys=["l"]))
     with pytest.raises(ValueError, match="already exists"):
-        g.append_table("prices", s)
+        g.create(TableSpec("prices", "append", s))
     assert t.pending_rows() == 0 and "prices" not in g.run_cycle()
 
 
 def test_derived_tables_update_after_their_parents_in_one_cycle():
-    g = UpdateGraph()
+    g = Engine()
     s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    src = g.keyed_table("src", s, ["k"])
+    src = g.create(TableSpec("src", "keyed", s, keys=["k"]))
     big = src.where(lambda v: pa.compute.greater(v["v"], 10), name="big")
     bigger = big.where(lambda v: pa.compute.greater(v["v"], 100), name="bigger")
     order = []
@@ -339,10 +340,10 @@ def test_derived_tables_update_after_their_parents_in_one_cycle():
 
 
 def test_a_failing_source_or_derived_table_is_reported_and_the_rest_updates():
-    g = UpdateGraph()
+    g = Engine()
     s = pa.schema([("k", pa.int64())])
-    a = g.append_table("a", s)
-    b = g.append_table("b", s)
+    a = g.create(TableSpec("a", "append", s))
+    b = g.create(TableSpec("b", "append", s))
 
     def bad_predicate(values):
         raise ZeroDivisionError("predicate broke")
@@ -392,8 +393,8 @@ def test_column_types_survive_storage_and_overwrites():
             "k": pa.array(np.arange(base, base + n)),
         }, schema=s)
 
-    g = UpdateGraph()
-    t = g.keyed_table("typed", s, ["k"])
+    g = Engine()
+    t = g.create(TableSpec("typed", "keyed", s, keys=["k"]))
     model = {}
     for cycle in range(30):
         batch = make(int(rng.integers(1, 200)), int(rng.integers(0, 400)))
@@ -411,13 +412,13 @@ def test_column_types_survive_storage_and_overwrites():
 
 
 def test_table_properties_static_tables_and_snapshots():
-    g = UpdateGraph()
+    g = Engine()
     assert g.interval_ms == 100.0
     s = pa.schema([("k", pa.int64()), ("v", pa.string())])
     data = pa.table({"k": [1, 2, 3], "v": ["a", None, "c"]}, schema=s)
-    st = g.static_table("st", data)
-    app, keyed, blink, ring = (g.append_table("a", s), g.keyed_table("kt", s, ["k"]), g.blink_table("b", s),
-                               g.ring_table("r", s, 2))
+    st = g.create(TableSpec("st", "static", data=data))
+    app, keyed, blink, ring = (g.create(TableSpec("a", "append", s)), g.create(TableSpec("kt", "keyed", s, keys=["k"])), g.create(TableSpec("b", "blink", s)),
+                               g.create(TableSpec("r", "ring", s, capacity=2)))
     assert g.tables == {"st": st, "a": app, "kt": keyed, "b": blink, "r": ring}
     assert not st.is_refreshing and all(t.is_refreshing for t in (app, keyed, blink, ring))
     assert st.to_arrow().equals(data) and st.rowset == RowSet.range(0, 2) and st.size == 3
@@ -441,9 +442,9 @@ def test_table_properties_static_tables_and_snapshots():
 
 
 def test_the_graph_thread_applies_input_on_its_interval_and_stops():
-    g = UpdateGraph(interval_ms=10)
+    g = Engine(interval_ms=10)
     s = pa.schema([("k", pa.int64())])
-    t = g.append_table("a", s)
+    t = g.create(TableSpec("a", "append", s))
     steps = []
     t.add_listener(lambda table, up, step: steps.append((step, len(up.added))))
     with g:
@@ -481,8 +482,8 @@ def test_numbered_batch_ids_are_remembered_in_bounded_memory():
     ids.add("batch-a")
     ids.add(("flag", True))
     assert "batch-a" in ids and ("flag", True) in ids and ("flag", False) not in ids and "batch-b" not in ids
-    g = UpdateGraph()
-    t = g.append_table("a", pa.schema([("v", pa.int64())]))
+    g = Engine()
+    t = g.create(TableSpec("a", "append", pa.schema([("v", pa.int64())])))
     t._seen_batches = BatchIds(keep=8)
     one = pa.table({"v": [1]})
     for n in range(100):
@@ -504,8 +505,8 @@ def test_many_small_inputs_in_one_cycle_give_the_update_of_one_input():
     for before, gone, after in ((inputs[:150], deletes, inputs[150:]),
                                 ([pa.concat_tables(inputs[:150])], [pa.concat_tables(deletes)],
                                  [pa.concat_tables(inputs[150:])])):
-        g = UpdateGraph()
-        t = g.keyed_table("t", s, ["k"])
+        g = Engine()
+        t = g.create(TableSpec("t", "keyed", s, keys=["k"]))
         t.add(base)
         g.run_cycle()
         seen = []

@@ -18,6 +18,7 @@ import time
 
 import grpc
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.services.rpc import UNAUTHENTICATED_METHODS
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,6 @@ from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import ALL_METHODS, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.services.sessions import PSK_SCHEME
 
 FLIGHT = "/arrow.flight.protocol.FlightService/"
@@ -92,8 +92,8 @@ def sub_request(ticket=b"s/keyed", viewport=None, columns=None) -> bytes:
 def ticking():
     """A keyed table of 10,000 rows changed every 20 ms by a writer thread; `srv.changed_steps` are the
     steps that changed it (on a loaded machine the writer may miss a cycle, which then sends nothing)."""
-    graph = UpdateGraph(interval_ms=20)
-    keyed = graph.keyed_table("keyed", SCHEMA, ["k"])
+    graph = Engine(interval_ms=20)
+    keyed = graph.create(TableSpec("keyed", "keyed", SCHEMA, keys=["k"]))
     keyed.add(rows(0, 10_000))
     graph.run_cycle()
     changed: set[int] = set()
@@ -207,9 +207,9 @@ def test_column_sets_are_checked_in_one_pass_with_a_short_message(ticking):
 
 
 def test_an_oversize_message_is_refused_before_it_is_read_whole():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.static_table("t", rows(0, 10))
-    srv = TickwireServer(graph, port=0, start_graph=False, max_inbound_message_size=1 << 20).start()
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("t", "static", data=rows(0, 10)))
+    srv = TickwireServer(graph, port=0, start_engine=False, max_inbound_message_size=1 << 20).start()
     try:
         with grpc.insecure_channel(srv.target, options=[("grpc.max_send_message_length", -1)]) as ch:
             ex = Exchange(ch)
@@ -250,9 +250,9 @@ GARBAGE = b"\xff\xff\xff\xff\x0f"  # a truncated varint: not a valid protobuf me
 
 
 def test_malformed_bodies_answer_invalid_argument_naming_the_message_type():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.static_table("t", rows(0, 10))
-    srv = TickwireServer(graph, port=0, start_graph=False).start()
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("t", "static", data=rows(0, 10)))
+    srv = TickwireServer(graph, port=0, start_engine=False).start()
     try:
         with grpc.insecure_channel(srv.target) as ch:
             checked = 0
@@ -272,9 +272,9 @@ def test_malformed_bodies_answer_invalid_argument_naming_the_message_type():
 
 
 def test_credentials_are_checked_before_the_body_on_every_method():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.static_table("t", rows(0, 10))
-    srv = TickwireServer(graph, port=0, start_graph=False, psk="s3cret").start()
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("t", "static", data=rows(0, 10)))
+    srv = TickwireServer(graph, port=0, start_engine=False, psk="s3cret").start()
     paths = set(ALL_METHODS) | {"/io.deephaven.proto.backplane.grpc.TableService/" + n
                             for n in ("ComboAggregate", "SelectDistinct", "AsOfJoinTables", "RunChartDownsample")}
     paths -= UNAUTHENTICATED_METHODS  # asked before any login (tested in test_browser_services)
@@ -296,8 +296,8 @@ def test_credentials_are_checked_before_the_body_on_every_method():
 
 @pytest.fixture()
 def served():
-    graph = UpdateGraph(interval_ms=20)
-    graph.append_table("existing", SCHEMA).add(rows(0, 5))
+    graph = Engine(interval_ms=20)
+    graph.create(TableSpec("existing", "append", SCHEMA)).add(rows(0, 5))
     srv = TickwireServer(graph, port=0).start()
     client = fl.FlightClient(f"grpc://{srv.target}")
     opts = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
@@ -410,8 +410,8 @@ def test_fifty_stalled_subscribers_cost_about_one_message():
     changes is coalesced, not queued. Each subscriber after the first may add its stream, its thread
     and one small message, under a fifth of the snapshot; one copy of the snapshot each would be five
     times that."""
-    graph = UpdateGraph(interval_ms=100)
-    big = graph.keyed_table("big", SCHEMA, ["k"])
+    graph = Engine(interval_ms=100)
+    big = graph.create(TableSpec("big", "keyed", SCHEMA, keys=["k"]))
     first = rows(0, 130_000)
     snapshot = first.nbytes / 1e6
     big.add(first)

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import TRADES, DemoTicker, static_mixed
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
 
 pytestmark = pytest.mark.interop
@@ -26,12 +26,12 @@ ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 
 @pytest.fixture(scope="module")
 def served():
-    graph = UpdateGraph(interval_ms=3_600_000)  # stepped by hand
+    graph = Engine(interval_ms=3_600_000)  # stepped by hand
     ticker = DemoTicker(graph, rows_per_tick=7, seed=11)
     for _ in range(3):
         ticker.tick()
         graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_graph=False).start()
+    server = TickwireServer(graph, port=0, start_engine=False).start()
     lock = threading.Lock()  # tests that step the graph do it one at a time
     yield server, graph, ticker, lock
     server.stop()
@@ -105,7 +105,7 @@ def test_pyarrow_big_static_doget_streams_in_batches(served, client):
     n = 300_000
     data = pa.table({f"c{i}": np.arange(n, dtype=np.int64) * (i + 1) for i in range(5)})
     if "big_test" not in graph.tables:
-        graph.static_table("big_test", data)
+        graph.create(TableSpec("big_test", "static", data=data))
     reader = client.do_get(fl.Ticket(b"s/big_test"), ANON)
     batches = [c.data for c in reader]
     assert len(batches) > 1

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
-from tickwire.server.engine.graph import UpdateGraph
 
 from .interop.dh_server import deephaven_server_available
 from .interop.java_barrage import run_java_client
@@ -31,9 +31,9 @@ def plain(t: pa.Table) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def served():
-    graph = UpdateGraph(interval_ms=100)
+    graph = Engine(interval_ms=100)
     ticker = DemoTicker(graph, rows_per_tick=5, interval_s=0.1)
-    big = graph.append_table("big_ticking", pa.schema([("Id", pa.int64()), ("X", pa.float64()), ("B", pa.int32())]))
+    big = graph.create(TableSpec("big_ticking", "append", pa.schema([("Id", pa.int64()), ("X", pa.float64()), ("B", pa.int32())])))
 
     def rows(start, n):
         i = np.arange(start, start + n, dtype=np.int64)

@@ -17,10 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from tickwire.server.engine import Engine
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tickwire.server.engine.graph import UpdateGraph
 from tests import waiting
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -69,9 +69,9 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 def test_health_is_not_serving_until_the_first_cycle_and_needs_no_credentials():
-    g = UpdateGraph(interval_ms=3_600_000)
-    src = g.append_table("src", SCHEMA)
-    srv = TickwireServer(g, port=0, psk="secret", start_graph=False).start()  # every other call needs the key
+    g = Engine(interval_ms=3_600_000)
+    src = g.create(TableSpec("src", "append", SCHEMA))
+    srv = TickwireServer(g, port=0, psk="secret", start_engine=False).start()  # every other call needs the key
     try:
         assert check(srv.target) == NOT_SERVING
         assert check(srv.target, "arrow.flight.protocol.FlightService") == NOT_SERVING
@@ -95,15 +95,15 @@ def test_health_is_not_serving_until_the_first_cycle_and_needs_no_credentials():
 
 
 def test_a_server_on_a_graph_that_already_ran_serves_at_once():
-    g = UpdateGraph(interval_ms=3_600_000)
-    g.append_table("src", SCHEMA)
+    g = Engine(interval_ms=3_600_000)
+    g.create(TableSpec("src", "append", SCHEMA))
     g.run_cycle()
-    with TickwireServer(g, port=0, start_graph=False, web=False) as srv:
+    with TickwireServer(g, port=0, start_engine=False, web=False) as srv:
         assert check(srv.target) == SERVING
 
 
 def test_health_turns_not_serving_first_when_the_server_stops():
-    g = UpdateGraph(interval_ms=20)
+    g = Engine(interval_ms=20)
     srv = TickwireServer(g, port=0).start()
     assert wait_until(lambda: check(srv.target) == SERVING)
     seen: list[int] = []
@@ -137,13 +137,13 @@ def test_health_turns_not_serving_first_when_the_server_stops():
 
 
 def test_a_failed_derived_table_has_a_not_serving_table_name():
-    g = UpdateGraph(interval_ms=3_600_000)
-    src = g.append_table("src", SCHEMA)
+    g = Engine(interval_ms=3_600_000)
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(rows(0, 5))
     g.run_cycle()
     bad = src.where(pc.greater(pc.divide_checked(pc.field("x"), pc.field("y")), 1), name="bad")
     child = bad.head(3, name="child")
-    srv = TickwireServer(g, port=0, start_graph=False).start()
+    srv = TickwireServer(g, port=0, start_engine=False).start()
     try:
         g.run_cycle()
         assert [check(srv.target, f"tickwire.table/{n}") for n in ("src", "bad", "child")] == [SERVING] * 3
@@ -164,11 +164,11 @@ def test_a_failed_derived_table_has_a_not_serving_table_name():
 def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_name(tmp_path, monkeypatch):
     import errno
 
-    from tickwire.server.engine import IngestError, TableSpec, engine_of
+    from tickwire.server.engine import IngestError, TableSpec
     from tickwire.server.engine.storage import store
 
-    g = UpdateGraph(interval_ms=20)
-    engine = engine_of(g)
+    g = Engine(interval_ms=20)
+    engine = g
     engine.open_storage(tmp_path)
     kept, _ = engine.get_or_create(TableSpec("kept", "append", SCHEMA))
     mem, _ = engine.get_or_create(TableSpec("mem", "append", SCHEMA, durable=False))
@@ -200,8 +200,8 @@ def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_na
 # ----------------------------------------------------------------------------------------------
 
 def test_metrics_move_with_traffic():
-    g = UpdateGraph(interval_ms=20)
-    src = g.append_table("src", SCHEMA)
+    g = Engine(interval_ms=20)
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(rows(0, 1000))
     srv = TickwireServer(g, port=0).start()
     url = f"{srv.web_url}/metrics"
@@ -272,8 +272,8 @@ def test_metrics_move_with_traffic():
 
 
 def test_snapshot_pieces_and_rows_out_move_with_traffic():
-    g = UpdateGraph(interval_ms=20)
-    src = g.append_table("src", SCHEMA)
+    g = Engine(interval_ms=20)
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(rows(0, 1000))
     # 300 cells a piece: a full subscriber's initial snapshot of 1000 rows of 3 columns comes in 10 pieces
     srv = TickwireServer(g, port=0, config=ServerConfig(min_piece_cells=300, max_piece_cells=300)).start()
@@ -314,7 +314,7 @@ def test_snapshot_pieces_and_rows_out_move_with_traffic():
 
 
 def test_unauthenticated_calls_are_counted_by_status():
-    g = UpdateGraph(interval_ms=50)
+    g = Engine(interval_ms=50)
     with TickwireServer(g, port=0, psk="secret") as srv:
         with pytest.raises(ClientError):
             BarrageClient(srv.target, psk="wrong").snapshot("x")
@@ -323,8 +323,8 @@ def test_unauthenticated_calls_are_counted_by_status():
 
 
 def test_metrics_and_healthz_on_the_metrics_port_without_a_web_side():
-    g = UpdateGraph(interval_ms=20)
-    src = g.append_table("src", SCHEMA)
+    g = Engine(interval_ms=20)
+    src = g.create(TableSpec("src", "append", SCHEMA))
     src.add(rows(0, 10))
     srv = TickwireServer(g, port=0, web=False, metrics_port=0).start()
     try:
@@ -342,8 +342,8 @@ def test_metrics_and_healthz_on_the_metrics_port_without_a_web_side():
 
 
 def test_each_server_has_its_own_registry():
-    a = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False)
-    b = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False)
+    a = TickwireServer(Engine(interval_ms=20), port=0, web=False)
+    b = TickwireServer(Engine(interval_ms=20), port=0, web=False)
     assert a.observability.metrics.registry is not b.observability.metrics.registry
     a.observability.counters.doget_requests += 5
     text = b.observability.metrics.exposition().decode()

@@ -14,10 +14,10 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine import TableSpec, engine_of
-from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine import TableSpec
 from tests import waiting
 from tickwire.server.engine.perf_tables import (BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, NAMES,
                                                        SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA,
@@ -42,7 +42,7 @@ def of_table(t: pa.Table, name: str) -> pa.Table:
 
 
 def serve(**kwargs) -> tuple[UpdateGraph, TickwireServer]:
-    g = UpdateGraph(interval_ms=20)
+    g = Engine(interval_ms=20)
     srv = TickwireServer(g, port=0, web=False, perf_tables=PERF, **kwargs).start()
     return g, srv
 
@@ -58,7 +58,7 @@ def list_tables(target: str) -> list[dict]:
 
 def test_clients_subscribe_to_and_read_the_performance_tables():
     g, srv = serve()
-    engine = engine_of(g)
+    engine = g
     ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
     client = BarrageClient(srv.target)
     try:
@@ -148,7 +148,7 @@ def test_clients_subscribe_to_and_read_the_performance_tables():
 def test_performance_tables_are_listed_only_with_the_switch():
     for show in (False, True):
         g, srv = serve(show_system_tables=show)
-        engine_of(g).get_or_create(TableSpec("plain", "append", SCHEMA))
+        g.get_or_create(TableSpec("plain", "append", SCHEMA))
         client = BarrageClient(srv.target)
         try:
             listed = client.tables()
@@ -157,7 +157,7 @@ def test_performance_tables_are_listed_only_with_the_switch():
             for name in NAMES:
                 assert (name in listed) == show
                 assert (name in actions) == show and (not show or actions[name]["system"])
-                assert (name in engine_of(g).names_now()) == show
+                assert (name in g.names_now()) == show
                 # listed or not, the name reaches the table
                 assert client.snapshot(name).schema.names == {UPDATE_PERFORMANCE: UPDATE_SCHEMA,
                                                                BARRAGE_PERFORMANCE: BARRAGE_SCHEMA,
@@ -170,7 +170,7 @@ def test_performance_tables_are_listed_only_with_the_switch():
 
 def test_an_idle_server_records_nothing_while_its_performance_tables_are_watched():
     g, srv = serve()
-    engine = engine_of(g)
+    engine = g
     ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
     client = BarrageClient(srv.target)
     try:
@@ -239,7 +239,7 @@ def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):
     import logging
 
     g, srv = serve()
-    engine = engine_of(g)
+    engine = g
     ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
     caplog.set_level(logging.INFO, logger="tickwire.server.services.flight_service")
     client = BarrageClient(srv.target)
@@ -265,8 +265,8 @@ def test_rows_shifted_counts_the_rows_the_shifts_moved():
     added ones) in its destination range; on a sorted table whose rows move as prices change."""
     from tickwire.server.engine.perf_tables import _rows_shifted
 
-    g = UpdateGraph()
-    engine = engine_of(g)
+    g = Engine()
+    engine = g
     prices, _ = engine.get_or_create(TableSpec("prices", "keyed", pa.schema([("k", pa.int64()), ("p", pa.float64())]),
                                                keys=("k",)))
     ranked = prices.sort(["p"])

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
+from tickwire.server.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -250,9 +251,8 @@ def demo_server():
     that every key of ticking_keyed exists and ticking_append holds more than 150 rows."""
     from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.demo import DemoTicker
-    from tickwire.server.engine.graph import UpdateGraph
-
-    graph = UpdateGraph(interval_ms=100)
+    
+    graph = Engine(interval_ms=100)
     ticker = DemoTicker(graph, rows_per_tick=5, interval_s=0.1)
     for _ in range(100):
         ticker.tick()

@@ -15,14 +15,15 @@ import pytest
 
 from tests.scripted import ScriptedTable, random_update
 from tests.serving import start_again
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
-from tickwire.server.adapters.replica import ReplicaTable, Replicator, parse_replicate, wait_until
+from tickwire.server.adapters.replica import ReplicaTable, Replicator, parse_replicate
+from tests.waiting import wait_until
 
 
 def _state(table) -> tuple[np.ndarray, pa.Table]:
-    with table.graph.exclusive():
+    with table.graph.reading():
         keys = table.rowset.keys()
         return keys, table.gather(None, keys)
 
@@ -37,7 +38,7 @@ def _same(a, b) -> bool:
 
 @pytest.fixture
 def origin():
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     table = ScriptedTable(graph, "src")
     server = TickwireServer(graph, port=0).start()
     yield graph, table, server
@@ -67,10 +68,10 @@ def test_a_chain_of_two_replicas_converges_to_the_origin(origin, seed):
     graph, src, server = origin
     rng = np.random.default_rng(seed)
     keys = _traffic(graph, src, rng, np.empty(0, dtype=np.int64), 5)
-    g1 = UpdateGraph(interval_ms=10).start()
+    g1 = Engine(interval_ms=10).start()
     r1 = Replicator(g1, server.target, "src").start()
     s1 = TickwireServer(g1, port=0).start()
-    g2 = UpdateGraph(interval_ms=10).start()
+    g2 = Engine(interval_ms=10).start()
     r2 = Replicator(g2, s1.target, "src", local_name="copy").start()
     try:
         for round_ in range(6):
@@ -86,13 +87,13 @@ def test_a_chain_of_two_replicas_converges_to_the_origin(origin, seed):
 
 
 def test_replica_survives_the_upstream_going_away_and_resynchronises():
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     src = ScriptedTable(graph, "src")
     rng = np.random.default_rng(9)
     keys = _traffic(graph, src, rng, np.empty(0, dtype=np.int64), 10)
     upstream = TickwireServer(graph, port=0).start()
     port = upstream.port  # it comes back on the same port
-    local = UpdateGraph(interval_ms=10).start()
+    local = Engine(interval_ms=10).start()
     rep = Replicator(local, f"127.0.0.1:{port}", "src", backoff=(0.05, 0.5)).start()
     try:
         keys = _traffic(graph, src, rng, keys, 10, pause=0.002)
@@ -120,14 +121,14 @@ def test_replica_survives_the_upstream_going_away_and_resynchronises():
 def test_resynchronising_emits_only_the_net_difference():
     """After a reconnection to an upstream whose table changed, the replica's update holds just
     the rows that went, came, or changed value."""
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
-    src = graph.keyed_table("kv", schema, ["k"])
+    src = graph.create(TableSpec("kv", "keyed", schema, keys=["k"]))
     src.add(pa.table({"k": np.arange(100), "v": [f"a{i}" for i in range(100)]}, schema=schema))
     graph.run_cycle()
     upstream = TickwireServer(graph, port=0).start()
     port = upstream.port  # it comes back on the same port
-    local = UpdateGraph(interval_ms=10).start()
+    local = Engine(interval_ms=10).start()
     rep = Replicator(local, f"127.0.0.1:{port}", "kv", backoff=(0.05, 0.5)).start()
     seen = []
     try:

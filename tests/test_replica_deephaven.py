@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from tests.interop.dh_server import deephaven_server_available, start_dh_server
+from tickwire.server.engine import Engine
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
-from tickwire.server.adapters.replica import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -55,15 +55,15 @@ def dh():
 
 
 def _state(table):
-    with table.graph.exclusive():
+    with table.graph.reading():
         keys = table.rowset.keys()
         return keys, table.gather(None, keys)
 
 
 def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
-    g1 = UpdateGraph(interval_ms=20)
+    g1 = Engine(interval_ms=20)
     first = TickwireServer(g1, port=0).start()
-    g2 = UpdateGraph(interval_ms=20)
+    g2 = Engine(interval_ms=20)
     second = TickwireServer(g2, port=0).start()
     host, port = dh.target.rsplit(":", 1)
     session = pydeephaven.Session(host=host, port=int(port))

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.state import TableState
 from tickwire.protocol import barrage
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
@@ -20,7 +21,6 @@ from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.services.sessions import PSK_SCHEME
 from tests.certs import self_signed
 
@@ -36,12 +36,12 @@ def rows(start: int, n: int, version: int = 0) -> pa.Table:
 
 @pytest.fixture()
 def server():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    keyed = graph.keyed_table("keyed", SCHEMA, ["k"])
+    graph = Engine(interval_ms=3_600_000)
+    keyed = graph.create(TableSpec("keyed", "keyed", SCHEMA, keys=["k"]))
     keyed.add(rows(0, 200))
-    graph.static_table("static", rows(0, 50))
+    graph.create(TableSpec("static", "static", data=rows(0, 50)))
     graph.run_cycle()
-    srv = TickwireServer(graph, port=0, start_graph=False).start()
+    srv = TickwireServer(graph, port=0, start_engine=False).start()
     yield srv
     srv.stop()
 
@@ -176,9 +176,9 @@ def test_fetch_table_exports_release_and_batch(server):
 
 
 def test_psk_is_required_when_configured():
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.static_table("t", rows(0, 5))
-    srv = TickwireServer(graph, port=0, psk="s3cret", start_graph=False).start()
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("t", "static", data=rows(0, 5)))
+    srv = TickwireServer(graph, port=0, psk="s3cret", start_engine=False).start()
     try:
         with grpc.insecure_channel(srv.target) as ch:
             req = flight_pb2.Ticket(ticket=b"s/t")
@@ -194,9 +194,9 @@ def test_psk_is_required_when_configured():
 
 def test_tls(tmp_path):
     cert, key = self_signed(tmp_path)
-    graph = UpdateGraph(interval_ms=3_600_000)
-    graph.static_table("t", rows(0, 5))
-    srv = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_graph=False).start()
+    graph = Engine(interval_ms=3_600_000)
+    graph.create(TableSpec("t", "static", data=rows(0, 5)))
+    srv = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_engine=False).start()
     try:
         import pyarrow.flight as fl
         c = fl.FlightClient(f"grpc+tls://localhost:{srv.port}", tls_root_certs=cert.read_bytes())

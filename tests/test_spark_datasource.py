@@ -14,6 +14,7 @@ pytest.importorskip("pyspark.sql.datasource")
 from pyspark.sql.types import BooleanType, DecimalType, LongType, StringType, StructField, StructType, TimestampType  # noqa: E402
 
 from tests.certs import self_signed  # noqa: E402
+from tickwire.server.engine import Engine
 from tickwire.server.app import TickwireServer  # noqa: E402
 from tickwire.server.engine.graph import UpdateGraph  # noqa: E402
 from tickwire.clients.spark.types import SparkSinkError  # noqa: E402
@@ -72,7 +73,7 @@ def doget(srv, name) -> pa.Table:
 
 @pytest.fixture
 def server():
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False).start()
     yield srv
     srv.stop()
 
@@ -177,7 +178,7 @@ def test_delete_column_and_ring_options(server, task):
 
 def test_psk_and_tls(tmp_path, task):
     cert, key = self_signed(tmp_path)
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False, psk="s3cret", tls_cert=cert,
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, psk="s3cret", tls_cert=cert,
                          tls_key=key).start()
     try:
         base = {"uri": f"grpc+tls://localhost:{srv.port}", "table": "sec", "tls_root_certs": str(cert)}

@@ -49,6 +49,7 @@ pytest.importorskip("pyspark.sql.datasource")
 from tests import waiting  # noqa: E402
 from tests.serving import port_held  # noqa: E402
 from tests.spark_remote_child import Recorder  # noqa: E402
+from tickwire.server.engine import Engine
 from tickwire.server.app import TickwireServer  # noqa: E402
 from tickwire.server.engine import TableSpec  # noqa: E402
 from tickwire.server.engine.graph import UpdateGraph  # noqa: E402
@@ -277,7 +278,7 @@ def modes(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("modes")
     folder = tmp / "in"
     files = input_files(folder)
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     server = TickwireServer(graph, port=0, web=False).start()
     recorder = Recorder(graph, REMOTE_TABLES)
     engine = server.ctx.engine
@@ -460,7 +461,7 @@ def test_a_server_refusal_fails_the_batch_with_the_servers_message(modes):
 
 @pytest.fixture
 def server():
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     srv = TickwireServer(graph, port=0, web=False).start()
     yield srv
     srv.stop()

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tickwire.server.engine.graph import UpdateGraph, equal_mask
+from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine.graph import equal_mask
 from tickwire.server.adapters.spark import SparkSinkError, diff_by_key, fan_out, last_per_key, sink
 
 TRADES = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int32()), ("Seq", pa.int64())])
@@ -31,7 +32,7 @@ def trades(seq0: int, n: int, syms=("A", "B", "C")) -> pa.Table:
 
 
 def manual_graph() -> UpdateGraph:
-    return UpdateGraph(interval_ms=3_600_000)  # stepped by the test with run_cycle()
+    return Engine(interval_ms=3_600_000)  # stepped by the test with run_cycle()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ def test_sink_argument_errors():
         sink(graph, "t", "blink", max_rows=3)
     with pytest.raises(TypeError):
         sink(object(), "t")
-    graph.keyed_table("k", TRADES, ["Sym"])
+    graph.create(TableSpec("k", "keyed", TRADES, keys=["Sym"]))
     with pytest.raises(SparkSinkError, match="'k'.*needs a AppendOnlyTable"):
         sink(graph, "k", "append").write(trades(0, 2), 0)
     with pytest.raises(SparkSinkError, match=r"'k'.*keys are \['Sym'\]"):
@@ -554,8 +555,8 @@ def test_a_subscriber_sees_each_committed_batch_as_one_update(spark, tmp_path):
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
 
-    graph = UpdateGraph(interval_ms=20)
-    graph.append_table("live", TRADES)  # exists before the query: the sink checks and reuses it
+    graph = Engine(interval_ms=20)
+    graph.create(TableSpec("live", "append", TRADES))  # exists before the query: the sink checks and reuses it
     server = TickwireServer(graph, port=0).start()  # runs the graph's cycle thread
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     s = sink(server, "live", "append")  # wait=True: returns once the batch's cycle has run
@@ -586,7 +587,7 @@ def test_a_subscriber_sees_each_committed_batch_as_one_update(spark, tmp_path):
 
 @pytest.mark.slow
 def test_fan_out_collects_once_and_lands_in_every_table_in_one_cycle(spark, tmp_path):
-    graph = UpdateGraph(interval_ms=20).start()
+    graph = Engine(interval_ms=20).start()
     steps: dict[str, list[int]] = {}
     outs = [sink(graph, "all", "append"), sink(graph, "recent", "append", max_rows=4), sink(graph, "now", "blink")]
     write = fan_out(*outs)
@@ -728,7 +729,7 @@ def test_spark_demo_tables_fill_and_stop(spark, tmp_path):
 
     from tickwire.server.adapters.spark.pipeline_demo import SparkDemo
 
-    graph = UpdateGraph(interval_ms=50).start()
+    graph = Engine(interval_ms=50).start()
     names = ["spark_trades", "spark_recent", "spark_ticks", "spark_latest", "spark_totals"]
     updated = {n: threading.Event() for n in names}
     demo = SparkDemo(graph, spark=spark, trigger_ms=100, agg_trigger_ms=300, checkpoint_dir=tmp_path / "ck")

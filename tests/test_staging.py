@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tickwire.server.engine import Engine
 from tickwire.protocol.txn import AbortRequest, CommitRequest, Transaction
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.adapters.spark import sink
 
 # what pyarrow raises for a refused call (it maps INVALID_ARGUMENT and FAILED_PRECONDITION to ArrowInvalid)
@@ -23,7 +23,7 @@ AUTH = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=
 
 @pytest.fixture
 def server():
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False).start()
     yield srv
     srv.stop()
 
@@ -156,7 +156,7 @@ def test_only_the_committed_attempt_counts_and_other_attempts_are_dropped(server
 def test_the_modes_give_what_the_in_process_sink_gives(server):
     """Each mode through staged parts and a commit equals the in-process sink fed the same batches."""
     c = connect(server)
-    ref_graph = UpdateGraph()
+    ref_graph = Engine()
     batches = [
         pa.table({"k": ["a", "b", "c", "d"], "v": [1, 2, 3, 4], "gone": [False, False, False, False]}),
         pa.table({"k": ["b", "c", "e", "a"], "v": [20, 3, 5, 1], "gone": [False, True, False, True]}),
@@ -185,7 +185,7 @@ def test_the_modes_give_what_the_in_process_sink_gives(server):
 
 def test_an_oversized_part_is_refused_and_a_full_staging_area_makes_uploads_wait():
     cfg = ServerConfig(staging_producer_bytes=4000, staging_total_bytes=6000, staging_wait_s=10)
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False, config=cfg).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, config=cfg).start()
     try:
         c = connect(srv)
         big = pa.table({"v": list(range(1000))})  # 8,000 bytes
@@ -220,7 +220,7 @@ def test_an_oversized_part_is_refused_and_a_full_staging_area_makes_uploads_wait
 
 def test_a_full_staging_area_answers_resource_exhausted_after_the_wait():
     cfg = ServerConfig(staging_producer_bytes=4000, staging_total_bytes=4000, staging_wait_s=0.5)
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False, config=cfg).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, config=cfg).start()
     try:
         c = connect(srv)
         small = pa.table({"v": list(range(400))})
@@ -234,7 +234,7 @@ def test_a_full_staging_area_answers_resource_exhausted_after_the_wait():
 
 def test_uncommitted_parts_expire():
     cfg = ServerConfig(staging_ttl_s=0.3)
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False, config=cfg).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, config=cfg).start()
     try:
         c = connect(srv)
         put(c, "e", T, Transaction(producer="p", batch=0, commit=False))
@@ -298,7 +298,7 @@ def test_plain_doput_keeps_its_meaning(server):
 
 
 def test_a_durable_table_remembers_committed_batches_across_a_restart(tmp_path):
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, web=False, data_dir=tmp_path).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, data_dir=tmp_path).start()
     port = srv.port
     try:
         c = connect(srv)
@@ -310,7 +310,7 @@ def test_a_durable_table_remembers_committed_batches_across_a_restart(tmp_path):
         put(c, "d", T, Transaction(producer="q", batch=3, part="0", commit=False))
     finally:
         srv.stop()
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=port, web=False, data_dir=tmp_path).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=port, web=False, data_dir=tmp_path).start()
     try:
         c = connect(srv)
         assert doget(c, "d").num_rows == 9
@@ -344,7 +344,7 @@ def test_empty_parts_cannot_pile_up():
     """Parts are bounded by count as well as bytes: an empty part holds no bytes."""
     from tickwire.server.engine.staging import staging_of
 
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     staging_of(graph, max_parts=3, max_parts_total=5)
     srv = TickwireServer(graph, port=0, web=False).start()
     try:

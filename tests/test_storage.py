@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import CatalogError, IngestError, TableSpec, engine_of
-from tickwire.server.engine.graph import UpdateGraph
+from tickwire.server.engine import Engine
+from tickwire.server.engine import CatalogError, IngestError, TableSpec
 from tickwire.server.engine.storage.store import Durability, StorageError
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
@@ -22,8 +22,8 @@ def rows(keys, v=0.0) -> pa.Table:
 
 
 def open_engine(path, **durability):
-    graph = UpdateGraph(interval_ms=3_600_000)  # cycles are run by the test
-    engine = engine_of(graph)
+    graph = Engine(interval_ms=3_600_000)  # cycles are run by the test
+    engine = graph
     recovered = engine.open_storage(path, Durability(**durability) if durability else None)
     return graph, engine, {t.name: t for t in recovered}
 
@@ -172,9 +172,9 @@ def test_an_unwritable_directory_is_a_clear_error(tmp_path):
         where = tmp_path / "ro"
         where.mkdir()
         where.chmod(0o500)
-    graph = UpdateGraph(interval_ms=3_600_000)
+    graph = Engine(interval_ms=3_600_000)
     with pytest.raises(StorageError, match=str(where) if os.geteuid() != 0 else "sub"):
-        engine_of(graph).open_storage(where)
+        graph.open_storage(where)
 
 
 @pytest.fixture()
@@ -191,8 +191,8 @@ def tiny_disk(tmp_path):
 
 
 def test_a_full_disk_refuses_writes_keeps_what_was_acknowledged_and_other_tables_go_on(tmp_path, tiny_disk):
-    graph = UpdateGraph(interval_ms=5)
-    engine = engine_of(graph)
+    graph = Engine(interval_ms=5)
+    engine = graph
     engine.open_storage(tiny_disk / "data")
     graph.start()
     full, _ = engine.get_or_create(TableSpec("full", "append", SCHEMA))
@@ -255,13 +255,13 @@ def test_a_server_with_a_data_directory_keeps_doput_tables_across_a_restart(tmp_
         client.close()
         return got
 
-    srv = TickwireServer(UpdateGraph(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
+    srv = TickwireServer(Engine(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
     try:
         first = put_and_get(srv, True)
     finally:
         srv.stop()
         srv.graph.stop()
-    srv2 = TickwireServer(UpdateGraph(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
+    srv2 = TickwireServer(Engine(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
     try:
         assert [t.name for t in srv2.recovered] == ["uploads"]
         again = put_and_get(srv2, False)

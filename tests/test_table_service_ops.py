@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.protocol.proto import table_pb2
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph import UpdateGraph
 from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int32()), ("Venue", pa.string())])
@@ -38,11 +38,11 @@ def _rows(rng, syms) -> pa.Table:
 @pytest.fixture
 def served():
     rng = np.random.default_rng(4)
-    graph = UpdateGraph(interval_ms=20)
-    keyed = graph.keyed_table("quotes", SCHEMA, ["Sym"])
+    graph = Engine(interval_ms=20)
+    keyed = graph.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
     keyed.add(_rows(rng, [f"S{i:02d}" for i in range(60)]))
     graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_graph=False).start()
+    server = TickwireServer(graph, port=0, start_engine=False).start()
     yield graph, keyed, server, rng
     server.stop()
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tickwire import TickwireServer, UpdateGraph
+from tickwire.server.engine import Engine, TableSpec
+from tickwire import TickwireServer
 from tickwire.clients.websocket import WebsocketChannel
 from tickwire.protocol import barrage
 from tickwire.protocol.opening import exchange_opening, request_message, subscription_request
@@ -34,9 +35,9 @@ N = 5_000
 
 @pytest.fixture(scope="module")
 def served():
-    graph = UpdateGraph(interval_ms=20)
-    graph.static_table("static", pa.table({"i": np.arange(N, dtype=np.int64), "s": [f"r{i}" for i in range(N)]}))
-    keyed = graph.keyed_table("keyed", pa.schema([("k", pa.int64()), ("v", pa.float64())]), keys=["k"])
+    graph = Engine(interval_ms=20)
+    graph.create(TableSpec("static", "static", data=pa.table({"i": np.arange(N, dtype=np.int64), "s": [f"r{i}" for i in range(N)]})))
+    keyed = graph.create(TableSpec("keyed", "keyed", pa.schema([("k", pa.int64()), ("v", pa.float64())]), keys=["k"]))
     keyed.add(pa.table({"k": np.arange(100, dtype=np.int64), "v": np.zeros(100)}))
     srv = TickwireServer(graph, port=0).start()
     yield srv, graph, keyed
@@ -103,10 +104,10 @@ def test_a_silent_connection_does_not_stop_others(served):
 
 
 def test_web_port_apart_and_web_off():
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("t", pa.table({"a": [1, 2]}))
-    apart = TickwireServer(graph, port=0, web_port=0, start_graph=False).start()
-    off = TickwireServer(graph, port=0, web=False, start_graph=False).start()
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("t", "static", data=pa.table({"a": [1, 2]})))
+    apart = TickwireServer(graph, port=0, web_port=0, start_engine=False).start()
+    off = TickwireServer(graph, port=0, web=False, start_engine=False).start()
     try:
         assert apart.web_port not in (None, apart.port)
         assert get(f"http://127.0.0.1:{apart.web_port}/js-plugins/manifest.json")[0] == 200
@@ -165,8 +166,8 @@ def test_assets_come_from_the_installed_jar(served):
 
 
 def test_without_assets_the_pages_say_what_to_install(tmp_path):
-    graph = UpdateGraph(interval_ms=50)
-    srv = TickwireServer(graph, port=0, start_graph=False)
+    graph = Engine(interval_ms=50)
+    srv = TickwireServer(graph, port=0, start_engine=False)
     srv.web_assets = None  # as when deephaven-server is not installed
     srv.start()
     try:
@@ -346,9 +347,9 @@ def test_the_websocket_refuses_the_old_subprotocol(served):
 
 
 def test_shutdown_sends_go_away_and_ends_open_streams():
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("t", pa.table({"a": [1, 2]}))
-    srv = TickwireServer(graph, port=0, start_graph=False).start()
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("t", "static", data=pa.table({"a": [1, 2]})))
+    srv = TickwireServer(graph, port=0, start_engine=False).start()
 
     async def go():
         ch = await WebsocketChannel.connect(srv.web_url)
@@ -371,9 +372,9 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
     one reads again it converges to the table."""
     from tickwire.clients.state import TableState
 
-    graph = UpdateGraph(interval_ms=20)
+    graph = Engine(interval_ms=20)
     rows = 2000
-    hot = graph.keyed_table("hot", pa.schema([("k", pa.int64()), ("v", pa.int64()), ("pad", pa.string())]), keys=["k"])
+    hot = graph.create(TableSpec("hot", "keyed", pa.schema([("k", pa.int64()), ("v", pa.int64()), ("pad", pa.string())]), keys=["k"]))
     pad = ["x" * 200] * rows
     hot.add(pa.table({"k": np.arange(rows, dtype=np.int64), "v": np.zeros(rows, dtype=np.int64), "pad": pad}))
     srv = TickwireServer(graph, port=0).start()
@@ -459,8 +460,8 @@ def test_a_slow_browser_is_coalesced_not_buffered_and_nobody_waits_for_it():
 def test_a_closed_socket_frees_its_sessions_exports_after_a_short_lease():
     from tickwire.protocol.proto import table_pb2
 
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("t", pa.table({"a": [1, 2, 3]}))
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("t", "static", data=pa.table({"a": [1, 2, 3]})))
     srv = TickwireServer(graph, port=0).start()
     srv.web.session_grace_s = 0.5
     table_service = "/io.deephaven.proto.backplane.grpc.TableService/"
@@ -494,7 +495,7 @@ def test_a_closed_socket_frees_its_sessions_exports_after_a_short_lease():
         return released, took, remaining
 
     def graph_tables():
-        with graph.lock:  # read while the reaper may be removing the export's table
+        with graph.reading():  # read while the reaper may be removing the export's table
             names = set(graph.tables)
         return len(names - set(PERF_TABLES))
     try:
@@ -530,11 +531,11 @@ def test_with_tls_the_web_side_needs_its_own_port_and_serves_https(tmp_path):
     from tests.certs import self_signed
 
     cert, key = self_signed(tmp_path)
-    graph = UpdateGraph(interval_ms=50)
-    graph.static_table("t", pa.table({"a": [1]}))
-    shared = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_graph=False).start()
+    graph = Engine(interval_ms=50)
+    graph.create(TableSpec("t", "static", data=pa.table({"a": [1]})))
+    shared = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, start_engine=False).start()
     apart = TickwireServer(graph, host="localhost", port=0, tls_cert=cert, tls_key=key, web_port=0,
-                           start_graph=False).start()
+                           start_engine=False).start()
     try:
         assert shared.web_url is None and shared.web is None  # grpcio keeps the TLS port to itself
         assert apart.web_url == f"https://localhost:{apart.web_port}"

@@ -2,20 +2,22 @@
 
 The public names load on first use, so `import tickwire` stays light:
 
-    from tickwire import UpdateGraph, TickwireServer, BarrageClient
+    from tickwire import Engine, TableSpec, TickwireServer, BarrageClient
 """
 
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "UpdateGraph": ("tickwire.server.engine.graph", "UpdateGraph"),
+    "Engine": ("tickwire.server.engine", "Engine"),
+    "EngineConfig": ("tickwire.server.engine", "EngineConfig"),
+    "TableSpec": ("tickwire.server.engine", "TableSpec"),
+    "Destination": ("tickwire.server.engine", "Destination"),
     "TickwireServer": ("tickwire.server.app", "TickwireServer"),
     "ServerConfig": ("tickwire.server.config", "ServerConfig"),
-    "TableSpec": ("tickwire.server.engine", "TableSpec"),
-    "engine_of": ("tickwire.server.engine", "engine_of"),
     "BarrageClient": ("tickwire.clients.client", "BarrageClient"),
     "sink": ("tickwire.server.adapters.spark", "sink"),
     "TickwireError": ("tickwire.errors", "TickwireError"),
+    "ManualClock": ("tickwire.clock", "ManualClock"),
 }
 
 __all__ = ["__version__", *_EXPORTS]

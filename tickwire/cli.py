@@ -12,7 +12,8 @@ import logging
 import sys
 from typing import Optional
 
-from tickwire.options import ConfigError, Settings, add_options, describe_error, probe_ports, render, resolve
+from tickwire.options import (ConfigError, Settings, add_options, describe_error, probe_ports, render, resolve,
+                              server_config)
 
 log = logging.getLogger("tickwire.cli")
 
@@ -40,96 +41,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _durability(args):
-    """The --fsync policy as a storage.Durability, or an error message."""
-    from tickwire.server.engine.storage.store import Durability
-
-    words = list(args.fsync)
-    if words == ["cycle"] or words == ["off"]:
-        return Durability(fsync=words[0])
-    if len(words) == 2 and words[0] == "interval" and words[1].isdigit() and int(words[1]) > 0:
-        return Durability(fsync="interval", fsync_interval_ms=int(words[1]))
-    raise ValueError(f"--fsync {' '.join(words)}: use 'cycle', 'interval MS' (a positive number) or 'off'")
-
-
-def _ports(s: Settings) -> dict[str, Optional[int]]:
-    return {"--port": s.port, "--web-port": None if s.no_web else s.web_port, "--metrics-port": s.metrics_port}
+def _ports(config) -> dict[str, Optional[int]]:
+    return {"--port": config.port, "--web-port": config.web_port if config.web else None,
+            "--metrics-port": config.metrics_port}
 
 
 def _serve(s: Settings) -> int:
     import signal
     import threading
-    import time
 
+    from tickwire.demo import connect_help
     from tickwire.server.app import TickwireServer
-    from tickwire.server.config import ServerConfig
-    from tickwire.server.adapters.demo import connect_help
-    from tickwire.server.engine.graph import UpdateGraph
-    from tickwire.server.adapters.replica import parse_replicate
+    from tickwire.server.engine import Engine
 
+    config = server_config(s)
+    probe_ports(config.host, _ports(config))
+    engine = Engine(config.engine)
     try:
-        upstreams = parse_replicate(s.replicate) if s.replicate else []
-        durability = _durability(s)
-        limit = s.staging_limit_mb << 20  # positive: tickwire.options checks it, and --staging-ttl
-        config = ServerConfig(staging_producer_bytes=limit, staging_total_bytes=max(limit, 1 << 30),
-                              staging_ttl_s=s.staging_ttl)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    probe_ports(s.host, _ports(s))
-    extra = {} if s.metrics_port is None else {"metrics_port": s.metrics_port}
-    graph = UpdateGraph(interval_ms=s.interval_ms)
-    try:
-        server = TickwireServer(graph, host=s.host, port=s.port, psk=s.psk, tls_cert=s.tls_cert,
-                                tls_key=s.tls_key, max_inbound_message_size=s.max_inbound_message_size,
-                                web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
-                                data_dir=s.data_dir, durability=durability, config=config,
-                                show_system_tables=s.show_system_tables, **extra).start()
+        server = TickwireServer(engine, config).start()
     except BaseException:
-        graph.stop()
+        engine.stop()
         raise
     done = threading.Event()
+    clock = engine.clock
     try:
-        if s.data_dir:
+        if config.engine.data_dir is not None:
             names = ", ".join(t.name for t in server.recovered) or "none"
-            print(f"data directory {s.data_dir}: tables recovered: {names}", flush=True)
-        for target, table in upstreams:
-            # not waiting: an upstream that is down now is retried in the background
-            server.replicate(target, table, psk=s.upstream_psk, tls=s.upstream_tls, wait=False)
+            print(f"data directory {config.engine.data_dir}: tables recovered: {names}", flush=True)
+        for target, table in server.upstreams:
             print(f"replicating {target}/{table} as {table!r}", flush=True)
         signal.signal(signal.SIGINT, lambda *_: done.set())
         signal.signal(signal.SIGTERM, lambda *_: done.set())
-        tables = server.ctx.engine.public_names()
-        print(connect_help(s.host, server.port, s.psk, server.web_url, tls=server.tls is not None,
-                           tables=tables, tls_cert=s.tls_cert), flush=True)
-        started = time.monotonic()
-        while not done.wait(0.2):
-            if s.duration is not None and time.monotonic() - started >= s.duration:
+        tables = server.ctx.scope.names()
+        print(connect_help(config.host, server.port, config.psk, server.web_url, tls=server.tls is not None,
+                           tables=tables, tls_cert=config.tls_cert), flush=True)
+        started = clock.monotonic()
+        while not clock.wait(done, 0.2):
+            if s.duration is not None and clock.monotonic() - started >= s.duration:
                 break
     finally:
         server.stop()
-        graph.stop()
+        engine.stop()
     print("tickwire: stopped", flush=True)
     return 0
 
 
 def _demo(s: Settings) -> int:
-    from tickwire.server.adapters.demo import run_demo
+    from tickwire.demo import run_demo
 
-    try:
-        durability = _durability(s)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if s.web_assets is not None and not s.no_web and not s.no_server:
+    config = server_config(s)
+    if config.web_assets is not None and config.web and not s.no_server:
         from tickwire.server.web.assets import locate_assets
-        locate_assets(s.web_assets)  # a bad path fails now, not after Spark has started
-    return run_demo(interval_ms=s.interval_ms, duration_s=s.duration,
-                    port=None if s.no_server else s.port, host=s.host, psk=s.psk,
-                    tls_cert=s.tls_cert, tls_key=s.tls_key, spark=not s.no_spark,
-                    max_inbound_message_size=s.max_inbound_message_size,
-                    web=not s.no_web, web_port=s.web_port, web_assets=s.web_assets,
-                    data_dir=s.data_dir, durability=durability, metrics_port=s.metrics_port,
-                    status_interval_s=s.status_interval, show_system_tables=s.show_system_tables,
-                    out=lambda line: print(line, flush=True))
+        locate_assets(config.web_assets)  # a bad path fails now, not after Spark has started
+    return run_demo(config, serve=not s.no_server, spark=not s.no_spark, duration_s=s.duration,
+                    status_interval_s=s.status_interval, out=lambda line: print(line, flush=True))
 
 
 def _fail(message: str, code: int, debug: bool) -> int:
@@ -188,7 +153,7 @@ def _main(argv: list[str] | None) -> int:
 
 def _startup_message(exc: BaseException, s: Settings) -> str:
     """One line for an exception that stopped the server from starting."""
-    from tickwire.server.engine.storage import StorageError
+    from tickwire.server.engine.storage.store import StorageError
 
     text = describe_error(exc)
     if isinstance(exc, StorageError):

@@ -11,7 +11,8 @@ Every option of `tickwire serve` and `tickwire demo` can be given three ways; th
    `fsync = "interval 50"`; `interval_ms` and `interval-ms` are the same key);
 
 else the option's default. Values are checked once, before anything starts; a mistake is one
-`ConfigError` line naming where the value came from.
+`ConfigError` line naming where the value came from. `server_config(settings)` turns them into
+the one `ServerConfig` a server is built from (the engine's options in its `engine` field).
 
 Whatever the environment or the file turned on, a flag turns off: each switch has its opposite
 (`--web` for `--no-web`, `--no-upstream-tls` for `--upstream-tls`), each option that is unset by
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["Option", "OPTIONS", "ConfigError", "Settings", "add_options", "resolve", "render", "mask"]
+__all__ = ["Option", "OPTIONS", "ConfigError", "Settings", "add_options", "resolve", "render", "mask", "server_config",
+           "durability"]
 
 ENV_PREFIX = "TICKWIRE_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -411,3 +413,48 @@ def probe_ports(host: str, ports: dict[str, Optional[int]]) -> None:
             raise OSError(f"cannot listen on {where} ({option}): {why}") from None
         finally:
             s.close()
+
+
+def durability(words):
+    """The --fsync policy as the engine's Durability; ConfigError for anything else."""
+    from tickwire.server.engine.config import Durability
+
+    words = list(words)
+    if words == ["cycle"] or words == ["off"]:
+        return Durability(fsync=words[0])
+    if len(words) == 2 and words[0] == "interval" and words[1].isdigit() and int(words[1]) > 0:
+        return Durability(fsync="interval", fsync_interval_ms=int(words[1]))
+    raise ConfigError(f"--fsync {' '.join(words)}: use 'cycle', 'interval MS' (a positive number) or 'off'")
+
+
+def server_config(s: Settings):
+    """The ServerConfig (tickwire.server.config) of a command's effective options: the one place
+    where options become a server's configuration. Options the command does not have keep their
+    defaults."""
+    from tickwire.server.adapters.replica import parse_replicate
+    from tickwire.server.config import ServerConfig
+    from tickwire.server.engine.config import EngineConfig, StagingLimits
+
+    v = s.values
+    staging = StagingLimits()
+    if "staging_limit_mb" in v:
+        limit = v["staging_limit_mb"] << 20  # positive: checked by _convert
+        staging = StagingLimits(producer_bytes=limit, total_bytes=max(limit, staging.total_bytes),
+                                ttl_s=v["staging_ttl"])
+    replicate: tuple[str, ...] = ()
+    if v.get("replicate"):
+        try:
+            replicate = tuple(f"{target}/{table}" for target, table in parse_replicate(v["replicate"]))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    engine = EngineConfig(interval_ms=v["interval_ms"], data_dir=v["data_dir"], durability=durability(v["fsync"]),
+                          staging=staging)
+    try:
+        return ServerConfig(host=v["host"], port=v["port"], psk=v["psk"], tls_cert=v["tls_cert"], tls_key=v["tls_key"],
+                            web=not v["no_web"], web_port=v["web_port"], web_assets=v["web_assets"],
+                            metrics_port=v["metrics_port"], show_system_tables=v["show_system_tables"],
+                            max_inbound_message_size=v["max_inbound_message_size"], replicate=replicate,
+                            upstream_psk=v.get("upstream_psk"), upstream_tls=bool(v.get("upstream_tls")),
+                            engine=engine)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,12 +1,12 @@
 """Replication: a local table that follows a table of another Barrage server (tickwire or Deephaven).
 
-    graph = UpdateGraph()
-    rep = Replicator(graph, "upstream:10000", "trades").start()   # local table "trades"
+    engine = Engine().start()
+    rep = Replicator(engine, "upstream:10000", "trades").start()   # local table "trades"
     ...
     rep.stop()
 
 A `Replicator` holds a full Barrage subscription to the remote table and feeds a `ReplicaTable`
-in the local graph. The replica uses the remote's row keys, so each cycle's update is the
+of the local engine through `Engine.write`. The replica uses the remote's row keys, so each cycle's update is the
 remote's updates of that interval (removes, shifts, adds, modifies) in the remote's key space:
 local subscribers see the same rows, keys and shifts as the remote's own subscribers, coalesced
 to the local cycle. Row keys map to storage slots through a hash index, so the remote's key
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Optional
 
 import grpc
@@ -38,7 +37,8 @@ from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate
-from tickwire.server.engine import CatalogError, UpdateSourceTable, engine_of
+from tickwire.clock import Clock
+from tickwire.server.engine import CatalogError, Engine, UpdateSourceTable
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.keyindex import KeyIndex, mix
 
@@ -170,12 +170,14 @@ class ReplicaTable(UpdateSourceTable):
 
 
 class Replicator:
-    """Follows `table` of the Barrage server at `target` ("host:port") into `graph` as `local_name`."""
+    """Follows `table` of the Barrage server at `target` ("host:port") into `engine` as
+    `local_name`; reconnects after `backoff` (first, most) seconds of the engine's clock."""
 
-    def __init__(self, graph, target: str, table: str, *, local_name: Optional[str] = None,
+    def __init__(self, engine: Engine, target: str, table: str, *, local_name: Optional[str] = None,
                  psk: Optional[str] = None, tls: bool = False, root_certs: Optional[bytes] = None,
                  backoff: tuple[float, float] = (0.1, 5.0), connect_timeout: float = 30.0):
-        self.graph = graph
+        self.engine = engine
+        self.clock: Clock = engine.clock
         self.target = target
         self.remote = table
         self.name = local_name or table
@@ -242,7 +244,7 @@ class Replicator:
                         reason, delay)
             if self.syncs > synced_before:
                 delay = self.backoff[0]  # it had worked: start the backoff again
-            self._stop.wait(delay)
+            self.clock.wait(self._stop, delay)
             delay = min(self.backoff[1], delay * 2)
 
     def _follow(self) -> None:
@@ -285,7 +287,7 @@ class Replicator:
         empty = from_wire_arrays([pa.array([], f.type) for f in wire_schema], wire_schema)
         schema = pa.schema([pa.field(f.name, a.type) for f, a in zip(wire_schema, empty)])
         try:
-            table, created = engine_of(self.graph).get_or_create_source(ReplicaTable, self.name, schema)
+            table, created = self.engine.get_or_create_source(ReplicaTable, self.name, schema)
         except CatalogError as exc:
             raise ValueError(f"replica {self.name!r}: {exc}") from None
         if created:
@@ -297,7 +299,7 @@ class Replicator:
         if values.schema.names != self.table.schema.names or values.schema.types != self.table.schema.types:
             raise ProtocolError(f"replica {self.name!r}: the upstream's schema changed to {values.schema}")
         values = pa.Table.from_arrays(values.columns, schema=self.table.schema)
-        self.table.push(("sync", state.keys.copy(), values))
+        self.engine.write(self.table, ("sync", state.keys.copy(), values), wait=False)
         self.table.status = "connected"
         self.syncs += 1
         self._ready.set()
@@ -321,7 +323,8 @@ class Replicator:
                                         f"rows but {len(vals)} values")
                 mods.append((names[c], mrows, vals))
         shifts = RowSetShiftData() if md.shift_data is None else RowSetShiftData.from_wire(*md.shift_data)
-        self.table.push(("delta", _rows(md.removed_rows), shifts, added, added_values, mods))
+        self.engine.write(self.table, ("delta", _rows(md.removed_rows), shifts, added, added_values, mods),
+                          wait=False)
 
 
 def parse_replicate(spec: str) -> list[tuple[str, str]]:
@@ -338,12 +341,3 @@ def parse_replicate(spec: str) -> list[tuple[str, str]]:
         raise ValueError("--replicate names no table")
     return out
 
-
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.01) -> bool:
-    """Polls `predicate` until it is true or `timeout` passes (for callers and tests)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())

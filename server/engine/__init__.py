@@ -1,12 +1,26 @@
 """tickwire.server.engine: the engine layer, below every transport and adapter.
 
-The update graph (`graph`), publishing to subscribers (`publishing`), durable tables
-(`storage`), the catalog, ingest and reading calls (`core`), the write modes (`ingest`), staged
-exactly-once writes (`staging`) and the performance tables (`perf_tables`). Nothing outside this
-package takes the graph's lock or reads its private state.
+`Engine` (in `core`) is the composition root: built once, it owns the update graph (`graph`),
+the catalog (`catalog`), the one write path (`ingest`), staged exactly-once writes (`staging`),
+durable tables (`storage`), the performance tables (`perf_tables`), publishing to subscribers
+(`publishing`) and the clock. Everything above is handed the engine and uses its calls; nothing
+outside this package names the graph, its lock or its private state (tests/test_layers.py
+checks it).
 """
-from tickwire.server.engine.core import (KINDS, CatalogError, Engine, IngestError, TableInUseError, TableMismatchError,
-                                         TableSpec, UpdateSourceTable, engine_of, is_hidden, is_system, kind_of)
+from tickwire.server.engine.catalog import KINDS, TableSpec, is_hidden, is_system, kind_of
+from tickwire.server.engine.config import (Durability, EncodeLimits, EngineConfig, PerfTablesConfig, PublishingConfig,
+                                           StagingLimits)
+from tickwire.server.engine.core import Engine
+from tickwire.server.engine.errors import (CatalogError, IngestError, InputTypeError, ModeError, OperationError,
+                                           SchemaMismatchError, TableInUseError, TableMismatchError,
+                                           UpdateValidationError, WriteRefused, WriteTimeout)
+from tickwire.server.engine.graph.graph import TableFailedError
+from tickwire.server.engine.graph.sources import UpdateSourceTable
+from tickwire.server.engine.graph.tables import Table
+from tickwire.server.engine.ingest import MODES, Destination
 
-__all__ = ["Engine", "TableSpec", "UpdateSourceTable", "CatalogError", "TableMismatchError", "TableInUseError",
-           "IngestError", "KINDS", "engine_of", "kind_of", "is_hidden", "is_system"]
+__all__ = ["Engine", "EngineConfig", "Durability", "StagingLimits", "PerfTablesConfig", "PublishingConfig",
+           "EncodeLimits", "TableSpec", "Destination", "MODES", "KINDS", "Table", "UpdateSourceTable",
+           "kind_of", "is_hidden", "is_system", "CatalogError", "TableMismatchError", "TableInUseError",
+           "IngestError", "InputTypeError", "ModeError", "OperationError", "SchemaMismatchError", "WriteRefused", "WriteTimeout",
+           "UpdateValidationError", "TableFailedError"]

@@ -1,159 +1,77 @@
-"""The engine's public calls: everything that feeds or reads tables goes through these, never
-through the update graph's lock or table registry.
+"""The engine: one object, built once, that owns the update graph, the catalog, the one write path,
+staging, storage, the performance tables and the clock. Everything above it (the gRPC services,
+the web side, the Spark sinks, replicas, the demo, tests) is handed an `Engine` and uses its calls;
+nothing else names the graph, its lock or its private state. Two engines in one process share
+nothing.
 
+    engine = Engine(EngineConfig(interval_ms=100))      # or Engine(interval_ms=100)
+    trades, _ = engine.get_or_create(TableSpec("trades", "keyed", schema, keys=("Sym",)))
+    engine.start()                                      # the cycle thread (tests step run_cycle())
+    engine.write(trades, batch)                         # returns once a cycle applied it
+    step, rows = engine.snapshot(trades)
+    engine.stop()
+
+- **Lifecycle**: `open()` brings back the tables of the data directory (when the config has one);
+  `start()` opens and starts the cycle thread; `run_cycle()` runs one cycle now (deterministic
+  stepping); `stop()` ends the thread and closes the data directory.
 - **Catalog**: `get_or_create(TableSpec)` makes a table of a kind (append, keyed, ring, blink,
-  static) or returns the existing one when it matches, else raises `TableMismatchError`; the schema
-  is checked against the wire mapping first, so nothing unservable is ever registered.
+  static) or returns the existing one when it matches, else raises `TableMismatchError`; the
+  schema is checked against the wire mapping first, so nothing unservable is ever registered.
   `resolve(name)`, `public_names()`, `tables()` and `drop(name)` (refused while derived tables or
   subscribers hold the table).
-- **Ingest**: `write(table, data, ...)` queues a batch (append/upsert, or delete by key) with an
-  optional batch id and, with `wait=True`, returns once the cycle that applied it has run, so the
-  next call of any client reads it. `writes()` queues several writes so that one cycle applies
-  them all; `wait_applied(step)` waits for a step.
-- **Reading**: `reading()` holds a cycle boundary; `snapshot(table)` reads one table at one.
-
-Hidden tables (a session's exports and the tables derived for them) are flagged `hidden`; they are
-never listed and never resolved by name. System tables (`TableSpec.system`: the server's performance
-tables) are resolved by name like any other but listed only when asked (`system=True`), or by
-default once `list_system` is set (a server started with --show-system-tables).
+- **Ingest**: `write(target, data, ...)` is the only way rows enter a table. `target` is a source
+  table, a `TableSpec` (made unless it exists), or a `Destination` (a table written by mode:
+  append, upsert, replace, blink); an optional batch id makes the write happen once. With
+  `wait=True` it returns once the cycle that applied it has run (and, for a durable table, once
+  it is on disk), so the next call of any client reads it. `writes()` queues several writes so
+  that one cycle applies them all.
+- **Reading**: `reading()` holds a cycle boundary (no cycle runs inside it); `writing()` holds
+  it to change what tables exist or who holds them; `snapshot(table)` reads one table at one.
+- **Publishing**: `publishers(config)` is a registry of a server's publishers over this engine.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
-import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from tickwire.errors import TickwireError
-from tickwire.errors import ProtocolError
-from tickwire.protocol.schema import check_wire_schema
-from tickwire.server.engine.graph import AppendOnlyTable, BlinkTable, KeyedTable, RingTable, StaticTable, Table, UpdateGraph
-from tickwire.server.engine.graph.sources import WriteRefused
+from tickwire.clock import SYSTEM_CLOCK, Clock
+from tickwire.server.engine.catalog import (CLASSES, KINDS, TableSpec, check_schema, check_table, is_hidden,
+                                            is_system, kind_of)
+from tickwire.server.engine.config import Durability, EngineConfig, PublishingConfig
+from tickwire.server.engine.errors import (CatalogError, IngestError, ModeError, TableInUseError, TableMismatchError,
+                                           TickwireError, WriteTimeout)
+from tickwire.server.engine.graph.graph import CycleErrorRecord, UpdateGraph
+from tickwire.server.engine.graph.sources import KeyedTable, SourceTable, UpdateSourceTable
+from tickwire.server.engine.graph.tables import Table, as_table
+from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.ingest import Destination, ReplaceState, prepare_ops
+from tickwire.server.engine.perf_tables import PerfTables
+from tickwire.server.engine.publishing.publisher import PublisherRegistry
+from tickwire.server.engine.staging import Staging
+from tickwire.server.engine.storage.store import Storage
 
-__all__ = ["Engine", "TableSpec", "UpdateSourceTable", "CatalogError", "TableMismatchError", "TableInUseError",
-           "IngestError", "KINDS", "engine_of", "kind_of", "is_hidden", "is_system"]
+__all__ = ["Engine", "TableSpec", "Destination", "UpdateSourceTable", "CatalogError", "TableMismatchError",
+           "TableInUseError", "IngestError", "KINDS", "kind_of", "is_hidden", "is_system"]
 
-KINDS = ("append", "keyed", "ring", "blink", "static")
-_CLASSES = {"append": AppendOnlyTable, "keyed": KeyedTable, "ring": RingTable, "blink": BlinkTable,
-            "static": StaticTable}
+log = logging.getLogger(__name__)
 
-
-class CatalogError(TickwireError):
-    """A table cannot be made as asked (an unservable type, a bad name, keys not in the schema)."""
-
-    code = "INVALID_ARGUMENT"
-
-
-class TableMismatchError(CatalogError):
-    """A table of that name exists with another kind, other keys or another schema."""
-
-    code = "FAILED_PRECONDITION"
-
-
-class TableInUseError(CatalogError):
-    """A table cannot be dropped while derived tables or subscribers hold it."""
-
-    code = "FAILED_PRECONDITION"
-
-
-class IngestError(TickwireError):
-    """A write a table cannot take (its schema, its kind)."""
-
-    code = "INVALID_ARGUMENT"
-
-
-def is_hidden(table: Table) -> bool:
-    """Tables no name reaches: session-owned ones (flagged) and "__"-prefixed names."""
-    return table.hidden or table.name.startswith("__")
-
-
-def is_system(table: Table) -> bool:
-    """Tables made with `TableSpec.system`: reachable by name, listed only when asked."""
-    return getattr(table, "system", False)
-
-
-def _check_schema(name: str, schema: pa.Schema) -> None:
-    """Nothing is registered whose schema Deephaven's clients could not be served."""
-    try:
-        check_wire_schema(schema)
-    except ProtocolError as exc:
-        raise CatalogError(f"table {name!r}: {exc}") from None
-
-
-def kind_of(table: Table) -> str:
-    for kind, cls in _CLASSES.items():
-        if type(table) is cls:
-            return kind
-    return "derived"
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """What a table should be. `keys` for keyed tables, `capacity` for ring tables, `data` for
-    static ones (their schema is the data's). `attributes` are Deephaven table attributes. A
-    `system` table is never durable and is listed only when asked (`Engine.list_system`)."""
-
-    name: str
-    kind: str
-    schema: Optional[pa.Schema] = None
-    keys: tuple[str, ...] = ()
-    capacity: Optional[int] = None
-    hidden: bool = False
-    data: Optional[pa.Table] = None
-    attributes: Mapping[str, object] = field(default_factory=dict)
-    durable: bool = True  # journaled when the engine has a data directory (append, keyed, ring; not hidden)
-    system: bool = False
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise CatalogError(f"unknown table kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-        object.__setattr__(self, "keys", tuple(self.keys))
-        if self.kind == "static":
-            if self.data is None:
-                raise CatalogError(f"static table {self.name!r} needs its data")
-            object.__setattr__(self, "schema", self.data.schema)
-        elif self.schema is None:
-            raise CatalogError(f"table {self.name!r} needs a schema")
-        if self.kind == "keyed" and not self.keys:
-            raise CatalogError(f"keyed table {self.name!r} needs key columns")
-        if self.kind != "keyed" and self.keys:
-            raise CatalogError(f"only keyed tables have key columns ({self.name!r} is {self.kind})")
-        if self.kind == "ring" and (self.capacity is None or self.capacity <= 0):
-            raise CatalogError(f"ring table {self.name!r} needs a positive capacity")
-
-
-class UpdateSourceTable(Table):
-    """A source table fed whole updates by one producer (a replica following another server, a
-    scripted test source): `push(op)` queues an operation of the subclass's own form from any
-    thread, and the next cycle hands every queued one, in order, to the subclass's
-    `apply_pending(step, ops)`, which applies them and returns their update (or None)."""
-
-    def __init__(self, graph: UpdateGraph, name: str, schema: pa.Schema):
-        super().__init__(graph, name, schema)
-        self._queue: list = []
-
-    def push(self, op) -> None:
-        with self.graph._intake_lock:  # a cycle takes every source's input at once
-            self._queue.append(op)
-
-    def take_pending(self) -> list:
-        q, self._queue = self._queue, []
-        return q
-
-    def apply_pending(self, step: int, ops: list):
-        raise NotImplementedError
+Target = Union[Table, TableSpec, Destination]
 
 
 class _CycleWaiter:
-    """Wakes threads waiting for the graph's step to reach a value (one cycle listener per graph)."""
+    """Wakes threads waiting for the graph's step to reach a value (one cycle listener per engine)."""
 
-    def __init__(self, graph: UpdateGraph):
+    def __init__(self, graph: UpdateGraph, clock: Clock):
         self.cond = threading.Condition(threading.Lock())
         self._graph = weakref.ref(graph)
+        self._clock = clock
         self.durable: Optional[Callable[[int], bool]] = None  # with a data directory: is a step on disk
         graph.add_cycle_listener(self._on_cycle)
 
@@ -165,40 +83,119 @@ class _CycleWaiter:
             self.cond.notify_all()
 
     def wait_for(self, step: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
+        clock = self._clock
+        deadline = clock.monotonic() + timeout
         with self.cond:
             while True:
                 graph = self._graph()
                 durable = self.durable
                 if graph is None or (graph.step >= step and (durable is None or durable(step))):
                     return True
-                left = deadline - time.monotonic()
-                if left <= 0 or not graph.running:
+                if clock.monotonic() >= deadline or not graph.running:
                     return False
-                self.cond.wait(min(left, 0.5))  # bounded, so that a graph stopped meanwhile is noticed
+                # bounded, so that a graph stopped meanwhile (or a manual clock moved) is noticed
+                self.cond.wait(0.05)
 
 
 class Engine:
-    """The catalog, ingest and reading calls over one update graph (one per graph: `engine_of`)."""
+    """See the module documentation. `config` (EngineConfig) or its fields as keywords
+    (`Engine(interval_ms=50)`); `clock` is read for everything time decides (a ManualClock in
+    tests)."""
 
-    def __init__(self, graph: UpdateGraph):
-        self.graph = graph
-        self._create = threading.Lock()
-        self._waiter = _CycleWaiter(graph)
-        self.storage = None  # tickwire.server.engine.storage.Storage once open_storage ran
-        self.list_system = False  # whether the listings include system tables when not told
+    def __init__(self, config: Optional[EngineConfig] = None, *, clock: Optional[Clock] = None, **options):
+        if options:
+            config = dataclasses.replace(config or EngineConfig(), **options)
+        self.config = config or EngineConfig()
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        # the update graph: engine-internal; nothing outside tickwire.server.engine reads it
+        self.graph = UpdateGraph(self.config.interval_ms, self.config.max_errors, clock=self.clock)
+        self._create = threading.RLock()
+        self._waiter = _CycleWaiter(self.graph, self.clock)
+        self.storage: Optional[Storage] = None
+        self.recovered: list[Table] = []  # tables the data directory brought back (`open`)
+        self.staging = Staging(self, self.config.staging, clock=self.clock)
+        self.perf: Optional[PerfTables] = None
+        if self.config.perf_tables is not None:
+            self.perf = PerfTables(self, self.config.perf_tables)
+        self._replace: "weakref.WeakKeyDictionary[Table, ReplaceState]" = weakref.WeakKeyDictionary()
+        self._opened = False
+
+    def __repr__(self) -> str:
+        return f"Engine(step={self.step}, tables={len(self.graph.tables)}, running={self.running})"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def open(self) -> "Engine":
+        """Brings back the tables of the configured data directory (once; `recovered` lists them,
+        `storage.errors` names those that could not be read). Before anything is served, so that
+        no client sees a table that is still coming back."""
+        if not self._opened:
+            self._opened = True
+            if self.config.data_dir is not None and self.storage is None:
+                self.recovered = self.open_storage(self.config.data_dir, self.config.durability)
+        return self
+
+    def start(self) -> "Engine":
+        """Opens, then starts the cycle thread (one cycle every `interval_ms`)."""
+        self.open()
+        if not self.graph.running:
+            self.graph.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ends the cycle thread, then writes out and closes the data directory."""
+        self.graph.stop(timeout)
+        self.close_storage()
+
+    def run_cycle(self) -> dict[str, TableUpdate]:
+        """Runs one cycle now; returns the updates by table name (for callers that step the engine
+        themselves instead of starting its thread)."""
+        return self.graph.run_cycle()
+
+    @property
+    def running(self) -> bool:
+        return self.graph.running
+
+    @property
+    def step(self) -> int:
+        """The logical clock: the number of the last cycle run."""
+        return self.graph.step
+
+    @property
+    def interval_ms(self) -> float:
+        return self.graph.interval_ms
+
+    @property
+    def errors(self) -> Sequence[CycleErrorRecord]:
+        """What failed in recent cycles (a source's input, a listener), newest last."""
+        return tuple(self.graph.errors)
+
+    @property
+    def cycle_seconds(self) -> Sequence[float]:
+        """How long the recent cycles took, newest last."""
+        return tuple(self.graph.cycle_seconds)
+
+    def add_cycle_listener(self, fn: Callable[[int], None]) -> None:
+        """`fn(step)` runs at the end of every cycle (in the cycle, inside `reading()`)."""
+        self.graph.add_cycle_listener(fn)
+
+    def remove_cycle_listener(self, fn: Callable[[int], None]) -> None:
+        self.graph.remove_cycle_listener(fn)
+
+    def __enter__(self) -> "Engine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     # -- durability ---------------------------------------------------------------------------------
-    def open_storage(self, data_dir, durability=None) -> list:
-        """Makes the engine's source tables durable in `data_dir` (tickwire.server.engine.storage): every
-        table found there comes back first (returned), then every new append, keyed or ring table
-        made through `get_or_create` with `durable=True` is journaled. `errors` of the storage
-        name the tables that could not be read back (their names then refuse `get_or_create`)."""
-        from tickwire.server.engine.storage.store import Storage
-
+    def open_storage(self, data_dir, durability: Optional[Durability] = None) -> list[Table]:
+        """Makes the engine's source tables durable in `data_dir` (tickwire.server.engine.storage):
+        every table found there comes back first (returned), then every new append, keyed or ring
+        table made through `get_or_create` with `durable=True` is journaled. `storage.errors`
+        names the tables that could not be read back (their names then refuse `get_or_create`)."""
         if self.storage is not None:
             raise CatalogError("this engine already has a data directory", "FAILED_PRECONDITION")
-        storage = Storage(self, data_dir, durability)
+        storage = Storage(self, Path(data_dir), durability, clock=self.clock)
         tables = storage.recover()
         self.storage = storage
         storage.on_durable = self._waiter.notify
@@ -218,51 +215,59 @@ class Engine:
     def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:
         """(table, created): the table named `spec.name`, made from `spec` unless it exists; an
         existing table must be of the spec's kind, keys and capacity and hold the spec's columns."""
-        _check_schema(spec.name, spec.schema)
+        check_schema(spec.name, spec.schema)
         missing = [k for k in spec.keys if k not in spec.schema.names]
         if missing:
             raise CatalogError(f"table {spec.name!r}: key column(s) {', '.join(map(repr, missing))} not in the schema")
-        g = self.graph
-
-        def make() -> Table:
-            if spec.kind == "append":
-                table = g.append_table(spec.name, spec.schema)
-            elif spec.kind == "keyed":
-                table = g.keyed_table(spec.name, spec.schema, list(spec.keys))
-            elif spec.kind == "ring":
-                table = g.ring_table(spec.name, spec.schema, int(spec.capacity))
-            elif spec.kind == "blink":
-                table = g.blink_table(spec.name, spec.schema)
-            else:
-                table = g.static_table(spec.name, spec.data)
-            if spec.hidden:
-                table.hidden = True
-            if spec.system:
-                table.system = True
-            if spec.attributes:
-                table.attributes.update(spec.attributes)
-            storage = self.storage
-            journaled = spec.durable and not (spec.hidden or spec.system) and spec.kind in ("append", "keyed", "ring")
-            if storage is not None and journaled:
-                try:
-                    storage.attach(table, spec)
-                except TickwireError:
-                    g.remove_table(spec.name)  # not durable as asked: not made at all
-                    raise
-            return table
-
         storage = self.storage
         if storage is not None and spec.name in storage.errors:
             raise CatalogError(f"table {spec.name!r} was not recovered from the data directory: "
                                f"{storage.errors[spec.name]}", "FAILED_PRECONDITION")
-        return self._get_or_make(spec.name, lambda existing: self._check(existing, spec), make)
+
+        def check(existing: Table) -> None:
+            check_table(existing, spec.kind, spec.schema, keys=spec.keys, capacity=spec.capacity)
+
+        return self._get_or_make(spec.name, check, lambda: self._make(spec))
+
+    def create(self, spec: TableSpec) -> Table:
+        """A new table made from `spec`; CatalogError (ALREADY_EXISTS) when the name is taken."""
+        table, created = self.get_or_create(spec)
+        if not created:
+            raise CatalogError(f"a table named {spec.name!r} already exists", "ALREADY_EXISTS")
+        return table
+
+    def _make(self, spec: TableSpec) -> Table:
+        g = self.graph
+        cls = CLASSES[spec.kind]
+        if spec.kind == "keyed":
+            table = cls(g, spec.name, spec.schema, list(spec.keys))
+        elif spec.kind == "ring":
+            table = cls(g, spec.name, spec.schema, int(spec.capacity))
+        elif spec.kind == "static":
+            table = cls(g, spec.name, spec.data)
+        else:
+            table = cls(g, spec.name, spec.schema)
+        if spec.hidden:
+            table.hidden = True
+        if spec.system:
+            table.system = True
+        if spec.attributes:
+            table.attributes.update(spec.attributes)
+        storage = self.storage
+        if storage is not None and spec.journaled:
+            try:
+                storage.attach(table, spec)
+            except TickwireError:
+                g.remove_table(spec.name)  # not durable as asked: not made at all
+                raise
+        return table
 
     def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
         """(table, created) for an update source of class `cls` (an UpdateSourceTable): an
         existing table of that name must be of that class with that schema."""
         if not (isinstance(cls, type) and issubclass(cls, UpdateSourceTable)):
             raise CatalogError(f"{cls!r} is not an update source class")
-        _check_schema(name, schema)
+        check_schema(name, schema)
 
         def check(existing: Table) -> None:
             if type(existing) is not cls or not existing.schema.equals(schema):
@@ -272,34 +277,13 @@ class Engine:
 
     def _get_or_make(self, name: str, check, make) -> tuple[Table, bool]:
         """The existing table `name` once `check(table)` accepts it, else `make()` under the
-        catalog's lock; the graph's refusals become CatalogError."""
+        catalog's lock."""
         with self._create:
             existing = self.graph.tables.get(name)
             if existing is not None:
                 check(existing)
                 return existing, False
-            try:
-                return make(), True
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CatalogError(f"cannot create table {name!r}: {exc}") from None
-
-    @staticmethod
-    def _check(table: Table, spec: TableSpec) -> None:
-        want = _CLASSES[spec.kind]
-        if type(table) is not want:
-            raise TableMismatchError(f"table {spec.name!r} is a {kind_of(table)} table, not {spec.kind}")
-        if spec.kind == "keyed" and tuple(table.keys) != spec.keys:
-            raise TableMismatchError(f"table {spec.name!r} is keyed on {list(table.keys)}, not {list(spec.keys)}")
-        if spec.kind == "ring" and table.capacity != spec.capacity:
-            raise TableMismatchError(f"ring table {spec.name!r} keeps {table.capacity} rows, not {spec.capacity}")
-        have = table.schema
-        for f in spec.schema:
-            if f.name not in have.names:
-                raise TableMismatchError(f"table {spec.name!r} has no column {f.name!r} (columns: "
-                                         f"{', '.join(have.names)})", "INVALID_ARGUMENT")
-            if have.field(f.name).type != f.type:
-                raise TableMismatchError(f"table {spec.name!r}: column {f.name!r} is {have.field(f.name).type}, "
-                                         f"not {f.type}", "INVALID_ARGUMENT")
+            return make(), True
 
     def resolve(self, name: str, *, hidden: bool = False) -> Optional[Table]:
         """The table named `name`, or None (hidden tables only with `hidden=True`)."""
@@ -308,19 +292,20 @@ class Engine:
             return None
         return t
 
-    def _listed(self, table: Table, hidden: bool, system: Optional[bool]) -> bool:
+    @staticmethod
+    def _listed(table: Table, hidden: bool, system: bool) -> bool:
         if is_hidden(table):
             return hidden
         if is_system(table):
-            return hidden or (self.list_system if system is None else system)
+            return hidden or system
         return True
 
-    def public_names(self, *, system: Optional[bool] = None) -> list[str]:
-        """The names of the tables that are not hidden, in creation order (system tables when
-        `system`, by default when `list_system`)."""
+    def public_names(self, *, system: bool = False) -> list[str]:
+        """The names of the tables that are not hidden, in creation order (the system tables too
+        when `system`)."""
         return [t.name for t in self.tables(system=system)]
 
-    def names_now(self, *, system: Optional[bool] = None) -> tuple[str, ...]:
+    def names_now(self, *, system: bool = False) -> tuple[str, ...]:
         """The public names as they are now, without waiting for a cycle boundary.
 
         A cycle holds the graph's lock for as long as it runs (seconds, for a large table), and
@@ -337,9 +322,9 @@ class Engine:
             tables = list(dict(self.graph.tables).values())
         return tuple(t.name for t in tables if self._listed(t, False, system))
 
-    def tables(self, *, hidden: bool = False, system: Optional[bool] = None) -> list[Table]:
+    def tables(self, *, hidden: bool = False, system: bool = False) -> list[Table]:
         """The tables, at a cycle boundary (hidden ones only with `hidden=True`, which includes the
-        system ones; system ones with `system=True`, by default when `list_system`)."""
+        system ones; system ones with `system=True`)."""
         with self.graph.lock:
             return [t for t in self.graph.tables.values() if self._listed(t, hidden, system)]
 
@@ -371,14 +356,35 @@ class Engine:
             self.graph.remove_table(table.name)
             return True
 
+    def unique_name(self, base: str) -> str:
+        """`base`, or `base#2`, `base#3`, ...: the first name no table has."""
+        with self.graph.lock:
+            if base not in self.graph.tables:
+                return base
+            i = 2
+            while f"{base}#{i}" in self.graph.tables:
+                i += 1
+            return f"{base}#{i}"
+
+    def fail(self, table: Table, what: str, error: BaseException):
+        """Fails a derived table whose values cannot be computed (with every table derived from
+        it); returns its failure. See UpdateGraph.fail."""
+        return self.graph.fail(table, what, error)
+
     # -- ingest -------------------------------------------------------------------------------------
-    def write(self, table: Table, data=None, *, delete=None, batch_id=None, wait: bool = True,
-              timeout: float = 30.0) -> bool:
-        """Queues `data` (rows to append or upsert) and/or `delete` (keys to remove, keyed tables)
-        under `batch_id`; False when that batch id was applied before (nothing is queued). With
-        `wait`, returns once a cycle has applied the write (at once when no cycle thread runs:
-        the caller steps the graph)."""
-        ok = _Writes().write(table, data, delete=delete, batch_id=batch_id)
+    def write(self, target: Target, data=None, *, delete=None, batch_id=None, wait: bool = True,
+              timeout: float = 30.0, timing: Optional[dict] = None) -> bool:
+        """The one way rows enter a table. Queues `data` (rows to append or upsert, or, for an
+        UpdateSourceTable, one operation of its own form) and/or `delete` (keys to remove, keyed
+        tables) under `batch_id`; False when that batch id was applied before (nothing is queued).
+
+        `target`: a source table; a TableSpec (the table is made unless it exists, then written);
+        or a Destination (a table written by mode, made from the batch's schema unless it exists).
+        With `wait`, returns once a cycle has applied the write, and for a durable table once it
+        is on disk (at once when no cycle thread runs: the caller steps the engine). `timing`, a
+        dict, gets the figures of a write by mode ("rows"; "removed" and "upserted" in replace mode)."""
+        writes = _Writes(self, self._replace_state)
+        table, ok = writes.put(target, data, delete=delete, batch_id=batch_id, timing=timing)
         if ok and wait:
             self.flush(timeout)
             refusal = getattr(table, "refusal", None)
@@ -388,89 +394,134 @@ class Engine:
 
     def flush(self, timeout: float = 30.0) -> None:
         """Returns once every write queued before the call has been applied by a cycle (at once
-        when no cycle thread runs: the caller steps the graph)."""
+        when no cycle thread runs: the caller steps the engine)."""
         if not self.graph.running:
             return
         with self.graph.lock:  # after any cycle that may have taken them already: the next one surely will
             target = self.graph.step + 1
         if not self._waiter.wait_for(target, timeout):
-            raise IngestError(f"the update graph did not apply a write within {timeout:.0f} s", "UNAVAILABLE")
+            raise WriteTimeout(f"the update graph did not apply a write within {timeout:.0f} s")
 
     @contextmanager
     def writes(self, *, wait: bool = True, timeout: float = 30.0) -> Iterator["_Writes"]:
         """Queues several writes for one cycle: `with engine.writes() as w: w.write(...); ...`.
         No cycle starts while the block runs; with `wait`, leaving it waits for the cycle that
         applies them all."""
-        w = _Writes()
+        w = _Writes(self, self._replace_state)
         with self.graph.lock:  # no cycle runs meanwhile: the next one to start takes every write
             yield w
             target = self.graph.step + 1
         if wait and w.queued and self.graph.running:
             if not self._waiter.wait_for(target, timeout):
-                raise IngestError(f"the update graph did not apply a write within {timeout:.0f} s", "UNAVAILABLE")
+                raise WriteTimeout(f"the update graph did not apply a write within {timeout:.0f} s")
 
     def wait_applied(self, step: int, timeout: float = 30.0) -> bool:
-        """Waits until the graph has run step `step` (False on timeout or when it is not running)."""
+        """Waits until the engine has run step `step` (False on timeout or when it is not running)."""
         return self._waiter.wait_for(step, timeout)
+
+    def destination_table(self, dest: Destination, schema: pa.Schema, *, create: bool = True) -> Optional[Table]:
+        """The table `dest` writes for batches of `schema` (the table's columns): made unless it
+        exists (or, with `create=False`, None when it does not), and checked when it does
+        (ModeError names what differs)."""
+        with self._create:
+            table = self.resolve(dest.name, hidden=True)
+            if table is not None:
+                dest.check_existing(table, schema)
+                return table
+            if not create:
+                dest.check_keys(schema)
+                return None
+            try:
+                table, _created = self.get_or_create(dest.spec(schema))
+            except CatalogError as exc:
+                raise ModeError(f"{dest.where}: {exc}", exc.code) from None
+            return table
+
+    def _replace_state(self, table: Table) -> ReplaceState:
+        with self._create:
+            state = self._replace.get(table)
+            if state is None:
+                state = self._replace[table] = ReplaceState()
+            return state
 
     # -- reading ------------------------------------------------------------------------------------
     @contextmanager
-    def reading(self):
-        """Holds a cycle boundary: every table read inside is at the same step (`step`)."""
+    def reading(self) -> Iterator["Engine"]:
+        """Holds a cycle boundary: every table read inside is at the same step (`step`), and no
+        cycle runs until it is left."""
         with self.graph.lock:
             yield self
 
-    @property
-    def step(self) -> int:
-        return self.graph.step
+    @contextmanager
+    def writing(self) -> Iterator["Engine"]:
+        """Holds a cycle boundary to change which tables exist or who holds them (the same
+        exclusion as `reading`, named for what it is used for)."""
+        with self.graph.lock:
+            yield self
 
     def snapshot(self, table: Table, columns: Optional[Sequence[str]] = None) -> tuple[int, pa.Table]:
+        """(step, contents) of a table at a cycle boundary; TableFailedError for a failed table."""
         return self.graph.snapshot(table, columns)
+
+    # -- publishing ---------------------------------------------------------------------------------
+    def publishers(self, config: Optional[PublishingConfig] = None) -> PublisherRegistry:
+        """A registry of publishers over this engine's tables (one per server)."""
+        return PublisherRegistry(self, config or PublishingConfig())
 
 
 class _Writes:
-    def __init__(self):
-        self.queued = 0
+    """Writes queued by one `Engine.write` or `Engine.writes()` block."""
 
-    def run(self, put) -> bool:
-        """Runs `put()`, a write of the caller's own (through a table's add/apply_ops); its truth
-        says whether it queued anything."""
-        ok = bool(put())
+    def __init__(self, engine: Engine, replace_state: Callable[[Table], ReplaceState]):
+        self.engine = engine
+        self._replace_state = replace_state
+        self.queued = 0
+        self.tables: list[Table] = []
+
+    def write(self, target: Target, data=None, *, delete=None, batch_id=None, timing: Optional[dict] = None) -> bool:
+        """Queues one write (see Engine.write); False when its batch id was applied before."""
+        return self.put(target, data, delete=delete, batch_id=batch_id, timing=timing)[1]
+
+    def put(self, target: Target, data=None, *, delete=None, batch_id=None,
+            timing: Optional[dict] = None) -> tuple[Table, bool]:
+        engine = self.engine
+        if isinstance(target, Destination):
+            if delete is not None:
+                raise IngestError(f"{target.where}: a write by mode deletes through its delete column")
+            table, ok = self._by_mode(target, data, batch_id, timing)
+        else:
+            table = engine.get_or_create(target)[0] if isinstance(target, TableSpec) else target
+            ok = self._to_table(table, data, delete, batch_id)
         if ok:
             self.queued += 1
-        return ok
+            self.tables.append(table)
+        return table, ok
 
-    def write(self, table: Table, data=None, *, delete=None, batch_id=None) -> bool:
-        if not hasattr(table, "add"):
+    def _by_mode(self, dest: Destination, data, batch_id, timing: Optional[dict]) -> tuple[Table, bool]:
+        if data is None:
+            raise IngestError(f"{dest.where}: no rows to write")
+        data = as_table(data)
+        table = self.engine.destination_table(dest, dest.table_schema(data.schema))
+        if data.num_rows and dest.mode != "replace":
+            data = data.combine_chunks()
+        state = self._replace_state(table) if dest.mode == "replace" else None
+        return table, bool(prepare_ops(dest, table, data, batch_id, state, timing)())
+
+    @staticmethod
+    def _to_table(table: Table, data, delete, batch_id) -> bool:
+        if isinstance(table, UpdateSourceTable):
+            if delete is not None or batch_id is not None:
+                raise IngestError(f"table {table.name!r} is fed whole updates; it takes no deletes or batch ids")
+            table.queue_update(data)
+            return True
+        if not isinstance(table, SourceTable):
             raise IngestError(f"table {table.name!r} is a {kind_of(table)} table; it takes no writes",
                               "FAILED_PRECONDITION")
-        try:
-            if delete is not None:
-                if not hasattr(table, "apply_ops"):
-                    raise IngestError(f"table {table.name!r} is not keyed; rows cannot be deleted by key")
-                ops = ([("add", data)] if data is not None else []) + [("delete", delete)]
-                ok = table.apply_ops(ops, batch_id=batch_id)
-            else:
-                ok = table.add(data, batch_id=batch_id)
-        except IngestError:
-            raise
-        except WriteRefused as exc:
-            raise IngestError(str(exc), "UNAVAILABLE") from None
-        except (ValueError, TypeError, KeyError, pa.ArrowInvalid) as exc:
-            raise IngestError(f"write into {table.name!r}: {exc}") from None
-        if ok:
-            self.queued += 1
-        return ok
-
-
-_engines: "weakref.WeakKeyDictionary[UpdateGraph, Engine]" = weakref.WeakKeyDictionary()
-_engines_lock = threading.Lock()
-
-
-def engine_of(graph: UpdateGraph) -> Engine:
-    """The engine of `graph` (one per graph)."""
-    with _engines_lock:
-        e = _engines.get(graph)
-        if e is None:
-            e = _engines[graph] = Engine(graph)
-        return e
+        if delete is not None:
+            if not isinstance(table, KeyedTable):
+                raise IngestError(f"table {table.name!r} is not keyed; rows cannot be deleted by key")
+            ops = ([("add", data)] if data is not None else []) + [("delete", delete)]
+            return table.queue_ops(ops, batch_id=batch_id)
+        if data is None:
+            raise IngestError(f"a write into table {table.name!r} needs rows or keys to delete")
+        return table.queue_rows(data, batch_id=batch_id)

@@ -1,7 +1,8 @@
-"""Writing a batch into a table by mode: the one implementation behind the in-process Spark sinks
-(`tickwire.server.adapters.spark.sinks`) and the staged, committed writes of producers in other processes
-(`tickwire.server.engine.staging`), so both make the same tables, check schemas with the same messages
-and apply a batch the same way.
+"""Writing a batch into a table by mode: what `Engine.write` does with a `Destination`, for the
+in-process Spark sinks (`tickwire.server.adapters.spark.sinks`), the staged, committed writes of
+producers in other processes (`tickwire.server.engine.staging`) and anyone else who writes by
+mode, so all of them make the same tables, check schemas with the same messages and apply a
+batch the same way.
 
 Modes:
 - "append": rows are appended (an append-only table; a ring table of the last `max_rows` rows
@@ -21,37 +22,23 @@ of the mode's kind, with the same keys and columns.
 from __future__ import annotations
 
 import threading
-import time
-import weakref
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.server.engine import CatalogError, IngestError, TableSpec, engine_of
-from tickwire.server.engine.graph import (
-    AppendOnlyTable,
-    BlinkTable,
-    KeyedTable,
-    KeyIndex,
-    RingTable,
-    UpdateGraph,
-    equal_mask,
-    hash_columns,
-)
+from tickwire.server.engine.catalog import TableSpec, check_table
+from tickwire.server.engine.errors import ModeError, TableMismatchError
+from tickwire.server.engine.graph.column_store import equal_mask, hash_columns
+from tickwire.server.engine.graph.keyindex import KeyIndex
+from tickwire.server.engine.graph.sources import KeyedTable
 
-__all__ = ["MODES", "ModeError", "ModeWriter", "KeyHashes", "last_per_key", "diff_by_key"]
+__all__ = ["MODES", "ModeError", "Destination", "ReplaceState", "KeyHashes", "last_per_key", "diff_by_key",
+           "prepare_ops"]
 
 MODES = ("append", "upsert", "replace", "blink")
-
-_create_lock = threading.Lock()
-
-
-class ModeError(IngestError, ValueError):
-    """A batch or a writer's options that a table cannot take (bad options, an unsupported or
-    changed schema, a table of another kind); the message names the table and, where one is at
-    fault, the column."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -158,9 +145,9 @@ def diff_by_key(old: pa.Table, new: pa.Table, keys: Sequence[str]) -> tuple[pa.T
     return removed, upserts
 
 
-class _ReplaceState:
-    """What a replace-mode table holds after the last batch queued into it (shared by every
-    sink writing that table, so a sink made anew after a failure continues from it)."""
+class ReplaceState:
+    """What a replace-mode table holds after the last batch queued into it (the engine keeps one
+    per table, so a writer made anew after a failure continues from it)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -168,53 +155,57 @@ class _ReplaceState:
         self.hashes: Optional[KeyHashes] = None  # of `rows`, kept for the next batch's diff
 
 
-_replace_states: "weakref.WeakKeyDictionary[KeyedTable, _ReplaceState]" = weakref.WeakKeyDictionary()
-
-
-def _replace_state(table: KeyedTable) -> _ReplaceState:
-    with _create_lock:
-        s = _replace_states.get(table)
-        if s is None:
-            s = _replace_states[table] = _ReplaceState()
-        return s
-
-
 # ------------------------------------------------------------------------------------------------
-# the writer
+# the destination of a write by mode
 # ------------------------------------------------------------------------------------------------
 
-class ModeWriter:
-    """Writes batches into table `table` of `graph` in one of the `MODES` (see the module
-    documentation). `ensure_table(schema)` makes or checks the table; `prepare(data, batch_id)`
-    turns a batch (already in the table's types, plus the delete column in upsert mode) into
-    `put()`, which queues it under `batch_id` and returns False for a batch id the table has."""
+@dataclass(frozen=True)
+class Destination:
+    """Table `name` written in one of the `MODES` (see the module documentation): `keys` for
+    upsert and replace, `delete_column` (a boolean column of the batches, not of the table) for
+    upsert, `max_rows` (a ring table of the last rows) for append. Options that do not go together
+    raise ModeError when it is made. `what` prefixes its messages ("tickwire sink into table 't'")."""
 
-    def __init__(self, graph: UpdateGraph, table: str, mode: str = "append", keys: Optional[Sequence[str]] = None,
-                 delete_column: Optional[str] = None, max_rows: Optional[int] = None):
-        where = f"tickwire sink into table {table!r}"
+    name: str
+    mode: str = "append"
+    keys: Optional[tuple[str, ...]] = None
+    delete_column: Optional[str] = None
+    max_rows: Optional[int] = None
+    what: Optional[str] = None
+
+    def __post_init__(self):
+        where = self.where
+        mode = self.mode
         if mode not in MODES:
             raise ModeError(f"{where}: mode must be one of {MODES}, got {mode!r}")
-        keys = [keys] if isinstance(keys, str) else (list(keys) if keys is not None else None)
+        keys = self.keys
+        keys = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
+        object.__setattr__(self, "keys", keys or None)
         if mode in ("upsert", "replace") and not keys:
             raise ModeError(f"{where}: mode {mode!r} needs keys=[...]")
         if mode in ("append", "blink") and keys:
             raise ModeError(f"{where}: mode {mode!r} takes no keys")
-        if delete_column is not None and mode != "upsert":
+        if self.delete_column is not None and mode != "upsert":
             raise ModeError(f"{where}: delete_column applies to mode 'upsert' only")
-        if delete_column is not None and delete_column in keys:
-            raise ModeError(f"{where}: delete_column {delete_column!r} is a key")
-        if max_rows is not None and mode != "append":
+        if self.delete_column is not None and self.delete_column in keys:
+            raise ModeError(f"{where}: delete_column {self.delete_column!r} is a key")
+        if self.max_rows is not None and mode != "append":
             raise ModeError(f"{where}: max_rows applies to mode 'append' only")
-        if max_rows is not None and int(max_rows) <= 0:
-            raise ModeError(f"{where}: max_rows must be positive, got {max_rows}")
-        self.graph = graph
-        self.name = table
-        self.mode = mode
-        self.keys = keys
-        self.delete_column = delete_column
-        self.max_rows = None if max_rows is None else int(max_rows)
-        self.where = where
-        self.table = None
+        if self.max_rows is not None:
+            if int(self.max_rows) <= 0:
+                raise ModeError(f"{where}: max_rows must be positive, got {self.max_rows}")
+            object.__setattr__(self, "max_rows", int(self.max_rows))
+
+    @property
+    def where(self) -> str:
+        return self.what or f"tickwire sink into table {self.name!r}"
+
+    @property
+    def kind(self) -> str:
+        """The kind of table the mode writes."""
+        if self.mode == "append":
+            return "append" if self.max_rows is None else "ring"
+        return "blink" if self.mode == "blink" else "keyed"
 
     @property
     def extra_schema(self) -> Optional[pa.Schema]:
@@ -225,7 +216,7 @@ class ModeWriter:
 
     def table_schema(self, batch_schema: pa.Schema) -> pa.Schema:
         """The table's columns of a batch's schema (without the delete column), which must be a
-        boolean column when the writer has one."""
+        boolean column when the destination has one."""
         if self.delete_column is not None:
             if self.delete_column not in batch_schema.names:
                 raise ModeError(f"{self.where}: the batch has no delete column {self.delete_column!r}")
@@ -234,131 +225,81 @@ class ModeWriter:
                 raise ModeError(f"{self.where}: delete column {self.delete_column!r} must be boolean, not {t}")
         return pa.schema([f for f in batch_schema if f.name != self.delete_column])
 
-    # -- the table -------------------------------------------------------------------------------
-    def ensure_table(self, schema: pa.Schema):
-        """The table, made from `schema` (the table's columns) unless it exists, in which case it
-        must be of this writer's kind with these keys and columns."""
-        with _create_lock:
-            table = engine_of(self.graph).resolve(self.name, hidden=True)
-            if table is None:
-                table = self._create(schema)
-            else:
-                self.check_existing(table, schema)
-            self.table = table
-            return table
-
-    def check(self, schema: pa.Schema) -> None:
-        """What `ensure_table(schema)` would refuse, without making anything."""
-        table = engine_of(self.graph).resolve(self.name, hidden=True)
-        if table is not None:
-            self.check_existing(table, schema)
-        else:
-            self._check_keys(schema)
-
-    def _check_keys(self, schema: pa.Schema) -> None:
+    def check_keys(self, schema: pa.Schema) -> None:
         missing = [k for k in (self.keys or ()) if k not in schema.names]
         if missing:
             raise ModeError(f"{self.where}: key column {missing[0]!r} is not in the batch (columns: "
                             f"{', '.join(schema.names)})")
 
-    def _create(self, schema: pa.Schema):
-        self._check_keys(schema)
-        name = self.name
-        if self.mode == "append":
-            spec = TableSpec(name, "append", schema) if self.max_rows is None else \
-                TableSpec(name, "ring", schema, capacity=self.max_rows)
-        elif self.mode == "blink":
-            spec = TableSpec(name, "blink", schema)
-        else:
-            spec = TableSpec(name, "keyed", schema, keys=tuple(self.keys))
-        try:
-            table, _created = engine_of(self.graph).get_or_create(spec)
-        except CatalogError as exc:
-            raise ModeError(f"{self.where}: {exc}") from None
-        return table
+    def spec(self, schema: pa.Schema) -> TableSpec:
+        """The table to make for batches of `schema` (the table's columns)."""
+        self.check_keys(schema)
+        kind = self.kind
+        return TableSpec(self.name, kind, schema, keys=tuple(self.keys or ()) if kind == "keyed" else (),
+                         capacity=self.max_rows if kind == "ring" else None)
 
     def check_existing(self, table, schema: pa.Schema) -> None:
-        where = self.where
-        if self.mode == "append":
-            want = AppendOnlyTable if self.max_rows is None else RingTable
-        elif self.mode == "blink":
-            want = BlinkTable
-        else:
-            want = KeyedTable
-        if not isinstance(table, want):
-            raise ModeError(f"{where}: mode {self.mode!r} needs a {want.__name__}, but the table is a "
-                            f"{type(table).__name__}", "FAILED_PRECONDITION")
-        if want is RingTable and table.capacity != self.max_rows:
-            raise ModeError(f"{where}: the ring table keeps {table.capacity} rows, not max_rows={self.max_rows}",
-                            "FAILED_PRECONDITION")
-        if want is KeyedTable and list(table.keys) != list(self.keys):
-            raise ModeError(f"{where}: the table's keys are {table.keys}, not {self.keys}", "FAILED_PRECONDITION")
-        have = table.schema
-        for f in schema:
-            if f.name not in have.names:
-                raise ModeError(f"{where}: column {f.name!r} ({f.type}) of the batch is not in the table (columns: "
-                                f"{', '.join(have.names)})", "FAILED_PRECONDITION")
-            if have.field(f.name).type != f.type:
-                raise ModeError(f"{where}: column {f.name!r} is {f.type} in the batch but {have.field(f.name).type} "
-                                f"in the table; the schema of a sink's table cannot change", "FAILED_PRECONDITION")
-        missing = [n for n in have.names if n not in schema.names]
-        if missing:
-            raise ModeError(f"{where}: the batch has no column {missing[0]!r} ({have.field(missing[0]).type}), "
-                            f"which the table has", "FAILED_PRECONDITION")
+        """ModeError unless `table` is what this destination writes, with `schema`'s columns."""
+        try:
+            check_table(table, self.kind, schema, keys=self.keys or (), capacity=self.max_rows, mode=self.mode,
+                        where=self.where)
+        except TableMismatchError as exc:
+            raise ModeError(str(exc), "FAILED_PRECONDITION") from None
 
-    # -- batches ---------------------------------------------------------------------------------
-    def prepare(self, data: pa.Table, batch_id, timing: Optional[dict] = None):
-        """Builds a batch's operations (data: the table's columns in its types, then the delete
-        column in upsert mode); returns `put()`, which queues them under `batch_id` and returns
-        False for a batch id the table already has. `timing` gets "rows", "prepare_s" and, in
-        replace mode, "removed" and "upserted"."""
-        timing = {} if timing is None else timing
-        t0 = time.perf_counter()
-        timing["rows"] = data.num_rows
-        table = self.table
-        if table is None:
-            raise ModeError(f"{self.where}: no table yet (ensure_table first)", "FAILED_PRECONDITION")
-        if self.mode == "replace":
-            put = self._prepare_replace(table, data, batch_id, timing)
-        elif self.mode == "upsert" and self.delete_column is not None:
-            latest = last_per_key(data, self.keys)
-            flag = pa.array(pc.fill_null(latest.column(self.delete_column), False).to_numpy(zero_copy_only=False))
-            ops = [("delete", latest.filter(flag).select(self.keys)),
-                   ("add", latest.filter(pc.invert(flag)).drop_columns([self.delete_column]))]
 
-            def put():
-                return table.apply_ops(ops, batch_id=batch_id)
-        else:
-            def put():
-                return table.add(data, batch_id=batch_id)
-        timing["prepare_s"] = time.perf_counter() - t0
-        return put
-
-    def _prepare_replace(self, table: KeyedTable, data: pa.Table, batch_id, timing: dict):
-        state = _replace_state(table)
-        result = {}
-
-        def diff(base: Optional[pa.Table], base_hashes: Optional[KeyHashes]) -> list:
-            # a table that existed before any replace-mode writer wrote it: start from its contents
-            current = base if base is not None else table.to_arrow()
-            removed, upserts, new, new_h = _diff(current, base_hashes, data, self.keys)
-            result["rows"], result["hashes"] = new, new_h
-            timing["removed"], timing["upserted"] = removed.num_rows, upserts.num_rows
-            return [("delete", removed), ("add", upserts)]
-
-        base = state.rows
-        ops = diff(base, state.hashes)
+def prepare_ops(dest: Destination, table, data: pa.Table, batch_id, replace: Optional[ReplaceState],
+                timing: Optional[dict] = None):
+    """A batch's operations (data: the table's columns in its types, then the delete column in
+    upsert mode) as `put()`, which queues them under `batch_id` on `table` (a source table of the
+    destination's kind) and returns False for a batch id the table already has. Replace mode
+    diffs against `replace` (the table's ReplaceState). `timing` gets "rows" and, in replace mode,
+    "removed" and "upserted"."""
+    timing = {} if timing is None else timing
+    timing["rows"] = data.num_rows
+    if dest.mode == "replace":
+        return _prepare_replace(dest, table, data, batch_id, replace, timing)
+    if dest.mode == "upsert" and dest.delete_column is not None:
+        keys = list(dest.keys)
+        latest = last_per_key(data, keys)
+        flag = pa.array(pc.fill_null(latest.column(dest.delete_column), False).to_numpy(zero_copy_only=False))
+        ops = [("delete", latest.filter(flag).select(keys)),
+               ("add", latest.filter(pc.invert(flag)).drop_columns([dest.delete_column]))]
 
         def put() -> bool:
-            nonlocal ops
-            with state.lock:
-                if table.has_batch(batch_id):
-                    return False
-                if state.rows is not base:  # another batch got in first: diff again
-                    ops = diff(state.rows, state.hashes)
-                accepted = table.apply_ops(ops, batch_id=batch_id)
-                if accepted:
-                    state.rows, state.hashes = result["rows"], result["hashes"]
-                return accepted
-
+            return table.queue_ops(ops, batch_id=batch_id)
         return put
+
+    def put_rows() -> bool:
+        return table.queue_rows(data, batch_id=batch_id)
+    return put_rows
+
+
+def _prepare_replace(dest: Destination, table: KeyedTable, data: pa.Table, batch_id, state: ReplaceState,
+                     timing: dict):
+    keys = list(dest.keys)
+    result = {}
+
+    def diff(base: Optional[pa.Table], base_hashes: Optional[KeyHashes]) -> list:
+        # a table that existed before any replace-mode writer wrote it: start from its contents
+        current = base if base is not None else table.to_arrow()
+        removed, upserts, new, new_h = _diff(current, base_hashes, data, keys)
+        result["rows"], result["hashes"] = new, new_h
+        timing["removed"], timing["upserted"] = removed.num_rows, upserts.num_rows
+        return [("delete", removed), ("add", upserts)]
+
+    base = state.rows
+    ops = diff(base, state.hashes)
+
+    def put() -> bool:
+        nonlocal ops
+        with state.lock:
+            if table.has_batch(batch_id):
+                return False
+            if state.rows is not base:  # another batch got in first: diff again
+                ops = diff(state.rows, state.hashes)
+            accepted = table.queue_ops(ops, batch_id=batch_id)
+            if accepted:
+                state.rows, state.hashes = result["rows"], result["hashes"]
+            return accepted
+
+    return put

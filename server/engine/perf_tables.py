@@ -26,27 +26,29 @@ another table's work or a client's call. Recording happens once per cycle, per s
 interval and per call, from small Python lists, never per row of data; the rows of a cycle are
 written in one batch that the next cycle applies.
 
-One `PerfTables` per update graph (`perf_tables(graph)`); each server sharing the graph attaches
-its publisher registry (`attach`) and its Flight service records its calls (`record_snapshot`).
+One `PerfTables` per engine (`Engine.perf`, made from `EngineConfig.perf_tables`); each server on
+the engine attaches its publisher registry (`attach`) and its Flight service records its calls
+(`snapshot`). Times come from the engine's clock.
 """
 from __future__ import annotations
 
 import collections
 import logging
 import threading
-import time
-import weakref
-from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import pyarrow as pa
 
 from tickwire.errors import TickwireError
-from tickwire.server.engine import TableSpec, engine_of, is_system, kind_of
-from tickwire.server.engine.graph import Table, UpdateGraph
+from tickwire.server.engine.catalog import TableSpec, is_system, kind_of
+from tickwire.server.engine.config import PerfTablesConfig
+from tickwire.server.engine.graph.tables import Table
 
-__all__ = ["PerfTablesConfig", "PerfTables", "perf_tables", "perf_of", "record_snapshot", "UPDATE_PERFORMANCE",
+if TYPE_CHECKING:
+    from tickwire.server.engine.core import Engine
+
+__all__ = ["PerfTablesConfig", "PerfTables", "UPDATE_PERFORMANCE",
            "BARRAGE_PERFORMANCE", "SNAPSHOT_PERFORMANCE", "NAMES", "UPDATE_SCHEMA", "BARRAGE_SCHEMA",
            "SNAPSHOT_SCHEMA"]
 
@@ -79,21 +81,6 @@ _SCHEMAS = {UPDATE_PERFORMANCE: UPDATE_SCHEMA, BARRAGE_PERFORMANCE: BARRAGE_SCHE
 _MAX_KEY = np.iinfo(np.int64).max
 
 
-@dataclass(frozen=True)
-class PerfTablesConfig:
-    """`capacity`: rows each performance table keeps (the oldest go first); `barrage_interval_s`:
-    how often each subscription's figures are recorded."""
-
-    capacity: int = 10_000
-    barrage_interval_s: float = 1.0
-
-    def __post_init__(self):
-        if self.capacity <= 0:
-            raise ValueError(f"capacity must be positive, got {self.capacity}")
-        if not self.barrage_interval_s > 0:
-            raise ValueError(f"barrage_interval_s must be positive, got {self.barrage_interval_s}")
-
-
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
@@ -124,18 +111,19 @@ class _Seen:
 
 
 class PerfTables:
-    """The performance tables of one update graph and their recording (see the module's text)."""
+    """The performance tables of one engine and their recording (see the module's text)."""
 
-    def __init__(self, graph: UpdateGraph, config: Optional[PerfTablesConfig] = None):
-        self.graph = graph
-        self.engine = engine_of(graph)
+    def __init__(self, engine: "Engine", config: Optional[PerfTablesConfig] = None):
+        self.engine = engine
+        self.graph = engine.graph
+        self.clock = engine.clock
         self.config = config or PerfTablesConfig()
         self.tables: dict[str, Table] = {}
         self._lock = threading.Lock()
         self._snapshots: collections.deque = collections.deque(maxlen=self.config.capacity)
         self._registries: list = []
         self._seen: dict = {}  # Subscriber -> _Seen, for the subscriptions recorded so far
-        self._sampled = time.monotonic()
+        self._sampled = self.clock.monotonic()
         self._listening = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -164,7 +152,7 @@ class PerfTables:
                 registry.on_snapshot = self._subscription_snapshot
             if not self._listening:
                 self._listening = True
-                self._sampled = time.monotonic()
+                self._sampled = self.clock.monotonic()
                 self.graph.add_cycle_listener(self._on_cycle)
 
     def detach(self, registry) -> None:
@@ -185,10 +173,17 @@ class PerfTables:
         cycle writes it."""
         if is_system(table) or SNAPSHOT_PERFORMANCE not in self.tables:
             return
-        row = (time.time_ns(), int(step), table.name, kind, int(rows), int(columns), int(nbytes), int(messages),
+        row = (self.clock.now_ns(), int(step), table.name, kind, int(rows), int(columns), int(nbytes), int(messages),
                _ns(snapshot_s), None if write_s is None else _ns(write_s))
         with self._lock:
             self._snapshots.append(row)
+
+    def record_snapshot(self, table: Table, kind: str, **figures) -> None:
+        """`snapshot`, for callers whose answer must not depend on it: a failure is only logged."""
+        try:
+            self.snapshot(table, kind, **figures)
+        except Exception:  # noqa: BLE001 - recording never changes the call's answer
+            log.debug("recording a snapshot", exc_info=True)
 
     def _subscription_snapshot(self, table, rows, columns, nbytes, seconds, step, messages) -> None:
         self.snapshot(table, "subscription", rows=rows, columns=columns, nbytes=nbytes, messages=messages,
@@ -201,7 +196,7 @@ class PerfTables:
             snaps = list(self._snapshots)
             self._snapshots.clear()
         self._write(SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA, snaps)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._sampled >= self.config.barrage_interval_s:
             rows = self._barrage_rows(now - self._sampled)
             self._sampled = now
@@ -213,7 +208,7 @@ class PerfTables:
         if not updates:
             return []
         started = g.cycle_started
-        end = time.time()
+        end = self.clock.now()
         start_ns, end_ns, took = _ns(started), _ns(end), _ns(end - started)
         out = []
         for name, update in updates.items():
@@ -227,7 +222,7 @@ class PerfTables:
         return out
 
     def _barrage_rows(self, interval: float) -> list[tuple]:
-        now_ns, interval_ns = time.time_ns(), _ns(interval)
+        now_ns, interval_ns = self.clock.now_ns(), _ns(interval)
         live = {}
         for registry in self._registries:
             for sub in registry.subscriptions:
@@ -276,32 +271,3 @@ def _kind(sub) -> str:
     view = sub.view if sub.view is not None else sub.requested
     return "full" if view is None or view.is_full else "viewport"
 
-
-_tables: "weakref.WeakKeyDictionary[UpdateGraph, PerfTables]" = weakref.WeakKeyDictionary()
-_tables_lock = threading.Lock()
-
-
-def perf_tables(graph: UpdateGraph, config: Optional[PerfTablesConfig] = None) -> PerfTables:
-    """The performance tables of `graph` (one per graph; the first call's `config` holds)."""
-    with _tables_lock:
-        p = _tables.get(graph)
-        if p is None:
-            p = _tables[graph] = PerfTables(graph, config)
-        return p
-
-
-def perf_of(graph: UpdateGraph) -> Optional[PerfTables]:
-    """The performance tables of `graph` when a server made them, else None."""
-    with _tables_lock:
-        return _tables.get(graph)
-
-
-def record_snapshot(table: Table, kind: str, **figures) -> None:
-    """Records a snapshot of `table` in its graph's performance tables, if it has them (see
-    `PerfTables.snapshot` for the figures)."""
-    p = perf_of(table.graph)
-    if p is not None:
-        try:
-            p.snapshot(table, kind, **figures)
-        except Exception:  # recording never changes the call's answer
-            log.debug("recording a snapshot", exc_info=True)

@@ -4,8 +4,8 @@ A producer writes batch `b` in parts (a Spark query: one part per partition, wri
 executors in parallel, each by an attempt that a retried task repeats); the parts wait here,
 invisible, until the producer commits the batch, naming the parts (and the attempt of each) that
 make it. The commit applies them in one update-graph cycle, under the batch id
-("txn", producer, b), through the same `ModeWriter` as the in-process Spark sinks; the id is
-journaled with the rows when the table is durable. A batch the table already has (a replay after
+("txn", producer, b), through `Engine.write` with the same `Destination` as the in-process Spark
+sinks; the id is journaled with the rows when the table is durable. A batch the table already has (a replay after
 a producer's or the server's restart) is acknowledged and its parts dropped.
 
 Bounds, so that nothing grows without limit:
@@ -26,18 +26,20 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import pyarrow as pa
 
-from tickwire.server.engine import IngestError, engine_of
-from tickwire.server.engine.graph import UpdateGraph
-from tickwire.server.engine.ingest import ModeWriter
+from tickwire.clock import SYSTEM_CLOCK, Clock
+from tickwire.server.engine.config import StagingLimits
+from tickwire.server.engine.errors import IngestError
+from tickwire.server.engine.ingest import Destination
 
-__all__ = ["Staging", "StagedPart", "StagingError", "batch_key", "staging_of"]
+if TYPE_CHECKING:
+    from tickwire.server.engine.core import Engine
+
+__all__ = ["Staging", "StagedPart", "StagingError", "batch_key"]
 
 log = logging.getLogger(__name__)
 
@@ -73,23 +75,22 @@ class StagedPart:
 
 
 class Staging:
-    """The staging area of one engine (see the module documentation)."""
+    """The staging area of one engine (see the module documentation), bounded by `limits`; its
+    TTLs run on `clock`."""
 
-    def __init__(self, graph: UpdateGraph, *, producer_limit: int = 256 * MiB, total_limit: int = 1024 * MiB,
-                 ttl: float = 600.0, wait_timeout: float = 60.0, max_parts: int = 10_000,
-                 max_parts_total: int = 100_000, clock: Callable[[], float] = time.monotonic):
-        if producer_limit <= 0 or total_limit <= 0 or ttl <= 0:
-            raise ValueError("staging limits and ttl must be positive")
-        self.graph = graph
-        self.producer_limit = int(producer_limit)
-        self.total_limit = int(total_limit)
-        self.ttl = float(ttl)
-        self.wait_timeout = float(wait_timeout)
-        self.max_parts = int(max_parts)
-        self.max_parts_total = int(max_parts_total)
+    def __init__(self, engine: "Engine", limits: Optional[StagingLimits] = None, *, clock: Clock = SYSTEM_CLOCK):
+        limits = limits or StagingLimits()
+        self.engine = engine
+        self.limits = limits
+        self.producer_limit = int(limits.producer_bytes)
+        self.total_limit = int(limits.total_bytes)
+        self.ttl = float(limits.ttl_s)
+        self.wait_timeout = float(limits.wait_s)
+        self.max_parts = int(limits.max_parts)
+        self.max_parts_total = int(limits.max_parts_total)
         self._parts: dict[str, int] = {}  # producer -> parts counted
         self._parts_total = 0
-        self._clock = clock
+        self._clock = clock.monotonic
         self._lock = threading.Lock()
         # (producer, batch) -> {(part, attempt): StagedPart}
         self._batches: dict[tuple[str, int], dict[tuple[str, str], StagedPart]] = {}
@@ -101,27 +102,28 @@ class Staging:
         self.replays = 0
 
     # -- staging ---------------------------------------------------------------------------------
-    def writer(self, table: str, mode: Optional[str], keys: Sequence[str], delete_column: Optional[str],
-               max_rows: Optional[int], upload_keys: Sequence[str] = ()) -> ModeWriter:
-        """The ModeWriter a transaction's options describe (mode None: "upsert" when keys are
+    @staticmethod
+    def destination(table: str, mode: Optional[str], keys: Sequence[str], delete_column: Optional[str],
+                    max_rows: Optional[int], upload_keys: Sequence[str] = ()) -> Destination:
+        """The Destination a transaction's options describe (mode None: "upsert" when keys are
         named, else "append"); ModeError for options that do not go together."""
         keys = list(keys) or list(upload_keys)
         if mode is None:
             mode = "upsert" if keys else "append"
-        return ModeWriter(self.graph, table, mode, keys or None, delete_column, max_rows)
+        return Destination(table, mode, tuple(keys) or None, delete_column, max_rows)
 
     def applied(self, table: str, producer: str, batch: int) -> bool:
         """True when `table` exists and has applied batch `batch` of `producer`."""
-        t = engine_of(self.graph).resolve(table, hidden=True)
+        t = self.engine.resolve(table, hidden=True)
         return t is not None and hasattr(t, "has_batch") and t.has_batch(batch_key(producer, batch))
 
-    def begin(self, writer: ModeWriter, upload_schema: pa.Schema, producer: str, batch: int, part: str,
+    def begin(self, dest: Destination, upload_schema: pa.Schema, producer: str, batch: int, part: str,
               attempt: str) -> StagedPart:
         """A new part for an upload whose schema is `upload_schema` (checked against the table when
         it exists). A part staged before under the same names is replaced when this one is done."""
-        schema = writer.table_schema(upload_schema)
-        writer.check(schema)
-        staged = StagedPart(producer, int(batch), part, attempt, writer.name, upload_schema, touched=self._clock())
+        schema = dest.table_schema(upload_schema)
+        self.engine.destination_table(dest, schema, create=False)
+        staged = StagedPart(producer, int(batch), part, attempt, dest.name, upload_schema, touched=self._clock())
         with self._lock:
             self._expire_locked(self._clock())
             mine = self._parts.get(producer, 0)
@@ -183,16 +185,16 @@ class Staging:
         part.chunks = []
 
     # -- commit and abort ------------------------------------------------------------------------
-    def commit(self, writer: ModeWriter, producer: str, batch: int, parts: Sequence[tuple[str, str]], *,
+    def commit(self, dest: Destination, producer: str, batch: int, parts: Sequence[tuple[str, str]], *,
                wait: bool = True, timeout: float = 60.0) -> dict:
         """Publishes `parts` of the batch in one cycle; {"applied": bool, "rows": n, "replay": bool}."""
         key = batch_key(producer, batch)
         with self._commit_lock(producer):
-            if self.applied(writer.name, producer, batch):
+            if self.applied(dest.name, producer, batch):
                 self.replays += 1
                 self._drop_through(producer, batch)
                 log.info("table %r: batch %d of producer %r was already applied; acknowledged, not applied again",
-                         writer.name, batch, producer, extra={"event": "commit_replay", "table": writer.name,
+                         dest.name, batch, producer, extra={"event": "commit_replay", "table": dest.name,
                                                               "producer": producer, "batch": batch})
                 return {"applied": False, "replay": True, "rows": 0}
             with self._lock:
@@ -205,10 +207,10 @@ class Staging:
                                    f"staged (never written, expired, aborted, or lost in a server restart); "
                                    f"{len(missing)} of {len(parts)} part(s) missing: write the batch again",
                                    "FAILED_PRECONDITION")
-            wrong = [c for c in chosen if c.table != writer.name]
+            wrong = [c for c in chosen if c.table != dest.name]
             if wrong:
                 raise StagingError(f"batch {batch} of producer {producer!r}: part {wrong[0].part!r} was staged "
-                                   f"for table {wrong[0].table!r}, not {writer.name!r}")
+                                   f"for table {wrong[0].table!r}, not {dest.name!r}")
             chunks = [t for c in chosen for t in c.chunks if t.num_rows]
             schemas = {c.schema for c in chosen}
             if len(schemas) > 1:
@@ -219,31 +221,18 @@ class Staging:
             elif chosen:
                 data = chosen[0].schema.empty_table()
             if data is None:  # nothing staged: nothing to make a table from
-                table = engine_of(self.graph).resolve(writer.name, hidden=True)
+                table = self.engine.resolve(dest.name, hidden=True)
                 if table is None:
                     self._drop_through(producer, batch)
                     return {"applied": False, "replay": False, "rows": 0}
-                data = pa.schema(list(table.schema) + list(writer.extra_schema or [])).empty_table()
-            accepted = self._apply(writer, data, key, wait, timeout)
+                data = pa.schema(list(table.schema) + list(dest.extra_schema or [])).empty_table()
+            accepted = self.engine.write(dest, data, batch_id=key, wait=wait, timeout=timeout)
             self._drop_through(producer, batch)
             if accepted:
                 self.committed += 1
             else:
                 self.replays += 1
             return {"applied": accepted, "replay": not accepted, "rows": data.num_rows if accepted else 0}
-
-    def _apply(self, writer: ModeWriter, data: pa.Table, key, wait: bool, timeout: float) -> bool:
-        engine = engine_of(self.graph)
-        table = writer.ensure_table(writer.table_schema(data.schema))
-        if data.num_rows and writer.mode != "replace":
-            data = data.combine_chunks()
-        put = writer.prepare(data, key)
-        with engine.writes(wait=wait, timeout=timeout) as w:
-            accepted = w.run(put)
-        refusal = getattr(table, "refusal", None)
-        if accepted and wait and refusal is not None:
-            raise StagingError(f"table {table.name!r} takes no writes: {refusal}", "UNAVAILABLE")
-        return accepted
 
     def abort(self, producer: str, batch: int) -> int:
         """Drops every staged part of the batch; how many there were."""
@@ -318,16 +307,3 @@ class Staging:
                                 for k, parts in self._batches.items()]}
 
 
-
-_stagings: "weakref.WeakKeyDictionary[UpdateGraph, Staging]" = weakref.WeakKeyDictionary()
-_stagings_lock = threading.Lock()
-
-
-def staging_of(graph: UpdateGraph, **settings) -> Staging:
-    """The staging area of `graph` (one per graph), made with `settings` (Staging's keyword
-    arguments) on first use."""
-    with _stagings_lock:
-        s = _stagings.get(graph)
-        if s is None:
-            s = _stagings[graph] = Staging(graph, **settings)
-        return s

@@ -6,8 +6,8 @@ listener on the update graph feeding them (per published table: rows, rows in, f
 writes), and the HTTP handlers `/healthz` and `/metrics`, served by the web side
 (tickwire.server.web.site) and, on request, on a port of their own (`metrics_port`).
 
-Nothing here reaches into the graph: tables are read through the engine (`engine_of(graph)`),
-in the cycle listener, which runs at the end of each cycle under the graph's lock.
+Nothing here reaches into the graph: tables are read through the server's engine, in the cycle
+listener, which runs at the end of each cycle inside the engine's `reading()`.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Optional
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tickwire.server.engine import engine_of, kind_of
+from tickwire.server.engine import kind_of
 from tickwire.server.observability.health import (NOT_SERVING, SERVING, TABLE_SERVICE_PREFIX, Health,
                                                   status_name)
 from tickwire.server.observability.metrics import ErrorCounts, Metrics, TransferCounters
@@ -43,7 +43,7 @@ class Observability:
 
     def __init__(self, server, counters: Optional[TransferCounters] = None):
         self.server = server
-        self.engine = engine_of(server.graph)
+        self.engine = server.engine
         self.health = Health()
         self.counters = counters if counters is not None else TransferCounters()
         self.errors = ErrorCounts()
@@ -58,26 +58,26 @@ class Observability:
         if self._attached:
             return
         self._attached = True
-        self.server.graph.add_cycle_listener(self._on_cycle)
+        self.engine.add_cycle_listener(self._on_cycle)
         if self.engine.step > 0:
             self.health.set_serving(True)
 
     def detach(self) -> None:
         if self._attached:
             self._attached = False
-            self.server.graph.remove_cycle_listener(self._on_cycle)
+            self.engine.remove_cycle_listener(self._on_cycle)
 
     def _on_cycle(self, step: int) -> None:
         figures: dict[str, tuple[int, int, bool]] = {}
         statuses: dict[str, int] = {}
-        for t in self.engine.tables():  # published tables (the listener holds the graph's lock)
+        for t in self.engine.tables(system=self.server.config.show_system_tables):  # published tables
             failed = t.failure is not None
             added = _rows_added(t) if not t.parents and t.last_step == step else 0
             figures[t.name] = (t.size, added, failed)
             # a durable table whose storage refuses writes (tickwire.server.engine.storage) takes no input any more
             refused = getattr(t, "refusal", None) is not None
             statuses[t.name] = NOT_SERVING if failed or refused else SERVING
-        self.metrics.on_cycle(step, self.server.graph.cycle_seconds, figures)
+        self.metrics.on_cycle(step, self.engine.cycle_seconds, figures)
         self.health.set_tables(statuses)
         if not self.health.serving:
             self.health.set_serving(True)

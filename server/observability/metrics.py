@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 import weakref
 from typing import Iterable, Optional
 
@@ -170,7 +169,8 @@ class Metrics:
                                         "Duration of the update graph's cycles", buckets=CYCLE_BUCKETS,
                                         registry=self.registry)
         self.tables = _TableFigures()
-        self.started = time.monotonic()
+        self.clock = server.engine.clock
+        self.started = self.clock.monotonic()
         self.last_cycle: Optional[float] = None
         self.step = 0
         self.registry.register(_Collector(self))
@@ -182,7 +182,7 @@ class Metrics:
         `figures`: {table: (rows now, rows added this cycle, failed)} for every published table."""
         if durations:
             self.cycle_duration.observe(durations[-1])
-        self.last_cycle = time.monotonic()
+        self.last_cycle = self.clock.monotonic()
         self.step = step
         t = self.tables
         with t.lock:
@@ -221,14 +221,15 @@ class _Collector:
 
     @staticmethod
     def _graph(m: Metrics, server):
-        graph = server.graph
-        yield _counter("tickwire_cycles", "Cycles the update graph has run", graph.step)
-        now = time.monotonic()
+        engine = server.engine
+        interval = engine.interval_ms / 1000.0
+        yield _counter("tickwire_cycles", "Cycles the update graph has run", engine.step)
+        now = m.clock.monotonic()
         last = m.last_cycle if m.last_cycle is not None else m.started
         yield _gauge("tickwire_cycle_lag_seconds",
                      "How far the update graph is behind its schedule: seconds since its last cycle beyond one "
-                     "interval", max(0.0, now - last - graph.interval))
-        yield _gauge("tickwire_cycle_interval_seconds", "The update graph's cycle interval", graph.interval)
+                     "interval", max(0.0, now - last - interval))
+        yield _gauge("tickwire_cycle_interval_seconds", "The update graph's cycle interval", interval)
 
     @staticmethod
     def _tables(m: Metrics):
@@ -311,16 +312,9 @@ class _Collector:
     def _sessions(server):
         sessions = server.sessions
         yield _gauge("tickwire_sessions", "Open client sessions", sessions.count)
-        yield _gauge("tickwire_exports", "Exports held by the open sessions", _exports(sessions))
+        yield _gauge("tickwire_exports", "Exports held by the open sessions", sessions.exports_held())
         web = server.web
         yield _gauge("tickwire_web_sockets", "Open browser websockets", web.open_sockets if web is not None else 0)
-
-
-def _exports(sessions) -> int:
-    # the session manager has no public iteration of its sessions; its lock guards the registry
-    with sessions._lock:
-        live = list(sessions._sessions.values())
-    return sum(len(s.exports) for s in live)
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:

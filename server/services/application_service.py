@@ -16,7 +16,8 @@ from typing import Callable, Optional
 
 from tickwire.protocol.proto import application_pb2
 from tickwire.protocol.proto.methods import APPLICATION_SERVICE
-from tickwire.server.services.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import CallError, service_handlers
 
 __all__ = ["ApplicationService", "ScopeWatch"]
 
@@ -99,7 +100,7 @@ class ScopeWatch:
 class ApplicationService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
-        self.watch = ScopeWatch(ctx.engine.names_now, ctx.config.list_fields_poll_s)
+        self.watch = ScopeWatch(ctx.scope.names_now, ctx.config.list_fields_poll_s)
 
     def handlers(self) -> dict:
         return service_handlers(APPLICATION_SERVICE, {"ListFields": (self.list_fields, None, None)})
@@ -138,7 +139,7 @@ class ApplicationService:
             while True:
                 item = await heard.get()
                 if item is None:
-                    raise CallError("CANCELLED", "subscription cancelled")
+                    raise CallError("subscription cancelled", "CANCELLED")
                 version, names = item
                 if version <= seen:
                     continue  # read before what this stream already sent

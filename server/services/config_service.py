@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from tickwire.protocol.proto import config_pb2
 from tickwire.protocol.proto.methods import CONFIG_SERVICE
-from tickwire.server.services.rpc import ServerContext, service_handlers
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import service_handlers
 from tickwire.server.services.sessions import PSK_SCHEME
 
 __all__ = ["ConfigService", "BARRAGE_VERSION", "ANONYMOUS_HANDLER", "PSK_HANDLER"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tickwire.protocol.tickets import ExportTicket, TicketError, parse_ticket
-from tickwire.server.engine.graph import Table
+from tickwire.server.engine import Table
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.sessions import Session
 
@@ -14,9 +14,9 @@ def export_id(ticket: bytes, what: str) -> int:
     try:
         t = parse_ticket(ticket)
     except TicketError as exc:
-        raise CallError(exc.code, f"{what}: {exc}") from None
+        raise CallError(f"{what}: {exc}", exc.code) from None
     if not isinstance(t, ExportTicket):
-        raise CallError("INVALID_ARGUMENT", f"{what} must be an export ticket ('e' + int32 LE), got {ticket!r}")
+        raise CallError(f"{what} must be an export ticket ('e' + int32 LE), got {ticket!r}", "INVALID_ARGUMENT")
     return t.export_id
 
 

@@ -38,12 +38,12 @@ from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot
 from tickwire.server.engine.publishing.views import requested, requested_columns, requested_viewport
 from tickwire.server.engine.publishing.handle import SubscriptionHandle, Waker, describe_view, encoded_payloads, outcome_of
 from tickwire.server.engine import TableSpec, is_system, kind_of
-from tickwire.server.engine.graph import Table
+from tickwire.server.engine import Table
 from tickwire.server.observability.metrics import TransferCounters
-from tickwire.server.engine.perf_tables import record_snapshot
-from tickwire.server.services.rpc import RAW, CallError, ServerContext, service_handlers
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import RAW, CallError, service_handlers
 from tickwire.server.services.sessions import ResolveError, Session
-from tickwire.server.engine.staging import StagedPart, staging_of
+from tickwire.server.engine.staging import StagedPart
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
@@ -56,10 +56,7 @@ class FlightService:
         self.ctx = ctx
         self._waker = Waker()
         self.counters = TransferCounters()  # calls, rows and bytes, for the server's metrics
-        cfg = ctx.config
-        self.staging = staging_of(ctx.graph, producer_limit=cfg.staging_producer_bytes,
-                                  total_limit=cfg.staging_total_bytes, ttl=cfg.staging_ttl_s,
-                                  wait_timeout=cfg.staging_wait_s)
+        self.staging = ctx.engine.staging
 
     def handlers(self) -> dict:
         return service_handlers(FLIGHT_SERVICE, {
@@ -80,7 +77,7 @@ class FlightService:
 
     def _resolve_descriptor(self, desc, session: Optional[Session]) -> tuple[Table, list[str]]:
         if desc.type != flight_pb2.FlightDescriptor.PATH:
-            raise CallError("FAILED_PRECONDITION", "only PATH flight descriptors are supported")
+            raise CallError("only PATH flight descriptors are supported", "FAILED_PRECONDITION")
         path = list(desc.path)
         t = ticket_from_path(path)
         return self.ctx.scope.resolve_parsed(t, session), path
@@ -106,7 +103,7 @@ class FlightService:
     async def list_flights(self, criteria, context):
         await self.ctx.authenticate(context)
         if criteria.expression:
-            raise CallError("INVALID_ARGUMENT", "Criteria expressions are not supported")
+            raise CallError("Criteria expressions are not supported", "INVALID_ARGUMENT")
         for name in self.ctx.scope.names():
             try:
                 table = self.ctx.scope.get(name)
@@ -147,11 +144,11 @@ class FlightService:
                 sent += len(p)
                 messages += 1
                 yield p
-        record_snapshot(table, "doget", rows=n, columns=len(wire.names), nbytes=sent, messages=messages,
+        self.ctx.record_snapshot(table, "doget", rows=n, columns=len(wire.names), nbytes=sent, messages=messages,
                         snapshot_s=read - started, write_s=time.perf_counter() - read, step=msg.step)
 
     async def _payloads(self, msg, opts: EncodeOptions):
-        async for p in encoded_payloads(msg, opts, self.ctx.executor, self.ctx.config):
+        async for p in encoded_payloads(msg, opts, self.ctx.executor, self.ctx.config.payloads_per_hop):
             yield p
 
     # -- DoExchange -----------------------------------------------------------------------------------
@@ -191,8 +188,10 @@ class FlightService:
                     yield p
                 return
             table, view, options = await self.ctx.run(self._subscription_args, req, session)
+            cfg = self.ctx.config
             handle = SubscriptionHandle(self.ctx.registry, table, view, options, executor=self.ctx.executor,
-                                        config=self.ctx.config, waker=self._waker)
+                                        inline_cells=cfg.inline_cells, payloads_per_hop=cfg.payloads_per_hop,
+                                        waker=self._waker)
             await handle.open()
             # the publisher's subscriber id: the SubscriptionId of tickwire.barrage_performance
             sub_id = handle.sub.id
@@ -235,7 +234,7 @@ class FlightService:
                 if isinstance(req, BaseException):
                     raise req
                 if not isinstance(req, barrage.SubscriptionRequest):
-                    raise CallError("INVALID_ARGUMENT", "expected a subscription request")
+                    raise CallError("expected a subscription request", "INVALID_ARGUMENT")
                 _t, new_view, _o = await self.ctx.run(self._subscription_args, req, session, table)
                 await handle.change(new_view)
                 log.info("subscription %d changed: table %r, %s", sub_id, table.name,
@@ -250,7 +249,7 @@ class FlightService:
     def _subscription_args(self, req: barrage.SubscriptionRequest, session, table: Optional[Table] = None):
         if table is None:
             if not req.ticket:
-                raise CallError("INVALID_ARGUMENT", "Ticket not specified.")
+                raise CallError("Ticket not specified.", "INVALID_ARGUMENT")
             table = self._resolve(req.ticket, session)
         view = requested(req.columns, req.viewport, bool(req.reverse_viewport), ncols=len(table.schema),
                          blink=bool(table.attributes.get("BlinkTable")),
@@ -259,7 +258,7 @@ class FlightService:
 
     async def _snapshot_request(self, req: barrage.SnapshotRequest, session, requests: asyncio.Queue):
         if not req.ticket:
-            raise CallError("INVALID_ARGUMENT", "Ticket not specified.")
+            raise CallError("Ticket not specified.", "INVALID_ARGUMENT")
         table = self._resolve(req.ticket, session)
         wire = TableWire(table)
         opts = EncodeOptions.of(req.options)
@@ -286,7 +285,7 @@ class FlightService:
             sent += len(p)
             messages += 1
             yield p
-        record_snapshot(table, "snapshot", rows=n, columns=columns, nbytes=sent, messages=messages,
+        self.ctx.record_snapshot(table, "snapshot", rows=n, columns=columns, nbytes=sent, messages=messages,
                         snapshot_s=read - started, write_s=time.perf_counter() - read, step=msg.step)
         # the stream ends (OK) once the client half-closes (docs/flows.md#half-close-and-end-of-stream)
         while True:
@@ -362,18 +361,18 @@ class FlightService:
     def _scope_name(self, path: list[str], what: str) -> str:
         t = ticket_from_path(path)
         if not isinstance(t, ScopeTicket):
-            raise CallError("INVALID_ARGUMENT", f"{what} names a table as ['scope', name], got {path}")
+            raise CallError(f"{what} names a table as ['scope', name], got {path}", "INVALID_ARGUMENT")
         existing = self.ctx.engine.resolve(t.name, hidden=True)
         if t.name.startswith("__") or (existing is not None and existing.hidden):
-            raise CallError("INVALID_ARGUMENT", f"{what}: scope names starting with '__' are reserved, "
-                                                f"got {t.name!r}")
+            raise CallError(f"{what}: scope names starting with '__' are reserved, "
+                                                f"got {t.name!r}", "INVALID_ARGUMENT")
         return t.name
 
     def _begin_stage(self, upload: UploadDecoder, txn: Transaction) -> "_Staged":
         if upload.schema is None:
-            raise CallError("INVALID_ARGUMENT", "DoPut: the transaction must follow the schema")
+            raise CallError("DoPut: the transaction must follow the schema", "INVALID_ARGUMENT")
         name = self._scope_name(upload.path, "a DoPut transaction")
-        writer = self.staging.writer(name, txn.mode, txn.keys, txn.delete_column, txn.max_rows, upload.keys)
+        writer = self.staging.destination(name, txn.mode, txn.keys, txn.delete_column, txn.max_rows, upload.keys)
         if self.staging.applied(name, txn.producer, txn.batch):
             return _Staged(writer, txn, None)
         plain = pa.schema([pa.field(f.name, f.type) for f in upload.schema])
@@ -387,9 +386,9 @@ class FlightService:
         delay = 0.005
         while not self.staging.try_reserve(part, nbytes):
             if loop.time() > deadline:
-                raise CallError("RESOURCE_EXHAUSTED", f"DoPut: no room to stage batch {part.batch} part "
+                raise CallError(f"DoPut: no room to stage batch {part.batch} part "
                                                       f"{part.part!r} of producer {part.producer!r} within "
-                                                      f"{self.staging.wait_timeout:.0f} s (staging area full)")
+                                                      f"{self.staging.wait_timeout:.0f} s (staging area full)", "RESOURCE_EXHAUSTED")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
@@ -420,27 +419,27 @@ class FlightService:
             existing = engine.resolve(t.name, hidden=True)
             if t.name.startswith("__") or (existing is not None and existing.hidden):
                 # the same answer whether or not such a table exists: session tables stay unreachable
-                raise CallError("INVALID_ARGUMENT", f"DoPut: scope names starting with '__' are reserved, "
-                                                    f"got {t.name!r}")
+                raise CallError(f"DoPut: scope names starting with '__' are reserved, "
+                                                    f"got {t.name!r}", "INVALID_ARGUMENT")
             if existing is not None:
                 if kind_of(existing) not in ("append", "keyed"):
-                    raise CallError("FAILED_PRECONDITION", f"table {t.name!r} is a {type(existing).__name__}; "
-                                                           "DoPut appends only to append-only or keyed tables")
+                    raise CallError(f"table {t.name!r} is a {type(existing).__name__}; "
+                                                           "DoPut appends only to append-only or keyed tables", "FAILED_PRECONDITION")
                 return existing
             spec = TableSpec(t.name, "keyed" if keys else "append", plain, keys=keys, attributes=attrs)
             table, _created = engine.get_or_create(spec)
             return table
         if not isinstance(t, ExportTicket):
-            raise CallError("INVALID_ARGUMENT", f"DoPut destination must be ['scope', name] or ['export', id], "
-                                                f"got {path}")
+            raise CallError(f"DoPut destination must be ['scope', name] or ['export', id], "
+                                                f"got {path}", "INVALID_ARGUMENT")
         if t.export_id <= 0:
-            raise CallError("INVALID_ARGUMENT", f"DoPut export id must be positive, got {t.export_id}")
+            raise CallError(f"DoPut export id must be positive, got {t.export_id}", "INVALID_ARGUMENT")
         # the name says nothing about the session, and nobody can guess it
         spec = TableSpec(f"__export.put.{secrets.token_hex(8)}", "keyed" if keys else "append", plain, keys=keys,
                          hidden=True, attributes=attrs)
         table, _created = engine.get_or_create(spec)
         # owned by the session like any export: hidden, and freed by Release, CloseSession or expiry
-        ops = self.ctx.scope.ops
+        ops = self.ctx.ops
         ops.adopt(table)
         ops.hold(table)
         try:
@@ -466,7 +465,7 @@ class FlightService:
             yield flight_pb2.Result(body=json.dumps(await self.ctx.run(self._staging_action, action.type,
                                                                        action.body)).encode())
             return
-        raise CallError("UNIMPLEMENTED", f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)}")
+        raise CallError(f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)}", "UNIMPLEMENTED")
 
     def _staging_action(self, kind: str, body: bytes) -> dict:
         if kind == ACTION_STAGING:
@@ -474,13 +473,13 @@ class FlightService:
         try:
             req = parse_commit(body) if kind == ACTION_COMMIT else parse_abort(body)
         except TxnError as exc:
-            raise CallError("INVALID_ARGUMENT", str(exc)) from None
+            raise CallError(str(exc), "INVALID_ARGUMENT") from None
         if kind == ACTION_ABORT:
             n = self.staging.abort(req.producer, req.batch)
             log.info("batch %d of producer %r aborted: %d staged part(s) discarded", req.batch, req.producer, n)
             return {"discarded": n}
         name = self._scope_name(["scope", req.table], f"action {ACTION_COMMIT}")
-        writer = self.staging.writer(name, req.mode, req.keys, req.delete_column, req.max_rows)
+        writer = self.staging.destination(name, req.mode, req.keys, req.delete_column, req.max_rows)
         result = self.staging.commit(writer, req.producer, req.batch, list(req.parts))
         log.debug("batch %d of producer %r committed into %r: %s", req.batch, req.producer, name, result)
         return result
@@ -493,7 +492,7 @@ class FlightService:
                      "columns": [{"name": f.name, "type": str(w)}  # the type DoGet and subscriptions send
                                  for f, w in zip(t.schema, served_types(t.schema, t.attributes))],
                      "system": is_system(t)}
-                    for t in engine.tables()]
+                    for t in engine.tables(system=self.ctx.scope.list_system)]
 
     async def list_actions(self, _empty, context):
         await self.ctx.authenticate(context)

@@ -19,11 +19,8 @@ from google.protobuf.message import DecodeError
 
 from tickwire.errors import TickwireError
 from tickwire.protocol.proto.methods import ALL_METHODS, BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
-from tickwire.server.config import ServerConfig
-from tickwire.server.engine import engine_of
-from tickwire.server.services.sessions import Session
 
-__all__ = ["CallError", "ServerContext", "build_handlers", "guarded_methods", "GuardedMethod",
+__all__ = ["CallError", "build_handlers", "guarded_methods", "GuardedMethod", "call_session", "status_of",
            "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
            "short", "MAX_DETAILS", "real_peer", "add_peer_resolver", "remove_peer_resolver"]
 
@@ -33,14 +30,13 @@ RAW = "raw"  # marker: the message travels as bytes, unparsed
 
 
 class CallError(TickwireError):
-    """Ends a call with a gRPC status; `code` is a status name such as "INVALID_ARGUMENT"."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message, code)
+    """Ends a call with a gRPC status: `CallError(message, code)`, `code` a status name such as
+    "INVALID_ARGUMENT" (the default), in the order every TickwireError takes them."""
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status a handler's exception is answered with."""
+    """The status a handler's exception is answered with: a TickwireError's own, anything else
+    INTERNAL with a reference id that the log line of its traceback carries too."""
     if isinstance(exc, TickwireError):  # every error raised on purpose carries its status
         return grpc.StatusCode[exc.code], str(exc)
     ref = uuid.uuid4()
@@ -48,35 +44,13 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc} (reference {ref})"
 
 
-class ServerContext:
-    """What every service needs: the graph, the scope, sessions, publishers and a worker pool."""
-
-    def __init__(self, graph, scope, sessions, registry, executor, config: Optional[ServerConfig] = None):
-        self.graph = graph
-        self.scope = scope
-        self.sessions = sessions
-        self.registry = registry
-        self.executor = executor
-        self.config = config or ServerConfig()
-        self.engine = engine_of(graph)
-
-    async def run(self, fn: Callable, *args) -> Any:
-        """Runs blocking work (the graph's lock, encoding) off the event loop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
-
-    async def authenticate(self, context: grpc.aio.ServicerContext, *, send_header: bool = True) -> Session:
-        """The call's session: the one its credentials were checked for before its body was
-        parsed, or (outside such a call) a fresh check of its metadata."""
-        session = _CALL_SESSION.get()
-        if session is None:
-            session = self.sessions.authenticate(context.invocation_metadata() or ())
-        if send_header:
-            await context.send_initial_metadata((("authorization", f"Bearer {session.token}"),))
-        return session
-
-
 _CALL_SESSION: contextvars.ContextVar = contextvars.ContextVar("tickwire_call_session", default=None)
+
+
+def call_session() -> Any:
+    """The session the running call's credentials were checked for (by `guarded_methods`'
+    precheck), or None outside such a call."""
+    return _CALL_SESSION.get()
 
 #: gRPC status details are sent in a trailer that clients cap at 16 KiB (after %-encoding); an
 #: error message is cut well below that so that it always arrives as sent.
@@ -163,7 +137,7 @@ def _parser(message_cls, codec):
         try:
             return message_cls.FromString(raw)
         except DecodeError as exc:
-            raise CallError("INVALID_ARGUMENT", f"malformed {name} request: {short(exc, 200)}") from None
+            raise CallError(f"malformed {name} request: {short(exc, 200)}", "INVALID_ARGUMENT") from None
     return parse
 
 
@@ -216,12 +190,12 @@ def unimplemented(name: str, kind: str) -> Callable:
     message = f"{name} is not supported by tickwire"
     if kind in (SERVER_STREAM, BIDI):
         async def stream(_req, _context):
-            raise CallError("UNIMPLEMENTED", message)
+            raise CallError(message, "UNIMPLEMENTED")
             yield  # unreachable: makes this an async generator
         return stream
 
     async def unary(_req, _context):
-        raise CallError("UNIMPLEMENTED", message)
+        raise CallError(message, "UNIMPLEMENTED")
     return unary
 
 

@@ -11,7 +11,8 @@ import asyncio
 
 from tickwire.protocol.proto import session_pb2
 from tickwire.protocol.proto.methods import SESSION_SERVICE
-from tickwire.server.services.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import CallError, service_handlers
 from tickwire.server.services.exports import export, export_id
 from tickwire.server.services.sessions import SHUTDOWN, Session
 
@@ -21,7 +22,7 @@ __all__ = ["SessionService"]
 class SessionService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
-        self.ops = ctx.scope.ops
+        self.ops = ctx.ops
         # sessions that expire free their exports on the reaper's thread (never the event loop)
         ctx.sessions.on_expire = self.ops.drop_all
 
@@ -63,7 +64,7 @@ class SessionService:
         eid = export_id(req.id.ticket, "Release id")
         table = session.release(eid)
         if table is None:
-            raise CallError("NOT_FOUND", f"export {eid} does not exist in this session")
+            raise CallError(f"export {eid} does not exist in this session", "NOT_FOUND")
         await self.ctx.run(self.ops.drop, table)
         return session_pb2.ReleaseResponse()
 
@@ -74,7 +75,7 @@ class SessionService:
         return session_pb2.ExportResponse()
 
     async def publish_from_ticket(self, req, context):
-        raise CallError("UNIMPLEMENTED", "PublishFromTicket: publishing exports to the global scope is not supported")
+        raise CallError("PublishFromTicket: publishing exports to the global scope is not supported", "UNIMPLEMENTED")
 
     async def termination_notification(self, _req, context):
         session = await self.ctx.authenticate(context)
@@ -98,4 +99,4 @@ class SessionService:
         if reason == SHUTDOWN:
             return session_pb2.TerminationNotificationResponse(abnormal_termination=False,
                                                                reason="the server is shutting down")
-        raise CallError("UNAUTHENTICATED", "Session has ended")
+        raise CallError("Session has ended", "UNAUTHENTICATED")

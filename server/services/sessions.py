@@ -14,15 +14,18 @@ import hmac
 import itertools
 import logging
 import threading
-import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
+from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
 from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
-from tickwire.server.engine.graph import Table, UpdateGraph
+from tickwire.server.engine import Engine, Table
+
+if TYPE_CHECKING:
+    from tickwire.server.services.table_ops import TableOps
 
 __all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "CLOSED",
            "EXPIRED", "SHUTDOWN"]
@@ -179,12 +182,14 @@ ReleaseHook = Callable[[list], None]
 class SessionManager:
     """Issues and checks bearer tokens; `psk` None means anonymous access is allowed.
 
-    Sessions expire `duration_ms` after their last call. A reaper thread (running while any
-    session exists) ends expired sessions and hands the tables they held to `on_expire` (set by
-    the service that frees them), so an abandoned session frees its exports without any traffic."""
+    Sessions expire `duration_ms` after their last call (times of `clock`). A reaper thread
+    (running while any session exists) ends expired sessions and hands the tables they held to
+    `on_expire` (set by the service that frees them), so an abandoned session frees its exports
+    without any traffic."""
 
-    def __init__(self, psk: Optional[str] = None, duration_ms: int = 300_000):
+    def __init__(self, psk: Optional[str] = None, duration_ms: int = 300_000, *, clock: Clock = SYSTEM_CLOCK):
         self.psk = psk
+        self.clock = clock
         self.duration_ms = int(duration_ms)
         self.on_expire: Optional[ReleaseHook] = None
         self._sessions: dict[str, Session] = {}
@@ -197,20 +202,33 @@ class SessionManager:
         with self._lock:
             return len(self._sessions)
 
+    def live(self) -> list[Session]:
+        """The sessions open now."""
+        with self._lock:
+            return list(self._sessions.values())
+
+    def exports_held(self) -> int:
+        """Exports held by the open sessions."""
+        total = 0
+        for s in self.live():
+            with s.lock:
+                total += len(s.exports)
+        return total
+
     @property
     def reap_interval(self) -> float:
         """Seconds between expiry checks: a session outlives its duration by at most this."""
         return min(1.0, max(0.01, self.duration_ms / 4000.0))
 
     def _new(self, auth: str = "", peer: Optional[str] = None) -> Session:
-        s = Session(token=str(uuid.uuid4()), expires=time.monotonic() + self.duration_ms / 1000.0, auth=auth,
+        s = Session(token=str(uuid.uuid4()), expires=self.clock.monotonic() + self.duration_ms / 1000.0, auth=auth,
                     peer=peer or "")
         log.info("session %d opened (auth %s%s)", s.id, auth, f", peer {peer}" if peer else "",
                  extra={"event": "session_open", "session": s.id, "auth": auth, "peer": s.peer})
         with self._lock:
             self._sessions[s.token] = s
             if self._reaper is None and not self._stop.is_set():
-                self._reaper = threading.Thread(target=_reap_loop, args=(weakref.ref(self), self._stop),
+                self._reaper = threading.Thread(target=_reap_loop, args=(weakref.ref(self), self._stop, self.clock),
                                                 name="tickwire-session-reaper", daemon=True)
                 self._reaper.start()
         return s
@@ -218,7 +236,7 @@ class SessionManager:
     def reap(self, now: Optional[float] = None) -> int:
         """Ends every expired session and frees what it held (through `on_expire`); returns how
         many ended. Runs on the reaper thread: the hook may take the update graph's lock."""
-        now = time.monotonic() if now is None else now
+        now = self.clock.monotonic() if now is None else now
         with self._lock:
             expired = [s for s in self._sessions.values() if s.expires < now]
             for s in expired:
@@ -235,7 +253,7 @@ class SessionManager:
                     log.exception("freeing the exports of an expired session failed")
         return len(expired)
 
-    def _reap_step(self) -> bool:
+    def reap_step(self) -> bool:
         """One pass of the reaper thread; False when it should end (no session left)."""
         self.reap()
         with self._lock:
@@ -267,7 +285,7 @@ class SessionManager:
             raise
 
     def _authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str]) -> Session:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         values = [v.decode() if isinstance(v, bytes) else str(v) for k, v in metadata if k.lower() == "authorization"]
         if not values:
             raise AuthError("no authorization header; send 'authorization: Anonymous'"
@@ -297,7 +315,7 @@ class SessionManager:
         raise AuthError(f"unsupported authorization scheme {scheme!r}")
 
     def shorten_lease(self, session: Session, until: float) -> None:
-        """Lets `session` expire at `until` (time.monotonic()) unless used before then: a closed
+        """Lets `session` expire at `until` (the clock's monotonic()) unless used before then: a closed
         browser socket's sessions go soon after it, while a client that reconnects with the same
         token keeps its session (any call renews the full duration)."""
         with self._lock:
@@ -313,37 +331,39 @@ class SessionManager:
         return session.end(CLOSED)
 
 
-def _reap_loop(manager_ref, stop: threading.Event) -> None:
+def _reap_loop(manager_ref, stop: threading.Event, clock: Clock) -> None:
     """The reaper thread: holds its manager weakly, so a dropped server's manager goes away."""
     while True:
         manager = manager_ref()
         if manager is None:
             return
         interval = manager.reap_interval
-        if not manager._reap_step():
+        if not manager.reap_step():
             return
         del manager
-        if stop.wait(interval):
+        if clock.wait(stop, interval):
             return
 
 
 class Scope:
-    """The global scope: every visible table of the update graph, by name (`s/<name>` tickets).
+    """The global scope: every visible table of the engine, by name (`s/<name>` tickets).
 
     Hidden tables (`hidden`) are neither listed nor resolvable: they are reached only through
     the export tickets of the session that holds them. `ops` keeps the session-owned tables'
-    reference counts (tickwire.server.services.table_ops.TableOps), shared by every service."""
+    reference counts (tickwire.server.services.table_ops.TableOps), shared by every service.
+    System tables are listed when `list_system` (a server started with --show-system-tables)."""
 
-    def __init__(self, graph: UpdateGraph):
-        self.graph = graph
-        from tickwire.server.engine import engine_of
-        from tickwire.server.services.table_ops import TableOps  # table_ops needs rpc, which needs this module
-
-        self.engine = engine_of(graph)
-        self.ops = TableOps(graph)
+    def __init__(self, engine: Engine, ops: "TableOps", *, list_system: bool = False):
+        self.engine = engine
+        self.ops = ops
+        self.list_system = list_system
 
     def names(self) -> list[str]:
-        return self.engine.public_names()
+        return self.engine.public_names(system=self.list_system)
+
+    def names_now(self) -> tuple[str, ...]:
+        """The listed names without waiting for a cycle boundary (Engine.names_now)."""
+        return self.engine.names_now(system=self.list_system)
 
     def get(self, name: str) -> Table:
         t = self.engine.resolve(name)

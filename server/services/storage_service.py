@@ -8,7 +8,8 @@ import posixpath
 
 from tickwire.protocol.proto import storage_pb2
 from tickwire.protocol.proto.methods import STORAGE_SERVICE
-from tickwire.server.services.rpc import CallError, ServerContext, service_handlers
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import CallError, service_handlers
 
 __all__ = ["StorageService", "canonical_path"]
 
@@ -21,16 +22,16 @@ def canonical_path(path: str) -> str:
     if norm in (".", ""):
         return "/"
     if norm == ".." or norm.startswith("../"):
-        raise CallError("INVALID_ARGUMENT", f"Invalid path: {path!r} leaves the storage root")
+        raise CallError(f"Invalid path: {path!r} leaves the storage root", "INVALID_ARGUMENT")
     return "/" + norm
 
 
 def _check_glob(glob: str) -> None:
     # the globs Deephaven accepts: one directory, single "*" wildcards
     if "**" in glob:
-        raise CallError("INVALID_ARGUMENT", "Bad glob, only single `*`s are supported")
+        raise CallError("Bad glob, only single `*`s are supported", "INVALID_ARGUMENT")
     if "/" in glob:
-        raise CallError("INVALID_ARGUMENT", "Bad glob, only the same directory can be checked")
+        raise CallError("Bad glob, only the same directory can be checked", "INVALID_ARGUMENT")
 
 
 class StorageService:

@@ -9,14 +9,14 @@ export tickets.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.server.services.dh_expr import ExpressionError, parse_column_spec, parse_filter
-from tickwire.server.engine import engine_of
-from tickwire.server.engine.graph import Table
+from tickwire.server.engine import Engine, OperationError, Table
+from tickwire.server.services.dh_expr import ExpressionError, compare_operands, parse_column_spec, parse_filter
 from tickwire.server.services.rpc import CallError
 
 __all__ = ["OPERATIONS", "TableOps", "condition_expression"]
@@ -41,37 +41,33 @@ def _value(v, schema: pa.Schema, what: str):
     if which == "reference":
         name = v.reference.column_name
         if name not in schema.names:
-            raise CallError("INVALID_ARGUMENT", f"{what}: unknown column {name!r}")
+            raise CallError(f"{what}: unknown column {name!r}", "INVALID_ARGUMENT")
         return ("column", name)
     if which == "literal":
         lit = v.literal
         kind = lit.WhichOneof("value")
         if kind is None:
-            raise CallError("INVALID_ARGUMENT", f"{what}: empty literal")
+            raise CallError(f"{what}: empty literal", "INVALID_ARGUMENT")
         return ("literal", getattr(lit, kind), _LITERAL_TYPES[kind])
-    raise CallError("INVALID_ARGUMENT", f"{what}: a value needs a column reference or a literal")
+    raise CallError(f"{what}: a value needs a column reference or a literal", "INVALID_ARGUMENT")
 
 
 def _compare(op: str, lhs, rhs, schema: pa.Schema, what: str) -> pc.Expression:
     """A comparison with Deephaven's rules (those of filter strings: null below every value and
     equal to null, NaN unequal to everything); what they cannot match is INVALID_ARGUMENT."""
-    import math
-
-    from tickwire.server.services.dh_expr import compare_operands
-
     for col, lit in ((lhs, rhs), (rhs, lhs)):
         if col[0] == "column" and lit[0] == "literal" and lit[2] == pa.float64() \
                 and pa.types.is_integer(schema.field(col[1]).type):
             # Deephaven converts the literal to the column's type: only whole numbers in range
             bits = schema.field(col[1]).type.bit_width - 1
             if not (lit[1] == int(lit[1]) if math.isfinite(lit[1]) else False) or not abs(lit[1]) < 2 ** bits:
-                raise CallError("INVALID_ARGUMENT", f"{what}: {lit[1]!r} is not a value of integer column {col[1]!r}")
+                raise CallError(f"{what}: {lit[1]!r} is not a value of integer column {col[1]!r}", "INVALID_ARGUMENT")
             lit_int = ("literal", int(lit[1]), pa.int64())
             lhs, rhs = (lit_int, rhs) if lit is lhs else (lhs, lit_int)
     try:
         return compare_operands(op, lhs, rhs, schema)
     except ExpressionError as exc:
-        raise CallError("INVALID_ARGUMENT", f"{what}: {exc}") from None
+        raise CallError(f"{what}: {exc}", "INVALID_ARGUMENT") from None
 
 
 def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
@@ -87,15 +83,15 @@ def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
         c = cond.compare
         op = _COMPARE.get(c.operation)
         if op is None:
-            raise CallError("INVALID_ARGUMENT", f"unknown compare operation {c.operation}")
+            raise CallError(f"unknown compare operation {c.operation}", "INVALID_ARGUMENT")
         if c.case_sensitivity != 0:
-            raise CallError("UNIMPLEMENTED", "Filter: case-insensitive comparison is not supported")
+            raise CallError("Filter: case-insensitive comparison is not supported", "UNIMPLEMENTED")
         lhs, rhs = _value(c.lhs, schema, "compare"), _value(c.rhs, schema, "compare")
         return _compare(op, lhs, rhs, schema, "compare")
     if which == "in":
         c = getattr(cond, "in")
         if c.case_sensitivity != 0:
-            raise CallError("UNIMPLEMENTED", "Filter: case-insensitive 'in' is not supported")
+            raise CallError("Filter: case-insensitive 'in' is not supported", "UNIMPLEMENTED")
         target = _value(c.target, schema, "in")
         terms = [_compare("==", target, _value(v, schema, "in"), schema, "in") for v in c.candidates]
         expr = _fold(terms, pc.or_kleene, False)
@@ -103,9 +99,9 @@ def condition_expression(cond, schema: pa.Schema) -> pc.Expression:
     if which == "is_null":
         name = cond.is_null.reference.column_name
         if name not in schema.names:
-            raise CallError("INVALID_ARGUMENT", f"is_null: unknown column {name!r}")
+            raise CallError(f"is_null: unknown column {name!r}", "INVALID_ARGUMENT")
         return pc.is_null(pc.field(name))
-    raise CallError("UNIMPLEMENTED", f"Filter: condition {which!r} is not supported")
+    raise CallError(f"Filter: condition {which!r} is not supported", "UNIMPLEMENTED")
 
 
 def _fold(parts: list, fn, empty: bool) -> pc.Expression:
@@ -124,16 +120,15 @@ class TableOps:
     counted: each export of it is a hold (`hold`/`drop`), and a derived table built on it keeps it
     as a parent. When neither holds it any more it leaves the graph, and its own parents are
     checked the same way. Tables of the global scope are never counted or removed. Every count
-    change happens under the graph's lock (callers run off the event loop)."""
+    change happens inside the engine's `writing()` (callers run off the event loop)."""
 
-    def __init__(self, graph):
-        self.graph = graph
-        self.engine = engine_of(graph)
+    def __init__(self, engine: Engine):
+        self.engine = engine
         self._holds: dict[Table, int] = {}  # owned table -> holds (exports, running batches)
 
     @property
     def owned(self) -> int:
-        """How many session-owned tables are in the graph."""
+        """How many session-owned tables are in the engine."""
         with self.engine.reading():
             return len(self._holds)
 
@@ -144,19 +139,19 @@ class TableOps:
     # -- lifetime -------------------------------------------------------------------------------
     def adopt(self, table: Table) -> Table:
         """Makes `table` session-owned: hidden, and removed once nothing holds it."""
-        with self.engine.reading():
+        with self.engine.writing():
             table.hidden = True
             self._holds.setdefault(table, 0)
         return table
 
     def hold(self, table: Table) -> None:
-        with self.engine.reading():
+        with self.engine.writing():
             if table in self._holds:
                 self._holds[table] += 1
 
     def drop(self, table: Table) -> None:
         """A hold on `table` ended: remove it (and parents made for it) once unused."""
-        with self.engine.reading():
+        with self.engine.writing():
             n = self._holds.get(table)
             if n is None:
                 return
@@ -164,12 +159,12 @@ class TableOps:
             self._collect(table)
 
     def drop_all(self, tables) -> None:
-        with self.engine.reading():
+        with self.engine.writing():
             for t in tables:
                 self.drop(t)
 
     def _collect(self, table: Table) -> None:
-        with self.engine.reading():
+        with self.engine.writing():
             todo = [table]
             while todo:
                 t = todo.pop()
@@ -182,10 +177,8 @@ class TableOps:
 
     def _name(self, source: Table, op: str) -> str:
         """Exports are not global-scope variables: their tables' names start with "__" (hidden)."""
-        from tickwire.server.engine.graph.ops import unique_name
-
         base = source.name if source.name.startswith("__") else f"__export.{source.name}"
-        return unique_name(self.graph, f"{base}.{op}")
+        return self.engine.unique_name(f"{base}.{op}")
 
     # -- operations -------------------------------------------------------------------------------
     def build(self, kind: str, req, source: Table) -> Table:
@@ -194,17 +187,17 @@ class TableOps:
         schema = source.schema
         if kind == "sort":
             if not req.sorts:
-                raise CallError("INVALID_ARGUMENT", "Sort: no sort columns")
+                raise CallError("Sort: no sort columns", "INVALID_ARGUMENT")
             cols, desc = [], []
             for s in req.sorts:
                 if s.column_name not in schema.names:
-                    raise CallError("INVALID_ARGUMENT", f"Sort: unknown column {s.column_name!r}")
+                    raise CallError(f"Sort: unknown column {s.column_name!r}", "INVALID_ARGUMENT")
                 if s.is_absolute:
-                    raise CallError("UNIMPLEMENTED", "Sort: absolute-value sorting is not supported")
+                    raise CallError("Sort: absolute-value sorting is not supported", "UNIMPLEMENTED")
                 if s.direction == 2:
-                    raise CallError("UNIMPLEMENTED", "Sort: REVERSE is not supported")
+                    raise CallError("Sort: REVERSE is not supported", "UNIMPLEMENTED")
                 if s.direction not in (1, -1):  # as Deephaven: UNKNOWN (0) is no direction
-                    raise CallError("INVALID_ARGUMENT", f"Unexpected sort direction: {s.direction}")
+                    raise CallError(f"Unexpected sort direction: {s.direction}", "INVALID_ARGUMENT")
                 cols.append(s.column_name)
                 desc.append(s.direction == -1)
 
@@ -214,7 +207,7 @@ class TableOps:
             try:
                 exprs = [parse_filter(f, schema) for f in req.filters]
             except ExpressionError as exc:
-                raise CallError("INVALID_ARGUMENT", f"Filter: {exc}") from None
+                raise CallError(f"Filter: {exc}", "INVALID_ARGUMENT") from None
 
             def make():
                 return source.where(_fold(exprs, pc.and_kleene, True), name=self._name(source, "where"))
@@ -227,7 +220,7 @@ class TableOps:
             try:
                 specs = [parse_column_spec(s, schema) for s in req.column_specs]
             except ExpressionError as exc:
-                raise CallError("INVALID_ARGUMENT", f"{kind}: {exc}") from None
+                raise CallError(f"{kind}: {exc}", "INVALID_ARGUMENT") from None
             cols: list = []
             if kind in ("update", "update_view", "lazy_update"):
                 new_names = {name for name, _e, _s in specs}
@@ -247,15 +240,18 @@ class TableOps:
         elif kind in ("head", "tail"):
             n = int(req.num_rows)
             if n < 0:
-                raise CallError("INVALID_ARGUMENT", f"{kind}: num_rows must be >= 0, got {n}")
+                raise CallError(f"{kind}: num_rows must be >= 0, got {n}", "INVALID_ARGUMENT")
 
             def make():
                 name = self._name(source, kind)
                 return source.head(n, name=name) if kind == "head" else source.tail(n, name=name)
         if make is None:
-            raise CallError("UNIMPLEMENTED", f"TableService operation {kind!r} is not supported")
+            raise CallError(f"TableService operation {kind!r} is not supported", "UNIMPLEMENTED")
         try:
-            with self.engine.reading():
+            with self.engine.writing():
                 return self.adopt(make())
-        except (ValueError, TypeError, KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise CallError("INVALID_ARGUMENT", f"{kind} on {source.name!r}: {exc}") from None
+        except OperationError as exc:  # arguments the operation refuses: said with the operation's name
+            raise CallError(f"{kind} on {source.name!r}: {exc}", exc.code) from None
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            # pyarrow refusing the request's expressions (types that do not go together)
+            raise CallError(f"{kind} on {source.name!r}: {exc}", "INVALID_ARGUMENT") from None

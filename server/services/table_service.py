@@ -11,8 +11,9 @@ from tickwire.protocol.proto.methods import TABLE_SERVICE
 from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket
 from tickwire.server.engine.publishing import TableWire
-from tickwire.server.engine.graph import Table
-from tickwire.server.services.rpc import CallError, ServerContext, service_handlers, short
+from tickwire.server.engine import Table
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.exports import export, export_id
 from tickwire.server.services.sessions import Session
 from tickwire.server.services.table_ops import OPERATIONS
@@ -26,7 +27,7 @@ _AS_IS = ("fetch_table", "apply_preview_columns")
 class TableService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
-        self.ops = ctx.scope.ops
+        self.ops = ctx.ops
 
     def handlers(self) -> dict:
         impls = {
@@ -61,9 +62,9 @@ class TableService:
         if which == "batch_offset":
             i = ref.batch_offset
             if earlier is None or not 0 <= i < len(earlier):
-                raise CallError("INVALID_ARGUMENT", f"batch_offset {i} does not name an earlier operation")
+                raise CallError(f"batch_offset {i} does not name an earlier operation", "INVALID_ARGUMENT")
             return earlier[i]
-        raise CallError("INVALID_ARGUMENT", "source_id not supplied")
+        raise CallError("source_id not supplied", "INVALID_ARGUMENT")
 
     def _apply_op(self, kind: str, req, session: Session, earlier: list[Table] | None = None,
                   step: int | None = None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
@@ -86,7 +87,7 @@ class TableService:
         # Deephaven refuses a one-shot operation without a result ticket (its result would be
         # unreachable); a Batch step may omit it when later steps use it by batch_offset
         if not req.result_id.ticket:
-            raise CallError("FAILED_PRECONDITION", f"{name}: No result ticket supplied")
+            raise CallError(f"{name}: No result ticket supplied", "FAILED_PRECONDITION")
 
     def _operation(self, kind: str):
         method = next(m for m, f in OPERATIONS.items() if f == kind)
@@ -122,7 +123,7 @@ class TableService:
     async def get_exported(self, ticket, context):
         session = await self.ctx.authenticate(context)
         if not ticket.ticket:
-            raise CallError("FAILED_PRECONDITION", "No request ticket supplied")
+            raise CallError("No request ticket supplied", "FAILED_PRECONDITION")
         table = self.ctx.scope.resolve(ticket.ticket, session)
         return await self.ctx.run(self._creation_response, ticket.ticket, table)
 
@@ -135,7 +136,7 @@ class TableService:
         for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
             which = op.WhichOneof("op")
             if which not in allowed:
-                raise CallError("UNIMPLEMENTED", f"TableService.Batch operation {i} {which!r} is not supported")
+                raise CallError(f"TableService.Batch operation {i} {which!r} is not supported", "UNIMPLEMENTED")
             ticket = getattr(op, which).result_id.ticket
             if ticket:
                 export_id(ticket, f"Batch operation {i} result_id")

@@ -16,7 +16,6 @@ import asyncio
 import gzip
 import html
 import logging
-import time
 import weakref
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -24,7 +23,8 @@ from urllib.parse import quote
 
 from aiohttp import WSMsgType, web
 
-from tickwire.server.services.rpc import GuardedMethod, ServerContext
+from tickwire.server.services.context import ServerContext
+from tickwire.server.services.rpc import GuardedMethod
 from tickwire.server.web.assets import MISSING_ASSETS, AssetSource
 from tickwire.server.web.multiplex import CURRENT_SOCKET, MultiplexSocket
 
@@ -226,7 +226,7 @@ class WebSide:
 
     def _socket_closed(self, sock: MultiplexSocket) -> None:
         self.stats["sockets_closed"] += 1
-        until = time.monotonic() + self.session_grace_s
+        until = self.ctx.clock.monotonic() + self.session_grace_s
         for session in sock.sessions:
             self.ctx.sessions.shorten_lease(session, until)
         log.debug("websocket from %s closed (%d sessions on a %.0f s lease)", sock.peer, len(sock.sessions),

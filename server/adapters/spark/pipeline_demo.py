@@ -41,7 +41,7 @@ def spark_available() -> Optional[str]:
 
 
 class SparkDemo:
-    """The Spark-fed demo tables of `target` (an UpdateGraph or a TickwireServer)."""
+    """The Spark-fed demo tables of `target` (an Engine or a TickwireServer)."""
 
     def __init__(self, target, *, spark=None, prefix: str = "spark_", rows_per_batch: int = 10,
                  trigger_ms: int = 200, agg_trigger_ms: int = 1000, checkpoint_dir: Optional[str | Path] = None):

@@ -2,8 +2,7 @@
 tickwire table, exactly once.
 
     spark = spark_session("prices")
-    graph = UpdateGraph(interval_ms=100)
-    server = TickwireServer(graph, port=10000).start()
+    server = TickwireServer(Engine(interval_ms=100), port=10000).start()
     q = (stream.groupBy("Sym").agg(...).writeStream.outputMode("update")
          .foreachBatch(sink(server, "latest", mode="upsert", keys=["Sym"]))
          .option("checkpointLocation", "/tmp/ck/latest").start())
@@ -23,8 +22,9 @@ Modes:
 
 The table is created from the first batch's schema (types mapped by `tickwire.clients.spark.types`)
 unless it exists; an existing table must be of the mode's kind, with the same keys and columns.
-The modes, the table checks and the replace diff are `tickwire.server.engine.ingest.ModeWriter`'s, which
-the remote Spark data source's commits (`tickwire.server.engine.staging`) use too.
+Each batch is written with `Engine.write` to a `Destination` (tickwire.server.engine.ingest): the
+modes, the table checks and the replace diff are the ones the remote Spark data source's commits
+(`tickwire.server.engine.staging`) use too.
 
 Exactly once: a batch is queued under the id ("spark", query id, batch id), the query id being
 the one Spark keeps in the checkpoint, so a batch that Spark replays after a failure (same query,
@@ -47,10 +47,9 @@ from typing import Optional, Sequence
 
 import pyarrow as pa
 
-from tickwire.server.engine import IngestError, engine_of
-from tickwire.server.engine.graph import UpdateGraph
-from tickwire.server.engine.ingest import MODES, ModeError, ModeWriter, diff_by_key, last_per_key
 from tickwire.clients.spark.types import SparkSinkError, arrow_schema_for_spark, conform_arrow
+from tickwire.server.engine import Destination, Engine, ModeError, WriteTimeout
+from tickwire.server.engine.ingest import MODES, diff_by_key, last_per_key
 
 __all__ = ["sink", "fan_out", "TickwireSink", "MODES", "diff_by_key", "last_per_key", "collect_arrow"]
 
@@ -82,13 +81,14 @@ def collect_arrow(batch_df) -> Optional[pa.Table]:
 # the sink
 # ------------------------------------------------------------------------------------------------
 
-def _graph_of(target) -> UpdateGraph:
-    if isinstance(target, UpdateGraph):
+def _engine_of(target) -> Engine:
+    """The engine of an Engine or of a TickwireServer."""
+    if isinstance(target, Engine):
         return target
-    graph = getattr(target, "graph", None)
-    if isinstance(graph, UpdateGraph):
-        return graph
-    raise TypeError(f"expected an UpdateGraph or a TickwireServer, got {type(target).__name__}")
+    engine = getattr(target, "engine", None)
+    if isinstance(engine, Engine):
+        return engine
+    raise TypeError(f"expected an Engine or a TickwireServer, got {type(target).__name__}")
 
 
 class TickwireSink:
@@ -98,10 +98,15 @@ class TickwireSink:
     def __init__(self, target, table: str, mode: str = "append", keys: Optional[Sequence[str]] = None,
                  delete_column: Optional[str] = None, max_rows: Optional[int] = None, *, wait: bool = True,
                  wait_timeout: float = 60.0, scope: Optional[str] = None):
-        self.graph = _graph_of(target)
-        self._writer = w = ModeWriter(self.graph, table, mode, keys, delete_column, max_rows)
-        self.name, self.mode, self.keys = w.name, w.mode, w.keys
-        self.delete_column, self.max_rows = w.delete_column, w.max_rows
+        self.engine = _engine_of(target)
+        keys = [keys] if isinstance(keys, str) else keys
+        try:
+            self.dest = d = Destination(table, mode, tuple(keys) if keys is not None else None, delete_column,
+                                        max_rows)
+        except ModeError as exc:
+            raise SparkSinkError(str(exc)) from None
+        self.name, self.mode, self.keys = d.name, d.mode, list(d.keys) if d.keys else None
+        self.delete_column, self.max_rows = d.delete_column, d.max_rows
         self.wait = wait
         self.wait_timeout = float(wait_timeout)
         self.scope = scope
@@ -123,7 +128,7 @@ class TickwireSink:
     def table(self):
         """The tickwire table (None until the first batch, unless it already existed)."""
         if self._table is None:
-            self._table = engine_of(self.graph).resolve(self.name)
+            self._table = self.engine.resolve(self.name)
         return self._table
 
     # -- Spark -----------------------------------------------------------------------------------
@@ -177,21 +182,18 @@ class TickwireSink:
             self._ensure_table(schema)
         t0 = time.perf_counter()
         timing: dict = {}
-        put = self._prepare(data, key, schema, timing)
-        (accepted,) = _queue_all([(self, put, timing)])
+        data = self._prepare(data, schema, timing)
+        (accepted,) = _queue_all([(self, data, key, timing)])
         timing["write_s"] = time.perf_counter() - t0
         self._note(key, timing.get("rows"), accepted, timing)
         return accepted
 
-    def _prepare(self, data: Optional[pa.Table], key, schema: pa.Schema, timing: dict):
-        """Conforms the batch to the table's types and builds its operations (`ModeWriter`);
-        returns `put()`, which queues them under the batch id and returns False for a batch id the
-        table already has."""
+    def _prepare(self, data: Optional[pa.Table], schema: pa.Schema, timing: dict) -> pa.Table:
+        """The batch in the table's types (plus the delete column in upsert mode)."""
         t0 = time.perf_counter()
-        data = conform_arrow(data, schema, self.name, self._writer.extra_schema)
-        put = self._writer.prepare(data, key, timing)
+        data = conform_arrow(data, schema, self.name, self.dest.extra_schema)
         timing["prepare_s"] = time.perf_counter() - t0
-        return put
+        return data
 
     def _note(self, key, rows: Optional[int], accepted: bool, timing: dict) -> None:
         with self._lock:
@@ -205,42 +207,44 @@ class TickwireSink:
     # -- the table -------------------------------------------------------------------------------
     def _ensure_table(self, schema: pa.Schema) -> None:
         try:
-            self._table = self._writer.ensure_table(schema)
+            self._table = self.engine.destination_table(self.dest, schema)
         except ModeError as exc:
             raise SparkSinkError(str(exc)) from None
 
 
 def _queue_all(items) -> list[bool]:
-    """Runs each `(sink, put, timing)`'s put. Sinks that wait and whose graph's cycle thread runs
-    queue them as the engine's writes of one cycle, then wait once for that cycle to finish."""
+    """Writes each `(sink, data, batch id, timing)`. Sinks that wait and whose engine's cycle
+    thread runs queue them as the engine's writes of one cycle, then wait once for that cycle."""
     results = [False] * len(items)
-    by_graph: dict[int, list[int]] = {}
-    for i, (s, _put, _timing) in enumerate(items):
-        by_graph.setdefault(id(s.graph), []).append(i)
-    for idx in by_graph.values():
-        graph = items[idx[0]][0].graph
-        waiting = [i for i in idx if items[i][0].wait] if graph.running else []
+    by_engine: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        by_engine.setdefault(id(item[0].engine), []).append(i)
+    for idx in by_engine.values():
+        engine = items[idx[0]][0].engine
+        waiting = [i for i in idx if items[i][0].wait] if engine.running else []
         if not waiting:
             for i in idx:
-                results[i] = bool(items[i][1]())
-                items[i][2]["queued_at"] = time.perf_counter()
+                s, data, key, timing = items[i]
+                results[i] = engine.write(s.dest, data, batch_id=key, wait=False, timing=timing)
+                timing["queued_at"] = time.perf_counter()
             continue
         timeout = max(items[i][0].wait_timeout for i in waiting)
         queued = None
         try:
             # no cycle starts inside: the next one takes every batch, and leaving waits for it
-            with engine_of(graph).writes(timeout=timeout) as writes:
+            with engine.writes(timeout=timeout) as writes:
                 for i in idx:
-                    results[i] = bool(writes.run(items[i][1]))
+                    s, data, key, timing = items[i]
+                    results[i] = writes.write(s.dest, data, batch_id=key, timing=timing)
                 queued = time.perf_counter()
-        except IngestError:
+        except WriteTimeout:
             log.warning("tables %s: the update graph did not apply a Spark batch within %.0f s",
                         [items[i][0].name for i in waiting], timeout)
         applied = time.perf_counter()
         for i in idx:
-            items[i][2]["queued_at"] = queued
+            items[i][3]["queued_at"] = queued
             if i in waiting:
-                items[i][2]["applied_at"] = applied
+                items[i][3]["applied_at"] = applied
         for i in waiting:  # a table whose storage refused the cycle's input did not apply the batch
             sink = items[i][0]
             refusal = getattr(sink._table, "refusal", None)
@@ -273,9 +277,9 @@ def _write_spark_batch(sinks: Sequence[TickwireSink], batch_df, batch_id) -> Non
     items = []
     for (s, key), schema in zip(todo, schemas):
         timing = {"convert_s": convert}
-        items.append((s, s._prepare(data, key, schema, timing), timing))
+        items.append((s, s._prepare(data, schema, timing), key, timing))
     results = _queue_all(items)
-    for (s, key), (_s, _put, timing), accepted in zip(todo, items, results):
+    for (s, key), (_s, _data, _key, timing), accepted in zip(todo, items, results):
         timing["write_s"] = time.perf_counter() - t0 - convert
         s._note(key, timing.get("rows"), accepted, timing)
 
@@ -298,7 +302,7 @@ def fan_out(*sinks: TickwireSink):
 def sink(target, table: str, mode: str = "append", keys: Optional[Sequence[str]] = None,
          delete_column: Optional[str] = None, max_rows: Optional[int] = None, **options) -> TickwireSink:
     """A `foreachBatch` function `(batch_df, batch_id) -> None` writing each micro-batch of a
-    Spark streaming query into table `table` of `target` (an UpdateGraph or a TickwireServer).
+    Spark streaming query into table `table` of `target` (an Engine or a TickwireServer).
     Options: `wait` (default True), `wait_timeout` (seconds, default 60), `scope` (the batch-id
     scope; default the query's id)."""
     return TickwireSink(target, table, mode=mode, keys=keys, delete_column=delete_column, max_rows=max_rows,

@@ -3,8 +3,12 @@ delivers one consistent update per changed table to its listeners, in dependency
 
 The step counter is the logical clock: each cycle increments it, and each changed table records
 it as its `last_step`. A cycle runs entirely under the graph's lock (`graph.lock`), so a reader
-holding `exclusive()` (or calling `snapshot`) sees every table as it was at a cycle boundary.
-Producers never wait for a cycle: `add` only takes the short intake lock.
+holding it (or calling `snapshot`) sees every table as it was at a cycle boundary. Producers never
+wait for a cycle: queuing input only takes the short intake lock (`intake_lock`).
+
+The graph is the engine's own: nothing outside `tickwire.server.engine` names it, its lock or its
+intake lock (the engine's `reading()` and `writing()` are the one boundary). Tables are made
+through the engine's catalog; a table registers itself here when constructed (`add_table`).
 
 Cycle order: (1) take every source's queued input at once; (2) apply it to each source; (3) walk
 the tables in dependency order (parents before the tables derived from them): a derived table
@@ -29,14 +33,14 @@ import collections
 import logging
 import threading
 import time
-from contextlib import contextmanager
 from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
+from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
-from tickwire.server.engine.graph.sources import AppendOnlyTable, BlinkTable, KeyedTable, RingTable
-from tickwire.server.engine.graph.tables import StaticTable, Table
+from tickwire.server.engine.errors import CatalogError, OperationError
+from tickwire.server.engine.graph.tables import Table
 from tickwire.server.engine.graph.table_update import TableUpdate
 
 __all__ = ["UpdateGraph", "CycleHooks", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
@@ -128,18 +132,19 @@ class TableListener:
 
 
 class UpdateGraph:
-    """Runs cycles every `interval_ms` on one daemon thread (`start`/`stop`), or on demand with
-    `run_cycle()` (deterministic stepping for tests)."""
+    """Runs cycles every `interval_ms` of `clock` on one daemon thread (`start`/`stop`), or on
+    demand with `run_cycle()` (deterministic stepping for tests)."""
 
-    def __init__(self, interval_ms: float = 100.0, max_errors: int = 1000):
-        if interval_ms <= 0:
+    def __init__(self, interval_ms: float = 100.0, max_errors: int = 1000, clock: Clock = SYSTEM_CLOCK):
+        if not interval_ms > 0:
             raise ValueError(f"interval_ms must be positive, got {interval_ms}")
+        self.clock = clock
         self.interval_ms = float(interval_ms)
         self.step = 0
         self.tables: dict[str, Table] = {}
         self.errors: collections.deque[CycleErrorRecord] = collections.deque(maxlen=max_errors)
         self.lock = threading.RLock()
-        self._intake_lock = threading.Lock()
+        self.intake_lock = threading.Lock()
         self._input_journal = None
         self._order: list[Table] = []
         self._stop = threading.Event()
@@ -147,7 +152,7 @@ class UpdateGraph:
         self._cycle_listeners: list[Callable[[int], None]] = []
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=1000)
         # what the cycle listeners may read about the cycle that calls them: when it started
-        # (time.time()), each changed table's update, and the seconds each changed table took
+        # (the clock's now()), each changed table's update, and the seconds each changed table took
         # (applying its input or following its parents, then its listeners)
         self.cycle_started = 0.0
         self.cycle_updates: dict[str, TableUpdate] = {}
@@ -159,33 +164,19 @@ class UpdateGraph:
         return self.interval_ms / 1000.0
 
     # -- tables ---------------------------------------------------------------------------------
-    def _register(self, table: Table) -> None:
+    def add_table(self, table: Table) -> None:
+        """Registers a table being constructed (`Table.__init__` calls it)."""
         with self.lock:
             if table.name in self.tables:
-                raise ValueError(f"a table named {table.name!r} already exists")
+                raise CatalogError(f"a table named {table.name!r} already exists", "ALREADY_EXISTS")
             for p in table.parents:
                 if self.tables.get(p.name) is not p:
-                    raise ValueError(f"table {table.name!r}: parent {p.name!r} is not a table of this graph")
+                    raise OperationError(f"table {table.name!r}: parent {p.name!r} is not a table of this graph")
                 if p.failure is not None:
                     raise TableFailedError(p.failure)
             self.tables[table.name] = table
             # stable sort: by depth, then registration order
             self._order = sorted(self.tables.values(), key=lambda t: t.depth)
-
-    def append_table(self, name: str, schema: pa.Schema) -> AppendOnlyTable:
-        return AppendOnlyTable(self, name, schema)
-
-    def keyed_table(self, name: str, schema: pa.Schema, keys: Sequence[str]) -> KeyedTable:
-        return KeyedTable(self, name, schema, keys)
-
-    def blink_table(self, name: str, schema: pa.Schema) -> BlinkTable:
-        return BlinkTable(self, name, schema)
-
-    def ring_table(self, name: str, schema: pa.Schema, capacity: int) -> RingTable:
-        return RingTable(self, name, schema, capacity)
-
-    def static_table(self, name: str, data) -> StaticTable:
-        return StaticTable(self, name, data)
 
     def remove_table(self, name: str) -> None:
         with self.lock:
@@ -194,7 +185,8 @@ class UpdateGraph:
                 return
             children = [c.name for c in self.tables.values() if t in c.parents]
             if children:
-                raise ValueError(f"table {name!r} has derived tables {children}; remove them first")
+                raise CatalogError(f"table {name!r} has derived tables {children}; remove them first",
+                                   "FAILED_PRECONDITION")
             del self.tables[name]
             self._order = [x for x in self._order if x is not t]
 
@@ -205,13 +197,6 @@ class UpdateGraph:
             raise KeyError(f"no table named {name!r}") from None
 
     # -- reading --------------------------------------------------------------------------------
-    @contextmanager
-    def exclusive(self):
-        """Holds the graph's lock, which is exclusive: no cycle runs and no other holder proceeds
-        until it is released, so what is read under it is at one cycle boundary."""
-        with self.lock:
-            yield self
-
     def snapshot(self, table: Table | str, columns: Optional[Sequence[str]] = None) -> tuple[int, pa.Table]:
         """(step, contents) of a table at a cycle boundary."""
         t = self.get(table) if isinstance(table, str) else table
@@ -245,7 +230,7 @@ class UpdateGraph:
             if table.failure is not None:
                 return table.failure
             if not table.parents:
-                raise ValueError(f"table {table.name!r} is a source; only derived tables fail")
+                raise OperationError(f"table {table.name!r} is a source; only derived tables fail")
             step = self.step
             self._report(step, table.name, error, what)
             self._fail(step, table, TableFailure(step, table.name, table.name, what, error))
@@ -298,11 +283,11 @@ class UpdateGraph:
         t0 = time.perf_counter()
         clock = time.perf_counter
         with self.lock:
-            self.cycle_started = time.time()
+            self.cycle_started = self.clock.now()
             work: dict[str, float] = {}
             step = self.step + 1
             order = list(self._order)
-            with self._intake_lock:
+            with self.intake_lock:
                 taken = {t.name: t.take_pending() for t in order if not t.parents}
             if self._input_journal is not None:
                 self._journal_inputs(step, order, taken)
@@ -389,12 +374,13 @@ class UpdateGraph:
             self._thread = None
 
     def _run(self) -> None:
-        next_at = time.monotonic()
+        clock = self.clock
+        next_at = clock.monotonic()
         while not self._stop.is_set():
-            now = time.monotonic()
-            if now < next_at and self._stop.wait(next_at - now):
+            now = clock.monotonic()
+            if now < next_at and clock.wait(self._stop, next_at - now):
                 break
-            next_at = max(next_at + self.interval, time.monotonic())
+            next_at = max(next_at + self.interval, clock.monotonic())
             try:
                 self.run_cycle()
             except Exception:  # the cycle thread never dies

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.errors import OperationError
 
 __all__ = ["SortKeys", "OrderIndex", "NONE_LO", "NONE_HI"]
 
@@ -103,7 +104,7 @@ class SortKeys:
         for c in self.columns:
             t = schema.field(c).type
             if not check_sortable(t):
-                raise TypeError(f"cannot sort on column {c!r} of type {t} (numbers, booleans, temporal "
+                raise OperationError(f"cannot sort on column {c!r} of type {t} (numbers, booleans, temporal "
                                 f"types, strings and binaries can be sorted)")
             self.types.append(t)
         self.string_words = [1 if _is_string(t.value_type if pa.types.is_dictionary(t) else t) else 0

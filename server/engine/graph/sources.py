@@ -1,10 +1,11 @@
 """Source tables: append-only, keyed (upsert and delete by key), blink and ring.
 
-Producers call `add(...)` (and `delete(...)` on keyed tables) from any thread. The input is
-checked against the table's schema at once (a mismatch raises SchemaMismatchError and queues
-nothing) and queued; the graph applies it at the start of its next cycle and emits one
-`TableUpdate` per table per cycle. An input whose `batch_id` the table has already accepted is
-ignored (`add` returns False), so a replayed Spark micro-batch is applied exactly once; numbered
+Producers write with `Engine.write` (the engine's one write path) from any thread, which queues
+the input here (`queue_rows`, and `queue_delete` / `queue_ops` on keyed tables: engine-internal
+calls). The input is checked against the table's schema at once (a mismatch raises
+SchemaMismatchError and queues nothing) and queued; the graph applies it at the start of its next
+cycle and emits one `TableUpdate` per table per cycle. An input whose `batch_id` the table has
+already accepted is ignored (the queue call returns False), so a replayed Spark micro-batch is applied exactly once; numbered
 batch ids (`(scope, n)`, as Spark sinks use) are remembered in bounded memory (see `batchids`).
 
 Row keys:
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from tickwire.server.engine.errors import OperationError, WriteRefused
 from tickwire.server.engine.graph.batchids import BatchIds
 from tickwire.server.engine.graph.column_store import check_hashable, equal_mask, hash_columns, key_verifier
 from tickwire.server.engine.graph.keyindex import KeyIndex
@@ -34,15 +36,11 @@ from tickwire.server.engine.graph.arrays import has_duplicates
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
 
-__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable", "WriteRefused"]
+__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable", "UpdateSourceTable", "WriteRefused"]
 
 log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-
-
-class WriteRefused(ValueError):
-    """The table takes no writes (its storage failed: what it cannot persist, it does not accept)."""
 
 
 class SourceTable(Table):
@@ -62,11 +60,12 @@ class SourceTable(Table):
         self._seen_batches = BatchIds()
         # the graph's intake lock: a cycle takes every table's input at once, so inputs that one
         # thread adds to several tables in order become visible in the same cycle or in order
-        self._pending_lock = graph._intake_lock
+        self._pending_lock = graph.intake_lock
 
-    def add(self, data, batch_id=None) -> bool:
+    def queue_rows(self, data, batch_id=None) -> bool:
         """Queues rows (a RecordBatch, Table or list of RecordBatches) for the next cycle.
-        Returns False, queuing nothing, when `batch_id` was already accepted."""
+        Returns False, queuing nothing, when `batch_id` was already accepted. Engine-internal:
+        producers call `Engine.write`."""
         return self._queue([("add", conform(self.name, self.schema, data))], batch_id)
 
     def _queue(self, ops: list, batch_id) -> bool:
@@ -192,7 +191,7 @@ class RingTable(SourceTable):
 
     def __init__(self, graph, name, schema, capacity: int):
         if int(capacity) <= 0:
-            raise ValueError(f"table {name!r}: ring capacity must be positive, got {capacity}")
+            raise OperationError(f"table {name!r}: ring capacity must be positive, got {capacity}")
         super().__init__(graph, name, schema)
         self.capacity = int(capacity)
         self.store.ensure(self.capacity)
@@ -268,12 +267,12 @@ class KeyedTable(SourceTable):
     def __init__(self, graph, name, schema, keys: Sequence[str]):
         keys = [keys] if isinstance(keys, str) else list(keys)
         if not keys:
-            raise ValueError(f"table {name!r}: a keyed table needs at least one key column")
+            raise OperationError(f"table {name!r}: a keyed table needs at least one key column")
         for k in keys:
             if k not in schema.names:
-                raise ValueError(f"table {name!r}: key column {k!r} is not in the schema")
+                raise OperationError(f"table {name!r}: key column {k!r} is not in the schema")
             if not check_hashable(schema.field(k).type):
-                raise ValueError(f"table {name!r}: key column {k!r} has type {schema.field(k).type}, which "
+                raise OperationError(f"table {name!r}: key column {k!r} has type {schema.field(k).type}, which "
                                  f"cannot be a key (use numbers, booleans, temporal types, strings or binaries)")
         super().__init__(graph, name, schema)
         self.keys = keys
@@ -286,11 +285,11 @@ class KeyedTable(SourceTable):
         self._null_keys = False  # a null key was ever stored (its hash is not a bijection)
 
     # -- input ----------------------------------------------------------------------------------
-    def delete(self, keys_data, batch_id=None) -> bool:
+    def queue_delete(self, keys_data, batch_id=None) -> bool:
         """Queues removal of the rows whose keys appear in `keys_data` (its other columns are ignored)."""
         return self._queue([("delete", self._key_input(keys_data))], batch_id)
 
-    def apply_ops(self, ops, batch_id=None) -> bool:
+    def queue_ops(self, ops, batch_id=None) -> bool:
         """Queues ("add", rows) and ("delete", keys) operations in order, under one batch id."""
         checked = []
         for kind, data in ops:
@@ -299,7 +298,7 @@ class KeyedTable(SourceTable):
             elif kind == "delete":
                 checked.append(("delete", self._key_input(data)))
             else:
-                raise ValueError(f"table {self.name!r}: unknown operation {kind!r} (use 'add' or 'delete')")
+                raise OperationError(f"table {self.name!r}: unknown operation {kind!r} (use 'add' or 'delete')")
         return self._queue(checked, batch_id)
 
     def _key_input(self, data) -> pa.Table:
@@ -309,7 +308,7 @@ class KeyedTable(SourceTable):
     def row_keys_for(self, keys_data) -> np.ndarray:
         """Row key of each row's key in `keys_data` (-1 where the key is not in the table)."""
         t = self._key_input(keys_data)
-        with self.graph.exclusive():
+        with self.graph.lock:
             return self._find(t, hash_columns([t.column(k) for k in self.keys]))[0]
 
     @property
@@ -444,3 +443,26 @@ class KeyedTable(SourceTable):
         self.prev_rowset = prev
         self.rowset = prev.minus(removed).union(added)
         return update
+
+
+class UpdateSourceTable(Table):
+    """A source table fed whole updates by one producer (a replica following another server, a
+    scripted test source): each operation written to it (`Engine.write(table, op)`, any thread)
+    is queued, and the next cycle hands every queued one, in order, to the subclass's
+    `apply_pending(step, ops)`, which applies them and returns their update (or None)."""
+
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
+        super().__init__(graph, name, schema)
+        self._queue: list = []
+        self._pending_lock = graph.intake_lock  # a cycle takes every source's input at once
+
+    def queue_update(self, op) -> None:
+        with self._pending_lock:
+            self._queue.append(op)
+
+    def take_pending(self) -> list:
+        q, self._queue = self._queue, []
+        return q
+
+    def apply_pending(self, step: int, ops: list):
+        raise NotImplementedError

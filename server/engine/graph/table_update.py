@@ -22,14 +22,11 @@ import pyarrow as pa
 
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.errors import UpdateValidationError
 
 __all__ = ["ModifiedColumnSet", "TableUpdate", "UpdateValidationError", "apply_update", "ROW_KEY"]
 
 ROW_KEY = "__row_key"
-
-
-class UpdateValidationError(AssertionError):
-    """A TableUpdate that breaks the update model."""
 
 
 class ModifiedColumnSet(frozenset):

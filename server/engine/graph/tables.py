@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from tickwire.server.engine.errors import InputTypeError, SchemaMismatchError
 from tickwire.server.engine.graph.column_store import ColumnStore
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ROW_KEY, TableUpdate, column_names
@@ -28,11 +29,6 @@ log = logging.getLogger(__name__)
 Listener = Callable[["Table", TableUpdate, int], None]
 
 
-class SchemaMismatchError(ValueError):
-    """Input whose schema does not match the table's; the message names the table, the column
-    and both types. Types must be equal (no casts are applied); column order may differ."""
-
-
 def as_table(data) -> pa.Table:
     """A pyarrow Table from a Table, a RecordBatch or a sequence of RecordBatches."""
     if isinstance(data, pa.Table):
@@ -41,7 +37,7 @@ def as_table(data) -> pa.Table:
         return pa.Table.from_batches([data])
     if isinstance(data, (list, tuple)) and data and all(isinstance(b, pa.RecordBatch) for b in data):
         return pa.Table.from_batches(list(data))
-    raise TypeError(f"expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
+    raise InputTypeError(f"expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
 
 
 def conform(table_name: str, schema: pa.Schema, data, names: Optional[Sequence[str]] = None) -> pa.Table:
@@ -85,7 +81,7 @@ def register_operation(operation: str, make: Callable[..., "Table"]) -> None:
 
 def unique_name(graph: "UpdateGraph", base: str) -> str:
     """`base`, or `base#2`, `base#3`, ... : the first name no table of the graph has."""
-    with graph.exclusive():
+    with graph.lock:
         if base not in graph.tables:
             return base
         i = 2
@@ -120,7 +116,7 @@ class Table:
         self.store = ColumnStore(schema)
         # previous values of this cycle's modified rows: (sorted row keys, values)
         self._prev: Optional[tuple[np.ndarray, pa.Table]] = None
-        graph._register(self)
+        graph.add_table(self)
 
     # -- reading ----------------------------------------------------------------------------------
     @property
@@ -156,7 +152,7 @@ class Table:
 
     def to_arrow(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
         """The whole table, read under the graph's lock."""
-        with self.graph.exclusive():
+        with self.graph.lock:
             return self.gather(columns)
 
     def prev_gather(self, columns: Optional[Sequence[str]] = None, keys=None) -> pa.Table:
@@ -176,12 +172,12 @@ class Table:
     # -- listening ------------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> Listener:
         """`fn(table, update, step)` runs in the cycle thread after each cycle that changed the table."""
-        with self.graph.exclusive():
+        with self.graph.lock:
             self.listeners.append(fn)
         return fn
 
     def remove_listener(self, fn: Listener) -> None:
-        with self.graph.exclusive():
+        with self.graph.lock:
             if fn in self.listeners:
                 self.listeners.remove(fn)
 
@@ -197,10 +193,11 @@ class Table:
         or a callable ``values -> boolean array`` (given `columns` of the rows when set)."""
         return self._derive("where", name, predicate, columns)
 
-    def sort(self, columns, descending=False, name: Optional[str] = None) -> "Table":
+    def sort(self, columns, descending=False, name: Optional[str] = None, spacing: Optional[int] = None) -> "Table":
         """The rows ordered by `columns` (a name or names; `descending` a flag or one per column),
-        ties in this table's row order."""
-        return self._derive("sort", name, columns, descending)
+        ties in this table's row order. `spacing`: free row keys kept per row (default: they follow
+        the table's size); a small one makes rows move as shifts more often."""
+        return self._derive("sort", name, columns, descending, spacing)
 
     def view(self, columns, name: Optional[str] = None) -> "Table":
         """Columns kept, renamed or computed: names, ``(new_name, column)`` and ``(name, Expression)``

@@ -19,7 +19,6 @@ from tickwire.protocol.batches import DEFAULT_MAX_MESSAGE_SIZE
 from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire
 from tickwire.server.engine.publishing.publisher import PublisherRegistry, Subscriber, SubscriptionError
 from tickwire.server.engine.publishing.views import View
-from tickwire.server.config import ServerConfig
 
 __all__ = ["SubscriptionHandle", "Waker", "encoded_payloads", "describe_view", "outcome_of"]
 
@@ -82,8 +81,8 @@ def _next_payloads(it, n: int) -> list[bytes]:
     return out
 
 
-async def encoded_payloads(msg: Message, opts: EncodeOptions, executor, config: ServerConfig) -> AsyncIterator[bytes]:
-    """The message's FlightData, encoded in the worker pool `config.payloads_per_hop` at a time.
+async def encoded_payloads(msg: Message, opts: EncodeOptions, executor, per_hop: int = 2) -> AsyncIterator[bytes]:
+    """The message's FlightData, encoded in the worker pool `per_hop` at a time.
     Batches are split to stay under the client's max_message_size; one that is still over it
     holds a single row that cannot fit, which ends the call with RESOURCE_EXHAUSTED rather than
     sending what the client refuses."""
@@ -91,7 +90,7 @@ async def encoded_payloads(msg: Message, opts: EncodeOptions, executor, config: 
     limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
     it = msg.payloads(opts)
     while True:
-        chunk = await loop.run_in_executor(executor, functools.partial(_next_payloads, it, config.payloads_per_hop))
+        chunk = await loop.run_in_executor(executor, functools.partial(_next_payloads, it, per_hop))
         if not chunk:
             return
         for p in chunk:
@@ -104,7 +103,7 @@ async def encoded_payloads(msg: Message, opts: EncodeOptions, executor, config: 
 class SubscriptionHandle:
     """One subscriber's stream of FlightData. Use from one event loop:
 
-        handle = SubscriptionHandle(registry, table, view, options, executor=pool, config=cfg, waker=w)
+        handle = SubscriptionHandle(registry, table, view, options, executor=pool, waker=w)
         await handle.open()                 # subscribes (off the loop); errors carry their status
         async for payload in handle.payloads():
             send(payload)                    # the schema first, then every message
@@ -116,7 +115,9 @@ class SubscriptionHandle:
     """
 
     def __init__(self, registry: PublisherRegistry, table, view: View, options, *, executor,
-                 config: ServerConfig, waker: Optional[Waker] = None):
+                 inline_cells: int = 16_384, payloads_per_hop: int = 2, waker: Optional[Waker] = None):
+        """`inline_cells`: messages of up to this many values are encoded on the event loop;
+        larger ones in `executor`, `payloads_per_hop` FlightData per trip."""
         self.registry = registry
         self.table = table
         self.view = view
@@ -124,7 +125,8 @@ class SubscriptionHandle:
         self.wire = TableWire(table)
         self.encode = EncodeOptions.of(options)
         self.executor = executor
-        self.config = config
+        self.inline_cells = inline_cells
+        self.payloads_per_hop = payloads_per_hop
         self.waker = waker or Waker()
         self.sub: Optional[Subscriber] = None
         self._wake: Optional[asyncio.Event] = None
@@ -179,13 +181,13 @@ class SubscriptionHandle:
                 if msg is None:
                     break
                 ready = msg.cached(opts)
-                if ready is None and msg.cells <= self.config.inline_cells:
+                if ready is None and msg.cells <= self.inline_cells:
                     ready = list(msg.payloads(opts))  # small: encoding here costs less than a trip to the pool
                 if ready is not None and all(len(p) < limit for p in ready):
                     for p in ready:
                         yield p
                 else:
-                    async for p in encoded_payloads(msg, opts, self.executor, self.config):
+                    async for p in encoded_payloads(msg, opts, self.executor, self.payloads_per_hop):
                         yield p
 
     def close(self) -> None:

@@ -24,15 +24,18 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 
-from tickwire.server.config import EncodeLimits, ServerConfig
+from tickwire.server.engine.config import EncodeLimits, PublishingConfig
 from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.engine.publishing.views import SubscriptionError, View, plan_full, plan_viewport, requested, window_keys
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, Table, TableUpdate
 from tickwire.server.engine.graph.graph import TableFailedError, TableFailure, TableListener
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.core import Engine
 
 __all__ = ["Publisher", "Subscriber", "PublisherRegistry", "snapshot_message"]
 
@@ -124,7 +127,7 @@ class Subscriber:
         self.rows += _message_rows(msg)
         if snapshot:
             self.snapshot_messages += 1
-        self.last_sent = time.monotonic()
+        self.last_sent = self.publisher.clock.monotonic()
         try:
             self.notify()
         except Exception:  # a closed transport; the writer's end cleans up
@@ -191,7 +194,8 @@ class Publisher:
     def __init__(self, registry: "PublisherRegistry", table: Table):
         self.registry = registry
         self.table = table
-        self.graph = table.graph
+        self.graph = registry.engine.graph
+        self.clock = registry.engine.clock
         self.wire = TableWire(table)
         self.subs: list[Subscriber] = []
         self._listener = TableListener(self._on_update, self._on_failure)
@@ -218,7 +222,7 @@ class Publisher:
                 self.graph.add_cycle_listener(self._on_cycle)
                 self._attached = True
             self.subs.append(sub)
-            self._service(sub, self.graph.step, time.monotonic())
+            self._service(sub, self.graph.step, self.clock.monotonic())
         return sub
 
     def change(self, sub: Subscriber, view: View) -> None:
@@ -230,12 +234,12 @@ class Publisher:
             if sub.closed:
                 return
             sub.requested = view
-            self._service(sub, self.graph.step, time.monotonic())
+            self._service(sub, self.graph.step, self.clock.monotonic())
 
     def catch_up(self, sub: Subscriber) -> None:
         with self.graph.lock:
             step = self.graph.step
-            self._service(sub, step, time.monotonic(), self._shared_for(step))
+            self._service(sub, step, self.clock.monotonic(), self._shared_for(step))
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self.graph.lock:
@@ -291,7 +295,7 @@ class Publisher:
         return update.shifted.unapply(rows.minus(update.added)).union(update.removed)
 
     def _on_cycle(self, step: int) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         shared = self._shared_for(step)
         building = [lg for lg in (*self._logs.values(), *self._replayed) if not lg.complete]
         for lg in building:
@@ -561,14 +565,15 @@ class Publisher:
 
 
 class PublisherRegistry:
-    """The publishers of one server, created on first subscription and dropped with the last."""
+    """The publishers of one server over `engine`'s tables, created on first subscription and
+    dropped with the last (`Engine.publishers(config)`)."""
 
-    def __init__(self, piece_target_ms: Optional[float] = None, min_piece_cells: Optional[int] = None,
-                 max_piece_cells: Optional[int] = None, *, config: Optional[ServerConfig] = None):
-        config = config or ServerConfig()
-        piece_target_ms = config.piece_target_ms if piece_target_ms is None else piece_target_ms
-        min_piece_cells = config.min_piece_cells if min_piece_cells is None else min_piece_cells
-        max_piece_cells = config.max_piece_cells if max_piece_cells is None else max_piece_cells
+    def __init__(self, engine: "Engine", config: Optional[PublishingConfig] = None):
+        config = config or PublishingConfig()
+        self.engine = engine
+        self.config = config
+        piece_target_ms, min_piece_cells, max_piece_cells = \
+            config.piece_target_ms, config.min_piece_cells, config.max_piece_cells
         self.outbox = config.outbox  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
         self.limits = config.encode
         self.max_viewport_ranges = config.max_viewport_ranges

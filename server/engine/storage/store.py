@@ -37,7 +37,6 @@ import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 from urllib.parse import quote, unquote
@@ -46,8 +45,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
 from tickwire.protocol.schema import BARRAGE_SCHEMA
+from tickwire.server.engine.catalog import TableSpec
+from tickwire.server.engine.config import Durability
 from tickwire.server.engine.storage.journal import JournalCorrupt, decode_data, encode_record, scan
 
 __all__ = ["Durability", "Storage", "StorageError", "DURABLE_KINDS", "OP_COLUMN", "ROWKEY_COLUMN"]
@@ -69,26 +71,6 @@ class StorageError(TickwireError):
 
     def __init__(self, message: str, code: str = "FAILED_PRECONDITION"):
         super().__init__(message, code)
-
-
-@dataclass(frozen=True)
-class Durability:
-    """`fsync`: "cycle" (each cycle's records are synced before the cycle applies them), "interval"
-    (every `fsync_interval_ms`), "off" (the OS writes when it likes). A checkpoint is taken after
-    `checkpoint_cycles` journaled cycles or `checkpoint_bytes` of journal, whichever comes first."""
-
-    fsync: str = "cycle"
-    fsync_interval_ms: int = 1000
-    checkpoint_cycles: int = 10_000
-    checkpoint_bytes: int = 256 * 1024 * 1024
-    namespace: str = "default"
-    source: str = "tickwire"
-
-    def __post_init__(self):
-        if self.fsync not in ("cycle", "interval", "off"):
-            raise ValueError(f"fsync must be cycle, interval or off, not {self.fsync!r}")
-        if self.fsync_interval_ms <= 0 or self.checkpoint_cycles <= 0 or self.checkpoint_bytes <= 0:
-            raise ValueError("fsync_interval_ms, checkpoint_cycles and checkpoint_bytes must be positive")
 
 
 def _dir_name(name: str) -> str:
@@ -148,7 +130,7 @@ class _TableFiles:
 
     # -- journal --------------------------------------------------------------------------------
     def open_journal(self, seq: int) -> None:
-        day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        day = datetime.datetime.fromtimestamp(self.storage.clock.now(), datetime.timezone.utc).strftime("%Y-%m-%d")
         folder = self.root / "intraday" / day / self.storage.config.source
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"journal-{seq:08d}.twj"
@@ -236,9 +218,10 @@ def _journal_files(root: Path) -> list[tuple[int, Path]]:
 class Storage:
     """The durable side of one engine (see the module docstring)."""
 
-    def __init__(self, engine, data_dir, config: Optional[Durability] = None):
+    def __init__(self, engine, data_dir, config: Optional[Durability] = None, *, clock: Clock = SYSTEM_CLOCK):
         self.engine = engine
         self.graph = engine.graph
+        self.clock = clock
         self.config = config or Durability()
         self.root = Path(data_dir)
         try:
@@ -277,7 +260,7 @@ class Storage:
         meta = {"format": FORMAT, "name": table.name, "kind": spec.kind, "keys": list(spec.keys),
                 "capacity": spec.capacity, "schema": _schema_b64(table.schema),
                 "attributes": {k: v for k, v in spec.attributes.items() if isinstance(v, (str, int, float, bool))},
-                "created": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+                "created": datetime.datetime.fromtimestamp(self.clock.now(), datetime.timezone.utc).isoformat()}
         upload = spec.attributes.get(BARRAGE_SCHEMA)
         if isinstance(upload, pa.Schema):  # an upload's types, which the table is served with
             meta["barrage_schema"] = _schema_b64(upload)
@@ -348,25 +331,26 @@ class Storage:
 
     def wait_durable(self, timeout: float = 30.0) -> bool:
         """Waits until everything handed to the writer is on disk."""
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         with self._cond:
             while self._durable < self._last_enqueued:
-                left = deadline - time.monotonic()
+                left = deadline - self.clock.monotonic()
                 if left <= 0 or not self._writer.is_alive():
                     return False
-                self._cond.wait(left)
+                self._cond.wait(min(left, 0.05))
         return True
 
     def _write_loop(self) -> None:
         cfg = self.config
         interval = cfg.fsync_interval_ms / 1000.0
-        last_sync = time.monotonic()
+        clock = self.clock
+        last_sync = clock.monotonic()
         dirty: set = set()
         while True:
             with self._cond:
                 while not self._queue and not self._stopping:
                     if cfg.fsync == "interval" and dirty:
-                        self._cond.wait(max(0.0, last_sync + interval - time.monotonic()))
+                        self._cond.wait(min(0.05, max(0.0, last_sync + interval - clock.monotonic())))
                         break
                     self._cond.wait()
                 items = list(self._queue)
@@ -386,7 +370,7 @@ class Storage:
                     _kind, files, snapshot = item
                     self._rotate(files, snapshot)
                     dirty.discard(files)
-            now = time.monotonic()
+            now = clock.monotonic()
             if dirty and (cfg.fsync == "cycle" or (cfg.fsync == "interval" and (now - last_sync >= interval
                                                                                  or stopping))):
                 self._sync(dirty)  # one sync a file for every cycle taken together: group commit
@@ -447,7 +431,7 @@ class Storage:
     def checkpoint(self, table, step: Optional[int] = None) -> bool:
         """Starts a checkpoint of `table` at the current cycle boundary (under the graph's lock);
         False when one is already under way or the table is not durable."""
-        with self.graph.exclusive():
+        with self.graph.lock:
             with self._lock:
                 files = self._files.get(id(table))
             if files is None or files.checkpointing or files.failed:
@@ -520,22 +504,21 @@ class Storage:
 
     def wait_checkpoints(self, timeout: float = 60.0) -> None:
         """Waits for the writer to take what it was handed, then for the checkpoints it started."""
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         with self._cond:
             while (self._queue or self._processing) and self._writer.is_alive():
-                left = deadline - time.monotonic()
+                left = deadline - self.clock.monotonic()
                 if left <= 0:
                     return
-                self._cond.wait(left)
+                self._cond.wait(min(left, 0.05))
         for t in list(self._checkpoints):
-            t.join(max(0.0, deadline - time.monotonic()))
+            while t.is_alive() and self.clock.monotonic() < deadline:
+                t.join(0.05)
 
     # -- recovery -------------------------------------------------------------------------------
     def recover(self) -> list:
         """Brings back every table of the namespace; returns them. A table whose files cannot be
         read is not created: `errors[name]` says why, naming the file."""
-        from tickwire.server.engine import TableSpec
-
         t0 = time.perf_counter()
         out = []
         last_step = 0
@@ -564,7 +547,7 @@ class Storage:
                 continue
             last_step = max(last_step, step)
             out.append(table)
-        with self.graph.exclusive():
+        with self.graph.lock:
             if last_step > self.graph.step:
                 self.graph.step = last_step  # steps keep growing across restarts
         self.stats["recovery_seconds"] = time.perf_counter() - t0
@@ -609,7 +592,7 @@ class Storage:
                     continue
                 records.append((r.meta, decode_data(r)))
         table, _created = engine.get_or_create(spec)
-        with self.graph.exclusive():
+        with self.graph.lock:
             if ckpt_meta is not None:
                 table.restore(ckpt_keys, ckpt_data, ckpt_meta["next_key"])
                 table.restore_batches(ckpt_meta["batches"])

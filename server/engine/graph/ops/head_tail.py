@@ -9,6 +9,7 @@ from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _bitmap, _first_k
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.errors import OperationError
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -23,10 +24,10 @@ class HeadTailTable(_Op):
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, n: int, tail: bool = False):
         if int(n) < 0:
-            raise ValueError(f"table {name!r}: {'tail' if tail else 'head'} needs n >= 0, got {n}")
+            raise OperationError(f"table {name!r}: {'tail' if tail else 'head'} needs n >= 0, got {n}")
         self.n = int(n)
         self.from_end = bool(tail)
-        with graph.exclusive(), _unregistered_on_error(graph, self):
+        with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k == "BlinkTable"}

@@ -15,6 +15,7 @@ from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
 from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.errors import OperationError
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -35,10 +36,10 @@ class LastByTable(_Op):
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, keys: Union[str, Sequence[str]]):
         keys = [keys] if isinstance(keys, str) else list(keys)
         if not keys:
-            raise ValueError(f"table {name!r}: last_by needs at least one key column")
+            raise OperationError(f"table {name!r}: last_by needs at least one key column")
         for k in column_names(parent.schema, keys):
             if not check_hashable(parent.schema.field(k).type):
-                raise ValueError(f"table {name!r}: key column {k!r} has type {parent.schema.field(k).type}, "
+                raise OperationError(f"table {name!r}: key column {k!r} has type {parent.schema.field(k).type}, "
                                  f"which cannot be a key")
         self.keys = keys
         self.value_columns = [n for n in parent.schema.names if n not in keys]
@@ -52,7 +53,7 @@ class LastByTable(_Op):
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
         self._gid_at = np.full(1024, -1, dtype=np.int64)  # output row key -> group
         self._next_okey = 0
-        with graph.exclusive(), _unregistered_on_error(graph, self):
+        with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self._cycle(TableUpdate(added=parent.rowset))

@@ -16,6 +16,7 @@ from tickwire.server.engine.graph.ops.base import (_EMPTY, _Op, _evaluate, _firs
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.errors import OperationError
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -88,7 +89,7 @@ class ProjectTable(_Op):
         empty = pa.table({f.name: pa.array([], f.type) for f in parent.schema})
         for out, spec in specs:
             if out in self.sources:
-                raise ValueError(f"table {name!r}: column {out!r} is given twice")
+                raise OperationError(f"table {name!r}: column {out!r} is given twice")
             if isinstance(spec, str):
                 field = parent.schema.field(column_names(parent.schema, [spec])[0])
                 self.sources[out] = spec
@@ -103,7 +104,7 @@ class ProjectTable(_Op):
         schema = pa.schema(fields)
         self.materialize = bool(materialize) and bool(self.exprs)
         self.computed_store: Optional[ColumnStore] = None
-        with graph.exclusive(), _unregistered_on_error(graph, self):
+        with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, schema)
             self.attributes = {k: v for k, v in parent.attributes.items()
                                if k in ("AddOnly", "AppendOnly", "BlinkTable")}
@@ -132,10 +133,10 @@ class ProjectTable(_Op):
                 elif isinstance(c, tuple) and len(c) == 2 and isinstance(c[0], str):
                     items.append(c)
                 else:
-                    raise TypeError(f"a column is a name or a (name, column name or Expression) pair, got {c!r}")
+                    raise OperationError(f"a column is a name or a (name, column name or Expression) pair, got {c!r}")
         for out, spec in items:
             if not isinstance(spec, (str, pc.Expression)):
-                raise TypeError(f"column {out!r}: expected a column name or a pyarrow Expression, "
+                raise OperationError(f"column {out!r}: expected a column name or a pyarrow Expression, "
                                 f"got {type(spec).__name__}")
         return items
 

@@ -12,6 +12,7 @@ from tickwire.server.engine.graph.order import OrderIndex, SortKeys
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.errors import OperationError
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -29,16 +30,16 @@ class SortTable(_Op):
                  descending: Union[bool, Sequence[bool]] = False, spacing: Optional[int] = None):
         cols = [columns] if isinstance(columns, str) else list(columns)
         if not cols:
-            raise ValueError(f"table {name!r}: sort needs at least one column")
+            raise OperationError(f"table {name!r}: sort needs at least one column")
         column_names(parent.schema, cols)
         desc = [bool(descending)] * len(cols) if isinstance(descending, (bool, np.bool_)) else \
             [bool(d) for d in descending]
         if len(desc) != len(cols):
-            raise ValueError(f"table {name!r}: {len(desc)} descending flags for {len(cols)} sort columns")
+            raise OperationError(f"table {name!r}: {len(desc)} descending flags for {len(cols)} sort columns")
         self.sort_columns = cols
         self.descending = desc
         self.encoder = SortKeys(parent.schema, cols, desc)
-        with graph.exclusive(), _unregistered_on_error(graph, self):
+        with graph.lock, _unregistered_on_error(graph, self):
             super().__init__(graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k == "BlinkTable"}

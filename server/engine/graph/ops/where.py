@@ -13,6 +13,7 @@ from tickwire.server.engine.graph.ops.base import (_EMPTY, _Op, _bitmap, _bm_key
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.errors import OperationError
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -31,7 +32,7 @@ def _mask(result, n: int) -> np.ndarray:
         out = np.asarray(result)
     out = np.asarray(out, dtype=bool).ravel()
     if out.size != n:
-        raise ValueError(f"filter predicate returned {out.size} values for {n} rows")
+        raise OperationError(f"filter predicate returned {out.size} values for {n} rows")
     return out
 
 
@@ -51,11 +52,11 @@ class WhereTable(_Op):
             if columns is None:
                 columns = used or [parent.schema.names[0]]
         elif not callable(predicate):
-            raise TypeError(f"table {name!r}: a filter is a pyarrow Expression or a callable, "
+            raise OperationError(f"table {name!r}: a filter is a pyarrow Expression or a callable, "
                             f"got {type(predicate).__name__}")
         self.predicate = predicate
         self.columns = column_names(parent.schema, columns) if columns is not None else None
-        with graph.exclusive(), _unregistered_on_error(graph, self):
+        with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k in ("AddOnly", "BlinkTable")}
