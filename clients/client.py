@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional, Sequence
 
@@ -30,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.clients.state import NaturalTableState
+from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.protocol import barrage
 from tickwire.protocol.difference import Difference, difference
 from tickwire.protocol.opening import exchange_opening, request_message, snapshot_request, subscription_request
@@ -183,8 +183,10 @@ class BarrageClient:
 
     def __init__(self, target: str, *, psk: Optional[str] = None, tls: bool = False,
                  root_certs: Optional[bytes] = None, auth_type: Optional[str] = None,
-                 auth_token: Optional[str] = None, keepalive: bool = True):
+                 auth_token: Optional[str] = None, keepalive: bool = True, clock: Clock = SYSTEM_CLOCK):
+        """`clock` times the session keepalive and the subscriptions' reconnect backoff."""
         target, url_tls = parse_target(target)
+        self.clock = clock
         tls = tls or url_tls
         self.target = target
         opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
@@ -195,7 +197,7 @@ class BarrageClient:
         self.auth = _Auth(psk, auth_type, auth_token)
         self._subs: list[Subscription] = []
         self._closed = threading.Event()
-        self.config = self._config()
+        self.config = self.fetch_config()
         duration = float(self.config.get("http.session.durationMs", "300000")) / 1000.0
         self._keepalive = None
         if keepalive:
@@ -215,14 +217,24 @@ class BarrageClient:
         self.auth.learn(call)
         return resp
 
-    def _config(self) -> dict[str, str]:
+    def fetch_config(self) -> dict[str, str]:
+        """The server's configuration constants (ConfigService); a call that also keeps the session alive."""
         resp = self._unary(CONFIG, config_pb2.ConfigurationConstantsRequest())
         return {k: v.string_value for k, v in resp.config_values.items()}
 
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def forget(self, sub: "Subscription") -> None:
+        """A subscription of this client ended: it is no longer closed with the client."""
+        if sub in self._subs:
+            self._subs.remove(sub)
+
     def _refresh(self, every: float) -> None:
-        while not self._closed.wait(every):
+        while not self.clock.wait(self._closed, every):
             try:
-                self._config()
+                self.fetch_config()
             except ClientError:
                 pass  # the next call reports the problem
 
@@ -280,7 +292,7 @@ class BarrageClient:
     def _exchange(self, table, *, columns, viewport, reverse, timeout) -> pa.Table:
         sub = Subscription(self, table, columns=columns, viewport=viewport, reverse=reverse, snapshot=True)
         try:
-            if not sub._ready.wait(timeout):
+            if not sub.wait_ready(timeout):
                 raise ClientError(f"snapshot of {table!r} timed out after {timeout} s")
             if sub.error is not None:
                 raise sub.error
@@ -498,7 +510,8 @@ class Subscription:
                         return  # a newer stream replaced this one
         except grpc.RpcError as exc:
             if self._current(call) and not self._closed.is_set() and self.reconnect \
-                    and exc.code() in _RECONNECT_CODES and self._resubscribe(call, f"{exc.code().name}: {exc.details()}"):
+                    and exc.code() in _RECONNECT_CODES \
+                    and self._resubscribe(call, f"{exc.code().name}: {exc.details()}"):
                 return  # a new stream (and reader) took over
             if self._current(call) and not self._closed.is_set() and exc.code() != grpc.StatusCode.CANCELLED:
                 self._fail(ClientError(f"{self._what()}: {exc.code().name}: {exc.details()}",
@@ -527,11 +540,11 @@ class Subscription:
         until it works or the subscription is closed (False then)."""
         self._connection(f"disconnected: {reason}")
         delay = self.backoff[0]
-        while not self._closed.wait(delay) and not self.client._closed.is_set():
+        while not self.client.clock.wait(self._closed, delay) and not self.client.closed:
             self._connection("reconnecting")
             self.client.auth.forget()  # a restarted server knows no session of ours
             try:
-                self.client._config()
+                self.client.fetch_config()
                 with self._lock:
                     if self._closed.is_set() or not self._current(call):
                         return False
@@ -708,11 +721,16 @@ class Subscription:
                 return 0
             return self.state.table_size if self.viewport is not None else len(self.state)
 
+    def wait_ready(self, timeout: Optional[float] = None) -> bool:
+        """Waits until the first snapshot is in (True), or `timeout` seconds of the client's clock pass."""
+        return self.client.clock.wait(self._ready, timeout)
+
     def wait_for(self, predicate: Callable[["Subscription"], bool], timeout: float = 30.0) -> bool:
         """Waits until `predicate(self)` holds after an update (True) or the timeout / end (False).
         The predicate is checked once the `on_update` callbacks have been called with the update
         (unless wait_for is called from a callback)."""
-        end = time.monotonic() + timeout
+        clock = self.client.clock
+        end = clock.monotonic() + timeout
         reader = threading.current_thread() in self._threads
         with self._lock:
             while True:
@@ -726,7 +744,7 @@ class Subscription:
                         return True
                 if self._closed.is_set():
                     return False
-                left = end - time.monotonic()
+                left = end - clock.monotonic()
                 if left <= 0:
                     return False
                 self._changed.wait(min(left, 0.5))
@@ -758,5 +776,4 @@ class Subscription:
         for t in threads:
             if t is not threading.current_thread():
                 t.join(10)
-        if self in self.client._subs:
-            self.client._subs.remove(self)
+        self.client.forget(self)

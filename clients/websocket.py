@@ -17,8 +17,14 @@ from typing import Mapping, Optional
 
 import aiohttp
 
-from tickwire.protocol.ws_multiplex import (STATUS_CODES, ClientConnection, GoAwayReceived, ResponseEnded,
-                                            ResponseMessage, ResponseStarted)
+from tickwire.protocol.ws_multiplex import (
+    STATUS_CODES,
+    ClientConnection,
+    GoAwayReceived,
+    ResponseEnded,
+    ResponseMessage,
+    ResponseStarted,
+)
 
 __all__ = ["WebsocketChannel", "WebsocketCall", "CallFailed"]
 
@@ -79,7 +85,7 @@ class WebsocketCall:
             raise CallFailed(13, f"{len(out)} responses to a unary call")
         return out[0]
 
-    async def _event(self, ev) -> None:
+    async def event(self, ev) -> None:
         if isinstance(ev, ResponseStarted):
             self.headers = ev.headers
             self.started.set()
@@ -87,9 +93,9 @@ class WebsocketCall:
             self.started.set()
             await self.responses.put(ev.payload)
         elif isinstance(ev, ResponseEnded):
-            self._end(ev.status, ev.message)
+            self.end(ev.status, ev.message)
 
-    def _end(self, status: int, message: str) -> None:
+    def end(self, status: int, message: str) -> None:
         self.status, self.message = status, message
         self.started.set()
         if not self.responses.full():  # else the iterator ends once the queue is drained
@@ -158,14 +164,14 @@ class WebsocketChannel:
                         continue
                     call = self.calls.get(ev.stream_id)
                     if call is not None:
-                        await call._event(ev)
+                        await call.event(ev)
                         if isinstance(ev, ResponseEnded):
                             del self.calls[ev.stream_id]
         finally:
             self.close_code = self.ws.close_code
             for call in list(self.calls.values()):
                 if call.status is None:
-                    call._end(14, "the websocket closed")
+                    call.end(14, "the websocket closed")
             self.calls.clear()
             self.closed.set()
 

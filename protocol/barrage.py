@@ -21,13 +21,11 @@ import enum
 from dataclasses import dataclass, fields
 from typing import Any, Callable, ClassVar, Optional
 
-import flatbuffers
 import numpy as np
 
-from tickwire.protocol import rowset as rs
+import flatbuffers
 from tickwire.errors import ProtocolError
-from tickwire.protocol.fbread import FbTable as _Table
-from tickwire.protocol.fbread import root as _root
+from tickwire.protocol import rowset as rs
 from tickwire.protocol.fb.barrage import BarrageMessageWrapper as FbWrapper
 from tickwire.protocol.fb.barrage import BarrageModColumnMetadata as FbModCol
 from tickwire.protocol.fb.barrage import BarragePublicationOptions as FbPubOpts
@@ -37,6 +35,8 @@ from tickwire.protocol.fb.barrage import BarrageSnapshotRequest as FbSnapReq
 from tickwire.protocol.fb.barrage import BarrageSubscriptionOptions as FbSubOpts
 from tickwire.protocol.fb.barrage import BarrageSubscriptionRequest as FbSubReq
 from tickwire.protocol.fb.barrage import BarrageUpdateMetadata as FbUpdate
+from tickwire.protocol.fbread import FbTable as _Table
+from tickwire.protocol.fbread import root as _root
 
 __all__ = [
     "MAGIC",
@@ -56,7 +56,7 @@ __all__ = [
 MAGIC = 0x6E687064  # the bytes 64 70 68 6e, ASCII "dphn", as a little-endian uint32
 
 # Values of the schema's BarrageMessageType enum (0 None, 1-3 formerly session messages, 4-8 below).
-_SCHEMA_MSG_TYPES = range(0, 9)
+_SCHEMA_MSG_TYPES = range(9)
 
 
 class BarrageMessageType(enum.IntEnum):
@@ -158,7 +158,7 @@ class SubscriptionOptions(_Message):
     columns_as_list: bool = False
     preview_list_length_limit: int = 0
 
-    def _build(self, b: flatbuffers.Builder) -> int:
+    def build_into(self, b: flatbuffers.Builder) -> int:
         # flatc's generated create-order (widest fields first, then by descending slot); this is how
         # both the Java and the C++ client build it
         FbSubOpts.Start(b)
@@ -172,7 +172,7 @@ class SubscriptionOptions(_Message):
         return FbSubOpts.End(b)
 
     @classmethod
-    def _read(cls, t: _Table) -> "SubscriptionOptions":
+    def from_table(cls, t: _Table) -> "SubscriptionOptions":
         return cls(
             column_conversion_mode=t.scalar(0, "<b", 1, "column_conversion_mode"),
             use_deephaven_nulls=bool(t.scalar(1, "<B", 0, "use_deephaven_nulls")),
@@ -194,7 +194,7 @@ class SnapshotOptions(_Message):
     max_message_size: int = 0
     preview_list_length_limit: int = 0
 
-    def _build(self, b: flatbuffers.Builder) -> int:
+    def build_into(self, b: flatbuffers.Builder) -> int:
         FbSnapOpts.Start(b)
         FbSnapOpts.AddPreviewListLengthLimit(b, _int(self.preview_list_length_limit, 64, "preview_list_length_limit"))
         FbSnapOpts.AddMaxMessageSize(b, _int(self.max_message_size, 32, "max_message_size"))
@@ -204,7 +204,7 @@ class SnapshotOptions(_Message):
         return FbSnapOpts.End(b)
 
     @classmethod
-    def _read(cls, t: _Table) -> "SnapshotOptions":
+    def from_table(cls, t: _Table) -> "SnapshotOptions":
         return cls(
             column_conversion_mode=t.scalar(0, "<b", 1, "column_conversion_mode"),
             use_deephaven_nulls=bool(t.scalar(1, "<B", 0, "use_deephaven_nulls")),
@@ -220,13 +220,13 @@ class PublicationOptions(_Message):
 
     use_deephaven_nulls: bool = False
 
-    def _build(self, b: flatbuffers.Builder) -> int:
+    def build_into(self, b: flatbuffers.Builder) -> int:
         FbPubOpts.Start(b)
         FbPubOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
         return FbPubOpts.End(b)
 
     @classmethod
-    def _read(cls, t: _Table) -> "PublicationOptions":
+    def from_table(cls, t: _Table) -> "PublicationOptions":
         return cls(use_deephaven_nulls=bool(t.scalar(0, "<B", 0, "use_deephaven_nulls")))
 
 
@@ -241,7 +241,7 @@ def _request_to_bytes(req, fb, add_options, token: Optional[bytes] = None) -> by
     b = flatbuffers.Builder(64)
     cols = _vec(b, _enc_cols(req.columns))
     vp = _vec(b, _enc_rows(req.viewport))
-    opts = req.options._build(b) if req.options is not None else 0
+    opts = req.options.build_into(b) if req.options is not None else 0
     ticket = _vec(b, req.ticket)
     tok = _vec(b, token)
     fb.Start(b)
@@ -263,13 +263,13 @@ def _read_request(data, what: str, options_cls, options_name: str) -> tuple[_Tab
     """The fields subscription and snapshot requests share, read from slots 0-4."""
     t = _root(data, what)
     opts = t.table(3, options_name)
-    return t, dict(
-        ticket=t.bytes_field(0, "ticket"),
-        columns=_cols(t.bytes_field(1, "columns"), f"{what}.columns"),
-        viewport=_rows(t.bytes_field(2, "viewport"), f"{what}.viewport"),
-        options=None if opts is None else options_cls._read(opts),
-        reverse_viewport=bool(t.scalar(4, "<B", 0, "reverse_viewport")),
-    )
+    return t, {
+        "ticket": t.bytes_field(0, "ticket"),
+        "columns": _cols(t.bytes_field(1, "columns"), f"{what}.columns"),
+        "viewport": _rows(t.bytes_field(2, "viewport"), f"{what}.viewport"),
+        "options": None if opts is None else options_cls.from_table(opts),
+        "reverse_viewport": bool(t.scalar(4, "<B", 0, "reverse_viewport")),
+    }
 
 
 @dataclass(eq=False)
@@ -330,7 +330,7 @@ class PublicationRequest(_Message):
     def to_bytes(self) -> bytes:
         b = flatbuffers.Builder(32)
         ticket = _vec(b, self.ticket)
-        opts = self.options._build(b) if self.options is not None else 0
+        opts = self.options.build_into(b) if self.options is not None else 0
         FbPubReq.Start(b)
         if ticket:
             FbPubReq.AddTicket(b, ticket)
@@ -343,7 +343,7 @@ class PublicationRequest(_Message):
         t = _root(data, "BarragePublicationRequest")
         opts = t.table(1, "publish_options")
         return cls(ticket=t.bytes_field(0, "ticket"),
-                   options=None if opts is None else PublicationOptions._read(opts))
+                   options=None if opts is None else PublicationOptions.from_table(opts))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -33,10 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
-import flatbuffers
 import numpy as np
 import pyarrow as pa
 
+import flatbuffers
 from tickwire.errors import ProtocolError
 from tickwire.protocol.fb.arrow import Buffer as FbBuffer
 from tickwire.protocol.fb.arrow import FieldNode as FbFieldNode

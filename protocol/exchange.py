@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.barrage import BarrageMessageType
-from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import FlightDescriptor, decode_flight_data
 
 __all__ = [

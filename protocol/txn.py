@@ -144,7 +144,7 @@ def parse_commit(raw) -> CommitRequest:
         if any(not x or len(x) > MAX_NAME for x in pair):
             raise TxnError(f"{what}: part and attempt names must have 1 to {MAX_NAME} characters")
         pairs.append(pair)
-    if len(set(p for p, _a in pairs)) != len(pairs):
+    if len({p for p, _a in pairs}) != len(pairs):
         raise TxnError(f"{what}: a part is named twice")
     mode = _mode(obj, what)
     if mode["mode"] is None:

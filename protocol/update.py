@@ -12,6 +12,7 @@ from typing import Iterable, Optional, Sequence
 
 import pyarrow as pa
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.batches import (
     HEADER_DICTIONARY_BATCH,
@@ -22,10 +23,14 @@ from tickwire.protocol.batches import (
     encode_record_batch,
     read_message_header,
 )
-from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import FlightData, decode_flight_data, encode_flight_data
-from tickwire.protocol.schema import sentinels_to_nulls
-from tickwire.protocol.schema import list_wrapped_schema, read_schema_message, schema_message, unwrap_list_schema
+from tickwire.protocol.schema import (
+    list_wrapped_schema,
+    read_schema_message,
+    schema_message,
+    sentinels_to_nulls,
+    unwrap_list_schema,
+)
 
 __all__ = ["BarrageUpdate", "encode_schema", "encode_update", "StreamDecoder"]
 
@@ -72,8 +77,8 @@ def encode_update(
     is the first batch size to try (Deephaven's 4096 when 0).
     """
     ncols = len(types)
-    opts = dict(use_deephaven_nulls=use_deephaven_nulls, columns_as_list=columns_as_list,
-                batch_size=batch_size, max_message_size=max_message_size)
+    opts = {"use_deephaven_nulls": use_deephaven_nulls, "columns_as_list": columns_as_list,
+                "batch_size": batch_size, "max_message_size": max_message_size}
     out: list[bytes] = []
     first_md: Optional[bytes] = metadata if metadata else None
     overhead = len(metadata) + 16

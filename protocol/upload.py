@@ -27,6 +27,7 @@ from typing import Optional, Union
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.batches import (
     HEADER_RECORD_BATCH,
@@ -35,9 +36,7 @@ from tickwire.protocol.batches import (
     decode_record_batch,
     read_message_header,
 )
-from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
-from tickwire.protocol.txn import Transaction, TxnError, is_transaction, parse_transaction
 from tickwire.protocol.schema import (
     check_wire_schema,
     from_wire_arrays,
@@ -48,6 +47,7 @@ from tickwire.protocol.schema import (
     unwrap_list_schema,
     with_list_values,
 )
+from tickwire.protocol.txn import Transaction, TxnError, is_transaction, parse_transaction
 
 __all__ = [
     "KEYS_METADATA",

@@ -40,10 +40,10 @@ from __future__ import annotations
 import re
 import struct
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
-from tickwire.errors import CODES, ProtocolError
+from tickwire.errors import ProtocolError
 
 __all__ = [
     "GO_AWAY_STREAM_ID", "CLOSE_BIT", "MAX_STREAM_ID",
@@ -333,7 +333,7 @@ class ServerConnection:
         try:
             return self._receive(message)
         except ProtocolError as err:
-            raise self._fail(err)
+            raise self._fail(err) from None
         except (ValueError, TypeError, struct.error, IndexError, OverflowError) as err:
             raise self._fail(ProtocolError(f"malformed message: {err}")) from err
 

@@ -148,7 +148,8 @@ class TickwireServer:
     def _listener(self) -> socket.socket:
         """The main port's listening socket, for the splitter."""
         err: Optional[OSError] = None
-        for family, kind, proto, _name, addr in socket.getaddrinfo(self.host, self.requested_port, type=socket.SOCK_STREAM,
+        for family, kind, proto, _name, addr in socket.getaddrinfo(self.host, self.requested_port,
+                                                                   type=socket.SOCK_STREAM,
                                                                    flags=socket.AI_PASSIVE):
             sock = socket.socket(family, kind, proto)
             try:

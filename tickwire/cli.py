@@ -12,8 +12,16 @@ import logging
 import sys
 from typing import Optional
 
-from tickwire.options import (ConfigError, Settings, add_options, describe_error, probe_ports, render, resolve,
-                              server_config)
+from tickwire.options import (
+    ConfigError,
+    Settings,
+    add_options,
+    describe_error,
+    probe_ports,
+    render,
+    resolve,
+    server_config,
+)
 
 log = logging.getLogger("tickwire.cli")
 
@@ -30,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     sub.add_parser("version", help="print the version")
-    demo = sub.add_parser("demo", help="serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C stops)",
+    demo = sub.add_parser("demo",
+                          help="serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C stops)",
                           description="Serve the demo tables, fed by a Python ticker and a Spark pipeline (Ctrl-C "
                                       "stops). Options: flags > TICKWIRE_* environment > --config file > defaults.")
     add_options(demo, "demo")

@@ -83,7 +83,8 @@ def connect_help(host: str, port: int, psk: Optional[str] = None, web_url: Optio
     if web_url is not None:
         lines.append("  a browser" + (" (log in with the pre-shared key)" if psk else "") + ":")
         if grid is not None:
-            lines.append(f"    Deephaven's grid page on a live table: {web_url}/iframe/widget/?name={quote(grid, safe='')}")
+            page = f"{web_url}/iframe/widget/?name={quote(grid, safe='')}"
+            lines.append(f"    Deephaven's grid page on a live table: {page}")
         lines.append(f"    every table: {web_url}/tables/")
     return "\n".join(lines)
 

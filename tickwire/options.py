@@ -166,7 +166,8 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
         if o.kind == "words":
             parser.add_argument(o.flag, nargs="+", default=argparse.SUPPRESS, metavar=o.metavar, help=helptext)
         else:
-            parser.add_argument(o.flag, default=argparse.SUPPRESS, metavar=o.metavar or (None if o.choices else o.dest.upper()),
+            parser.add_argument(o.flag, default=argparse.SUPPRESS,
+                                metavar=o.metavar or (None if o.choices else o.dest.upper()),
                                 choices=o.choices or None, help=helptext)
     if {"tls-cert", "tls-key"} <= names:
         parser.add_argument("--no-tls", action=_Unset, dests=("tls_cert", "tls_key"), dest="_unset_tls",

@@ -52,8 +52,8 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from tickwire.protocol.txn import ACTION_ABORT, ACTION_COMMIT, MODES, AbortRequest, CommitRequest, Transaction
 from tickwire.clients.spark.types import SparkSinkError, arrow_schema_for_spark, conform_arrow
+from tickwire.protocol.txn import ACTION_ABORT, ACTION_COMMIT, MODES, AbortRequest, CommitRequest, Transaction
 
 try:  # Spark's Python data source API (pyspark 4.1+); the module stays importable without it
     from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage

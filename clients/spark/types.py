@@ -47,7 +47,7 @@ class _Unsupported(Exception):
 def _simple(dt) -> str:
     try:
         return dt.simpleString()
-    except Exception:  # a user-defined type without a simple form
+    except Exception:  # noqa: BLE001 - a user-defined type without a simple form
         return type(dt).__name__
 
 

@@ -20,11 +20,23 @@ from google.protobuf.message import DecodeError, Message
 from tickwire.errors import ProtocolError
 from tickwire.protocol.proto import (
     application_pb2 as application,
+)
+from tickwire.protocol.proto import (
     config_pb2 as config,
+)
+from tickwire.protocol.proto import (
     flight_pb2 as flight,
+)
+from tickwire.protocol.proto import (
     session_pb2 as session,
+)
+from tickwire.protocol.proto import (
     storage_pb2 as storage,
+)
+from tickwire.protocol.proto import (
     table_pb2 as table,
+)
+from tickwire.protocol.proto import (
     ticket_pb2 as ticket,
 )
 

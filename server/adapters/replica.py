@@ -31,13 +31,13 @@ import pyarrow as pa
 
 from tickwire.clients.client import BarrageClient
 from tickwire.clients.state import NaturalTableState
+from tickwire.clock import Clock
 from tickwire.errors import ProtocolError
 from tickwire.protocol.difference import difference
 from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_added, natural_modified
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate
-from tickwire.clock import Clock
 from tickwire.server.engine import CatalogError, Engine, UpdateSourceTable
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.keyindex import KeyIndex, mix
@@ -72,7 +72,7 @@ class ReplicaTable(UpdateSourceTable):
         self.status = "connecting"
 
     # -- key -> slot ------------------------------------------------------------------------------
-    def _slots(self, keys) -> np.ndarray:
+    def slots(self, keys) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.int64)
         slots, _ = self._index.lookup(mix(keys), _same)
         if slots.size and slots.min() < 0:
@@ -146,7 +146,7 @@ class ReplicaTable(UpdateSourceTable):
             if not mrows.is_subset_of(rows):
                 raise ProtocolError(f"replica {self.name!r}: modified rows of {name!r} are not all held")
             col = self.store.columns[self.store.index[name]]
-            col.write(self._slots(mrows.keys()), values)
+            col.write(self.slots(mrows.keys()), values)
             modified = modified.union(mrows)
             names.append(name)
         self.rowset = rows
@@ -161,7 +161,7 @@ class ReplicaTable(UpdateSourceTable):
         self._add_keys(keys[d.added], values.take(pa.array(d.added)))
         mod_idx = d.modified_rows
         if mod_idx.size:
-            self.store.write(self._slots(keys[mod_idx]), values.take(pa.array(mod_idx)))
+            self.store.write(self.slots(keys[mod_idx]), values.take(pa.array(mod_idx)))
         self.rowset = RowSet.from_keys(keys) if keys.size else RowSet()
         return TableUpdate(added=RowSet.from_keys(keys[d.added]) if d.added.size else RowSet(),
                            removed=RowSet.from_keys(d.removed) if d.removed.size else RowSet(),

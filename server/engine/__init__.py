@@ -8,12 +8,28 @@ outside this package names the graph, its lock or its private state (tests/test_
 checks it).
 """
 from tickwire.server.engine.catalog import KINDS, TableSpec, is_hidden, is_system, kind_of
-from tickwire.server.engine.config import (Durability, EncodeLimits, EngineConfig, PerfTablesConfig, PublishingConfig,
-                                           StagingLimits)
+from tickwire.server.engine.config import (
+                                           Durability,
+                                           EncodeLimits,
+                                           EngineConfig,
+                                           PerfTablesConfig,
+                                           PublishingConfig,
+                                           StagingLimits,
+)
 from tickwire.server.engine.core import Engine
-from tickwire.server.engine.errors import (CatalogError, IngestError, InputTypeError, ModeError, OperationError,
-                                           SchemaMismatchError, TableInUseError, TableMismatchError,
-                                           UpdateValidationError, WriteRefused, WriteTimeout)
+from tickwire.server.engine.errors import (
+                                           CatalogError,
+                                           IngestError,
+                                           InputTypeError,
+                                           ModeError,
+                                           OperationError,
+                                           SchemaMismatchError,
+                                           TableInUseError,
+                                           TableMismatchError,
+                                           UpdateValidationError,
+                                           WriteRefused,
+                                           WriteTimeout,
+)
 from tickwire.server.engine.graph.graph import TableFailedError
 from tickwire.server.engine.graph.sources import UpdateSourceTable
 from tickwire.server.engine.graph.tables import Table
@@ -22,5 +38,6 @@ from tickwire.server.engine.ingest import MODES, Destination
 __all__ = ["Engine", "EngineConfig", "Durability", "StagingLimits", "PerfTablesConfig", "PublishingConfig",
            "EncodeLimits", "TableSpec", "Destination", "MODES", "KINDS", "Table", "UpdateSourceTable",
            "kind_of", "is_hidden", "is_system", "CatalogError", "TableMismatchError", "TableInUseError",
-           "IngestError", "InputTypeError", "ModeError", "OperationError", "SchemaMismatchError", "WriteRefused", "WriteTimeout",
+           "IngestError", "InputTypeError", "ModeError", "OperationError", "SchemaMismatchError", "WriteRefused",
+           "WriteTimeout",
            "UpdateValidationError", "TableFailedError"]

@@ -42,15 +42,30 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 import pyarrow as pa
 
 from tickwire.clock import SYSTEM_CLOCK, Clock
-from tickwire.server.engine.catalog import (CLASSES, KINDS, TableSpec, check_schema, check_table, is_hidden,
-                                            is_system, kind_of)
+from tickwire.server.engine.catalog import (
+    CLASSES,
+    KINDS,
+    TableSpec,
+    check_schema,
+    check_table,
+    is_hidden,
+    is_system,
+    kind_of,
+)
 from tickwire.server.engine.config import Durability, EngineConfig, PublishingConfig
-from tickwire.server.engine.errors import (CatalogError, IngestError, ModeError, TableInUseError, TableMismatchError,
-                                           TickwireError, WriteTimeout)
+from tickwire.server.engine.errors import (
+    CatalogError,
+    IngestError,
+    ModeError,
+    TableInUseError,
+    TableMismatchError,
+    TickwireError,
+    WriteTimeout,
+)
 from tickwire.server.engine.graph.graph import CycleErrorRecord, UpdateGraph
 from tickwire.server.engine.graph.sources import KeyedTable, SourceTable, UpdateSourceTable
-from tickwire.server.engine.graph.tables import Table, as_table
 from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.tables import Table, as_table
 from tickwire.server.engine.ingest import Destination, ReplaceState, prepare_ops
 from tickwire.server.engine.perf_tables import PerfTables
 from tickwire.server.engine.publishing.publisher import PublisherRegistry

@@ -11,7 +11,8 @@ from __future__ import annotations
 from tickwire.errors import TickwireError
 
 __all__ = ["SchemaMismatchError", "OperationError", "CatalogError", "TableMismatchError", "TableInUseError",
-           "IngestError", "WriteTimeout", "InputTypeError", "WriteRefused", "ModeError", "UpdateValidationError", "TickwireError"]
+           "IngestError", "WriteTimeout", "InputTypeError", "WriteRefused", "ModeError", "UpdateValidationError",
+           "TickwireError"]
 
 
 class OperationError(TickwireError, ValueError):

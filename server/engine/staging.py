@@ -300,7 +300,7 @@ class Staging:
             return {"bytes": self._total, "producer_limit": self.producer_limit, "total_limit": self.total_limit,
                     "ttl_s": self.ttl, "parts": self._parts_total, "max_parts": self.max_parts,
                     "committed": self.committed, "replays": self.replays, "expired": self.expired,
-                    "producers": {p: b for p, b in self._used.items()},
+                    "producers": dict(self._used.items()),
                     "batches": [{"producer": k[0], "batch": k[1],
                                  "parts": [{"part": p.part, "attempt": p.attempt, "rows": p.rows, "bytes": p.nbytes,
                                             "table": p.table} for p in parts.values()]}

@@ -19,8 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tickwire.server.engine import kind_of
-from tickwire.server.observability.health import (NOT_SERVING, SERVING, TABLE_SERVICE_PREFIX, Health,
-                                                  status_name)
+from tickwire.server.observability.health import NOT_SERVING, SERVING, TABLE_SERVICE_PREFIX, Health, status_name
 from tickwire.server.observability.metrics import ErrorCounts, Metrics, TransferCounters
 
 __all__ = ["Observability", "Health", "Metrics", "TransferCounters", "ErrorCounts", "TABLE_SERVICE_PREFIX"]
@@ -118,7 +117,7 @@ class Observability:
             await runner.cleanup()
             raise
         self._runner = runner
-        self.metrics_port = site._server.sockets[0].getsockname()[1]
+        self.metrics_port = runner.addresses[0][1]
         return self.metrics_port
 
     async def close(self) -> None:

@@ -69,7 +69,7 @@ class Health:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._status: dict[str, int] = {name: NOT_SERVING for name in SERVER_SERVICES}
+        self._status: dict[str, int] = dict.fromkeys(SERVER_SERVICES, NOT_SERVING)
         self._tables: set[str] = set()
         self._dirty: set[str] = set()
         self._flush_scheduled = False
@@ -84,7 +84,7 @@ class Health:
         if self.stopping:
             with self._lock:
                 self.stopping = False
-                self._status = {name: NOT_SERVING for name in SERVER_SERVICES}
+                self._status = dict.fromkeys(SERVER_SERVICES, NOT_SERVING)
                 self._tables = set()
                 self._dirty = set()
                 self._flush_scheduled = False
@@ -107,7 +107,7 @@ class Health:
     # -- changes --------------------------------------------------------------------------------------
     def set_serving(self, serving: bool) -> None:
         """The server as a whole (every name of SERVER_SERVICES)."""
-        self._update({name: SERVING if serving else NOT_SERVING for name in SERVER_SERVICES})
+        self._update(dict.fromkeys(SERVER_SERVICES, SERVING if serving else NOT_SERVING))
 
     def set_tables(self, statuses: dict[str, int]) -> None:
         """The statuses of every published table by table name; names of tables that are gone are

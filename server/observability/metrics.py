@@ -59,7 +59,8 @@ class TransferCounters:
         self.retired_updates = 0
         self.retired_coalesced = 0
         self.retired_snapshot_messages = 0
-        self._rows_out: collections.Counter = collections.Counter()  # by table: DoGet, snapshot requests, retired subscriptions
+        # by table: DoGet, snapshot requests, retired subscriptions
+        self._rows_out: collections.Counter = collections.Counter()
 
     def rows_out(self, table: str, rows: int) -> None:
         """A message of `rows` rows of `table` is sent (DoGet or a snapshot request's reply)."""
@@ -120,7 +121,8 @@ class _SubscriptionFigures:
     __slots__ = ("updates", "coalesced", "snapshot_pieces", "rows_out")
 
     def __init__(self, updates: int, coalesced: int, snapshot_pieces: int, rows_out: collections.Counter):
-        self.updates, self.coalesced, self.snapshot_pieces, self.rows_out = updates, coalesced, snapshot_pieces, rows_out
+        self.updates, self.coalesced = updates, coalesced
+        self.snapshot_pieces, self.rows_out = snapshot_pieces, rows_out
 
 
 def _table_of(sub) -> str:

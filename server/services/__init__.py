@@ -1,9 +1,9 @@
 """tickwire.server.services: one module per gRPC service, each building its handlers from the
 method table (tickwire.protocol.proto.methods): Arrow Flight, and Deephaven's Config, Session,
 Table, Application and Storage services. `handlers(ctx)` gathers them all."""
-from tickwire.server.services.context import ServerContext
 from tickwire.server.services.application_service import ApplicationService
 from tickwire.server.services.config_service import BARRAGE_VERSION, ConfigService
+from tickwire.server.services.context import ServerContext
 from tickwire.server.services.flight_service import KEYS_METADATA, FlightService
 from tickwire.server.services.session_service import SessionService
 from tickwire.server.services.storage_service import StorageService

@@ -137,8 +137,8 @@ class _Parser:
 
     def fail(self, expected: str):
         t = self.tok
-        found = "the end" if t.kind == "end" else repr(t.text if t.kind not in ("str", "sq") else
-                                                          ("`" + t.text + "`" if t.kind == "str" else "'" + t.text + "'"))
+        quoted = ("`" + t.text + "`" if t.kind == "str" else "'" + t.text + "'")
+        found = "the end" if t.kind == "end" else repr(t.text if t.kind not in ("str", "sq") else quoted)
         raise ExpressionError(f"cannot parse {self.text!r}: at position {t.pos}: expected {expected}, found {found}")
 
     def node(self, *a, **k) -> _Node:
@@ -200,8 +200,8 @@ class _Parser:
             operand = self.unary()
         finally:
             self.depth -= 1
-        if t.text == "-" and operand.kind == "lit" and operand.vtype != "null" and not isinstance(operand.value, (str, bool)) \
-                and operand.op == "number":
+        if t.text == "-" and operand.kind == "lit" and operand.vtype != "null" \
+                and not isinstance(operand.value, (str, bool)) and operand.op == "number":
             return self._negated_literal(operand, t.pos)
         return self.node("neg" if t.text == "-" else "not", t.pos, args=(operand,))
 
@@ -270,7 +270,8 @@ def _number(t: _Tok, text: str):
     v = float(body)
     if suffix == "f":
         f32 = pa.scalar(v, pa.float32()).as_py()
-        if math.isinf(f32) or (f32 == 0.0 and v != 0.0) or (v != 0.0 and abs(f32) < 1.1754943508222875e-38 and v != f32):
+        subnormal = v != 0.0 and abs(f32) < 1.1754943508222875e-38 and v != f32
+        if math.isinf(f32) or (f32 == 0.0 and v != 0.0) or subnormal:
             raise ExpressionError(f"float literal {s} at position {t.pos} is out of range in {text!r}")
         return f32, pa.float32()
     if math.isinf(v) or (v == 0.0 and re.search(r"[1-9]", body.split("e")[0].split("E")[0])):
@@ -464,8 +465,8 @@ def _neg_zero(v: _Val, e):
     """true where a floating-point value is -0.0 (false for null)"""
     if v.is_lit:
         return pc.scalar(v.lit == 0.0 and math.copysign(1.0, v.lit) < 0)
-    return pc.coalesce(pc.and_kleene(pc.equal(e, pc.scalar(0.0)), pc.less(pc.divide(pc.scalar(1.0), e.cast(pa.float64())),
-                                                                     pc.scalar(0.0))), pc.scalar(False))
+    negative = pc.less(pc.divide(pc.scalar(1.0), e.cast(pa.float64())), pc.scalar(0.0))
+    return pc.coalesce(pc.and_kleene(pc.equal(e, pc.scalar(0.0)), negative), pc.scalar(False))
 
 
 def compare(op: str, a: _Val, b: _Val, fail, signed_zeros: bool = True) -> Any:
@@ -690,7 +691,8 @@ def parse_filter(text: str, schema: pa.Schema) -> pc.Expression:
         return _match(col, values, negate, schema)
     # X = 'text' on a string column: Deephaven matches the text in single quotes
     if len(toks) == 4 and toks[0].kind == "name" and toks[1].kind == "op" and toks[1].text in ("=", "==", "!=") \
-            and toks[2].kind == "sq" and toks[0].text in schema.names and _kind(schema.field(toks[0].text).type) == "str":
+            and toks[2].kind == "sq" and toks[0].text in schema.names \
+            and _kind(schema.field(toks[0].text).type) == "str":
         return _match(toks[0].text, [toks[2].text], toks[1].text == "!=", schema)
     return _build_predicate(text, schema, toks)
 

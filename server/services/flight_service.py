@@ -23,6 +23,7 @@ from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import BARRAGE_SCHEMA, attributes_from_schema, ipc_encapsulated_schema
+from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
 from tickwire.protocol.txn import (
     ACTION_ABORT,
     ACTION_COMMIT,
@@ -33,17 +34,21 @@ from tickwire.protocol.txn import (
     parse_commit,
 )
 from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
-from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
+from tickwire.server.engine import Table, TableSpec, is_system, kind_of
 from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot_message
+from tickwire.server.engine.publishing.handle import (
+    SubscriptionHandle,
+    Waker,
+    describe_view,
+    encoded_payloads,
+    outcome_of,
+)
 from tickwire.server.engine.publishing.views import requested, requested_columns, requested_viewport
-from tickwire.server.engine.publishing.handle import SubscriptionHandle, Waker, describe_view, encoded_payloads, outcome_of
-from tickwire.server.engine import TableSpec, is_system, kind_of
-from tickwire.server.engine import Table
+from tickwire.server.engine.staging import StagedPart
 from tickwire.server.observability.metrics import TransferCounters
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.rpc import RAW, CallError, service_handlers
 from tickwire.server.services.sessions import ResolveError, Session
-from tickwire.server.engine.staging import StagedPart
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
@@ -386,9 +391,9 @@ class FlightService:
         delay = 0.005
         while not self.staging.try_reserve(part, nbytes):
             if loop.time() > deadline:
-                raise CallError(f"DoPut: no room to stage batch {part.batch} part "
-                                                      f"{part.part!r} of producer {part.producer!r} within "
-                                                      f"{self.staging.wait_timeout:.0f} s (staging area full)", "RESOURCE_EXHAUSTED")
+                raise CallError(f"DoPut: no room to stage batch {part.batch} part {part.part!r} of producer "
+                                f"{part.producer!r} within {self.staging.wait_timeout:.0f} s (staging area full)",
+                                "RESOURCE_EXHAUSTED")
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
@@ -424,7 +429,7 @@ class FlightService:
             if existing is not None:
                 if kind_of(existing) not in ("append", "keyed"):
                     raise CallError(f"table {t.name!r} is a {type(existing).__name__}; "
-                                                           "DoPut appends only to append-only or keyed tables", "FAILED_PRECONDITION")
+                                    "DoPut appends only to append-only or keyed tables", "FAILED_PRECONDITION")
                 return existing
             spec = TableSpec(t.name, "keyed" if keys else "append", plain, keys=keys, attributes=attrs)
             table, _created = engine.get_or_create(spec)

@@ -12,8 +12,8 @@ import asyncio
 from tickwire.protocol.proto import session_pb2
 from tickwire.protocol.proto.methods import SESSION_SERVICE
 from tickwire.server.services.context import ServerContext
-from tickwire.server.services.rpc import CallError, service_handlers
 from tickwire.server.services.exports import export, export_id
+from tickwire.server.services.rpc import CallError, service_handlers
 from tickwire.server.services.sessions import SHUTDOWN, Session
 
 __all__ = ["SessionService"]

@@ -10,11 +10,11 @@ from tickwire.protocol.proto import table_pb2
 from tickwire.protocol.proto.methods import TABLE_SERVICE
 from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket
-from tickwire.server.engine.publishing import TableWire
 from tickwire.server.engine import Table
+from tickwire.server.engine.publishing import TableWire
 from tickwire.server.services.context import ServerContext
-from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.exports import export, export_id
+from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.sessions import Session
 from tickwire.server.services.table_ops import OPERATIONS
 

@@ -27,8 +27,15 @@ import grpc
 
 from tickwire.errors import ProtocolError
 from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM, UNARY
-from tickwire.protocol.ws_multiplex import (GoAwayAcknowledged, HalfClosed, MessageReceived, ServerConnection,
-                                            StreamClosedByClient, StreamOpened, close_reason)
+from tickwire.protocol.ws_multiplex import (
+    GoAwayAcknowledged,
+    HalfClosed,
+    MessageReceived,
+    ServerConnection,
+    StreamClosedByClient,
+    StreamOpened,
+    close_reason,
+)
 from tickwire.server.services.rpc import GuardedMethod, short
 
 __all__ = ["MultiplexSocket", "CURRENT_SOCKET"]
@@ -113,7 +120,8 @@ class MultiplexSocket:
 
     def __init__(self, methods: dict[str, GuardedMethod], send_ws: Callable, close_ws: Callable, *,
                  peer: str = "", max_message_size: int = 100 * 1024 * 1024, max_streams: int = 256,
-                 send_queue: int = 8, request_queue: int = 4, on_closed: Optional[Callable[["MultiplexSocket"], Any]] = None):
+                 send_queue: int = 8, request_queue: int = 4,
+                 on_closed: Optional[Callable[["MultiplexSocket"], Any]] = None):
         self.methods = methods
         self.conn = ServerConnection(max_message_size=max_message_size, max_streams=max_streams)
         self.peer = peer

@@ -92,7 +92,7 @@ class WebSide:
         site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_address=True)
         await site.start()
         self.sites.append(site)
-        return site._server.sockets[0].getsockname()[1]
+        return self.runner.addresses[-1][1]  # the site just started is the runner's last
 
     async def close(self) -> None:
         """Go-away on every socket, then the sockets and the sites close."""

@@ -198,7 +198,7 @@ class PortSplitter:
         deadline = loop.time() + self.first_bytes_timeout
         while True:
             ready = loop.create_future()
-            loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
+            loop.add_reader(conn.fileno(), lambda ready=ready: ready.done() or ready.set_result(None))
             try:
                 await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
             finally:

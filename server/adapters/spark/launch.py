@@ -167,7 +167,7 @@ def spark_conf(app_name: str = "tickwire", conf: Optional[Mapping[str, str]] = N
 def _jvm_running() -> bool:
     from pyspark import SparkContext
 
-    return SparkContext._gateway is not None
+    return SparkContext._gateway is not None  # noqa: SLF001 - pyspark has no public way to tell its JVM is up
 
 
 def spark_session(app_name: str = "tickwire", conf: Optional[Mapping[str, str]] = None, *, master: str = "local[2]",

@@ -135,19 +135,19 @@ class TickwireSink:
     def __call__(self, batch_df, batch_id) -> None:
         _write_spark_batch((self,), batch_df, batch_id)
 
-    def _key(self, batch_id, scope: Optional[str]) -> tuple:
+    def batch_key(self, batch_id, scope: Optional[str]) -> tuple:
         """The id a batch is applied under: ("spark", scope, batch id)."""
         return ("spark", scope or self.scope or self._own_scope, int(batch_id))
 
-    def _is_replay(self, key) -> bool:
+    def is_replay(self, key) -> bool:
         table = self.table
         if table is not None and table.has_batch(key):
-            self._note(key, None, accepted=False, timing={})
+            self.note(key, None, accepted=False, timing={})
             log.info("table %r: Spark batch %s of query %s was already applied; ignored", self.name, key[2], key[1])
             return True
         return False
 
-    def _schema_for(self, spark_schema) -> pa.Schema:
+    def schema_for(self, spark_schema) -> pa.Schema:
         if self._checked_spark_schema is not None and spark_schema == self._checked_spark_schema:
             return self._schema
         exclude = [self.delete_column] if self.delete_column else []
@@ -173,8 +173,8 @@ class TickwireSink:
         applied in this scope (default: the sink's `scope`, else one of its own)."""
         if isinstance(data, pa.RecordBatch):
             data = pa.Table.from_batches([data])
-        key = self._key(batch_id, scope)
-        if self._is_replay(key):
+        key = self.batch_key(batch_id, scope)
+        if self.is_replay(key):
             return False
         schema = self._schema
         if schema is None:
@@ -182,20 +182,20 @@ class TickwireSink:
             self._ensure_table(schema)
         t0 = time.perf_counter()
         timing: dict = {}
-        data = self._prepare(data, schema, timing)
+        data = self.prepare_batch(data, schema, timing)
         (accepted,) = _queue_all([(self, data, key, timing)])
         timing["write_s"] = time.perf_counter() - t0
-        self._note(key, timing.get("rows"), accepted, timing)
+        self.note(key, timing.get("rows"), accepted, timing)
         return accepted
 
-    def _prepare(self, data: Optional[pa.Table], schema: pa.Schema, timing: dict) -> pa.Table:
+    def prepare_batch(self, data: Optional[pa.Table], schema: pa.Schema, timing: dict) -> pa.Table:
         """The batch in the table's types (plus the delete column in upsert mode)."""
         t0 = time.perf_counter()
         data = conform_arrow(data, schema, self.name, self.dest.extra_schema)
         timing["prepare_s"] = time.perf_counter() - t0
         return data
 
-    def _note(self, key, rows: Optional[int], accepted: bool, timing: dict) -> None:
+    def note(self, key, rows: Optional[int], accepted: bool, timing: dict) -> None:
         with self._lock:
             if accepted:
                 self.batches += 1
@@ -247,7 +247,7 @@ def _queue_all(items) -> list[bool]:
                 items[i][3]["applied_at"] = applied
         for i in waiting:  # a table whose storage refused the cycle's input did not apply the batch
             sink = items[i][0]
-            refusal = getattr(sink._table, "refusal", None)
+            refusal = getattr(sink.table, "refusal", None)
             if refusal is not None and results[i]:
                 raise SparkSinkError(f"tickwire sink into table {sink.name!r}: the batch was not applied: {refusal}")
     return results
@@ -258,7 +258,7 @@ def _query_id(batch_df) -> Optional[str]:
     thread that runs the batch."""
     try:
         return batch_df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-    except Exception:  # not classic PySpark: each sink falls back to its own scope
+    except Exception:  # noqa: BLE001 - not classic PySpark: each sink falls back to its own scope
         return None
 
 
@@ -267,21 +267,21 @@ def _write_spark_batch(sinks: Sequence[TickwireSink], batch_df, batch_id) -> Non
     t0 = time.perf_counter()
     query = _query_id(batch_df)
     # a sink's own `scope` (when given) wins over the query's id
-    todo = [(s, s._key(batch_id, s.scope or query)) for s in sinks]
-    todo = [(s, key) for s, key in todo if not s._is_replay(key)]
+    todo = [(s, s.batch_key(batch_id, s.scope or query)) for s in sinks]
+    todo = [(s, key) for s, key in todo if not s.is_replay(key)]
     if not todo:
         return
-    schemas = [s._schema_for(batch_df.schema) for s, _ in todo]
+    schemas = [s.schema_for(batch_df.schema) for s, _ in todo]
     data = collect_arrow(batch_df)
     convert = time.perf_counter() - t0
     items = []
     for (s, key), schema in zip(todo, schemas):
         timing = {"convert_s": convert}
-        items.append((s, s._prepare(data, schema, timing), key, timing))
+        items.append((s, s.prepare_batch(data, schema, timing), key, timing))
     results = _queue_all(items)
     for (s, key), (_s, _data, _key, timing), accepted in zip(todo, items, results):
         timing["write_s"] = time.perf_counter() - t0 - convert
-        s._note(key, timing.get("rows"), accepted, timing)
+        s.note(key, timing.get("rows"), accepted, timing)
 
 
 def fan_out(*sinks: TickwireSink):

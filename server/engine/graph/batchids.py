@@ -72,7 +72,7 @@ class BatchIds:
         for b in state.get("plain", ()):
             out._plain.add(_tuples(b))
         for scope, floor, recent in state.get("scopes", ()):
-            out._scopes[tuple(_tuples(x) for x in scope)] = (int(floor), set(int(n) for n in recent))
+            out._scopes[tuple(_tuples(x) for x in scope)] = (int(floor), {int(n) for n in recent})
         return out
 
     def __len__(self) -> int:

@@ -40,8 +40,8 @@ import pyarrow as pa
 from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
 from tickwire.server.engine.errors import CatalogError, OperationError
-from tickwire.server.engine.graph.tables import Table
 from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.tables import Table
 
 __all__ = ["UpdateGraph", "CycleHooks", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
 
@@ -253,7 +253,7 @@ class UpdateGraph:
                 continue
             try:
                 on_failure(table, failure)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a listener's bug is reported, the others still hear
                 self._report(step, table.name, exc, "a listener's failure callback")
 
     def set_input_journal(self, journal) -> None:
@@ -271,7 +271,7 @@ class UpdateGraph:
             return
         try:
             refused = self._input_journal.record(step, inputs)
-        except Exception as exc:  # the journal itself broke: nothing it was given is durable
+        except Exception as exc:  # noqa: BLE001 - the journal itself broke: nothing it was given is durable
             self._report(step, "<journal>", exc, "journaling the input")
             refused = set(inputs)
         for t in refused:
@@ -299,7 +299,7 @@ class UpdateGraph:
                 t1 = clock()
                 try:
                     update = table.apply_pending(step, ops)
-                except Exception as exc:  # one failing source leaves the others running
+                except Exception as exc:  # noqa: BLE001 - one failing source leaves the others running
                     self._report(step, table.name, exc, "applying the input")
                     table.end_cycle()
                     continue
@@ -324,7 +324,7 @@ class UpdateGraph:
                         if table.failure is None:
                             self._fail(step, table, exc.failure.derived(table.name))
                         continue
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - recorded as the table's failure
                         # its state may be half changed: the table fails rather than go on without
                         # the rows of this cycle
                         self._report(step, table.name, exc, "following the parents")
@@ -341,14 +341,14 @@ class UpdateGraph:
                 for fn in list(table.listeners):
                     try:
                         fn(table, update, step)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - a listener's bug is reported, the others still hear
                         self._report(step, table.name, exc, "a listener")
                 work[table.name] = work.get(table.name, 0.0) + clock() - t1
             self.cycle_updates, self.cycle_work = updates, work
             for fn in list(self._cycle_listeners):
                 try:
                     fn(step)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a cycle listener's bug is reported, the cycle goes on
                     self._report(step, "<cycle>", exc, "a cycle listener")
             self.cycle_updates, self.cycle_work = {}, {}
             for table in changed:

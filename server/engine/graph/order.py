@@ -25,9 +25,9 @@ from typing import Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine.graph.keymap import KeyMap
-from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.keymap import KeyMap
 
 __all__ = ["SortKeys", "OrderIndex", "NONE_LO", "NONE_HI"]
 

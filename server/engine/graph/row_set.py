@@ -32,7 +32,7 @@ _PER_CALL_KEYS = 1500
 _LAZY_KEYS = 1 << 16
 
 
-def _keys_to_bitmap(keys: np.ndarray) -> BitMap64:
+def keys_to_bitmap(keys: np.ndarray) -> BitMap64:
     """Builds a bitmap from int64 keys (pyroaring reads an array.array much faster than numpy)."""
     buf = array.array("Q")
     buf.frombytes(np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64).tobytes())
@@ -112,7 +112,7 @@ class RowSet:
         if b is None:
             k = self._k
             if k is not None:
-                b = self._b = _keys_to_bitmap(k)
+                b = self._b = keys_to_bitmap(k)
         return b
 
     # -- construction ---------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class RowSet:
         if int(k[-1]) - int(k[0]) + 1 == k.size:
             return cls(int(k[0]), int(k[-1]))
         if k.size > _LAZY_KEYS:  # big sets (snapshots, builds) go straight into a bitmap
-            return cls(0, -1, _keys_to_bitmap(k))
+            return cls(0, -1, keys_to_bitmap(k))
         # a change-sized set keeps its keys: many are only counted, encoded or gathered, and a
         # bitmap of keys spread over a large key space costs per container touched
         return cls(0, -1, None, k)
@@ -166,13 +166,13 @@ class RowSet:
         lengths = r[:, 1] - r[:, 0] + 1
         long_ = lengths >= _LONG_RANGE
         short = r[~long_]
-        bm = _keys_to_bitmap(ranges_to_keys(short)) if short.shape[0] else BitMap64()
+        bm = keys_to_bitmap(ranges_to_keys(short)) if short.shape[0] else BitMap64()
         for s, e in r[long_].tolist():  # one C call per long range
             bm.add_range(s, e + 1)
-        return cls._from_bitmap(bm)
+        return cls.from_bitmap(bm)
 
     @classmethod
-    def _from_bitmap(cls, bm: BitMap64) -> "RowSet":
+    def from_bitmap(cls, bm: BitMap64) -> "RowSet":
         n = len(bm)
         if n == 0:
             return cls()
@@ -181,7 +181,7 @@ class RowSet:
             return cls(lo, hi)
         return cls(0, -1, bm)
 
-    def _bitmap(self) -> BitMap64:
+    def bitmap(self) -> BitMap64:
         if self._bm is not None:
             return self._bm
         bm = BitMap64()
@@ -235,7 +235,7 @@ class RowSet:
             return False
         if self._k is not None and other._k is not None:
             return bool(np.array_equal(self._k, other._k))
-        return self._bitmap() == other._bitmap()
+        return self.bitmap() == other.bitmap()
 
     __hash__ = None  # mutable-looking value type: not hashable
 
@@ -297,7 +297,7 @@ class RowSet:
             return RowSet.from_keys(np.union1d(self._k, other._k))
         if self.is_single_range and other.is_single_range and other._lo <= self._hi + 1 and self._lo <= other._hi + 1:
             return RowSet(min(self._lo, other._lo), max(self._hi, other._hi))
-        return RowSet._from_bitmap(self._bitmap() | other._bitmap())
+        return RowSet.from_bitmap(self.bitmap() | other.bitmap())
 
     def intersect(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
@@ -308,7 +308,7 @@ class RowSet:
             return self.subset_by_key_range(other._lo, other._hi)
         if self.is_single_range:
             return other.subset_by_key_range(self._lo, self._hi)
-        return RowSet._from_bitmap(self._bm & other._bm)
+        return RowSet.from_bitmap(self._bm & other._bm)
 
     def minus(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
@@ -325,10 +325,10 @@ class RowSet:
                     return RowSet(other._hi + 1, self._hi)
                 if other._hi >= self._hi:
                     return RowSet(self._lo, other._lo - 1)
-            bm = self._bitmap().copy() if not self.is_single_range else self._bitmap()
+            bm = self.bitmap().copy() if not self.is_single_range else self.bitmap()
             bm.remove_range(other._lo, other._hi + 1)
-            return RowSet._from_bitmap(bm)
-        return RowSet._from_bitmap(self._bitmap() - other._bm)
+            return RowSet.from_bitmap(bm)
+        return RowSet.from_bitmap(self.bitmap() - other._bm)
 
     __or__, __and__, __sub__ = union, intersect, minus
 
@@ -352,7 +352,7 @@ class RowSet:
             return self._lo <= other._hi and other._lo <= self._hi
         if self.last() < other.first() or other.last() < self.first():
             return False
-        return not self._bitmap().isdisjoint(other._bitmap())
+        return not self.bitmap().isdisjoint(other.bitmap())
 
     def subset_by_key_range(self, first: int, last: int) -> "RowSet":
         """The keys k of this set with first <= k <= last."""
@@ -373,7 +373,7 @@ class RowSet:
         hi_pos = bm.rank(last)
         if hi_pos <= lo_pos:
             return RowSet()
-        return RowSet._from_bitmap(bm[lo_pos:hi_pos])
+        return RowSet.from_bitmap(bm[lo_pos:hi_pos])
 
     # -- positions ------------------------------------------------------------------------------
     def select(self, positions) -> np.ndarray:
@@ -441,7 +441,7 @@ class RowSet:
                 return RowSet()
             if inside.is_single_range:
                 return RowSet(inside._lo - self._lo, inside._hi - self._lo)
-            return RowSet._from_bitmap(inside._bm.shift(-self._lo))
+            return RowSet.from_bitmap(inside._bm.shift(-self._lo))
         pos = self.find(keys.keys())
         return RowSet.from_keys(pos[pos >= 0])
 
@@ -455,7 +455,7 @@ class RowSet:
             return RowSet(self._lo + first, self._lo + last)
         if self._k is not None:
             return RowSet.from_keys(self._k[first:last + 1])
-        return RowSet._from_bitmap(self._bm[first:last + 1])
+        return RowSet.from_bitmap(self._bm[first:last + 1])
 
     def subset_by_position_ranges(self, ranges) -> "RowSet":
         """The keys at the positions of closed position ranges (n, 2) (e.g. a viewport)."""
@@ -471,7 +471,7 @@ class RowSet:
         out = BitMap64()
         for s, e in r.tolist():  # one positional slice per range
             out |= self._bm[max(s, 0):min(e, n - 1) + 1]
-        return RowSet._from_bitmap(out)
+        return RowSet.from_bitmap(out)
 
     # -- moving ---------------------------------------------------------------------------------
     def shift(self, delta: int) -> "RowSet":
@@ -635,7 +635,7 @@ class RowSetShiftData:
         s, e, d = self.starts[touch], self.ends[touch], self.deltas[touch]
         if rowset.is_single_range and s.size == 1 and s[0] <= lo and e[0] >= hi:
             return rowset.shift(int(d[0]))
-        src = rowset._bitmap()
+        src = rowset.bitmap()
         stay = src.copy()
         moved = BitMap64()
         containers = None
@@ -655,10 +655,10 @@ class RowSetShiftData:
                 part.remove_range(b + 1, _KEY_END)
                 moved |= part.shift(delta)
             else:
-                moved |= RowSet._from_bitmap(src).subset_by_key_range(a, b).shift(delta)._bitmap()
+                moved |= RowSet.from_bitmap(src).subset_by_key_range(a, b).shift(delta).bitmap()
         if not stay.isdisjoint(moved):
             raise ValueError("a shift moves keys onto keys that do not move")
-        return RowSet._from_bitmap(stay | moved)
+        return RowSet.from_bitmap(stay | moved)
 
     def unapply(self, rowset: RowSet) -> RowSet:
         """The row set before the shifts, given the row set after them."""

@@ -5,8 +5,9 @@ the input here (`queue_rows`, and `queue_delete` / `queue_ops` on keyed tables: 
 calls). The input is checked against the table's schema at once (a mismatch raises
 SchemaMismatchError and queues nothing) and queued; the graph applies it at the start of its next
 cycle and emits one `TableUpdate` per table per cycle. An input whose `batch_id` the table has
-already accepted is ignored (the queue call returns False), so a replayed Spark micro-batch is applied exactly once; numbered
-batch ids (`(scope, n)`, as Spark sinks use) are remembered in bounded memory (see `batchids`).
+already accepted is ignored (the queue call returns False), so a replayed Spark micro-batch is
+applied exactly once; numbered batch ids (`(scope, n)`, as Spark sinks use) are remembered in
+bounded memory (see `batchids`).
 
 Row keys:
 - append-only: 0, 1, 2, ... (one range forever);
@@ -25,18 +26,19 @@ import numpy as np
 import pyarrow as pa
 
 from tickwire.server.engine.errors import OperationError, WriteRefused
+from tickwire.server.engine.graph.arrays import has_duplicates
 from tickwire.server.engine.graph.batchids import BatchIds
 from tickwire.server.engine.graph.column_store import check_hashable, equal_mask, hash_columns, key_verifier
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.tables import Table, as_table, conform
 from tickwire.server.engine.graph.table_update import TableUpdate
-from tickwire.server.engine.graph.arrays import has_duplicates
+from tickwire.server.engine.graph.tables import Table, as_table, conform
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
 
-__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable", "UpdateSourceTable", "WriteRefused"]
+__all__ = ["SourceTable", "AppendOnlyTable", "KeyedTable", "BlinkTable", "RingTable", "UpdateSourceTable",
+           "WriteRefused"]
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +199,7 @@ class RingTable(SourceTable):
         self.store.ensure(self.capacity)
         self._next_key = 0
 
-    def _slots(self, keys):
+    def slots(self, keys):
         return keys % self.capacity
 
     def apply_pending(self, step, ops):
@@ -210,7 +212,7 @@ class RingTable(SourceTable):
         if n > self.capacity:  # rows pushed out within this cycle are never seen
             data = data.slice(n - self.capacity)
             start = end - self.capacity
-        self.store.write(self._slots(np.arange(start, end, dtype=np.int64)), data)
+        self.store.write(self.slots(np.arange(start, end, dtype=np.int64)), data)
         self._next_key = end
         live_first = max(0, end - self.capacity)
         removed = self.rowset.subset_by_key_range(0, live_first - 1)
@@ -229,7 +231,7 @@ class RingTable(SourceTable):
                 row_keys, np.arange(first, next_key, dtype=np.int64))):
             raise ValueError(f"table {self.name!r}: a ring table's rows are its last keys, at most its capacity")
         if n:
-            self.store.write(self._slots(row_keys), data)
+            self.store.write(self.slots(row_keys), data)
         self._next_key = next_key
         self.rowset = RowSet.range(first, next_key - 1)
 

@@ -20,9 +20,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
-from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.errors import UpdateValidationError
+from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 
 __all__ = ["ModifiedColumnSet", "TableUpdate", "UpdateValidationError", "apply_update", "ROW_KEY"]
 

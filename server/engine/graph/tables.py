@@ -123,7 +123,7 @@ class Table:
     def size(self) -> int:
         return len(self.rowset)
 
-    def _slots(self, keys: np.ndarray) -> np.ndarray:
+    def slots(self, keys: np.ndarray) -> np.ndarray:
         """Storage slot of each row key."""
         return keys
 
@@ -135,7 +135,7 @@ class Table:
         if rowset is None:
             rowset = self.rowset
         keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
-        return self.store.gather(self._slots(keys), names)
+        return self.store.gather(self.slots(keys), names)
 
     def gather_with_keys(self, columns: Optional[Sequence[str]] = None, rowset=None,
                          key_column: str = ROW_KEY) -> pa.Table:
@@ -185,7 +185,8 @@ class Table:
     def _derive(self, operation: str, name: Optional[str], *args) -> "Table":
         make = _operations.get(operation)
         if make is None:
-            raise RuntimeError(f"no operation {operation!r} is registered (tickwire.server.engine.graph.ops registers them)")
+            raise RuntimeError(f"no operation {operation!r} is registered "
+                               f"(tickwire.server.engine.graph.ops registers them)")
         return make(self.graph, name or unique_name(self.graph, f"{self.name}.{operation}"), self, *args)
 
     def where(self, predicate, name: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> "Table":

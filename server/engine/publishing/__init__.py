@@ -1,4 +1,5 @@
 """tickwire.server.engine.publishing: publishing tables to Barrage subscribers (deltas, viewports, snapshots)."""
+from tickwire.server.engine.publishing.handle import SubscriptionHandle, Waker, encoded_payloads
 from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.engine.publishing.publisher import (
     Publisher,
@@ -8,7 +9,6 @@ from tickwire.server.engine.publishing.publisher import (
     snapshot_message,
 )
 from tickwire.server.engine.publishing.views import Plan, View, Viewport, plan_full, plan_viewport, window_keys
-from tickwire.server.engine.publishing.handle import SubscriptionHandle, Waker, encoded_payloads
 
 __all__ = [
     "EncodeOptions", "Message", "TableWire", "metadata_bytes",

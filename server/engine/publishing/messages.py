@@ -20,7 +20,7 @@ from tickwire.protocol.flight import decode_flight_data, encode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts
 from tickwire.protocol.schema import to_deephaven_schema, to_wire_array
 from tickwire.protocol.update import encode_schema, encode_update
-from tickwire.server.config import EncodeLimits
+from tickwire.server.engine.config import EncodeLimits
 from tickwire.server.engine.graph import RowSet, Table
 
 __all__ = ["EncodeOptions", "Message", "TableWire", "EMPTY_ROWSET_BYTES", "EMPTY_SHIFT_BYTES"]
@@ -159,8 +159,8 @@ class Message:
         return min(opts.batch_size, rows) if opts.batch_size > 0 else rows
 
     def _chunked(self, opts: EncodeOptions) -> Iterator[bytes]:
-        kw = dict(use_deephaven_nulls=opts.use_deephaven_nulls, columns_as_list=opts.columns_as_list,
-                  batch_size=opts.batch_size, max_message_size=opts.max_message_size)
+        kw = {"use_deephaven_nulls": opts.use_deephaven_nulls, "columns_as_list": opts.columns_as_list,
+                  "batch_size": opts.batch_size, "max_message_size": opts.max_message_size}
         md = self.metadata
         rows = chunk_rows(self.added, self.n_added, self.limits)
         if opts.batch_size > 0:
@@ -215,9 +215,9 @@ def metadata_bytes(*, first_seq: int, last_seq: int, is_snapshot: bool = False,
             b = done[id(rows)] = rows_bytes(rows)
         return b
 
-    raw = dict(effective_viewport=enc(effective_viewport), added_rows=enc(added_rows),
-               removed_rows=enc(removed_rows), shift_data=shifts,
-               added_rows_included=enc(added_rows_included))
+    raw = {"effective_viewport": enc(effective_viewport), "added_rows": enc(added_rows),
+               "removed_rows": enc(removed_rows), "shift_data": shifts,
+               "added_rows_included": enc(added_rows_included)}
     if mod_column_nodes is not None:
         raw["mod_column_nodes"] = [enc(m) if m is not None else EMPTY_ROWSET_BYTES for m in mod_column_nodes]
     payload = md.encode_with(**raw)

@@ -29,10 +29,17 @@ from typing import TYPE_CHECKING, Callable, Optional
 import numpy as np
 
 from tickwire.server.engine.config import EncodeLimits, PublishingConfig
-from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire, metadata_bytes
-from tickwire.server.engine.publishing.views import SubscriptionError, View, plan_full, plan_viewport, requested, window_keys
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, Table, TableUpdate
 from tickwire.server.engine.graph.graph import TableFailedError, TableFailure, TableListener
+from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire, metadata_bytes
+from tickwire.server.engine.publishing.views import (
+    SubscriptionError,
+    View,
+    plan_full,
+    plan_viewport,
+    requested,
+    window_keys,
+)
 
 if TYPE_CHECKING:
     from tickwire.server.engine.core import Engine
@@ -119,7 +126,7 @@ class Subscriber:
         with self.lock:
             return len(self.outbox)
 
-    def _push(self, msg: Message, snapshot: bool = False) -> None:
+    def push(self, msg: Message, snapshot: bool = False) -> None:
         with self.lock:
             self.outbox.append(msg)
         self.messages += 1
@@ -140,7 +147,7 @@ class Subscriber:
     def close(self) -> None:
         self.publisher.unsubscribe(self)
 
-    def _fail(self, failure: TableFailure) -> None:
+    def fail(self, failure: TableFailure) -> None:
         self.failure = failure
         self.behind = self.behind_prev = None
         try:
@@ -256,7 +263,7 @@ class Publisher:
                 self._attached = False
                 self._logs.clear()
                 self._replayed.clear()
-                self.registry._drop(self)
+                self.registry.drop(self)
 
     def _check_view(self, view: View) -> None:
         """A View made from a request (`views.requested`) was checked for this table already; one
@@ -288,7 +295,7 @@ class Publisher:
 
     def _on_failure(self, table: Table, failure: TableFailure) -> None:
         for sub in list(self.subs):
-            sub._fail(failure)
+            sub.fail(failure)
 
     @staticmethod
     def _prev_of(update: TableUpdate, rows: RowSet) -> RowSet:
@@ -459,7 +466,7 @@ class Publisher:
         while sub.cursor < len(lg.messages) and sub.pending() < self.registry.outbox:
             msg = lg.messages[sub.cursor]
             sub.cursor += 1
-            sub._push(msg, snapshot=True)
+            sub.push(msg, snapshot=True)
         if sub.cursor < len(lg.messages) or not lg.complete:
             return
         sub.view = lg.view
@@ -501,7 +508,7 @@ class Publisher:
         sub.view, sub.requested = view, None
         sub.client_keys = plan.client_keys
         sub.behind = sub.behind_prev = None
-        sub._push(msg, snapshot=True)
+        sub.push(msg, snapshot=True)
 
     def _snapshot_done(self, rows: int, columns: int, messages: list, seconds: float, step: int) -> None:
         """Tells the registry's `on_snapshot` of a snapshot built for subscribers."""
@@ -541,7 +548,7 @@ class Publisher:
             if key is not None and hit is None:
                 shared[key] = (sub.behind, before, sub.client_keys, msg)
         sub.behind = sub.behind_prev = None
-        sub._push(msg)
+        sub.push(msg)
 
     def _message(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> Message:
         """`first`..`step` are the message's first_seq..last_seq."""
@@ -574,7 +581,8 @@ class PublisherRegistry:
         self.config = config
         piece_target_ms, min_piece_cells, max_piece_cells = \
             config.piece_target_ms, config.min_piece_cells, config.max_piece_cells
-        self.outbox = config.outbox  # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
+        # messages waiting for a subscriber's writer (a snapshot may queue behind one delta)
+        self.outbox = config.outbox
         self.limits = config.encode
         self.max_viewport_ranges = config.max_viewport_ranges
         self.shared_snapshots = config.shared_snapshots
@@ -606,7 +614,7 @@ class PublisherRegistry:
                 p = self._by_table[id(table)] = Publisher(self, table)
             return p
 
-    def _drop(self, p: Publisher) -> None:
+    def drop(self, p: Publisher) -> None:
         with self._lock:
             if self._by_table.get(id(p.table)) is p:
                 del self._by_table[id(p.table)]

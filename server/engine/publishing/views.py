@@ -17,8 +17,8 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.rowset import merge_ranges
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
 
-__all__ = ["View", "Viewport", "SubscriptionError", "Plan", "window_keys", "plan_full", "plan_viewport", "clip_positions",
-           "requested", "requested_columns", "requested_viewport"]
+__all__ = ["View", "Viewport", "SubscriptionError", "Plan", "window_keys", "plan_full", "plan_viewport",
+           "clip_positions", "requested", "requested_columns", "requested_viewport"]
 
 EMPTY_SHIFTS = RowSetShiftData()
 
@@ -43,7 +43,7 @@ class Viewport:
 
     def __init__(self, ranges):
         if isinstance(ranges, Viewport):
-            r = ranges._ranges
+            r = ranges.ranges()
         elif isinstance(ranges, RowSet):
             r = ranges.ranges()
         else:
@@ -166,7 +166,8 @@ def requested_viewport(ranges, max_ranges: int) -> Optional[Viewport]:
         return None
     r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
     if r.shape[0] > max_ranges:
-        raise SubscriptionError(f"viewport has {r.shape[0]} ranges; at most {max_ranges} are accepted", "RESOURCE_EXHAUSTED")
+        raise SubscriptionError(f"viewport has {r.shape[0]} ranges; at most {max_ranges} are accepted",
+                                "RESOURCE_EXHAUSTED")
     try:
         return Viewport(r)
     except ValueError as exc:

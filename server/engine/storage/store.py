@@ -463,7 +463,8 @@ class Storage:
                 self._refuse(files.table, files, f"a new journal in {files.root} could not be opened "
                                                  f"({exc.strerror or exc})")
         files.bytes = 0
-        thread = threading.Thread(target=self._write_checkpoint, args=(files.table, files, data, row_keys, meta, covered),
+        thread = threading.Thread(target=self._write_checkpoint,
+                                  args=(files.table, files, data, row_keys, meta, covered),
                                   name=f"tickwire-checkpoint-{files.table.name}", daemon=True)
         self._checkpoints = [t for t in self._checkpoints if t.is_alive()] + [thread]
         thread.start()
@@ -533,7 +534,8 @@ class Storage:
                 attributes = dict(meta.get("attributes") or {})
                 if meta.get("barrage_schema"):
                     attributes[BARRAGE_SCHEMA] = _schema_from_b64(meta["barrage_schema"])
-                spec = TableSpec(name, meta["kind"], _schema_from_b64(meta["schema"]), keys=tuple(meta.get("keys") or ()),
+                spec = TableSpec(name, meta["kind"], _schema_from_b64(meta["schema"]),
+                                 keys=tuple(meta.get("keys") or ()),
                                  capacity=meta.get("capacity"), attributes=attributes)
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as exc:
                 self.errors[name] = f"{meta_path} cannot be read: {exc}"
@@ -573,7 +575,7 @@ class Storage:
         journals = [(seq, p) for seq, p in _journal_files(root)
                     if ckpt_meta is None or seq > ckpt_meta["journal_seq"]]
         records = []
-        for i, (seq, path) in enumerate(journals):
+        for i, (_seq, path) in enumerate(journals):
             data = path.read_bytes()
             try:
                 res = scan(data)

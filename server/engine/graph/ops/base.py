@@ -14,9 +14,9 @@ import pyarrow.acero as acero
 import pyarrow.compute as pc
 from pyroaring import BitMap64
 
-from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData, _keys_to_bitmap
-from tickwire.server.engine.graph.tables import Table, unique_name
+from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData, keys_to_bitmap
 from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.tables import Table, unique_name
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -32,7 +32,7 @@ _QUEUE_MAX_CHANGES = 32
 
 def _bitmap(keys: np.ndarray) -> BitMap64:
     k = np.asarray(keys, dtype=np.int64)
-    return _keys_to_bitmap(k) if k.size else BitMap64()
+    return keys_to_bitmap(k) if k.size else BitMap64()
 
 
 def _bm_keys(bm: BitMap64) -> np.ndarray:
@@ -43,7 +43,7 @@ def _rs_bitmap(rs: RowSet, copy: bool = True) -> BitMap64:
     """A RowSet's keys as a bitmap: a private copy, or (copy=False) one only to be read."""
     if rs.is_empty():
         return BitMap64()
-    bm = rs._bitmap()
+    bm = rs.bitmap()
     return bm.copy() if copy and not rs.is_single_range else bm
 
 
@@ -213,7 +213,7 @@ class _Op(Table):
     @property
     def rowset(self) -> RowSet:
         if self._rs is None:
-            self._rs = RowSet._from_bitmap(self._bm.copy())
+            self._rs = RowSet.from_bitmap(self._bm.copy())
         return self._rs
 
     @rowset.setter

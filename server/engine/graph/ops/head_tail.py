@@ -5,11 +5,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _bitmap, _first_keys, _restrict_shifts, _unregistered_on_error
-from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
-from tickwire.server.engine.graph.tables import Table, register_operation
-from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.ops.base import (
+    _EMPTY,
+    _bitmap,
+    _first_keys,
+    _Op,
+    _restrict_shifts,
+    _unregistered_on_error,
+)
+from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
+from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -35,8 +42,8 @@ class HeadTailTable(_Op):
             self._bm = _bitmap(self._keys)
             self._rs = None
 
-    def _slots(self, keys):
-        return self.parent._slots(keys)
+    def slots(self, keys):
+        return self.parent.slots(keys)
 
     def _edge_keys(self, n, front):
         n = min(int(n), self._keys.size)

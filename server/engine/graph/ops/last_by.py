@@ -6,16 +6,16 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
+from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, hash_columns, key_verifier
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
 from tickwire.server.engine.graph.order import NONE_LO, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
-from tickwire.server.engine.graph.arrays import unique
-from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -29,7 +29,8 @@ class LastByTable(_Op):
     """One row per distinct value of the key columns: the group's latest row (the one with the
     largest parent row key), as a keyed table. A group gets the next row key when it first
     appears (groups appearing in one cycle are numbered in the order of their first rows, as
-    Deephaven orders groups by first appearance) and keeps it while it has rows; a group that empties is removed, and one that comes back is a new
+    Deephaven orders groups by first appearance) and keeps it while it has rows; a group that
+    empties is removed, and one that comes back is a new
     row. The group's row is modified when its latest row changes (every non-key column is then
     reported modified) or when the parent modifies that row (its modified columns)."""
 
@@ -78,8 +79,8 @@ class LastByTable(_Op):
     def _parent_keys(self, keys):
         return self._reps(np.asarray(keys, dtype=np.int64))
 
-    def _slots(self, keys):
-        return self.parent._slots(self._reps(np.asarray(keys, dtype=np.int64)))
+    def slots(self, keys):
+        return self.parent.slots(self._reps(np.asarray(keys, dtype=np.int64)))
 
     def prev_gather(self, columns=None, keys=None):
         raise RuntimeError(f"table {self.name!r}: last_by does not keep previous values")

@@ -8,15 +8,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.column_store import ColumnStore
 from tickwire.server.engine.graph.graph import TableFailedError
 from tickwire.server.engine.graph.keymap import KeyMap
-from tickwire.server.engine.graph.ops.base import (_EMPTY, _Op, _evaluate, _first_keys, _unregistered_on_error,
-                                            expression_columns, shifted_rows)
+from tickwire.server.engine.graph.ops.base import (
+    _EMPTY,
+    _evaluate,
+    _first_keys,
+    _Op,
+    _unregistered_on_error,
+    expression_columns,
+    shifted_rows,
+)
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
-from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -44,7 +51,7 @@ class _ViewStore:
         if t.failure is not None:
             raise TableFailedError(t.failure)
         try:
-            return t._assemble(names, base, base, slots.size)
+            return t.assemble(names, base, base, slots.size)
         except Exception as exc:  # a formula that raises on these values fails the view
             raise TableFailedError(t.graph.fail(t, "computing its columns", exc)) from exc
 
@@ -65,9 +72,9 @@ class _SelectStore:
         names = list(columns) if columns is not None else self.schema.names
         plain = list(dict.fromkeys(t.sources[n] for n in names if t.sources[n] is not None))
         computed = [n for n in names if t.sources[n] is None]
-        base = t.parent.gather(plain, t._key_of_slot[slots]) if plain else None
+        base = t.parent.gather(plain, t.key_of_slot[slots]) if plain else None
         stored = t.computed_store.gather(slots, computed) if computed else None
-        return t._assemble(names, base, stored, slots.size)
+        return t.assemble(names, base, stored, slots.size)
 
     def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
         return self.gather(slots, [name]).column(0).combine_chunks()
@@ -111,7 +118,7 @@ class ProjectTable(_Op):
             if self.materialize:
                 self.computed_store = ColumnStore(pa.schema([schema.field(n) for n in self.exprs]))
                 self._slot_of = KeyMap()
-                self._key_of_slot = np.full(1024, -1, dtype=np.int64)
+                self.key_of_slot = np.full(1024, -1, dtype=np.int64)
                 self._free = _EMPTY.copy()
                 self._next_slot = 0
                 self.store = _SelectStore(self)
@@ -140,7 +147,7 @@ class ProjectTable(_Op):
                                 f"got {type(spec).__name__}")
         return items
 
-    def _assemble(self, names, base: Optional[pa.Table], computed_src: Optional[pa.Table], n: int) -> pa.Table:
+    def assemble(self, names, base: Optional[pa.Table], computed_src: Optional[pa.Table], n: int) -> pa.Table:
         """Output columns from the parent's columns (`base`) and, for computed columns, either
         stored values (select) or values evaluated on `computed_src` (view)."""
         computed = [n_ for n_ in names if self.sources[n_] is None]
@@ -184,10 +191,10 @@ class ProjectTable(_Op):
     def _edge_keys(self, n, front):
         return _first_keys(self.parent, n, front)
 
-    def _slots(self, keys):
+    def slots(self, keys):
         if self.materialize:
             return self._slot_of.get(np.asarray(keys, dtype=np.int64))
-        return self.parent._slots(keys)
+        return self.parent.slots(keys)
 
     # -- the stored columns of a select ---------------------------------------------------------
     def _store_rows(self, keys: np.ndarray) -> None:
@@ -199,15 +206,15 @@ class ProjectTable(_Op):
                                 np.arange(self._next_slot, self._next_slot + keys.size - reuse, dtype=np.int64)))
         self._free = self._free[:self._free.size - reuse]
         self._next_slot += keys.size - reuse
-        if self._next_slot > self._key_of_slot.size:
-            size = self._key_of_slot.size
+        if self._next_slot > self.key_of_slot.size:
+            size = self.key_of_slot.size
             while size < self._next_slot:
                 size *= 2
             grown = np.full(size, -1, dtype=np.int64)
-            grown[:self._key_of_slot.size] = self._key_of_slot
-            self._key_of_slot = grown
+            grown[:self.key_of_slot.size] = self.key_of_slot
+            self.key_of_slot = grown
         self._slot_of.set(keys, slots)
-        self._key_of_slot[slots] = keys
+        self.key_of_slot[slots] = keys
         self._compute(keys, slots)
 
     def _compute(self, keys: np.ndarray, slots: np.ndarray) -> None:
@@ -231,7 +238,7 @@ class ProjectTable(_Op):
         prev = self.parent.prev_gather(need, k)
         materialize, self.materialize = self.materialize, False  # evaluate on the previous inputs
         try:
-            return self._assemble(names, prev, prev, k.size)
+            return self.assemble(names, prev, prev, k.size)
         finally:
             self.materialize = materialize
 
@@ -242,13 +249,13 @@ class ProjectTable(_Op):
                 rk = up.removed.keys()
                 slots = self._slot_of.get(rk)
                 self._slot_of.delete(rk)
-                self._key_of_slot[slots] = -1
+                self.key_of_slot[slots] = -1
                 self._free = np.concatenate((self._free, slots))
             if not up.shifted.is_empty():
                 old, new = shifted_rows(self.parent, up)
                 if old.size:
                     self._slot_of.remap(old, new)
-                    self._key_of_slot[self._slot_of.get(new)] = new
+                    self.key_of_slot[self._slot_of.get(new)] = new
             self._store_rows(up.added.keys())
             if {n for n in changed if self.sources[n] is None} and not up.modified.is_empty():
                 mk = up.modified.keys()

@@ -6,13 +6,19 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine.graph.ops.base import (_EMPTY, _Op, _bitmap, _shifts_from_moves, _unregistered_on_error,
-                                            shifted_rows)
+from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.ops.base import (
+    _EMPTY,
+    _bitmap,
+    _Op,
+    _shifts_from_moves,
+    _unregistered_on_error,
+    shifted_rows,
+)
 from tickwire.server.engine.graph.order import OrderIndex, SortKeys
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.tables import Table, register_operation
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
-from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -54,8 +60,8 @@ class SortTable(_Op):
     def _parent_keys(self, keys: np.ndarray) -> np.ndarray:
         return self.index.id_at(keys)
 
-    def _slots(self, keys):
-        return self.parent._slots(self.index.id_at(np.asarray(keys, dtype=np.int64)))
+    def slots(self, keys):
+        return self.parent.slots(self.index.id_at(np.asarray(keys, dtype=np.int64)))
 
     def _edge_keys(self, n, front):
         return self.index.first_keys(n) if front else self.index.last_keys(n)

@@ -8,12 +8,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap64
 
-from tickwire.server.engine.graph.ops.base import (_EMPTY, _Op, _bitmap, _bm_keys, _evaluate, _restrict_shifts, _rs_bitmap,
-                                            _unregistered_on_error, expression_columns)
-from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
-from tickwire.server.engine.graph.tables import Table, register_operation
-from tickwire.server.engine.graph.table_update import TableUpdate, column_names
 from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.ops.base import (
+    _EMPTY,
+    _bitmap,
+    _bm_keys,
+    _evaluate,
+    _Op,
+    _restrict_shifts,
+    _rs_bitmap,
+    _unregistered_on_error,
+    expression_columns,
+)
+from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
+from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -64,8 +73,8 @@ class WhereTable(_Op):
             self._bm = _bitmap(keys[self._passes(keys)]) if keys.size else BitMap64()
             self._rs = None
 
-    def _slots(self, keys):
-        return self.parent._slots(keys)
+    def slots(self, keys):
+        return self.parent.slots(keys)
 
     def _passes(self, keys: np.ndarray, extra: Optional[pa.Table] = None) -> np.ndarray:
         """Whether the parent's rows `keys` (then the rows of `extra`, values of the same columns) pass."""
