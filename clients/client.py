@@ -183,14 +183,19 @@ class BarrageClient:
 
     def __init__(self, target: str, *, psk: Optional[str] = None, tls: bool = False,
                  root_certs: Optional[bytes] = None, auth_type: Optional[str] = None,
-                 auth_token: Optional[str] = None, keepalive: bool = True, clock: Clock = SYSTEM_CLOCK):
-        """`clock` times the session keepalive and the subscriptions' reconnect backoff."""
+                 auth_token: Optional[str] = None, keepalive: bool = True, clock: Clock = SYSTEM_CLOCK,
+                 channel=None):
+        """`clock` times the session keepalive and the subscriptions' reconnect backoff. `channel`:
+        a gRPC channel to call instead of one to `target` (an in-process server's, for example:
+        tickwire.server.services.inprocess)."""
         target, url_tls = parse_target(target)
         self.clock = clock
         tls = tls or url_tls
         self.target = target
         opts = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        if tls or root_certs is not None:
+        if channel is not None:
+            self.channel = channel
+        elif tls or root_certs is not None:
             self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certs), options=opts)
         else:
             self.channel = grpc.insecure_channel(target, options=opts)
