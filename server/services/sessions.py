@@ -72,6 +72,7 @@ class Session:
     id: int = field(default_factory=lambda: next(_SESSION_IDS))  # for logs: the token is a secret
     auth: str = ""  # how it was opened, for logs: "anonymous", "psk", "basic"
     peer: str = ""  # who opened it, for logs, when known
+    announced: bool = False  # its opening was logged at INFO (see SessionManager)
     _end_listeners: list = field(default_factory=list, repr=False)
     _export_listeners: list = field(default_factory=list, repr=False)
 
@@ -163,9 +164,17 @@ class Session:
 _SESSION_IDS = itertools.count(1)
 
 
+def _log_open(s: Session, level: int) -> None:
+    log.log(level, "session %d opened (auth %s%s)", s.id, s.auth, f", peer {s.peer}" if s.peer else "",
+            extra={"event": "session_open", "session": s.id, "auth": s.auth, "peer": s.peer})
+
+
 def _log_end(s: Session, reason: str) -> None:
-    log.info("session %d %s (auth %s%s)", s.id, reason, s.auth or "?", f", peer {s.peer}" if s.peer else "",
-             extra={"event": "session_end", "session": s.id, "reason": reason, "auth": s.auth, "peer": s.peer})
+    # a session nobody used after its first call (a pyarrow.flight call with fresh credentials
+    # each time) came and goes at DEBUG, as it was opened
+    log.log(logging.INFO if s.announced else logging.DEBUG, "session %d %s (auth %s%s)", s.id, reason,
+            s.auth or "?", f", peer {s.peer}" if s.peer else "",
+            extra={"event": "session_end", "session": s.id, "reason": reason, "auth": s.auth, "peer": s.peer})
 
 
 def _call_all(listeners: list, *args) -> None:
@@ -181,6 +190,10 @@ ReleaseHook = Callable[[list], None]
 
 class SessionManager:
     """Issues and checks bearer tokens; `psk` None means anonymous access is allowed.
+
+    A session opened with a checked pre-shared key is logged at INFO; one opened on an anonymous
+    server (any credentials pass) at DEBUG, and at INFO once it is used again: a client that opens
+    a session for every call (pyarrow.flight with its headers) does not fill the log.
 
     Sessions expire `duration_ms` after their last call (times of `clock`). A reaper thread
     (running while any session exists) ends expired sessions and hands the tables they held to
@@ -220,11 +233,10 @@ class SessionManager:
         """Seconds between expiry checks: a session outlives its duration by at most this."""
         return min(1.0, max(0.01, self.duration_ms / 4000.0))
 
-    def _new(self, auth: str = "", peer: Optional[str] = None) -> Session:
+    def _new(self, auth: str = "", peer: Optional[str] = None, *, announce: bool = False) -> Session:
         s = Session(token=str(uuid.uuid4()), expires=self.clock.monotonic() + self.duration_ms / 1000.0, auth=auth,
-                    peer=peer or "")
-        log.info("session %d opened (auth %s%s)", s.id, auth, f", peer {peer}" if peer else "",
-                 extra={"event": "session_open", "session": s.id, "auth": auth, "peer": s.peer})
+                    peer=peer or "", announced=announce)
+        _log_open(s, logging.INFO if announce else logging.DEBUG)
         with self._lock:
             self._sessions[s.token] = s
             if self._reaper is None and not self._stop.is_set():
@@ -299,6 +311,10 @@ class SessionManager:
                 if s is None or s.expires < now or s.closed:
                     raise AuthError("unknown or expired session token")
                 s.expires = now + self.duration_ms / 1000.0
+                first_reuse = not s.announced
+                s.announced = True
+            if first_reuse:
+                _log_open(s, logging.INFO)
             return s
         if scheme == ANONYMOUS and not rest:
             if self.psk is not None:
@@ -308,7 +324,7 @@ class SessionManager:
             if self.psk is None:
                 return self._new("psk (unchecked)", peer)  # anonymous servers accept any credentials
             if hmac.compare_digest(rest.encode(), self.psk.encode()):
-                return self._new("psk", peer)
+                return self._new("psk", peer, announce=True)
             raise AuthError("wrong pre-shared key")
         if scheme == BASIC and self.psk is None:
             return self._new("basic (unchecked)", peer)
