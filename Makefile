@@ -11,7 +11,8 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,dev,interop,spark,web]'
+	@# setuptools warns that the folder tickwire/ has the package's name: it is the package's own folder
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --quiet -e '.[test,dev,interop,spark,web]'
 	@touch $(STAMP)
 
 java-check:
