@@ -62,3 +62,21 @@ def test_errors_are_statuses_and_credentials_come_first():
         token = s.new_session()
         code, details = s.status(lambda: s.call(SESSION_SERVICE, "Release", release, token=token))
         assert code == grpc.StatusCode.NOT_FOUND and "export 5" in details
+
+
+def test_console_service_methods_say_there_is_no_scripting():
+    """Deephaven's ConsoleService is answered by name (UNIMPLEMENTED, why), after the credentials
+    check, instead of grpc's bare "Method not found!"."""
+    from tickwire.protocol.proto.methods import CONSOLE_METHODS, CONSOLE_SERVICE
+
+    with Services() as s:
+        for name, kind in CONSOLE_METHODS.items():
+            path = f"/{CONSOLE_SERVICE}/{name}"
+            assert path in s.server.methods and s.server.methods[path].kind == kind
+        path = f"/{CONSOLE_SERVICE}/GetConsoleTypes"
+        call = s.channel().unary_unary(path)
+        for metadata, want in (((), grpc.StatusCode.UNAUTHENTICATED), (None, grpc.StatusCode.UNIMPLEMENTED)):
+            code, details = s.status(lambda md=metadata: call(b"", metadata=md if md is not None else
+                                                               (("authorization", "Anonymous"),)))
+            assert code == want, (code, details)
+        assert "ConsoleService.GetConsoleTypes" in details and "no server-side scripting" in details

@@ -52,6 +52,16 @@ SESSION_SERVICE = "io.deephaven.proto.backplane.grpc.SessionService"
 TABLE_SERVICE = "io.deephaven.proto.backplane.grpc.TableService"
 APPLICATION_SERVICE = "io.deephaven.proto.backplane.grpc.ApplicationService"
 STORAGE_SERVICE = "io.deephaven.proto.backplane.grpc.StorageService"
+CONSOLE_SERVICE = "io.deephaven.proto.backplane.script.grpc.ConsoleService"
+
+#: Deephaven's ConsoleService (server-side scripting), which tickwire does not have: method name ->
+#: kind, as in Deephaven's console.proto (not in proto/: no message of it is ever parsed). The server
+#: answers each by name (tickwire.server.services.rpc.with_stubs) instead of grpc's bare "Method not found!".
+CONSOLE_METHODS: dict[str, str] = {
+    "GetConsoleTypes": UNARY, "StartConsole": UNARY, "GetHeapInfo": UNARY, "SubscribeToLogs": SERVER_STREAM,
+    "ExecuteCommand": UNARY, "CancelCommand": UNARY, "BindTableToVariable": UNARY, "AutoCompleteStream": BIDI,
+    "CancelAutoComplete": UNARY, "OpenAutoCompleteStream": SERVER_STREAM, "NextAutoCompleteStream": UNARY,
+}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from tickwire.errors import TickwireError
-from tickwire.protocol.proto.methods import ALL_METHODS, BIDI, CLIENT_STREAM, METHODS, SERVER_STREAM, UNARY
+from tickwire.protocol.proto.methods import (
+    ALL_METHODS,
+    BIDI,
+    CLIENT_STREAM,
+    CONSOLE_METHODS,
+    CONSOLE_SERVICE,
+    METHODS,
+    SERVER_STREAM,
+    UNARY,
+)
 
 __all__ = ["CallError", "build_handlers", "guarded_methods", "GuardedMethod", "call_session", "status_of",
            "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
@@ -184,10 +193,10 @@ def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
     return unary_wrapper
 
 
-def unimplemented(name: str, kind: str) -> Callable:
-    """A handler that answers UNIMPLEMENTED naming the method (after the credentials check every
-    registered method gets)."""
-    message = f"{name} is not supported by tickwire"
+def unimplemented(name: str, kind: str, why: str = "") -> Callable:
+    """A handler that answers UNIMPLEMENTED naming the method, and `why` when given (after the
+    credentials check every registered method gets)."""
+    message = f"{name} is not supported by tickwire" + (f": {why}" if why else "")
     if kind in (SERVER_STREAM, BIDI):
         async def stream(_req, _context):
             raise CallError(message, "UNIMPLEMENTED")
@@ -218,8 +227,15 @@ def with_stubs(impls: dict) -> dict:
     for path, m in ALL_METHODS.items():
         if path not in out:
             out[path] = (unimplemented(f"{m.service.rpartition('.')[2]}.{m.name}", m.kind), RAW, RAW, m.kind)
+    for name, kind in CONSOLE_METHODS.items():  # outside proto/: raw bytes, the kind given
+        path = f"/{CONSOLE_SERVICE}/{name}"
+        if path not in out:
+            out[path] = (unimplemented(f"ConsoleService.{name}", kind, _NO_SCRIPTING), RAW, RAW, kind)
     return out
 
+
+_NO_SCRIPTING = ("tickwire has no server-side scripting (no script sessions or consoles); tables arrive by "
+                 "DoPut, from Python or by replication")
 
 #: Methods answered without credentials: the browser asks which logins exist before it has any.
 UNAUTHENTICATED_METHODS = frozenset({"/io.deephaven.proto.backplane.grpc.ConfigService/GetAuthenticationConstants"})
