@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: test test-fast test-slow soak demo bench java-check browser-deps regen clean
+.PHONY: test test-fast test-slow lint typecheck soak demo serve bench java-check browser-deps regen clean
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,8 +36,23 @@ browser-deps:
 		|| echo "chromium: apt-get install failed (the browser tests will skip)"; \
 	fi
 
-## test: everything, slow interop tests included (this is what CI runs)
-test: $(STAMP) java-check browser-deps
+## lint: ruff over everything, then the type checker (make test runs it first)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	@$(MAKE) --no-print-directory typecheck
+
+## typecheck: mypy over the tickwire package (strict on the protocol and the engine: pyproject.toml).
+## The package's subpackages live in top-level folders (setup.py maps them), which mypy cannot map:
+## it reads them through a tree of links in build/typecheck.
+TYPECHECK := build/typecheck
+typecheck: $(STAMP)
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/tickwire
+	@for f in tickwire/*.py tickwire/py.typed; do ln -s ../../../$$f $(TYPECHECK)/tickwire/; done
+	@for d in protocol server clients; do ln -s ../../../$$d $(TYPECHECK)/tickwire/$$d; done
+	cd $(TYPECHECK) && ../../$(PY) -m mypy --config-file ../../pyproject.toml -p tickwire
+
+## test: lint, then everything, slow interop tests included (this is what CI runs)
+test: $(STAMP) java-check browser-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## test-fast: skip the tests marked slow
@@ -58,6 +73,10 @@ soak: $(STAMP)
 demo: $(STAMP) java-check
 	$(PY) -m tickwire demo $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST)) $(ARGS)
 
+## serve: `tickwire serve` without activating the venv; `make serve PORT=10001 ARGS="--data-dir /tmp/tw"`
+serve: $(STAMP)
+	$(PY) -m tickwire serve $(if $(PORT),--port $(PORT)) $(if $(HOST),--host $(HOST)) $(ARGS)
+
 bench: $(STAMP)
 	$(PY) bench/run_all.py
 
@@ -66,4 +85,4 @@ regen: $(STAMP)
 	$(PY) flatbuffers/generate.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache .mypy_cache
