@@ -231,6 +231,11 @@ class BarrageClient:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    @property
+    def keepalive_thread(self) -> Optional[threading.Thread]:
+        """The thread that keeps the session alive (None with keepalive=False)."""
+        return self._keepalive
+
     def forget(self, sub: "Subscription") -> None:
         """A subscription of this client ended: it is no longer closed with the client."""
         if sub in self._subs:
@@ -725,6 +730,12 @@ class Subscription:
             if self.state is None:
                 return 0
             return self.state.table_size if self.viewport is not None else len(self.state)
+
+    @property
+    def reader_threads(self) -> tuple[threading.Thread, ...]:
+        """The threads reading this subscription's streams (one, or two while a view change moves
+        it to a new stream)."""
+        return tuple(self._threads)
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
         """Waits until the first snapshot is in (True), or `timeout` seconds of the client's clock pass."""

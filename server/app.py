@@ -31,7 +31,7 @@ import grpc
 from tickwire.server.adapters.replica import Replicator, parse_replicate
 from tickwire.server.adapters.spark.sinks import sink as spark_sink
 from tickwire.server.config import ServerConfig
-from tickwire.server.engine import Engine
+from tickwire.server.engine import Engine, EngineConfig
 from tickwire.server.observability import Observability
 from tickwire.server.services import handlers as service_handlers
 from tickwire.server.services.context import ServerContext
@@ -56,7 +56,8 @@ class TickwireServer:
 
     `config` is a ServerConfig, or its fields are given as keywords
     (`TickwireServer(engine, port=0, psk="k")`; a keyword wins over the same field of `config`).
-    Without an `engine` the server builds one from `config.engine` and stops it with itself; a
+    Without an `engine` (or with `engine=EngineConfig(...)`, the ServerConfig field) the server
+    builds one from `config.engine` and stops it with itself; a
     given engine is the caller's (started by `start` when `start_engine` and not yet running,
     never stopped here).
 
@@ -88,6 +89,8 @@ class TickwireServer:
 
     def __init__(self, engine: Optional[Engine] = None, config: Optional[ServerConfig] = None, *,
                  start_engine: bool = True, **options):
+        if isinstance(engine, EngineConfig):  # engine=EngineConfig(...): the ServerConfig field of that name
+            options["engine"], engine = engine, None
         if engine is not None and not isinstance(engine, Engine):
             raise TypeError(f"TickwireServer takes an Engine, got {type(engine).__name__}")
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(ServerConfig)})

@@ -212,6 +212,11 @@ class Publisher:
         self._logs: dict[tuple, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
         self._replayed: list[SnapshotLog] = []  # logs that left `_logs` but still have readers
 
+    @property
+    def kept_snapshots(self) -> int:
+        """Initial snapshots kept for later joiners (at most the registry's shared_snapshots)."""
+        return len(self._logs)
+
     def _shared_for(self, step: int) -> dict:
         if step != self._shared_step:
             self._shared_step, self._shared = step, {}
