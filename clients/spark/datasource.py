@@ -35,7 +35,7 @@ with append output mode; an aggregation's results go whole into mode "replace" w
 output mode, or through the in-process `foreachBatch` sinks (tickwire.server.adapters.spark.sinks).
 
 Types are mapped as the in-process sinks map them (`tickwire.clients.spark.types`), and the
-server checks and applies batches with the same `ModeWriter`, so the same query gives the same
+server checks and applies batches through the same `Destination` (`Engine.write`), so the same query gives the same
 table either way.
 """
 from __future__ import annotations

@@ -37,7 +37,8 @@ import threading
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union
+from types import MappingProxyType
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -188,6 +189,12 @@ class Engine:
     def cycle_seconds(self) -> Sequence[float]:
         """How long the recent cycles took, newest last."""
         return tuple(self.graph.cycle_seconds)
+
+    @property
+    def cycle_updates(self) -> Mapping[str, TableUpdate]:
+        """Inside a cycle listener: each changed table's update of the calling cycle, by name
+        (empty outside a cycle)."""
+        return MappingProxyType(self.graph.cycle_updates)
 
     def add_cycle_listener(self, fn: Callable[[int], None]) -> None:
         """`fn(step)` runs at the end of every cycle (in the cycle, inside `reading()`)."""
