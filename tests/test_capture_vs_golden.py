@@ -9,9 +9,9 @@ import time
 import pyarrow.flight as fl
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
-from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import static_mixed
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 
 from .golden import GOLDEN
 from .interop.capture import CaptureProxy
@@ -23,9 +23,9 @@ pytestmark = pytest.mark.interop
 
 @pytest.fixture()
 def proxied(tmp_path):
-    graph = Engine(interval_ms=3_600_000)
-    graph.create(TableSpec("static_mixed", "static", data=static_mixed()))
-    server = TickwireServer(graph, port=0, start_engine=False).start()
+    engine = Engine(interval_ms=3_600_000)
+    engine.create(TableSpec("static_mixed", "static", data=static_mixed()))
+    server = TickwireServer(engine, port=0, start_engine=False).start()
     out = tmp_path / "capture"
     with CaptureProxy(server.target, out) as proxy:
         yield proxy, out

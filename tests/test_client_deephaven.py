@@ -296,6 +296,7 @@ class Live:
     subs: dict[str, Subscription]
     updates: dict[str, list[Update]]
     final: dict[str, pa.Table]
+    readers: dict[str, list[threading.Thread]]  # the threads that delivered each subscription's updates
 
 
 @pytest.fixture(scope="module")
@@ -320,10 +321,18 @@ def live(dh, session, client):
     write(FIRST_ROWS)
     server_has_all_rows()
     updates: dict[str, list[Update]] = {name: [] for name in SPECS}
+    readers: dict[str, list[threading.Thread]] = {name: [] for name in SPECS}
     views = {name: {k: v for k, v in spec.kw.items() if k in ("viewport", "reverse", "columns")}
              for name, spec in SPECS.items()}
-    subs = {name: client.subscribe(spec.table, on_update=updates[name].append, min_update_interval_ms=CYCLE_MS,
-                                   **spec.kw)
+
+    def recorder(name: str):
+        def record(u: Update) -> None:  # called on the reader thread of the stream that delivered `u`
+            updates[name].append(u)
+            if threading.current_thread() not in readers[name]:
+                readers[name].append(threading.current_thread())
+        return record
+
+    subs = {name: client.subscribe(spec.table, on_update=recorder(name), min_update_interval_ms=CYCLE_MS, **spec.kw)
             for name, spec in SPECS.items()}
 
     def caught_up() -> None:
@@ -350,7 +359,7 @@ def live(dh, session, client):
             write(min(STEP_ROWS, ROWS - written))
             caught_up()
         final = {name: stable_doget(dh, name) for name in LIVE_TABLES}
-        yield Live(subs, updates, final)
+        yield Live(subs, updates, final, readers)
     finally:
         for sub in subs.values():
             sub.close()
@@ -486,7 +495,8 @@ def test_full_subscription_changes_columns_on_a_new_stream(live):
     expected = live.final["keyed"].select(["Key", "Val", "Cnt"])
     assert sub.wait_for(lambda s: s.table.equals(expected), 30), sub.error
     assert not sub.closed and sub.error is None
-    assert len(sub._threads) == 2 and not sub._threads[0].is_alive()
+    readers = live.readers["keyed_full_columns_change"]  # a new stream and reader took over from the first
+    assert len(readers) == 2 and not readers[0].is_alive()
     with pytest.raises(ClientError, match="full subscription"):
         sub.set_view(viewport=[(0, 1)])
 
@@ -496,11 +506,20 @@ def test_full_subscription_changes_columns_on_a_new_stream(live):
 def test_unknown_tables_fail_clearly_and_closing_leaves_no_threads(dh):
     before = set(threading.enumerate())
     c = BarrageClient(dh.target)
-    subs = [c.subscribe("forever", min_update_interval_ms=CYCLE_MS),
-            c.subscribe("forever", viewport=[(0, 4)], reverse=True, min_update_interval_ms=CYCLE_MS),
-            c.subscribe("big_static", columns=["X"])]
+    keepalive = [t for t in threading.enumerate() if t not in before and t.name == "tickwire-client-keepalive"]
+    assert len(keepalive) == 1  # the client keeps its session alive from a thread of its own
+    delivered: list[set[threading.Thread]] = [set(), set(), set()]  # the reader threads of each subscription
+
+    def recorder(i: int):
+        return lambda _u: delivered[i].add(threading.current_thread())
+
+    subs = [c.subscribe("forever", min_update_interval_ms=CYCLE_MS, on_update=recorder(0)),
+            c.subscribe("forever", viewport=[(0, 4)], reverse=True, min_update_interval_ms=CYCLE_MS,
+                        on_update=recorder(1)),
+            c.subscribe("big_static", columns=["X"], on_update=recorder(2))]
     for sub in subs:
         assert sub.wait_for(lambda s: s.update_count >= 2 or s.size == 200_000, 30), sub.error
+    assert all(delivered)
     forever = doget(dh, "forever")
     assert subs[0].size >= 1 and forever.num_rows >= subs[0].size
 
@@ -524,11 +543,13 @@ def test_unknown_tables_fail_clearly_and_closing_leaves_no_threads(dh):
         c.subscribe("big_static", columns=["Nope"])
 
     subs[0].close()
-    assert subs[0].closed and not any(t.is_alive() for t in subs[0]._threads)
-    readers = [t for s in subs + [missing] for t in s._threads]
+    assert subs[0].closed and not any(t.is_alive() for t in delivered[0])
+    # every reader of the client's subscriptions: those that delivered updates and those still running
+    readers = set().union(*delivered) | {t for t in threading.enumerate()
+                                         if t not in before and t.name.startswith("tickwire-sub-")}
     c.close()
     assert not any(t.is_alive() for t in readers)
-    assert c._keepalive is not None and not c._keepalive.is_alive()
+    assert not keepalive[0].is_alive()
     deadline = time.monotonic() + 10
     while True:
         extra = [t for t in threading.enumerate() if t not in before and t.is_alive()]

@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tickwire.server.engine import Engine
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
+from tickwire.server.config import ServerConfig
+from tickwire.server.engine import Engine, EngineConfig
 
 from .interop.dh_server import deephaven_server_available, start_dh_server
 
@@ -172,13 +173,13 @@ def expected_answer() -> dict[str, tuple[str, str, list]]:
 
 @pytest.fixture(scope="module")
 def tickwire():
-    graph = Engine(interval_ms=50)
-    server = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=50)
+    server = TickwireServer(engine, port=0).start()
     try:
         yield server
     finally:
         server.stop()
-        graph.stop()
+        engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -337,8 +338,9 @@ _FIXED_SIZE_AND_UNSIGNED = [n for n in ACCEPTED if n.startswith(("U", "F", "List
 def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path, checkpoint):
     """The upload's schema (the types it is served with) is part of the table's stored metadata;
     the rows come back from the journal, or from a checkpoint, with those types."""
-    def serve(port=0):
-        return TickwireServer(Engine(interval_ms=50), port=port, web=False, data_dir=tmp_path).start()
+    def serve(port=0):  # a server that builds its own engine on the data directory (stopped with it)
+        config = ServerConfig(port=port, web=False, engine=EngineConfig(interval_ms=50, data_dir=tmp_path))
+        return TickwireServer(config=config).start()
 
     data = accepted_table().select(_FIXED_SIZE_AND_UNSIGNED) if checkpoint else accepted_table()
     auth = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
@@ -352,8 +354,8 @@ def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path, checkpoint)
         before = answer(client.do_get(fl.Ticket(b"s/kept"), options=auth).read_all())
         assert before == {n: a for n, a in expected_answer().items() if n in data.column_names}
         if checkpoint:
-            storage = server.ctx.engine.storage
-            assert storage.checkpoint(server.ctx.engine.resolve("kept"))
+            storage = server.engine.storage
+            assert storage.checkpoint(server.engine.resolve("kept"))
             storage.wait_checkpoints()
             assert list((tmp_path / "default" / "kept" / "checkpoints").glob("*.parquet"))
     finally:

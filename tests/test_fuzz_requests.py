@@ -31,15 +31,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-import flatbuffers
 import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
+import flatbuffers
 from tests.convergence import soak_factor
-from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import BarrageClient
 from tickwire.protocol import barrage
 from tickwire.protocol import rowset as rs
@@ -55,8 +54,9 @@ from tickwire.protocol.proto.methods import (
     UNARY,
 )
 from tickwire.protocol.tickets import export_ticket
-from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import TRADES, DemoTicker
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.services import KEYS_METADATA
 from tickwire.server.services.rpc import UNAUTHENTICATED_METHODS
 from tickwire.server.services.sessions import PSK_SCHEME
@@ -356,7 +356,7 @@ def _raw_request(fb, ticket, cols, vp, opts, reverse: bool, token=None) -> bytes
     b = flatbuffers.Builder(64)
     c = b.CreateByteVector(cols) if cols is not None else 0
     v = b.CreateByteVector(vp) if vp is not None else 0
-    o = opts._build(b) if opts is not None else 0
+    o = opts.build_into(b) if opts is not None else 0
     t = b.CreateByteVector(ticket) if ticket is not None else 0
     k = b.CreateByteVector(token) if token is not None else 0
     fb.Start(b)
@@ -665,17 +665,17 @@ def failure_class(method: str, out: Outcome, what: str) -> tuple:
 
 class Servers:
     def __init__(self, seed: int):
-        self.graph = Engine(interval_ms=3_600_000)
-        self.ticker = DemoTicker(self.graph, rows_per_tick=5, seed=seed % 2**32)
+        self.engine = Engine(interval_ms=3_600_000)  # stepped by the ticking thread and the checks
+        self.ticker = DemoTicker(self.engine, rows_per_tick=5, seed=seed % 2**32)
         for _ in range(3):
             self.ticker.tick()
-            self.graph.run_cycle()
-        self.main = TickwireServer(self.graph, port=0, start_engine=False).start()
-        pgraph = Engine(interval_ms=3_600_000)
-        pgraph.create(TableSpec("static_mixed", "static", data=pa.table({"a": pa.array([1, 2, 3], pa.int64())})))
-        pgraph.create(TableSpec("ticking_keyed", "keyed", TRADES, keys=["Sym"]))
-        pgraph.run_cycle()
-        self.psk = TickwireServer(pgraph, port=0, psk=PSK, start_engine=False).start()
+            self.engine.run_cycle()
+        self.main = TickwireServer(self.engine, port=0, start_engine=False).start()
+        psk_engine = Engine(interval_ms=3_600_000)
+        psk_engine.create(TableSpec("static_mixed", "static", data=pa.table({"a": pa.array([1, 2, 3], pa.int64())})))
+        psk_engine.create(TableSpec("ticking_keyed", "keyed", TRADES, keys=["Sym"]))
+        psk_engine.run_cycle()
+        self.psk = TickwireServer(psk_engine, port=0, psk=PSK, start_engine=False).start()
         self.channels = {"main": grpc.insecure_channel(self.main.target), "psk": grpc.insecure_channel(self.psk.target)}
         self.bearers: dict[str, str] = {}
         self.tick_lock = threading.Lock()
@@ -688,7 +688,7 @@ class Servers:
             while not self.stop_ticking.wait(0.05):
                 with self.tick_lock:
                     self.ticker.tick()
-                    self.graph.run_cycle()
+                    self.engine.run_cycle()
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.ticker_error = exc
 
@@ -761,14 +761,14 @@ class Servers:
 
 
 def converged(servers: Servers, client: BarrageClient, subs: dict, timeout: float = 20.0) -> Optional[str]:
-    """Pauses the ticking, then checks that each subscription reached the graph's step and equals
+    """Pauses the ticking, then checks that each subscription reached the engine's step and equals
     a DoGet of its table; None when all did, else what differed."""
     if not servers.tick_lock.acquire(timeout=timeout):
-        return "the ticking thread did not finish its cycle (the update graph is stuck)"
+        return "the ticking thread did not finish its cycle (the engine is stuck)"
     try:
         servers.ticker.tick()  # every subscribed table changes in this cycle
-        servers.graph.run_cycle()
-        step = servers.graph.step
+        servers.engine.run_cycle()
+        step = servers.engine.step
         for name, sub in subs.items():
             if sub.closed or sub.error is not None:
                 return f"the subscription to {name} ended: {sub.error}"
@@ -894,7 +894,7 @@ def test_fuzz_requests():
     if stopped:
         report.append(f"- {stopped}")
     if servers.ticker_error is not None:
-        report.append(f"- the update graph's cycle failed: {servers.ticker_error!r}")
+        report.append(f"- the engine's cycle failed: {servers.ticker_error!r}")
     bad_checks = [c for c in checkpoints + [final] if c != "ok"]
     report += [f"- convergence: {c}" for c in bad_checks]
     assert not report, (f"fuzz seed {seed}: {len(report)} failure class(es)\n" + "\n".join(report))

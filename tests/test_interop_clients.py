@@ -1,7 +1,7 @@
 """Real clients against a running tickwire server: plain pyarrow.flight, pydeephaven and
 pydeephaven-ticking (Deephaven's C++ Barrage client), unmodified.
 
-The update graph is stepped by the tests (no cycle thread), so each comparison is at a known
+The engine is stepped by the tests (no cycle thread), so each comparison is at a known
 step: a client's state after it received step s must equal the server's snapshot at step s."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
-from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import TRADES, DemoTicker, static_mixed
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
 
 pytestmark = pytest.mark.interop
@@ -26,14 +26,14 @@ ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 
 @pytest.fixture(scope="module")
 def served():
-    graph = Engine(interval_ms=3_600_000)  # stepped by hand
-    ticker = DemoTicker(graph, rows_per_tick=7, seed=11)
+    engine = Engine(interval_ms=3_600_000)  # stepped by hand
+    ticker = DemoTicker(engine, rows_per_tick=7, seed=11)
     for _ in range(3):
         ticker.tick()
-        graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_engine=False).start()
-    lock = threading.Lock()  # tests that step the graph do it one at a time
-    yield server, graph, ticker, lock
+        engine.run_cycle()
+    server = TickwireServer(engine, port=0, start_engine=False).start()
+    lock = threading.Lock()  # tests that step the engine do it one at a time
+    yield server, engine, ticker, lock
     server.stop()
 
 
@@ -59,13 +59,23 @@ def plain(t: pa.Table) -> pa.Table:
     return pa.table({f.name: t.column(i) for i, f in enumerate(t.schema)})
 
 
+def all_names(engine) -> set[str]:
+    """The names of every table of the engine, hidden and system ones included."""
+    return {t.name for t in engine.tables(hidden=True)}
+
+
+def snapshot(engine, name: str) -> tuple[int, pa.Table]:
+    """(step, contents) of the table `name`."""
+    return engine.snapshot(engine.resolve(name))
+
+
 # -- pyarrow.flight ------------------------------------------------------------------------------------
 
 def test_pyarrow_list_flights_describes_every_table(served, client):
-    _server, graph, _t, _l = served
+    _server, engine, _t, _l = served
     infos = {tuple(p.decode() for p in i.descriptor.path): i for i in client.list_flights(options=ANON)}
     # "__": hidden; the performance tables are listed only when asked for
-    assert set(infos) == {("scope", n) for n in graph.tables if not n.startswith("__") and n not in PERF_TABLES}
+    assert set(infos) == {("scope", n) for n in all_names(engine) if not n.startswith("__") and n not in PERF_TABLES}
     static = infos[("scope", "static_mixed")]
     assert static.total_records == 1000 and static.total_bytes == -1
     assert infos[("scope", "ticking_append")].total_records == -1
@@ -89,23 +99,23 @@ def test_pyarrow_doget_static_equals_the_table(client):
 
 
 def test_pyarrow_doget_ticking_equals_the_snapshot(served, client):
-    _server, graph, ticker, lock = served
+    _server, engine, ticker, lock = served
     with lock:
         ticker.tick()
-        graph.run_cycle()
+        engine.run_cycle()
         for name in ("ticking_append", "ticking_keyed", "blink", "ticking_ring"):
-            step, expected = graph.snapshot(name)
+            step, expected = snapshot(engine, name)
             reader = client.do_get(fl.Ticket(f"s/{name}".encode()), ANON)
             got = reader.read_all()
             assert plain(got).equals(expected), name
 
 
 def test_pyarrow_big_static_doget_streams_in_batches(served, client):
-    _server, graph, _t, _l = served
+    _server, engine, _t, _l = served
     n = 300_000
     data = pa.table({f"c{i}": np.arange(n, dtype=np.int64) * (i + 1) for i in range(5)})
-    if "big_test" not in graph.tables:
-        graph.create(TableSpec("big_test", "static", data=data))
+    if engine.resolve("big_test") is None:
+        engine.create(TableSpec("big_test", "static", data=data))
     reader = client.do_get(fl.Ticket(b"s/big_test"), ANON)
     batches = [c.data for c in reader]
     assert len(batches) > 1
@@ -136,7 +146,7 @@ def test_pyarrow_errors_have_the_right_status(client):
 
 
 def test_pyarrow_do_action_lists_tables(served, client):
-    _server, graph, _t, _l = served
+    _server, _engine, _t, _l = served
     actions = {a.type for a in client.list_actions(ANON)}
     assert "list-tables" in actions
     (result,) = list(client.do_action(fl.Action("list-tables", b""), ANON))
@@ -148,7 +158,7 @@ def test_pyarrow_do_action_lists_tables(served, client):
 
 
 def test_pyarrow_do_put_creates_and_appends(served, client):
-    _server, graph, _t, lock = served
+    _server, engine, _t, lock = served
     data = pa.table({"x": pa.array([1, 2, 3], pa.int64()), "s": ["a", None, "c"]})
     desc = fl.FlightDescriptor.for_path("scope", "uploaded")
     writer, reader = client.do_put(desc, data.schema, ANON)
@@ -156,7 +166,7 @@ def test_pyarrow_do_put_creates_and_appends(served, client):
     writer.write_table(data.slice(1))
     writer.close()
     with lock:
-        graph.run_cycle()
+        engine.run_cycle()
         got = client.do_get(fl.Ticket(b"s/uploaded"), ANON).read_all()
     assert plain(got).equals(pa.concat_tables([data, data.slice(1)]))
     # a keyed upload upserts by its key columns
@@ -166,7 +176,7 @@ def test_pyarrow_do_put_creates_and_appends(served, client):
     writer.write_table(keyed.replace_schema_metadata(schema.metadata))
     writer.close()
     with lock:
-        graph.run_cycle()
+        engine.run_cycle()
         got = client.do_get(fl.Ticket(b"s/uploaded_keyed"), ANON).read_all()
     assert plain(got).sort_by("k").to_pydict() == {"k": ["a", "b"], "v": [3, 2]}
     # a mismatched schema into an existing table is refused with the reason
@@ -184,17 +194,17 @@ def test_pyarrow_do_put_creates_and_appends(served, client):
 def test_pydeephaven_open_table_to_arrow(served):
     from pydeephaven import Session
 
-    server, graph, ticker, lock = served
+    server, engine, ticker, lock = served
     s = Session(host="127.0.0.1", port=server.port)
     try:
-        assert {n for n in graph.tables if not n.startswith("__")} - {"big_test", "uploaded", "uploaded_keyed"} \
+        assert {n for n in all_names(engine) if not n.startswith("__")} - {"big_test", "uploaded", "uploaded_keyed"} \
             - set(PERF_TABLES) \
             <= set(s.tables)
         assert plain(s.open_table("static_mixed").to_arrow()).equals(static_mixed())
         with lock:
             ticker.tick()
-            graph.run_cycle()
-            _step, expected = graph.snapshot("ticking_keyed")
+            engine.run_cycle()
+            _step, expected = snapshot(engine, "ticking_keyed")
             got = s.open_table("ticking_keyed").to_arrow()
         assert plain(got).equals(expected)
         with pytest.raises(Exception) as e:
@@ -224,7 +234,7 @@ def test_pydeephaven_ticking_state_equals_snapshot_at_each_step(served, name):
     from pydeephaven import Session
     from pydeephaven_ticking.table_listener import listen
 
-    server, graph, ticker, lock = served
+    server, engine, ticker, lock = served
     updates, errors = [], []
     s = Session(host="127.0.0.1", port=server.port)
     try:
@@ -234,15 +244,15 @@ def test_pydeephaven_ticking_state_equals_snapshot_at_each_step(served, name):
             try:
                 wait_until(lambda: updates or errors, what=f"the snapshot of {name}")
                 assert not errors, errors
-                _step, expected = graph.snapshot(name)
+                _step, expected = snapshot(engine, name)
                 assert updates[-1].equals(plain(expected).cast(updates[-1].schema)), f"{name} snapshot"
                 if name == "static_mixed":
                     return
                 for step in range(6):
                     n = len(updates)
                     ticker.tick()
-                    graph.run_cycle()
-                    _step, expected = graph.snapshot(name)
+                    engine.run_cycle()
+                    _step, expected = snapshot(engine, name)
                     wait_until(lambda: len(updates) > n or errors, what=f"{name} step {step}")
                     assert not errors, errors
                     got = updates[-1]

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
-from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 
 from .interop.dh_server import deephaven_server_available
 from .interop.java_barrage import run_java_client
@@ -29,19 +29,25 @@ def plain(t: pa.Table) -> pa.Table:
     return pa.table({f.name: t.column(i).combine_chunks() for i, f in enumerate(t.schema)})
 
 
+def served_rows(engine, name: str) -> pa.Table:
+    """What the table `name` holds now."""
+    return engine.snapshot(engine.resolve(name))[1]
+
+
 @pytest.fixture(scope="module")
 def served():
-    graph = Engine(interval_ms=100)
-    ticker = DemoTicker(graph, rows_per_tick=5, interval_s=0.1)
-    big = graph.create(TableSpec("big_ticking", "append", pa.schema([("Id", pa.int64()), ("X", pa.float64()), ("B", pa.int32())])))
+    engine = Engine(interval_ms=100)
+    ticker = DemoTicker(engine, rows_per_tick=5, interval_s=0.1)
+    big = engine.create(TableSpec("big_ticking", "append",
+                                  pa.schema([("Id", pa.int64()), ("X", pa.float64()), ("B", pa.int32())])))
 
     def rows(start, n):
         i = np.arange(start, start + n, dtype=np.int64)
         return pa.table({"Id": i, "X": i * 0.25, "B": (i % 97).astype(np.int32)})
 
-    big.add(rows(0, BIG))
-    graph.run_cycle()
-    server = TickwireServer(graph, port=0).start()
+    engine.write(big, rows(0, BIG), wait=False)
+    engine.run_cycle()
+    server = TickwireServer(engine, port=0).start()
     ticker.start()
     feed_stop = []
 
@@ -49,23 +55,23 @@ def served():
         import time
         n = BIG
         while not feed_stop:
-            big.add(rows(n, 50))
+            engine.write(big, rows(n, 50), wait=False)
             n += 50
             time.sleep(0.1)
 
     import threading
     t = threading.Thread(target=feed, daemon=True)
     t.start()
-    yield server, graph
+    yield server, engine
     feed_stop.append(1)
     ticker.stop()
     server.stop()
-    graph.stop()
+    engine.stop()
 
 
 @pytest.fixture(scope="module")
 def results(served):
-    server, _graph = served
+    server, _engine = served
     return run_java_client(server.target, TABLES, seconds=3.0, timeout=150)
 
 
@@ -73,7 +79,7 @@ def results(served):
 def reverse_results(served):
     # ticking_keyed: Deephaven's Java client marks an append-only table add-only (from the
     # FetchTable schema) and then refuses the removals a sliding reverse window brings
-    server, _graph = served
+    server, _engine = served
     return run_java_client(server.target, ["ticking_keyed"], modes=("viewport",), seconds=2.0, viewport=(0, 4),
                            reverse_viewport=True, timeout=120)
 
@@ -92,8 +98,8 @@ def test_static_table_full_viewport_and_snapshot(results):
 
 
 def test_append_table_subscriptions_hold_the_served_rows(served, results):
-    _server, graph = served
-    later = graph.snapshot("ticking_append")[1]
+    _server, engine = served
+    later = served_rows(engine, "ticking_append")
     for mode in ("full", "snapshot"):
         got = _ok(results[("ticking_append", mode)])
         assert got.num_rows >= 10
@@ -105,19 +111,20 @@ def test_append_table_subscriptions_hold_the_served_rows(served, results):
 
 
 def test_reverse_viewport_holds_the_last_rows(served, reverse_results):
-    _server, graph = served
+    _server, engine = served
     got = _ok(reverse_results[("ticking_keyed", "viewport")])
-    later = graph.snapshot("ticking_keyed")[1]
+    later = served_rows(engine, "ticking_keyed")
     assert got.num_rows == 5
     assert got.column("Sym").to_pylist() == later.column("Sym").to_pylist()[-5:]  # the last five rows, in order
 
 
 def test_keyed_table_has_every_key_with_current_or_newer_values_on_the_server(served, results):
-    _server, graph = served
+    _server, engine = served
     for mode in ("full", "snapshot"):
         got = _ok(results[("ticking_keyed", mode)])
         assert got.num_rows == 20 and len(set(got.column("Sym").to_pylist())) == 20, mode
-        later = {s: q for s, q in zip(*graph.snapshot("ticking_keyed")[1].select(["Sym", "Seq"]).to_pydict().values())}
+        now = served_rows(engine, "ticking_keyed")
+        later = dict(zip(now.column("Sym").to_pylist(), now.column("Seq").to_pylist()))
         for s, q in zip(got.column("Sym").to_pylist(), got.column("Seq").to_pylist()):
             assert later[s] >= q, (mode, s)  # the server is never behind what the client saw
     assert _ok(results[("ticking_keyed", "viewport")]).num_rows == 10
@@ -127,8 +134,8 @@ def test_sorted_table_with_shifts_is_applied_correctly(served, results):
     """ticking_sorted (latest trade per symbol, sorted on its changing price) moves rows every
     cycle, often as shifts: the Java client's table must be a consistent state: one row per symbol,
     in price order, each row the trade it claims to be."""
-    _server, graph = served
-    trades = graph.snapshot("ticking_append")[1]
+    _server, engine = served
+    trades = served_rows(engine, "ticking_append")
     by_seq = dict(zip(trades.column("Seq").to_pylist(), zip(trades.column("Sym").to_pylist(),
                                                           trades.column("Price").to_pylist())))
     for mode in ("full", "viewport", "snapshot"):
@@ -141,10 +148,10 @@ def test_sorted_table_with_shifts_is_applied_correctly(served, results):
 
 
 def test_growing_snapshot_of_a_big_ticking_table_completes(served, results):
-    _server, graph = served
+    _server, engine = served
     res = results[("big_ticking", "full")]
     got = _ok(res)
     assert res.complete_s is not None and res.complete_s < 60
     assert got.num_rows >= BIG
     assert got.column("Id").to_pylist() == list(range(got.num_rows))
-    assert got.equals(graph.snapshot("big_ticking")[1].slice(0, got.num_rows))
+    assert got.equals(served_rows(engine, "big_ticking").slice(0, got.num_rows))

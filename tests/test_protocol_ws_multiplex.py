@@ -12,9 +12,21 @@ import pytest
 from tests.golden import GOLDEN, read_cap
 from tickwire.errors import ProtocolError
 from tickwire.protocol.ws_multiplex import (
-    CLOSE_BIT, GO_AWAY_STREAM_ID, ClientConnection, GoAwayAcknowledged, GoAwayReceived, HalfClosed,
-    MessageReceived, ResponseEnded, ResponseMessage, ResponseStarted, ServerConnection,
-    StreamClosedByClient, StreamOpened, close_reason, sanitize_grpc_message,
+    CLOSE_BIT,
+    GO_AWAY_STREAM_ID,
+    ClientConnection,
+    GoAwayAcknowledged,
+    GoAwayReceived,
+    HalfClosed,
+    MessageReceived,
+    ResponseEnded,
+    ResponseMessage,
+    ResponseStarted,
+    ServerConnection,
+    StreamClosedByClient,
+    StreamOpened,
+    close_reason,
+    sanitize_grpc_message,
 )
 
 PATH = "/io.deephaven.proto.backplane.grpc.TableService/FetchTable"

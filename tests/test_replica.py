@@ -13,44 +13,43 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.scripted import ScriptedTable, random_update
+from tests.scripted import random_update, scripted_table
 from tests.serving import start_again
-from tickwire.server.engine import Engine, TableSpec
-from tickwire.clients.client import BarrageClient
-from tickwire.server.app import TickwireServer
-from tickwire.server.adapters.replica import ReplicaTable, Replicator, parse_replicate
 from tests.waiting import wait_until
+from tickwire.clients.client import BarrageClient
+from tickwire.server.adapters.replica import ReplicaTable, Replicator, parse_replicate
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 
 
-def _state(table) -> tuple[np.ndarray, pa.Table]:
-    with table.graph.reading():
+def _state(engine, table) -> tuple[np.ndarray, pa.Table]:
+    """(row keys, rows) of a table of `engine`, at one cycle boundary."""
+    with engine.reading():
         keys = table.rowset.keys()
         return keys, table.gather(None, keys)
 
 
-def _same(a, b) -> bool:
-    ka, va = _state(a)
-    kb, vb = _state(b)
+def _same(engine_a, a, engine_b, b) -> bool:
+    ka, va = _state(engine_a, a)
+    kb, vb = _state(engine_b, b)
     return ka.size == kb.size and bool(np.array_equal(ka, kb)) and va.equals(vb)
-
-
 
 
 @pytest.fixture
 def origin():
-    graph = Engine(interval_ms=20)
-    table = ScriptedTable(graph, "src")
-    server = TickwireServer(graph, port=0).start()
-    yield graph, table, server
+    engine = Engine(interval_ms=20)
+    table = scripted_table(engine, "src")
+    server = TickwireServer(engine, port=0).start()
+    yield engine, table, server
     server.stop()
-    graph.stop()
+    engine.stop()
 
 
-def _traffic(graph, table, rng, keys, steps: int, *, pause: float = 0.0):
+def _traffic(engine, table, rng, keys, steps: int, *, pause: float = 0.0):
     for _ in range(steps):
         upd, vals, keys = random_update(rng, keys, max_add=40)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         if pause:
             time.sleep(pause)
     return keys
@@ -65,82 +64,82 @@ def test_parse_replicate():
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_chain_of_two_replicas_converges_to_the_origin(origin, seed):
-    graph, src, server = origin
+    engine, src, server = origin
     rng = np.random.default_rng(seed)
-    keys = _traffic(graph, src, rng, np.empty(0, dtype=np.int64), 5)
-    g1 = Engine(interval_ms=10).start()
-    r1 = Replicator(g1, server.target, "src").start()
-    s1 = TickwireServer(g1, port=0).start()
-    g2 = Engine(interval_ms=10).start()
-    r2 = Replicator(g2, s1.target, "src", local_name="copy").start()
+    keys = _traffic(engine, src, rng, np.empty(0, dtype=np.int64), 5)
+    engine1 = Engine(interval_ms=10).start()
+    r1 = Replicator(engine1, server.target, "src").start()
+    s1 = TickwireServer(engine1, port=0).start()
+    engine2 = Engine(interval_ms=10).start()
+    r2 = Replicator(engine2, s1.target, "src", local_name="copy").start()
     try:
         for round_ in range(6):
-            keys = _traffic(graph, src, rng, keys, 15, pause=0.002)
-            assert wait_until(lambda: _same(src, r1.table) and _same(src, r2.table), 20), \
-                f"replay: seed {seed} round {round_}: the chain did not converge"
-        assert isinstance(g2.tables["copy"], ReplicaTable) and r1.status == r2.status == "connected"
+            keys = _traffic(engine, src, rng, keys, 15, pause=0.002)
+            assert wait_until(lambda: _same(engine, src, engine1, r1.table) and _same(engine, src, engine2, r2.table),
+                              20), f"replay: seed {seed} round {round_}: the chain did not converge"
+        assert isinstance(engine2.resolve("copy"), ReplicaTable) and r1.status == r2.status == "connected"
         # the chain's own subscribers see the same table
         with BarrageClient(s1.target) as c:
-            assert c.snapshot("src").equals(_state(src)[1])
+            assert c.snapshot("src").equals(_state(engine, src)[1])
     finally:
-        r2.stop(), s1.stop(), r1.stop(), g1.stop(), g2.stop()
+        r2.stop(), s1.stop(), r1.stop(), engine1.stop(), engine2.stop()
 
 
 def test_replica_survives_the_upstream_going_away_and_resynchronises():
-    graph = Engine(interval_ms=20)
-    src = ScriptedTable(graph, "src")
+    engine = Engine(interval_ms=20)
+    src = scripted_table(engine, "src")
     rng = np.random.default_rng(9)
-    keys = _traffic(graph, src, rng, np.empty(0, dtype=np.int64), 10)
-    upstream = TickwireServer(graph, port=0).start()
+    keys = _traffic(engine, src, rng, np.empty(0, dtype=np.int64), 10)
+    upstream = TickwireServer(engine, port=0).start()
     port = upstream.port  # it comes back on the same port
     local = Engine(interval_ms=10).start()
     rep = Replicator(local, f"127.0.0.1:{port}", "src", backoff=(0.05, 0.5)).start()
     try:
-        keys = _traffic(graph, src, rng, keys, 10, pause=0.002)
-        assert wait_until(lambda: _same(src, rep.table), 20)
+        keys = _traffic(engine, src, rng, keys, 10, pause=0.002)
+        assert wait_until(lambda: _same(engine, src, local, rep.table), 20)
         upstream.stop()  # the upstream dies mid-stream ...
         assert wait_until(lambda: rep.status.startswith("disconnected"), 10)
-        held = _state(rep.table)
-        keys = _traffic(graph, src, rng, keys, 25)  # ... and changes while it is away
+        held = _state(local, rep.table)
+        keys = _traffic(engine, src, rng, keys, 25)  # ... and changes while it is away
         time.sleep(0.3)
-        now = _state(rep.table)  # the replica keeps serving its last consistent state
+        now = _state(local, rep.table)  # the replica keeps serving its last consistent state
         assert np.array_equal(now[0], held[0]) and now[1].equals(held[1])
         syncs = rep.syncs
-        upstream = start_again(lambda: TickwireServer(graph, port=port).start())
-        assert wait_until(lambda: rep.syncs > syncs and _same(src, rep.table), 20), \
+        upstream = start_again(lambda: TickwireServer(engine, port=port).start())
+        assert wait_until(lambda: rep.syncs > syncs and _same(engine, src, local, rep.table), 20), \
             "the replica did not resynchronise after the upstream came back"
-        keys = _traffic(graph, src, rng, keys, 10, pause=0.002)
-        assert wait_until(lambda: _same(src, rep.table), 20)
+        keys = _traffic(engine, src, rng, keys, 10, pause=0.002)
+        assert wait_until(lambda: _same(engine, src, local, rep.table), 20)
         assert rep.failures >= 1 and rep.status == "connected"
     finally:
         rep.stop()
         upstream.stop()
         local.stop()
+        engine.stop()
 
 
 def test_resynchronising_emits_only_the_net_difference():
     """After a reconnection to an upstream whose table changed, the replica's update holds just
     the rows that went, came, or changed value."""
-    graph = Engine(interval_ms=20)
+    engine = Engine(interval_ms=20)
     schema = pa.schema([("k", pa.int64()), ("v", pa.string())])
-    src = graph.create(TableSpec("kv", "keyed", schema, keys=["k"]))
-    src.add(pa.table({"k": np.arange(100), "v": [f"a{i}" for i in range(100)]}, schema=schema))
-    graph.run_cycle()
-    upstream = TickwireServer(graph, port=0).start()
+    src = engine.create(TableSpec("kv", "keyed", schema, keys=["k"]))
+    engine.write(src, pa.table({"k": np.arange(100), "v": [f"a{i}" for i in range(100)]}, schema=schema), wait=False)
+    engine.run_cycle()
+    upstream = TickwireServer(engine, port=0).start()
     port = upstream.port  # it comes back on the same port
     local = Engine(interval_ms=10).start()
     rep = Replicator(local, f"127.0.0.1:{port}", "kv", backoff=(0.05, 0.5)).start()
     seen = []
     try:
-        assert wait_until(lambda: _same(src, rep.table), 20)
+        assert wait_until(lambda: _same(engine, src, local, rep.table), 20)
         rep.table.add_listener(lambda t, u, step: seen.append(u))
         upstream.stop()
         assert wait_until(lambda: rep.status.startswith("disconnected"), 10)
-        src.delete(pa.table({"k": [3, 4]}))
-        src.add(pa.table({"k": [7, 200], "v": ["changed", "new"]}, schema=schema))
-        graph.run_cycle()
-        upstream = start_again(lambda: TickwireServer(graph, port=port).start())
-        assert wait_until(lambda: _same(src, rep.table), 20)
+        engine.write(src, pa.table({"k": [7, 200], "v": ["changed", "new"]}, schema=schema),
+                     delete=pa.table({"k": [3, 4]}))  # one cycle applies both
+        upstream = start_again(lambda: TickwireServer(engine, port=port).start())
+        assert wait_until(lambda: _same(engine, src, local, rep.table), 20)
         time.sleep(0.1)
         assert len(seen) == 1
         u = seen[0]
@@ -151,3 +150,4 @@ def test_resynchronising_emits_only_the_net_difference():
         rep.stop()
         upstream.stop()
         local.stop()
+        engine.stop()

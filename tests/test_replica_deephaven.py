@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from tests.interop.dh_server import deephaven_server_available, start_dh_server
-from tickwire.server.engine import Engine
+from tests.waiting import wait_until
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
-from tests.waiting import wait_until
+from tickwire.server.engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -54,17 +54,18 @@ def dh():
         yield server
 
 
-def _state(table):
-    with table.graph.reading():
+def _state(engine, table):
+    """(row keys, rows) of a table of `engine`, at one cycle boundary."""
+    with engine.reading():
         keys = table.rowset.keys()
         return keys, table.gather(None, keys)
 
 
 def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
-    g1 = Engine(interval_ms=20)
-    first = TickwireServer(g1, port=0).start()
-    g2 = Engine(interval_ms=20)
-    second = TickwireServer(g2, port=0).start()
+    engine1 = Engine(interval_ms=20)
+    first = TickwireServer(engine1, port=0).start()
+    engine2 = Engine(interval_ms=20)
+    second = TickwireServer(engine2, port=0).start()
     host, port = dh.target.rsplit(":", 1)
     session = pydeephaven.Session(host=host, port=int(port))
     try:
@@ -80,8 +81,8 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
 
             def settled(name):
                 want = upstream.snapshot(name)
-                k1, v1 = _state(reps1[name].table)
-                k2, v2 = _state(reps2[name].table)
+                k1, v1 = _state(engine1, reps1[name].table)
+                k2, v2 = _state(engine2, reps2[name].table)
                 return v1.equals(want) and v2.equals(want) and np.array_equal(k1, k2)
 
             for name in NAMES:
@@ -90,11 +91,11 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
         for name in ("growing", "keyed", "sorted_t"):
             assert reps1[name].messages > 3, f"{name}: only {reps1[name].messages} messages"
         # Deephaven's sorted table uses a sparse key space; the replica kept it
-        keys, _ = _state(reps1["sorted_t"].table)
+        keys, _ = _state(engine1, reps1["sorted_t"].table)
         assert keys.size == 40 and keys.max() > 40
     finally:
         session.close()
-        second.stop(), first.stop(), g2.stop(), g1.stop()
+        second.stop(), first.stop(), engine2.stop(), engine1.stop()
 
 
 def test_tickwire_serve_replicate_command_line(dh):

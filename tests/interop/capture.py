@@ -251,7 +251,7 @@ class CaptureProxy:
     def _ended(self, c: _Call) -> None:
         self._log_line(f"[{c.id:04d}] <- {c.method} {c.status} c={c.counts['C'][0]} s={c.counts['S'][0]} {c.details}")
 
-    def _relay(self, method: str, request_iterator, context):
+    def relay(self, method: str, request_iterator, context):
         """The handler body: a generator of response bytes relayed from the upstream call."""
         rec = self._new_call(method, context.invocation_metadata())
         upstream = {"call": None}
@@ -328,6 +328,6 @@ class _Handler(grpc.GenericRpcHandler):
         proxy = self._proxy
 
         def behaviour(request_iterator, context):
-            return proxy._relay(method, request_iterator, context)
+            return proxy.relay(method, request_iterator, context)
 
         return grpc.stream_stream_rpc_method_handler(behaviour)

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol import rowset as rs
 from tickwire.protocol.batches import (
@@ -40,7 +42,6 @@ from tickwire.protocol.batches import (
     MessageInfo,
     read_message_header,
 )
-from tickwire.errors import ProtocolError
 from tickwire.protocol.fbread import root as fb_root
 from tickwire.protocol.flight import FlightData, decode_flight_data
 from tickwire.protocol.proto.methods import ALL_METHODS, Method
