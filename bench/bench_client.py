@@ -22,13 +22,13 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import FLIGHT
 from tickwire.clients.state import NaturalTableState
 from tickwire.protocol import barrage
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 
 SCHEMA = pa.schema([("Key", pa.int64()), ("Px", pa.float64()), ("Qty", pa.int64()), ("Sym", pa.string())])
 
@@ -42,12 +42,12 @@ def _rows(keys: np.ndarray, rng) -> pa.Table:
 def record(rows: int, change: int, updates: int, seed: int = 1) -> list[bytes]:
     """The FlightData a full subscriber receives: schema, snapshot, then `updates` deltas."""
     rng = np.random.default_rng(seed)
-    graph = Engine()
-    table = graph.create(TableSpec("t", "keyed", SCHEMA, keys=["Key"]))
+    engine = Engine()  # stepped here with run_cycle()
+    table = engine.create(TableSpec("t", "keyed", SCHEMA, keys=("Key",)))
     for start in range(0, rows, 1_000_000):
-        table.add(_rows(np.arange(start, min(rows, start + 1_000_000), dtype=np.int64), rng))
-        graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_engine=False).start()
+        engine.write(table, _rows(np.arange(start, min(rows, start + 1_000_000), dtype=np.int64), rng), wait=False)
+        engine.run_cycle()
+    server = TickwireServer(engine, port=0, start_engine=False).start()
     got: list[bytes] = []
     try:
         with grpc.insecure_channel(server.target, options=[("grpc.max_receive_message_length", -1)]) as ch:
@@ -76,8 +76,8 @@ def record(rows: int, change: int, updates: int, seed: int = 1) -> list[bytes]:
                 old = rng.choice(rows, change // 2, replace=False).astype(np.int64)
                 new = np.arange(next_key, next_key + change - change // 2, dtype=np.int64)
                 next_key += new.size
-                table.add(_rows(np.concatenate([old, new]), rng))
-                graph.run_cycle()
+                engine.write(table, _rows(np.concatenate([old, new]), rng), wait=False)
+                engine.run_cycle()
                 read_until(seen + 1)
             call.cancel()
     finally:

@@ -18,21 +18,22 @@ import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
-from tickwire.server.engine import Engine, TableSpec
 
 ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 
 
 def serve_tickwire(rows: int) -> None:
-    from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.demo import big_static
-    
-    graph = Engine(interval_ms=100)
-    graph.create(TableSpec("big_static", "static", data=big_static(rows)))
-    server = TickwireServer(graph, port=0).start()
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine, TableSpec
+
+    engine = Engine(interval_ms=100)
+    engine.create(TableSpec("big_static", "static", data=big_static(rows)))
+    server = TickwireServer(engine, port=0).start()
     print(server.port, flush=True)
     sys.stdin.read()
     server.stop()
+    engine.stop()
 
 
 def serve_reference(rows: int) -> None:

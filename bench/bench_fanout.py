@@ -1,6 +1,6 @@
 """Fan-out: many Barrage subscribers to one ticking table.
 
-A tickwire server (its own process) serves `fanout`, a keyed table of --keys rows whose graph
+A tickwire server (its own process) serves `fanout`, a keyed table of --keys rows whose engine
 cycles every 100 ms; a producer thread upserts --rows-per-tick random keys every 100 ms, stamping
 each row's `Ts` column with the wall-clock time of the change. Client processes hold --full full
 subscriptions and --viewport viewport subscriptions (each a window of --window rows at one of
@@ -26,7 +26,6 @@ import threading
 import time
 
 import numpy as np
-from tickwire.server.engine import Engine, TableSpec
 
 TABLE = "fanout"
 
@@ -36,27 +35,31 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float) -> None:
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
-    
+    from tickwire.server.engine import Engine, TableSpec
+
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
-    graph = Engine(interval_ms=interval_ms)
-    table = graph.create(TableSpec(TABLE, "keyed", schema, keys=["Key"]))
+    engine = Engine(interval_ms=interval_ms)
+    table = engine.create(TableSpec(TABLE, "keyed", schema, keys=("Key",)))
     rng = np.random.default_rng(1)
-    table.add(pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
-                        "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema))
-    server = TickwireServer(graph, port=0, workers=4).start()
+    engine.write(table, pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
+                                  "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema), wait=False)
+    server = TickwireServer(engine, port=0, workers=4).start()
     stop = threading.Event()
 
     def produce():
         while not stop.wait(interval_ms / 1000.0):
             k = rng.choice(keys, rows_per_tick, replace=False).astype(np.int64)
-            table.add(pa.table({"Key": k, "Value": rng.random(rows_per_tick),
-                                "Ts": np.full(rows_per_tick, time.time_ns(), dtype=np.int64)}, schema=schema))
+            # queued, not waited for: the producer keeps its own 100 ms pace
+            engine.write(table, pa.table({"Key": k, "Value": rng.random(rows_per_tick),
+                                          "Ts": np.full(rows_per_tick, time.time_ns(), dtype=np.int64)},
+                                         schema=schema), wait=False)
 
     threading.Thread(target=produce, daemon=True).start()
     print(server.port, flush=True)
     sys.stdin.read()
     stop.set()
     server.stop()
+    engine.stop()
 
 
 # -- a client process --------------------------------------------------------------------------------

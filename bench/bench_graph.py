@@ -5,8 +5,8 @@
    (target <= 1.2).
 2. Append throughput: rows/s appended through an append-only table in 100k-row batches
    (target >= 1M rows/s), with the same rows' Arrow concatenation as the reference; then in
-   1,000-row inputs with one cycle each, and from a producer thread while the graph runs on its
-   own thread at 100 ms.
+   1,000-row inputs with one cycle each, and from a producer thread while the engine runs its
+   cycles on its own thread at 100 ms.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from tickwire.server.engine import Engine, TableSpec
 
+from tickwire.server.engine import Engine, TableSpec
 
 SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64()), ("sym", pa.string())])
 
@@ -30,12 +30,12 @@ def rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 def upsert_cycle_cost(table_rows: int, cycles: int, rng) -> float:
-    g = Engine()
-    t = g.create(TableSpec("k", "keyed", SCHEMA, keys=["id"]))
+    engine = Engine()  # stepped here with run_cycle()
+    t = engine.create(TableSpec("k", "keyed", SCHEMA, keys=("id",)))
     chunk = 1_000_000
     for start in range(0, table_rows, chunk):
-        t.add(rows(np.arange(start, min(table_rows, start + chunk), dtype=np.int64), rng))
-        g.run_cycle()
+        engine.write(t, rows(np.arange(start, min(table_rows, start + chunk), dtype=np.int64), rng), wait=False)
+        engine.run_cycle()
     next_id = table_rows
     times = []
     for _ in range(cycles):
@@ -44,21 +44,21 @@ def upsert_cycle_cost(table_rows: int, cycles: int, rng) -> float:
         next_id += 500
         batch = rows(np.concatenate((existing, new)), rng)
         t0 = time.perf_counter()
-        t.add(batch)
-        up = g.run_cycle()["k"]
+        engine.write(t, batch, wait=False)
+        up = engine.run_cycle()["k"]
         times.append(time.perf_counter() - t0)
         assert len(up.added) == 500 and len(up.modified) == 500
     return statistics.median(times)
 
 
 def append_rate(total: int, batch: int, rng) -> tuple[float, float]:
-    g = Engine()
-    t = g.create(TableSpec("a", "append", SCHEMA))
+    engine = Engine()  # stepped here with run_cycle()
+    t = engine.create(TableSpec("a", "append", SCHEMA))
     data = rows(np.arange(batch, dtype=np.int64), rng)
     t0 = time.perf_counter()
     for _ in range(total // batch):
-        t.add(data)
-        g.run_cycle()
+        engine.write(t, data, wait=False)
+        engine.run_cycle()
     tw = time.perf_counter() - t0
     t0 = time.perf_counter()
     pa.concat_tables([data] * (total // batch)).combine_chunks()
@@ -69,23 +69,23 @@ def append_rate(total: int, batch: int, rng) -> tuple[float, float]:
 
 def threaded_append_rate(total: int, batch: int, rng) -> float:
     """Rows/s applied while a producer thread adds `total` rows in `batch`-row inputs as fast as
-    it can (keeping at most 1M rows queued) and the graph runs on its own thread at the default
-    100 ms interval; timed until the last row is in the table."""
+    it can (keeping at most 1M rows queued) and the engine runs its cycles on its own thread at the
+    default 100 ms interval; timed until the last row is in the table."""
     import threading
-    g = Engine(interval_ms=100)
-    t = g.create(TableSpec("a", "append", SCHEMA))
+    engine = Engine(interval_ms=100)
+    t = engine.create(TableSpec("a", "append", SCHEMA))
     data = rows(np.arange(batch, dtype=np.int64), rng)
 
     def produce():
         sent = 0
         while sent < total:
             if t.pending_rows() < 1_000_000:
-                t.add(data)
+                engine.write(t, data, wait=False)  # queued: the producer does not wait for the cycle
                 sent += batch
             else:
                 time.sleep(0.001)
 
-    g.start()
+    engine.start()
     th = threading.Thread(target=produce)
     t0 = time.perf_counter()
     th.start()
@@ -93,7 +93,7 @@ def threaded_append_rate(total: int, batch: int, rng) -> float:
     while t.size < total:
         time.sleep(0.001)
     elapsed = time.perf_counter() - t0
-    g.stop()
+    engine.stop()
     return total / elapsed
 
 

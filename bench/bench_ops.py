@@ -18,8 +18,8 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tickwire.server.engine import Engine, TableSpec
 
+from tickwire.server.engine import Engine, TableSpec
 
 SCHEMA = pa.schema([("id", pa.int64()), ("px", pa.float64()), ("qty", pa.int64())])
 
@@ -36,12 +36,13 @@ class Setup:
     def __init__(self, table_rows: int, seed: int, read_rowset: bool):
         self.rng = np.random.default_rng(seed)
         self.read_rowset = read_rowset
-        self.g = g = Engine()
-        self.t = t = g.create(TableSpec("k", "keyed", SCHEMA, keys=["id"]))
+        self.engine = engine = Engine()  # stepped here with run_cycle()
+        self.t = t = engine.create(TableSpec("k", "keyed", SCHEMA, keys=("id",)))
         chunk = 1_000_000
         for start in range(0, table_rows, chunk):
-            t.add(rows(np.arange(start, min(table_rows, start + chunk), dtype=np.int64), self.rng))
-            g.run_cycle()
+            engine.write(t, rows(np.arange(start, min(table_rows, start + chunk), dtype=np.int64), self.rng),
+                         wait=False)
+            engine.run_cycle()
         t0 = time.perf_counter()
         self.by_px = t.sort("px")
         self.build_sort = time.perf_counter() - t0
@@ -61,9 +62,9 @@ class Setup:
         existing = rng.choice(self.next_id, 500, replace=False).astype(np.int64)
         new = np.arange(self.next_id, self.next_id + 500, dtype=np.int64)
         self.next_id += 500
-        t.add(rows(np.concatenate((existing, new)), rng))
+        self.engine.write(t, rows(np.concatenate((existing, new)), rng), wait=False)
         t0 = time.perf_counter()
-        ups = self.g.run_cycle()
+        ups = self.engine.run_cycle()
         elapsed = time.perf_counter() - t0
         t1 = time.perf_counter()
         if self.read_rowset:

@@ -9,8 +9,8 @@
    (what the sink uses), the `__arrow_c_stream__` interface (mapInArrow + toLocalIterator) and
    `toPandas()` (reference), 1k, 100k and 1M rows of 4 columns (7, 5 and 3 rounds, order rotated).
 3. Throughput: rows/s from Spark into an append-only table for 10k, 100k and 1M-row batches
-   (wall time over consecutive batches, Spark's own work included; the update graph runs on its
-   thread at 20 ms and the sink waits for each batch's cycle), with the sink's share.
+   (wall time over consecutive batches, Spark's own work included; the engine runs its cycles on
+   its thread at 20 ms and the sink waits for each batch's cycle), with the sink's share.
 4. Latency: a Barrage subscriber (tickwire's client) on a served table fed 1,000-row batches;
    p50/p99 from the sink queuing a batch (what Spark commits) to the client's callback for that
    update, and from the end of the cycle that applied it; Spark's batch time separately.
@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from tickwire.server.engine import Engine
 
 
 def pct(values, q: float) -> float:
@@ -75,6 +74,7 @@ def run_batches(df, fn, count: int, checkpoint: Path, timeout: float = 120.0) ->
 
 def floor_child(filesystem: str) -> None:
     from tickwire.server.adapters.spark import sink, spark_session
+    from tickwire.server.engine import Engine
 
     spark = spark_session("bench-floor", filesystem=filesystem)
     tmp = Path(tempfile.mkdtemp(prefix="tickwire-floor-"))
@@ -140,9 +140,10 @@ def conversions(spark, tmp: Path) -> dict:
 
 def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
     from tickwire.server.adapters.spark import sink
+    from tickwire.server.engine import Engine
 
-    graph = Engine(interval_ms=20).start()
-    s = sink(graph, "trades", "append")
+    engine = Engine(interval_ms=20).start()
+    s = sink(engine, "trades", "append")
     sink_s = []
 
     def fn(df, batch_id):
@@ -155,8 +156,8 @@ def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
     end = starts[-1] + sink_s[-1][0]
     measured = count
     wall = end - starts[warm]
-    graph.stop()
-    assert graph.get("trades").size == rows * (count + warm)
+    engine.stop()
+    assert engine.resolve("trades").size == rows * (count + warm)
     return {"rows": rows, "batches": measured, "rows_per_s": rows * measured / wall,
             "batch_ms": 1e3 * wall / measured,
             "sink_ms": 1e3 * statistics.median(x[0] for x in sink_s[warm:]),
@@ -169,11 +170,12 @@ def throughput(spark, tmp: Path, rows: int, count: int) -> dict:
 
 def latency(spark, tmp: Path, rows: int, count: int, interval_ms: float) -> dict:
     from tickwire.clients.client import BarrageClient
-    from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.spark import sink
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
 
-    graph = Engine(interval_ms=interval_ms)
-    server = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=interval_ms)
+    server = TickwireServer(engine, port=0).start()
     s = sink(server, "live", "append")
     timings: dict[int, dict] = {}
     received: dict[int, float] = {}
@@ -208,7 +210,7 @@ def latency(spark, tmp: Path, rows: int, count: int, interval_ms: float) -> dict
         sub.wait_for(lambda x: x.size == rows * (count + 1), 30)
         sub.close()
     server.stop()
-    graph.stop()
+    engine.stop()
     pairs = [(received[b] - t["queued_at"], received[b] - t["applied_at"], t["convert_s"])
              for b, t in timings.items() if b in received and "applied_at" in t]
     q = np.array([p[0] for p in pairs]) * 1e3

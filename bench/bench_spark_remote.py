@@ -12,7 +12,7 @@ and the report says how many there are.
 
 1. Throughput: rows/s over consecutive micro-batches run back to back (default trigger), after
    warm-up batches, for 10k and 1M-row batches. Both paths return a batch to Spark only once the
-   update-graph cycle applied it (the sink waits for it; the `tickwire.commit` action waits for
+   engine's cycle applied it (the sink waits for it; the `tickwire.commit` action waits for
    it), and both are timed the same way, from Spark's progress reports: from the trigger start of
    the first measured batch to the end of the last (its start + `triggerExecution`). Spark's time
    inside the sink (`addBatch`) is shown too: the in-process sink's collection to the driver,
@@ -62,9 +62,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_spark import pct, trades_stream  # noqa: E402 - the same input as bench_spark
-from tickwire.server.engine import Engine
 
-INTERVAL_MS = 20  # update-graph cycle of both servers
+INTERVAL_MS = 20  # the engine cycle of both servers
 
 
 # ------------------------------------------------------------------------------------------------
@@ -74,13 +73,14 @@ INTERVAL_MS = 20  # update-graph cycle of both servers
 def server_child(interval_ms: float) -> None:
     """The remote server: prints its target, serves until its stdin closes."""
     from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
 
-    graph = Engine(interval_ms=interval_ms)
-    server = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=interval_ms)
+    server = TickwireServer(engine, port=0).start()
     print(json.dumps({"target": server.target, "pid": os.getpid()}), flush=True)
     sys.stdin.read()
     server.stop()
-    graph.stop()
+    engine.stop()
 
 
 class RemoteServer:
@@ -322,14 +322,15 @@ def main() -> None:
     sizes = ([(10_000, 10, 2, 12, 300), (1_000_000, 3, 2, 3, 3000)] if args.quick else
              [(10_000, 30, 3, 40, 300), (1_000_000, 5, 2, 8, 3000)])
 
-    from tickwire.server.app import TickwireServer
-    from tickwire.server.adapters.spark import spark_session
     from tickwire.clients.spark.datasource import register
+    from tickwire.server.adapters.spark import spark_session
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
 
     spark = spark_session("bench-spark-remote")  # (before any gRPC thread of this process: it forks)
     remote = RemoteServer(INTERVAL_MS)
-    graph = Engine(interval_ms=INTERVAL_MS)
-    local = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=INTERVAL_MS)
+    local = TickwireServer(engine, port=0).start()
     register(spark)
     spark.dataSource.register(floor_source())
     quiet_accumulator_eof(spark.sparkContext)
@@ -381,7 +382,7 @@ def main() -> None:
     finally:
         spark.stop()
         local.stop()
-        graph.stop()
+        engine.stop()
         remote.stop()
         shutil.rmtree(tmp, ignore_errors=True)
         sampling.set()

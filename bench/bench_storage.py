@@ -30,10 +30,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine import Engine
-from tickwire.server.engine import TableSpec
+from tickwire.server.engine import Durability, Engine, TableSpec
 from tickwire.server.engine.storage import store as store_mod
-from tickwire.server.engine.storage.store import Durability
 
 SCHEMA = pa.schema([("k", pa.int64()), ("px", pa.float64()), ("qty", pa.int64()), ("w", pa.float64())])
 CHUNK = 1_000_000
@@ -45,17 +43,16 @@ def rows(keys: np.ndarray, rng: np.random.Generator) -> pa.Table:
                     schema=SCHEMA)
 
 
-def new_engine():
-    graph = Engine(interval_ms=3_600_000)  # cycles are run here
-    return graph, graph
+def new_engine() -> Engine:
+    return Engine(interval_ms=3_600_000)  # cycles are run here
 
 
-def fill(graph, engine, table, data: pa.Table) -> float:
+def fill(engine, table, data: pa.Table) -> float:
     """Writes `data` into `table` in 1M-row writes, one cycle each; seconds."""
     t0 = time.perf_counter()
     for start in range(0, data.num_rows, CHUNK):
         engine.write(table, data.slice(start, CHUNK), wait=False)
-        graph.run_cycle()
+        engine.run_cycle()
     return time.perf_counter() - t0
 
 
@@ -94,25 +91,25 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
     data = rows(np.arange(total, dtype=np.int64), rng)
 
     # reference: the same table built from memory through the engine, no data directory
-    graph, engine = new_engine()
+    engine = new_engine()
     ref_table, _ = engine.get_or_create(TableSpec("k", "keyed", SCHEMA, keys=("k",)))
-    ref = fill(graph, engine, ref_table, data)
+    ref = fill(engine, ref_table, data)
     assert ref_table.size == total
-    del graph, engine, ref_table
+    del engine, ref_table
     gc.collect()
 
     # the durable table: 10M rows, a forced checkpoint, then 1M rows of upserts in the journal
     path = base / "recovery"
-    graph, engine = new_engine()
+    engine = new_engine()
     engine.open_storage(path, Durability(fsync="cycle", checkpoint_cycles=1_000_000, checkpoint_bytes=1 << 40))
     table, _ = engine.get_or_create(TableSpec("k", "keyed", SCHEMA, keys=("k",)))
-    build = fill(graph, engine, table, data)
+    build = fill(engine, table, data)
     del data
     storage = engine.storage
     t0 = time.perf_counter()
-    with graph.reading():
-        storage.checkpoint(table, graph.step + 1)
-        held = time.perf_counter() - t0  # the graph's lock is held while the rows are taken
+    with engine.reading():
+        storage.checkpoint(table, engine.step + 1)
+        held = time.perf_counter() - t0  # no cycle runs while the rows are taken
     storage.wait_checkpoints(600)
     ckpt_wall = time.perf_counter() - t0
     assert storage.stats["checkpoints"] == 1, storage.stats
@@ -123,24 +120,24 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
         new = np.arange(next_new, next_new + per - per // 2, dtype=np.int64)
         next_new += new.size
         engine.write(table, rows(np.concatenate((existing, new)), rng), wait=False)
-        graph.run_cycle()
+        engine.run_cycle()
     with engine.reading():
         want_size, want_keys_tail = table.size, table.rowset.keys()[-5:].tolist()
     engine.close_storage()
-    del graph, engine, table, storage
+    del engine, table, storage
     gc.collect()
     ckpt_files = list((path / "default" / "k" / "checkpoints").glob("*.parquet"))
     journals = list((path / "default" / "k" / "intraday").glob("*/*/*.twj"))
     ckpt_mb = sum(p.stat().st_size for p in ckpt_files) / 1e6
     journal_mb = sum(p.stat().st_size for p in journals) / 1e6
 
-    # recovery, timed: a fresh graph and open_storage; where its time goes
+    # recovery, timed: a fresh engine and open_storage; where its time goes
     from tickwire.server.engine.graph import sources
     from tickwire.server.engine.graph.keyindex import KeyIndex
     from tickwire.server.engine.graph.row_set import RowSet
 
     parts: dict = {}
-    graph, engine = new_engine()
+    engine = new_engine()
     r = "restore into the table"
     with timed(parts, "checkpoint read (pq.read_table)", store_mod.pq, "read_table"), \
             timed(parts, r + " active", sources.SourceTable, "restore"), \
@@ -197,7 +194,7 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
         for func, (cc, nc, tt, ct, callers) in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]:
             fname, line, name = func
             print(f"    {tt:6.2f} s ({tt / width:5.1%}) {Path(fname).name}:{line} {name}")
-    del graph, engine, table, found
+    del engine, table, found
     gc.collect()
 
 
@@ -214,13 +211,13 @@ def journal_cost(base: Path, cycles: int, batch: int, pace: int, rng) -> None:
     def run(durability):
         os.sync()  # the previous run's dirty pages are on disk: its writeback does not slow this one
         time.sleep(0.5)
-        graph, engine = new_engine()
+        engine = new_engine()
         if durability is not None:
             engine.open_storage(base / f"journal-{durability.fsync}", durability)
         table, _ = engine.get_or_create(TableSpec("a", "append", SCHEMA))
         for _ in range(20):  # warm up
             engine.write(table, data, wait=False)
-            graph.run_cycle()
+            engine.run_cycle()
         storage = engine.storage
         if storage is not None:
             storage.stats.update(records=0, bytes=0, fsyncs=0, fsync_seconds=0.0)
@@ -230,20 +227,20 @@ def journal_cost(base: Path, cycles: int, batch: int, pace: int, rng) -> None:
         for _ in range(cycles):
             t0 = time.perf_counter()
             engine.write(table, data, wait=False)
-            graph.run_cycle()
+            engine.run_cycle()
             times.append(time.perf_counter() - t0)
         wall = time.perf_counter() - t_start
         stats = dict(storage.stats) if storage is not None else None
         spent = dict(parts)
         paced = []
-        period = batch / 100_000  # 100k rows/s: one cycle every `period` s, as the graph's thread would run
+        period = batch / 100_000  # 100k rows/s: one cycle every `period` s, as the engine's cycle thread would run
         next_at = time.perf_counter()
         for _ in range(pace):
             next_at += period
             time.sleep(max(0.0, next_at - time.perf_counter()))
             t0 = time.perf_counter()
             engine.write(table, data, wait=False)
-            graph.run_cycle()
+            engine.run_cycle()
             paced.append(time.perf_counter() - t0)
         engine.close_storage()
         return np.array(times), wall, stats, spent, np.array(paced)

@@ -13,7 +13,7 @@
 2. Viewport subscribers: --subscribers browsers' websockets against as many gRPC clients. A
    server process (`web_port=0`: grpcio directly on its port, the reference, and aiohttp on a
    port of its own) serves `ticking`, a keyed table of --keys rows. A writer thread drives the
-   graph: every --interval-ms it upserts --per-view random rows inside each subscriber's
+   engine: every --interval-ms it upserts --per-view random rows inside each subscriber's
    viewport plus --background random rows anywhere, each row's `Ts` holding time.time_ns() at
    write time, and runs the cycle at once (so the latency is the server's publish + the
    transport + the client's decode, not the wait for the next cycle). In a client process (one
@@ -40,7 +40,6 @@ import threading
 import time
 
 import numpy as np
-from tickwire.server.engine import Engine, TableSpec
 
 TABLE = "ticking"
 DOEXCHANGE = "/arrow.flight.protocol.FlightService/DoExchange"
@@ -67,17 +66,18 @@ def stop_child(proc: subprocess.Popen) -> None:
 
 # == 1. bulk DoGet =====================================================================================
 def serve_static(kind: str, rows: int) -> None:
-    from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.demo import big_static
-    
-    graph = Engine(interval_ms=100)
-    graph.create(TableSpec("big_static", "static", data=big_static(rows)))
-    server = TickwireServer(graph, port=0, web=(kind == "splitter")).start()
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine, TableSpec
+
+    engine = Engine(interval_ms=100)
+    engine.create(TableSpec("big_static", "static", data=big_static(rows)))
+    server = TickwireServer(engine, port=0, web=(kind == "splitter")).start()
     assert (server.splitter is not None) == (kind == "splitter")
     print(server.port, flush=True)
     sys.stdin.read()
     server.stop()
-    graph.stop()
+    engine.stop()
 
 
 def doget_bench(rows: int, runs: int, concurrent: int, concurrent_runs: int) -> dict:
@@ -194,15 +194,16 @@ def serve_ticking(keys: int, subscribers: int, window: int, per_view: int, backg
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
-    
+    from tickwire.server.engine import Engine, TableSpec
+
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
-    graph = Engine(interval_ms=interval_ms)
-    table = graph.create(TableSpec(TABLE, "keyed", schema, keys=["Key"]))
+    engine = Engine(interval_ms=interval_ms)  # stepped by the writer thread below, not by its own
+    table = engine.create(TableSpec(TABLE, "keyed", schema, keys=("Key",)))
     rng = np.random.default_rng(1)
-    table.add(pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
-                        "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema))
-    graph.run_cycle()
-    server = TickwireServer(graph, port=0, web_port=0, start_engine=False).start()
+    engine.write(table, pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
+                                  "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema), wait=False)
+    engine.run_cycle()
+    server = TickwireServer(engine, port=0, web_port=0, start_engine=False).start()
     assert server.splitter is None and server.web_port not in (None, server.port)
     starts = np.array([a for a, _ in viewports(keys, subscribers, window)], dtype=np.int64)
     stop = threading.Event()
@@ -218,8 +219,8 @@ def serve_ticking(keys: int, subscribers: int, window: int, per_view: int, backg
             k = np.unique(np.concatenate([inside, rng.integers(0, keys, background)]))
             n = len(k)
             ts = np.array([time.time_ns() for _ in range(n)], dtype=np.int64)  # write time, per row
-            table.add(pa.table({"Key": k, "Value": rng.random(n), "Ts": ts}, schema=schema))
-            graph.run_cycle()
+            engine.write(table, pa.table({"Key": k, "Value": rng.random(n), "Ts": ts}, schema=schema), wait=False)
+            engine.run_cycle()
 
     writer = threading.Thread(target=write_and_cycle, name="bench-writer", daemon=True)
     writer.start()

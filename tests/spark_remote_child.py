@@ -10,7 +10,7 @@ one (below), starts every query of the spec at once and waits for each to end (t
 directory of Parquet files one file per micro-batch with the available-now trigger, so they
 end by themselves). A query's sink is either the data source (`"sink": "remote"`: the server
 in the other process) or tickwire's in-process `foreachBatch` sinks (`"sink": "local"`: an
-update graph in this process), the reference the remote tables are compared with; the local
+engine in this process), the reference the remote tables are compared with; the local
 tables, and every update each of them had (`Recorder`), are written to the spec's `local_out`
 as JSON. A query with "then" (another query) that fails is followed by that one, started in
 the same session, as a user restarts a query in a long-lived Spark application.
@@ -45,7 +45,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from tickwire.server.engine import Engine
+
+from tickwire.server.engine import Engine, EngineConfig
 
 FAULTY = "tickwire_faulty"
 
@@ -56,34 +57,53 @@ def say(*parts) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# what the tables of a graph did (used here for the in-process sinks and by the test for the server)
+# what the tables of an engine did (used here for the in-process sinks and by the test for the server)
 # ------------------------------------------------------------------------------------------------
 
 class Recorder:
-    """Every update-graph cycle's update of the tables `names`: the rows added (their values), the
-    number of rows removed and modified, and the modified columns, one entry per cycle."""
+    """Every engine cycle's update of the tables `names`: the rows added (their values), the number
+    of rows removed and modified, and the modified columns, one entry per cycle.
 
-    def __init__(self, graph, names):
-        self.graph = graph
+    The tables are made later (by a sink's first batch, by a commit), so each is listened to from
+    the end of the first cycle that finds it. Tables are made between cycles, so when that cycle is
+    also the one of the table's first change (a table made and written between two cycles, as the
+    sinks and commits do), the table was empty before it: that update is read from the table, all
+    its rows added and nothing removed or modified."""
+
+    def __init__(self, engine, names):
+        self.engine = engine
         self.names = set(names)
         self.lock = threading.Lock()
         self.updates: dict[str, list[dict]] = {n: [] for n in self.names}
-        graph.add_cycle_listener(self._cycle)
+        self.watched: set[str] = set()
+        with engine.reading():
+            self._watch(None)  # the tables there are already
+            engine.add_cycle_listener(self._watch)
 
-    def _cycle(self, step: int) -> None:
-        for name, u in self.graph.cycle_updates.items():
-            if name not in self.names:
+    def _record(self, name: str, step: int, added: list, removed: int, modified: int, columns: list) -> None:
+        entry = {"step": step, "added": added, "removed": removed, "modified": modified, "modified_columns": columns}
+        with self.lock:
+            self.updates[name].append(entry)
+
+    def _on_update(self, table, u, step: int) -> None:
+        self._record(table.name, step, table.gather(None, u.added).to_pylist(), int(u.removed.size),
+                     int(u.modified.size), sorted(u.modified_columns))
+
+    def _watch(self, step: int | None) -> None:
+        """At a cycle boundary (the end of cycle `step`): listens to the tables made since the last one."""
+        for name in sorted(self.names - self.watched):
+            table = self.engine.resolve(name, hidden=True)
+            if table is None:
                 continue
-            table = self.graph.tables[name]
-            entry = {"step": step, "added": table.gather(None, u.added).to_pylist(), "removed": int(u.removed.size),
-                     "modified": int(u.modified.size), "modified_columns": sorted(u.modified_columns)}
-            with self.lock:
-                self.updates[name].append(entry)
+            if step is not None and table.last_step == step:  # made and first changed since the last cycle
+                self._record(name, step, table.gather().to_pylist(), 0, 0, [])
+            table.add_listener(self._on_update)
+            self.watched.add(name)
 
     def table(self, name: str) -> dict:
         """The table now: its row keys, rows (in row-key order) and column types."""
-        t = self.graph.tables[name]
-        with self.graph.reading():
+        t = self.engine.resolve(name, hidden=True)
+        with self.engine.reading():
             data = t.gather_with_keys(key_column="__key")
         return {"keys": data.column("__key").to_pylist(), "rows": data.drop_columns(["__key"]).to_pylist(),
                 "schema": [[f.name, str(f.type)] for f in t.schema], "kind": type(t).__name__}
@@ -91,7 +111,7 @@ class Recorder:
     def dump(self) -> dict:
         with self.lock:
             return {n: {"updates": list(self.updates[n]), **self.table(n)} for n in self.names
-                    if n in self.graph.tables}
+                    if self.engine.resolve(n, hidden=True) is not None}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,6 +127,21 @@ def faulty_source():
             super().__init__(options, spark_schema)
             opts = {str(k).lower(): v for k, v in options.items()}
             self.fault = json.loads(opts.get("fault") or "{}")
+
+        def staging_status(self) -> dict:
+            """The server's `tickwire.staging` action, with the writer's address and credentials."""
+            import pyarrow.flight as fl
+
+            from tickwire.clients.spark import datasource
+
+            client = fl.FlightClient(self.uri, **({"tls_root_certs": self.root_certs} if self.root_certs else {}))
+            auth = f"{datasource.PSK_AUTH} {self.psk}" if self.psk else "Anonymous"
+            options = fl.FlightCallOptions(headers=[(b"authorization", auth.encode())], timeout=30)
+            try:
+                (res,) = list(client.do_action(fl.Action("tickwire.staging", b""), options=options))
+            finally:
+                client.close()
+            return json.loads(res.body.to_pybytes())
 
         def _log(self, **what) -> None:
             if self.fault.get("log"):
@@ -137,8 +172,6 @@ def faulty_source():
             if data.num_rows < 2:
                 raise RuntimeError(f"batch {batch} partition {partition}: too few rows to cut an upload")
             half = data.num_rows // 2
-            conn = datasource._connection(self)
-
             producer = self.producer or tc.getLocalProperty(datasource.QUERY_ID_PROPERTY)
 
             def rows():
@@ -147,7 +180,7 @@ def faulty_source():
                 while time.monotonic() < deadline:
                     # once the other parts named in "after" are staged, the bytes the server holds
                     # for this producer beyond its staged parts are this upload's
-                    status = conn.action("tickwire.staging", b"")
+                    status = self.staging_status()
                     mine = [p for b in status["batches"] if b["producer"] == producer for p in b["parts"]]
                     others = {p["part"] for b in status["batches"] if b["producer"] == producer and
                               b["batch"] == batch for p in b["parts"]}
@@ -218,7 +251,7 @@ def shaped(df, shape: str):
     raise SystemExit(f"unknown shape {shape!r}")
 
 
-def start_query(spark, q: dict, graph):
+def start_query(spark, q: dict, engine):
     df = (spark.readStream.schema(q["ddl"]).option("maxFilesPerTrigger", 1).parquet(q["input"]))
     w = shaped(df, q["shape"]).writeStream.outputMode(q.get("output_mode", "append")) \
         .option("checkpointLocation", q["checkpoint"]).trigger(availableNow=True).queryName(q["name"])
@@ -229,7 +262,7 @@ def start_query(spark, q: dict, graph):
         return w.start()
     from tickwire.server.adapters.spark import fan_out, sink
 
-    sinks = [sink(graph, t["table"], t.get("mode", "append"), keys=t.get("keys"),
+    sinks = [sink(engine, t["table"], t.get("mode", "append"), keys=t.get("keys"),
                   delete_column=t.get("delete_column"), max_rows=t.get("max_rows")) for t in q["tables"]]
     return w.foreachBatch(fan_out(*sinks)).start()
 
@@ -263,15 +296,14 @@ def run(spec_path: str) -> None:
     spark.dataSource.register(faulty_source())
     say("SPARK", spark.version, type(spark).__module__)
 
-    graph = recorder = None
+    engine = recorder = None
     local = [q for q in spec["queries"] if q["sink"] == "local"]
     if local:
-        
-        graph = Engine(interval_ms=20).start()
-        recorder = Recorder(graph, [t["table"] for q in local for t in q["tables"]])
+        engine = Engine(interval_ms=20).start()
+        recorder = Recorder(engine, [t["table"] for q in local for t in q["tables"]])
     queries = {}
     for q in spec["queries"]:
-        queries[q["name"]] = (q, start_query(spark, q, graph))
+        queries[q["name"]] = (q, start_query(spark, q, engine))
         say("STARTED", q["name"])
     for name, (q, query) in queries.items():
         while True:
@@ -286,22 +318,24 @@ def run(spec_path: str) -> None:
             # application, executors and Python workers), as the "then" query
             q = q["then"]
             name = q["name"]
-            query = start_query(spark, q, graph)
+            query = start_query(spark, q, engine)
             say("STARTED", name)
     if recorder is not None:
         Path(spec["local_out"]).write_text(json.dumps(recorder.dump()))
-        graph.stop()
+        engine.stop()
     say("ALL-DONE")
     spark.stop()
 
 
 def serve(port: int, data_dir: str) -> None:
     from tickwire.server.app import TickwireServer
-    
-    server = TickwireServer(Engine(interval_ms=20), port=port, web=False, data_dir=data_dir).start()
+
+    engine = Engine(EngineConfig(interval_ms=20, data_dir=data_dir))  # the server opens it at its start
+    server = TickwireServer(engine, port=port, web=False).start()
     say("READY", server.port)
     sys.stdin.read()
     server.stop()
+    engine.stop()
 
 
 def main() -> None:

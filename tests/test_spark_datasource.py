@@ -14,12 +14,11 @@ pytest.importorskip("pyspark.sql.datasource")
 from pyspark.sql.types import BooleanType, DecimalType, LongType, StringType, StructField, StructType, TimestampType  # noqa: E402
 
 from tests.certs import self_signed  # noqa: E402
-from tickwire.server.engine import Engine
-from tickwire.server.app import TickwireServer  # noqa: E402
-from tickwire.server.engine.graph import UpdateGraph  # noqa: E402
-from tickwire.clients.spark.types import SparkSinkError  # noqa: E402
 from tickwire.clients.spark import datasource  # noqa: E402
 from tickwire.clients.spark.datasource import PartCommit, TickwireDataSource, TickwireStreamWriter  # noqa: E402
+from tickwire.clients.spark.types import SparkSinkError  # noqa: E402
+from tickwire.server.app import TickwireServer  # noqa: E402
+from tickwire.server.engine import Engine  # noqa: E402
 
 SCHEMA = StructType([StructField("Sym", StringType()), StructField("Px", DecimalType(10, 2)),
                      StructField("Seq", LongType()), StructField("Ts", TimestampType())])
@@ -58,24 +57,35 @@ def spark_batch(rows: list[tuple]) -> pa.RecordBatch:
     import datetime as dt
     from decimal import Decimal
     cols = list(zip(*rows)) if rows else [[], [], [], []]
-    return pa.record_batch([pa.array(cols[0], pa.string()), pa.array([Decimal(x) for x in cols[1]], pa.decimal128(10, 2)),
+    return pa.record_batch([pa.array(cols[0], pa.string()),
+                            pa.array([Decimal(x) for x in cols[1]], pa.decimal128(10, 2)),
                             pa.array(cols[2], pa.int64()),
                             pa.array([dt.datetime(2026, 1, 1) + dt.timedelta(seconds=s) for s in cols[3]],
                                      pa.timestamp("us", "Etc/UTC"))],
                            names=["Sym", "Px", "Seq", "Ts"])
 
 
+ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+
+
 def doget(srv, name) -> pa.Table:
     c = fl.connect(f"grpc://127.0.0.1:{srv.port}")
-    return c.do_get(fl.Ticket(b"s/" + name.encode()), options=fl.FlightCallOptions(
-        headers=[(b"authorization", b"Anonymous")])).read_all()
+    return c.do_get(fl.Ticket(b"s/" + name.encode()), options=ANON).read_all()
+
+
+def staging_status(client: fl.FlightClient, options: fl.FlightCallOptions = ANON) -> dict:
+    """The server's `tickwire.staging` action (what is staged)."""
+    (res,) = list(client.do_action(fl.Action("tickwire.staging", b""), options=options))
+    return json.loads(res.body.to_pybytes())
 
 
 @pytest.fixture
 def server():
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False).start()
+    engine = Engine(interval_ms=20)
+    srv = TickwireServer(engine, port=0, web=False).start()
     yield srv
     srv.stop()
+    engine.stop()
 
 
 def writer(srv, **options) -> TickwireStreamWriter:
@@ -91,7 +101,7 @@ def test_tasks_stage_their_partitions_and_the_commit_publishes_the_batch_once(se
         rows = [(f"S{part}{i}", f"{i}.25", part * 10 + i, i) for i in range(4)]
         msgs.append(w.write(iter([spark_batch(rows[:2]), spark_batch([]), spark_batch(rows[2:])])))
     assert msgs[1] == PartCommit("query-1", 0, "1", "101", 4)
-    assert server.ctx.engine.resolve("px") is None  # staged, not published
+    assert server.engine.resolve("px") is None  # staged, not published
     w.commit(msgs, 0)
     t = doget(server, "px")
     assert t.num_rows == 12
@@ -108,25 +118,25 @@ def test_tasks_stage_their_partitions_and_the_commit_publishes_the_batch_once(se
 
 def test_one_session_per_process_however_many_tasks(server, task):
     w = writer(server)
-    before = len(server.sessions._sessions)
+    before = server.sessions.count
     for b in range(5):
         task("q-sessions", b, 0, b)
         w.commit([w.write(iter([spark_batch([("A", "1.00", b, 0)])]))], b)
     assert doget(server, "px").num_rows == 5
-    assert len(server.sessions._sessions) - before <= 2  # the writer's one (doget above opened one more)
+    assert server.sessions.count - before <= 2  # the writer's one (doget above opened one more)
 
 
 def test_abort_discards_the_staged_parts(server, task):
     w = writer(server)
     task("q-abort", 3, 0, 7)
     msg = w.write(iter([spark_batch([("A", "1.00", 1, 0)])]))
-    conn = datasource._connection(w)
-    assert conn.action("tickwire.staging", b"")["bytes"] > 0
+    client = fl.connect(f"grpc://127.0.0.1:{server.port}")
+    assert staging_status(client)["bytes"] > 0
     w.abort([msg, None], 3)
-    assert conn.action("tickwire.staging", b"")["bytes"] == 0
+    assert staging_status(client)["bytes"] == 0
     with pytest.raises(pa.ArrowException, match="is not staged"):
         w.commit([msg], 3)
-    assert server.ctx.engine.resolve("px") is None
+    assert server.engine.resolve("px") is None
 
 
 def test_bad_options_and_columns_fail_at_the_start_of_the_query(server):
@@ -150,7 +160,7 @@ def test_a_server_refusal_fails_the_task_with_the_servers_message(server, task):
     w.commit([w.write(iter([spark_batch([("A", "1.00", 1, 0)])]))], 0)
     other = writer(server)  # append into a keyed table
     task("q-bad2", 0, 0, 2)
-    with pytest.raises(pa.ArrowException, match="mode 'append' needs a AppendOnlyTable, but the table is a KeyedTable"):
+    with pytest.raises(pa.ArrowException, match="mode 'append' needs an append table, but the table is a keyed table"):
         other.write(iter([spark_batch([("B", "2.00", 2, 0)])]))
 
 
@@ -178,8 +188,8 @@ def test_delete_column_and_ring_options(server, task):
 
 def test_psk_and_tls(tmp_path, task):
     cert, key = self_signed(tmp_path)
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, psk="s3cret", tls_cert=cert,
-                         tls_key=key).start()
+    engine = Engine(interval_ms=20)
+    srv = TickwireServer(engine, port=0, web=False, psk="s3cret", tls_cert=cert, tls_key=key).start()
     try:
         base = {"uri": f"grpc+tls://localhost:{srv.port}", "table": "sec", "tls_root_certs": str(cert)}
         task("q-tls", 0, 0, 1)
@@ -189,10 +199,11 @@ def test_psk_and_tls(tmp_path, task):
         w = TickwireDataSource({**base, "psk": "s3cret"}).streamWriter(SCHEMA, False)
         w.commit([w.write(iter([spark_batch([("A", "1.00", 1, 0)])]))], 0)
         c = fl.connect(f"grpc+tls://localhost:{srv.port}", tls_root_certs=cert.read_bytes())
-        t = c.do_get(fl.Ticket(b"s/sec"), options=fl.FlightCallOptions(
-            headers=[(b"authorization", f"{datasource.PSK_AUTH} s3cret".encode())])).read_all()
+        psk = fl.FlightCallOptions(headers=[(b"authorization", f"{datasource.PSK_AUTH} s3cret".encode())])
+        t = c.do_get(fl.Ticket(b"s/sec"), options=psk).read_all()
         assert t.column("Sym").to_pylist() == ["A"]
-        status = datasource._connection(w).action("tickwire.staging", b"")
+        status = staging_status(c, psk)
         assert json.dumps(status) and status["bytes"] == 0
     finally:
         srv.stop()
+        engine.stop()

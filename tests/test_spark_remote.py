@@ -10,7 +10,7 @@ the available-now trigger, so batch i is file i and the query ends by itself.
 1. Every mode (append, a ring table, upsert with deletes, replace from a complete-mode
    aggregation, blink) against tickwire's in-process `foreachBatch` sinks fed the same input in
    the same child (one Spark JVM for all of them): the same tables, row keys and cycle-by-cycle
-   updates; each micro-batch is one update-graph cycle, and a Barrage subscriber never sees a
+   updates; each micro-batch is one engine cycle, and a Barrage subscriber never sees a
    batch split across updates; a table the server refuses the rows of (a column of another
    type) fails the query with the server's message.
 2. Faults (`local[2,4]` where Spark must retry tasks): a Python worker killed in the middle of
@@ -49,10 +49,8 @@ pytest.importorskip("pyspark.sql.datasource")
 from tests import waiting  # noqa: E402
 from tests.serving import port_held  # noqa: E402
 from tests.spark_remote_child import Recorder  # noqa: E402
-from tickwire.server.engine import Engine
 from tickwire.server.app import TickwireServer  # noqa: E402
-from tickwire.server.engine import TableSpec  # noqa: E402
-from tickwire.server.engine.graph import UpdateGraph  # noqa: E402
+from tickwire.server.engine import Engine, TableSpec  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +117,7 @@ class Child:
             self.lines.put(raw.decode().rstrip("\n"))
         self.lines.put(None)
 
-    def _tail(self) -> str:
+    def tail(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-3000:]
         except OSError:
@@ -132,10 +130,10 @@ class Child:
                 line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise AssertionError(f"no {prefix!r} from the child in {timeout:.0f} s; it said {self.seen[-8:]}; "
-                                     f"its log ends:\n{self._tail()}") from None
+                                     f"its log ends:\n{self.tail()}") from None
             if line is None:
                 raise AssertionError(f"the child ended (rc {self.proc.wait()}) before {prefix!r}; it said "
-                                     f"{self.seen[-8:]}; its log ends:\n{self._tail()}")
+                                     f"{self.seen[-8:]}; its log ends:\n{self.tail()}")
             self.seen.append(line)
             if line.startswith(prefix):
                 return line
@@ -272,16 +270,15 @@ REMOTE_TABLES = ["append", "ring", "upserts", "totals", "ticks", "clash"]
 @pytest.fixture(scope="module")
 def modes(tmp_path_factory):
     """One child runs every mode twice, through the data source into this process's server and
-    through the in-process sinks into its own graph; the tests below read what each side did."""
+    through the in-process sinks into its own engine; the tests below read what each side did."""
     from tickwire.clients.client import BarrageClient
 
     tmp = tmp_path_factory.mktemp("modes")
     folder = tmp / "in"
     files = input_files(folder)
-    graph = Engine(interval_ms=20)
-    server = TickwireServer(graph, port=0, web=False).start()
-    recorder = Recorder(graph, REMOTE_TABLES)
-    engine = server.ctx.engine
+    engine = Engine(interval_ms=20)
+    server = TickwireServer(engine, port=0, web=False).start()
+    recorder = Recorder(engine, REMOTE_TABLES)
     # the append table exists before the query (so a subscriber can be there from the start), as
     # the sink makes it; "clash" has Seq as a string, which the query's rows cannot go into
     engine.get_or_create(TableSpec("append", "append", SCHEMA))
@@ -330,7 +327,7 @@ def modes(tmp_path_factory):
         sub.close()
         client.close()
         server.stop()
-        graph.stop()
+        engine.stop()
 
 
 def updates_of(side: dict, table: str) -> list[tuple]:
@@ -349,9 +346,8 @@ def assert_same_table(modes, table: str) -> None:
 
 
 def test_every_query_ends_as_expected_and_nothing_stays_staged(modes):
-    assert {n: o for n, o in modes["outcomes"].items() if n not in ("r_clash", "r_update_mode")} == {
-        n: "DONE" for n in ("r_append", "r_ring", "r_upsert", "r_replace", "r_blink", "l_raw", "l_upsert",
-                            "l_replace")}
+    assert {n: o for n, o in modes["outcomes"].items() if n not in ("r_clash", "r_update_mode")} == dict.fromkeys(
+        ("r_append", "r_ring", "r_upsert", "r_replace", "r_blink", "l_raw", "l_upsert", "l_replace"), "DONE")
     status = modes["staging"]
     assert status["bytes"] == 0 and status["batches"] == [], status
     # 4 batches for each of the 5 remote queries that succeeded, each committed once
@@ -461,15 +457,15 @@ def test_a_server_refusal_fails_the_batch_with_the_servers_message(modes):
 
 @pytest.fixture
 def server():
-    graph = Engine(interval_ms=20)
-    srv = TickwireServer(graph, port=0, web=False).start()
+    engine = Engine(interval_ms=20)
+    srv = TickwireServer(engine, port=0, web=False).start()
     yield srv
     srv.stop()
-    graph.stop()
+    engine.stop()
 
 
 def table_rows(srv: TickwireServer, name: str) -> pa.Table:
-    t = srv.ctx.engine.resolve(name)
+    t = srv.engine.resolve(name)
     return t.to_arrow() if t is not None else SCHEMA.empty_table()
 
 
@@ -575,7 +571,7 @@ class ServerChild:
                 break
             except AssertionError:
                 self.child.stop()
-                if not (port and port_held(self.child._tail()) and time.monotonic() < deadline):
+                if not (port and port_held(self.child.tail()) and time.monotonic() < deadline):
                     raise
                 time.sleep(0.5)
         self.port = int(ready.split()[1])

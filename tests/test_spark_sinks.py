@@ -3,8 +3,8 @@
 The Arrow-level tests (diffs, replays, type mapping) need no JVM. The others drive a real local
 SparkSession (one per pytest process, session-scoped fixture below): each test writes parquet
 files into a directory a file stream reads one file per micro-batch, waits with
-`processAllAvailable()`, then steps the update graph (`run_cycle()`) and checks the update and
-the table after every batch.
+`processAllAvailable()`, then steps the engine (`run_cycle()`) and checks the update and the table
+after every batch.
 """
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tickwire.clients.spark.types import SparkSinkError
+from tickwire.server.adapters.spark import diff_by_key, fan_out, last_per_key, sink
 from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.engine.graph import equal_mask
-from tickwire.server.adapters.spark import SparkSinkError, diff_by_key, fan_out, last_per_key, sink
 
 TRADES = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int32()), ("Seq", pa.int64())])
 TRADES_DDL = "Sym STRING, Price DOUBLE, Size INT, Seq BIGINT"
@@ -31,7 +32,7 @@ def trades(seq0: int, n: int, syms=("A", "B", "C")) -> pa.Table:
                      "Size": (i % 7 + 1).astype(np.int32), "Seq": i}, schema=TRADES)
 
 
-def manual_graph() -> UpdateGraph:
+def manual_engine() -> Engine:
     return Engine(interval_ms=3_600_000)  # stepped by the test with run_cycle()
 
 
@@ -79,83 +80,84 @@ def test_diff_by_key_is_exact_when_key_hashes_collide(monkeypatch):
 
 
 def test_replace_reports_only_true_changes_and_nothing_for_an_identical_batch():
-    graph = manual_graph()
-    s = sink(graph, "totals", mode="replace", keys=["Sym"])
+    engine = manual_engine()
+    s = sink(engine, "totals", mode="replace", keys=["Sym"])
     assert s.write(pa.table({"Sym": ["A", "B", "C"], "Total": [1, 2, 3], "N": [1, 1, 1]}), 0)
-    assert graph.run_cycle()["totals"].added.size == 3
+    assert engine.run_cycle()["totals"].added.size == 3
     seen = []
-    graph.get("totals").add_listener(lambda t, u, step: seen.append(u))
+    engine.resolve("totals").add_listener(lambda t, u, step: seen.append(u))
     # B changes one column, C goes away, D arrives, A is the same
     assert s.write(pa.table({"Sym": ["A", "B", "D"], "Total": [1, 5, 4], "N": [1, 1, 1]}), 1)
-    graph.run_cycle()
+    engine.run_cycle()
     (u,) = seen
-    table = graph.get("totals")
+    table = engine.resolve("totals")
     assert u.added.size == 1 and u.removed.size == 1 and u.modified.size == 1
     assert set(u.modified_columns) == {"Total"}
     assert table.gather(["Sym"], u.modified).column(0).to_pylist() == ["B"]
     assert s.last["removed"] == 1 and s.last["upserted"] == 2
     # the same contents again (a new batch id): no update at all
     assert s.write(pa.table({"Sym": ["D", "A", "B"], "Total": [4, 1, 5], "N": [1, 1, 1]}), 2)
-    assert "totals" not in graph.run_cycle()
+    assert "totals" not in engine.run_cycle()
     assert len(seen) == 1
     assert table.to_arrow().sort_by("Sym").to_pydict() == {"Sym": ["A", "B", "D"], "Total": [1, 5, 4], "N": [1, 1, 1]}
 
 
 def test_a_replayed_batch_id_changes_nothing_in_every_mode():
-    graph = manual_graph()
+    engine = manual_engine()
     data = trades(0, 6)
-    sinks = {"append": sink(graph, "a", "append"), "ring": sink(graph, "r", "append", max_rows=4),
-             "blink": sink(graph, "b", "blink"), "upsert": sink(graph, "u", "upsert", keys=["Sym"]),
-             "replace": sink(graph, "p", "replace", keys=["Seq"])}
+    sinks = {"append": sink(engine, "a", "append"), "ring": sink(engine, "r", "append", max_rows=4),
+             "blink": sink(engine, "b", "blink"), "upsert": sink(engine, "u", "upsert", keys=["Sym"]),
+             "replace": sink(engine, "p", "replace", keys=["Seq"])}
     for s in sinks.values():
         assert s.write(data, 5, scope="query-1")
-    first = graph.run_cycle()
+    first = engine.run_cycle()
     assert set(first) == {"a", "r", "b", "u", "p"}
-    states = {name: graph.get(name).to_arrow() for name in ("a", "r", "u", "p")}
+    states = {name: engine.resolve(name).to_arrow() for name in ("a", "r", "u", "p")}
     for s in sinks.values():
         assert not s.write(trades(100, 3), 5, scope="query-1")  # replay: other rows, same id
         assert s.replays == 1
-    updates = graph.run_cycle()
+    updates = engine.run_cycle()
     assert set(updates) == {"b"}  # only the blink table changes: its rows live for one cycle
     assert updates["b"].added.size == 0 and updates["b"].removed.size == 6
     for name, state in states.items():
-        assert graph.get(name).to_arrow().equals(state)
+        assert engine.resolve(name).to_arrow().equals(state)
     # another query's batch 5 is a different batch
     assert sinks["append"].write(trades(100, 3), 5, scope="query-2")
-    assert graph.run_cycle()["a"].added.size == 3
+    assert engine.run_cycle()["a"].added.size == 3
 
 
 def test_upsert_with_delete_column_last_row_of_a_key_wins():
-    graph = manual_graph()
-    s = sink(graph, "u", "upsert", keys=["k"], delete_column="gone")
+    engine = manual_engine()
+    s = sink(engine, "u", "upsert", keys=["k"], delete_column="gone")
     s.write(pa.table({"k": ["a", "b", "c"], "v": [1, 2, 3], "gone": [False, False, False]}), 0)
-    graph.run_cycle()
+    engine.run_cycle()
     # a: deleted then upserted -> kept; b: upserted then deleted -> gone; c: null flag -> upsert
     s.write(pa.table({"k": ["a", "b", "a", "b", "c"], "v": [9, 8, 7, 6, 5],
                       "gone": [True, False, False, True, None]}), 1)
-    u = graph.run_cycle()["u"]
+    u = engine.run_cycle()["u"]
     assert u.removed.size == 1 and u.modified.size == 2 and u.added.size == 0
-    assert graph.get("u").schema.names == ["k", "v"]
-    assert graph.get("u").to_arrow().sort_by("k").to_pydict() == {"k": ["a", "c"], "v": [7, 5]}
+    assert engine.resolve("u").schema.names == ["k", "v"]
+    assert engine.resolve("u").to_arrow().sort_by("k").to_pydict() == {"k": ["a", "c"], "v": [7, 5]}
 
 
 def test_sink_argument_errors():
-    graph = manual_graph()
+    engine = manual_engine()
     with pytest.raises(ValueError, match="needs keys"):
-        sink(graph, "t", "upsert")
+        sink(engine, "t", "upsert")
     with pytest.raises(ValueError, match="mode must be one of"):
-        sink(graph, "t", "merge")
+        sink(engine, "t", "merge")
     with pytest.raises(ValueError, match="delete_column applies"):
-        sink(graph, "t", "replace", keys=["k"], delete_column="d")
+        sink(engine, "t", "replace", keys=["k"], delete_column="d")
     with pytest.raises(ValueError, match="max_rows applies"):
-        sink(graph, "t", "blink", max_rows=3)
+        sink(engine, "t", "blink", max_rows=3)
     with pytest.raises(TypeError):
         sink(object(), "t")
-    graph.create(TableSpec("k", "keyed", TRADES, keys=["Sym"]))
-    with pytest.raises(SparkSinkError, match="'k'.*needs a AppendOnlyTable"):
-        sink(graph, "k", "append").write(trades(0, 2), 0)
-    with pytest.raises(SparkSinkError, match=r"'k'.*keys are \['Sym'\]"):
-        sink(graph, "k", "upsert", keys=["Seq"]).write(trades(0, 2), 0)
+    engine.create(TableSpec("k", "keyed", TRADES, keys=("Sym",)))
+    with pytest.raises(SparkSinkError,
+                       match="'k'.*mode 'append' needs an append table, but the table is a keyed table"):
+        sink(engine, "k", "append").write(trades(0, 2), 0)
+    with pytest.raises(SparkSinkError, match=r"'k'.*the table is keyed on \['Sym'\], not \['Seq'\]"):
+        sink(engine, "k", "upsert", keys=["Seq"]).write(trades(0, 2), 0)
 
 
 def test_spark_type_mapping_and_unsupported_types_name_table_and_column():
@@ -237,10 +239,10 @@ def failure_of(query) -> str:
 
 @pytest.mark.slow
 def test_append_and_ring_tables_take_each_batch(spark, tmp_path):
-    graph = manual_graph()
+    engine = manual_engine()
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
-    appended = sink(graph, "trades", "append", wait=False)
-    ring = sink(graph, "last5", "append", max_rows=5, wait=False)
+    appended = sink(engine, "trades", "append", wait=False)
+    ring = sink(engine, "last5", "append", max_rows=5, wait=False)
     qa = start(feed.stream(spark), appended, tmp_path / "ck-a")
     qr = start(feed.stream(spark), ring, tmp_path / "ck-r")
     try:
@@ -251,14 +253,14 @@ def test_append_and_ring_tables_take_each_batch(spark, tmp_path):
             feed.push(batch)
             qa.processAllAvailable()
             qr.processAllAvailable()
-            updates = graph.run_cycle()
+            updates = engine.run_cycle()
             assert updates["trades"].added.size == n
-            assert graph.get("trades").to_arrow().equals(pa.concat_tables(pushed).combine_chunks())
+            assert engine.resolve("trades").to_arrow().equals(pa.concat_tables(pushed).combine_chunks())
             last5 = pa.concat_tables(pushed).slice(max(0, sum(len(p) for p in pushed) - 5))
-            assert graph.get("last5").to_arrow().equals(last5.combine_chunks())
+            assert engine.resolve("last5").to_arrow().equals(last5.combine_chunks())
             assert updates["last5"].added.size == min(n, 5)
         assert appended.batches == 3 and appended.rows == 13 and appended.replays == 0
-        assert graph.get("trades").schema == TRADES
+        assert engine.resolve("trades").schema == TRADES
     finally:
         qa.stop()
         qr.stop()
@@ -268,30 +270,30 @@ def test_append_and_ring_tables_take_each_batch(spark, tmp_path):
 def test_upsert_from_an_update_mode_aggregation_with_deletes(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    graph = manual_graph()
+    engine = manual_engine()
     schema = pa.schema([("Sym", pa.string()), ("Size", pa.int64()), ("Closed", pa.bool_())])
     feed = ParquetFeed(tmp_path / "in", schema, "Sym STRING, Size BIGINT, Closed BOOLEAN")
     agg = feed.stream(spark).groupBy("Sym").agg(F.sum("Size").alias("Total"), F.count("*").alias("N"),
                                                 F.bool_or("Closed").alias("Closed"))
-    s = sink(graph, "positions", "upsert", keys=["Sym"], delete_column="Closed", wait=False)
+    s = sink(engine, "positions", "upsert", keys=["Sym"], delete_column="Closed", wait=False)
     q = start(agg, s, tmp_path / "ck", mode="update")
     table = None
     try:
         steps = [
             ({"Sym": ["A", "B", "A"], "Size": [1, 2, 3], "Closed": [False, False, False]},
-             dict(added=2, removed=0, modified=0), {"A": (4, 2), "B": (2, 1)}),
+             {"added": 2, "removed": 0, "modified": 0}, {"A": (4, 2), "B": (2, 1)}),
             ({"Sym": ["A", "C"], "Size": [10, 5], "Closed": [False, False]},
-             dict(added=1, removed=0, modified=1), {"A": (14, 3), "B": (2, 1), "C": (5, 1)}),
+             {"added": 1, "removed": 0, "modified": 1}, {"A": (14, 3), "B": (2, 1), "C": (5, 1)}),
             ({"Sym": ["B"], "Size": [1], "Closed": [True]},
-             dict(added=0, removed=1, modified=0), {"A": (14, 3), "C": (5, 1)}),
+             {"added": 0, "removed": 1, "modified": 0}, {"A": (14, 3), "C": (5, 1)}),
         ]
         for rows, counts, expected in steps:
             feed.push(pa.table(rows, schema=schema))
             q.processAllAvailable()
-            u = graph.run_cycle()["positions"]
+            u = engine.run_cycle()["positions"]
             assert (u.added.size, u.removed.size, u.modified.size) == (
                 counts["added"], counts["removed"], counts["modified"])
-            table = graph.get("positions")
+            table = engine.resolve("positions")
             got = table.to_arrow().sort_by("Sym")
             assert {s_: (t, n) for s_, t, n in zip(*[got.column(c).to_pylist() for c in ("Sym", "Total", "N")])} \
                 == expected
@@ -305,25 +307,25 @@ def test_upsert_from_an_update_mode_aggregation_with_deletes(spark, tmp_path):
 def test_replace_from_a_complete_mode_aggregation_emits_only_true_changes(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    graph = manual_graph()
+    engine = manual_engine()
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     # complete mode re-sends every group each batch; groups above the limit leave the result
     agg = feed.stream(spark).groupBy("Sym").agg(F.sum("Size").alias("Total"), F.max("Seq").alias("Last")) \
         .where("Total < 30")
-    s = sink(graph, "totals", "replace", keys=["Sym"], wait=False)
+    s = sink(engine, "totals", "replace", keys=["Sym"], wait=False)
     q = start(agg, s, tmp_path / "ck", mode="complete")
     seen = []
     try:
         feed.push(pa.table({"Sym": ["A", "B", "C"], "Price": [1.0] * 3, "Size": [1, 2, 3], "Seq": [1, 2, 3]},
                            schema=TRADES))
         q.processAllAvailable()
-        assert graph.run_cycle()["totals"].added.size == 3
-        table = graph.get("totals")
+        assert engine.run_cycle()["totals"].added.size == 3
+        table = engine.resolve("totals")
         table.add_listener(lambda t, u, step: seen.append((u, t.gather(["Sym"], u.modified).column(0).to_pylist())))
         # only B changes (both value columns); A and C are re-sent unchanged
         feed.push(pa.table({"Sym": ["B"], "Price": [1.0], "Size": [5], "Seq": [4]}, schema=TRADES))
         q.processAllAvailable()
-        graph.run_cycle()
+        engine.run_cycle()
         (u, modified_syms), = seen
         assert (u.added.size, u.removed.size, modified_syms) == (0, 0, ["B"])
         assert set(u.modified_columns) == {"Total", "Last"}
@@ -331,7 +333,7 @@ def test_replace_from_a_complete_mode_aggregation_emits_only_true_changes(spark,
         feed.push(pa.table({"Sym": ["A", "D", "B"], "Price": [1.0] * 3, "Size": [40, 1, 0], "Seq": [5, 6, 7]},
                            schema=TRADES))
         q.processAllAvailable()
-        graph.run_cycle()
+        engine.run_cycle()
         u, modified_syms = seen[-1]
         assert (u.added.size, u.removed.size, modified_syms) == (1, 1, ["B"])
         assert set(u.modified_columns) == {"Last"}
@@ -340,7 +342,7 @@ def test_replace_from_a_complete_mode_aggregation_emits_only_true_changes(spark,
         # a batch with no new input changes nothing (Spark may not even run one)
         before = len(seen)
         q.processAllAvailable()
-        graph.run_cycle()
+        engine.run_cycle()
         assert len(seen) == before
     finally:
         q.stop()
@@ -348,21 +350,21 @@ def test_replace_from_a_complete_mode_aggregation_emits_only_true_changes(spark,
 
 @pytest.mark.slow
 def test_blink_table_holds_each_batch_for_one_cycle(spark, tmp_path):
-    graph = manual_graph()
+    engine = manual_engine()
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
-    q = start(feed.stream(spark), sink(graph, "ticks", "blink", wait=False), tmp_path / "ck")
+    q = start(feed.stream(spark), sink(engine, "ticks", "blink", wait=False), tmp_path / "ck")
     try:
         previous = 0
         for b, n in enumerate([3, 5]):
             batch = trades(10 * b, n)
             feed.push(batch)
             q.processAllAvailable()
-            u = graph.run_cycle()["ticks"]
+            u = engine.run_cycle()["ticks"]
             assert (u.added.size, u.removed.size) == (n, previous)
-            assert graph.get("ticks").to_arrow().equals(batch)
+            assert engine.resolve("ticks").to_arrow().equals(batch)
             previous = n
-        u = graph.run_cycle()["ticks"]  # no batch this cycle: the rows go
-        assert (u.added.size, u.removed.size, graph.get("ticks").size) == (0, 5, 0)
+        u = engine.run_cycle()["ticks"]  # no batch this cycle: the rows go
+        assert (u.added.size, u.removed.size, engine.resolve("ticks").size) == (0, 5, 0)
     finally:
         q.stop()
 
@@ -398,17 +400,17 @@ def typed_rows() -> pa.Table:
 def test_type_mapping_through_spark(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    graph = manual_graph()
+    engine = manual_engine()
     feed = ParquetFeed(tmp_path / "in", TYPED, TYPED_DDL)
     df = feed.stream(spark).withColumn("Iv", F.expr("make_dt_interval(0, 0, 0, CAST(I % 100 AS DECIMAL(18, 6)))"))
-    s = sink(graph, "typed", "append", wait=False)
+    s = sink(engine, "typed", "append", wait=False)
     q = start(df, s, tmp_path / "ck")
     try:
         data = typed_rows()
         feed.push(data)
         q.processAllAvailable()
-        graph.run_cycle()
-        got = graph.get("typed").to_arrow()
+        engine.run_cycle()
+        got = engine.resolve("typed").to_arrow()
     finally:
         q.stop()
     expected_types = {f.name: f.type for f in TYPED}
@@ -427,20 +429,20 @@ def test_type_mapping_through_spark(spark, tmp_path):
 def test_unsupported_type_fails_the_query_naming_table_and_column(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    graph = manual_graph()
+    engine = manual_engine()
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     df = feed.stream(spark).withColumn("Pair", F.struct("Size", "Seq"))
-    q = start(df, sink(graph, "paired", "append", wait=False), tmp_path / "ck")
+    q = start(df, sink(engine, "paired", "append", wait=False), tmp_path / "ck")
     feed.push(trades(0, 2))
     message = failure_of(q)
     assert "table 'paired': column 'Pair' has Spark type struct<Size:int,Seq:bigint>" in message
-    assert "paired" not in graph.tables
+    assert engine.resolve("paired", hidden=True) is None
 
 
 @pytest.mark.slow
 def test_schema_change_between_batches_fails_the_query(spark, tmp_path):
-    graph = manual_graph()
-    s = sink(graph, "evolving", "append", wait=False)
+    engine = manual_engine()
+    s = sink(engine, "evolving", "append", wait=False)
     first = ParquetFeed(tmp_path / "one", TRADES, TRADES_DDL)
     q = start(first.stream(spark), s, tmp_path / "ck1")
     try:
@@ -448,7 +450,7 @@ def test_schema_change_between_batches_fails_the_query(spark, tmp_path):
         q.processAllAvailable()
     finally:
         q.stop()
-    graph.run_cycle()
+    engine.run_cycle()
     # the same sink (and table) fed by a query whose Size became a string
     changed = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.string()), ("Seq", pa.int64())])
     second = ParquetFeed(tmp_path / "two", changed, "Sym STRING, Price DOUBLE, Size STRING, Seq BIGINT")
@@ -456,8 +458,8 @@ def test_schema_change_between_batches_fails_the_query(spark, tmp_path):
     second.push(pa.table({"Sym": ["Z"], "Price": [1.0], "Size": ["big"], "Seq": [9]}, schema=changed))
     message = failure_of(q2)
     assert "table 'evolving': column 'Size' is string in the batch but int32 in the table" in message
-    assert graph.run_cycle() == {}
-    assert graph.get("evolving").to_arrow().equals(trades(0, 3))
+    assert engine.run_cycle() == {}
+    assert engine.resolve("evolving").to_arrow().equals(trades(0, 3))
 
 
 @pytest.mark.slow
@@ -467,9 +469,9 @@ def test_restart_after_a_crash_and_after_a_clean_stop_loses_nothing_and_repeats_
     for b in batches[:3]:
         feed.push(b)
 
-    graph = manual_graph()
+    engine = manual_engine()
     ids_seen = []
-    first = sink(graph, "fills", "append", wait=False)
+    first = sink(engine, "fills", "append", wait=False)
 
     def crashing(df, batch_id):
         ids_seen.append(batch_id)
@@ -483,7 +485,7 @@ def test_restart_after_a_crash_and_after_a_clean_stop_loses_nothing_and_repeats_
     assert ids_seen == [0, 1, 2]
 
     # restart from the checkpoint with a new sink on the same table: Spark replays batch 2
-    second = sink(graph, "fills", "append", wait=False)
+    second = sink(engine, "fills", "append", wait=False)
 
     def recording(df, batch_id):
         ids_seen.append(batch_id)
@@ -494,49 +496,49 @@ def test_restart_after_a_crash_and_after_a_clean_stop_loses_nothing_and_repeats_
     assert ids_seen == [0, 1, 2, 2] and second.replays == 1 and second.batches == 0
     feed.push(batches[3])
     q.processAllAvailable()
-    graph.run_cycle()
+    engine.run_cycle()
     q.stop()  # a clean stop: nothing is replayed on restart
     q = start(feed.stream(spark), recording, ck)
     try:
         for b in batches[4:]:
             feed.push(b)
             q.processAllAvailable()
-            graph.run_cycle()
+            engine.run_cycle()
     finally:
         q.stop()
     assert ids_seen == [0, 1, 2, 2, 3, 4, 5] and second.replays == 1 and second.batches == 3
 
     # the same input through one uninterrupted query
-    reference = manual_graph()
+    reference = manual_engine()
     qr = start(feed.stream(spark), sink(reference, "fills", "append", wait=False), tmp_path / "ck-ref")
     try:
         qr.processAllAvailable()
     finally:
         qr.stop()
     reference.run_cycle()
-    got = graph.get("fills").to_arrow()
-    assert got.equals(reference.get("fills").to_arrow())
+    got = engine.resolve("fills").to_arrow()
+    assert got.equals(reference.resolve("fills").to_arrow())
     # every row once (files pushed together may be taken in any order)
     assert got.sort_by("Seq").equals(pa.concat_tables(batches).combine_chunks())
 
 
 @pytest.mark.slow
 def test_replayed_batch_id_called_directly_and_queries_do_not_collide(spark, tmp_path):
-    graph = manual_graph()
-    s = sink(graph, "direct", "append", wait=False)
+    engine = manual_engine()
+    s = sink(engine, "direct", "append", wait=False)
     df = spark.createDataFrame(trades(0, 4))
     s(df, 7)
     s(df, 7)  # the same batch again: changes nothing
-    assert graph.run_cycle()["direct"].added.size == 4
-    assert s.batches == 1 and s.replays == 1 and graph.get("direct").size == 4
+    assert engine.run_cycle()["direct"].added.size == 4
+    assert s.batches == 1 and s.replays == 1 and engine.resolve("direct").size == 4
     # an empty batch (Spark sends them, e.g. with watermarks) creates the table and adds nothing
-    empty = sink(graph, "empty", "upsert", keys=["Sym"], wait=False)
+    empty = sink(engine, "empty", "upsert", keys=["Sym"], wait=False)
     empty(spark.createDataFrame([], TRADES_DDL), 0)
-    assert "empty" not in graph.run_cycle()
-    assert graph.get("empty").schema == TRADES and graph.get("empty").size == 0 and empty.batches == 1
+    assert "empty" not in engine.run_cycle()
+    assert engine.resolve("empty").schema == TRADES and engine.resolve("empty").size == 0 and empty.batches == 1
     # two queries writing the same table both start at batch 0: their scopes (query ids) differ
     feeds = [ParquetFeed(tmp_path / f"in{i}", TRADES, TRADES_DDL) for i in range(2)]
-    shared = sink(graph, "shared", "append", wait=False)
+    shared = sink(engine, "shared", "append", wait=False)
     queries = [start(f.stream(spark), shared, tmp_path / f"ck{i}") for i, f in enumerate(feeds)]
     try:
         for i, (f, q) in enumerate(zip(feeds, queries)):
@@ -545,9 +547,9 @@ def test_replayed_batch_id_called_directly_and_queries_do_not_collide(spark, tmp
     finally:
         for q in queries:
             q.stop()
-    graph.run_cycle()
+    engine.run_cycle()
     assert shared.batches == 2 and shared.replays == 0
-    assert sorted(graph.get("shared").to_arrow().column("Seq").to_pylist()) == [0, 1, 100, 101]
+    assert sorted(engine.resolve("shared").to_arrow().column("Seq").to_pylist()) == [0, 1, 100, 101]
 
 
 @pytest.mark.slow
@@ -555,9 +557,9 @@ def test_a_subscriber_sees_each_committed_batch_as_one_update(spark, tmp_path):
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
 
-    graph = Engine(interval_ms=20)
-    graph.create(TableSpec("live", "append", TRADES))  # exists before the query: the sink checks and reuses it
-    server = TickwireServer(graph, port=0).start()  # runs the graph's cycle thread
+    engine = Engine(interval_ms=20)
+    engine.create(TableSpec("live", "append", TRADES))  # exists before the query: the sink checks and reuses it
+    server = TickwireServer(engine, port=0).start()  # starts the engine's cycle thread
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     s = sink(server, "live", "append")  # wait=True: returns once the batch's cycle has run
     q = start(feed.stream(spark), s, tmp_path / "ck")
@@ -581,15 +583,15 @@ def test_a_subscriber_sees_each_committed_batch_as_one_update(spark, tmp_path):
     finally:
         q.stop()
         server.stop()
-        graph.stop()
+        engine.stop()
     assert s.batches == 5 and all(k in s.last for k in ("queued_at", "applied_at"))
 
 
 @pytest.mark.slow
 def test_fan_out_collects_once_and_lands_in_every_table_in_one_cycle(spark, tmp_path):
-    graph = Engine(interval_ms=20).start()
+    engine = Engine(interval_ms=20).start()
     steps: dict[str, list[int]] = {}
-    outs = [sink(graph, "all", "append"), sink(graph, "recent", "append", max_rows=4), sink(graph, "now", "blink")]
+    outs = [sink(engine, "all", "append"), sink(engine, "recent", "append", max_rows=4), sink(engine, "now", "blink")]
     write = fan_out(*outs)
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     q = start(feed.stream(spark), write, tmp_path / "ck")
@@ -597,18 +599,18 @@ def test_fan_out_collects_once_and_lands_in_every_table_in_one_cycle(spark, tmp_
         feed.push(trades(0, 3))
         q.processAllAvailable()
         for name in ("all", "recent", "now"):
-            graph.get(name).add_listener(lambda t, u, step: steps.setdefault(t.name, []).append(step)
+            engine.resolve(name).add_listener(lambda t, u, step: steps.setdefault(t.name, []).append(step)
                                          if len(u.added) else None)
         feed.push(trades(10, 3))
         q.processAllAvailable()
     finally:
         q.stop()
-        graph.stop()
+        engine.stop()
     assert steps["all"] == steps["recent"] == steps["now"] and len(steps["all"]) == 1
-    assert graph.get("all").size == 6 and graph.get("recent").size == 4
+    assert engine.resolve("all").size == 6 and engine.resolve("recent").size == 4
     assert all(o.batches == 2 and o.last["convert_s"] == outs[0].last["convert_s"] for o in outs)
     # a sink that already has a batch skips it while the others of the fan-out take it
-    direct = manual_graph()
+    direct = manual_engine()
     a, b = sink(direct, "a", "append", wait=False), sink(direct, "b", "append", wait=False)
     df = spark.createDataFrame(trades(0, 2))
     fan_out(a)(df, 0)
@@ -654,12 +656,13 @@ def test_filesystem_class_compiles_once_into_the_cache(tmp_path):
 def test_non_forking_filesystem_answers_like_the_local_one(spark, tmp_path):
     if spark.conf.get("spark.tickwire.filesystem") != "nofork":
         pytest.skip("the session runs without javac")
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    # pyspark has no public handle on its JVM or on its Hadoop configuration
+    jvm = spark.sparkContext._jvm  # noqa: SLF001
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # noqa: SLF001
     uri = jvm.java.net.URI("file:///")
     fs = jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf)
     assert fs.getClass().getName() == "tickwire.hadoop.NoForkLocalFileSystem"
-    assert jvm.org.apache.hadoop.fs.LocalFileSystem._java_lang_class.isInstance(fs)  # RocksDB casts to it
+    assert jvm.java.lang.Class.forName("org.apache.hadoop.fs.LocalFileSystem").isInstance(fs)  # RocksDB casts to it
     afs = jvm.org.apache.hadoop.fs.FileContext.getFileContext(uri, conf).getDefaultFileSystem()
     assert afs.getClass().getName() == "tickwire.hadoop.NoForkLocalFileSystem$Fs"
     Path_ = jvm.org.apache.hadoop.fs.Path
@@ -705,18 +708,18 @@ def test_rocksdb_state_store_runs_on_the_non_forking_filesystem(spark, tmp_path)
     session = spark.newSession()
     session.conf.set("spark.sql.streaming.stateStore.providerClass",
                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-    graph = manual_graph()
+    engine = manual_engine()
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     agg = feed.stream(session).groupBy("Sym").agg(F.sum("Size").alias("Total"))
-    q = start(agg, sink(graph, "rocks", "upsert", keys=["Sym"], wait=False), tmp_path / "ck", mode="update")
+    q = start(agg, sink(engine, "rocks", "upsert", keys=["Sym"], wait=False), tmp_path / "ck", mode="update")
     try:
         for b in range(2):
             feed.push(trades(10 * b, 4))
             q.processAllAvailable()
-            graph.run_cycle()
+            engine.run_cycle()
     finally:
         q.stop()
-    got = graph.get("rocks").to_arrow().sort_by("Sym").to_pydict()
+    got = engine.resolve("rocks").to_arrow().sort_by("Sym").to_pydict()
     expected = pa.concat_tables([trades(0, 4), trades(10, 4)]).group_by("Sym").aggregate([("Size", "sum")])
     assert got == {"Sym": ["A", "B", "C"],
                    "Total": [dict(zip(*expected.to_pydict().values()))[k] for k in ("A", "B", "C")]}
@@ -729,33 +732,33 @@ def test_spark_demo_tables_fill_and_stop(spark, tmp_path):
 
     from tickwire.server.adapters.spark.pipeline_demo import SparkDemo
 
-    graph = Engine(interval_ms=50).start()
+    engine = Engine(interval_ms=50).start()
     names = ["spark_trades", "spark_recent", "spark_ticks", "spark_latest", "spark_totals"]
     updated = {n: threading.Event() for n in names}
-    demo = SparkDemo(graph, spark=spark, trigger_ms=100, agg_trigger_ms=300, checkpoint_dir=tmp_path / "ck")
+    demo = SparkDemo(engine, spark=spark, trigger_ms=100, agg_trigger_ms=300, checkpoint_dir=tmp_path / "ck")
 
     def on_cycle(step):
         for n in names:
-            t = graph.tables.get(n)
+            t = engine.resolve(n)
             if t is not None and t.last_step == step and t.size:
                 updated[n].set()
 
-    graph.add_cycle_listener(on_cycle)
+    engine.add_cycle_listener(on_cycle)
     try:
         demo.start()
         for n in names:
             assert updated[n].wait(90), f"{n} never filled; {demo.status()}"
         for t in (n for n in names if n != "spark_ticks"):
-            assert graph.get(t).size > 0
+            assert engine.resolve(t).size > 0
     finally:
         demo.stop()
-        graph.stop()
+        engine.stop()
     assert "FAILED" not in demo.status() and not demo.queries
-    seq = graph.get("spark_trades").to_arrow().column("Seq").to_numpy()
+    seq = engine.resolve("spark_trades").to_arrow().column("Seq").to_numpy()
     assert np.array_equal(seq, np.arange(seq.size))  # every trade once, in order
-    assert graph.get("spark_recent").size == min(1000, seq.size)
-    latest = graph.get("spark_latest").to_arrow()
+    assert engine.resolve("spark_recent").size == min(1000, seq.size)
+    latest = engine.resolve("spark_latest").to_arrow()
     assert latest.schema.names == ["Sym", "Last", "Volume", "VWAP", "Trades", "Updated"]
     assert set(latest.column("Sym").to_pylist()) <= {f"SYM{i:03d}" for i in range(300)}
     assert latest.column("Sym").unique().to_pylist() == latest.column("Sym").to_pylist()  # one row a symbol
-    assert graph.get("spark_totals").schema.names == ["Sym", "VWAP", "Volume"]
+    assert engine.resolve("spark_totals").schema.names == ["Sym", "VWAP", "Volume"]

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from tickwire.server.engine import Engine
+from tickwire.clock import ManualClock
 from tickwire.protocol.txn import AbortRequest, CommitRequest, Transaction
-from tickwire.server.app import TickwireServer
-from tickwire.server.config import ServerConfig
 from tickwire.server.adapters.spark import sink
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, EngineConfig, StagingLimits
 
 # what pyarrow raises for a refused call (it maps INVALID_ARGUMENT and FAILED_PRECONDITION to ArrowInvalid)
 ERRORS = (fl.FlightError, pa.ArrowException)
@@ -23,9 +23,11 @@ AUTH = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=
 
 @pytest.fixture
 def server():
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False).start()
+    engine = Engine(interval_ms=20)
+    srv = TickwireServer(engine, port=0, web=False).start()
     yield srv
     srv.stop()
+    engine.stop()
 
 
 def connect(srv) -> fl.FlightClient:
@@ -70,7 +72,7 @@ def doget(client, name: str) -> pa.Table:
 
 
 def rows(t: pa.Table, keys=None) -> list:
-    d = t.select([c for c in t.column_names]).to_pylist()
+    d = t.select(list(t.column_names)).to_pylist()
     return sorted(d, key=lambda r: tuple(str(r[k]) for k in (keys or t.column_names)))
 
 
@@ -96,7 +98,7 @@ def test_staged_parts_are_invisible_until_one_commit_publishes_them_in_one_cycle
         res = put(c, "staged", part, Transaction(producer="q", batch=7, part=str(i), attempt=str(10 + i),
                                                  commit=False), chunks=3)
         assert res == {"staged": True, "rows": 50, "bytes": res["bytes"]} and res["bytes"] > 0
-    assert server.ctx.engine.resolve("staged") is None  # nothing made or shown before the commit
+    assert server.engine.resolve("staged") is None  # nothing made or shown before the commit
     st = status(c)
     assert [(b["producer"], b["batch"], len(b["parts"])) for b in st["batches"]] == [("q", 7, 3)]
     assert st["bytes"] == st["producers"]["q"] > 0
@@ -115,7 +117,7 @@ def test_a_commit_in_one_cycle_for_an_existing_table(server):
     c = connect(server)
     assert put(c, "one", T, Transaction(producer="x", batch=0))["applied"]
     updates = []
-    server.ctx.engine.resolve("one").add_listener(lambda t, u, step: updates.append(u.added.size))
+    server.engine.resolve("one").add_listener(lambda t, u, step: updates.append(u.added.size))
     for i in range(4):
         put(c, "one", T, Transaction(producer="x", batch=1, part=str(i), commit=False))
     res = action(c, "tickwire.commit", CommitRequest(producer="x", batch=1, table="one", mode="append",
@@ -128,9 +130,10 @@ def test_a_missing_part_fails_the_commit_and_applies_nothing(server):
     c = connect(server)
     put(c, "m", T, Transaction(producer="q", batch=3, part="0", attempt="1", commit=False))
     req = CommitRequest(producer="q", batch=3, table="m", mode="append", parts=(("0", "1"), ("1", "2")))
-    with pytest.raises(ERRORS, match=r"precondition failed.*part '1' \(attempt '2'\) is not staged.*write the batch again"):
+    with pytest.raises(ERRORS,
+                       match=r"precondition failed.*part '1' \(attempt '2'\) is not staged.*write the batch again"):
         action(c, "tickwire.commit", req)
-    assert server.ctx.engine.resolve("m") is None
+    assert server.engine.resolve("m") is None
     assert status(c)["batches"][0]["parts"][0]["part"] == "0"  # what was staged stays
     assert action(c, "tickwire.abort", AbortRequest("q", 3)) == {"discarded": 1}
     st = status(c)
@@ -156,7 +159,7 @@ def test_only_the_committed_attempt_counts_and_other_attempts_are_dropped(server
 def test_the_modes_give_what_the_in_process_sink_gives(server):
     """Each mode through staged parts and a commit equals the in-process sink fed the same batches."""
     c = connect(server)
-    ref_graph = Engine()
+    reference = Engine()  # stepped here with run_cycle()
     batches = [
         pa.table({"k": ["a", "b", "c", "d"], "v": [1, 2, 3, 4], "gone": [False, False, False, False]}),
         pa.table({"k": ["b", "c", "e", "a"], "v": [20, 3, 5, 1], "gone": [False, True, False, True]}),
@@ -166,26 +169,27 @@ def test_the_modes_give_what_the_in_process_sink_gives(server):
              ("replace", {"keys": ("k",)}, None), ("blink", {}, None), ("append", {"max_rows": 5}, None)]
     for n, (mode, opts, delete) in enumerate(cases):
         name = f"mode{n}"
-        ref = sink(ref_graph, name, mode=mode, keys=list(opts.get("keys", ())) or None, delete_column=delete,
+        ref = sink(reference, name, mode=mode, keys=list(opts.get("keys", ())) or None, delete_column=delete,
                    max_rows=opts.get("max_rows"))
         for b, data in enumerate(batches):
             data = data if delete else data.drop_columns(["gone"])
             ref.write(data, b)
-            ref_graph.run_cycle()
+            reference.run_cycle()
             half = data.num_rows // 2
             for i, piece in enumerate((data.slice(0, half), data.slice(half))):
                 put(c, name, piece, Transaction(producer="m", batch=b, part=str(i), commit=False, mode=mode, **opts))
             res = action(c, "tickwire.commit", CommitRequest(producer="m", batch=b, table=name, mode=mode,
                                                              parts=(("0", "0"), ("1", "0")), **opts))
             assert res["applied"], (mode, b, res)
-            want = ref_graph.get(name).to_arrow()
+            want = reference.resolve(name).to_arrow()
             got = doget(c, name).select(want.column_names)
             assert got.to_pylist() == want.to_pylist(), (mode, opts, b)
 
 
 def test_an_oversized_part_is_refused_and_a_full_staging_area_makes_uploads_wait():
-    cfg = ServerConfig(staging_producer_bytes=4000, staging_total_bytes=6000, staging_wait_s=10)
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, config=cfg).start()
+    engine = Engine(EngineConfig(interval_ms=20, staging=StagingLimits(producer_bytes=4000, total_bytes=6000,
+                                                                       wait_s=10)))
+    srv = TickwireServer(engine, port=0, web=False).start()
     try:
         c = connect(srv)
         big = pa.table({"v": list(range(1000))})  # 8,000 bytes
@@ -216,11 +220,13 @@ def test_an_oversized_part_is_refused_and_a_full_staging_area_makes_uploads_wait
         assert doget(c, "b").num_rows == 800
     finally:
         srv.stop()
+        engine.stop()
 
 
 def test_a_full_staging_area_answers_resource_exhausted_after_the_wait():
-    cfg = ServerConfig(staging_producer_bytes=4000, staging_total_bytes=4000, staging_wait_s=0.5)
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, config=cfg).start()
+    engine = Engine(EngineConfig(interval_ms=20, staging=StagingLimits(producer_bytes=4000, total_bytes=4000,
+                                                                       wait_s=0.5)))
+    srv = TickwireServer(engine, port=0, web=False).start()
     try:
         c = connect(srv)
         small = pa.table({"v": list(range(400))})
@@ -230,15 +236,17 @@ def test_a_full_staging_area_answers_resource_exhausted_after_the_wait():
         assert status(c)["bytes"] == 3200
     finally:
         srv.stop()
+        engine.stop()
 
 
 def test_uncommitted_parts_expire():
-    cfg = ServerConfig(staging_ttl_s=0.3)
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, config=cfg).start()
+    clock = ManualClock()  # the staging TTL runs on the engine's clock
+    engine = Engine(EngineConfig(interval_ms=20, staging=StagingLimits(ttl_s=0.3)), clock=clock)
+    srv = TickwireServer(engine, port=0, web=False).start()
     try:
         c = connect(srv)
         put(c, "e", T, Transaction(producer="p", batch=0, commit=False))
-        time.sleep(0.5)
+        clock.advance(0.5)
         put(c, "e", T, Transaction(producer="p", batch=1, part="0", commit=False))  # a later call sweeps
         st = status(c)
         assert st["expired"] == 1 and [b["batch"] for b in st["batches"]] == [1]
@@ -247,6 +255,7 @@ def test_uncommitted_parts_expire():
                                                        parts=(("0", "0"),)))
     finally:
         srv.stop()
+        engine.stop()
 
 
 @pytest.mark.parametrize("meta, message", [
@@ -262,7 +271,7 @@ def test_bad_transactions_are_refused_with_a_clear_message(server, meta, message
     c = connect(server)
     with pytest.raises(ERRORS, match=message):
         put(c, "bad", T, meta)
-    assert server.ctx.engine.resolve("bad") is None
+    assert server.engine.resolve("bad") is None
     assert status(c)["bytes"] == 0
     assert put(c, "ok", T, Transaction(producer="p", batch=0))["applied"]  # still serving
 
@@ -270,7 +279,7 @@ def test_bad_transactions_are_refused_with_a_clear_message(server, meta, message
 def test_refusals_name_the_table_and_leave_it_as_it_was(server):
     c = connect(server)
     assert put(c, "kv", T, Transaction(producer="p", batch=0, mode="upsert", keys=("k",)))["applied"]
-    with pytest.raises(ERRORS, match="mode 'append' needs a AppendOnlyTable, but the table is a KeyedTable"):
+    with pytest.raises(ERRORS, match="mode 'append' needs an append table, but the table is a keyed table"):
         put(c, "kv", T, Transaction(producer="p", batch=1))
     other = pa.table({"k": ["a"], "v": ["text"]})
     with pytest.raises(ERRORS, match="column 'v' is string in the batch but int64 in the table"):
@@ -298,7 +307,8 @@ def test_plain_doput_keeps_its_meaning(server):
 
 
 def test_a_durable_table_remembers_committed_batches_across_a_restart(tmp_path):
-    srv = TickwireServer(Engine(interval_ms=20), port=0, web=False, data_dir=tmp_path).start()
+    engine = Engine(EngineConfig(interval_ms=20, data_dir=tmp_path))
+    srv = TickwireServer(engine, port=0, web=False).start()
     port = srv.port
     try:
         c = connect(srv)
@@ -310,7 +320,9 @@ def test_a_durable_table_remembers_committed_batches_across_a_restart(tmp_path):
         put(c, "d", T, Transaction(producer="q", batch=3, part="0", commit=False))
     finally:
         srv.stop()
-    srv = TickwireServer(Engine(interval_ms=20), port=port, web=False, data_dir=tmp_path).start()
+        engine.stop()
+    engine = Engine(EngineConfig(interval_ms=20, data_dir=tmp_path))  # the same data directory
+    srv = TickwireServer(engine, port=port, web=False).start()
     try:
         c = connect(srv)
         assert doget(c, "d").num_rows == 9
@@ -327,6 +339,7 @@ def test_a_durable_table_remembers_committed_batches_across_a_restart(tmp_path):
         assert doget(c, "d").num_rows == 12
     finally:
         srv.stop()
+        engine.stop()
 
 
 def test_serve_takes_the_staging_limits_from_its_command_line():
@@ -342,11 +355,8 @@ def test_serve_takes_the_staging_limits_from_its_command_line():
 
 def test_empty_parts_cannot_pile_up():
     """Parts are bounded by count as well as bytes: an empty part holds no bytes."""
-    from tickwire.server.engine.staging import staging_of
-
-    graph = Engine(interval_ms=20)
-    staging_of(graph, max_parts=3, max_parts_total=5)
-    srv = TickwireServer(graph, port=0, web=False).start()
+    engine = Engine(EngineConfig(interval_ms=20, staging=StagingLimits(max_parts=3, max_parts_total=5)))
+    srv = TickwireServer(engine, port=0, web=False).start()
     try:
         c = connect(srv)
         empty = T.slice(0, 0)
@@ -378,3 +388,4 @@ def test_empty_parts_cannot_pile_up():
         assert status(c)["parts"] == 3
     finally:
         srv.stop()
+        engine.stop()
