@@ -4,8 +4,8 @@ import sys
 import numpy as np
 import pytest
 
-from tickwire.server.engine import Engine
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
+from tickwire.server.engine import Engine
 
 
 def test_static_mixed_is_deterministic_with_nulls():
@@ -15,16 +15,16 @@ def test_static_mixed_is_deterministic_with_nulls():
 
 
 def test_ticker_feeds_every_table():
-    g = Engine()
-    ticker = DemoTicker(g, rows_per_tick=5)
+    engine = Engine()
+    ticker = DemoTicker(engine, rows_per_tick=5)
     for _ in range(300):
         ticker.tick()
-        g.run_cycle()
-    assert g.get("ticking_append").size == 1500
-    assert g.get("ticking_keyed").size == 20
-    assert g.get("blink").size == 5
-    assert g.get("ticking_ring").size == 1000
-    assert np.array_equal(g.get("ticking_ring").to_arrow()["Seq"].to_numpy(), np.arange(500, 1500))
+        engine.run_cycle()
+    assert engine.resolve("ticking_append").size == 1500
+    assert engine.resolve("ticking_keyed").size == 20
+    assert engine.resolve("blink").size == 5
+    assert engine.resolve("ticking_ring").size == 1000
+    assert np.array_equal(engine.resolve("ticking_ring").to_arrow()["Seq"].to_numpy(), np.arange(500, 1500))
 
 
 def test_demo_command_runs_and_stops_cleanly():
@@ -36,10 +36,9 @@ def test_demo_command_runs_and_stops_cleanly():
 
 
 def test_demo_serves_every_table_and_stops_on_ctrl_c_with_exit_code_0():
+    import re
     import signal
     import time
-
-    import re
 
     import pyarrow.flight as fl
 

@@ -18,8 +18,9 @@ import math
 import pyarrow as pa
 import pytest
 
-from .interop.dh_server import deephaven_server_available, start_dh_server
 from tickwire.server.engine import Engine, TableSpec
+
+from .interop.dh_server import deephaven_server_available, start_dh_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
@@ -140,11 +141,11 @@ def servers():
     from pydeephaven import Session
 
     from tickwire.server.app import TickwireServer
-    
+
     dh = start_dh_server(tables_script="")
-    graph = Engine(interval_ms=50)
-    graph.create(TableSpec("data", "static", data=DATA))
-    tw = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=50)
+    engine.create(TableSpec("data", "static", data=DATA))
+    tw = TickwireServer(engine, port=0).start()
     dh_session = Session(host="127.0.0.1", port=dh.port)
     tw_session = Session(host="127.0.0.1", port=tw.port)
     try:
@@ -156,6 +157,7 @@ def servers():
             except Exception:
                 pass
         tw.stop()
+        engine.stop()
         dh.stop()
 
 

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine.graph.graph import TableFailedError, TableListener
+from tickwire.server.engine import Engine, TableFailedError, TableSpec
+from tickwire.server.engine.graph.graph import TableListener
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.int64()), ("y", pa.int64())])
 
@@ -55,10 +55,10 @@ FORMULAS = {
 
 @pytest.mark.parametrize("make", FORMULAS.values(), ids=list(FORMULAS))
 def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(make):
-    g = Engine()
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(good(0, 5))
-    g.run_cycle()
+    engine = Engine()
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, good(0, 5))
+    engine.run_cycle()
     bad = make(src)
     child = bad.where(pc.field("id") >= 0, name="child")
     grandchild = child.head(3, name="grandchild")
@@ -72,13 +72,13 @@ def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(
     t_plain = []
     bad.add_listener(lambda table, up, step: t_plain.append(step))  # no on_failure: never called again
 
-    src.add(good(5, 3))
-    g.run_cycle()  # step 2: fine
+    engine.write(src, good(5, 3))
+    engine.run_cycle()  # step 2: fine
     assert updates and set(updates) == {2} and t_plain == [2]
     before = bad.to_arrow()
     # step 3: one row makes the formula raise (zero divisor / int8 overflow / int64 overflow)
-    src.add(rows([100], [2**40], [0]))
-    ups = g.run_cycle()
+    engine.write(src, rows([100], [2**40], [0]))
+    ups = engine.run_cycle()
     assert "src" in ups and "sibling" in ups and "bad" not in ups and "child" not in ups
     f = bad.failure
     origin = bad.parent.name if bad.parent is not src else "bad"  # a view fails when its formula is read
@@ -90,11 +90,11 @@ def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(
         assert f"{t.name!r}" in t.failure.message and f"{origin!r}" in t.failure.message
     assert [n for n, _ in heard] == ["bad", "child", "grandchild"]
     assert heard[0][1] == f.message
-    assert [e.table for e in g.errors] == [origin]
+    assert [e.table for e in engine.errors] == [origin]
     # later cycles: the failed tables stay as they were, the parent and the sibling follow
-    src.add(good(200, 4))
-    src.add(rows([101], [1], [1]))
-    g.run_cycle()
+    engine.write(src, good(200, 4))
+    engine.write(src, rows([101], [1], [1]))
+    engine.run_cycle()
     assert bad.failure is f and bad.last_step == 2
     if origin == "bad" and not hasattr(bad, "exprs"):  # a view or select has the parent's rows
         assert bad.to_arrow().equals(before)
@@ -104,54 +104,54 @@ def test_a_derived_table_whose_formula_raises_fails_and_the_rest_keeps_updating(
     # a failed table cannot be read or derived from
     for t in (bad, child, grandchild):
         with pytest.raises(TableFailedError, match=f"{origin!r}") as e:
-            g.snapshot(t)
+            engine.snapshot(t)
         assert e.value.code == "FAILED_PRECONDITION" and e.value.failure is t.failure
     with pytest.raises(TableFailedError, match=f"{origin!r}"):
         bad.where(pc.field("id") > 0, name="later")
-    assert "later" not in g.tables
+    assert engine.resolve("later", hidden=True) is None
     # a new table from the healthy parent works
     again = src.where(pc.field("y") == 0, name="again")
     assert again.to_arrow().column("id").to_pylist() == [100]
 
 
 def test_a_view_whose_formula_raises_when_read_fails_with_its_derived_tables():
-    g = Engine()
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(good(0, 3))
-    g.run_cycle()
+    engine = Engine()
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, good(0, 3))
+    engine.run_cycle()
     view = src.view(["id", ("q", pc.divide_checked(pc.field("x"), pc.field("y")))], name="v")
     head = view.head(2, name="v_head")
     heard = []
     view.add_listener(TableListener(lambda *a: None, lambda table, failure: heard.append(failure)))
-    assert g.snapshot(view)[1].column("q").to_pylist() == [0, 1, 3]  # integer division
-    src.add(rows([9], [1], [0]))
-    g.run_cycle()  # a view computes on read: nothing read it in this cycle
+    assert engine.snapshot(view)[1].column("q").to_pylist() == [0, 1, 3]  # integer division
+    engine.write(src, rows([9], [1], [0]))
+    engine.run_cycle()  # a view computes on read: nothing read it in this cycle
     assert view.failure is None and head.failure is None and view.last_step == 2
     with pytest.raises(TableFailedError, match="table 'v' failed at step 2 computing its columns.*divide by zero"):
-        g.snapshot(view)
+        engine.snapshot(view)
     assert view.failure is not None and heard == [view.failure] and view.failure.origin == "v"
     assert head.failure is not None and head.failure.origin == "v"
     with pytest.raises(TableFailedError):
-        g.snapshot(view, ["id"])  # stays failed, even for columns it could read
-    src.add(good(10, 2))
-    g.run_cycle()
-    assert src.size == 6 and view.last_step == 2 and g.snapshot(src)[1].num_rows == 6
+        engine.snapshot(view, ["id"])  # stays failed, even for columns it could read
+    engine.write(src, good(10, 2))
+    engine.run_cycle()
+    assert src.size == 6 and view.last_step == 2 and engine.snapshot(src)[1].num_rows == 6
 
 
 def test_a_failure_at_creation_is_an_error_of_the_creating_call():
-    g = Engine()
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(rows([1], [1], [0]))
-    g.run_cycle()
+    engine = Engine()
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, rows([1], [1], [0]))
+    engine.run_cycle()
     with pytest.raises(pa.ArrowInvalid, match="divide by zero"):
         src.where(ratio_over_one(), name="bad")
-    assert "bad" not in g.tables
-    g.run_cycle()
+    assert engine.resolve("bad", hidden=True) is None
+    engine.run_cycle()
 
 
 def test_a_source_whose_input_fails_is_not_a_failed_table(monkeypatch):
-    g = Engine()
-    src = g.create(TableSpec("src", "append", SCHEMA))
+    engine = Engine()
+    src = engine.create(TableSpec("src", "append", SCHEMA))
     derived = src.where(pc.field("x") > 0, name="derived")
     real = type(src).apply_pending
     calls = []
@@ -163,29 +163,29 @@ def test_a_source_whose_input_fails_is_not_a_failed_table(monkeypatch):
         return real(self, step, ops)
 
     monkeypatch.setattr(type(src), "apply_pending", once_broken)
-    src.add(good(0, 2))
-    g.run_cycle()
-    assert [e.table for e in g.errors] == ["src"]
-    src.add(good(2, 2))
-    g.run_cycle()
+    engine.write(src, good(0, 2))
+    engine.run_cycle()
+    assert [e.table for e in engine.errors] == ["src"]
+    engine.write(src, good(2, 2))
+    engine.run_cycle()
     assert src.failure is None and derived.failure is None
     assert derived.size == src.size > 0
 
 
 def test_the_cycle_thread_keeps_running_after_a_table_fails():
-    g = Engine(interval_ms=5)
-    src = g.create(TableSpec("src", "append", SCHEMA))
+    engine = Engine(interval_ms=5)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
     bad = src.where(ratio_over_one(), name="bad")
-    with g:
-        src.add(rows([1], [5], [0]))
+    with engine:
+        engine.write(src, rows([1], [5], [0]), wait=False)
         deadline = time.monotonic() + 10
         while bad.failure is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert bad.failure is not None
-        src.add(good(10, 3))
+        engine.write(src, good(10, 3), wait=False)
         while src.size < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert src.size == 4 and g.running
+        assert src.size == 4 and engine.running
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,21 +205,22 @@ def plain(t: pa.Table) -> pa.Table:
 
 @pytest.fixture()
 def failing():
-    graph = Engine(interval_ms=3_600_000)
-    src = graph.create(TableSpec("src", "append", SCHEMA))
-    src.add(good(0, 6))
-    graph.run_cycle()
+    engine = Engine(interval_ms=3_600_000)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, good(0, 6))
+    engine.run_cycle()
     ratio = src.where(ratio_over_one(), name="ratio")
     ratio.sort("x", descending=True, name="ratio_sorted")
     src.where(pc.field("x") > 6, name="sibling")
     src.view(["id", ("q", pc.divide_checked(pc.field("x"), pc.field("y")))], name="quotient")
-    server = TickwireServer(graph, port=0, start_engine=False).start()
-    yield server, graph, src
+    server = TickwireServer(engine, port=0, start_engine=False).start()
+    yield server, engine, src
     server.stop()
+    engine.stop()
 
 
 def test_subscribers_get_the_failure_and_the_parent_keeps_converging(failing):
-    server, graph, src = failing
+    server, engine, src = failing
     with BarrageClient(server.target) as c:
         full = c.subscribe("ratio")
         window = c.subscribe("ratio", viewport=[(0, 2)])
@@ -228,19 +229,19 @@ def test_subscribers_get_the_failure_and_the_parent_keeps_converging(failing):
         parent_window = c.subscribe("src", viewport=[(0, 3)], reverse=True)
         sibling = c.subscribe("sibling")
         for s in (full, window, child, parent, parent_window, sibling):
-            assert s.wait_for(lambda s: s.last_seq == graph.step, 20)
-        src.add(good(6, 4))
-        graph.run_cycle()
+            assert s.wait_for(lambda s: s.last_seq == engine.step, 20)
+        engine.write(src, good(6, 4))
+        engine.run_cycle()
         for s in (full, window, child, parent, sibling):
-            assert s.wait_for(lambda s: s.last_seq == graph.step, 20)
+            assert s.wait_for(lambda s: s.last_seq == engine.step, 20)
         # no row goes missing before the failure: the subscriber holds what the table holds
-        assert plain(full.table).equals(graph.snapshot("ratio")[1])
-        assert plain(child.table).equals(graph.snapshot("ratio_sorted")[1])
-        src.add(good(10, 2))
-        src.add(rows([99], [7], [0]))  # 7 / 0: the filter's formula raises
-        graph.run_cycle()
-        failed_at = graph.step
-        message = graph.tables["ratio"].failure.message
+        assert plain(full.table).equals(engine.snapshot(engine.resolve("ratio"))[1])
+        assert plain(child.table).equals(engine.snapshot(engine.resolve("ratio_sorted"))[1])
+        engine.write(src, good(10, 2))
+        engine.write(src, rows([99], [7], [0]))  # 7 / 0: the filter's formula raises
+        engine.run_cycle()
+        failed_at = engine.step
+        message = engine.resolve("ratio").failure.message
         assert "'ratio'" in message and "divide by zero" in message
         for s in (full, window):
             assert ended(s) and s.error is not None
@@ -250,7 +251,7 @@ def test_subscribers_get_the_failure_and_the_parent_keeps_converging(failing):
         assert "'ratio_sorted'" in str(child.error) and "'ratio'" in str(child.error)
         assert "divide by zero" in str(child.error)
         # a DoGet, a snapshot request and a new subscription answer the same
-        for name, msg in (("ratio", message), ("ratio_sorted", graph.tables["ratio_sorted"].failure.message)):
+        for name, msg in (("ratio", message), ("ratio_sorted", engine.resolve("ratio_sorted").failure.message)):
             with pytest.raises(ClientError) as e:
                 c.snapshot(name)
             assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and msg in str(e.value)
@@ -264,28 +265,28 @@ def test_subscribers_get_the_failure_and_the_parent_keeps_converging(failing):
                 late.table  # noqa: B018 - refused before any schema
         # the parent and the sibling keep ticking and their subscribers keep converging
         for i in range(3):
-            src.add(good(20 + 5 * i, 5))
-            graph.run_cycle()
-        assert graph.step == failed_at + 3
+            engine.write(src, good(20 + 5 * i, 5))
+            engine.run_cycle()
+        assert engine.step == failed_at + 3
         for name, s in (("src", parent), ("sibling", sibling)):
-            assert s.wait_for(lambda s: s.last_seq == graph.step, 20) and s.error is None
+            assert s.wait_for(lambda s: s.last_seq == engine.step, 20) and s.error is None
             assert plain(s.table).equals(c.snapshot(name))
-        assert parent_window.wait_for(lambda s: s.last_seq == graph.step, 20)
-        assert plain(parent_window.table).equals(c.snapshot("src").slice(graph.tables["src"].size - 4))
+        assert parent_window.wait_for(lambda s: s.last_seq == engine.step, 20)
+        assert plain(parent_window.table).equals(c.snapshot("src").slice(src.size - 4))
         assert src.size == 6 + 4 + 3 + 15
 
 
 def test_subscribers_of_a_view_whose_formula_raises_on_read_get_the_failure(failing):
-    server, graph, src = failing
+    server, engine, src = failing
     with BarrageClient(server.target) as c:
         full = c.subscribe("quotient")
         window = c.subscribe("quotient", viewport=[(0, 1)], reverse=True)
         parent = c.subscribe("src")
         for s in (full, window, parent):
-            assert s.wait_for(lambda s: s.last_seq == graph.step, 20)
-        src.add(rows([77], [5], [0]))
-        graph.run_cycle()  # the publisher reads the new row's quotient for the messages
-        view = graph.tables["quotient"]
+            assert s.wait_for(lambda s: s.last_seq == engine.step, 20)
+        engine.write(src, rows([77], [5], [0]))
+        engine.run_cycle()  # the publisher reads the new row's quotient for the messages
+        view = engine.resolve("quotient")
         assert view.failure is not None and "'quotient'" in view.failure.message
         for s in (full, window):
             assert ended(s) and s.error.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -293,17 +294,17 @@ def test_subscribers_of_a_view_whose_formula_raises_on_read_get_the_failure(fail
         with pytest.raises(ClientError) as e:
             c.snapshot("quotient")
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and view.failure.message in str(e.value)
-        src.add(good(30, 2))
-        graph.run_cycle()
-        assert parent.wait_for(lambda s: s.last_seq == graph.step, 20)
+        engine.write(src, good(30, 2))
+        engine.run_cycle()
+        assert parent.wait_for(lambda s: s.last_seq == engine.step, 20)
         assert plain(parent.table).equals(c.snapshot("src"))
 
 
 def test_a_snapshot_of_a_view_whose_formula_raises_answers_the_failure(failing):
-    server, graph, src = failing
-    src.add(rows([78], [5], [0]))
-    graph.run_cycle()  # nobody reads the view in this cycle
-    assert graph.tables["quotient"].failure is None
+    server, engine, src = failing
+    engine.write(src, rows([78], [5], [0]))
+    engine.run_cycle()  # nobody reads the view in this cycle
+    assert engine.resolve("quotient").failure is None
     with BarrageClient(server.target) as c:
         for read in (lambda: c.snapshot("quotient"), lambda: c.snapshot("quotient", viewport=[(0, 9)])):
             with pytest.raises(ClientError) as e:
@@ -317,33 +318,33 @@ def test_a_snapshot_of_a_view_whose_formula_raises_answers_the_failure(failing):
 def test_a_failure_while_the_subscriber_is_behind_still_ends_its_stream(failing):
     # a subscriber that is not reading has changes waiting; the failure still reaches it once it
     # reads again, after the messages already queued
-    server, graph, src = failing
+    server, engine, src = failing
     with BarrageClient(server.target) as c:
         seen = []
         sub = c.subscribe("ratio", on_update=lambda u: seen.append(u.last_seq), queue_size=1)
         assert sub.wait_for(lambda s: s.update_count >= 1, 20)
         for i in range(5):
-            src.add(good(100 + 3 * i, 3))
-            graph.run_cycle()
-        src.add(rows([7], [1], [0]))
-        graph.run_cycle()
+            engine.write(src, good(100 + 3 * i, 3))
+            engine.run_cycle()
+        engine.write(src, rows([7], [1], [0]))
+        engine.run_cycle()
         assert ended(sub) and sub.error.code == grpc.StatusCode.FAILED_PRECONDITION
-        assert seen == sorted(seen) and all(s < graph.step for s in seen)
+        assert seen == sorted(seen) and all(s < engine.step for s in seen)
 
 
 def test_deephaven_clients_see_the_failure_through_table_service(failing):
     from pydeephaven import DHError, Session
 
-    server, graph, src = failing
+    server, engine, src = failing
     s = Session(host="127.0.0.1", port=server.port)
     try:
         ratio = s.open_table("ratio")
         derived = ratio.where(["id >= 0"])  # a TableService Filter on the table that will fail
         healthy = s.open_table("src").where(["x > 6"])
-        assert derived.to_arrow().num_rows == graph.tables["ratio"].size > 0
-        src.add(rows([50], [1], [0]))
-        graph.run_cycle()
-        message = graph.tables["ratio"].failure.message
+        assert derived.to_arrow().num_rows == engine.resolve("ratio").size > 0
+        engine.write(src, rows([50], [1], [0]))
+        engine.run_cycle()
+        message = engine.resolve("ratio").failure.message
         for t in (ratio, derived):
             with pytest.raises(DHError) as e:
                 t.to_arrow()
@@ -355,11 +356,11 @@ def test_deephaven_clients_see_the_failure_through_table_service(failing):
         with pytest.raises(DHError) as e:
             ratio.where(["id > 0"])  # a failed table cannot be derived from
         assert message in str(e.value.__cause__)  # the refused call's status message
-        src.add(good(60, 4))
-        graph.run_cycle()
+        engine.write(src, good(60, 4))
+        engine.run_cycle()
         got = healthy.to_arrow()
-        want = graph.snapshot("src")[1]
+        want = engine.snapshot(src)[1]
         assert plain(got).equals(plain(want.filter(pc.greater(want["x"], 6))))
-        assert message == graph.tables["ratio"].failure.message  # stays failed, as it failed
+        assert message == engine.resolve("ratio").failure.message  # stays failed, as it failed
     finally:
         s.close()

@@ -89,10 +89,11 @@ def test_key_index_matches_a_dict_even_with_colliding_hashes(seed):
 
 
 def test_bytes_columns_compact_under_churn_and_keep_values(monkeypatch):
-    from tickwire.server.engine.graph.column_store import _BytesColumn
-    monkeypatch.setattr(_BytesColumn, "min_garbage", 4096)
     schema = pa.schema([("s", pa.string()), ("b", pa.large_binary())])
     store = ColumnStore(schema, capacity=16)
+    heaps = {type(column) for column in store.columns}  # the class of the byte heaps of both columns
+    assert len(heaps) == 1
+    monkeypatch.setattr(heaps.pop(), "min_garbage", 4096)  # compacted from 4 KiB of garbage (not 1 MiB)
     rng = np.random.default_rng(3)
     model_s = [None] * 1000
     model_b = [None] * 1000

@@ -6,14 +6,16 @@ import time
 
 import numpy as np
 import pyarrow as pa
+
 from tickwire.server.engine import Engine, TableSpec
 
 
 def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
-    g = Engine(interval_ms=5).start()
+    engine = Engine(interval_ms=5).start()
     s = pa.schema([("producer", pa.int32()), ("batch", pa.int64()), ("i", pa.int32())])
-    t = g.create(TableSpec("t", "append", s))
-    keyed = g.create(TableSpec("kt", "keyed", pa.schema([("producer", pa.int32()), ("n", pa.int64())]), keys=["producer"]))
+    t = engine.create(TableSpec("t", "append", s))
+    keyed = engine.create(TableSpec("kt", "keyed", pa.schema([("producer", pa.int32()), ("n", pa.int64())]),
+                                    keys=["producer"]))
     batch_rows = 17
     stop = threading.Event()
     errors = []
@@ -21,17 +23,18 @@ def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
     def producer(pid):
         n = 0
         while not stop.is_set() and n < 300:
-            t.add(pa.table({"producer": pa.array([pid] * batch_rows, pa.int32()),
-                            "batch": pa.array([n] * batch_rows, pa.int64()),
-                            "i": pa.array(range(batch_rows), pa.int32())}, schema=s))
-            keyed.add(pa.table({"producer": pa.array([pid], pa.int32()), "n": pa.array([n], pa.int64())}))
+            engine.write(t, pa.table({"producer": pa.array([pid] * batch_rows, pa.int32()),
+                                      "batch": pa.array([n] * batch_rows, pa.int64()),
+                                      "i": pa.array(range(batch_rows), pa.int32())}, schema=s), wait=False)
+            engine.write(keyed, pa.table({"producer": pa.array([pid], pa.int32()), "n": pa.array([n], pa.int64())}),
+                         wait=False)
             n += 1
 
     def reader():
         seen_sizes: dict[int, int] = {}
         while not stop.is_set():
-            with g.reading():
-                step = g.step
+            with engine.reading():
+                step = engine.step
                 snap = t.gather()
                 counts = keyed.gather()
             sizes = snap.group_by(["producer", "batch"]).aggregate([("i", "count")])
@@ -57,9 +60,9 @@ def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
     stop.set()
     for th in readers:
         th.join(10)
-    g.stop()
+    engine.stop()
     assert not errors, errors[:5]
-    g.run_cycle()
+    engine.run_cycle()
     assert t.size == 3 * 300 * batch_rows
     assert keyed.to_arrow()["n"].to_pylist() == [299, 299, 299]
 
@@ -67,14 +70,14 @@ def test_concurrent_producers_and_snapshot_readers_see_cycle_boundaries():
 def test_snapshots_match_the_state_recorded_at_their_step():
     """A listener records the table at the end of every cycle; each snapshot taken by reader threads
     while the graph runs on its own thread must equal the record for its step."""
-    g = Engine(interval_ms=2)
+    engine = Engine(interval_ms=2)
     s = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    keyed = g.create(TableSpec("k", "keyed", s, keys=["k"]))
-    ring = g.create(TableSpec("r", "ring", s, capacity=50))
+    keyed = engine.create(TableSpec("k", "keyed", s, keys=["k"]))
+    ring = engine.create(TableSpec("r", "ring", s, capacity=50))
     states: dict[int, tuple[list, list]] = {}
-    g.add_cycle_listener(lambda step: states.__setitem__(step, (keyed.gather().to_pylist(),
-                                                                ring.gather().to_pylist())))
-    g.start()
+    engine.add_cycle_listener(lambda step: states.__setitem__(step, (keyed.gather().to_pylist(),
+                                                                     ring.gather().to_pylist())))
+    engine.start()
     stop = threading.Event()
     snaps = []
 
@@ -83,17 +86,17 @@ def test_snapshots_match_the_state_recorded_at_their_step():
         while not stop.is_set():
             k = rng.integers(0, 40, 8)
             t = pa.table({"k": k, "v": rng.integers(0, 1000, 8)}, schema=s)
-            keyed.add(t)
-            ring.add(t)
+            engine.write(keyed, t, wait=False)
+            engine.write(ring, t, wait=False)
             if rng.random() < 0.3:
-                keyed.delete(pa.table({"k": rng.integers(0, 40, 3)}))
+                engine.write(keyed, delete=pa.table({"k": rng.integers(0, 40, 3)}), wait=False)
             time.sleep(0.0005)
 
     def reader():
         while not stop.is_set():
-            with g.reading():
-                step = g.step
-                snaps.append((step, keyed.gather().to_pylist(), g.snapshot(ring)[1].to_pylist()))
+            with engine.reading():
+                step = engine.step
+                snaps.append((step, keyed.gather().to_pylist(), engine.snapshot(ring)[1].to_pylist()))
             time.sleep(0.0005)
 
     threads = [threading.Thread(target=producer, args=(i,)) for i in range(3)]
@@ -110,8 +113,8 @@ def test_snapshots_match_the_state_recorded_at_their_step():
     stop.set()
     for th in threads:
         th.join(10)
-    g.stop()
-    assert not g.errors
+    engine.stop()
+    assert not engine.errors
     checked = [(step, k, r) for step, k, r in snaps if step in states]
     assert len({step for step, _, _ in checked}) >= 5  # several distinct cycle boundaries were read
     for step, k, r in checked:

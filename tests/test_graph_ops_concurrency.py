@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from tests.test_graph_ops import Follower, ref_sort, same_table
 from tickwire.server.engine import Engine, TableSpec
-from tickwire.server.engine.graph import ROW_KEY, SortTable, apply_update
+from tickwire.server.engine.graph import ROW_KEY, apply_update
 
 SCHEMA = pa.schema([("sym", pa.string()), ("px", pa.float64()), ("vol", pa.int64())])
 
@@ -24,9 +24,9 @@ def _rows(rng, n: int, syms: int = 60) -> pa.Table:
 
 
 def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
-    g = Engine(interval_ms=3)
-    quotes = g.create(TableSpec("quotes", "keyed", SCHEMA, keys=["sym"]))
-    trades = g.create(TableSpec("trades", "append", SCHEMA))
+    engine = Engine(interval_ms=3)
+    quotes = engine.create(TableSpec("quotes", "keyed", SCHEMA, keys=["sym"]))
+    trades = engine.create(TableSpec("trades", "append", SCHEMA))
     top = quotes.where(pc.field("px") > 30).sort("px", descending=True).head(10)
     view = quotes.view(["sym", ("notional", pc.field("px") * pc.field("vol"))])
     ranked = trades.last_by("sym").sort("vol")
@@ -41,17 +41,17 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
     def producer(seed, table):
         rng = np.random.default_rng(seed)
         while produce.is_set():
-            table.add(_rows(rng, int(rng.integers(1, 20))))
+            engine.write(table, _rows(rng, int(rng.integers(1, 20))), wait=False)
             time.sleep(0.002)
 
     def reader():
         while not stop.is_set():
-            with g.reading():  # one cycle boundary for all the reads below
-                s1, q = g.step, quotes.gather_with_keys()
-                s2, t = g.snapshot(top)
-                s3, v = g.snapshot(view)
+            with engine.reading():  # one cycle boundary for all the reads below
+                s1, q = engine.step, quotes.gather_with_keys()
+                s2, t = engine.snapshot(top)
+                s3, v = engine.snapshot(view)
                 tr = trades.gather_with_keys()
-                s4, r = g.snapshot(ranked)
+                s4, r = engine.snapshot(ranked)
             if not (s1 == s2 == s3 == s4):
                 errors.append(f"steps differ: {s1} {s2} {s3} {s4}")
             steps_seen.add(s1)
@@ -76,7 +76,7 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
                 errors.append(f"ranked differs at step {s1}")
             checked["ranked"] += 1
 
-    g.start()
+    engine.start()
     producers = [threading.Thread(target=producer, args=(1, quotes)),
                  threading.Thread(target=producer, args=(2, quotes)),
                  threading.Thread(target=producer, args=(3, trades))]
@@ -96,30 +96,30 @@ def test_snapshots_of_derived_tables_equal_recomputation_at_their_step():
     stop.set()
     for th in readers:
         th.join(30)
-    g.stop()
+    engine.stop()
     assert not errors, errors[:5]
-    assert not g.errors, g.errors[0]
+    assert not engine.errors, engine.errors[0]
     assert min(checked.values()) > 20 and len(steps_seen) > 10, (checked, len(steps_seen))
 
 
 def test_coalesced_updates_of_a_sorted_table_with_shifts_give_the_new_state():
     rng = np.random.default_rng(5)
-    g = Engine()
-    quotes = g.create(TableSpec("quotes", "keyed", SCHEMA, keys=["sym"]))
-    quotes.add(_rows(rng, 200, syms=400))
-    g.run_cycle()
-    s = SortTable(g, "by_px", quotes, ["px"], [False], spacing=2)  # tight keys: crowded gaps shift rows
+    engine = Engine()
+    quotes = engine.create(TableSpec("quotes", "keyed", SCHEMA, keys=["sym"]))
+    engine.write(quotes, _rows(rng, 200, syms=400))
+    engine.run_cycle()
+    s = quotes.sort(["px"], [False], name="by_px", spacing=2)  # tight keys: crowded gaps shift rows
     follower = Follower(s)
     states = [(s.rowset, s.gather_with_keys())]
     updates = []
     s.add_listener(lambda t, up, step: updates.append(up))
     for cycle in range(40):
-        quotes.add(_rows(rng, int(rng.integers(1, 30)), syms=400))
+        engine.write(quotes, _rows(rng, int(rng.integers(1, 30)), syms=400))
         if rng.random() < 0.3:
-            quotes.delete(_rows(rng, int(rng.integers(1, 10)), syms=400).select(["sym"]))
+            engine.write(quotes, delete=_rows(rng, int(rng.integers(1, 10)), syms=400).select(["sym"]))
         before = len(updates)
-        g.run_cycle()
-        assert not g.errors, g.errors[0]
+        engine.run_cycle()
+        assert not engine.errors, engine.errors[0]
         if len(updates) == before:  # no change this cycle: keep the lists aligned
             updates.append(None)
         states.append((s.rowset, s.gather_with_keys()))

@@ -9,8 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine.graph import KeyMap, OrderIndex, SortKeys
-from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, _lex_greater
+from tickwire.server.engine import OperationError
+from tickwire.server.engine.graph import KeyIndex, KeyMap, OrderIndex, SortKeys
+from tickwire.server.engine.graph import keymap as keymap_module
+from tickwire.server.engine.graph.order import NONE_HI, NONE_LO
 
 SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [1, 2, 3]
 
@@ -19,8 +21,19 @@ SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else
 # KeyMap
 # ----------------------------------------------------------------------------------------------
 
+class CountingIndex(KeyIndex):
+    """The hash table of a KeyMap in hash mode, counting the lookups that reach it."""
+
+    lookups = 0
+
+    def lookup(self, h, verify=None):
+        CountingIndex.lookups += 1
+        return super().lookup(h, verify)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_key_map_matches_a_dict_in_dense_and_sparse_modes(seed):
+def test_key_map_matches_a_dict_in_dense_and_sparse_modes(seed, monkeypatch):
+    monkeypatch.setattr(keymap_module, "KeyIndex", CountingIndex)
     rng = np.random.default_rng(seed)
     km, model = KeyMap(), {}
     modes = set()
@@ -43,9 +56,10 @@ def test_key_map_matches_a_dict_in_dense_and_sparse_modes(seed):
             km.remap(old, new)
             vals = [model.pop(k) for k in old.tolist()]
             model.update(zip(new.tolist(), vals))
-        modes.add(km._direct)
         probe = np.concatenate((keys, np.array(list(model)[:50], dtype=np.int64)))
+        before = CountingIndex.lookups
         assert km.get(probe).tolist() == [model.get(k, -1) for k in probe.tolist()], step
+        modes.add(CountingIndex.lookups == before)  # True: read from the one array (direct mode)
         assert len(km) == len(model)
     ks, vs = km.items()
     assert ks.tolist() == sorted(model) and vs.tolist() == [model[k] for k in sorted(model)]
@@ -118,7 +132,7 @@ def test_sort_words_order_every_type_like_python(desc):
 
 def test_sort_words_reject_unsortable_types_and_grow_for_long_strings():
     schema = pa.schema([("l", pa.list_(pa.int64())), ("s", pa.string())])
-    with pytest.raises(TypeError, match="cannot sort on column 'l'"):
+    with pytest.raises(OperationError, match="cannot sort on column 'l'"):
         SortKeys(schema, ["l"], [False])
     sk = SortKeys(schema, ["s"], [False])
     assert sk.nwords == 3  # one word of bytes, the length, the row key
@@ -212,6 +226,10 @@ def test_first_and_last_keys_and_lex_compare():
     assert idx.first_keys(10).tolist() == all_keys[:10].tolist()
     assert idx.last_keys(7).tolist() == all_keys[-7:].tolist()
     assert idx.first_keys(1000).tolist() == all_keys.tolist()
-    a = [np.array([1, 1, 2], np.uint64), np.array([5, 6, 0], np.uint64)]
-    b = [np.array([1, 1, 1], np.uint64), np.array([6, 6, 9], np.uint64)]
-    assert _lex_greater(a, b).tolist() == [False, False, True]
+    # elements compare word by word: the first word decides, the next ones break its ties
+    idx = OrderIndex(2, 4)
+    old = idx.build([np.array([1, 1], np.uint64), np.array([6, 9], np.uint64)])  # (1, 6) and (1, 9)
+    new, moved, *_ = idx.insert([np.array([1, 2, 1], np.uint64), np.array([5, 0, 7], np.uint64)])
+    # (1, 5) < (1, 6) < (1, 7) < (1, 9) < (2, 0)
+    assert moved.size == 0 and new[0] < old[0] < new[2] < old[1] < new[1]
+    idx.check()

@@ -21,6 +21,7 @@ from tickwire.server.engine.graph import (
     TableUpdate,
     UpdateValidationError,
 )
+from tickwire.server.engine.graph import row_set as row_set_module
 
 keysets = st.one_of(
     st.sets(st.integers(0, 300), max_size=60),
@@ -39,25 +40,32 @@ forms = st.sampled_from(FORMS)
 def rs(keys, form: str = "keys") -> RowSet:
     r = RowSet.from_keys(np.array(sorted(keys), dtype=np.int64))
     if form == "bitmap" and not r.is_single_range:
-        r = RowSet._from_bitmap(r._bitmap().copy())
-        assert r._k is None
+        bm = r.bitmap().copy()
+        r = RowSet.from_bitmap(bm)
+        assert r.bitmap() is bm  # held as that bitmap
     elif form == "both" and not r.is_single_range:
-        r._bitmap()  # builds the bitmap of a set made from keys
+        r.bitmap()  # builds the bitmap of a set made from keys
     return r
 
 
-def test_small_sets_keep_their_keys_until_a_bitmap_is_needed():
+def test_small_sets_keep_their_keys_until_a_bitmap_is_needed(monkeypatch):
+    built = []  # the sizes of the bitmaps made from keys
+    make_bitmap = row_set_module.keys_to_bitmap
+    monkeypatch.setattr(row_set_module, "keys_to_bitmap", lambda keys: built.append(len(keys)) or make_bitmap(keys))
     r = RowSet.from_keys(np.array([9, 3, 5, 3], dtype=np.int64))
-    assert r._k.tolist() == [3, 5, 9] and r._b is None
+    assert r.keys().tolist() == [3, 5, 9] and built == []  # kept as keys, no bitmap made
     assert len(r) == 3 and r.first() == 3 and r.last() == 9 and r.ranges().tolist() == [[3, 3], [5, 5], [9, 9]]
-    assert r.find([5, 4]).tolist() == [1, -1] and r._b is None  # answered from the keys
-    assert r._bitmap() is r._bm and r._b is not None and r._k is not None  # built once, keys kept
+    assert r.find([5, 4]).tolist() == [1, -1] and built == []  # answered from the keys
+    bm = r.bitmap()
+    assert built == [3] and list(bm) == [3, 5, 9]  # made when first needed
+    assert r.bitmap() is bm and built == [3]  # once
     keys = np.array([2, 4, 8], dtype=np.int64)
     kept = RowSet.from_keys(keys)
     keys[:] = [1, 3, 5]  # the caller's array changes afterwards: the set does not
     assert kept.keys().tolist() == [2, 4, 8] and 8 in kept and 5 not in kept
     big = RowSet.from_keys(np.arange(0, 2 * (1 << 17), 2, dtype=np.int64))
-    assert big._k is None and big._b is not None  # a big set goes straight into a bitmap
+    assert built == [3, 1 << 17]  # a big set goes straight into a bitmap
+    assert big.bitmap() is big.bitmap() and built == [3, 1 << 17] and len(big) == 1 << 17
 
 
 @settings(max_examples=250, deadline=None)
