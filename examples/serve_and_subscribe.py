@@ -18,8 +18,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine import Engine
-from tickwire import BarrageClient, TableSpec, TickwireServer
+from tickwire import BarrageClient, Engine, TableSpec, TickwireServer
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Seq", pa.int64())])
 SYMBOLS = ["AAPL", "AMZN", "MSFT", "NVDA"]
@@ -58,11 +57,10 @@ def main(argv=None) -> int:
                         help="with --updates: give up after this many seconds")
     args = parser.parse_args(argv)
 
-    graph = Engine(interval_ms=100)
-    engine = graph
+    engine = Engine(interval_ms=100)
     table, _ = engine.get_or_create(TableSpec("prices", "keyed", SCHEMA, keys=("Sym",)))
     stop = threading.Event()
-    with TickwireServer(graph, host=args.host, port=args.port, web=False) as server:  # starts the graph too
+    with TickwireServer(engine, host=args.host, port=args.port, web=False) as server:  # starts the engine too
         engine.write(table, prices(np.random.default_rng(0), 0))  # returns once a cycle applied it
         print(f"serving 'prices' on {server.target}", flush=True)
         feeder = threading.Thread(target=feed, args=(engine, table, stop, 0.2), daemon=True)
@@ -83,7 +81,7 @@ def main(argv=None) -> int:
                 print(f"  {row['Sym']:<5} {row['Price']:8.2f}  seq {row['Seq']}")
         stop.set()
         feeder.join()
-    graph.stop()
+    engine.stop()
     if counting and got < args.updates:
         print(f"only {got} of {args.updates} updates in {args.timeout:g} s", file=sys.stderr)
         return 1

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--psk", help="the server's pre-shared key (default: anonymous)")
     args = parser.parse_args(argv)
 
-    auth = dict(auth_type=PSK_HANDLER, auth_token=args.psk) if args.psk else {}
+    auth = {"auth_type": PSK_HANDLER, "auth_token": args.psk} if args.psk else {}
     session = Session(host=args.host, port=args.port, **auth)
     try:
         table = session.open_table(args.table)

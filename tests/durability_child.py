@@ -16,7 +16,8 @@ value i in `appended`. The query stops once `appended` holds N rows; the child t
 
 Lines on stdout (flushed; the parent reads them): "READY <port>" once the server serves,
 "BATCH <batch id> <rows of appended> <replays> <replays>" after each batch's foreachBatch
-returned (the batch is on disk and applied; replays: batches each sink found already applied), "CKPT-TMP <path>" while a checkpoint's temporary file is written, and
+returned (the batch is on disk and applied; replays: batches each sink found already applied),
+"CKPT-TMP <path>" while a checkpoint's temporary file is written, and
 "CKPT-RENAMED <path>" after its rename, before the journal it covers is deleted.
 `--pause-checkpoint tmp|renamed S` holds the checkpoint thread S seconds at that point (only
 the checkpoint's background thread: cycles and Spark go on), so that the parent's SIGKILL lands
@@ -25,11 +26,12 @@ there for certain.
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 import threading
 import time
 from pathlib import Path
-from tickwire.server.engine import Engine
 
 
 def say(*parts) -> None:
@@ -44,9 +46,10 @@ def pause_checkpoints(where: str, seconds: float) -> None:
     from tickwire.server.engine.storage import store
 
     # the checkpoint thread writes the temporary file with store.pq.write_table, renames it, then
-    # syncs the folder with store._fsync_dir before deleting the journal it covers
-    if not (hasattr(store, "pq") and hasattr(store, "_fsync_dir")):
-        raise SystemExit("tickwire.server.engine.storage.store no longer has pq/_fsync_dir: update --pause-checkpoint")
+    # syncs the folder ("checkpoints": the only folder of that name synced) with os.fsync before
+    # deleting the journal it covers
+    if not hasattr(store, "pq"):
+        raise SystemExit("tickwire.server.engine.storage.store no longer has pq: update --pause-checkpoint")
     if where == "tmp":
         class SlowParquet:
             def __getattr__(self, name):
@@ -60,15 +63,17 @@ def pause_checkpoints(where: str, seconds: float) -> None:
 
         store.pq = SlowParquet()
     elif where == "renamed":
-        real_fsync_dir = store._fsync_dir
+        real_fsync = os.fsync
 
-        def slow_fsync_dir(path):
-            real_fsync_dir(path)
-            if Path(path).name == "checkpoints":  # right after the rename, before the journal goes
-                say("CKPT-RENAMED", path)
-                time.sleep(seconds)
+        def slow_fsync(fd):
+            real_fsync(fd)
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+                if path.name == "checkpoints":  # right after the rename, before the journal goes
+                    say("CKPT-RENAMED", path)
+                    time.sleep(seconds)
 
-        store._fsync_dir = slow_fsync_dir
+        os.fsync = slow_fsync
     else:
         raise SystemExit(f"--pause-checkpoint: tmp or renamed, not {where!r}")
 
@@ -92,15 +97,14 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine.storage import Durability
+    from tickwire.server.engine import Durability, Engine, EngineConfig
 
     if args.pause_checkpoint:
         pause_checkpoints(args.pause_checkpoint[0], float(args.pause_checkpoint[1]))
 
-    graph = Engine(interval_ms=20)
-    server = TickwireServer(graph, port=0, web=False, data_dir=args.data_dir,
-                            durability=Durability(checkpoint_cycles=args.checkpoint_cycles)).start()
-    engine = graph
+    engine = Engine(EngineConfig(interval_ms=20, data_dir=args.data_dir,
+                                 durability=Durability(checkpoint_cycles=args.checkpoint_cycles)))
+    server = TickwireServer(engine, port=0, web=False).start()  # brings back the data directory's tables first
     say("READY", server.port)
 
     appended = server.sink("appended", mode="append")
@@ -136,7 +140,7 @@ def main() -> None:
     threading.Thread(target=lambda: (sys.stdin.read(), stdin_closed.set()), daemon=True).start()
     stdin_closed.wait()
     server.stop()
-    graph.stop()
+    engine.stop()
     spark.stop()
 
 

@@ -12,9 +12,9 @@ every string the page draws, with its time. The page has cells when it has drawn
 names and values that are in a DoGet of the same table; it keeps updating when it draws new strings
 later and its screenshots change.
 
-Released on close (tickwire): counted from the server object: live sessions' exports (read from
-SessionManager's session map -- there is no public count of exports), Barrage subscriptions
-(PublisherRegistry.subscriptions) and session-owned tables (TableOps.owned).
+Released on close (tickwire): counted from the server object: live sessions and their exports
+(SessionManager.live), Barrage subscriptions (PublisherRegistry.subscriptions) and session-owned
+tables (TableOps.owned).
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ import pytest
 from .browser.cdp import JsError, Page, launch_chromium
 from .browser.jsapi import JsApiPage, normalize_arrow, normalize_js
 from .interop.dh_server import deephaven_server_available, start_dh_server
-from tickwire.server.engine import Engine
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
@@ -66,10 +65,10 @@ def _skip_unless(kind: str) -> None:
 class PausableTicker:
     """tickwire's demo tables, fed from a thread that can be paused (to compare at rest)."""
 
-    def __init__(self, graph, interval: float = 0.2, rows: int = 5):
+    def __init__(self, engine, interval: float = 0.2, rows: int = 5):
         from tickwire.server.adapters.demo import DemoTicker
 
-        self.demo = DemoTicker(graph, rows_per_tick=rows, seed=5)
+        self.demo = DemoTicker(engine, rows_per_tick=rows, seed=5)
         self.interval = interval
         self._tick_lock = threading.Lock()
         self._stop = threading.Event()
@@ -141,17 +140,18 @@ def serve(kind: str, psk: Optional[str] = None):
             yield Served(kind, dh.port, psk, dh)
         return
     from tickwire.server.app import TickwireServer
-    
-    graph = Engine(interval_ms=100)
-    ticker = PausableTicker(graph)
-    server = TickwireServer(graph, port=0, psk=psk).start()
+    from tickwire.server.engine import Engine
+
+    engine = Engine(interval_ms=100)
+    ticker = PausableTicker(engine)
+    server = TickwireServer(engine, port=0, psk=psk).start()
     ticker.start()
     try:
         yield Served(kind, server.port, psk, server, ticker, getattr(server, "web_port", None))
     finally:
         ticker.stop()
         server.stop()
-        graph.stop()
+        engine.stop()
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -266,16 +266,14 @@ def wait_grid_cells(page: Page, served: Served, name: str, *, timeout: float = 6
 
 def server_counts(server) -> dict[str, int]:
     """What a tickwire server holds for clients: sessions, their exports, Barrage subscriptions and
-    session-owned tables. The export count reads SessionManager's private session map (there is no
-    public count of exports)."""
-    with server.sessions._lock:
-        sessions = list(server.sessions._sessions.values())
+    session-owned tables (the exports counted over the same sessions as the first figure)."""
+    sessions = server.sessions.live()
     exports = 0
     for s in sessions:
         with s.lock:
             exports += len(s.exports)
     return {"sessions": len(sessions), "exports": exports, "subscriptions": len(server.registry.subscriptions),
-            "owned_tables": server.ctx.scope.ops.owned}
+            "owned_tables": server.ctx.ops.owned}
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, detail: Callable[[], str] = lambda: ""):
@@ -399,7 +397,7 @@ def test_big_table_viewport_moves_only_changes(served, page):
         pytest.skip("the 10,000,000-row table is built in tickwire's engine")
     from tickwire.server.engine import TableSpec
 
-    engine = served.server.graph
+    engine = served.server.engine
     table, _ = engine.get_or_create(TableSpec("big_keyed", "keyed", BIG, keys=("Id",)))
     if len(table.rowset) < BIG_ROWS:
         ids = np.arange(BIG_ROWS, dtype=np.int64)

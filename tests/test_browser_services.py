@@ -16,13 +16,12 @@ import pyarrow.flight as fl
 import pytest
 
 from tests.golden import GOLDEN, read_cap
-from tickwire.server.engine import Engine, TableSpec
-from tickwire.protocol.proto import (application_pb2, config_pb2, session_pb2, storage_pb2, table_pb2,
-                                     ticket_pb2)
+from tickwire.protocol.proto import config_pb2, session_pb2, storage_pb2, table_pb2, ticket_pb2
 from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
+from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.services.config_service import ANONYMOUS_HANDLER, PSK_HANDLER
 from tickwire.server.services.sessions import PSK_SCHEME
 
@@ -48,22 +47,25 @@ def rows(start: int, n: int) -> pa.Table:
     return pa.table({"k": k, "v": k * 1.5, "s": [f"r{x}" for x in k.tolist()]}, schema=SCHEMA)
 
 
-def make_server(**kw) -> tuple[UpdateGraph, TickwireServer]:
-    graph = Engine(interval_ms=3_600_000)
-    graph.create(TableSpec("keyed", "keyed", SCHEMA, keys=["k"])).add(rows(0, 200))
-    graph.create(TableSpec("static", "static", data=rows(0, 50)))
-    graph.run_cycle()
+def make_server(**kw) -> tuple[Engine, TickwireServer]:
+    """A server on an engine the test steps (`engine.run_cycle()`): no cycle runs on its own."""
+    engine = Engine(interval_ms=3_600_000)
+    keyed = engine.create(TableSpec("keyed", "keyed", SCHEMA, keys=("k",)))
+    engine.write(keyed, rows(0, 200), wait=False)
+    engine.create(TableSpec("static", "static", data=rows(0, 50)))
+    engine.run_cycle()
     kw.setdefault("config", ServerConfig(list_fields_poll_s=0.05))
-    return graph, TickwireServer(graph, port=0, start_engine=False, **kw).start()
+    return engine, TickwireServer(engine, port=0, start_engine=False, **kw).start()
 
 
 @pytest.fixture()
 def served():
-    graph, srv = make_server()
+    engine, srv = make_server()
     ch = grpc.insecure_channel(srv.target)
-    yield graph, srv, ch
+    yield engine, srv, ch
     ch.close()
     srv.stop()
+    engine.stop()
 
 
 def unary(channel, path, request, metadata=ANON, timeout=10.0):
@@ -79,9 +81,10 @@ def raw_unary(channel, path, body: bytes, metadata=ANON, timeout=10.0):
 
 def login(channel) -> tuple[tuple, str]:
     """(metadata carrying a new session's bearer token, the token)."""
-    _r, call = channel.unary_unary(CONFIG, request_serializer=config_pb2.ConfigurationConstantsRequest.SerializeToString,
-                                   response_deserializer=config_pb2.ConfigurationConstantsResponse.FromString
-                                   ).with_call(config_pb2.ConfigurationConstantsRequest(), metadata=ANON, timeout=10)
+    call_config = channel.unary_unary(CONFIG,
+                                      request_serializer=config_pb2.ConfigurationConstantsRequest.SerializeToString,
+                                      response_deserializer=config_pb2.ConfigurationConstantsResponse.FromString)
+    _r, call = call_config.with_call(config_pb2.ConfigurationConstantsRequest(), metadata=ANON, timeout=10)
     bearer = dict(call.initial_metadata())["authorization"]
     return (("authorization", bearer),), bearer.split(" ", 1)[1]
 
@@ -131,8 +134,9 @@ class Held:
 
     def __init__(self, channel, path, request, metadata):
         m = METHODS[path]
-        self.future = channel.unary_unary(path, request_serializer=m.request.SerializeToString,
-                                          response_deserializer=m.response.FromString).future(request, metadata=metadata)
+        method = channel.unary_unary(path, request_serializer=m.request.SerializeToString,
+                                     response_deserializer=m.response.FromString)
+        self.future = method.future(request, metadata=metadata)
 
     def result(self, timeout=5.0):
         return self.future.result(timeout=timeout)
@@ -146,7 +150,7 @@ class Held:
 # -- ConfigService.GetAuthenticationConstants --------------------------------------------------------------------
 
 def test_authentication_constants_answer_without_credentials_and_name_the_anonymous_handler(served):
-    _g, srv, ch = served
+    _engine, srv, ch = served
     body, call = raw_unary(ch, AUTH_CONSTANTS, b"", metadata=())
     resp = config_pb2.AuthenticationConstantsResponse.FromString(body)
     assert dict(resp.config_values).keys() == {"AuthHandlers"}
@@ -160,7 +164,7 @@ def test_authentication_constants_answer_without_credentials_and_name_the_anonym
 
 @needs_widget_capture
 def test_authentication_constants_are_the_bytes_deephaven_sent(served):
-    _g, _srv, ch = served
+    _engine, _srv, ch = served
     golden = [r.payload for r in read_cap(WIDGET / "0001_ConfigService_GetAuthenticationConstants.cap")
               if r.direction == "S"]
     body, _ = raw_unary(ch, AUTH_CONSTANTS, b"", metadata=())
@@ -168,7 +172,7 @@ def test_authentication_constants_are_the_bytes_deephaven_sent(served):
 
 
 def test_authentication_constants_name_the_psk_handler_when_the_server_has_a_key():
-    _g, srv = make_server(psk="s3cret")
+    engine, srv = make_server(psk="s3cret")
     try:
         with grpc.insecure_channel(srv.target) as ch:
             for md in ((), ANON, (("authorization", f"{PSK_SCHEME} wrong"),)):
@@ -183,12 +187,13 @@ def test_authentication_constants_name_the_psk_handler_when_the_server_has_a_key
             assert srv.sessions.count == 0
     finally:
         srv.stop()
+        engine.stop()
 
 
 # -- SessionService.TerminationNotification ----------------------------------------------------------------------
 
 def test_termination_notification_is_held_then_ends_unauthenticated_on_close_session(served):
-    _g, srv, ch = served
+    _engine, srv, ch = served
     md, _token = login(ch)
     held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
     time.sleep(0.5)
@@ -199,7 +204,7 @@ def test_termination_notification_is_held_then_ends_unauthenticated_on_close_ses
 
 def test_termination_notification_ends_when_the_session_expires():
     duration = 1.0  # long enough that the call below still finds its session after a stall
-    _g, srv = make_server(session_duration_ms=int(duration * 1000))
+    engine, srv = make_server(session_duration_ms=int(duration * 1000))
     try:
         with grpc.insecure_channel(srv.target) as ch:
             md, _token = login(ch)
@@ -212,12 +217,13 @@ def test_termination_notification_ends_when_the_session_expires():
             assert srv.sessions.count == 0
     finally:
         srv.stop()
+        engine.stop()
 
 
 def test_termination_notification_answers_when_the_server_stops_its_sessions(served):
     """SessionManager.stop (what stopping the server calls) tells every held TerminationNotification,
     which answers (abnormal_termination false) instead of failing; the session itself lives on."""
-    _g, srv, ch = served
+    _engine, srv, ch = served
     md, _token = login(ch)
     held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
     time.sleep(0.3)
@@ -236,7 +242,7 @@ def test_stopping_the_server_answers_held_termination_notifications_on_both_tran
 
     from tickwire.clients.websocket import WebsocketChannel
 
-    _g, srv = make_server()
+    engine, srv = make_server()
     ch = grpc.insecure_channel(srv.target)
     md, _token = login(ch)
     held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
@@ -256,6 +262,7 @@ def test_stopping_the_server_answers_held_termination_notifications_on_both_tran
         status, got = asyncio.run(asyncio.wait_for(browser(), 30))
     finally:
         srv.stop()
+        engine.stop()
         ch.close()
     assert status == 0 and len(got) == 1
     resp = session_pb2.TerminationNotificationResponse.FromString(got[0])
@@ -265,7 +272,7 @@ def test_stopping_the_server_answers_held_termination_notifications_on_both_tran
 
 
 def test_termination_notification_for_an_ended_session_is_unauthenticated(served):
-    _g, _srv, ch = served
+    _engine, _srv, ch = served
     md, _token = login(ch)
     unary(ch, CLOSE, session_pb2.HandshakeRequest(), md)
     held = Held(ch, TERMINATION, session_pb2.TerminationNotificationRequest(), md)
@@ -279,16 +286,16 @@ def _names(update) -> list[str]:
 
 
 def test_list_fields_lists_then_follows_then_ends_cancelled_on_close_session(served):
-    graph, _srv, ch = served
+    engine, _srv, ch = served
     md, _token = login(ch)
     s = Stream(ch, LIST_FIELDS, md)
     first = s.next()
     assert _names(first) == ["keyed", "static"] and not first.removed
     assert first.created[0].typed_ticket.ticket.ticket == b"s/keyed"
-    graph.create(TableSpec("later", "static", data=rows(0, 3)))
+    engine.create(TableSpec("later", "static", data=rows(0, 3)))
     upd = s.next()
     assert _names(upd) == ["later"] and not upd.removed
-    graph.remove_table("later")
+    engine.drop("later")
     upd = s.next()
     assert not upd.created and [f.field_name for f in upd.removed] == ["later"]
     unary(ch, CLOSE, session_pb2.HandshakeRequest(), md)
@@ -296,7 +303,7 @@ def test_list_fields_lists_then_follows_then_ends_cancelled_on_close_session(ser
 
 
 def test_list_fields_streams_share_one_watcher_that_ends_with_them(served):
-    graph, srv, ch = served
+    engine, _srv, ch = served
     md, _token = login(ch)
 
     def watchers():
@@ -306,7 +313,7 @@ def test_list_fields_streams_share_one_watcher_that_ends_with_them(served):
     for s in streams:
         assert _names(s.next()) == ["keyed", "static"]
     assert len(watchers()) == 1
-    graph.create(TableSpec("more", "static", data=rows(0, 2)))
+    engine.create(TableSpec("more", "static", data=rows(0, 2)))
     for s in streams:
         assert _names(s.next()) == ["more"]
     for s in streams:
@@ -321,13 +328,13 @@ def test_list_fields_streams_share_one_watcher_that_ends_with_them(served):
     s.cancel()
 
 
-def test_list_fields_answers_while_another_thread_holds_the_graph_lock(served):
-    graph, _srv, ch = served
+def test_list_fields_answers_while_another_thread_holds_a_cycle_boundary(served):
+    engine, _srv, ch = served
     md, _token = login(ch)
     held, release = threading.Event(), threading.Event()
 
     def hold():
-        with graph.reading():  # what a long cycle over a large table does
+        with engine.reading():  # what a long cycle over a large table does: no cycle, no catalog change
             held.set()
             release.wait(60)
 
@@ -361,18 +368,19 @@ def _update(msg) -> tuple[bytes, int, str]:
 
 
 def test_exported_table_updates_report_sizes_then_changes_then_end_on_close_session(served):
-    graph, _srv, ch = served
+    engine, _srv, ch = served
     md, _token = login(ch)
     fetch(ch, md, "keyed", 1)
     s = Stream(ch, UPDATES, md)
     assert _update(s.next()) == (export_ticket(1), 200, "")
     fetch(ch, md, "static", 2)
     assert _update(s.next()) == (export_ticket(2), 50, "")
-    graph.get("keyed").add(rows(200, 10))  # keyed: 10 new keys
-    graph.run_cycle()
+    keyed = engine.resolve("keyed")
+    engine.write(keyed, rows(200, 10), wait=False)  # keyed: 10 new keys
+    engine.run_cycle()
     assert _update(s.next()) == (export_ticket(1), 210, "")
-    graph.get("keyed").add(rows(0, 10))  # same keys: modified, not a size change
-    graph.run_cycle()
+    engine.write(keyed, rows(0, 10), wait=False)  # same keys: modified, not a size change
+    engine.run_cycle()
     with pytest.raises(queue.Empty):
         s.next(timeout=0.4)
     unary(ch, RELEASE, session_pb2.ReleaseRequest(id=ticket_pb2.Ticket(ticket=export_ticket(2))), md)
@@ -383,7 +391,7 @@ def test_exported_table_updates_report_sizes_then_changes_then_end_on_close_sess
 
 
 def test_exported_table_updates_see_only_their_own_session(served):
-    _g, _srv, ch = served
+    _engine, _srv, ch = served
     md_a, _ = login(ch)
     md_b, _ = login(ch)
     fetch(ch, md_a, "keyed", 1)
@@ -398,7 +406,7 @@ def test_exported_table_updates_see_only_their_own_session(served):
 # -- TableService.ApplyPreviewColumns ----------------------------------------------------------------------------
 
 def test_apply_preview_columns_exports_the_source_table(served):
-    graph, srv, ch = served
+    _engine, srv, ch = served
     md, token = login(ch)
     fetched = fetch(ch, md, "keyed", 1)
     req = table_pb2.ApplyPreviewColumnsRequest(convert_arrays=True, unpreviewed_types=["long", "java.lang.String"])
@@ -425,7 +433,7 @@ def test_apply_preview_columns_exports_the_source_table(served):
 
 @needs_widget_capture
 def test_apply_preview_columns_takes_the_browsers_request(served):
-    _g, _srv, ch = served
+    _engine, _srv, ch = served
     md, _token = login(ch)
     fetch(ch, md, "keyed", 1)
     body = next(r.payload for r in read_cap(WIDGET / "0009_TableService_ApplyPreviewColumns.cap") if r.direction == "C")
@@ -437,7 +445,7 @@ def test_apply_preview_columns_takes_the_browsers_request(served):
 
 
 def test_apply_preview_columns_in_a_batch(served):
-    _g, _srv, ch = served
+    _engine, _srv, ch = served
     md, _token = login(ch)
     req = table_pb2.BatchTableRequest()
     op = req.ops.add()
@@ -456,7 +464,7 @@ def test_apply_preview_columns_in_a_batch(served):
 
 @needs_widget_capture
 def test_list_items_answers_the_bytes_deephaven_sent(served):
-    _g, _srv, ch = served
+    _engine, _srv, ch = served
     md, _token = login(ch)
     records = read_cap(WIDGET / "0006_StorageService_ListItems.cap")
     request = next(r.payload for r in records if r.direction == "C")
@@ -467,7 +475,7 @@ def test_list_items_answers_the_bytes_deephaven_sent(served):
 
 
 def test_list_items_is_empty_everywhere_and_checks_its_input(served):
-    _g, srv, ch = served
+    _engine, srv, ch = served
     md, _token = login(ch)
     for path, canonical in (("", "/"), ("/", "/"), ("layouts", "/layouts"), ("/a/./b/../c", "/a/c")):
         resp = unary(ch, LIST_ITEMS, storage_pb2.ListItemsRequest(path=path), md)

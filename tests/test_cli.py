@@ -11,12 +11,11 @@ import time
 
 import pytest
 
-from tickwire.server.engine import Engine
-from tickwire.cli import build_parser
-from tickwire.options import ConfigError, render, resolve
-from tickwire.demo import connect_help
 from tests import waiting
 from tests.certs import self_signed
+from tickwire.cli import build_parser
+from tickwire.demo import connect_help
+from tickwire.options import ConfigError, render, resolve
 
 
 def run(*args, env=None, timeout=60):
@@ -88,7 +87,7 @@ def test_flags_turn_off_what_the_environment_or_the_file_turned_on(tmp_path, tls
 
 @pytest.mark.parametrize("command", ["serve", "demo"])
 def test_every_switch_and_every_unset_by_default_option_has_a_flag_that_turns_it_off(command):
-    from tickwire.options import options_for, opposite
+    from tickwire.options import opposite, options_for
 
     parser = build_parser()
     for o in options_for(command):
@@ -306,11 +305,12 @@ def test_grpc_calls_through_the_shared_port_are_logged_with_the_clients_own_addr
 
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    
+    from tickwire.server.engine import Engine, TableSpec
+
     caplog.set_level(logging.INFO, logger="tickwire")
-    graph = Engine(interval_ms=20)
-    graph.create(TableSpec("t", "static", data=pa.table({"a": [1, 2, 3]})))
-    srv = TickwireServer(graph, port=0).start()  # the web side on: gRPC goes through the splitter
+    engine = Engine(interval_ms=20)
+    engine.create(TableSpec("t", "static", data=pa.table({"a": [1, 2, 3]})))
+    srv = TickwireServer(engine, port=0).start()  # the web side on: gRPC goes through the splitter
     try:
         assert srv.splitter is not None
         with BarrageClient(srv.target) as client:
@@ -324,13 +324,15 @@ def test_grpc_calls_through_the_shared_port_are_logged_with_the_clients_own_addr
             started = [r for r in caplog.records if getattr(r, "event", None) == "subscription_start"]
             assert started and parse_port(started[0].peer) in ports
             assert f"peer {opened[0].peer}" in opened[0].getMessage()
-            # grpcio itself still sees the loopback hop, whose port is not the client's
-            hops = {b.hop[1] for b in list(srv.splitter._bridges)}
+            # grpcio itself still sees the loopback hop (the splitter's connection to grpcio's
+            # private port), whose port is not the client's
+            hops = _client_ports(srv.splitter.upstream[1])
             assert hops and not hops & ports
             assert srv.splitter.real_peer(f"ipv4:127.0.0.1:{next(iter(hops))}") in {r.peer for r in opened}
             assert srv.splitter.real_peer("ipv4:10.9.8.7:1") == "ipv4:10.9.8.7:1"  # not one of its hops
     finally:
         srv.stop()
+        engine.stop()
 
 
 def parse_port(peer: str) -> int:
@@ -338,7 +340,7 @@ def parse_port(peer: str) -> int:
 
 
 def test_session_life_is_logged(caplog):
-    from tickwire.server.services.sessions import AuthError, PSK_SCHEME, SessionManager
+    from tickwire.server.services.sessions import PSK_SCHEME, AuthError, SessionManager
 
     caplog.set_level(logging.INFO, logger="tickwire")
     m = SessionManager(psk="k3y")
@@ -371,14 +373,14 @@ def test_subscription_and_refused_put_are_logged_with_ids(caplog):
 
     from tickwire.clients.client import BarrageClient
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine import TableSpec
-    
+    from tickwire.server.engine import Engine, TableSpec
+
     caplog.set_level(logging.DEBUG, logger="tickwire")
-    graph = Engine(interval_ms=20)
-    table, _ = graph.get_or_create(TableSpec("t", "append", pa.schema([("x", pa.int64())])))
-    server = TickwireServer(graph, port=0, web=False).start()
+    engine = Engine(interval_ms=20)
+    table, _ = engine.get_or_create(TableSpec("t", "append", pa.schema([("x", pa.int64())])))
+    server = TickwireServer(engine, port=0, web=False).start()
     try:
-        graph.write(table, pa.table({"x": [1, 2, 3]}))
+        engine.write(table, pa.table({"x": [1, 2, 3]}))
         with BarrageClient(f"127.0.0.1:{server.port}") as client:
             sub = client.subscribe("t", viewport=[(0, 1)])
             assert sub.wait_for(lambda s: s.size == 3, timeout=10)  # a viewport: the table's size
@@ -399,7 +401,7 @@ def test_subscription_and_refused_put_are_logged_with_ids(caplog):
                            30, interval=0.05)
     finally:
         server.stop()
-        graph.stop()
+        engine.stop()
     events = {}
     for r in caplog.records:
         events.setdefault(getattr(r, "event", None), []).append(r)
@@ -428,7 +430,8 @@ def test_json_log_format():
 def test_json_formatter_carries_the_extra_ids():
     from tickwire.logs import JsonFormatter
 
-    rec = logging.LogRecord("tickwire.server.services.sessions", logging.INFO, __file__, 1, "session %d opened", (3,), None)
+    rec = logging.LogRecord("tickwire.server.services.sessions", logging.INFO, __file__, 1, "session %d opened", (3,),
+                            None)
     rec.session, rec.peer, rec.auth = 3, "ipv4:1.2.3.4:5", "psk"
     obj = json.loads(JsonFormatter().format(rec))
     assert obj["message"] == "session 3 opened" and obj["level"] == "INFO"

@@ -11,7 +11,6 @@ import shutil
 import signal
 import socket
 import subprocess
-
 import time
 from pathlib import Path
 
@@ -67,7 +66,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def image_venv(tmp_path_factory):
     """The image's /opt/venv, made by its own script from the files a build would copy."""
-    check = subprocess.run(["sh", str(ROOT / "docker" / "install-system.sh"), "--check"], capture_output=True, text=True)
+    check = subprocess.run(["sh", str(ROOT / "docker" / "install-system.sh"), "--check"], capture_output=True,
+                           text=True)
     if check.returncode != 0:
         pytest.skip(f"the image's system packages are not on this host: {check.stdout.strip()}")
     base = tmp_path_factory.mktemp("image")

@@ -37,7 +37,6 @@ import pyarrow.flight as fl
 import pytest
 
 from tests.serving import start_again
-from tickwire.server.engine import Engine
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +119,7 @@ class Child:
             if line is None:
                 raise AssertionError(f"the child ended (rc {self.proc.wait()}) before {prefix!r}; "
                                      f"it said {self.seen[-5:]}")
-            if line.startswith(prefix) or line.startswith("DONE"):
+            if line.startswith((prefix, "DONE")):
                 return line
 
     def kill(self) -> None:
@@ -239,6 +238,7 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
     pytest.importorskip("pyspark")
     if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
         pytest.skip("Spark needs a Java 17 runtime on PATH")
+    from tickwire.server.engine import Engine
 
     seed = int(os.environ.get("TICKWIRE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
@@ -284,8 +284,7 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
         assert bad not in text, f"the child's log says {bad!r}:\n" + text[max(0, text.find(bad) - 2000):][:4000]
 
     # and the data directory alone, in a fresh engine: the same tables, the same row keys
-    graph = Engine(interval_ms=3_600_000)
-    engine = graph
+    engine = Engine(interval_ms=3_600_000)
     found = {t.name: t for t in engine.open_storage(data_dir)}
     try:
         assert set(found) == {"appended", "latest"} and not engine.storage.errors
@@ -322,8 +321,9 @@ def _wait_until(cond, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _state(table) -> tuple[np.ndarray, pa.Table]:
-    with table.graph.reading():
+def _state(engine, table) -> tuple[np.ndarray, pa.Table]:
+    """(row keys, rows) of `table`, a table of `engine`, at one cycle boundary."""
+    with engine.reading():
         keys = table.rowset.keys().copy()
         return keys, table.gather(None, keys)
 
@@ -375,11 +375,11 @@ class Subscriber:
         for h in self.handles:
             try:
                 h.stop()
-            except Exception:
-                pass  # the server it listened to is gone
+            except Exception:  # noqa: BLE001 - the server it listened to is gone
+                pass
         try:
             self.session.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the same: closing a session of a server that went away
             pass
 
 
@@ -387,13 +387,12 @@ class Subscriber:
 def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_restart(tmp_path):
     pytest.importorskip("pydeephaven_ticking")
     from tickwire.server.app import TickwireServer
-    from tickwire.server.engine import TableSpec
-    from tickwire.server.engine.storage import Durability
+    from tickwire.server.engine import Durability, Engine, EngineConfig, TableSpec
 
     schema = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
     rng = np.random.default_rng(5)
     data_dir = tmp_path / "data"
-    durability = Durability(checkpoint_cycles=5)
+    durable = EngineConfig(interval_ms=20, data_dir=data_dir, durability=Durability(checkpoint_cycles=5))
 
     def rows(keys, c):
         keys = np.asarray(keys, dtype=np.int64)
@@ -406,9 +405,9 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
             engine.write(engine.resolve("prices"), rows(rng.integers(0, 40, 12), c),
                          delete=pa.table({"k": rng.integers(0, 40, 3)}), batch_id=("producer", "prices", c))
 
-    def same(src, rep) -> bool:
-        ka, va = _state(src)
-        kb, vb = _state(rep)
+    def same(engine, src, rep) -> bool:
+        ka, va = _state(engine, src)
+        kb, vb = _state(local, rep)
         return np.array_equal(ka, kb) and va.equals(vb)
 
     def ticking_same(sub, engine, name) -> bool:
@@ -418,13 +417,12 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
         _step, expected = engine.snapshot(engine.resolve(name))
         return got.num_rows == expected.num_rows and got.equals(_plain(expected).cast(got.schema))
 
-    graph = Engine(interval_ms=20)
-    engine = graph
-    server = TickwireServer(graph, port=0, web=False, data_dir=data_dir, durability=durability).start()
+    engine = Engine(durable)  # the server opens its data directory at start
+    server = TickwireServer(engine, port=0, web=False).start()
     port = server.port  # the restart below listens on it again
     engine.get_or_create(TableSpec("trades", "append", schema))
     engine.get_or_create(TableSpec("prices", "keyed", schema, keys=("k",)))
-    produce(engine, range(0, 12))
+    produce(engine, range(12))
 
     local = Engine(interval_ms=10)
     follower = TickwireServer(local, port=0, web=False).start()
@@ -434,31 +432,31 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
     try:
         produce(engine, range(12, 20))
         for name, rep in replicas.items():
-            _wait_until(lambda: same(engine.resolve(name), rep.table), 20, f"replica {name} before the restart")
-            _wait_until(lambda: ticking_same(sub, engine, name), 20, f"ticking {name} before the restart")
-        before = {name: _state(engine.resolve(name)) for name in replicas}
+            _wait_until(lambda name=name, rep=rep: same(engine, engine.resolve(name), rep.table), 20,
+                        f"replica {name} before the restart")
+            _wait_until(lambda name=name: ticking_same(sub, engine, name), 20, f"ticking {name} before the restart")
+        before = {name: _state(engine, engine.resolve(name)) for name in replicas}
 
         server.stop()  # a clean restart: the same port, the same data directory, a new process's objects
-        graph.stop()
+        engine.stop()
         _wait_until(lambda: all(r.status.startswith("disconnected") for r in replicas.values()), 10,
                     "the replicas to notice")
         _wait_until(lambda: len(sub.errors) >= 1, 10, "the ticking listeners to end")
         sub.close()
 
         def restart():
-            g = Engine(interval_ms=20)
+            fresh = Engine(durable)
             try:
-                return TickwireServer(g, port=port, web=False, data_dir=data_dir, durability=durability).start()
+                return TickwireServer(fresh, port=port, web=False).start()
             except BaseException:
-                g.stop()
+                fresh.stop()
                 raise
 
         server2 = start_again(restart)
-        graph2 = server2.graph
-        engine2 = graph2
+        engine2 = server2.engine
         assert {t.name for t in server2.recovered} == {"trades", "prices"}
         for name, (keys, data) in before.items():
-            k2, d2 = _state(engine2.resolve(name))
+            k2, d2 = _state(engine2, engine2.resolve(name))
             assert np.array_equal(k2, keys) and d2.equals(data), f"{name} did not come back as it was"
         # the producer resends its last batch (it did not know it was applied) and goes on
         assert not engine2.write(engine2.resolve("trades"), rows([1], 0), batch_id=("producer", "trades", 19))
@@ -466,8 +464,9 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
         sub = Subscriber(port, ["trades", "prices"])  # what a pydeephaven-ticking user does after a restart
         produce(engine2, range(35, 45))
         for name, rep in replicas.items():
-            _wait_until(lambda: same(engine2.resolve(name), rep.table), 30, f"replica {name} after the restart")
-            _wait_until(lambda: ticking_same(sub, engine2, name), 20, f"ticking {name} after the restart")
+            _wait_until(lambda name=name, rep=rep: same(engine2, engine2.resolve(name), rep.table), 30,
+                        f"replica {name} after the restart")
+            _wait_until(lambda name=name: ticking_same(sub, engine2, name), 20, f"ticking {name} after the restart")
             assert rep.status == "connected" and rep.failures >= 1
         assert not sub.errors, sub.errors
         assert len(engine2.resolve("trades").rowset) > len(before["trades"][0])
@@ -477,6 +476,6 @@ def test_a_replica_and_a_ticking_subscriber_follow_a_durable_server_across_a_res
         local.stop()
         if server2 is not None:
             server2.stop()
-            server2.graph.stop()
+            server2.engine.stop()
         server.stop()
-        graph.stop()
+        engine.stop()

@@ -17,11 +17,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from tickwire.server.engine import Engine
+from tests import waiting
 from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
-from tests import waiting
+from tickwire.server.engine import Engine, TableSpec
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -69,9 +69,9 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 def test_health_is_not_serving_until_the_first_cycle_and_needs_no_credentials():
-    g = Engine(interval_ms=3_600_000)
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    srv = TickwireServer(g, port=0, psk="secret", start_engine=False).start()  # every other call needs the key
+    engine = Engine(interval_ms=3_600_000)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    srv = TickwireServer(engine, port=0, psk="secret", start_engine=False).start()  # every other call needs the key
     try:
         assert check(srv.target) == NOT_SERVING
         assert check(srv.target, "arrow.flight.protocol.FlightService") == NOT_SERVING
@@ -79,8 +79,8 @@ def test_health_is_not_serving_until_the_first_cycle_and_needs_no_credentials():
         with pytest.raises(grpc.RpcError) as err:
             check(srv.target, "tickwire.table/src")  # table names appear with the first cycle
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
-        src.add(rows(0, 3))
-        g.run_cycle()
+        engine.write(src, rows(0, 3), wait=False)
+        engine.run_cycle()
         assert check(srv.target) == SERVING
         assert check(srv.target, "arrow.flight.protocol.FlightService") == SERVING
         assert check(srv.target, "tickwire.table/src") == SERVING
@@ -92,19 +92,20 @@ def test_health_is_not_serving_until_the_first_cycle_and_needs_no_credentials():
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         srv.stop()
+        engine.stop()
 
 
-def test_a_server_on_a_graph_that_already_ran_serves_at_once():
-    g = Engine(interval_ms=3_600_000)
-    g.create(TableSpec("src", "append", SCHEMA))
-    g.run_cycle()
-    with TickwireServer(g, port=0, start_engine=False, web=False) as srv:
+def test_a_server_on_an_engine_that_already_ran_serves_at_once():
+    engine = Engine(interval_ms=3_600_000)
+    engine.create(TableSpec("src", "append", SCHEMA))
+    engine.run_cycle()
+    with TickwireServer(engine, port=0, start_engine=False, web=False) as srv:
         assert check(srv.target) == SERVING
 
 
 def test_health_turns_not_serving_first_when_the_server_stops():
-    g = Engine(interval_ms=20)
-    srv = TickwireServer(g, port=0).start()
+    engine = Engine(interval_ms=20)
+    srv = TickwireServer(engine, port=0).start()
     assert wait_until(lambda: check(srv.target) == SERVING)
     seen: list[int] = []
     first = threading.Event()
@@ -134,21 +135,22 @@ def test_health_turns_not_serving_first_when_the_server_stops():
     ch.close()
     assert seen == [SERVING, NOT_SERVING]
     assert srv.observability.health.status("") == NOT_SERVING
+    engine.stop()
 
 
 def test_a_failed_derived_table_has_a_not_serving_table_name():
-    g = Engine(interval_ms=3_600_000)
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(rows(0, 5))
-    g.run_cycle()
+    engine = Engine(interval_ms=3_600_000)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, rows(0, 5), wait=False)
+    engine.run_cycle()
     bad = src.where(pc.greater(pc.divide_checked(pc.field("x"), pc.field("y")), 1), name="bad")
     child = bad.head(3, name="child")
-    srv = TickwireServer(g, port=0, start_engine=False).start()
+    srv = TickwireServer(engine, port=0, start_engine=False).start()
     try:
-        g.run_cycle()
+        engine.run_cycle()
         assert [check(srv.target, f"tickwire.table/{n}") for n in ("src", "bad", "child")] == [SERVING] * 3
-        src.add(rows(100, 1, y=0))  # a zero divisor: the formula raises, `bad` fails with `child`
-        g.run_cycle()
+        engine.write(src, rows(100, 1, y=0), wait=False)  # a zero divisor: the formula raises, `bad` fails with `child`
+        engine.run_cycle()
         assert bad.failure is not None and child.failure is not None
         assert check(srv.target, "tickwire.table/bad") == NOT_SERVING
         assert check(srv.target, "tickwire.table/child") == NOT_SERVING
@@ -159,29 +161,33 @@ def test_a_failed_derived_table_has_a_not_serving_table_name():
         assert m["tickwire_table_failed{table=bad}"] == 1 and m["tickwire_table_failed{table=src}"] == 0
     finally:
         srv.stop()
+        engine.stop()
 
 
 def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_name(tmp_path, monkeypatch):
     import errno
 
-    from tickwire.server.engine import IngestError, TableSpec
-    from tickwire.server.engine.storage import store
+    from tickwire.server.engine import IngestError
 
-    g = Engine(interval_ms=20)
-    engine = g
+    engine = Engine(interval_ms=20)
     engine.open_storage(tmp_path)
     kept, _ = engine.get_or_create(TableSpec("kept", "append", SCHEMA))
     mem, _ = engine.get_or_create(TableSpec("mem", "append", SCHEMA, durable=False))
-    srv = TickwireServer(g, port=0).start()
+    srv = TickwireServer(engine, port=0).start()
     try:
         engine.write(kept, rows(0, 5))
         assert wait_until(lambda: check(srv.target, "tickwire.table/kept") == SERVING)
         assert check(srv.target, "tickwire.table/mem") == SERVING
 
-        def full_disk(self, record):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        data_dir = str(tmp_path.resolve())
+        real_write = os.write
 
-        monkeypatch.setattr(store._TableFiles, "append", full_disk)  # the disk is full from now on
+        def full_disk(fd, data):  # the data directory's disk is full from now on
+            if os.path.realpath(f"/proc/self/fd/{fd}").startswith(data_dir + os.sep):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", full_disk)
         with pytest.raises(IngestError, match="could not be written"):
             engine.write(kept, rows(5, 5))
         assert kept.refusal is not None
@@ -192,7 +198,7 @@ def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_na
         assert check(srv.target) == SERVING
     finally:
         srv.stop()
-        engine.close_storage()
+        engine.stop()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,10 +206,10 @@ def test_a_durable_table_whose_storage_refuses_writes_has_a_not_serving_table_na
 # ----------------------------------------------------------------------------------------------
 
 def test_metrics_move_with_traffic():
-    g = Engine(interval_ms=20)
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(rows(0, 1000))
-    srv = TickwireServer(g, port=0).start()
+    engine = Engine(interval_ms=20)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, rows(0, 1000), wait=False)
+    srv = TickwireServer(engine, port=0).start()
     url = f"{srv.web_url}/metrics"
     client = BarrageClient(srv.target)
     flight = fl.FlightClient(f"grpc://{srv.target}")
@@ -231,8 +237,8 @@ def test_metrics_move_with_traffic():
         updates = m["tickwire_subscription_updates_total"]
         assert sent >= 4 and sent_bytes > 1000 * 3 * 8 and updates >= 2
 
-        # rows in (by the graph's cycles) and to the subscribers
-        src.add(rows(1000, 500))
+        # rows in (by the engine's cycles) and to the subscribers
+        engine.write(src, rows(1000, 500), wait=False)
         assert full.wait_for(lambda s: s.size == 1500, 30)
         assert wait_until(lambda: scrape(url)["tickwire_exchange_messages_sent_total"] > sent)
         m = scrape(url)
@@ -269,14 +275,15 @@ def test_metrics_move_with_traffic():
         flight.close()
         client.close()
         srv.stop()
+        engine.stop()
 
 
 def test_snapshot_pieces_and_rows_out_move_with_traffic():
-    g = Engine(interval_ms=20)
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(rows(0, 1000))
+    engine = Engine(interval_ms=20)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, rows(0, 1000), wait=False)
     # 300 cells a piece: a full subscriber's initial snapshot of 1000 rows of 3 columns comes in 10 pieces
-    srv = TickwireServer(g, port=0, config=ServerConfig(min_piece_cells=300, max_piece_cells=300)).start()
+    srv = TickwireServer(engine, port=0, config=ServerConfig(min_piece_cells=300, max_piece_cells=300)).start()
     url = f"{srv.web_url}/metrics"
     client = BarrageClient(srv.target)
     try:
@@ -300,7 +307,7 @@ def test_snapshot_pieces_and_rows_out_move_with_traffic():
         assert m["tickwire_snapshot_pieces_total"] == 12
         assert m["tickwire_table_rows_out_total{table=src}"] == 2015
 
-        src.add(rows(1000, 500))  # to the full subscriber only: the viewport's rows stay
+        engine.write(src, rows(1000, 500), wait=False)  # to the full subscriber only: the viewport's rows stay
         assert full.wait_for(lambda s: s.size == 1500, 30)
         assert wait_until(lambda: scrape(url)["tickwire_table_rows_out_total{table=src}"] == 2515)
         full.close()
@@ -311,11 +318,11 @@ def test_snapshot_pieces_and_rows_out_move_with_traffic():
     finally:
         client.close()
         srv.stop()
+        engine.stop()
 
 
 def test_unauthenticated_calls_are_counted_by_status():
-    g = Engine(interval_ms=50)
-    with TickwireServer(g, port=0, psk="secret") as srv:
+    with Engine(interval_ms=50) as engine, TickwireServer(engine, port=0, psk="secret") as srv:
         with pytest.raises(ClientError):
             BarrageClient(srv.target, psk="wrong").snapshot("x")
         m = scrape(f"{srv.web_url}/metrics")
@@ -323,10 +330,10 @@ def test_unauthenticated_calls_are_counted_by_status():
 
 
 def test_metrics_and_healthz_on_the_metrics_port_without_a_web_side():
-    g = Engine(interval_ms=20)
-    src = g.create(TableSpec("src", "append", SCHEMA))
-    src.add(rows(0, 10))
-    srv = TickwireServer(g, port=0, web=False, metrics_port=0).start()
+    engine = Engine(interval_ms=20)
+    src = engine.create(TableSpec("src", "append", SCHEMA))
+    engine.write(src, rows(0, 10), wait=False)
+    srv = TickwireServer(engine, port=0, web=False, metrics_port=0).start()
     try:
         assert srv.web_url is None and srv.metrics_port not in (None, 0, srv.port)
         base = f"http://127.0.0.1:{srv.metrics_port}"
@@ -337,6 +344,7 @@ def test_metrics_and_healthz_on_the_metrics_port_without_a_web_side():
         assert scrape(f"{base}/metrics")["tickwire_doget_requests_total"] == 1
     finally:
         srv.stop()
+        engine.stop()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=2)
 

@@ -6,7 +6,6 @@ tables stay still however many cycles run."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -14,14 +13,21 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
-from tickwire.server.engine import Engine
-from tickwire.clients.client import BarrageClient
-from tickwire.server.app import TickwireServer
-from tickwire.server.engine import TableSpec
 from tests import waiting
-from tickwire.server.engine.perf_tables import (BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, NAMES,
-                                                       SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA,
-                                                       UPDATE_PERFORMANCE, UPDATE_SCHEMA, PerfTablesConfig)
+from tickwire.clients.client import BarrageClient
+from tickwire.clock import ManualClock
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, EngineConfig, TableSpec
+from tickwire.server.engine.perf_tables import (
+    BARRAGE_PERFORMANCE,
+    BARRAGE_SCHEMA,
+    NAMES,
+    SNAPSHOT_PERFORMANCE,
+    SNAPSHOT_SCHEMA,
+    UPDATE_PERFORMANCE,
+    UPDATE_SCHEMA,
+    PerfTablesConfig,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("sym", pa.string())])
 ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
@@ -41,10 +47,12 @@ def of_table(t: pa.Table, name: str) -> pa.Table:
     return t.filter(pc.equal(t["TableName"], name))
 
 
-def serve(**kwargs) -> tuple[UpdateGraph, TickwireServer]:
-    g = Engine(interval_ms=20)
-    srv = TickwireServer(g, port=0, web=False, perf_tables=PERF, **kwargs).start()
-    return g, srv
+def serve(clock=None, **kwargs) -> tuple[Engine, TickwireServer]:
+    """An engine with the performance tables of PERF, served; with a `clock` (a ManualClock) the
+    engine's cycles are the test's to run (`engine.run_cycle()`), else they run every 20 ms."""
+    engine = Engine(EngineConfig(interval_ms=20, perf_tables=PERF), clock=clock)
+    srv = TickwireServer(engine, port=0, web=False, start_engine=clock is None, **kwargs).start()
+    return engine, srv
 
 
 def list_tables(target: str) -> list[dict]:
@@ -57,8 +65,7 @@ def list_tables(target: str) -> list[dict]:
 
 
 def test_clients_subscribe_to_and_read_the_performance_tables():
-    g, srv = serve()
-    engine = g
+    engine, srv = serve()
     ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
     client = BarrageClient(srv.target)
     try:
@@ -90,7 +97,7 @@ def test_clients_subscribe_to_and_read_the_performance_tables():
         assert all(r["UsageNanos"] <= r["IntervalDurationNanos"] for r in rows.to_pylist())
         assert pc.sum(rows["RowsRemoved"]).as_py() == pc.sum(rows["RowsModified"]).as_py() == 0
         steps = rows["Step"].to_pylist()
-        assert steps == sorted(steps) and len(set(steps)) == len(steps) and steps[-1] <= g.step
+        assert steps == sorted(steps) and len(set(steps)) == len(steps) and steps[-1] <= engine.step
 
         # DoGet and a snapshot request of "ticks", then the snapshot table read by DoGet
         assert client.snapshot("ticks").num_rows == total
@@ -142,13 +149,13 @@ def test_clients_subscribe_to_and_read_the_performance_tables():
     finally:
         client.close()
         srv.stop()
-        g.stop()
+        engine.stop()
 
 
 def test_performance_tables_are_listed_only_with_the_switch():
     for show in (False, True):
-        g, srv = serve(show_system_tables=show)
-        g.get_or_create(TableSpec("plain", "append", SCHEMA))
+        engine, srv = serve(show_system_tables=show)
+        engine.get_or_create(TableSpec("plain", "append", SCHEMA))
         client = BarrageClient(srv.target)
         try:
             listed = client.tables()
@@ -157,7 +164,7 @@ def test_performance_tables_are_listed_only_with_the_switch():
             for name in NAMES:
                 assert (name in listed) == show
                 assert (name in actions) == show and (not show or actions[name]["system"])
-                assert (name in g.names_now()) == show
+                assert (name in srv.ctx.scope.names_now()) == show
                 # listed or not, the name reaches the table
                 assert client.snapshot(name).schema.names == {UPDATE_PERFORMANCE: UPDATE_SCHEMA,
                                                                BARRAGE_PERFORMANCE: BARRAGE_SCHEMA,
@@ -165,18 +172,25 @@ def test_performance_tables_are_listed_only_with_the_switch():
         finally:
             client.close()
             srv.stop()
-            g.stop()
+            engine.stop()
 
 
 def test_an_idle_server_records_nothing_while_its_performance_tables_are_watched():
-    g, srv = serve()
-    engine = g
+    clock = ManualClock()  # the engine's time moves only here: 20 ms a cycle, a barrage interval every 5
+    engine, srv = serve(clock)
+
+    def cycle(seconds: float = 0.02) -> int:
+        clock.advance(seconds)
+        engine.run_cycle()
+        return engine.step
+
     ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
     client = BarrageClient(srv.target)
     try:
         watchers = [client.subscribe(name) for name in NAMES]  # each table's own subscriber, all the time
         sub = client.subscribe("ticks")
-        engine.write(ticks, batch(0, 40))
+        engine.write(ticks, batch(0, 40), wait=False)
+        cycle()
         assert sub.wait_for(lambda s: s.size == 40, 15)
         client.snapshot("ticks")
 
@@ -199,13 +213,19 @@ def test_an_idle_server_records_nothing_while_its_performance_tables_are_watched
                     and (pc.sum(bar["Coalesced"]).as_py() or 0) == served.coalesced
                     and sorted(snap["Kind"].to_pylist()) == ["doget", "subscription"]
                     and sizes() == (upd.num_rows, bar.num_rows, snap.num_rows))
-        # once the last interval with traffic has been recorded, nothing more comes
-        assert wait_until(recorded, 30), ([w.table.to_pylist() for w in watchers], served.messages, served.rows)
+        # once the last interval with traffic has been recorded (a cycle of the engine's clock per
+        # look), nothing more comes
+        assert wait_until(lambda: cycle() and recorded(), 30), \
+            ([w.table.to_pylist() for w in watchers], served.messages, served.rows)
         settled = sizes()
-        step = g.step
-        time.sleep(1.5)  # about 75 cycles and 15 barrage intervals on an idle machine
-        assert wait_until(lambda: g.step - step > 20, 60), g.step - step  # however slow the machine
+        sent = {s.id: s.messages for s in srv.registry.subscriptions}  # the watchers' and the ticks one
+        step = engine.step
+        for _ in range(75):  # 1.5 s of the engine's clock: 75 cycles, 15 barrage intervals
+            cycle()
+        assert engine.step - step == 75
+        assert {s.id: s.messages for s in srv.registry.subscriptions} == sent  # nothing queued for anyone
         assert sizes() == settled
+        assert tuple(client.snapshot(name).num_rows for name in NAMES) == settled
         assert settled[0] > 0 and settled[1] > 0 and settled[2] >= 2
         for name in NAMES:
             for w in watchers:
@@ -213,7 +233,7 @@ def test_an_idle_server_records_nothing_while_its_performance_tables_are_watched
     finally:
         client.close()
         srv.stop()
-        g.stop()
+        engine.stop()
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
@@ -238,8 +258,7 @@ def test_the_command_line_switch_reaches_the_server(flag, listed):
 def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):
     import logging
 
-    g, srv = serve()
-    engine = g
+    engine, srv = serve()
     ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
     caplog.set_level(logging.INFO, logger="tickwire.server.services.flight_service")
     client = BarrageClient(srv.target)
@@ -257,16 +276,15 @@ def test_a_subscriptions_log_lines_and_performance_rows_share_its_id(caplog):
     finally:
         client.close()
         srv.stop()
-        g.stop()
+        engine.stop()
 
 
 def test_rows_shifted_counts_the_rows_the_shifts_moved():
     """Against a reference that counts, per shift, the surviving rows (the table's rows less the
     added ones) in its destination range; on a sorted table whose rows move as prices change."""
-    from tickwire.server.engine.perf_tables import _rows_shifted
+    from tickwire.server.engine.perf_tables import rows_shifted
 
-    g = Engine()
-    engine = g
+    engine = Engine()
     prices, _ = engine.get_or_create(TableSpec("prices", "keyed", pa.schema([("k", pa.int64()), ("p", pa.float64())]),
                                                keys=("k",)))
     ranked = prices.sort(["p"])
@@ -274,11 +292,11 @@ def test_rows_shifted_counts_the_rows_the_shifts_moved():
     ranked.add_listener(lambda t, u, step: seen.append((u, t.rowset)))
     rng = np.random.default_rng(3)
     engine.write(prices, pa.table({"k": np.arange(200), "p": rng.random(200)}), wait=False)
-    g.run_cycle()
+    engine.run_cycle()
     for _ in range(30):
         keys = rng.choice(400, 25, replace=False)
         engine.write(prices, pa.table({"k": keys, "p": rng.random(25)}), wait=False)
-        g.run_cycle()
+        engine.run_cycle()
     moved = 0
     for update, rows in seen:
         want = 0
@@ -286,6 +304,6 @@ def test_rows_shifted_counts_the_rows_the_shifts_moved():
             kept = rows.minus(update.added).keys()
             for s, e, d in zip(update.shifted.starts, update.shifted.ends, update.shifted.deltas):
                 want += int(((kept >= s + d) & (kept <= e + d)).sum())
-        assert _rows_shifted(update, rows) == want
+        assert rows_shifted(update, rows) == want
         moved += want
     assert moved > 0  # the case was exercised

@@ -39,13 +39,12 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import pytest
-from tickwire.server.engine import Engine
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -249,20 +248,21 @@ def free_port() -> int:
 def demo_server():
     """The demo's Python tables (no Spark, no big_static), ticking every 100 ms, with enough rows
     that every key of ticking_keyed exists and ticking_append holds more than 150 rows."""
-    from tickwire.server.app import TickwireServer
     from tickwire.server.adapters.demo import DemoTicker
-    
-    graph = Engine(interval_ms=100)
-    ticker = DemoTicker(graph, rows_per_tick=5, interval_s=0.1)
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
+
+    engine = Engine(interval_ms=100)
+    ticker = DemoTicker(engine, rows_per_tick=5, interval_s=0.1)
     for _ in range(100):
         ticker.tick()
-        graph.run_cycle()
-    server = TickwireServer(graph, port=0, web=False).start()
+        engine.run_cycle()
+    server = TickwireServer(engine, port=0, web=False).start()
     ticker.start()
     yield server
     ticker.stop()
     server.stop()
-    graph.stop()
+    engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -454,24 +454,37 @@ def test_toml_block(block, tmp_path):
 
 
 @pytest.mark.parametrize("block", _params({"synopsis"}))
-def test_synopsis_block(block):
+def test_synopsis_block(block, monkeypatch):
     """Names every option of `tickwire serve` and `tickwire demo` and no other; the opposites of
     options (`--no-data-dir`, `--web`: help "leave --X unset" / "the opposite of --X") may be covered
-    by the block's sentence on `--no-OPTION` instead."""
+    by the block's sentence on `--no-OPTION` instead. The options are every argument the command
+    line's parser gets for each command (recorded as `build_parser` adds them)."""
     import argparse
 
     from tickwire.cli import build_parser
 
+    added = []  # (the parser's prog, its flags, their help)
+    add_argument = argparse.ArgumentParser.add_argument
+
+    def recording(parser, *flags, **options):
+        added.append((parser.prog, flags, options.get("help") or ""))
+        return add_argument(parser, *flags, **options)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "add_argument", recording)
+    progs = {build_parser().prog + " " + command: command for command in ("serve", "demo")}
+    monkeypatch.undo()
+    assert {prog for prog, _flags, _help in added} >= set(progs), sorted({prog for prog, _f, _h in added})
+
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", block.text.replace("--no-OPTION", "")))
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     known, opposites = set(), set()
-    for command in ("serve", "demo"):
-        for action in sub.choices[command]._actions:
-            for flag in action.option_strings:
-                if flag.startswith("--") and flag != "--help":
-                    known.add(flag)
-                    if (action.help or "").startswith(("leave --", "the opposite of --")):
-                        opposites.add(flag)
+    for prog, flags, helptext in added:
+        if prog not in progs:
+            continue
+        for flag in flags:
+            if flag.startswith("--") and flag != "--help":
+                known.add(flag)
+                if helptext.startswith(("leave --", "the opposite of --")):
+                    opposites.add(flag)
     assert named - known == set(), f"README.md:{block.line} names options that do not exist"
     if "--no-OPTION" in block.text:
         named |= opposites

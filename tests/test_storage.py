@@ -9,8 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine
-from tickwire.server.engine import CatalogError, IngestError, TableSpec
+from tickwire.server.engine import CatalogError, Engine, EngineConfig, IngestError, TableSpec
 from tickwire.server.engine.storage.store import Durability, StorageError
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("s", pa.string())])
@@ -22,10 +21,11 @@ def rows(keys, v=0.0) -> pa.Table:
 
 
 def open_engine(path, **durability):
-    graph = Engine(interval_ms=3_600_000)  # cycles are run by the test
-    engine = graph
+    """(an engine whose tables are durable in `path`, the tables it brought back by name); its
+    cycles are run by the test."""
+    engine = Engine(interval_ms=3_600_000)
     recovered = engine.open_storage(path, Durability(**durability) if durability else None)
-    return graph, engine, {t.name: t for t in recovered}
+    return engine, {t.name: t for t in recovered}
 
 
 def state(engine, table) -> tuple[list, pa.Table]:
@@ -33,7 +33,7 @@ def state(engine, table) -> tuple[list, pa.Table]:
         return table.rowset.keys().tolist(), table.gather(None)
 
 
-def feed(graph, engine, tables, cycles: int, seed: int = 0):
+def feed(engine, tables, cycles: int, seed: int = 0):
     """Appends, upserts with deletes and ring rows, one batch id a cycle."""
     rng = np.random.default_rng(seed)
     app, keyed, ring = tables
@@ -45,7 +45,7 @@ def feed(graph, engine, tables, cycles: int, seed: int = 0):
         dele = rng.integers(0, 200, 5)
         engine.write(keyed, rows(up, c), delete=pa.table({"k": dele}), batch_id=("keyed", c), wait=False)
         engine.write(ring, rows(np.arange(base, base + n), c), batch_id=("ring", c), wait=False)
-        graph.run_cycle()
+        engine.run_cycle()
 
 
 def make_tables(engine):
@@ -57,28 +57,28 @@ def make_tables(engine):
 
 @pytest.mark.parametrize("checkpoint_cycles", [10_000, 7])
 def test_a_restart_brings_back_rows_row_keys_and_batch_ids(tmp_path, checkpoint_cycles):
-    graph, engine, found = open_engine(tmp_path, checkpoint_cycles=checkpoint_cycles)
+    engine, found = open_engine(tmp_path, checkpoint_cycles=checkpoint_cycles)
     assert found == {}
     tables = make_tables(engine)
-    feed(graph, engine, tables, 30)
+    feed(engine, tables, 30)
     engine.storage.wait_checkpoints()
     before = {t.name: state(engine, t) for t in tables}
-    step = graph.step
+    step = engine.step
     engine.close_storage()
 
-    graph2, engine2, found2 = open_engine(tmp_path, checkpoint_cycles=checkpoint_cycles)
+    engine2, found2 = open_engine(tmp_path, checkpoint_cycles=checkpoint_cycles)
     assert set(found2) == {"app", "keyed", "ring"}
     for name, (keys, data) in before.items():
         keys2, data2 = state(engine2, found2[name])
         assert keys2 == keys, name
         assert data2.equals(data), name
-    assert graph2.step == step
+    assert engine2.step == step
     # every batch id is remembered: a replayed batch is ignored
     assert engine2.write(found2["app"], rows([1]), batch_id=("app", 29), wait=False) is False
     assert engine2.write(found2["keyed"], rows([1]), batch_id=("keyed", 3), wait=False) is False
     # and the tables go on: new rows get the next row keys
     assert engine2.write(found2["app"], rows([5000]), batch_id=("app", 30), wait=False)
-    graph2.run_cycle()
+    engine2.run_cycle()
     assert state(engine2, found2["app"])[0][-1] == len(before["app"][0])
     if checkpoint_cycles == 7:
         ckpts = list((tmp_path / "default" / "keyed" / "checkpoints").glob("*.parquet"))
@@ -89,9 +89,9 @@ def test_a_restart_brings_back_rows_row_keys_and_batch_ids(tmp_path, checkpoint_
 
 def test_the_same_input_gives_the_same_tables_with_or_without_restarts(tmp_path):
     """Restarting after every few cycles ends with what one uninterrupted run has."""
-    graph, engine, _ = open_engine(tmp_path / "a")
+    engine, _ = open_engine(tmp_path / "a")
     tables = make_tables(engine)
-    feed(graph, engine, tables, 24, seed=5)
+    feed(engine, tables, 24, seed=5)
     want = {t.name: state(engine, t) for t in tables}
     engine.close_storage()
 
@@ -99,7 +99,7 @@ def test_the_same_input_gives_the_same_tables_with_or_without_restarts(tmp_path)
     path = tmp_path / "b"
     done = 0
     while done < 24:
-        graph, engine, found = open_engine(path, checkpoint_cycles=4)
+        engine, found = open_engine(path, checkpoint_cycles=4)
         tables = (found.get("app"), found.get("keyed"), found.get("ring")) if found else make_tables(engine)
         step = min(5, 24 - done)
         # the same random stream as the uninterrupted run, cycle by cycle
@@ -111,11 +111,11 @@ def test_the_same_input_gives_the_same_tables_with_or_without_restarts(tmp_path)
             engine.write(tables[0], rows(np.arange(base, base + n), c), batch_id=("app", c), wait=False)
             engine.write(tables[1], rows(up, c), delete=pa.table({"k": dele}), batch_id=("keyed", c), wait=False)
             engine.write(tables[2], rows(np.arange(base, base + n), c), batch_id=("ring", c), wait=False)
-            graph.run_cycle()
+            engine.run_cycle()
         done += step
         engine.storage.wait_checkpoints()
         engine.close_storage()
-    graph, engine, found = open_engine(path)
+    engine, found = open_engine(path)
     for name, (keys, data) in want.items():
         keys2, data2 = state(engine, found[name])
         assert data2.equals(data), name
@@ -127,16 +127,16 @@ def test_the_same_input_gives_the_same_tables_with_or_without_restarts(tmp_path)
 
 
 def test_a_torn_last_record_is_dropped_and_the_rest_kept(tmp_path):
-    graph, engine, _ = open_engine(tmp_path)
+    engine, _ = open_engine(tmp_path)
     app, _k, _r = make_tables(engine)
     for c in range(3):
         engine.write(app, rows([c]), batch_id=("b", c), wait=False)
-        graph.run_cycle()
+        engine.run_cycle()
     engine.close_storage()
     journal = next((tmp_path / "default" / "app" / "intraday").glob("*/*/journal-*.twj"))
     data = journal.read_bytes()
     journal.write_bytes(data[: len(data) - 10])  # the last record cut short, as by a crash
-    graph2, engine2, found = open_engine(tmp_path)
+    engine2, found = open_engine(tmp_path)
     keys, t = state(engine2, found["app"])
     assert t.column("k").to_pylist() == [0, 1]
     # the torn record's batch id was never applied: it may come again
@@ -145,20 +145,20 @@ def test_a_torn_last_record_is_dropped_and_the_rest_kept(tmp_path):
 
 
 def test_a_corrupt_checkpoint_names_the_file_and_other_tables_serve(tmp_path):
-    graph, engine, _ = open_engine(tmp_path, checkpoint_cycles=2)
+    engine, _ = open_engine(tmp_path, checkpoint_cycles=2)
     tables = make_tables(engine)
-    feed(graph, engine, tables, 6)
+    feed(engine, tables, 6)
     engine.storage.wait_checkpoints()
     engine.close_storage()
     ckpt = next((tmp_path / "default" / "keyed" / "checkpoints").glob("*.parquet"))
     ckpt.write_bytes(b"PAR1 not really parquet")
-    graph2, engine2, found = open_engine(tmp_path)
+    engine2, found = open_engine(tmp_path)
     assert set(found) == {"app", "ring"}
     assert str(ckpt) in engine2.storage.errors["keyed"]
     with pytest.raises(CatalogError, match="checkpoint-"):
         engine2.get_or_create(TableSpec("keyed", "keyed", SCHEMA, keys=("k",)))
     engine2.write(found["app"], rows([99_999]), wait=False)
-    graph2.run_cycle()
+    engine2.run_cycle()
     assert 99_999 in state(engine2, found["app"])[1].column("k").to_pylist()
     engine2.close_storage()
 
@@ -172,9 +172,9 @@ def test_an_unwritable_directory_is_a_clear_error(tmp_path):
         where = tmp_path / "ro"
         where.mkdir()
         where.chmod(0o500)
-    graph = Engine(interval_ms=3_600_000)
+    engine = Engine(interval_ms=3_600_000)
     with pytest.raises(StorageError, match=str(where) if os.geteuid() != 0 else "sub"):
-        graph.open_storage(where)
+        engine.open_storage(where)
 
 
 @pytest.fixture()
@@ -191,10 +191,9 @@ def tiny_disk(tmp_path):
 
 
 def test_a_full_disk_refuses_writes_keeps_what_was_acknowledged_and_other_tables_go_on(tmp_path, tiny_disk):
-    graph = Engine(interval_ms=5)
-    engine = graph
+    engine = Engine(interval_ms=5)
     engine.open_storage(tiny_disk / "data")
-    graph.start()
+    engine.start()
     full, _ = engine.get_or_create(TableSpec("full", "append", SCHEMA))
     other, _ = engine.get_or_create(TableSpec("other", "append", SCHEMA, durable=False))
     acknowledged = 0
@@ -208,16 +207,15 @@ def test_a_full_disk_refuses_writes_keeps_what_was_acknowledged_and_other_tables
         engine.write(full, rows([0]))
     engine.write(other, rows([1, 2, 3]))
     assert len(other.rowset) == 3
-    graph.stop()
-    engine.close_storage()
+    engine.stop()  # and closes the data directory
     # everything acknowledged is on the (full) disk and comes back, and nothing else
-    graph2, engine2, found = open_engine(tiny_disk / "data")
+    engine2, found = open_engine(tiny_disk / "data")
     assert len(found["full"].rowset) == acknowledged
     engine2.close_storage()
 
 
 def test_durable_false_blink_and_hidden_tables_are_not_journaled(tmp_path):
-    graph, engine, _ = open_engine(tmp_path)
+    engine, _ = open_engine(tmp_path)
     engine.get_or_create(TableSpec("blinky", "blink", SCHEMA))
     engine.get_or_create(TableSpec("mem", "append", SCHEMA, durable=False))
     engine.get_or_create(TableSpec("secret", "append", SCHEMA, hidden=True))
@@ -229,7 +227,7 @@ def test_durable_false_blink_and_hidden_tables_are_not_journaled(tmp_path):
 
 
 def test_a_dropped_table_leaves_the_directory(tmp_path):
-    graph, engine, _ = open_engine(tmp_path)
+    engine, _ = open_engine(tmp_path)
     engine.get_or_create(TableSpec("gone", "append", SCHEMA))
     assert (tmp_path / "default" / "gone").is_dir()
     engine.drop("gone")
@@ -255,19 +253,24 @@ def test_a_server_with_a_data_directory_keeps_doput_tables_across_a_restart(tmp_
         client.close()
         return got
 
-    srv = TickwireServer(Engine(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
+    def durable_engine() -> Engine:
+        return Engine(EngineConfig(interval_ms=20, data_dir=tmp_path))  # the server opens it at start
+
+    engine = durable_engine()
+    srv = TickwireServer(engine, port=0, web=False).start()
     try:
         first = put_and_get(srv, True)
     finally:
         srv.stop()
-        srv.graph.stop()
-    srv2 = TickwireServer(Engine(interval_ms=20), port=0, data_dir=tmp_path, web=False).start()
+        engine.stop()
+    engine2 = durable_engine()
+    srv2 = TickwireServer(engine2, port=0, web=False).start()
     try:
         assert [t.name for t in srv2.recovered] == ["uploads"]
         again = put_and_get(srv2, False)
     finally:
         srv2.stop()
-        srv2.graph.stop()
+        engine2.stop()
     assert first.num_rows == 1000 and again.equals(first)
 
 
@@ -275,11 +278,11 @@ def test_a_server_with_a_data_directory_keeps_doput_tables_across_a_restart(tmp_
 def test_each_fsync_policy_keeps_what_a_clean_stop_wrote(tmp_path, fsync):
     import time
 
-    graph, engine, _ = open_engine(tmp_path, fsync=fsync, fsync_interval_ms=50)
+    engine, _ = open_engine(tmp_path, fsync=fsync, fsync_interval_ms=50)
     app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))
     for c in range(5):
         engine.write(app, rows([c]), wait=False)
-        graph.run_cycle()
+        engine.run_cycle()
     assert engine.storage.wait_durable()
     stats = engine.storage.stats
     assert stats["records"] == 5
@@ -293,7 +296,7 @@ def test_each_fsync_policy_keeps_what_a_clean_stop_wrote(tmp_path, fsync):
     else:
         assert stats["fsyncs"] == 0
     engine.close_storage()
-    _g, engine2, found = open_engine(tmp_path)
+    engine2, found = open_engine(tmp_path)
     assert state(engine2, found["app"])[1].column("k").to_pylist() == [0, 1, 2, 3, 4]
     engine2.close_storage()
 
@@ -306,14 +309,14 @@ def test_the_fsync_option_is_checked():
 
 
 def test_after_the_storage_closes_durable_tables_refuse_writes(tmp_path):
-    graph, engine, _ = open_engine(tmp_path)
+    engine, _ = open_engine(tmp_path)
     app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))
     engine.write(app, rows([1]), wait=False)
-    graph.run_cycle()
+    engine.run_cycle()
     engine.close_storage()
     with pytest.raises(IngestError, match="was closed"):
         engine.write(app, rows([2]), wait=False)
-    _g, engine2, found = open_engine(tmp_path)
+    engine2, found = open_engine(tmp_path)
     assert state(engine2, found["app"])[1].column("k").to_pylist() == [1]
     engine2.close_storage()
 
@@ -323,25 +326,28 @@ def test_a_slow_disk_holds_cycles_back_instead_of_queueing_without_bound(tmp_pat
 
     from tickwire.server.engine.storage import store
 
-    graph, engine, _ = open_engine(tmp_path)
+    engine, _ = open_engine(tmp_path)
     app, _ = engine.get_or_create(TableSpec("app", "append", SCHEMA))
-    slow_append = store._TableFiles.append
-    longest = []
+    data_dir = str(tmp_path.resolve()) + os.sep
+    real_write = os.write
+    behind = []  # at each journal write: the cycles run whose records are not written yet
 
-    def append(self, record):
-        time.sleep(0.01)  # a disk that takes 10 ms a record
-        with engine.storage._cond:
-            longest.append(len(engine.storage._queue))
-        slow_append(self, record)
+    def slow_write(fd, data):  # a disk that takes 10 ms a record
+        if os.path.realpath(f"/proc/self/fd/{fd}").startswith(data_dir):
+            time.sleep(0.01)
+            behind.append(engine.step - engine.storage.stats["records"])
+        return real_write(fd, data)
 
-    monkeypatch.setattr(store._TableFiles, "append", append)
+    monkeypatch.setattr(os, "write", slow_write)
     monkeypatch.setattr(store, "MAX_QUEUED", 4)
     for c in range(60):
         engine.write(app, rows([c]), wait=False)
-        graph.run_cycle()  # back to back, far faster than the disk
+        engine.run_cycle()  # back to back, far faster than the disk
     assert engine.storage.wait_durable()
-    assert max(longest) <= 4 and engine.storage.stats["writer_waits"] > 0
+    # one record a cycle: at most MAX_QUEUED cycles wait for the writer, plus those it is on (at
+    # most MAX_QUEUED, taken together); without the bound the cycles would run ~60 ahead
+    assert max(behind) <= 2 * 4 and engine.storage.stats["writer_waits"] > 0
     engine.close_storage()
-    _g, engine2, found = open_engine(tmp_path)
+    engine2, found = open_engine(tmp_path)
     assert state(engine2, found["app"])[1].column("k").to_pylist() == list(range(60))
     engine2.close_storage()

@@ -16,7 +16,8 @@ def batch(lo: int, n: int) -> pa.Table:
 def journal(count: int = 5) -> tuple[bytes, list[int]]:
     parts, ends, pos = [], [], 0
     for i in range(count):
-        rec = encode_record({"step": i + 1, "kind": "add", "batch_id": 100 + i}, batch(i * 10, 10) if i % 2 == 0 else None)
+        rec = encode_record({"step": i + 1, "kind": "add", "batch_id": 100 + i},
+                            batch(i * 10, 10) if i % 2 == 0 else None)
         parts.append(rec)
         pos += len(rec)
         ends.append(pos)

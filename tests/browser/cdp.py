@@ -155,10 +155,10 @@ class _Connection:
                     if listener is not None:
                         try:
                             listener(data.get("method", ""), data.get("params", {}))
-                        except Exception:  # a broken listener must not stop the reader
+                        except Exception:  # noqa: BLE001 - a broken listener must not stop the reader
                             pass
             self.closed_why = "the browser closed the DevTools connection"
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever ends the connection is reported to every waiter
             self.closed_why = f"the DevTools connection failed: {exc!r}"
         finally:
             for fut in self.pending.values():
@@ -242,7 +242,8 @@ class Page:
         self._load_event: Optional[asyncio.Event] = None
 
     # events arrive on the loop thread
-    def _on_event(self, method: str, params: dict) -> None:
+    def on_event(self, method: str, params: dict) -> None:
+        """An event of this page's DevTools session (the browser's connection calls it, in order)."""
         if method == "Network.webSocketFrameReceived" or method == "Network.webSocketFrameSent":
             resp = params.get("response", {})
             opcode = int(resp.get("opcode", 0))
@@ -277,11 +278,12 @@ class Page:
             if self._load_event is not None:
                 self._load_event.set()
 
-    def _call(self, method: str, params: Optional[dict] = None, timeout: float = 30.0) -> dict:
+    def cdp(self, method: str, params: Optional[dict] = None, timeout: float = 30.0) -> dict:
+        """One DevTools call in this page's session; its result."""
         if self.closed:
             raise CdpError(f"{method}: the page is closed")
         try:
-            return self.browser._run(self.browser._conn.call(method, params, self.session_id, timeout), timeout + 5)
+            return self.browser.run(self.browser.conn.call(method, params, self.session_id, timeout), timeout + 5)
         except CdpError as exc:
             raise CdpError(f"{exc}{self.diagnostics()}") from None
 
@@ -309,7 +311,7 @@ class Page:
     def navigate(self, url: str, *, wait_load: bool = True, timeout: float = 30.0) -> None:
         async def go():
             self._load_event = asyncio.Event()
-            res = await self.browser._conn.call("Page.navigate", {"url": url}, self.session_id, timeout)
+            res = await self.browser.conn.call("Page.navigate", {"url": url}, self.session_id, timeout)
             if res.get("errorText"):
                 raise CdpError(f"navigating to {url}: {res['errorText']}")
             if wait_load:
@@ -319,13 +321,13 @@ class Page:
                     raise CdpError(f"{url} did not fire its load event within {timeout:.0f} s") from None
 
         try:
-            self.browser._run(go(), timeout * 2 + 5)
+            self.browser.run(go(), timeout * 2 + 5)
         except CdpError as exc:
             raise CdpError(f"{exc}{self.diagnostics()}") from None
 
     def evaluate(self, expression: str, *, await_promise: bool = True, timeout: float = 30.0) -> Any:
         """The value of `expression` in the page (a promise is awaited), returned by value (JSON)."""
-        res = self._call("Runtime.evaluate", {"expression": expression, "awaitPromise": await_promise,
+        res = self.cdp("Runtime.evaluate", {"expression": expression, "awaitPromise": await_promise,
                                               "returnByValue": True, "userGesture": True}, timeout)
         if "exceptionDetails" in res:
             raise JsError(f"JavaScript error in {expression[:200]!r}:\n"
@@ -349,16 +351,16 @@ class Page:
 
     def add_init_script(self, source: str) -> None:
         """Runs `source` in every document this page loads from now on, before its own scripts."""
-        self._call("Page.addScriptToEvaluateOnNewDocument", {"source": source})
+        self.cdp("Page.addScriptToEvaluateOnNewDocument", {"source": source})
 
     def set_viewport(self, width: int, height: int, scale: float = 1.0) -> None:
         """Emulates a window of `width` x `height` CSS pixels (screenshots take that size)."""
-        self._call("Emulation.setDeviceMetricsOverride", {"width": int(width), "height": int(height),
+        self.cdp("Emulation.setDeviceMetricsOverride", {"width": int(width), "height": int(height),
                                                           "deviceScaleFactor": scale, "mobile": False})
 
     def screenshot(self, path: Optional[str | os.PathLike] = None) -> bytes:
         """A PNG of the viewport (also written to `path` when given)."""
-        res = self._call("Page.captureScreenshot", {"format": "png"}, timeout=60)
+        res = self.cdp("Page.captureScreenshot", {"format": "png"}, timeout=60)
         png = base64.b64decode(res["data"])
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -379,9 +381,9 @@ class Page:
         if self.closed:
             return
         with contextlib.suppress(Exception):
-            self.browser._run(self.browser._conn.call("Target.closeTarget", {"targetId": self.target_id}), 15)
+            self.browser.run(self.browser.conn.call("Target.closeTarget", {"targetId": self.target_id}), 15)
         self.closed = True
-        self.browser._conn.listeners.pop(self.session_id, None)
+        self.browser.conn.listeners.pop(self.session_id, None)
 
 
 def _describe_exception(details: dict) -> str:
@@ -411,13 +413,13 @@ class Browser:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="cdp-loop", daemon=True)
         self._thread.start()
-        self._conn = _Connection(self._loop)
+        self.conn = _Connection(self._loop)
         self.pages: list[Page] = []
         try:
             port, path = self._wait_port(start_timeout)
             self.ws_url = f"ws://127.0.0.1:{port}{path}"
-            self._run(self._conn.open(self.ws_url), 15)
-            self.version = self._run(self._conn.call("Browser.getVersion"), 15).get("product", "?")
+            self.run(self.conn.open(self.ws_url), 15)
+            self.version = self.run(self.conn.call("Browser.getVersion"), 15).get("product", "?")
         except BaseException:
             self.close()
             raise
@@ -441,7 +443,8 @@ class Browser:
         except OSError:
             return ""
 
-    def _run(self, coro, timeout: float):
+    def run(self, coro, timeout: float):
+        """Runs `coro` on the browser's DevTools loop; its result (CdpError past `timeout`)."""
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return fut.result(timeout)
@@ -451,14 +454,14 @@ class Browser:
 
     def new_page(self, url: str = "about:blank") -> Page:
         """A new tab, with Page, Runtime, Network and Log events on."""
-        target_id = self._run(self._conn.call("Target.createTarget", {"url": "about:blank"}), 30)["targetId"]
-        session_id = self._run(self._conn.call("Target.attachToTarget",
+        target_id = self.run(self.conn.call("Target.createTarget", {"url": "about:blank"}), 30)["targetId"]
+        session_id = self.run(self.conn.call("Target.attachToTarget",
                                                {"targetId": target_id, "flatten": True}), 30)["sessionId"]
         page = Page(self, target_id, session_id)
-        self._conn.listeners[session_id] = page._on_event  # inline: events are kept in arrival order
+        self.conn.listeners[session_id] = page.on_event  # inline: events are kept in arrival order
         for method, params in (("Page.enable", {}), ("Runtime.enable", {}), ("Log.enable", {}),
                                ("Network.enable", {"maxTotalBufferSize": 0, "maxResourceBufferSize": 0})):
-            page._call(method, params)
+            page.cdp(method, params)
         self.pages.append(page)
         if url != "about:blank":
             page.navigate(url)
@@ -469,9 +472,9 @@ class Browser:
             page.closed = True
         if self._loop.is_running():
             with contextlib.suppress(BaseException):
-                self._run(self._conn.call("Browser.close", timeout=5), 8)
+                self.run(self.conn.call("Browser.close", timeout=5), 8)
             with contextlib.suppress(BaseException):
-                self._run(self._conn.close(), 8)
+                self.run(self.conn.close(), 8)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
         if self.proc.poll() is None:
