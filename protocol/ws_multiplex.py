@@ -147,6 +147,12 @@ class GoAwayReceived:
     """The server sent go-away: open no new streams on this socket."""
 
 
+#: what `ServerConnection.receive` returns a list of
+ServerEvent = Union[StreamOpened, MessageReceived, HalfClosed, StreamClosedByClient, GoAwayAcknowledged]
+#: what `ClientConnection.receive` returns a list of
+ClientEvent = Union[ResponseStarted, ResponseMessage, ResponseEnded, GoAwayReceived]
+
+
 # ------------------------------------------------------------------------------------- helpers
 
 def close_reason(err: ProtocolError) -> tuple[int, str]:
@@ -157,10 +163,23 @@ def close_reason(err: ProtocolError) -> tuple[int, str]:
     return code, sanitize_grpc_message(str(err))[:123]
 
 
+_COLON = re.compile(r"\s*:+\s*")
+_PERCENT = re.compile(r"\s*%\s*")
+_BREAKS = re.compile(r"[\t\r\n\v\f]+")
+
+
 def sanitize_grpc_message(message: str) -> str:
-    """`message` as printable ASCII without `%`: anything else becomes `?`. Deephaven's JS API 42.7
-    fails while parsing a percent-encoded `grpc-message`, so none is ever sent."""
-    return "".join(c if " " <= c <= "~" and c != "%" else "?" for c in message)
+    """`message` as Deephaven's JS API 42.7 can read it in a `grpc-message` trailer: printable
+    ASCII without `:` and without `%`, its meaning kept. Its trailer parser splits each line on
+    every `:` (a message with one throws "Odd number of key-value pairs" inside the JS API, and the
+    call's promise never settles), and it fails while parsing a percent-encoded message. So a `:`
+    becomes " - " ("Filter: condition 'invoke' is not supported" -> "Filter - condition 'invoke' is
+    not supported"), `%` becomes " percent ", line breaks and tabs a space, anything else outside
+    printable ASCII `?`, and spaces at either end go. Applying it twice changes nothing more."""
+    text = _BREAKS.sub(" ", message)
+    text = _COLON.sub(" - ", text)
+    text = _PERCENT.sub(" percent ", text)
+    return "".join(c if " " <= c <= "~" else "?" for c in text).strip()
 
 
 def _status_number(status: Union[int, str]) -> int:
@@ -325,7 +344,7 @@ class ServerConnection:
 
     # -- input ---------------------------------------------------------------------------------
 
-    def receive(self, message: bytes) -> list:
+    def receive(self, message: bytes) -> list[ServerEvent]:
         """The events of one binary websocket message of the client; raises `ProtocolError` for
         malformed input, after which the connection accepts nothing more."""
         if self.error is not None:
@@ -337,7 +356,7 @@ class ServerConnection:
         except (ValueError, TypeError, struct.error, IndexError, OverflowError) as err:
             raise self._fail(ProtocolError(f"malformed message: {err}")) from err
 
-    def _receive(self, message: bytes) -> list:
+    def _receive(self, message: bytes) -> list[ServerEvent]:
         sid, closing, body = _stream_id(message)
         if sid == GO_AWAY_STREAM_ID:
             if not closing:
@@ -359,7 +378,7 @@ class ServerConnection:
             return [self._open(sid, body)]
         if stream.client_closed:
             raise ProtocolError(f"message on stream {sid} after the client closed it")
-        events: list = []
+        events: list[ServerEvent] = []
         if len(body):
             control = body[0]
             if control == CONTROL_DATA:
@@ -524,7 +543,7 @@ class ClientConnection:
     def acknowledge_go_away(self) -> bytes:
         return _U32.pack(GO_AWAY_STREAM_ID | CLOSE_BIT)
 
-    def receive(self, message: bytes) -> list:
+    def receive(self, message: bytes) -> list[ClientEvent]:
         try:
             return self._receive(message)
         except ProtocolError:
@@ -532,7 +551,7 @@ class ClientConnection:
         except (ValueError, TypeError, struct.error, IndexError, OverflowError) as err:
             raise ProtocolError(f"malformed message: {err}") from err
 
-    def _receive(self, message: bytes) -> list:
+    def _receive(self, message: bytes) -> list[ClientEvent]:
         sid, closing, body = _stream_id(message)
         if sid == GO_AWAY_STREAM_ID:
             if closing or len(body):
@@ -542,7 +561,7 @@ class ClientConnection:
         stream = self._streams.get(sid)
         if stream is None:
             raise ProtocolError(f"message for stream {sid}, which is not open")
-        events: list = []
+        events: list[ClientEvent] = []
         for flag, payload in stream.frames.feed(body):
             if flag == FLAG_HEADERS:
                 if len(payload) > self.max_header_bytes:
@@ -583,6 +602,7 @@ class ClientConnection:
                     raise ProtocolError(f"stream {sid} closed without trailers")
                 # a trailers-only answer: the only header block was the trailers
                 started = events.pop()
+                assert isinstance(started, ResponseStarted)  # checked just above
                 status, text, rest = -1, "", []
                 for k, v in started.headers:
                     if k == "grpc-status" and v.isdigit() and int(v) < len(STATUS_CODES):

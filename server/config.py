@@ -47,6 +47,9 @@ class ServerConfig:
     - `list_fields_poll_s`: how often the open ApplicationService.ListFields streams (one watcher
       for all) look for new or removed tables, and an open TableService.ExportedTableUpdates
       stream reads its session's export sizes.
+    - `export_wait_s`: how long a call naming an export of its session that is not made yet (a
+      client pipelines: it names the result of a call still running, or not yet started) waits
+      for a call to make it before it answers NOT_FOUND. Deephaven waits without bound.
     - publishing (`publishing` gathers them): `outbox`, `max_viewport_ranges`, `piece_target_ms`,
       `min_piece_cells`, `max_piece_cells`, `shared_snapshots`, `encode` (see PublishingConfig).
 
@@ -72,6 +75,7 @@ class ServerConfig:
     payloads_per_hop: int = 2
     inline_request_bytes: int = 4_096
     list_fields_poll_s: float = 1.0
+    export_wait_s: float = 30.0
     outbox: int = 2
     max_viewport_ranges: int = 1 << 20
     piece_target_ms: float = 3.0
@@ -96,7 +100,7 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= int(value) <= 65535:
                 raise ValueError(f"{name} must be 0-65535, got {value}")
-        for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s"):
+        for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s", "export_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("inline_cells", "inline_request_bytes"):

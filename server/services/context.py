@@ -10,7 +10,7 @@ import functools
 from typing import Any, Callable, Optional
 
 from tickwire.server.config import ServerConfig
-from tickwire.server.engine import Engine
+from tickwire.server.engine import Engine, Table
 from tickwire.server.engine.publishing import PublisherRegistry
 from tickwire.server.services.rpc import call_session
 from tickwire.server.services.sessions import Scope, Session, SessionManager
@@ -45,15 +45,34 @@ class ServerContext:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
-    async def authenticate(self, context, *, send_header: bool = True) -> Session:
-        """The call's session: the one its credentials were checked for before its body was
-        parsed, or (outside such a call) a fresh check of its metadata."""
+    def session_of(self, context) -> Session:
+        """The call's session, without awaiting anything: the one its credentials were checked
+        for before its body was parsed, or (outside such a call) a fresh check of its metadata."""
         session = call_session()
         if session is None:
             session = self.sessions.authenticate(context.invocation_metadata() or ())
-        if send_header:
-            await context.send_initial_metadata((("authorization", f"Bearer {session.token}"),))
         return session
+
+    @staticmethod
+    async def send_session_header(context, session: Session) -> None:
+        """The response header that tells the client its session's bearer token."""
+        await context.send_initial_metadata((("authorization", f"Bearer {session.token}"),))
+
+    async def authenticate(self, context, *, send_header: bool = True) -> Session:
+        """The call's session (`session_of`), its header sent unless `send_header` is False."""
+        session = self.session_of(context)
+        if send_header:
+            await self.send_session_header(context, session)
+        return session
+
+    async def resolve(self, ticket: bytes, session: Optional[Session]) -> Table:
+        """The table `ticket` names; an export of `session` still being made is waited for (up to
+        `config.export_wait_s`): see tickwire.server.services.sessions."""
+        return await self.scope.resolve_async(ticket, session, self.config.export_wait_s)
+
+    async def resolve_parsed(self, ticket, session: Optional[Session]) -> Table:
+        """`resolve` for a parsed ticket."""
+        return await self.scope.resolve_parsed_async(ticket, session, self.config.export_wait_s)
 
     def record_snapshot(self, table, kind: str, **figures) -> None:
         """A DoGet's or snapshot request's figures, into the performance tables when there are any."""

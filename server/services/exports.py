@@ -1,12 +1,13 @@
-"""What the session and table services share: export tickets and holding exported tables."""
+"""What the session and table services share: export tickets, claiming result tickets and holding
+exported tables."""
 from __future__ import annotations
 
 from tickwire.protocol.tickets import ExportTicket, TicketError, parse_ticket
 from tickwire.server.engine import Table
 from tickwire.server.services.rpc import CallError
-from tickwire.server.services.sessions import Session
+from tickwire.server.services.sessions import ExportClaim, Session
 
-__all__ = ["export_id", "export"]
+__all__ = ["export_id", "claim", "export"]
 
 
 def export_id(ticket: bytes, what: str) -> int:
@@ -20,12 +21,17 @@ def export_id(ticket: bytes, what: str) -> int:
     return t.export_id
 
 
-def export(ops, session: Session, result_ticket: bytes, table: Table) -> None:
-    """Exports `table` as the session's `result_ticket`; the export holds it until released."""
-    eid = export_id(result_ticket, "result_id")
+def claim(session: Session, result_ticket: bytes, what: str = "result_id") -> ExportClaim:
+    """Claims `result_ticket` in `session` for the running call (before its first await): calls
+    naming it from now on wait for the table the call makes, or hear why it could not."""
+    return session.claim(export_id(result_ticket, what))
+
+
+def export(ops, claim: ExportClaim, table: Table) -> None:
+    """Fulfils `claim` with `table`; the export holds it until released."""
     ops.hold(table)  # before the export: a session ending meanwhile drops this hold
     try:
-        session.export(eid, table)
+        claim.fulfil(table)
     except BaseException:
         ops.drop(table)
         raise

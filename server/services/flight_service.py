@@ -33,7 +33,7 @@ from tickwire.protocol.txn import (
     parse_abort,
     parse_commit,
 )
-from tickwire.protocol.upload import KEYS_METADATA, Batch, UploadDecoder
+from tickwire.protocol.upload import KEYS_METADATA, Batch, Destination, UploadDecoder
 from tickwire.server.engine import Table, TableSpec, is_system, kind_of
 from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot_message
 from tickwire.server.engine.publishing.handle import (
@@ -48,7 +48,7 @@ from tickwire.server.engine.staging import StagedPart
 from tickwire.server.observability.metrics import TransferCounters
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.rpc import RAW, CallError, service_handlers
-from tickwire.server.services.sessions import ResolveError, Session
+from tickwire.server.services.sessions import ExportClaim, ResolveError, Session
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
@@ -77,15 +77,16 @@ class FlightService:
         })
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _resolve(self, ticket: bytes, session: Optional[Session]) -> Table:
-        return self.ctx.scope.resolve(ticket, session)
+    async def _resolve(self, ticket: bytes, session: Optional[Session]) -> Table:
+        """The table a ticket names; an export of the session still being made is waited for."""
+        return await self.ctx.resolve(ticket, session)
 
-    def _resolve_descriptor(self, desc, session: Optional[Session]) -> tuple[Table, list[str]]:
+    async def _resolve_descriptor(self, desc, session: Optional[Session]) -> tuple[Table, list[str]]:
         if desc.type != flight_pb2.FlightDescriptor.PATH:
             raise CallError("only PATH flight descriptors are supported", "FAILED_PRECONDITION")
         path = list(desc.path)
         t = ticket_from_path(path)
-        return self.ctx.scope.resolve_parsed(t, session), path
+        return await self.ctx.resolve_parsed(t, session), path
 
     def _flight_info(self, table: Table, path: list[str]) -> flight_pb2.FlightInfo:
         wire = TableWire(table)
@@ -118,12 +119,12 @@ class FlightService:
 
     async def get_flight_info(self, desc, context):
         session = await self.ctx.authenticate(context)
-        table, path = self._resolve_descriptor(desc, session)
+        table, path = await self._resolve_descriptor(desc, session)
         return self._flight_info(table, path)
 
     async def get_schema(self, desc, context):
         session = await self.ctx.authenticate(context)
-        table, _ = self._resolve_descriptor(desc, session)
+        table, _ = await self._resolve_descriptor(desc, session)
         return flight_pb2.SchemaResult(schema=ipc_encapsulated_schema(TableWire(table).schema))
 
     # -- DoGet ----------------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class FlightService:
         counters = self.counters
         counters.doget_requests += 1
         session = await self.ctx.authenticate(context)
-        table = self._resolve(ticket.ticket, session)
+        table = await self._resolve(ticket.ticket, session)
         wire = TableWire(table)
         started = time.perf_counter()
         # a failed table raises its status
@@ -192,7 +193,10 @@ class FlightService:
                 async for p in self._snapshot_request(req, session, requests):
                     yield p
                 return
-            table, view, options = await self.ctx.run(self._subscription_args, req, session)
+            if not req.ticket:
+                raise CallError("Ticket not specified.", "INVALID_ARGUMENT")
+            table = await self._resolve(req.ticket, session)
+            table, view, options = await self.ctx.run(self._subscription_args, req, session, table)
             cfg = self.ctx.config
             handle = SubscriptionHandle(self.ctx.registry, table, view, options, executor=self.ctx.executor,
                                         inline_cells=cfg.inline_cells, payloads_per_hop=cfg.payloads_per_hop,
@@ -251,11 +255,7 @@ class FlightService:
         except BaseException as exc:  # noqa: BLE001 - ends the call with its status
             handle.end(exc)
 
-    def _subscription_args(self, req: barrage.SubscriptionRequest, session, table: Optional[Table] = None):
-        if table is None:
-            if not req.ticket:
-                raise CallError("Ticket not specified.", "INVALID_ARGUMENT")
-            table = self._resolve(req.ticket, session)
+    def _subscription_args(self, req: barrage.SubscriptionRequest, session, table: Table):
         view = requested(req.columns, req.viewport, bool(req.reverse_viewport), ncols=len(table.schema),
                          blink=bool(table.attributes.get("BlinkTable")),
                          max_ranges=self.ctx.config.max_viewport_ranges, table=table.name)
@@ -264,7 +264,7 @@ class FlightService:
     async def _snapshot_request(self, req: barrage.SnapshotRequest, session, requests: asyncio.Queue):
         if not req.ticket:
             raise CallError("Ticket not specified.", "INVALID_ARGUMENT")
-        table = self._resolve(req.ticket, session)
+        table = await self._resolve(req.ticket, session)
         wire = TableWire(table)
         opts = EncodeOptions.of(req.options)
 
@@ -312,17 +312,24 @@ class FlightService:
         its producer, batch, part and attempt, within the staging area's bounds (a part that does
         not fit waits: the stream is not read meanwhile); it is committed at its end when the
         transaction says so. Its last PutResult's app_metadata is a JSON object saying what
-        happened: {"staged": true, "rows", "bytes"} or {"applied", "replay", "rows"}."""
+        happened: {"staged": true, "rows", "bytes"} or {"applied", "replay", "rows"}.
+
+        An upload to ['export', id] claims that export as soon as its descriptor is read: calls
+        naming it meanwhile wait for the upload to end (and hear its error when it fails)."""
         counters = self.counters
         counters.doput_requests += 1
         session = await self.ctx.authenticate(context)
         upload = UploadDecoder()
         received: list[pa.Table] = []
         staged: Optional[_Staged] = None
+        result: Optional[ExportClaim] = None
         try:
             async for raw in request_iterator:
                 counters.doput_bytes += len(raw)
                 for event in upload.feed(raw):
+                    if isinstance(event, Destination):
+                        result = self._claim_put(event.path, session)  # before anything is awaited
+                        continue
                     if isinstance(event, Transaction):
                         staged = await self.ctx.run(self._begin_stage, upload, event)
                         continue
@@ -342,8 +349,10 @@ class FlightService:
                 rows = result.get("rows", 0)
                 yield flight_pb2.PutResult(app_metadata=json.dumps(result).encode())
             else:
-                await self.ctx.run(self._put, end, received, session)
-        except (asyncio.CancelledError, GeneratorExit):
+                await self.ctx.run(self._put, end, received, session, result)
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            if result is not None:
+                result.fail(exc)
             if staged is not None and staged.part is not None:
                 self.staging.cancel(staged.part)
             log.info("DoPut to %s cut by the client: nothing written (session %d)", upload.path, session.id,
@@ -351,6 +360,8 @@ class FlightService:
                             "outcome": "cancelled"})
             raise
         except BaseException as exc:
+            if result is not None:
+                result.fail(exc)
             if staged is not None and staged.part is not None:
                 self.staging.cancel(staged.part)
             log.warning("DoPut to %s refused (session %d, peer %s): %s", upload.path, session.id, context.peer(),
@@ -408,13 +419,23 @@ class FlightService:
             return {"staged": True, "rows": staged.part.rows, "bytes": staged.part.nbytes}
         return self.staging.commit(staged.writer, txn.producer, txn.batch, [(txn.part, txn.attempt)])
 
-    def _put(self, end, received: list[pa.Table], session: Session) -> None:
-        table = self._put_target(end.path, end.schema, end.keys, session)
+    def _claim_put(self, path: list[str], session: Session) -> Optional[ExportClaim]:
+        """The claim of an upload's destination when it is an export (None for a scope table)."""
+        t = ticket_from_path(path)
+        if not isinstance(t, ExportTicket):
+            return None
+        if t.export_id <= 0:
+            raise CallError(f"DoPut export id must be positive, got {t.export_id}", "INVALID_ARGUMENT")
+        return session.claim(t.export_id)
+
+    def _put(self, end, received: list[pa.Table], session: Session, result: Optional[ExportClaim] = None) -> None:
+        table = self._put_target(end.path, end.schema, end.keys, session, result)
         data = [t for t in received if t.num_rows]
         if data:
             self.ctx.engine.write(table, pa.concat_tables(data) if len(data) > 1 else data[0])
 
-    def _put_target(self, path: list[str], schema: pa.Schema, keys: tuple[str, ...], session: Session) -> Table:
+    def _put_target(self, path: list[str], schema: pa.Schema, keys: tuple[str, ...], session: Session,
+                    result: Optional[ExportClaim] = None) -> Table:
         t = ticket_from_path(path)
         engine = self.ctx.engine
         plain = pa.schema([pa.field(f.name, f.type) for f in schema])
@@ -437,8 +458,8 @@ class FlightService:
         if not isinstance(t, ExportTicket):
             raise CallError(f"DoPut destination must be ['scope', name] or ['export', id], "
                                                 f"got {path}", "INVALID_ARGUMENT")
-        if t.export_id <= 0:
-            raise CallError(f"DoPut export id must be positive, got {t.export_id}", "INVALID_ARGUMENT")
+        if result is None:  # (do_put claims it when the descriptor arrives)
+            result = self._claim_put(path, session)
         # the name says nothing about the session, and nobody can guess it
         spec = TableSpec(f"__export.put.{secrets.token_hex(8)}", "keyed" if keys else "append", plain, keys=keys,
                          hidden=True, attributes=attrs)
@@ -448,7 +469,7 @@ class FlightService:
         ops.adopt(table)
         ops.hold(table)
         try:
-            session.export(t.export_id, table)
+            result.fulfil(table)
         except BaseException:
             ops.drop(table)  # removes it again
             raise

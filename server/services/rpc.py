@@ -55,11 +55,11 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 _CALL_SESSION: contextvars.ContextVar = contextvars.ContextVar("tickwire_call_session", default=None)
 
-
 def call_session() -> Any:
     """The session the running call's credentials were checked for (by `guarded_methods`'
     precheck), or None outside such a call."""
     return _CALL_SESSION.get()
+
 
 #: gRPC status details are sent in a trailer that clients cap at 16 KiB (after %-encoding); an
 #: error message is cut well below that so that it always arrives as sent.

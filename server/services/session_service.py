@@ -12,7 +12,7 @@ import asyncio
 from tickwire.protocol.proto import session_pb2
 from tickwire.protocol.proto.methods import SESSION_SERVICE
 from tickwire.server.services.context import ServerContext
-from tickwire.server.services.exports import export, export_id
+from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.rpc import CallError, service_handlers
 from tickwire.server.services.sessions import SHUTDOWN, Session
 
@@ -37,9 +37,6 @@ class SessionService:
             "TerminationNotification": (self.termination_notification, None, None),
         })
 
-    def _export_to(self, session: Session, result_ticket: bytes, table) -> None:
-        export(self.ops, session, result_ticket, table)
-
     def _handshake_response(self, session: Session) -> session_pb2.HandshakeResponse:
         return session_pb2.HandshakeResponse(metadata_header=b"authorization", session_token=session.token.encode(),
                                              token_expiration_delay_millis=self.ctx.sessions.duration_ms)
@@ -60,18 +57,27 @@ class SessionService:
         return session_pb2.CloseSessionResponse()
 
     async def release(self, req, context):
+        """Frees an export. An id still being made (or only named, by calls waiting for it) is
+        cancelled, as Deephaven cancels it: its waiters are told so, and the call making it
+        answers CANCELLED and keeps nothing."""
         session = await self.ctx.authenticate(context)
         eid = export_id(req.id.ticket, "Release id")
         table = session.release(eid)
-        if table is None:
-            raise CallError(f"export {eid} does not exist in this session", "NOT_FOUND")
-        await self.ctx.run(self.ops.drop, table)
+        if table is not None:
+            await self.ctx.run(self.ops.drop, table)
         return session_pb2.ReleaseResponse()
 
     async def export_from_ticket(self, req, context):
-        session = await self.ctx.authenticate(context)
-        table = self.ctx.scope.resolve(req.source_id.ticket, session)
-        await self.ctx.run(self._export_to, session, req.result_id.ticket, table)
+        session = self.ctx.session_of(context)
+        try:
+            result = claim(session, req.result_id.ticket)
+        except BaseException:
+            await self.ctx.send_session_header(context, session)
+            raise
+        with result:
+            await self.ctx.send_session_header(context, session)
+            table = await self.ctx.resolve(req.source_id.ticket, session)
+            await self.ctx.run(export, self.ops, result, table)
         return session_pb2.ExportResponse()
 
     async def publish_from_ticket(self, req, context):

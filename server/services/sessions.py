@@ -7,15 +7,38 @@ every later call (docs/flows.md#sessions-and-authentication). A token names a se
 (`e` + int32 LE tickets) and expires after `http.session.durationMs` without use. Ending a
 session (CloseSession or expiry) frees its exports; the tables they held are hidden: only export
 tickets of their session reach them.
+
+Export ids are chosen by the client, which pipelines: Deephaven's JS API sends a Batch and, some
+microseconds later, an ApplyPreviewColumns whose source is the Batch's result, without waiting
+for the Batch's answer. As in Deephaven (SessionState.getExport), an id that a call names before
+the call making it has finished -- or even started -- is a pending export, and the naming call
+waits for it:
+
+  * a call that makes exports `claim`s its result ids before its first await (so that calls a
+    client sent after it can never miss them), then fulfils or fails each claim;
+  * a call that names an export (`wait_for`) gets the table once it is made, or the status of
+    the call that failed to make it: its code and message, as Deephaven forwards a failed
+    export's status to its dependents (a failure that is not a status of its own:
+    FAILED_PRECONDITION "Export in state DEPENDENCY_FAILED", Deephaven's words);
+  * Release of a pending id, or the session's end, ends the waits with FAILED_PRECONDITION
+    "Export in state DEPENDENCY_CANCELLED (related parent export id: N)", as Deephaven does;
+  * Deephaven waits without bound for an id nobody makes; tickwire waits at most
+    `ServerConfig.export_wait_s`, then answers NOT_FOUND.
+
+A session remembers the last ids that ended (released, failed, cancelled) so that naming one
+again answers at once: a failed id with its failure (as Deephaven keeps failed exports), a
+released one with NOT_FOUND. A later call may make an export under a remembered id again.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import logging
 import threading
 import uuid
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -27,8 +50,8 @@ from tickwire.server.engine import Engine, Table
 if TYPE_CHECKING:
     from tickwire.server.services.table_ops import TableOps
 
-__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "PSK_SCHEME", "ANONYMOUS", "CLOSED",
-           "EXPIRED", "SHUTDOWN"]
+__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "ExportClaim", "failure_status",
+           "PSK_SCHEME", "ANONYMOUS", "CLOSED", "EXPIRED", "SHUTDOWN", "REMEMBERED_ENDS"]
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +77,105 @@ class ResolveError(TickwireError):
 #: Why a session's listeners were told it is over (`Session.on_end`).
 CLOSED, EXPIRED, SHUTDOWN = "closed", "expired", "shutdown"
 
+#: How many ended export ids (released, failed, cancelled) a session remembers, the oldest
+#: forgotten first: a forgotten one named again waits like an id never made
+REMEMBERED_ENDS = 4096
+
+
+def failure_status(exc: BaseException) -> tuple[str, str]:
+    """(code, message) that the calls waiting for an export hear when the call making it failed
+    with `exc`: the failure's own status, as Deephaven forwards a failed export's status to its
+    dependents; what has none of its own (an internal error) is Deephaven's DEPENDENCY_FAILED."""
+    if isinstance(exc, TickwireError):
+        return exc.code, str(exc)
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "CANCELLED", "Export is cancelled"
+    return "FAILED_PRECONDITION", "Export in state DEPENDENCY_FAILED"
+
+
+def _cancelled_status(export_id: int) -> tuple[str, str]:
+    """What the calls waiting for a pending export hear when it is released or its session ends."""
+    return "FAILED_PRECONDITION", f"Export in state DEPENDENCY_CANCELLED (related parent export id: {export_id})"
+
+
+def _missing(export_id: int) -> ResolveError:
+    code = "NOT_FOUND" if export_id > 0 else "FAILED_PRECONDITION"
+    return ResolveError(f"export {export_id} does not exist in this session", code)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """An export id that ended: the status a call naming it gets, and whether a Release ended it."""
+    code: str
+    message: str
+    released: bool = False
+
+
+class ExportClaim:
+    """A result id a running call has claimed: pending until the call `fulfil`s it with its
+    table or `fail`s it (each at most once; later calls do nothing, or raise for `fulfil`).
+
+    Use as a context manager around the call's work: leaving it with an exception fails the
+    claim with that exception's status, leaving it unsettled fails it as an internal error."""
+
+    __slots__ = ("session", "export_id", "settled")
+
+    def __init__(self, session: "Session", export_id: int):
+        self.session = session
+        self.export_id = export_id
+        self.settled = False  # under the session's lock
+
+    def fulfil(self, table: Table) -> None:
+        """The export now holds `table`; ResolveError (UNAUTHENTICATED when the session ended,
+        CANCELLED when the id was released meanwhile) when it cannot, and nothing holds it."""
+        self.session.fulfil_claim(self, table)
+
+    def fail(self, exc: BaseException) -> None:
+        """The call could not make the export: the calls waiting for it hear `exc`'s status."""
+        self.session.fail_claim(self, *failure_status(exc))
+
+    def __enter__(self) -> "ExportClaim":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            self.fail(exc)
+        elif not self.settled:
+            self.session.fail_claim(self, "INTERNAL", f"export {self.export_id} was never made")
+
+
+@dataclass(eq=False)
+class _Pending:
+    """An export id named before it is made: the call making it (once one has claimed it) and the
+    calls waiting for it, each as (its event loop, its future)."""
+    claim: Optional[ExportClaim] = None
+    waiters: list = field(default_factory=list)
+
+
+def _settle(fut: asyncio.Future, table: Optional[Table], status: Optional[tuple[str, str]]) -> None:
+    if fut.done():  # the waiter gave up (its bound, or its call was cancelled)
+        return
+    if status is None:
+        fut.set_result(table)
+    else:
+        fut.set_exception(ResolveError(status[1], status[0]))
+
+
+def _wake(waiters: list, table: Optional[Table], status: Optional[tuple[str, str]]) -> None:
+    """Settles the waiters' futures on their own loops (from any thread)."""
+    for loop, fut in waiters:
+        try:
+            loop.call_soon_threadsafe(_settle, fut, table, status)
+        except RuntimeError:  # that loop is closed: nobody waits there any more
+            pass
+
 
 @dataclass(eq=False)
 class Session:
     """One client's session: its exports and who listens for its end.
+
+    `exports` holds the exports made ({id: table}); ids named before they are made wait in
+    `_pending`, ids that ended are remembered in `_ended` (see the module's docstring).
 
     Listeners (`on_end`, `on_exports`) are called on whatever thread ends the session or changes
     its exports (a worker, the reaper, the stopping thread), never under the session's lock; a
@@ -73,33 +191,162 @@ class Session:
     auth: str = ""  # how it was opened, for logs: "anonymous", "psk", "basic"
     peer: str = ""  # who opened it, for logs, when known
     announced: bool = False  # its opening was logged at INFO (see SessionManager)
+    _pending: dict[int, _Pending] = field(default_factory=dict, repr=False)
+    _ended: "OrderedDict[int, _Ended]" = field(default_factory=OrderedDict, repr=False)
     _end_listeners: list = field(default_factory=list, repr=False)
     _export_listeners: list = field(default_factory=list, repr=False)
 
-    def export(self, export_id: int, table: Table) -> None:
+    # -- making exports ----------------------------------------------------------------------------
+    def claim(self, export_id: int) -> ExportClaim:
+        """Registers `export_id` as the result of a running call: from now on a call naming it
+        waits for it. Call it before the call's first await. ResolveError: INVALID_ARGUMENT
+        for an id that is not positive, ALREADY_EXISTS when the id is exported or claimed,
+        UNAUTHENTICATED when the session has ended."""
         if export_id <= 0:
             raise ResolveError(f"result export id must be positive (client-chosen), got {export_id}",
                                "INVALID_ARGUMENT")
         with self.lock:
+            if self.closed:
+                raise ResolveError("the session is closed", "UNAUTHENTICATED")
+            pending = self._pending.get(export_id)
+            if export_id in self.exports or (pending is not None and pending.claim is not None):
+                raise ResolveError(f"export {export_id} already exists in this session", "ALREADY_EXISTS")
+            if pending is None:
+                pending = self._pending[export_id] = _Pending()
+            self._ended.pop(export_id, None)
+            claim = pending.claim = ExportClaim(self, export_id)
+        return claim
+
+    def export(self, export_id: int, table: Table) -> None:
+        """Exports `table` as `export_id` at once (a claim fulfilled on the spot)."""
+        self.claim(export_id).fulfil(table)
+
+    def fulfil_claim(self, claim: ExportClaim, table: Table) -> None:
+        """`claim.fulfil(table)` (the claim's session does the bookkeeping)."""
+        eid = claim.export_id
+        with self.lock:
             if self.closed:  # closed or expired while the call ran: nothing may outlive it
                 raise ResolveError("the session is closed", "UNAUTHENTICATED")
-            if export_id in self.exports:
-                raise ResolveError(f"export {export_id} already exists in this session", "ALREADY_EXISTS")
-            self.exports[export_id] = table
+            pending = self._pending.get(eid)
+            if claim.settled or pending is None or pending.claim is not claim:
+                raise ResolveError("Export is cancelled", "CANCELLED")  # released while it was made
+            claim.settled = True
+            del self._pending[eid]
+            self.exports[eid] = table
+            waiters = list(pending.waiters)  # (a waiter that wakes takes itself off the list)
             listeners = list(self._export_listeners)
+        _wake(waiters, table, None)
         _call_all(listeners)
 
+    def fail_claim(self, claim: ExportClaim, code: str, message: str) -> None:
+        """`claim.fail(...)` with a status (the claim's session does the bookkeeping)."""
+        eid = claim.export_id
+        with self.lock:
+            if claim.settled:
+                return
+            claim.settled = True
+            pending = self._pending.get(eid)
+            if pending is None or pending.claim is not claim:
+                return
+            del self._pending[eid]
+            if not self.closed:
+                self._remember(eid, _Ended(code, message))
+            waiters = list(pending.waiters)  # (a waiter that wakes takes itself off the list)
+        _wake(waiters, None, (code, message))
+
+    def _remember(self, export_id: int, ended: _Ended) -> None:
+        """Under the lock."""
+        self._ended.pop(export_id, None)
+        self._ended[export_id] = ended
+        while len(self._ended) > REMEMBERED_ENDS:
+            self._ended.popitem(last=False)
+
+    # -- naming exports ----------------------------------------------------------------------------
+    def get(self, export_id: int) -> Table:
+        """The table of `export_id` now: ResolveError when it is not (yet) made."""
+        with self.lock:
+            t = self.exports.get(export_id)
+            ended = self._ended.get(export_id) if t is None else None
+        if t is None:
+            if ended is not None:
+                raise ResolveError(ended.message, ended.code)
+            raise _missing(export_id)
+        return t
+
+    async def wait_for(self, export_id: int, timeout: float, clock: Clock = SYSTEM_CLOCK) -> Table:
+        """The table of `export_id`, waiting (on the event loop, holding no lock) while it is
+        pending: until the call making it fulfils it, fails it (its status is raised), it is
+        released or the session ends, or `timeout` seconds of `clock` pass with nobody making it
+        (NOT_FOUND). An id that ended answers at once."""
+        loop = asyncio.get_running_loop()
+        with self.lock:
+            t = self.exports.get(export_id)
+            if t is not None:
+                return t
+            ended = self._ended.get(export_id)
+            if ended is None and (export_id <= 0 or self.closed):
+                raise _missing(export_id)
+            if ended is None:
+                pending = self._pending.get(export_id)
+                if pending is None:
+                    pending = self._pending[export_id] = _Pending()
+                fut = loop.create_future()
+                pending.waiters.append((loop, fut))
+        if ended is not None:
+            raise ResolveError(ended.message, ended.code)
+        # not asyncio.wait_for: before Python 3.12 it can swallow the call's cancellation when the
+        # export is settled at the same moment
+        async def give_up() -> None:
+            await clock.sleep(timeout)
+            _settle(fut, None, ("NOT_FOUND", f"export {export_id} does not exist in this session "
+                                             f"(no call made it within {timeout:g} s)"))
+
+        timer = loop.create_task(give_up())
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            with self.lock:
+                try:
+                    pending.waiters.remove((loop, fut))
+                except ValueError:
+                    pass
+                if pending.claim is None and not pending.waiters and self._pending.get(export_id) is pending:
+                    del self._pending[export_id]  # nobody makes it and nobody waits any more
+
+    # -- ending exports ----------------------------------------------------------------------------
     def release(self, export_id: int) -> Optional[Table]:
-        """Removes export `export_id`; returns its table (None when there was no such export)."""
+        """Removes export `export_id`; returns its table, or None for an id that holds none (a
+        pending one, whose waiters are told it was cancelled, a failed one, or one released
+        before: Deephaven answers those OK too). ResolveError UNAVAILABLE "Export not yet
+        defined" for an id the session does not know, as Deephaven answers it."""
+        waiters: list = []
+        listeners: list = []
         with self.lock:
             table = self.exports.pop(export_id, None)
-            listeners = list(self._export_listeners) if table is not None else []
+            pending = self._pending.pop(export_id, None) if table is None else None
+            ended = self._ended.get(export_id) if table is None and pending is None else None
+            if table is not None:
+                self._remember(export_id, _Ended("NOT_FOUND", f"export {export_id} does not exist in this session",
+                                                 released=True))
+                listeners = list(self._export_listeners)
+            elif pending is not None:
+                if pending.claim is not None:
+                    pending.claim.settled = True  # the call making it finds it cancelled
+                status = _cancelled_status(export_id)
+                self._remember(export_id, _Ended(*status))
+                waiters = list(pending.waiters)
+            elif ended is None:  # as Deephaven answers an id no call has named
+                raise ResolveError("Export not yet defined", "UNAVAILABLE")
+        if waiters:
+            _wake(waiters, None, _cancelled_status(export_id))
         _call_all(listeners)
         return table
 
     def end(self, reason: str = CLOSED) -> list[Table]:
         """Closes the session: no export can be added any more; returns the tables it held. The
-        end listeners hear `reason` (once: a second end tells nobody)."""
+        calls waiting for its pending exports are told they were cancelled. The end listeners
+        hear `reason` (once: a second end tells nobody)."""
         with self.lock:
             first = not self.closed
             self.closed = True
@@ -107,12 +354,21 @@ class Session:
                 self.ended_by = reason
             held = list(self.exports.values())
             self.exports.clear()
+            pending = [(eid, list(p.waiters)) for eid, p in self._pending.items()]
+            for p in self._pending.values():
+                if p.claim is not None:
+                    p.claim.settled = True
+            self._pending = {}
+            self._ended.clear()
             listeners = list(self._end_listeners) if first else []
             self._end_listeners.clear()
             self._export_listeners.clear()
+        for eid, waiters in pending:
+            _wake(waiters, None, _cancelled_status(eid))
         _call_all(listeners, reason)
         return held
 
+    # -- listeners -----------------------------------------------------------------------------------
     def announce(self, reason: str) -> None:
         """Tells the end listeners `reason` without ending the session (the server is stopping:
         its streams get their last word before the transport goes)."""
@@ -152,13 +408,17 @@ class Session:
         with self.lock:
             return sorted(self.exports.items(), key=lambda kv: kv[0])
 
-    def get(self, export_id: int) -> Table:
+    @property
+    def pending_count(self) -> int:
+        """How many ids are named but not made yet."""
         with self.lock:
-            t = self.exports.get(export_id)
-        if t is None:
-            code = "NOT_FOUND" if export_id > 0 else "FAILED_PRECONDITION"
-            raise ResolveError(f"export {export_id} does not exist in this session", code)
-        return t
+            return len(self._pending)
+
+    def waiting(self, export_id: int) -> int:
+        """How many calls are waiting for `export_id` to be made."""
+        with self.lock:
+            pending = self._pending.get(export_id)
+            return 0 if pending is None else len(pending.waiters)
 
 
 _SESSION_IDS = itertools.count(1)
@@ -395,7 +655,23 @@ class Scope:
             raise ResolveError(str(exc), exc.code) from None
         return self.resolve_parsed(t, session)
 
+    async def resolve_async(self, ticket: bytes, session: Optional[Session], wait_s: float) -> Table:
+        """The table a ticket names, waiting up to `wait_s` seconds of the engine's clock for a
+        pending export of the session (`Session.wait_for`); ResolveError with the status code to
+        answer."""
+        try:
+            t = parse_ticket(ticket)
+        except TicketError as exc:
+            raise ResolveError(str(exc), exc.code) from None
+        return await self.resolve_parsed_async(t, session, wait_s)
+
+    async def resolve_parsed_async(self, t, session: Optional[Session], wait_s: float) -> Table:
+        if isinstance(t, ExportTicket) and session is not None:
+            return await session.wait_for(t.export_id, wait_s, self.engine.clock)
+        return self.resolve_parsed(t, session)
+
     def resolve_parsed(self, t, session: Optional[Session]) -> Table:
+        """The table a parsed ticket names now (an export that is still pending is NOT_FOUND)."""
         if isinstance(t, ScopeTicket):
             return self.get(t.name)
         if isinstance(t, ExportTicket):

@@ -13,9 +13,9 @@ from tickwire.protocol.tickets import ExportTicket
 from tickwire.server.engine import Table
 from tickwire.server.engine.publishing import TableWire
 from tickwire.server.services.context import ServerContext
-from tickwire.server.services.exports import export, export_id
+from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.rpc import CallError, service_handlers, short
-from tickwire.server.services.sessions import Session
+from tickwire.server.services.sessions import ExportClaim, Session
 from tickwire.server.services.table_ops import OPERATIONS
 
 __all__ = ["TableService"]
@@ -55,10 +55,12 @@ class TableService:
             resp.result_id.batch_offset = batch_offset
         return resp
 
-    def _source(self, ref, session: Session, earlier: list[Table] | None = None) -> Table:
+    async def _source(self, ref, session: Session, earlier: list[Table] | None = None) -> Table:
+        """The source table of an operation; an export of the session still being made (by a
+        call the client sent before this one, or an earlier step of this batch) is waited for."""
         which = ref.WhichOneof("ref")
         if which == "ticket":
-            return self.ctx.scope.resolve(ref.ticket.ticket, session)
+            return await self.ctx.resolve(ref.ticket.ticket, session)
         if which == "batch_offset":
             i = ref.batch_offset
             if earlier is None or not 0 <= i < len(earlier):
@@ -66,21 +68,17 @@ class TableService:
             return earlier[i]
         raise CallError("source_id not supplied", "INVALID_ARGUMENT")
 
-    def _apply_op(self, kind: str, req, session: Session, earlier: list[Table] | None = None,
+    def _apply_op(self, kind: str, req, source: Table, result: ExportClaim | None = None,
                   step: int | None = None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
-        """Makes (or, for fetch_table, finds) the table of one operation and exports it when the
-        request names a result ticket; otherwise the table is held for the running Batch (the
-        caller drops that hold when the batch ends). Runs off the event loop."""
-        source = self._source(req.source_id, session, earlier)
-        result = req.result_id.ticket
-        if result:
-            export_id(result, "result_id")  # a bad ticket fails before the table is made
+        """Makes (or, for fetch_table, finds) the table of one operation on `source` and exports
+        it under the claimed result ticket, when there is one; otherwise the table is held for
+        the running Batch (the caller drops that hold when the batch ends). Runs off the event loop."""
         table = source if kind in _AS_IS else self.ops.build(kind, req, source)
-        if result:
-            export(self.ops, session, result, table)  # an owned table nobody holds goes at once on failure
+        if result is not None:
+            export(self.ops, result, table)  # an owned table nobody holds goes at once on failure
         else:
             self.ops.hold(table)
-        return self._creation_response(result, table, step), table
+        return self._creation_response(req.result_id.ticket if result is not None else b"", table, step), table
 
     @staticmethod
     def _need_result(req, name: str) -> None:
@@ -89,21 +87,32 @@ class TableService:
         if not req.result_id.ticket:
             raise CallError(f"{name}: No result ticket supplied", "FAILED_PRECONDITION")
 
+    async def _one_shot(self, kind: str, name: str, req, context):
+        """One operation with its own result ticket: claimed before anything is awaited (a call
+        the client pipelines after this one, naming the result, waits for it), then the source
+        is resolved (waited for, when it is itself pending) and the table made and exported."""
+        session = self.ctx.session_of(context)
+        try:
+            self._need_result(req, name)
+            result = claim(session, req.result_id.ticket)
+        except BaseException:
+            await self.ctx.send_session_header(context, session)
+            raise
+        with result:  # an error fails the claim: the calls waiting for it hear the same status
+            await self.ctx.send_session_header(context, session)
+            source = await self._source(req.source_id, session)
+            resp, _t = await self.ctx.run(self._apply_op, kind, req, source, result)
+            return resp
+
     def _operation(self, kind: str):
         method = next(m for m, f in OPERATIONS.items() if f == kind)
 
         async def handler(req, context):
-            session = await self.ctx.authenticate(context)
-            self._need_result(req, method)
-            resp, _t = await self.ctx.run(self._apply_op, kind, req, session)
-            return resp
+            return await self._one_shot(kind, method, req, context)
         return handler
 
     async def fetch_table(self, req, context):
-        session = await self.ctx.authenticate(context)
-        self._need_result(req, "FetchTable")
-        resp, _t = await self.ctx.run(self._apply_op, "fetch_table", req, session)
-        return resp
+        return await self._one_shot("fetch_table", "FetchTable", req, context)
 
     async def apply_preview_columns(self, req, context):
         """The result is an export of the source table itself, answered like FetchTable.
@@ -115,42 +124,60 @@ class TableService:
         numbers, booleans, strings, BigDecimal, BigInteger, Instant, LocalDate, LocalTime, as
         themselves; list and binary columns as Arrow lists and binaries, not as strings).
         A preview for those, if a browser needs one, belongs here."""
-        session = await self.ctx.authenticate(context)
-        self._need_result(req, "ApplyPreviewColumns")
-        resp, _t = await self.ctx.run(self._apply_op, "apply_preview_columns", req, session)
-        return resp
+        return await self._one_shot("apply_preview_columns", "ApplyPreviewColumns", req, context)
 
     async def get_exported(self, ticket, context):
         session = await self.ctx.authenticate(context)
         if not ticket.ticket:
             raise CallError("No request ticket supplied", "FAILED_PRECONDITION")
-        table = self.ctx.scope.resolve(ticket.ticket, session)
+        table = await self.ctx.resolve(ticket.ticket, session)
         return await self.ctx.run(self._creation_response, ticket.ticket, table)
 
     async def batch(self, req, context):
         """Deephaven's Batch: one answer per step, in order. A step with a result ticket is
         exported; one without is answered with its `batch_offset` and lives only as long as the
-        batch's later steps need it (as the parent of what they made)."""
-        session = await self.ctx.authenticate(context)
-        allowed = {*_AS_IS, *OPERATIONS.values()}
-        for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
-            which = op.WhichOneof("op")
-            if which not in allowed:
-                raise CallError(f"TableService.Batch operation {i} {which!r} is not supported", "UNIMPLEMENTED")
-            ticket = getattr(op, which).result_id.ticket
-            if ticket:
-                export_id(ticket, f"Batch operation {i} result_id")
+        batch's later steps need it (as the parent of what they made).
+
+        Every result ticket is claimed before anything is awaited, so that a call the client
+        sends right after the Batch, naming one of them, waits for it. A step that fails ends
+        the batch, and every result not made yet fails with that step's status."""
+        session = self.ctx.session_of(context)
+        results: dict[int, ExportClaim] = {}
+        try:
+            allowed = {*_AS_IS, *OPERATIONS.values()}
+            for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
+                which = op.WhichOneof("op")
+                if which not in allowed:
+                    raise CallError(f"TableService.Batch operation {i} {which!r} is not supported", "UNIMPLEMENTED")
+                ticket = getattr(op, which).result_id.ticket
+                if ticket:
+                    export_id(ticket, f"Batch operation {i} result_id")
+            for i, op in enumerate(req.ops):
+                ticket = getattr(op, op.WhichOneof("op")).result_id.ticket
+                if ticket:
+                    results[i] = claim(session, ticket, f"Batch operation {i} result_id")
+        except BaseException as exc:
+            for r in results.values():
+                r.fail(exc)
+            await self.ctx.send_session_header(context, session)
+            raise
         done: list[Table] = []
         unexported: list[Table] = []  # held only while this batch runs
         try:
+            await self.ctx.send_session_header(context, session)
             for i, op in enumerate(req.ops):
                 which = op.WhichOneof("op")
                 step = getattr(op, which)
-                resp, table = await self.ctx.run(self._apply_op, which, step, session, done, i)
+                source = await self._source(step.source_id, session, done)
+                resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i)
                 done.append(table)
-                if not step.result_id.ticket:
+                if i not in results:
                     unexported.append(table)
                 yield resp
+        except BaseException as exc:  # a refused step, or the call cancelled: nothing more is made
+            for r in results.values():
+                r.fail(exc)  # (those already made stay)
+            raise
         finally:
             if unexported:
                 try:  # not awaited: a cancelled call must still let go of its steps
@@ -213,10 +240,14 @@ class TableService:
                     yield msg
                 for eid in [e for e in sent if e not in sizes]:
                     del sent[eid]  # released: a new export of that id is new again
+                # not asyncio.wait_for: before Python 3.12 it returns instead of raising when the
+                # call is cancelled (its socket closed) in the loop iteration the wake-up arrives,
+                # and the stream ran on after its call had ended
+                woken = asyncio.ensure_future(wake.wait())
                 try:
-                    await asyncio.wait_for(wake.wait(), self.ctx.config.list_fields_poll_s)
-                except asyncio.TimeoutError:
-                    pass
+                    await asyncio.wait((woken,), timeout=self.ctx.config.list_fields_poll_s)
+                finally:
+                    woken.cancel()
         finally:
             forget_end()
             forget_exports()

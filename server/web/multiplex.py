@@ -9,12 +9,21 @@ stream's handler is resumed for its next message only once the queue took the pr
 subscriber whose socket drains slowly therefore stops pulling from its subscription, and the
 publisher coalesces its updates exactly as it does for a slow gRPC subscriber; nothing is
 buffered without bound. Requests are bounded the same way: a stream's queue of unread requests is
-short, and reading the socket waits while it is full.
+short, and reading the socket waits while it is full. A call that is over reads nothing again, so
+its end drops what it left unread and lets a read waiting for room go on: otherwise the socket
+would never be read again and its close never heard.
 
-When the socket closes (or fails), every stream it opened is cancelled, which releases its
-subscription, and the sessions it used are given a short lease (`session_grace_s`): exports of a
-closed page are freed then unless the client comes back with the same token in the meantime.
+When the socket closes (or fails), the sessions it used are given a short lease
+(`session_grace_s`): exports of a closed page are freed then unless the client comes back with the
+same token in the meantime; and every stream it opened is cancelled, which releases its
+subscription.
 On shutdown the server sends go-away, ends the open streams with UNAVAILABLE and closes the socket.
+
+Every stream ends through `ServerConnection.end_stream`, the one place this transport turns a
+status into trailers: its `grpc-message` is made readable for Deephaven's JS API there
+(`sanitize_grpc_message`: printable ASCII, no `:` and no `%`, which dh-core.js 42.7 cannot parse;
+a call whose message had one never settled in the browser). The gRPC port sends the same statuses
+with their messages as they are.
 """
 from __future__ import annotations
 
@@ -86,6 +95,7 @@ class _Stream:
         self.headers = headers
         self.requests: asyncio.Queue = asyncio.Queue(maxsize=socket.request_queue)
         self.input_ended = False
+        self.finished = False  # the call is over: its requests are dropped
         self.received = 0
         self.started = False
         self.task: Optional[asyncio.Task] = None
@@ -108,10 +118,23 @@ class _Stream:
                 return
             yield item
 
+    async def deliver(self, payload: bytes) -> None:
+        """Queues a request for the call; waits while its queue is full (the socket is not read
+        meanwhile: flow control), not once the call is over."""
+        if not self.finished:
+            await self.requests.put(payload)
+
     async def end_input(self) -> None:
         if not self.input_ended:
             self.input_ended = True
-            await self.requests.put(_EOF)
+            await self.deliver(_EOF)
+
+    def finish(self) -> None:
+        """The call is over: whatever it left unread is dropped, and a request waiting for room in
+        its queue goes in (and is dropped with the queue), so that the socket is read again."""
+        self.finished = True
+        while not self.requests.empty():
+            self.requests.get_nowait()
 
 
 class MultiplexSocket:
@@ -191,7 +214,7 @@ class MultiplexSocket:
                         await self.send(self.conn.end_stream(ev.stream_id, grpc.StatusCode.INVALID_ARGUMENT.value[0],
                                                              "more than one request message on a call that takes one"))
                     continue
-                await s.requests.put(ev.payload)
+                await s.deliver(ev.payload)
             elif isinstance(ev, (HalfClosed, StreamClosedByClient)):
                 s = self.streams.get(ev.stream_id)
                 if s is not None:
@@ -208,7 +231,8 @@ class MultiplexSocket:
         self.streams[ev.stream_id] = stream
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_SOCKET.set, self)
-        stream.task = asyncio.get_running_loop().create_task(self._run(stream), context=ctx)
+        stream.task = asyncio.get_running_loop().create_task(self._run(stream), context=ctx,
+                                                              name=f"ws stream {ev.stream_id} {ev.path}")
 
     async def _finish(self, stream: _Stream, code, message: str = "") -> None:
         if self.closed and self._write_error is not None:
@@ -256,6 +280,7 @@ class MultiplexSocket:
             log.exception("websocket stream %d (%s) failed", stream.sid, stream.path)
         finally:
             self.streams.pop(stream.sid, None)
+            stream.finish()
 
     # -- closing -------------------------------------------------------------------------------
     async def go_away(self, message: str = "the server is shutting down") -> None:
@@ -279,15 +304,21 @@ class MultiplexSocket:
             await asyncio.sleep(0.01)
 
     async def closed_by_peer(self) -> None:
-        """The websocket ended: cancels every stream it opened and waits for them to unwind."""
+        """The websocket ended: its sessions get their short lease (`on_closed`) at once, then every
+        stream it opened is cancelled and waited for. A task that is still running a moment after
+        its cancellation (one that let it pass, as asyncio.wait_for can before Python 3.12) is
+        cancelled again, and named in the log, until it ends."""
         self.closed = True
-        tasks = [s.task for s in self.streams.values() if s.task is not None]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.on_closed is not None:
+            self.on_closed(self)
+        pending = {s.task for s in self.streams.values() if s.task is not None}
+        while pending:
+            for t in pending:
+                t.cancel()
+            _done, pending = await asyncio.wait(pending, timeout=1.0)
+            if pending:
+                log.warning("websocket from %s: %d stream(s) still running after their cancellation: %s",
+                            self.peer, len(pending), sorted(t.get_name() for t in pending))
         if self._writer is not None:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
-        if self.on_closed is not None:
-            self.on_closed(self)
