@@ -5,6 +5,7 @@ with their session, ApplyPreviewColumns, and StorageService.ListItems, compared 
 Deephaven 42.7 answered in the browser captures (../shared/golden/browser_dh_*)."""
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -401,6 +402,64 @@ def test_exported_table_updates_see_only_their_own_session(served):
     fetch(ch, md_b, "static", 7)
     assert _update(s.next()) == (export_ticket(7), 50, "")
     s.cancel()
+
+
+def test_exported_table_updates_ends_when_cancelled_as_an_export_wakes_it():
+    """A browser's socket closing cancels its ExportedTableUpdates stream. Python 3.11's
+    asyncio.wait_for, which the stream waited with, returns the awaited result instead of raising
+    when its task is cancelled in the loop iteration that result arrives: a stream cancelled just as
+    an export changed ran on, and the closed socket, which waits for its streams to end, never
+    ended. Cancelled at each step of its wake-up (the handler run on this test's loop), it ends."""
+    from tickwire.server.services.table_service import TableService
+
+    engine, srv = make_server(config=ServerConfig(list_fields_poll_s=3600.0))
+    try:
+        service = next(s for s in srv.services if isinstance(s, TableService))
+        table = engine.resolve("static")
+
+        class Context:
+            def __init__(self, md):
+                self.md = md
+
+            def invocation_metadata(self):
+                return self.md
+
+            async def send_initial_metadata(self, _md):
+                pass
+
+        async def trial(step: int) -> bool:
+            session = srv.sessions.authenticate(ANON)
+            updates = service.exported_table_updates(None, Context((("authorization", f"Bearer {session.token}"),)))
+            seen = asyncio.Queue()
+
+            async def read():
+                async for msg in updates:
+                    seen.put_nowait(msg)
+
+            task = asyncio.ensure_future(read())
+            await asyncio.sleep(0)  # the stream starts and listens for its session's exports
+            session.export(1, table)
+            await seen.get()  # reported: the stream waits for the next change
+            for _ in range(3):
+                await asyncio.sleep(0)
+            session.export(2, table)  # wakes it ...
+            for _ in range(step):
+                await asyncio.sleep(0)
+            task.cancel()  # ... as its socket closes
+            done, _pending = await asyncio.wait({task}, timeout=10)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task}, timeout=10)
+            srv.sessions.close(session)
+            return bool(done) and task.cancelled()
+
+        async def trials() -> list[bool]:
+            return [await trial(k) for k in range(8)]  # one after the other: each counts its own steps
+
+        ended = asyncio.run(trials())
+        assert ended == [True] * 8, ended
+    finally:
+        srv.stop()
 
 
 # -- TableService.ApplyPreviewColumns ----------------------------------------------------------------------------

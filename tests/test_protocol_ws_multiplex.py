@@ -146,12 +146,12 @@ def test_server_encoders_and_client_decoder():
     msg = server.send_message(s, b"payload")
     assert msg == sid(s) + b"\x00\x00\x00\x00\x07payload"
     end = server.end_stream(s, "NOT_FOUND", "no 100% match\n\u00e9", [("x-extra", "1")])
-    block = b"grpc-status: 5\r\ngrpc-message: no 100? match??\r\nx-extra: 1\r\n"
+    block = b"grpc-status: 5\r\ngrpc-message: no 100 percent match ?\r\nx-extra: 1\r\n"
     assert end == sid(s, close=True) + b"\x80" + struct.pack(">I", len(block)) + block
     events = feed(client, [start, msg, end])
     assert events == [ResponseStarted(s, (("content-type", "application/grpc-web+proto"),)),
                       ResponseMessage(s, b"payload"),
-                      ResponseEnded(s, 5, "no 100? match??", (("x-extra", "1"),))]
+                      ResponseEnded(s, 5, "no 100 percent match ?", (("x-extra", "1"),))]
 
 
 def test_ok_trailers_have_no_grpc_message_and_trailers_only_answers():
@@ -165,7 +165,33 @@ def test_ok_trailers_have_no_grpc_message_and_trailers_only_answers():
 
 
 def test_sanitize_grpc_message():
-    assert sanitize_grpc_message("a%b\tc\u2603d~") == "a?b?c?d~"
+    """What Deephaven's JS API can read in a trailer: printable ASCII, no ':' (its trailer parser
+    splits each line on every ':'), no '%' (it fails on a percent-encoded message); the meaning kept."""
+    cases = {
+        "Filter: condition 'invoke' is not supported": "Filter - condition 'invoke' is not supported",
+        "Method not found: /io.deephaven.proto.backplane.grpc.HierarchicalTableService/Rollup":
+            "Method not found - /io.deephaven.proto.backplane.grpc.HierarchicalTableService/Rollup",
+        "internal error: KeyError: 'x'": "internal error - KeyError - 'x'",
+        "no 100% match": "no 100 percent match",
+        "a%b\tc\u2603d~": "a percent b c?d~",
+        "line one\r\nline two": "line one line two",
+        "ends with a colon:": "ends with a colon -",
+        "a::b": "a - b",
+        "plain message, already safe (1 < 2)": "plain message, already safe (1 < 2)",
+    }
+    for message, want in cases.items():
+        got = sanitize_grpc_message(message)
+        assert got == want, (message, got)
+        assert ":" not in got and "%" not in got and all(" " <= c <= "~" for c in got)
+        assert sanitize_grpc_message(got) == got
+    # in a trailer: exactly one ':' on the grpc-message line, the one after its name
+    server, client = ServerConnection(), ClientConnection()
+    s, hdr = client.open_stream(PATH)
+    server.receive(hdr)
+    end = server.end_stream(s, "UNIMPLEMENTED", "Filter: condition 'invoke' is not supported")
+    lines = end[9:].split(b"\r\n")
+    assert lines[1] == b"grpc-message: Filter - condition 'invoke' is not supported"
+    assert all(line.count(b":") == 1 for line in lines if line)
 
 
 def test_go_away_round_trip():
@@ -264,7 +290,8 @@ def test_buffered_bytes_stay_bounded():
 
 # ------------------------------------------------------------------------ browser traffic replay
 
-BROWSER_DIRS = [d for d in (GOLDEN / "browser_dh_direct", GOLDEN / "browser_dh_widget") if (d / "frames.jsonl").exists()]
+BROWSER_DIRS = [d for d in (GOLDEN / "browser_dh_direct", GOLDEN / "browser_dh_widget")
+                if (d / "frames.jsonl").exists()]
 
 
 def _rebuild(folder):

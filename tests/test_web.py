@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -224,6 +225,37 @@ def test_unary_calls_over_the_websocket(served):
     run(go())
 
 
+def test_browsers_get_status_messages_their_js_api_can_read_and_grpc_clients_the_exact_ones(served):
+    """dh-core.js splits a trailer line on every ':' and fails on '%': over the websocket a status
+    message has neither (its meaning kept); on the gRPC port it is exactly what the server said."""
+    from tickwire.protocol.proto import table_pb2
+
+    srv, _graph, _keyed = served
+    table = "/io.deephaven.proto.backplane.grpc.TableService/"
+    req = table_pb2.FilterTableRequest()
+    req.source_id.ticket.ticket = b"s/keyed"
+    req.result_id.ticket = b"e\x01\x00\x00\x00"
+    req.filters.add().invoke.method = "startsWith"
+    exact = "Filter: condition 'invoke' is not supported"
+
+    async def go():
+        async with await WebsocketChannel.connect(srv.web_url) as ch:
+            answers = []
+            for path, body in ((table + "Filter", req.SerializeToString()), ("/no.Such/Method", b"")):
+                call = await ch.open(path, ANON)
+                await call.send(body, half_close=True)
+                assert [m async for m in call] == []
+                answers.append((call.status, call.message))
+            return answers
+    filtered, unknown = run(go())
+    assert filtered == (12, "Filter - condition 'invoke' is not supported"), filtered
+    assert unknown == (12, "Method not found - /no.Such/Method"), unknown
+    with grpc.insecure_channel(srv.target) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            ch.unary_unary(table + "Filter")(req.SerializeToString(), metadata=tuple(ANON.items()), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and err.value.details() == exact
+
+
 def test_doget_over_the_websocket_equals_doget_over_grpc(served):
     srv, _engine, _keyed = served
 
@@ -239,6 +271,53 @@ def test_doget_over_the_websocket_equals_doget_over_grpc(served):
     parts = [u for u in (dec.feed(p) for p in payloads) if u is not None]
     got = pa.concat_tables([pa.Table.from_arrays(u.added, schema=dec.schema) for u in parts])
     assert got.column("i").to_pylist() == list(range(N)) and got.column("s")[N - 1].as_py() == f"r{N - 1}"
+
+
+def test_a_result_named_right_after_the_batch_that_makes_it_waits_for_it(served):
+    """What Deephaven's JS API does on every sort of a grid: a Batch, and some microseconds later
+    an ApplyPreviewColumns whose source is the Batch's result, without waiting for the Batch's
+    answer. The preview waits for the Batch's export (it used to be NOT_FOUND about half the time)."""
+    from tickwire.protocol.proto import table_pb2
+
+    srv, _graph, _keyed = served
+    table = "/io.deephaven.proto.backplane.grpc.TableService/"
+
+    def ticket(i: int) -> bytes:
+        return b"e" + i.to_bytes(4, "little")
+
+    async def go():
+        async with await WebsocketChannel.connect(srv.web_url) as ch:
+            first = await ch.open(CONFIG + "GetConfigurationConstants", ANON)
+            await first.unary(b"")
+            bearer = {"authorization": dict(first.headers)["authorization"]}
+            fetch = table_pb2.FetchTableRequest()
+            fetch.source_id.ticket.ticket = b"s/keyed"
+            fetch.result_id.ticket = ticket(1)
+            await ch.unary(table + "FetchTable", fetch.SerializeToString(), bearer)
+            answers = []
+            for i in range(50):
+                made, shown = 2 + 2 * i, 3 + 2 * i
+                batch = table_pb2.BatchTableRequest()
+                srt = batch.ops.add().sort
+                srt.source_id.ticket.ticket = ticket(1)
+                srt.result_id.ticket = ticket(made)
+                d = srt.sorts.add()
+                d.column_name = "k"
+                d.direction = table_pb2.SortDescriptor.DESCENDING if i % 2 else table_pb2.SortDescriptor.ASCENDING
+                preview = table_pb2.ApplyPreviewColumnsRequest()
+                preview.source_id.ticket.ticket = ticket(made)
+                preview.result_id.ticket = ticket(shown)
+                b = await ch.open(table + "Batch", bearer)
+                await b.send(batch.SerializeToString(), half_close=True)
+                p = await ch.open(table + "ApplyPreviewColumns", bearer)
+                await p.send(preview.SerializeToString(), half_close=True)
+                made_answers = [table_pb2.ExportedTableCreationResponse.FromString(m) async for m in b]
+                shown_answers = [table_pb2.ExportedTableCreationResponse.FromString(m) async for m in p]
+                answers.append((b.status, p.status, p.message, [(r.success, r.size) for r in made_answers],
+                                [(r.success, r.size) for r in shown_answers]))
+            return answers
+    answers = run(go(), 120)
+    assert answers == [(0, 0, "", [(True, 100)], [(True, 100)])] * 50, [a for a in answers if a[1]][:3]
 
 
 def _viewport_updates(payloads, dec):
@@ -513,6 +592,46 @@ def test_a_closed_socket_frees_its_sessions_exports_after_a_short_lease():
     assert released and sessions == 1 and tables == 2, (took, sessions, tables)
     # on the short lease (0.5 s grace, then the reaper's next pass), not the sessions' 300 s duration
     assert srv.sessions.duration_ms >= 300_000 and took < 10.0, took
+
+
+def test_a_call_that_ended_with_requests_unread_does_not_keep_the_socket_from_hearing_its_close():
+    """Reading the socket waits while a stream's short queue of unread requests is full (flow
+    control). A call that has ended reads none of its requests again -- here a method the server
+    does not have, sent six requests in one websocket message. Its ending must let go of the read
+    waiting for room: otherwise the socket is never read again, its close is never heard, and its
+    other calls live on; a subscription to a table that does not change writes nothing, so no
+    failed write ends it either. Its sessions keep their full lease."""
+    engine = Engine(interval_ms=50)
+    engine.create(TableSpec("t", "static", data=pa.table({"a": [1, 2, 3]})))
+    srv = TickwireServer(engine, port=0).start()
+    srv.web.session_grace_s = 0.2
+
+    async def go():
+        ch = await WebsocketChannel.connect(srv.web_url)
+        first = await ch.open(CONFIG + "GetConfigurationConstants", ANON)
+        await first.unary(b"")
+        bearer = {"authorization": dict(first.headers)["authorization"]}
+        sub = await ch.open(FLIGHT + "DoExchange", bearer)
+        await sub.send(request_message(subscription_request(b"s/t")))
+        await sub.__anext__()  # the subscription's first message: it is running
+        unknown = await ch.open("/no.Such/Method", bearer)
+        requests = b"".join(struct.pack(">BI", 0, 1) + b"x" for _ in range(6))
+        await ch.ws.send_bytes(struct.pack(">I", unknown.sid) + b"\x00" + requests)
+        await unknown.started.wait()
+        while unknown.status is None:  # its answer: UNIMPLEMENTED, after which it reads nothing
+            await asyncio.sleep(0.01)
+        running = len(srv.registry.subscriptions)
+        await ch.close()
+        return unknown.status, running
+    try:
+        status, running = run(go())
+        assert status == 12 and running == 1
+        # the socket's close ends the subscription, and its session goes after the short lease
+        assert wait_until(lambda: not srv.registry.subscriptions and srv.sessions.count == 0, 30), \
+            (srv.registry.subscriptions, srv.sessions.count, srv.web.stats)
+    finally:
+        srv.stop()
+        engine.stop()
 
 
 def test_sessions_opened_over_either_transport_log_their_peer(served, caplog):

@@ -9,6 +9,8 @@ installs `window.__tw`, a small driver the test calls step by step and polls:
     js.viewport(0, 99)               # table.setViewport(first, last); listens to dh.Table.EVENT_UPDATED
     js.wait_rows(lambda s: ...)      # polls the rows of the latest update
     js.rows()                        # {'offset', 'columns', 'rows', 'updates', 'size'}
+    js.sort_viewport("Price", True, 0, 49)   # applySort + setViewport, as the grid sorts; waits for sorted rows
+    js.settle("window.__tw.table.rollup({groupingColumns: ['Sym']})")  # how a promise of the API settles
 
 Values come back as JSON: numbers as numbers, strings as strings, booleans as booleans, and the
 API's LongWrapper / DateWrapper (Java long, Instant) as the decimal string of the long (nanoseconds
@@ -16,8 +18,9 @@ for instants), which is what their valueOf() returns. `normalize_arrow` turns Do
 the same form so rows can be compared as sets of tuples.
 
 The names used (CoreClient, login, getAsIdeConnection, getObject, setViewport, getViewportData,
-Table.EVENT_UPDATED, ViewportData.rows/offset, Row.get(column), close, disconnect) are the public
-JS API of Deephaven 42.x (web/client-api in deephaven-core).
+Table.EVENT_UPDATED, Table.EVENT_SORTCHANGED, Table.EVENT_REQUEST_FAILED, findColumn,
+Column.sort().asc()/desc(), applySort, ViewportData.rows/offset, Row.get(column), close,
+disconnect) are the public JS API of Deephaven 42.x (web/client-api in deephaven-core).
 """
 from __future__ import annotations
 
@@ -91,6 +94,55 @@ DRIVER_JS = r"""
   tw.refresh = async () => {  // the viewport data now, by getViewportData()
     try { tw.capture(await tw.table.getViewportData()); return tw.updates; } catch (e) { fail('getViewportData', e); }
   };
+  tw.settle = async (thunk, ms) => {  // how the promise `thunk()` returns settles, within ms
+    const t0 = performance.now();
+    const late = {};
+    try {
+      const value = await Promise.race([thunk(), new Promise((res) => setTimeout(() => res(late), ms))]);
+      if (value === late) return {state: 'pending', ms: ms};
+      return {state: 'resolved', ms: Math.round(performance.now() - t0)};
+    } catch (e) {
+      return {state: 'rejected', message: String(e && e.message !== undefined ? e.message : e),
+              ms: Math.round(performance.now() - t0)};
+    }
+  };
+  const ordered = (values, asc) => values.every((v, i) => i === 0 || (() => {
+    const a = values[i - 1] === null ? -Infinity : Number(values[i - 1]);
+    const b = v === null ? -Infinity : Number(v);
+    return asc ? a <= b : a >= b;
+  })());
+  // As the grid sorts: applySort, then setViewport; settles once the sort is applied on the server
+  // (EVENT_SORTCHANGED) and an update of the viewport holds rows sorted that way. Never throws:
+  // {state: 'sorted', values, size} or {state: 'failed' | 'timeout', message}.
+  tw.sortViewport = (column, asc, first, last, ms) => new Promise((resolve) => {
+    const t = tw.table;
+    const col = t.findColumn(column);
+    let applied = false;
+    const done = (out) => {
+      clearTimeout(timer);
+      t.removeEventListener(tw.dh.Table.EVENT_SORTCHANGED, onSort);
+      t.removeEventListener(tw.dh.Table.EVENT_UPDATED, onUpdate);
+      t.removeEventListener(tw.dh.Table.EVENT_REQUEST_FAILED, onFail);
+      resolve(out);
+    };
+    const timer = setTimeout(() => done({state: 'timeout', message: (applied ? 'sorted, but no sorted rows'
+                                                                              : 'the sort was never applied')
+                                                                     + ' within ' + ms + ' ms'}), ms);
+    const onSort = () => { applied = true; };
+    const onUpdate = (ev) => {
+      const rows = ev.detail.rows;
+      const values = rows.map(r => norm(r.get(col)));
+      if (applied && rows.length > 0 && ordered(values, asc)) done({state: 'sorted', values, size: t.size});
+    };
+    const onFail = (ev) => done({state: 'failed', message: String(ev.detail)});
+    t.addEventListener(tw.dh.Table.EVENT_SORTCHANGED, onSort);
+    t.addEventListener(tw.dh.Table.EVENT_UPDATED, onUpdate);
+    t.addEventListener(tw.dh.Table.EVENT_REQUEST_FAILED, onFail);
+    try {
+      t.applySort([asc ? col.sort().asc() : col.sort().desc()]);
+      t.setViewport(first, last);
+    } catch (e) { done({state: 'failed', message: String(e && e.stack || e)}); }
+  });
   tw.snapshot = () => ({offset: tw.offset, columns: tw.columns, rows: tw.rows, updates: tw.updates,
                         size: tw.size, state: tw.state, error: tw.error});
   tw.closeTable = () => { if (tw.table) { tw.table.close(); tw.table = null; } return true; };
@@ -125,6 +177,18 @@ class JsApiPage:
 
     def rows(self) -> dict:
         return self.call("window.__tw.snapshot()")
+
+    def sort_viewport(self, column: str, ascending: bool, first: int, last: int, timeout_ms: int = 30000) -> dict:
+        """Sorts the open table by `column` and sets the viewport, as the grid does on a click on a
+        column's header; returns once the viewport's rows come sorted: {'state': 'sorted',
+        'values' (the column in the viewport), 'size'}, else {'state': 'failed' | 'timeout', 'message'}."""
+        return self.call(f"window.__tw.sortViewport({json.dumps(column)}, {json.dumps(bool(ascending))}, "
+                         f"{int(first)}, {int(last)}, {int(timeout_ms)})", timeout=timeout_ms / 1000 + 30)
+
+    def settle(self, promise_js: str, timeout_ms: int = 30000) -> dict:
+        """How the promise of `promise_js` (an expression of the page) settles within `timeout_ms`:
+        {'state': 'resolved' | 'rejected' | 'pending', 'message' (rejected), 'ms'}."""
+        return self.call(f"window.__tw.settle(() => ({promise_js}), {int(timeout_ms)})", timeout=timeout_ms / 1000 + 30)
 
     def wait_rows(self, ok: Callable[[dict], bool], *, timeout: float = 30.0, what: str = "viewport rows",
                   interval: float = 0.1) -> dict:
