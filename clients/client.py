@@ -22,7 +22,7 @@ import collections
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import grpc
 import numpy as np
@@ -285,13 +285,14 @@ class BarrageClient:
     def _doget(self, ticket: bytes, timeout) -> pa.Table:
         fn = self.channel.unary_stream(FLIGHT + "DoGet", request_serializer=flight_pb2.Ticket.SerializeToString)
         reader = ResponseReader()
-        state = None
+        state: Optional[NaturalTableState] = None
         try:
             for raw in fn(flight_pb2.Ticket(ticket=ticket), metadata=self.auth.metadata(), timeout=timeout):
                 for ev in reader.feed(raw):
                     if isinstance(ev, SchemaReceived):
                         state = NaturalTableState(ev.schema, viewport=False)
                     else:
+                        assert state is not None  # the schema opens every response (ResponseReader)
                         state.apply_plain(ev.update)
         except grpc.RpcError as exc:
             raise ClientError(f"DoGet {ticket!r}: {exc.code().name}: {exc.details()}", exc.code()) from None
@@ -404,7 +405,7 @@ class Subscription:
         self._iterating = False
         self._delivering = False
         self._pending_columns: collections.deque = collections.deque()  # column lists of view changes in flight
-        self._call = None
+        self._call: Any = None  # the gRPC call of the current stream (set by _open)
         self._requests: Optional[queue.Queue] = None
         self._thread: Optional[threading.Thread] = None
         self._threads: list[threading.Thread] = []
@@ -476,12 +477,14 @@ class Subscription:
                 # the columns shown change with the snapshot that answers this request, so that a
                 # message of the old view arriving in between is still shown with the old columns
                 self._pending_columns.append(self._columns)
+                assert self._requests is not None  # set by _open (from __init__)
                 self._requests.put(request_message(request))
             elif columns is not None:
                 superseded = (self._call, self._requests)
                 self._open(request)
         if superseded is not None:
             old_call, old_requests = superseded
+            assert old_requests is not None  # set by _open (from __init__)
             old_requests.put(_END)
             old_call.cancel()
 
@@ -505,19 +508,21 @@ class Subscription:
                         with self._lock:
                             if self._current(call) and self.state is None:
                                 self._adopt(state)
-                    elif resync:
-                        # the state shown stays as it was until this stream's snapshot is whole
-                        with self._lock:
-                            if not self._current(call):
-                                return
-                            self._apply_to(state, ev.update)
-                            whole = self._snapshot_whole(ev)
-                        if whole:
-                            resync = False
-                            if not self._resync(state, call):
-                                return
-                    elif not self._apply(ev.update, state, call):
-                        return  # a newer stream replaced this one
+                    else:
+                        assert state is not None  # the schema opens every response (ResponseReader)
+                        if resync:
+                            # the state shown stays as it was until this stream's snapshot is whole
+                            with self._lock:
+                                if not self._current(call):
+                                    return
+                                self._apply_to(state, ev.update)
+                                whole = self._snapshot_whole(ev)
+                            if whole:
+                                resync = False
+                                if not self._resync(state, call):
+                                    return
+                        elif not self._apply(ev.update, state, call):
+                            return  # a newer stream replaced this one
         except grpc.RpcError as exc:
             if self._current(call) and not self._closed.is_set() and self.reconnect \
                     and exc.code() in _RECONNECT_CODES \
@@ -561,6 +566,7 @@ class Subscription:
                     self._pending_columns.clear()
                     old_requests = self._requests
                     self._open(self._request_bytes(), resync=self.state is not None)
+                assert old_requests is not None  # set by _open (from __init__)
                 old_requests.put(_END)
                 self.reconnects += 1
                 self._connection("connected")
@@ -584,6 +590,7 @@ class Subscription:
             if self.state is not state:
                 self._adopt(state)  # the first message of a stream that replaced another one
             names = self._names
+            assert names is not None  # set by _adopt
             removed_vals = None
             if md is not None and md.removed_rows is not None:
                 removed_vals = state.values_at(_ranges(md.removed_rows))
@@ -630,6 +637,7 @@ class Subscription:
             if not self._current(call):
                 return False
             old = self.state
+            assert old is not None  # a resync replaces the state shown
             self._adopt(new)
             callbacks = self._applied(new)
         self._deliver(lambda: _reconnect_update(old, new), callbacks)
@@ -701,6 +709,7 @@ class Subscription:
             self._changed.notify_all()
             requests = self._requests
         # ends the request stream, whose gRPC sender thread would otherwise wait on it for ever
+        assert requests is not None  # set by _open (from __init__)
         requests.put(_END)
         try:
             self._queue.put_nowait(_END)
@@ -787,6 +796,7 @@ class Subscription:
             self._closed.set()
             self._changed.notify_all()
             call, requests, threads = self._call, self._requests, list(self._threads)
+        assert requests is not None  # set by _open (from __init__)
         requests.put(_END)
         call.cancel()
         for t in threads:

@@ -58,6 +58,12 @@ class Column:
         if arr is not None:
             self.append(arr)
 
+    @property
+    def _buffer(self) -> np.ndarray:
+        """The value buffer of a fixed-width column (`dtype` set)."""
+        assert self._vals is not None, "an Arrow-held column has no value buffer"
+        return self._vals
+
     def __len__(self) -> int:
         return self.n
 
@@ -90,9 +96,9 @@ class Column:
             if nulls:
                 validity = pa.py_buffer(np.packbits(v, bitorder="little"))
         if self.dtype == np.dtype(bool):
-            data = pa.py_buffer(np.packbits(self._vals[:n], bitorder="little"))
+            data = pa.py_buffer(np.packbits(self._buffer[:n], bitorder="little"))
         else:
-            data = pa.py_buffer(self._vals[:n])
+            data = pa.py_buffer(self._buffer[:n])
             self._shared = True
         return pa.Array.from_buffers(self.type, n, [validity, data], null_count=nulls)
 
@@ -100,7 +106,7 @@ class Column:
         """Values at positions `idx` (an Arrow array)."""
         if self.dtype is None:
             return self._settle().take(pa.array(idx, type=pa.int64()))
-        vals = self._vals[idx]
+        vals = self._buffer[idx]
         if self.dtype == np.dtype(bool):
             mask = None if self._valid is None else ~self._valid[idx]
             return pa.array(vals, type=self.type, mask=mask)
@@ -115,11 +121,11 @@ class Column:
     # -- changing -------------------------------------------------------------------------------------
     def _own(self, need: int) -> None:
         """Makes the buffers private (after an Arrow view was handed out) and at least `need` long."""
-        cap = self._vals.size
+        cap = self._buffer.size
         if need > cap or self._shared:
             new_cap = max(need, cap * 2 if need > cap else cap, 16)
             vals = np.empty(new_cap, dtype=self.dtype)
-            vals[:self.n] = self._vals[:self.n]
+            vals[:self.n] = self._buffer[:self.n]
             self._vals = vals
             if self._valid is not None:
                 valid = np.ones(new_cap, dtype=bool)
@@ -133,13 +139,14 @@ class Column:
                 self._valid[lo:hi] = True
             return
         if self._valid is None:
-            self._valid = np.ones(self._vals.size, dtype=bool)
+            self._valid = np.ones(self._buffer.size, dtype=bool)
         self._valid[lo:hi] = valid
 
     def append(self, arr: pa.Array) -> None:
         if isinstance(arr, pa.ChunkedArray):
             arr = arr.combine_chunks()
         if self.dtype is None:
+            assert self._arrow is not None  # an Arrow-held column
             if self._arrow.type != arr.type:
                 raise TypeError(f"a {arr.type} array for a column of {self._arrow.type}")
             self._chunks.append(arr)
@@ -147,7 +154,7 @@ class Column:
             return
         m = len(arr)
         self._own(self.n + m)
-        self._vals[self.n:self.n + m] = _values(arr, self.dtype)
+        self._buffer[self.n:self.n + m] = _values(arr, self.dtype)
         self._mark_valid(self.n, self.n + m, _valid(arr))
         self.n += m
 
@@ -161,11 +168,11 @@ class Column:
             self._patches.append((np.array(pos, dtype=np.int64), arr))
             return
         self._own(self.n)
-        self._vals[pos] = _values(arr, self.dtype)
+        self._buffer[pos] = _values(arr, self.dtype)
         valid = _valid(arr)
         if valid is not None:
             if self._valid is None:
-                self._valid = np.ones(self._vals.size, dtype=bool)
+                self._valid = np.ones(self._buffer.size, dtype=bool)
             self._valid[pos] = valid
         elif self._valid is not None:
             self._valid[pos] = True
@@ -176,7 +183,7 @@ class Column:
             self._arrow = self._settle().take(pa.array(idx, type=pa.int64()))
             self.n = len(self._arrow)
             return
-        self._vals = self._vals[idx]
+        self._vals = self._buffer[idx]
         if self._valid is not None:
             self._valid = self._valid[idx]
         self._shared = False
@@ -206,7 +213,7 @@ class Column:
         vals = _values(arr, self.dtype)
         valid = _valid(arr)
         n = self.n
-        self._vals = np.insert(self._vals[:n], at, vals)
+        self._vals = np.insert(self._buffer[:n], at, vals)
         if valid is not None or self._valid is not None:
             old = self._valid[:n] if self._valid is not None else np.ones(n, dtype=bool)
             self._valid = np.insert(old, at, valid if valid is not None else np.ones(m, dtype=bool))

@@ -252,6 +252,7 @@ class NaturalTableState(TableState):
         if keys is not None and keys.size == n and n:
             self._insert_rows(keys, u.added, by_position=False)
             self.table_size = len(self)
+            assert md is not None  # the keys come from its rows
             self.last_seq = md.last_seq
         else:
             self.append(u.added)

@@ -18,8 +18,9 @@ Decoded values:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
-from typing import Any, Callable, ClassVar, Optional
+from dataclasses import Field, dataclass, fields
+from types import ModuleType
+from typing import Any, Callable, ClassVar, Optional, TypeVar, Union
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from tickwire.protocol.fb.barrage import BarrageSubscriptionRequest as FbSubReq
 from tickwire.protocol.fb.barrage import BarrageUpdateMetadata as FbUpdate
 from tickwire.protocol.fbread import FbTable as _Table
 from tickwire.protocol.fbread import root as _root
+from tickwire.protocol.flight import BytesLike
 
 __all__ = [
     "MAGIC",
@@ -72,7 +74,10 @@ class BarrageMessageType(enum.IntEnum):
 # field codecs
 # ----------------------------------------------------------------------------------------------
 
-def _decode(fn: Callable[[bytes], Any], raw: Optional[bytes], what: str):
+_T = TypeVar("_T")
+
+
+def _decode(fn: Callable[[bytes], _T], raw: Optional[bytes], what: str) -> Optional[_T]:
     """Applies a row-set codec to a present field; codec errors name the field."""
     if raw is None:
         return None
@@ -90,15 +95,15 @@ def _cols(raw: Optional[bytes], what: str) -> Optional[np.ndarray]:
     return _decode(rs.decode_bitset, raw, what)
 
 
-def _enc_rows(r) -> Optional[bytes]:
+def _enc_rows(r: Optional[np.ndarray]) -> Optional[bytes]:
     return None if r is None else rs.encode_rowset(r)
 
 
-def _enc_cols(c) -> Optional[bytes]:
+def _enc_cols(c: Optional[np.ndarray]) -> Optional[bytes]:
     return None if c is None else rs.encode_bitset(c)
 
 
-def _enc_shifts(s) -> Optional[bytes]:
+def _enc_shifts(s: Optional[Shifts]) -> Optional[bytes]:
     return None if s is None else rs.encode_shifts(*s)
 
 
@@ -112,7 +117,7 @@ def _finish(builder: flatbuffers.Builder, root: int) -> bytes:
     return bytes(builder.Output())
 
 
-def _int(value, bits: int, name: str) -> int:
+def _int(value: int, bits: int, name: str) -> int:
     v = int(value)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if not lo <= v <= hi:
@@ -128,18 +133,21 @@ def _eq(a: Any, b: Any) -> bool:
         return x.shape == y.shape and bool(np.array_equal(x, y))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_eq(x, y) for x, y in zip(a, b))
-    return a == b
+    return bool(a == b)
 
 
 class _Message:
     """Field-wise equality that understands numpy arrays (and None vs empty)."""
 
-    def __eq__(self, other):
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every subclass is a dataclass
+
+    def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
         return all(_eq(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
 
-    __hash__ = None  # mutable, compared by value
+    # mutable, compared by value; typeshed's object.__hash__ has no None
+    __hash__ = None  # type: ignore[assignment]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,7 +177,8 @@ class SubscriptionOptions(_Message):
         FbSubOpts.AddColumnsAsList(b, bool(self.columns_as_list))
         FbSubOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
         FbSubOpts.AddColumnConversionMode(b, _int(self.column_conversion_mode, 8, "column_conversion_mode"))
-        return FbSubOpts.End(b)
+        end: int = FbSubOpts.End(b)
+        return end
 
     @classmethod
     def from_table(cls, t: _Table) -> "SubscriptionOptions":
@@ -201,7 +210,8 @@ class SnapshotOptions(_Message):
         FbSnapOpts.AddBatchSize(b, _int(self.batch_size, 32, "batch_size"))
         FbSnapOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
         FbSnapOpts.AddColumnConversionMode(b, _int(self.column_conversion_mode, 8, "column_conversion_mode"))
-        return FbSnapOpts.End(b)
+        end: int = FbSnapOpts.End(b)
+        return end
 
     @classmethod
     def from_table(cls, t: _Table) -> "SnapshotOptions":
@@ -223,7 +233,8 @@ class PublicationOptions(_Message):
     def build_into(self, b: flatbuffers.Builder) -> int:
         FbPubOpts.Start(b)
         FbPubOpts.AddUseDeephavenNulls(b, bool(self.use_deephaven_nulls))
-        return FbPubOpts.End(b)
+        end: int = FbPubOpts.End(b)
+        return end
 
     @classmethod
     def from_table(cls, t: _Table) -> "PublicationOptions":
@@ -234,7 +245,8 @@ class PublicationOptions(_Message):
 # requests
 # ----------------------------------------------------------------------------------------------
 
-def _request_to_bytes(req, fb, add_options, token: Optional[bytes] = None) -> bytes:
+def _request_to_bytes(req: Union[SubscriptionRequest, SnapshotRequest], fb: ModuleType,
+                      add_options: Callable[[flatbuffers.Builder, int], None], token: Optional[bytes] = None) -> bytes:
     """Subscription and snapshot requests share slots 0-4 (ticket, columns, viewport, options,
     reverse_viewport); both are built in the clients' order: vectors columns, viewport, then the
     options table, then the ticket; fields added in that same order."""
@@ -259,7 +271,8 @@ def _request_to_bytes(req, fb, add_options, token: Optional[bytes] = None) -> by
     return _finish(b, fb.End(b))
 
 
-def _read_request(data, what: str, options_cls, options_name: str) -> tuple[_Table, dict]:
+def _read_request(data: BytesLike, what: str, options_cls: Union[type[SubscriptionOptions], type[SnapshotOptions]],
+                  options_name: str) -> tuple[_Table, dict[str, Any]]:
     """The fields subscription and snapshot requests share, read from slots 0-4."""
     t = _root(data, what)
     opts = t.table(3, options_name)
@@ -290,7 +303,7 @@ class SubscriptionRequest(_Message):
         return _request_to_bytes(self, FbSubReq, FbSubReq.AddSubscriptionOptions, self.subscription_token)
 
     @classmethod
-    def from_bytes(cls, data) -> "SubscriptionRequest":
+    def from_bytes(cls, data: BytesLike) -> "SubscriptionRequest":
         t, fields_ = _read_request(data, "BarrageSubscriptionRequest", SubscriptionOptions, "subscription_options")
         return cls(**fields_, subscription_token=t.bytes_field(5, "subscription_token"))
 
@@ -312,7 +325,7 @@ class SnapshotRequest(_Message):
         return _request_to_bytes(self, FbSnapReq, FbSnapReq.AddSnapshotOptions)
 
     @classmethod
-    def from_bytes(cls, data) -> "SnapshotRequest":
+    def from_bytes(cls, data: BytesLike) -> "SnapshotRequest":
         _t, fields_ = _read_request(data, "BarrageSnapshotRequest", SnapshotOptions, "snapshot_options")
         return cls(**fields_)
 
@@ -339,7 +352,7 @@ class PublicationRequest(_Message):
         return _finish(b, FbPubReq.End(b))
 
     @classmethod
-    def from_bytes(cls, data) -> "PublicationRequest":
+    def from_bytes(cls, data: BytesLike) -> "PublicationRequest":
         t = _root(data, "BarragePublicationRequest")
         opts = t.table(1, "publish_options")
         return cls(ticket=t.bytes_field(0, "ticket"),
@@ -379,7 +392,7 @@ class UpdateMetadata(_Message):
     def to_bytes(self) -> bytes:
         return self.encode_with()
 
-    def encode_with(self, **raw) -> bytes:
+    def encode_with(self, **raw: Any) -> bytes:
         """Encodes, taking already-encoded bytes for any field named in `raw`.
 
         `raw` maps a field name to its wire bytes (`added_rows=b"..."`, `shift_data=b"..."`, ...) or,
@@ -388,7 +401,7 @@ class UpdateMetadata(_Message):
         """
         b = flatbuffers.Builder(256)
 
-        def vec(name: str, encode) -> int:
+        def vec(name: str, encode: Callable[[Any], Optional[bytes]]) -> int:
             return _vec(b, raw[name] if name in raw else encode(getattr(self, name)))
 
         # step 1 (docs/messages.md#builder-order): the vectors, in Deephaven's order
@@ -406,7 +419,7 @@ class UpdateMetadata(_Message):
             node_bytes = None
         mods = 0
         if node_bytes is not None:
-            nodes = []
+            nodes: list[int] = []
             for data in node_bytes:
                 v = _vec(b, data)
                 FbModCol.Start(b)
@@ -441,11 +454,11 @@ class UpdateMetadata(_Message):
         return _finish(b, FbUpdate.End(b))
 
     @classmethod
-    def from_bytes(cls, data) -> "UpdateMetadata":
+    def from_bytes(cls, data: BytesLike) -> "UpdateMetadata":
         w = "BarrageUpdateMetadata"
         t = _root(data, w)
         mod_tables = t.tables(10, "mod_column_nodes")
-        mods = None
+        mods: Optional[list[Optional[np.ndarray]]] = None
         if mod_tables is not None:
             mods = [_rows(mt.bytes_field(0, "modified_rows"), f"{w}.mod_column_nodes[{i}].modified_rows")
                     for i, mt in enumerate(mod_tables)]
@@ -516,7 +529,7 @@ class BarrageMessageWrapper(_Message):
         return _finish(b, FbWrapper.End(b))
 
     @classmethod
-    def from_bytes(cls, data, *, check_magic: bool = True) -> "BarrageMessageWrapper":
+    def from_bytes(cls, data: BytesLike, *, check_magic: bool = True) -> "BarrageMessageWrapper":
         """Parses a wrapper; raises ProtocolError for a wrong magic (unless `check_magic` is false),
         a message type the schema does not define, or a malformed buffer."""
         t = _root(data, "BarrageMessageWrapper")
@@ -533,7 +546,10 @@ class BarrageMessageWrapper(_Message):
         return cls(msg_type=msg_type, payload=t.bytes_field(2, "msg_payload"), magic=magic)
 
 
-_BY_TYPE = {
+#: the message classes a wrapper's payload may hold
+BarrageMessage = Union[SubscriptionRequest, SnapshotRequest, PublicationRequest, UpdateMetadata]
+
+_BY_TYPE: dict[BarrageMessageType, type[BarrageMessage]] = {
     BarrageMessageType.SUBSCRIPTION_REQUEST: SubscriptionRequest,
     BarrageMessageType.UPDATE_METADATA: UpdateMetadata,
     BarrageMessageType.SNAPSHOT_REQUEST: SnapshotRequest,
@@ -543,7 +559,7 @@ _BY_TYPE = {
 }
 
 
-def wrap(message, msg_type: Optional[int] = None) -> bytes:
+def wrap(message: BarrageMessage, msg_type: Optional[int] = None) -> bytes:
     """Wraps a request or metadata object in a BarrageMessageWrapper and returns its bytes.
 
     The message type comes from the object's class unless `msg_type` is given (e.g.
@@ -552,7 +568,7 @@ def wrap(message, msg_type: Optional[int] = None) -> bytes:
     return BarrageMessageWrapper(msg_type=mt, payload=message.to_bytes()).to_bytes()
 
 
-def unwrap(data) -> tuple[BarrageMessageType, Any]:
+def unwrap(data: BytesLike) -> tuple[BarrageMessageType, BarrageMessage]:
     """Parses wrapper bytes and returns (msg_type, typed message object).
 
     Raises ProtocolError for a wrong magic, a message type this module does not handle (None,

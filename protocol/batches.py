@@ -31,7 +31,7 @@ rules and `split_rows` plays them out for a given row size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -42,9 +42,12 @@ from tickwire.protocol.fb.arrow import Buffer as FbBuffer
 from tickwire.protocol.fb.arrow import FieldNode as FbFieldNode
 from tickwire.protocol.fb.arrow import Message as FbMessage
 from tickwire.protocol.fb.arrow import RecordBatch as FbRecordBatch
-from tickwire.protocol.fbread import root
-from tickwire.protocol.flight import encode_flight_data, flight_data_size
+from tickwire.protocol.fbread import FbTable, root
+from tickwire.protocol.flight import BytesLike, encode_flight_data, flight_data_size
 from tickwire.protocol.schema import fill_sentinels, has_sentinel, is_list_wrapper_field
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # any object with the buffer protocol (PEP 688)
 
 __all__ = [
     "HEADER_SCHEMA",
@@ -80,7 +83,8 @@ def _fixed_width(t: pa.DataType) -> Optional[int]:
     if pa.types.is_boolean(t) or pa.types.is_nested(t) or pa.types.is_dictionary(t):
         return None
     if pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
-        return t.byte_width
+        byte_width: int = t.byte_width
+        return byte_width
     try:
         bits = t.bit_width
     except ValueError:
@@ -89,7 +93,7 @@ def _fixed_width(t: pa.DataType) -> Optional[int]:
 
 
 def _is_var_binary(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_binary(t)
+    return bool(pa.types.is_string(t) or pa.types.is_binary(t))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,8 +103,8 @@ def _is_var_binary(t: pa.DataType) -> bool:
 class _BodyWriter:
     __slots__ = ("parts", "buffers", "nodes", "offset")
 
-    def __init__(self):
-        self.parts: list = []
+    def __init__(self) -> None:
+        self.parts: list[Buffer] = []
         self.buffers: list[tuple[int, int]] = []
         self.nodes: list[tuple[int, int]] = []
         self.offset = 0
@@ -108,7 +112,7 @@ class _BodyWriter:
     def empty(self) -> None:
         self.buffers.append((self.offset, 0))
 
-    def add(self, *pieces) -> None:
+    def add(self, *pieces: Buffer) -> None:
         """Appends one buffer made of `pieces` (bytes-like), zero-padded to a multiple of 8."""
         n = 0
         for p in pieces:
@@ -123,7 +127,7 @@ class _BodyWriter:
         self.offset += padded
 
 
-def _bitmap_pieces(buf: Optional[pa.Buffer], bit_offset: int, n: int) -> list:
+def _bitmap_pieces(buf: Optional[pa.Buffer], bit_offset: int, n: int) -> list[Buffer]:
     """Bits [bit_offset, bit_offset + n) of `buf` starting at bit 0, bits past n zeroed, padded to
     whole 64-bit words. Byte-aligned input is referenced, not copied (except the last partial byte)."""
     words = ((n + 63) // 64) * 8
@@ -136,7 +140,7 @@ def _bitmap_pieces(buf: Optional[pa.Buffer], bit_offset: int, n: int) -> list:
         if mv.nbytes < nbytes:
             raise ProtocolError(f"bitmap of {mv.nbytes} bytes is too short for {n} bits")
         full, rem = divmod(n, 8)
-        pieces = [mv[:full]] if full else []
+        pieces: list[Buffer] = [mv[:full]] if full else []
         if rem:
             pieces.append(bytes([mv[full] & ((1 << rem) - 1)]))
     else:
@@ -196,7 +200,7 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         w.nodes.append((n, nulls))
         _write_validity(w, arr, nulls)
         offs, first, last = _rebased_offsets(arr)
-        w.add(offs)
+        w.add(offs.data)
         if last > first:
             w.add(memoryview(arr.buffers()[2])[first:last])
         else:
@@ -206,7 +210,7 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         w.nodes.append((n, nulls))
         _write_validity(w, arr, nulls)
         offs, first, last = _rebased_offsets(arr)
-        w.add(offs)
+        w.add(offs.data)
         _write_column(w, arr.values.slice(first, last - first), dh_nulls)
         return
     if pa.types.is_fixed_size_list(t):
@@ -238,11 +242,11 @@ class EncodedBatch:
     `header, body_parts, body_length = batch`."""
 
     header: bytes
-    body_parts: list
+    body_parts: list[Buffer]
     body_length: int
     rows: int
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Union[bytes, list[Buffer], int]]:
         return iter((self.header, self.body_parts, self.body_length))
 
     def body(self) -> bytes:
@@ -315,7 +319,7 @@ def encode_record_batch(
         if columns_as_list:
             w.nodes.append((1, 0))
             w.empty()
-            w.add(np.array([0, k], dtype=np.int32))
+            w.add(np.array([0, k], dtype=np.int32).data)
         if arr is None:
             _write_empty(w, t)
         else:
@@ -423,7 +427,7 @@ class MessageInfo:
     compressed: bool = False
 
 
-def _struct_array(t, slot: int, name: str) -> np.ndarray:
+def _struct_array(t: FbTable, slot: int, name: str) -> np.ndarray:
     v = t.vector(slot, name, 16)
     if v is None:
         return np.zeros((0, 2), dtype=np.int64)
@@ -431,7 +435,7 @@ def _struct_array(t, slot: int, name: str) -> np.ndarray:
     return np.frombuffer(t.buf, dtype="<i8", count=2 * count, offset=start).reshape(count, 2).astype(np.int64)
 
 
-def read_message_header(header) -> MessageInfo:
+def read_message_header(header: Union[BytesLike, MessageInfo]) -> MessageInfo:
     """Parses an Arrow Message flatbuffer (raw, as in FlightData.data_header)."""
     if isinstance(header, MessageInfo):
         return header
@@ -472,8 +476,9 @@ def read_message_header(header) -> MessageInfo:
 
 class _Reader:
     def __init__(self, info: MessageInfo, body: pa.Buffer):
-        self.nodes = info.nodes
-        self.buffers = info.buffers
+        assert info.nodes is not None and info.buffers is not None  # read_message_header sets them for batches
+        self.nodes: np.ndarray = info.nodes
+        self.buffers: np.ndarray = info.buffers
         self.body = body
         self.ni = 0
         self.bi = 0
@@ -510,7 +515,8 @@ _EMPTY = pa.py_buffer(b"")
 _ZERO_OFFSET = pa.py_buffer(np.zeros(1, dtype=np.int32).tobytes())
 
 
-def _from_buffers(t, n, buffers, nulls, name, children=None) -> pa.Array:
+def _from_buffers(t: pa.DataType, n: int, buffers: list[Optional[pa.Buffer]], nulls: int, name: str,
+                  children: Optional[list[pa.Array]] = None) -> pa.Array:
     try:
         return pa.Array.from_buffers(t, n, buffers, null_count=nulls, children=children)
     except (pa.ArrowException, ValueError, TypeError) as exc:
@@ -534,6 +540,7 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
         offsets = r.buffer(name)
         if n:
             _need(offsets, 4 * (n + 1), "offsets", name)
+            assert offsets is not None  # _need refused a missing buffer
             offs = np.frombuffer(offsets, dtype="<i4", count=n + 1)
             if offs[0] < 0 or (n and np.any(offs[1:] < offs[:-1])):
                 raise ProtocolError(f"record batch: column {name!r} has negative or decreasing offsets")
@@ -567,8 +574,8 @@ def _has_var_width(t: pa.DataType) -> bool:
     return _is_var_binary(t)
 
 
-def _column_fields(schema, columns_as_list: bool) -> list[tuple[str, pa.DataType]]:
-    out = []
+def _column_fields(schema: _SchemaLike, columns_as_list: bool) -> list[tuple[str, pa.DataType]]:
+    out: list[tuple[str, pa.DataType]] = []
     for i, f in enumerate(schema):
         if isinstance(f, pa.DataType):
             out.append((f"#{i}", f))
@@ -584,7 +591,12 @@ def _column_fields(schema, columns_as_list: bool) -> list[tuple[str, pa.DataType
     return out
 
 
-def decode_record_batch(header, body, schema, *, columns_as_list: bool = False) -> list[pa.Array]:
+#: a pa.Schema, a list of fields or a list of types
+_SchemaLike = Union[pa.Schema, Sequence[pa.Field], Sequence[pa.DataType]]
+
+
+def decode_record_batch(header: Union[BytesLike, MessageInfo], body: Union[BytesLike, pa.Buffer, None],
+                        schema: _SchemaLike, *, columns_as_list: bool = False) -> list[pa.Array]:
     """Reads a RecordBatch into one array per column, each with its own length (ragged batches).
 
     `header` is the Message flatbuffer (or a `MessageInfo` from `read_message_header`), `body`
@@ -599,17 +611,20 @@ def decode_record_batch(header, body, schema, *, columns_as_list: bool = False) 
         raise ProtocolError(f"arrow Message of header type {info.header_type} is not a record batch")
     if info.compressed:
         raise ProtocolError("compressed record batch bodies are not supported")
+    buf: pa.Buffer
     if body is None:
-        body = _EMPTY
-    elif not isinstance(body, pa.Buffer):
+        buf = _EMPTY
+    elif isinstance(body, pa.Buffer):
+        buf = body
+    else:
         try:
-            body = pa.py_buffer(body)
+            buf = pa.py_buffer(body)
         except TypeError:
             raise ProtocolError(f"record batch body must be bytes-like, got {type(body).__name__}") from None
-    if body.size < info.body_length:
-        raise ProtocolError(f"record batch: body has {body.size} bytes, the header declares {info.body_length}")
+    if buf.size < info.body_length:
+        raise ProtocolError(f"record batch: body has {buf.size} bytes, the header declares {info.body_length}")
     fields = _column_fields(schema, columns_as_list)
-    r = _Reader(info, body)
+    r = _Reader(info, buf)
     out = []
     for name, t in fields:
         if columns_as_list:

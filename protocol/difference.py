@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -24,20 +25,22 @@ __all__ = ["Difference", "difference", "equal_mask"]
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
-def _as_array(a) -> pa.Array:
+def _as_array(a: Union[pa.Array, pa.ChunkedArray]) -> pa.Array:
     return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
 
 
 def _validity(a: pa.Array) -> np.ndarray:
     if a.null_count == 0:
         return np.ones(len(a), dtype=bool)
-    return a.is_valid().to_numpy(zero_copy_only=False)
+    valid: np.ndarray = a.is_valid().to_numpy(zero_copy_only=False)
+    return valid
 
 
 def _segments_all(flags: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """For each segment [start, start + length) of `flags`: are all flags true (empty: true)."""
-    bad = np.concatenate(([0], np.cumsum(~flags, dtype=np.int64)))
-    return bad[starts + lengths] - bad[starts] == 0
+    bad: npt.NDArray[np.int64] = np.concatenate(([0], np.cumsum(~flags, dtype=np.int64)))
+    all_true: np.ndarray = bad[starts + lengths] - bad[starts] == 0
+    return all_true
 
 
 def _list_equal(a: pa.Array, b: pa.Array, both_valid: np.ndarray) -> np.ndarray:
@@ -65,7 +68,7 @@ def _list_equal(a: pa.Array, b: pa.Array, both_valid: np.ndarray) -> np.ndarray:
     return eq
 
 
-def equal_mask(a, b) -> np.ndarray:
+def equal_mask(a: Union[pa.Array, pa.ChunkedArray], b: Union[pa.Array, pa.ChunkedArray]) -> np.ndarray:
     """Row-wise equality of two arrays of one type: a bool array, True where the rows are equal.
 
     Nulls equal nulls; NaN equals NaN. Lists compare element by element, structs field by field,
@@ -81,7 +84,7 @@ def equal_mask(a, b) -> np.ndarray:
     t = a.type
     va, vb = _validity(a), _validity(b)
     both_valid = va & vb
-    out = va == vb  # both null: equal; one null: different; both valid: decided below
+    out: np.ndarray = va == vb  # both null: equal; one null: different; both valid: decided below
     if not both_valid.any():
         return out
     if pa.types.is_dictionary(t):
@@ -129,7 +132,7 @@ class Difference:
 OldValues = Union[pa.Table, Callable[[np.ndarray], pa.Table]]
 
 
-def difference(old_keys, new_keys, new_values: pa.Table, old_values: OldValues,
+def difference(old_keys: npt.ArrayLike, new_keys: npt.ArrayLike, new_values: pa.Table, old_values: OldValues,
                columns: Optional[Sequence[str]] = None) -> Difference:
     """The difference from the old state (`old_keys`, ascending and distinct) to the new one
     (`new_keys` with `new_values`, a row each). `old_values` are the old rows' values: a table

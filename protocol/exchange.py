@@ -25,7 +25,7 @@ from typing import Optional, Union
 from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.barrage import BarrageMessageType
-from tickwire.protocol.flight import FlightDescriptor, decode_flight_data
+from tickwire.protocol.flight import BytesLike, FlightDescriptor, decode_flight_data
 
 __all__ = [
     "ExchangeError",
@@ -88,14 +88,17 @@ class HalfClose:
 ExchangeEvent = Union[Opening, Subscribe, ViewChange, Snapshot, HalfClose]
 
 
-def parse_request(app_metadata: bytes) -> tuple[BarrageMessageType, object]:
+def parse_request(app_metadata: bytes) -> tuple[BarrageMessageType,
+                                                 Union[barrage.SubscriptionRequest, barrage.SnapshotRequest]]:
     """(type, request) of a DoExchange message's Barrage metadata; only subscription and snapshot
     requests are accepted."""
     try:
         wrapper = barrage.BarrageMessageWrapper.from_bytes(app_metadata)
         if wrapper.msg_type not in _HANDLED:
             raise ExchangeError(f"DoExchange: unhandled BarrageMessageType: {wrapper.msg_type}")
-        return barrage.unwrap(app_metadata)
+        kind, request = barrage.unwrap(app_metadata)
+        assert isinstance(request, (barrage.SubscriptionRequest, barrage.SnapshotRequest))  # the _HANDLED kinds
+        return kind, request
     except ExchangeError:
         raise
     except ProtocolError as exc:
@@ -113,7 +116,7 @@ class ExchangeReader:
         self.closed = False
         self._messages = 0
 
-    def feed(self, data) -> ExchangeEvent:
+    def feed(self, data: BytesLike) -> ExchangeEvent:
         """The event of one FlightData (bytes-like). Raises ExchangeError for a message the server
         refuses."""
         if self.closed:
@@ -124,7 +127,7 @@ class ExchangeReader:
             self.closed = True
             raise
 
-    def _feed(self, data) -> ExchangeEvent:
+    def _feed(self, data: BytesLike) -> ExchangeEvent:
         try:
             fd = decode_flight_data(data)
         except ProtocolError as exc:
@@ -138,12 +141,12 @@ class ExchangeReader:
         mtype, request = parse_request(fd.app_metadata)
         if self.kind is None:
             self.kind = mtype
-            if mtype == BarrageMessageType.SNAPSHOT_REQUEST:
+            if isinstance(request, barrage.SnapshotRequest):  # mtype SNAPSHOT_REQUEST
                 return Snapshot(request, first=True)
             return Subscribe(request)
         if mtype != self.kind:
             raise ExchangeError(f"DoExchange stream is a {self.kind.name}; cannot accept a {mtype.name}")
-        if mtype == BarrageMessageType.SNAPSHOT_REQUEST:
+        if isinstance(request, barrage.SnapshotRequest):  # mtype SNAPSHOT_REQUEST
             return Snapshot(request, first=False)
         return ViewChange(request)
 

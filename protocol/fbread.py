@@ -10,6 +10,7 @@ import struct
 from typing import Optional
 
 from tickwire.errors import ProtocolError
+from tickwire.protocol.flight import BytesLike
 
 __all__ = ["FbTable", "root"]
 
@@ -38,7 +39,7 @@ class FbTable:
         o = 4 + 2 * slot
         if o + 2 > self.vt_len:
             return 0
-        rel = struct.unpack_from("<H", self.buf, self.vt + o)[0]
+        rel: int = struct.unpack_from("<H", self.buf, self.vt + o)[0]
         if rel == 0:
             return 0
         p = self.pos + rel
@@ -46,15 +47,19 @@ class FbTable:
             raise ProtocolError(f"{self.what}.{name}: field at offset {p} runs past the buffer end")
         return p
 
-    def scalar(self, slot: int, fmt: str, default, name: str):
+    def scalar(self, slot: int, fmt: str, default: int, name: str) -> int:
+        """An integer field (`fmt` is one of struct's integer formats)."""
         p = self._field(slot, struct.calcsize(fmt), name)
-        return default if p == 0 else struct.unpack_from(fmt, self.buf, p)[0]
+        if p == 0:
+            return default
+        value: int = struct.unpack_from(fmt, self.buf, p)[0]
+        return value
 
     def _indirect(self, slot: int, name: str) -> int:
         p = self._field(slot, 4, name)
         if p == 0:
             return 0
-        target = p + struct.unpack_from("<I", self.buf, p)[0]
+        target: int = p + struct.unpack_from("<I", self.buf, p)[0]
         if target + 4 > len(self.buf):
             raise ProtocolError(f"{self.what}.{name}: offset {target} outside the {len(self.buf)}-byte buffer")
         return target
@@ -89,7 +94,7 @@ class FbTable:
         return out
 
 
-def root(data, what: str) -> FbTable:
+def root(data: BytesLike, what: str) -> FbTable:
     buf = bytes(data)
     if len(buf) < 8:
         raise ProtocolError(f"{what}: {len(buf)} bytes is too short for a flatbuffer")

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence, Union
 
 from tickwire.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # any object with the buffer protocol (PEP 688)
 
 __all__ = [
     "DESCRIPTOR_UNKNOWN",
@@ -32,7 +35,11 @@ __all__ = [
     "flight_data_size",
     "encode_varint",
     "varint_size",
+    "BytesLike",
 ]
+
+#: what the decoders accept: any contiguous bytes-like object (pyarrow Buffers too, untyped here)
+BytesLike = Union[bytes, bytearray, memoryview]
 
 DESCRIPTOR_UNKNOWN, DESCRIPTOR_PATH, DESCRIPTOR_CMD = 0, 1, 2
 _TAG_DESCRIPTOR = b"\x0a"
@@ -98,7 +105,7 @@ def _read_varint(buf: memoryview, pos: int, what: str) -> tuple[int, int]:
             raise ProtocolError(f"{what}: varint longer than 10 bytes at offset {pos}")
 
 
-def _iter_fields(buf: memoryview, what: str):
+def _iter_fields(buf: memoryview, what: str) -> Iterator[tuple[int, int, Union[int, memoryview]]]:
     """Yields (field_number, wire_type, value): an int for varint/fixed fields, a memoryview slice
     of `buf` for length-delimited ones."""
     pos = 0
@@ -133,7 +140,7 @@ def _iter_fields(buf: memoryview, what: str):
             raise ProtocolError(f"{what}: unsupported wire type {wire} for field {number} at offset {start}")
 
 
-def _as_bytes_view(data, what: str) -> memoryview:
+def _as_bytes_view(data: BytesLike, what: str) -> memoryview:
     try:
         mv = memoryview(data)
     except TypeError:
@@ -179,11 +186,11 @@ class FlightDescriptor:
         return bytes(out)
 
     @classmethod
-    def from_bytes(cls, data) -> "FlightDescriptor":
+    def from_bytes(cls, data: BytesLike) -> "FlightDescriptor":
         d = cls()
         for number, wire, value in _iter_fields(_as_bytes_view(data, "FlightDescriptor"), "FlightDescriptor"):
             if number == 1:
-                if wire != 0:
+                if wire != 0 or not isinstance(value, int):
                     raise ProtocolError(f"FlightDescriptor: field type has wire type {wire}, expected varint")
                 d.type = value
             elif number == 2:
@@ -219,7 +226,7 @@ class FlightData:
                                   force_body=force_body)
 
 
-def _header_carries_body(header) -> bool:
+def _header_carries_body(header: BytesLike) -> bool:
     """True when `header` is an Arrow Message whose type is RecordBatch or DictionaryBatch.
 
     Reads only the root table's `header_type` (slot 1, one byte); anything unreadable counts as
@@ -252,7 +259,7 @@ def encode_flight_data(
     body: bytes | memoryview | None = None,
     descriptor: FlightDescriptor | None = None,
     *,
-    body_parts: Sequence | None = None,
+    body_parts: Sequence[Buffer] | None = None,
     force_body: bool = False,
 ) -> bytes:
     """Serializes FlightData in Deephaven's field order: descriptor?, data_header, app_metadata?, data_body?.
@@ -263,7 +270,7 @@ def encode_flight_data(
     from `batches.encode_record_batch`) is written as one body without first joining the parts.
     An empty or None `header` writes no data_header field (a descriptor- or metadata-only message).
     """
-    parts: list = []
+    parts: list[Buffer] = []
     if descriptor is not None:
         raw = descriptor.to_bytes()
         parts += [_TAG_DESCRIPTOR, encode_varint(len(raw)), raw]
@@ -282,7 +289,7 @@ def encode_flight_data(
     return b"".join(parts)
 
 
-def decode_flight_data(data) -> FlightData:
+def decode_flight_data(data: BytesLike) -> FlightData:
     """Parses FlightData bytes. The body is a memoryview into `data` (no copy); the header and
     metadata are copied to bytes (they are small and outlive the input buffer in practice)."""
     buf = _as_bytes_view(data, "FlightData")
@@ -290,7 +297,7 @@ def decode_flight_data(data) -> FlightData:
     for number, wire, value in _iter_fields(buf, "FlightData"):
         if number not in (1, 2, 3, _FIELD_BODY):
             continue
-        if wire != 2:
+        if wire != 2 or not isinstance(value, memoryview):
             raise ProtocolError(f"FlightData: field {number} has wire type {wire}, expected length-delimited")
         if number == 1:
             fd.descriptor = FlightDescriptor.from_bytes(value)
@@ -303,7 +310,7 @@ def decode_flight_data(data) -> FlightData:
     return fd
 
 
-def iter_flight_data(payloads: Iterable[bytes]):
+def iter_flight_data(payloads: Iterable[BytesLike]) -> Iterator[FlightData]:
     """Decodes each payload of an iterable of serialized FlightData."""
     for p in payloads:
         yield decode_flight_data(p)

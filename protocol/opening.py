@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from tickwire.protocol import barrage
@@ -39,16 +40,16 @@ __all__ = [
 OPENING_COMMAND = b"dphn"
 
 
-def _columns(columns) -> Optional[np.ndarray]:
+def _columns(columns: Optional[npt.ArrayLike]) -> Optional[np.ndarray]:
     return None if columns is None else np.asarray(columns, dtype=np.int64).ravel()
 
 
-def _viewport(viewport) -> Optional[np.ndarray]:
+def _viewport(viewport: Optional[npt.ArrayLike]) -> Optional[np.ndarray]:
     return None if viewport is None else np.asarray(viewport, dtype=np.int64).reshape(-1, 2)
 
 
-def subscription_request(ticket: bytes, *, columns: Optional[Sequence[int]] = None,
-                         viewport: Optional[Sequence[tuple[int, int]]] = None, reverse: bool = False,
+def subscription_request(ticket: bytes, *, columns: Optional[npt.ArrayLike] = None,
+                         viewport: Optional[npt.ArrayLike] = None, reverse: bool = False,
                          options: Optional[barrage.SubscriptionOptions] = None) -> bytes:
     """The wrapped BarrageSubscriptionRequest: a full subscription without `viewport`, column
     indices in `columns` (None: every column), inclusive position ranges in `viewport`."""
@@ -57,8 +58,8 @@ def subscription_request(ticket: bytes, *, columns: Optional[Sequence[int]] = No
         options=options if options is not None else barrage.SubscriptionOptions()))
 
 
-def snapshot_request(ticket: bytes, *, columns: Optional[Sequence[int]] = None,
-                     viewport: Optional[Sequence[tuple[int, int]]] = None, reverse: bool = False,
+def snapshot_request(ticket: bytes, *, columns: Optional[npt.ArrayLike] = None,
+                     viewport: Optional[npt.ArrayLike] = None, reverse: bool = False,
                      options: Optional[barrage.SnapshotOptions] = None) -> bytes:
     """The wrapped BarrageSnapshotRequest (same arguments as `subscription_request`)."""
     return barrage.wrap(barrage.SnapshotRequest(
@@ -91,7 +92,7 @@ def put_opening(path: Sequence[str], schema: pa.Schema, *, use_deephaven_nulls: 
     schema's `tickwire:keys` metadata, making a new table keyed."""
     if keys:
         schema = schema.with_metadata({**(schema.metadata or {}), b"tickwire:keys": ",".join(keys).encode()})
-    desc = FlightDescriptor.for_path(*path)
+    desc: Optional[FlightDescriptor] = FlightDescriptor.for_path(*path)
     out = []
     if use_deephaven_nulls or columns_as_list:
         out.append(encode_flight_data(b"", put_options(use_deephaven_nulls=use_deephaven_nulls,

@@ -19,6 +19,7 @@ from typing import Optional, Union
 import pyarrow as pa
 
 from tickwire.errors import ProtocolError
+from tickwire.protocol.flight import BytesLike, FlightData
 from tickwire.protocol.schema import from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate, StreamDecoder
 
@@ -64,7 +65,7 @@ class ResponseReader:
     def in_message(self) -> bool:
         return self._decoder.in_message
 
-    def feed(self, data) -> list[ResponseEvent]:
+    def feed(self, data: Union[BytesLike, FlightData]) -> list[ResponseEvent]:
         """The events of one FlightData: SchemaReceived when it is the schema, UpdateReceived when
         it completes a logical message, else nothing. Raises ProtocolError for bad input."""
         had_schema = self._decoder.schema is not None

@@ -17,8 +17,10 @@ direct scan, which is faster for the few bytes most messages carry).
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from tickwire.errors import ProtocolError
+from tickwire.protocol.flight import BytesLike
 
 __all__ = [
     "EMPTY_RANGES",
@@ -58,11 +60,12 @@ _SMALL_INPUT = 512  # bytes; below this a direct scan beats the vectorized decod
 # keys <-> ranges
 # ----------------------------------------------------------------------------------------------
 
-def keys_to_ranges(keys) -> np.ndarray:
+def keys_to_ranges(keys: npt.ArrayLike) -> np.ndarray:
     """Sorted, distinct non-negative keys -> maximal closed ranges, shape (n, 2)."""
     k = np.asarray(keys, dtype=np.int64).ravel()
     if k.size == 0:
-        return EMPTY_RANGES.copy()
+        empty: np.ndarray = EMPTY_RANGES.copy()
+        return empty
     if k[0] < 0:
         raise ValueError(f"row keys must be non-negative, got {int(k[0])}")
     d = np.diff(k)
@@ -77,7 +80,7 @@ def keys_to_ranges(keys) -> np.ndarray:
     return out
 
 
-def ranges_to_keys(ranges) -> np.ndarray:
+def ranges_to_keys(ranges: npt.ArrayLike) -> np.ndarray:
     """Closed ranges (n, 2) -> the 1-D int64 array of every key they hold, ascending."""
     r = _as_ranges(ranges)
     if r.shape[0] == 0:
@@ -89,13 +92,13 @@ def ranges_to_keys(ranges) -> np.ndarray:
     return offsets + np.arange(total, dtype=np.int64)
 
 
-def rowset_size(ranges) -> int:
+def rowset_size(ranges: npt.ArrayLike) -> int:
     """Number of keys in a range array."""
     r = _as_ranges(ranges)
     return int((r[:, 1] - r[:, 0] + 1).sum()) if r.shape[0] else 0
 
 
-def _as_ranges(ranges) -> np.ndarray:
+def _as_ranges(ranges: npt.ArrayLike) -> np.ndarray:
     r = np.asarray(ranges, dtype=np.int64)
     if r.size == 0:
         return EMPTY_RANGES
@@ -104,7 +107,7 @@ def _as_ranges(ranges) -> np.ndarray:
     return r
 
 
-def merge_ranges(ranges) -> np.ndarray:
+def merge_ranges(ranges: npt.ArrayLike) -> np.ndarray:
     """Closed ranges in any order, overlapping or adjacent, as sorted disjoint ones with the
     overlapping and adjacent ones joined (viewports: a client may name positions twice)."""
     r = _as_ranges(ranges)
@@ -121,7 +124,7 @@ def merge_ranges(ranges) -> np.ndarray:
     return np.ascontiguousarray(np.stack([starts, ends[last_of_run]], axis=1), dtype=np.int64)
 
 
-def normalize_ranges(ranges) -> np.ndarray:
+def normalize_ranges(ranges: npt.ArrayLike) -> np.ndarray:
     """Validates sorted, disjoint, non-negative closed ranges and merges adjacent ones."""
     r = _as_ranges(ranges)
     n = r.shape[0]
@@ -193,7 +196,7 @@ def _deltas(r: np.ndarray) -> np.ndarray:
     return d
 
 
-def encode_rowset(ranges) -> bytes:
+def encode_rowset(ranges: npt.ArrayLike) -> bytes:
     """Encodes closed ranges as Deephaven's compressed-delta RowSet bytes (docs/rowsets.md#encoding-rules)."""
     r = normalize_ranges(ranges)
     if r.shape[0] == 0:
@@ -220,7 +223,7 @@ def _encode_deltas(d: np.ndarray) -> np.ndarray:
     inside = run_end < m
     follows_big_or_end[inside] = big[run_end[inside]]
     split = follows_big_or_end | (run_len >= 4)
-    in_split = np.zeros(m + 1, dtype=np.int64)
+    in_split: np.ndarray = np.zeros(m + 1, dtype=np.int64)
     np.add.at(in_split, run_start[split], 1)
     np.add.at(in_split, run_end[split], -1)
     in_split = np.cumsum(in_split[:m]) > 0
@@ -275,7 +278,7 @@ def _encode_deltas(d: np.ndarray) -> np.ndarray:
 # decoding
 # ----------------------------------------------------------------------------------------------
 
-def decode_rowset(data) -> np.ndarray:
+def decode_rowset(data: BytesLike) -> np.ndarray:
     """Decodes RowSet bytes into maximal closed ranges, shape (n, 2) int64.
 
     Raises ProtocolError for truncated input, unknown command bytes, trailing bytes after END,
@@ -287,7 +290,7 @@ def decode_rowset(data) -> np.ndarray:
     return ranges
 
 
-def decode_rowset_at(data, pos: int = 0) -> tuple[np.ndarray, int]:
+def decode_rowset_at(data: BytesLike, pos: int = 0) -> tuple[np.ndarray, int]:
     """Decodes one RowSet that starts at byte `pos`; returns (ranges, offset just past its END)."""
     buf = np.frombuffer(data, dtype=np.uint8)
     if pos >= buf.size:
@@ -422,7 +425,8 @@ def _decode_commands_vectorized(buf: np.ndarray, pos: int) -> tuple[np.ndarray, 
 
 def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:
     if v.size == 0:
-        return EMPTY_RANGES.copy()
+        empty: np.ndarray = EMPTY_RANGES.copy()
+        return empty
     if np.any(v == np.iinfo(np.int64).min):
         raise ProtocolError("row set: delta out of range (-2^63)")
     neg = v < 0
@@ -453,7 +457,7 @@ def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:
 # shift data
 # ----------------------------------------------------------------------------------------------
 
-def encode_shifts(starts, ends, dests) -> bytes:
+def encode_shifts(starts: npt.ArrayLike, ends: npt.ArrayLike, dests: npt.ArrayLike) -> bytes:
     """Encodes RowSetShiftData: RowSet(starts) + RowSet(ends) + RowSet(dests) (docs/rowsets.md#shift-data).
 
     Each shift i moves keys [starts[i], ends[i]] to start at dests[i]. A negative shift whose
@@ -480,7 +484,7 @@ def encode_shifts(starts, ends, dests) -> bytes:
     return encode_rowset(keys_to_ranges(s)) + encode_rowset(keys_to_ranges(e)) + encode_rowset(keys_to_ranges(t))
 
 
-def decode_shifts(data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decode_shifts(data: BytesLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decodes shift data into (starts, ends, dests), 1-D int64 arrays of equal length."""
     mv = memoryview(data)
     rs, p = decode_rowset_at(mv, 0)
@@ -501,7 +505,7 @@ def decode_shifts(data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # column bitsets
 # ----------------------------------------------------------------------------------------------
 
-def encode_bitset(indices) -> bytes:
+def encode_bitset(indices: npt.ArrayLike) -> bytes:
     """Column indices -> Java BitSet.toByteArray bytes: LSB first, no trailing zero bytes."""
     idx = np.asarray(indices, dtype=np.int64).ravel()
     if idx.size == 0:
@@ -513,7 +517,7 @@ def encode_bitset(indices) -> bytes:
     return np.packbits(bits, bitorder="little").tobytes()
 
 
-def decode_bitset(data) -> np.ndarray:
+def decode_bitset(data: BytesLike) -> np.ndarray:
     """BitSet bytes -> ascending 1-D int64 array of the set bit indices."""
     b = np.frombuffer(data, dtype=np.uint8)
     return np.flatnonzero(np.unpackbits(b, bitorder="little")).astype(np.int64)

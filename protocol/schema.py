@@ -28,13 +28,14 @@ over rows.
 from __future__ import annotations
 
 import struct
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.errors import ProtocolError
+from tickwire.protocol.flight import BytesLike
 
 __all__ = [
     "DH_TYPE",
@@ -156,7 +157,8 @@ def numpy_storage_dtype(t: pa.DataType) -> Optional[np.dtype]:
     if pa.types.is_boolean(t):
         return np.dtype(bool)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return np.dtype(t.to_pandas_dtype())
+        dtype: np.dtype = np.dtype(t.to_pandas_dtype())
+        return dtype
     if pa.types.is_timestamp(t) or pa.types.is_duration(t) or pa.types.is_date64(t) or pa.types.is_time64(t):
         return np.dtype(np.int64)
     if pa.types.is_date32(t) or pa.types.is_time32(t):
@@ -165,8 +167,8 @@ def numpy_storage_dtype(t: pa.DataType) -> Optional[np.dtype]:
 
 
 def _is_any_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) \
-        or pa.types.is_list_view(t) or pa.types.is_large_list_view(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+                or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
 
 
 def deephaven_type_for(t: pa.DataType, *, nullable: bool = True, allow_large: bool = True) -> str:
@@ -354,7 +356,7 @@ def _field_metadata(f: pa.Field, names: set[str]) -> dict[bytes, bytes]:
     return md
 
 
-def _attribute_entry(value) -> Optional[tuple[str, str]]:
+def _attribute_entry(value: object) -> Optional[tuple[str, str]]:
     """(text, Java class) of an attribute value Deephaven sends as metadata, None otherwise."""
     if isinstance(value, (bool, np.bool_)):
         return ("true" if value else "false"), "java.lang.Boolean"
@@ -490,7 +492,7 @@ def _limbs_to_le(limbs: np.ndarray) -> np.ndarray:
 
 def _negate_rows(limbs: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Two's complement negation (mod 2^(32L)) of the rows selected by the bool mask `rows`."""
-    out = limbs.copy()
+    out: np.ndarray = limbs.copy()
     if not rows.any():
         return out
     sub = (~limbs[rows]) & _M32
@@ -557,7 +559,8 @@ def _validity_buffer(valid: np.ndarray) -> tuple[Optional[pa.Buffer], int]:
 def _valid_mask(arr: pa.Array) -> np.ndarray:
     if arr.null_count == 0:
         return np.ones(len(arr), dtype=bool)
-    return pc.is_valid(arr).to_numpy(zero_copy_only=False)
+    valid: np.ndarray = pc.is_valid(arr).to_numpy(zero_copy_only=False)
+    return valid
 
 
 def _signed_to_min_bytes(neg: np.ndarray, mag: np.ndarray, valid: np.ndarray,
@@ -689,7 +692,8 @@ def _parse_min_bytes(arr: pa.Array, with_scale: bool) -> tuple[np.ndarray, np.nd
     return neg, mag, scale, valid
 
 
-def _assemble_decimal(neg, mag, scale, valid, target: Optional[pa.DataType], what: str) -> pa.Array:
+def _assemble_decimal(neg: np.ndarray, mag: np.ndarray, scale: np.ndarray, valid: np.ndarray,
+                      target: Optional[pa.DataType], what: str) -> pa.Array:
     n = mag.shape[0]
     nonzero = mag.any(axis=1) & valid
     if target is not None:
@@ -755,7 +759,7 @@ def _rebuild_list(arr: pa.Array, values: pa.Array) -> pa.Array:
                                  offset=arr.offset, children=[values])
 
 
-def to_wire_array(arr, wire_type: Optional[pa.DataType] = None) -> pa.Array:
+def to_wire_array(arr: Union[pa.Array, pa.ChunkedArray], wire_type: Optional[pa.DataType] = None) -> pa.Array:
     """Converts one column's values to `wire_type_for(arr.type)` (docs/schema.md#type-mapping); wire-typed input is
     returned unchanged (no copy). With `wire_type` (one of `served_types`), values already of that
     type are returned unchanged too (an uploaded type the table keeps)."""
@@ -787,7 +791,7 @@ def to_wire_array(arr, wire_type: Optional[pa.DataType] = None) -> pa.Array:
     return pc.cast(arr, target)
 
 
-def to_wire_arrays(data) -> list[pa.Array]:
+def to_wire_arrays(data: Union[pa.Table, pa.RecordBatch, Sequence[pa.Array]]) -> list[pa.Array]:
     """`to_wire_array` for every column of a Table, RecordBatch or sequence of arrays."""
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         data = data.columns
@@ -804,8 +808,8 @@ def _component_of(dh_type: Optional[str], component: Optional[str]) -> Optional[
     return _VECTOR_COMPONENTS.get(dh_type)
 
 
-def from_wire_array(arr, dh_type: Optional[str] = None, *, component_type: Optional[str] = None,
-                    target_type: Optional[pa.DataType] = None) -> pa.Array:
+def from_wire_array(arr: Union[pa.Array, pa.ChunkedArray], dh_type: Optional[str] = None, *,
+                    component_type: Optional[str] = None, target_type: Optional[pa.DataType] = None) -> pa.Array:
     """Wire values back to natural Arrow values, guided by the Deephaven type.
 
     BigDecimal binary -> decimal (see `deephaven_binary_to_decimal`), BigInteger binary -> decimal
@@ -840,7 +844,8 @@ def from_wire_array(arr, dh_type: Optional[str] = None, *, component_type: Optio
     return out
 
 
-def from_wire_arrays(arrays: Sequence, schema: pa.Schema, target_schema: Optional[pa.Schema] = None) -> list[pa.Array]:
+def from_wire_arrays(arrays: Sequence[pa.Array], schema: pa.Schema,
+                     target_schema: Optional[pa.Schema] = None) -> list[pa.Array]:
     """`from_wire_array` for every column, with each field's `deephaven:type` and `componentType`
     (list-wrapped schemas are unwrapped first) and, optionally, the types of `target_schema`."""
     fields = [f.type.value_field if is_list_wrapper_field(f) else f for f in schema]
@@ -868,18 +873,19 @@ def ipc_encapsulated_schema(schema: pa.Schema) -> bytes:
     """`FF FF FF FF`, int32 LE length, the Schema Message flatbuffer, zero padding to a multiple of 8
     (docs/messages.md#arrow-message-headers-and-encapsulated-schemas): the form of FlightInfo.schema,
     SchemaResult.schema and ExportedTableCreationResponse.schema_header."""
-    return schema.serialize().to_pybytes()
+    raw: bytes = schema.serialize().to_pybytes()
+    return raw
 
 
 def schema_message(schema: pa.Schema) -> bytes:
     """The raw Schema Message flatbuffer (root offset first, no continuation, no length), as
     FlightData.data_header carries it."""
-    enc = schema.serialize().to_pybytes()
+    enc: bytes = schema.serialize().to_pybytes()
     length = struct.unpack_from("<i", enc, 4)[0]
     return enc[8:8 + length]
 
 
-def read_schema_message(data) -> pa.Schema:
+def read_schema_message(data: BytesLike) -> pa.Schema:
     """Reads a Schema message in either form: raw flatbuffer or IPC-encapsulated."""
     raw = bytes(data)
     if len(raw) < 8:
@@ -902,7 +908,7 @@ def read_schema_message(data) -> pa.Schema:
     return schema
 
 
-def _check_names(fields) -> None:
+def _check_names(fields: Iterable[pa.Field]) -> None:
     """Reads every field name (nested ones too): names that are not UTF-8 raise here."""
     for f in fields:
         _ = f.name
@@ -923,7 +929,7 @@ def _int_storage(t: pa.DataType) -> Optional[pa.DataType]:
     return None
 
 
-def sentinel_for(t: pa.DataType):
+def sentinel_for(t: pa.DataType) -> Union[int, float, None]:
     """The Deephaven null sentinel stored at a null slot of a column of Arrow wire type `t`, or None."""
     if pa.types.is_int8(t):
         return -(2**7)

@@ -95,7 +95,7 @@ def export_ticket(export_id: int) -> bytes:
     return ExportTicket(export_id).to_bytes()
 
 
-def _brief(value, limit: int = 80) -> str:
+def _brief(value: object, limit: int = 80) -> str:
     """repr(value) for an error message, cut to about `limit` characters (a ticket or a path can be
     arbitrarily long, and the message is sent back to the client)."""
     r = repr(value)

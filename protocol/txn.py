@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tickwire.errors import ProtocolError
+from tickwire.protocol.flight import BytesLike
 
 __all__ = ["Transaction", "CommitRequest", "AbortRequest", "TxnError", "is_transaction", "parse_transaction",
            "parse_commit", "parse_abort", "ACTION_COMMIT", "ACTION_ABORT", "ACTION_STAGING", "MODES",
@@ -108,12 +109,12 @@ class AbortRequest:
         return _dump({"tickwire": "abort", "producer": self.producer, "batch": self.batch})
 
 
-def is_transaction(app_metadata) -> bool:
+def is_transaction(app_metadata: BytesLike) -> bool:
     """True when DoPut `app_metadata` is a JSON object (a transaction), not Barrage options."""
     return bytes(app_metadata[:1]) == b"{"
 
 
-def parse_transaction(raw) -> Transaction:
+def parse_transaction(raw: BytesLike) -> Transaction:
     obj = _load(raw, "txn", "DoPut transaction")
     _only(obj, {"tickwire", "producer", "batch", "part", "attempt", "commit", "mode", "keys", "delete_column",
                 "max_rows"}, "DoPut transaction")
@@ -127,7 +128,7 @@ def parse_transaction(raw) -> Transaction:
                        commit=commit, **_mode(obj, "DoPut transaction"))
 
 
-def parse_commit(raw) -> CommitRequest:
+def parse_commit(raw: BytesLike) -> CommitRequest:
     what = f"action {ACTION_COMMIT}"
     obj = _load(raw, "commit", what)
     _only(obj, {"tickwire", "producer", "batch", "table", "parts", "mode", "keys", "delete_column", "max_rows"},
@@ -153,7 +154,7 @@ def parse_commit(raw) -> CommitRequest:
                          table=_name(obj, "table", what), parts=tuple(pairs), **mode)
 
 
-def parse_abort(raw) -> AbortRequest:
+def parse_abort(raw: BytesLike) -> AbortRequest:
     what = f"action {ACTION_ABORT}"
     obj = _load(raw, "abort", what)
     _only(obj, {"tickwire", "producer", "batch"}, what)
@@ -162,11 +163,11 @@ def parse_abort(raw) -> AbortRequest:
 
 # -- helpers ------------------------------------------------------------------------------------------
 
-def _dump(obj: dict) -> bytes:
+def _dump(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _mode_json(m: _Mode) -> dict:
+def _mode_json(m: _Mode) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if m.mode is not None:
         out["mode"] = m.mode
@@ -179,7 +180,7 @@ def _mode_json(m: _Mode) -> dict:
     return out
 
 
-def _load(raw, kind: str, what: str) -> dict:
+def _load(raw: BytesLike, kind: str, what: str) -> dict[str, Any]:
     raw = bytes(raw)
     if len(raw) > MAX_BODY:
         raise TxnError(f"{what}: more than {MAX_BODY} bytes")
@@ -194,13 +195,13 @@ def _load(raw, kind: str, what: str) -> dict:
     return obj
 
 
-def _only(obj: dict, allowed: set, what: str) -> None:
+def _only(obj: dict[str, Any], allowed: set[str], what: str) -> None:
     extra = sorted(k for k in obj if k not in allowed)
     if extra:
         raise TxnError(f"{what}: unknown field {str(extra[0])[:40]!r} (known: {', '.join(sorted(allowed))})")
 
 
-def _name(obj: dict, key: str, what: str, default: Optional[str] = None) -> str:
+def _name(obj: dict[str, Any], key: str, what: str, default: Optional[str] = None) -> str:
     v = obj.get(key, default)
     if isinstance(v, int) and not isinstance(v, bool):
         v = str(v)
@@ -209,14 +210,14 @@ def _name(obj: dict, key: str, what: str, default: Optional[str] = None) -> str:
     return v
 
 
-def _batch(obj: dict, what: str) -> int:
+def _batch(obj: dict[str, Any], what: str) -> int:
     v = obj.get("batch")
     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= _MAX_BATCH:
         raise TxnError(f"{what}: 'batch' must be an integer from 0 to 2^63-1, got {str(v)[:40]!r}")
     return v
 
 
-def _mode(obj: dict, what: str) -> dict:
+def _mode(obj: dict[str, Any], what: str) -> dict[str, Any]:
     mode = obj.get("mode")
     if mode is not None and mode not in MODES:
         raise TxnError(f"{what}: 'mode' must be one of {', '.join(MODES)}, got {str(mode)[:40]!r}")

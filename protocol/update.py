@@ -8,7 +8,7 @@ data at all. Readers find the end by counting rows, since Barrage has no batch c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -23,7 +23,7 @@ from tickwire.protocol.batches import (
     encode_record_batch,
     read_message_header,
 )
-from tickwire.protocol.flight import FlightData, decode_flight_data, encode_flight_data
+from tickwire.protocol.flight import BytesLike, FlightData, decode_flight_data, encode_flight_data
 from tickwire.protocol.schema import (
     list_wrapped_schema,
     read_schema_message,
@@ -77,8 +77,6 @@ def encode_update(
     is the first batch size to try (Deephaven's 4096 when 0).
     """
     ncols = len(types)
-    opts = {"use_deephaven_nulls": use_deephaven_nulls, "columns_as_list": columns_as_list,
-                "batch_size": batch_size, "max_message_size": max_message_size}
     out: list[bytes] = []
     first_md: Optional[bytes] = metadata if metadata else None
     overhead = len(metadata) + 16
@@ -88,7 +86,9 @@ def encode_update(
         if len(phase) != ncols:
             raise ValueError(f"{len(phase)} columns for a schema of {ncols}")
         for enc in encode_batches(phase, types, overhead=overhead if first_md is not None else 16,
-                                  initial_rows=initial_batch_rows, **opts):
+                                  initial_rows=initial_batch_rows, use_deephaven_nulls=use_deephaven_nulls,
+                                  columns_as_list=columns_as_list, batch_size=batch_size,
+                                  max_message_size=max_message_size):
             out.append(encode_flight_data(enc.header, first_md, body_parts=enc.body_parts))
             first_md = None
     if not out:
@@ -120,7 +120,7 @@ class StreamDecoder:
     def in_message(self) -> bool:
         return self._pending is not None
 
-    def feed(self, data) -> Optional[BarrageUpdate]:
+    def feed(self, data: Union[BytesLike, FlightData]) -> Optional[BarrageUpdate]:
         fd = data if isinstance(data, FlightData) else decode_flight_data(data)
         if not fd.data_header:
             if fd.app_metadata is not None:
@@ -143,7 +143,7 @@ class StreamDecoder:
             if self._pending is not None:
                 raise ProtocolError("new Barrage metadata before the previous message was complete")
             kind, md = barrage.unwrap(fd.app_metadata)
-            if kind != barrage.BarrageMessageType.UPDATE_METADATA:
+            if kind != barrage.BarrageMessageType.UPDATE_METADATA or not isinstance(md, barrage.UpdateMetadata):
                 raise ProtocolError(f"server sent Barrage message type {kind.name}, expected update metadata")
             self._start(md)
         elif self._pending is None:
@@ -156,6 +156,7 @@ class StreamDecoder:
         return None
 
     def _start(self, md: Optional[barrage.UpdateMetadata]) -> None:
+        assert self.schema is not None  # feed starts a message only after the schema
         n = len(self.schema)
         self._pending = BarrageUpdate(md)
         if md is None:
@@ -194,6 +195,7 @@ class StreamDecoder:
 
     def _finish(self) -> BarrageUpdate:
         up = self._pending
+        assert up is not None and self.schema is not None  # _take made the message complete
         fields = list(self.schema)
         up.added = [self._concat(parts, f) for parts, f in zip(self._add_parts, fields)]
         up.modified = [self._concat(parts, f) for parts, f in zip(self._mod_parts, fields)]
@@ -211,7 +213,8 @@ class StreamDecoder:
         return sentinels_to_nulls(arr) if self.use_deephaven_nulls else arr
 
 
-def decode_stream(payloads: Iterable, **kw) -> tuple[Optional[pa.Schema], list[BarrageUpdate]]:
+def decode_stream(payloads: Iterable[Union[BytesLike, FlightData]],
+                  **kw: bool) -> tuple[Optional[pa.Schema], list[BarrageUpdate]]:
     """Decodes a whole server stream; returns (schema, updates)."""
     dec = StreamDecoder(**kw)
     updates = [u for u in (dec.feed(p) for p in payloads) if u is not None]

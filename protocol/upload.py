@@ -36,7 +36,7 @@ from tickwire.protocol.batches import (
     decode_record_batch,
     read_message_header,
 )
-from tickwire.protocol.flight import DESCRIPTOR_PATH, decode_flight_data
+from tickwire.protocol.flight import DESCRIPTOR_PATH, BytesLike, decode_flight_data
 from tickwire.protocol.schema import (
     check_wire_schema,
     from_wire_arrays,
@@ -150,7 +150,8 @@ def check_put_keys(schema: pa.Schema) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def decode_put_batch(info: MessageInfo, body, schema: pa.Schema, dh_nulls: bool, as_list: bool) -> pa.Table:
+def decode_put_batch(info: MessageInfo, body: Optional[BytesLike], schema: pa.Schema, dh_nulls: bool,
+                     as_list: bool) -> pa.Table:
     """One uploaded RecordBatch as a pa.Table of natural values: Deephaven nulls read as nulls when
     `dh_nulls`, list-wrapped columns unwrapped when `as_list`; columns of different lengths and
     instants, durations and times that do not fit in nanoseconds are refused."""
@@ -200,11 +201,11 @@ def _char_and_element_nulls(arr: pa.Array) -> pa.Array:
 
 
 def _is_list_like(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_fixed_size_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def _is_temporal(t: pa.DataType) -> bool:
-    return pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
+    return bool(pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t))
 
 
 def _check_time_of_day(f: pa.Field, ns: pa.Array) -> None:
@@ -245,7 +246,7 @@ class UploadDecoder:
         self.closed = False
         self.transaction: Optional[Transaction] = None
 
-    def feed(self, data) -> list[UploadEvent]:
+    def feed(self, data: BytesLike) -> list[UploadEvent]:
         """The events of one FlightData (bytes-like), in order: a Destination when the first
         descriptor arrives, a Transaction when its app_metadata names one, then at most one of
         Options, UploadSchema or Batch. Raises UploadError
@@ -258,7 +259,7 @@ class UploadDecoder:
             self.closed = True
             raise
 
-    def _feed(self, data) -> list[UploadEvent]:
+    def _feed(self, data: BytesLike) -> list[UploadEvent]:
         try:
             fd = decode_flight_data(data)
         except ProtocolError as exc:

@@ -105,6 +105,7 @@ class TickwireServer:
         self.port: Optional[int] = None
         self.tls = None
         if cfg.tls_cert is not None:
+            assert cfg.tls_key is not None  # ServerConfig takes both or neither
             self.tls = (cfg.tls_cert.read_bytes(), cfg.tls_key.read_bytes())
         self.ctx = ServerContext(self.engine, cfg)
         self.executor = self.ctx.executor
@@ -205,6 +206,7 @@ class TickwireServer:
         if self.requested_metrics_port is not None:
             self.metrics_port = await observability.listen(self.host, self.requested_metrics_port)
         if web_on_main:
+            assert listener is not None and self.web is not None  # both made above when the web shares the port
             self.splitter = PortSplitter(listener, upstream, self.web.protocol_factory)
             self.splitter.start()
             self.web_port = port
@@ -253,7 +255,7 @@ class TickwireServer:
                 # before anything is served: a client never sees a table that is still coming back
                 engine.open()
                 self.recovered = list(engine.recovered)
-                errors = engine.storage.errors if engine.storage is not None else {}
+                errors: dict[str, str] = engine.storage.errors if engine.storage is not None else {}
                 log.info("data directory %s: %d table(s) recovered%s", engine.config.data_dir, len(self.recovered),
                          "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
             if self.perf is not None:  # the performance tables exist before anything is served

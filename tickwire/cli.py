@@ -76,12 +76,13 @@ def _serve(s: Settings) -> int:
     try:
         if config.engine.data_dir is not None:
             names = ", ".join(t.name for t in server.recovered) or "none"
-            print(f"data directory {config.engine.data_dir}: tables recovered: {names}", flush=True)
+            print(f"data directory {s.data_dir}: tables recovered: {names}", flush=True)  # as given
         for target, table in server.upstreams:
             print(f"replicating {target}/{table} as {table!r}", flush=True)
         signal.signal(signal.SIGINT, lambda *_: done.set())
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         tables = server.ctx.scope.names()
+        assert server.port is not None  # bound by start()
         print(connect_help(config.host, server.port, config.psk, server.web_url, tls=server.tls is not None,
                            tables=tables, tls_cert=config.tls_cert), flush=True)
         started = clock.monotonic()

@@ -5,9 +5,10 @@ TickwireServer; and the "how to connect" text that `tickwire serve` and `tickwir
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 from urllib.parse import quote
 
 from tickwire.options import mask, probe_ports
@@ -27,7 +28,7 @@ def _pick(tables: list[str], preferred: str) -> str:
 
 def connect_help(host: str, port: int, psk: Optional[str] = None, web_url: Optional[str] = None,
                  grid_table: Optional[str] = None, *, tls: bool = False, tables: Optional[Sequence[str]] = None,
-                 tls_cert: Optional[str] = None) -> str:
+                 tls_cert: Union[str, os.PathLike[str], None] = None) -> str:
     """How to reach the server's tables with each client: the examples name `tables` (the tables
     served now; none: how to add one), use TLS when `tls` (`tls_cert`: the certificate a client of
     a self-signed server trusts), and show the pre-shared key `psk` masked. `web_url`: the
@@ -162,6 +163,7 @@ def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark
                     and not clock.wait(done, 0.1):
                 pass
         if server is not None and not done.is_set():
+            assert server.port is not None  # bound by start()
             out(connect_help(config.host, server.port, config.psk, server.web_url, tls=server.tls is not None,
                              tables=engine.public_names(), tls_cert=config.tls_cert))
         out(f"tickwire demo: tables {', '.join(sorted(engine.public_names()))}; Ctrl-C stops")
@@ -172,6 +174,7 @@ def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark
                 signal.signal(signal.SIGINT, on_signal)  # Spark may install its own handler again
             now = clock.monotonic()
             if next_status is not None and now >= next_status:
+                assert status_interval_s is not None  # next_status is set only with an interval
                 next_status = now + status_interval_s
                 with engine.reading():
                     sizes = ", ".join(f"{t.name}={t.size}" for t in sorted(engine.tables(), key=lambda t: t.name))

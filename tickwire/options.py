@@ -217,19 +217,19 @@ def _convert(o: Option, raw: Any, source: str) -> Any:
         if isinstance(raw, bool):
             raise fail("want a number")
         try:
-            value = float(str(raw).strip())
+            number = float(str(raw).strip())
         except ValueError:
             raise fail("want a number") from None
-        if not value > 0 or value != value or value == float("inf"):
+        if not number > 0 or number != number or number == float("inf"):
             raise fail("want a number above 0")
-        return value
+        return number
     if not isinstance(raw, str):
         raise fail("want a string")
     if o.kind == "choice":
-        value = raw.strip().lower()
-        if value not in o.choices:
+        choice = raw.strip().lower()
+        if choice not in o.choices:
             raise fail(f"want one of {', '.join(o.choices)}")
-        return value
+        return choice
     if o.kind == "file":
         path = Path(raw).expanduser()
         try:

@@ -47,7 +47,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -58,7 +58,8 @@ from tickwire.protocol.txn import ACTION_ABORT, ACTION_COMMIT, MODES, AbortReque
 try:  # Spark's Python data source API (pyspark 4.1+); the module stays importable without it
     from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 except ImportError:  # pragma: no cover - pyspark missing or too old
-    DataSource = DataSourceStreamArrowWriter = WriterCommitMessage = object
+    if not TYPE_CHECKING:  # the type checker reads pyspark's classes
+        DataSource = DataSourceStreamArrowWriter = WriterCommitMessage = object
 
 __all__ = ["TickwireDataSource", "TickwireStreamWriter", "PartCommit", "register", "NAME"]
 
@@ -141,12 +142,13 @@ class TickwireStreamWriter(DataSourceStreamArrowWriter):
         from pyspark import TaskContext
 
         tc = TaskContext.get()
+        assert tc is not None  # write() runs in a Spark task
         producer = self.producer or tc.getLocalProperty(QUERY_ID_PROPERTY)
-        batch = tc.getLocalProperty(BATCH_ID_PROPERTY)
-        if not producer or batch is None:
+        batch_property = tc.getLocalProperty(BATCH_ID_PROPERTY)
+        if not producer or batch_property is None:
             raise SparkSinkError(f"tickwire sink into table {self.table!r}: no streaming query id or batch id in "
                                  f"the task (the tickwire data source is a streaming sink)")
-        batch = int(batch)
+        batch = int(batch_property)
         part, attempt = str(tc.partitionId()), str(tc.taskAttemptId())
         first = None
         for rb in iterator:

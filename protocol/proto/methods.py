@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import DecodeError, Message
 
 from tickwire.errors import ProtocolError
@@ -101,17 +102,20 @@ class Method:
     @property
     def request_deserializer(self) -> Callable[[bytes], Message]:
         """bytes -> request message (for a server handler or a client's request side)."""
-        return self.request.FromString
+        parse: Callable[[bytes], Message] = self.request.FromString
+        return parse
 
     @property
     def response_deserializer(self) -> Callable[[bytes], Message]:
         """bytes -> response message (for a client call)."""
-        return self.response.FromString
+        parse: Callable[[bytes], Message] = self.response.FromString
+        return parse
 
     @staticmethod
     def serializer(message: Message) -> bytes:
         """message -> bytes, for either direction."""
-        return message.SerializeToString()
+        raw: bytes = message.SerializeToString()
+        return raw
 
     def parse_request(self, payload: bytes) -> Message:
         """Parses one request message, raising ProtocolError when the bytes are not one."""
@@ -149,8 +153,9 @@ def _from_descriptors() -> dict[str, Method]:
     return out
 
 
-def _class_of(descriptor) -> type[Message]:
-    return message_factory.GetMessageClass(descriptor)
+def _class_of(descriptor: Descriptor) -> type[Message]:
+    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    return cls
 
 
 ALL_METHODS: dict[str, Method] = _from_descriptors()

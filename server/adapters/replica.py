@@ -39,7 +39,7 @@ from tickwire.protocol.responses import ResponseReader, SchemaReceived, natural_
 from tickwire.protocol.schema import attributes_from_schema, from_wire_arrays
 from tickwire.protocol.update import BarrageUpdate
 from tickwire.server.engine import CatalogError, Engine, UpdateSourceTable
-from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
+from tickwire.server.engine.graph import ModifiedColumnSet, RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.keyindex import KeyIndex, mix
 
 __all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
@@ -151,7 +151,7 @@ class ReplicaTable(UpdateSourceTable):
             names.append(name)
         self.rowset = rows
         return TableUpdate(added=added, removed=removed, modified=modified.minus(added), shifted=shifts,
-                           modified_columns=names)
+                           modified_columns=ModifiedColumnSet(names))
 
     def _sync(self, keys: np.ndarray, values: pa.Table) -> TableUpdate:
         """Makes the table hold exactly `keys` -> `values` (the remote's state), as the net
@@ -166,7 +166,7 @@ class ReplicaTable(UpdateSourceTable):
         return TableUpdate(added=RowSet.from_keys(keys[d.added]) if d.added.size else RowSet(),
                            removed=RowSet.from_keys(d.removed) if d.removed.size else RowSet(),
                            modified=RowSet.from_keys(keys[mod_idx]) if mod_idx.size else RowSet(),
-                           modified_columns=[n for n in self.schema.names if n in d.modified])
+                           modified_columns=ModifiedColumnSet([n for n in self.schema.names if n in d.modified]))
 
 
 class Replicator:
@@ -269,9 +269,9 @@ class Replicator:
                             self._create(ev.schema)
                         continue
                     self.messages += 1
-                    if state is None and self.table.status != "connected":
+                    if state is None and self._local.status != "connected":
                         state = NaturalTableState(reader.schema, viewport=False)
-                        self.table.status = "syncing"
+                        self._local.status = "syncing"
                     if state is not None:
                         state.apply(ev.update)
                         if ev.ends_full_snapshot:
@@ -283,6 +283,12 @@ class Replicator:
             done.set()
             self._call = None
 
+    @property
+    def _local(self) -> ReplicaTable:
+        """The local table: made when the upstream's schema arrived, before any message."""
+        assert self.table is not None, "a message before the schema"
+        return self.table
+
     def _create(self, wire_schema: pa.Schema) -> None:
         empty = from_wire_arrays([pa.array([], f.type) for f in wire_schema], wire_schema)
         schema = pa.schema([pa.field(f.name, a.type) for f, a in zip(wire_schema, empty)])
@@ -290,17 +296,19 @@ class Replicator:
             table, created = self.engine.get_or_create_source(ReplicaTable, self.name, schema)
         except CatalogError as exc:
             raise ValueError(f"replica {self.name!r}: {exc}") from None
+        assert isinstance(table, ReplicaTable)  # get_or_create_source checks the class
         if created:
             table.attributes.update(attributes_from_schema(wire_schema))
         self.table = table
 
     def _sync(self, state: NaturalTableState) -> None:
         values = state.table()
-        if values.schema.names != self.table.schema.names or values.schema.types != self.table.schema.types:
+        table = self._local
+        if values.schema.names != table.schema.names or values.schema.types != table.schema.types:
             raise ProtocolError(f"replica {self.name!r}: the upstream's schema changed to {values.schema}")
-        values = pa.Table.from_arrays(values.columns, schema=self.table.schema)
-        self.engine.write(self.table, ("sync", state.keys.copy(), values), wait=False)
-        self.table.status = "connected"
+        values = pa.Table.from_arrays(values.columns, schema=table.schema)
+        self.engine.write(table, ("sync", state.keys.copy(), values), wait=False)
+        table.status = "connected"
         self.syncs += 1
         self._ready.set()
         log.info("replica %r: synchronised with %s/%s (%d rows)", self.name, self.target, self.remote,
@@ -312,7 +320,7 @@ class Replicator:
             raise ProtocolError(f"replica {self.name!r}: a batch without Barrage metadata")
         names = wire_schema.names
         added = _rows(md.added_rows_included if md.added_rows_included is not None else md.added_rows)
-        added_values = pa.Table.from_arrays(natural_added(u, wire_schema, len(added)), schema=self.table.schema)
+        added_values = pa.Table.from_arrays(natural_added(u, wire_schema, len(added)), schema=self._local.schema)
         mods = []
         for c, node in enumerate(md.mod_column_nodes or []):
             mrows = _rows(node)
@@ -323,7 +331,7 @@ class Replicator:
                                         f"rows but {len(vals)} values")
                 mods.append((names[c], mrows, vals))
         shifts = RowSetShiftData() if md.shift_data is None else RowSetShiftData.from_wire(*md.shift_data)
-        self.engine.write(self.table, ("delta", _rows(md.removed_rows), shifts, added, added_values, mods),
+        self.engine.write(self._local, ("delta", _rows(md.removed_rows), shifts, added, added_values, mods),
                           wait=False)
 
 

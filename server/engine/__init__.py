@@ -26,6 +26,7 @@ from tickwire.server.engine.errors import (
                                            SchemaMismatchError,
                                            TableInUseError,
                                            TableMismatchError,
+                                           UnknownColumnError,
                                            UpdateValidationError,
                                            WriteRefused,
                                            WriteTimeout,
@@ -38,6 +39,5 @@ from tickwire.server.engine.ingest import MODES, Destination
 __all__ = ["Engine", "EngineConfig", "Durability", "StagingLimits", "PerfTablesConfig", "PublishingConfig",
            "EncodeLimits", "TableSpec", "Destination", "MODES", "KINDS", "Table", "UpdateSourceTable",
            "kind_of", "is_hidden", "is_system", "CatalogError", "TableMismatchError", "TableInUseError",
-           "IngestError", "InputTypeError", "ModeError", "OperationError", "SchemaMismatchError", "WriteRefused",
-           "WriteTimeout",
-           "UpdateValidationError", "TableFailedError"]
+           "IngestError", "InputTypeError", "ModeError", "OperationError", "UnknownColumnError", "SchemaMismatchError",
+           "WriteRefused", "WriteTimeout", "UpdateValidationError", "TableFailedError"]

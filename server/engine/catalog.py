@@ -10,7 +10,7 @@ listed only when asked.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 import pyarrow as pa
 
@@ -71,7 +71,7 @@ class TableSpec:
     durable: bool = True
     system: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise CatalogError(f"unknown table kind {self.kind!r}; expected one of {', '.join(KINDS)}")
         object.__setattr__(self, "keys", (self.keys,) if isinstance(self.keys, str) else tuple(self.keys))
@@ -97,7 +97,7 @@ def _a(kind: str) -> str:
     return "an" if kind[:1] in "aeiou" else "a"
 
 
-def check_table(table: Table, kind: str, schema: pa.Schema, *, keys=(), capacity: Optional[int] = None,
+def check_table(table: Table, kind: str, schema: pa.Schema, *, keys: Iterable[str] = (), capacity: Optional[int] = None,
                 mode: Optional[str] = None, where: Optional[str] = None) -> None:
     """That the existing `table` is of `kind` (with `keys`, `capacity`) and holds `schema`'s
     columns in their types; TableMismatchError otherwise, naming what differs.
@@ -114,9 +114,10 @@ def check_table(table: Table, kind: str, schema: pa.Schema, *, keys=(), capacity
         raise TableMismatchError(f"{prefix}: mode {mode!r} needs {_a(kind)} {kind} table, but the table is "
                                  f"{_a(have_kind)} {have_kind} table")
     keys = tuple(keys)
-    if kind == "keyed" and tuple(table.keys) != keys:
+    # kind_of matched: a keyed table is a KeyedTable, a ring table a RingTable
+    if kind == "keyed" and isinstance(table, KeyedTable) and tuple(table.keys) != keys:
         raise TableMismatchError(f"{prefix}: the table is keyed on {list(table.keys)}, not {list(keys)}")
-    if kind == "ring" and table.capacity != capacity:
+    if kind == "ring" and isinstance(table, RingTable) and table.capacity != capacity:
         raise TableMismatchError(f"{prefix}: the ring table keeps {table.capacity} rows, not {capacity}")
     have = table.schema
     code = "INVALID_ARGUMENT" if mode is None else "FAILED_PRECONDITION"

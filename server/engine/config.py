@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 __all__ = ["EngineConfig", "Durability", "StagingLimits", "PerfTablesConfig", "PublishingConfig", "EncodeLimits"]
 
 MiB = 1 << 20
 
 
-def _positive(obj, names) -> None:
+def _positive(obj: object, names: Iterable[str]) -> None:
     for name in names:
         value = getattr(obj, name)
         if not value > 0:
@@ -34,7 +34,7 @@ class Durability:
     namespace: str = "default"
     source: str = "tickwire"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.fsync not in ("cycle", "interval", "off"):
             raise ValueError(f"fsync must be cycle, interval or off, not {self.fsync!r}")
         _positive(self, ("fsync_interval_ms", "checkpoint_cycles", "checkpoint_bytes"))
@@ -55,7 +55,7 @@ class StagingLimits:
     max_parts: int = 10_000
     max_parts_total: int = 100_000
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _positive(self, [f.name for f in fields(self)])
 
 
@@ -67,7 +67,7 @@ class PerfTablesConfig:
     capacity: int = 10_000
     barrage_interval_s: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _positive(self, ("capacity", "barrage_interval_s"))
 
 
@@ -89,7 +89,7 @@ class EngineConfig:
     perf_tables: Optional[PerfTablesConfig] = field(default_factory=PerfTablesConfig)
     max_errors: int = 1000
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.data_dir is not None and not isinstance(self.data_dir, Path):
             object.__setattr__(self, "data_dir", Path(self.data_dir))
         _positive(self, ("interval_ms", "max_errors"))
@@ -109,7 +109,7 @@ class EncodeLimits:
     chunk_bytes: int = 1 << 20
     shared_batch_bytes: int = 1 << 17
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _positive(self, [f.name for f in fields(self)])
 
 
@@ -133,7 +133,7 @@ class PublishingConfig:
     shared_snapshots: int = 4
     encode: EncodeLimits = field(default_factory=EncodeLimits)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _positive(self, ("outbox", "max_viewport_ranges", "piece_target_ms", "min_piece_cells", "max_piece_cells",
                          "shared_snapshots"))
         if self.min_piece_cells > self.max_piece_cells:

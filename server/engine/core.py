@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Hashable, Iterator, Mapping, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -63,10 +64,11 @@ from tickwire.server.engine.errors import (
     TickwireError,
     WriteTimeout,
 )
-from tickwire.server.engine.graph.graph import CycleErrorRecord, UpdateGraph
+from tickwire.server.engine.graph.column_store import check_hashable
+from tickwire.server.engine.graph.graph import CycleErrorRecord, TableFailure, UpdateGraph
 from tickwire.server.engine.graph.sources import KeyedTable, SourceTable, UpdateSourceTable
 from tickwire.server.engine.graph.table_update import TableUpdate
-from tickwire.server.engine.graph.tables import Table, as_table
+from tickwire.server.engine.graph.tables import Table, TableInput, as_table
 from tickwire.server.engine.ingest import Destination, ReplaceState, prepare_ops
 from tickwire.server.engine.perf_tables import PerfTables
 from tickwire.server.engine.publishing.publisher import PublisherRegistry
@@ -118,7 +120,7 @@ class Engine:
     (`Engine(interval_ms=50)`); `clock` is read for everything time decides (a ManualClock in
     tests)."""
 
-    def __init__(self, config: Optional[EngineConfig] = None, *, clock: Optional[Clock] = None, **options):
+    def __init__(self, config: Optional[EngineConfig] = None, *, clock: Optional[Clock] = None, **options: Any):
         if options:
             config = dataclasses.replace(config or EngineConfig(), **options)
         self.config = config or EngineConfig()
@@ -128,7 +130,7 @@ class Engine:
         self._create = threading.RLock()
         self._waiter = _CycleWaiter(self.graph, self.clock)
         self.storage: Optional[Storage] = None
-        self.recovered: list[Table] = []  # tables the data directory brought back (`open`)
+        self.recovered: list[SourceTable] = []  # tables the data directory brought back (`open`)
         self.staging = Staging(self, self.config.staging, clock=self.clock)
         self.perf: Optional[PerfTables] = None
         if self.config.perf_tables is not None:
@@ -206,11 +208,12 @@ class Engine:
     def __enter__(self) -> "Engine":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- durability ---------------------------------------------------------------------------------
-    def open_storage(self, data_dir, durability: Optional[Durability] = None) -> list[Table]:
+    def open_storage(self, data_dir: Union[str, os.PathLike[str]],
+                     durability: Optional[Durability] = None) -> list[SourceTable]:
         """Makes the engine's source tables durable in `data_dir` (tickwire.server.engine.storage):
         every table found there comes back first (returned), then every new append, keyed or ring
         table made through `get_or_create` with `durable=True` is journaled. `storage.errors`
@@ -237,17 +240,23 @@ class Engine:
     def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:
         """(table, created): the table named `spec.name`, made from `spec` unless it exists; an
         existing table must be of the spec's kind, keys and capacity and hold the spec's columns."""
-        check_schema(spec.name, spec.schema)
-        missing = [k for k in spec.keys if k not in spec.schema.names]
+        schema = spec.schema
+        assert schema is not None  # TableSpec.__post_init__ sets it (from the data of a static table)
+        check_schema(spec.name, schema)
+        missing = [k for k in spec.keys if k not in schema.names]
         if missing:
             raise CatalogError(f"table {spec.name!r}: key column(s) {', '.join(map(repr, missing))} not in the schema")
+        for k in spec.keys:
+            if not check_hashable(schema.field(k).type):
+                raise CatalogError(f"table {spec.name!r}: key column {k!r} has type {schema.field(k).type}, which "
+                                   f"cannot be a key (use numbers, booleans, temporal types, strings or binaries)")
         storage = self.storage
         if storage is not None and spec.name in storage.errors:
             raise CatalogError(f"table {spec.name!r} was not recovered from the data directory: "
                                f"{storage.errors[spec.name]}", "FAILED_PRECONDITION")
 
         def check(existing: Table) -> None:
-            check_table(existing, spec.kind, spec.schema, keys=spec.keys, capacity=spec.capacity)
+            check_table(existing, spec.kind, schema, keys=spec.keys, capacity=spec.capacity)
 
         return self._get_or_make(spec.name, check, lambda: self._make(spec))
 
@@ -261,9 +270,11 @@ class Engine:
     def _make(self, spec: TableSpec) -> Table:
         g = self.graph
         cls = CLASSES[spec.kind]
+        table: Table
         if spec.kind == "keyed":
             table = cls(g, spec.name, spec.schema, list(spec.keys))
         elif spec.kind == "ring":
+            assert spec.capacity is not None  # TableSpec checks a ring table's capacity
             table = cls(g, spec.name, spec.schema, int(spec.capacity))
         elif spec.kind == "static":
             table = cls(g, spec.name, spec.data)
@@ -277,6 +288,7 @@ class Engine:
             table.attributes.update(spec.attributes)
         storage = self.storage
         if storage is not None and spec.journaled:
+            assert isinstance(table, SourceTable)  # journaled kinds: append, keyed, ring
             try:
                 storage.attach(table, spec)
             except TickwireError:
@@ -297,7 +309,8 @@ class Engine:
 
         return self._get_or_make(name, check, lambda: cls(self.graph, name, schema))
 
-    def _get_or_make(self, name: str, check, make) -> tuple[Table, bool]:
+    def _get_or_make(self, name: str, check: Callable[[Table], None],
+                     make: Callable[[], Table]) -> tuple[Table, bool]:
         """The existing table `name` once `check(table)` accepts it, else `make()` under the
         catalog's lock."""
         with self._create:
@@ -363,7 +376,7 @@ class Engine:
             if table.listeners:
                 raise TableInUseError(f"table {name!r} has {len(table.listeners)} subscriber(s) or listener(s)")
             self.graph.remove_table(name)
-            if self.storage is not None:
+            if self.storage is not None and isinstance(table, SourceTable):  # only source tables are durable
                 self.storage.detach(table, delete=True)  # a dropped table is gone, from disk too
 
     def remove_unused(self, table: Table) -> bool:
@@ -388,14 +401,15 @@ class Engine:
                 i += 1
             return f"{base}#{i}"
 
-    def fail(self, table: Table, what: str, error: BaseException):
+    def fail(self, table: Table, what: str, error: BaseException) -> TableFailure:
         """Fails a derived table whose values cannot be computed (with every table derived from
         it); returns its failure. See UpdateGraph.fail."""
         return self.graph.fail(table, what, error)
 
     # -- ingest -------------------------------------------------------------------------------------
-    def write(self, target: Target, data=None, *, delete=None, batch_id=None, wait: bool = True,
-              timeout: float = 30.0, timing: Optional[dict] = None) -> bool:
+    def write(self, target: Target, data: Any = None, *, delete: Optional[TableInput] = None,
+              batch_id: Optional[Hashable] = None, wait: bool = True, timeout: float = 30.0,
+              timing: Optional[dict[str, Any]] = None) -> bool:
         """The one way rows enter a table. Queues `data` (rows to append or upsert, or, for an
         UpdateSourceTable, one operation of its own form) and/or `delete` (keys to remove, keyed
         tables) under `batch_id`; False when that batch id was applied before (nothing is queued).
@@ -500,12 +514,13 @@ class _Writes:
         self.queued = 0
         self.tables: list[Table] = []
 
-    def write(self, target: Target, data=None, *, delete=None, batch_id=None, timing: Optional[dict] = None) -> bool:
+    def write(self, target: Target, data: Any = None, *, delete: Optional[TableInput] = None,
+              batch_id: Optional[Hashable] = None, timing: Optional[dict[str, Any]] = None) -> bool:
         """Queues one write (see Engine.write); False when its batch id was applied before."""
         return self.put(target, data, delete=delete, batch_id=batch_id, timing=timing)[1]
 
-    def put(self, target: Target, data=None, *, delete=None, batch_id=None,
-            timing: Optional[dict] = None) -> tuple[Table, bool]:
+    def put(self, target: Target, data: Any = None, *, delete: Optional[TableInput] = None,
+            batch_id: Optional[Hashable] = None, timing: Optional[dict[str, Any]] = None) -> tuple[Table, bool]:
         engine = self.engine
         if isinstance(target, Destination):
             if delete is not None:
@@ -519,18 +534,20 @@ class _Writes:
             self.tables.append(table)
         return table, ok
 
-    def _by_mode(self, dest: Destination, data, batch_id, timing: Optional[dict]) -> tuple[Table, bool]:
+    def _by_mode(self, dest: Destination, data: Any, batch_id: Optional[Hashable],
+                 timing: Optional[dict[str, Any]]) -> tuple[Table, bool]:
         if data is None:
             raise IngestError(f"{dest.where}: no rows to write")
         data = as_table(data)
         table = self.engine.destination_table(dest, dest.table_schema(data.schema))
+        assert isinstance(table, SourceTable)  # made (create=True) or checked to be of the mode's kind
         if data.num_rows and dest.mode != "replace":
             data = data.combine_chunks()
         state = self._replace_state(table) if dest.mode == "replace" else None
         return table, bool(prepare_ops(dest, table, data, batch_id, state, timing)())
 
     @staticmethod
-    def _to_table(table: Table, data, delete, batch_id) -> bool:
+    def _to_table(table: Table, data: Any, delete: Optional[TableInput], batch_id: Optional[Hashable]) -> bool:
         if isinstance(table, UpdateSourceTable):
             if delete is not None or batch_id is not None:
                 raise IngestError(f"table {table.name!r} is fed whole updates; it takes no deletes or batch ids")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from tickwire.errors import TickwireError
 
-__all__ = ["SchemaMismatchError", "OperationError", "CatalogError", "TableMismatchError", "TableInUseError",
+__all__ = ["SchemaMismatchError", "OperationError", "UnknownColumnError", "CatalogError", "TableMismatchError",
+           "TableInUseError",
            "IngestError", "WriteTimeout", "InputTypeError", "WriteRefused", "ModeError", "UpdateValidationError",
            "TickwireError"]
 
@@ -22,7 +23,13 @@ class OperationError(TickwireError, ValueError):
     code = "INVALID_ARGUMENT"
 
 
-class CatalogError(TickwireError):
+class UnknownColumnError(OperationError, KeyError):
+    """A column the table does not have (also a KeyError, for code that looks columns up)."""
+
+    __str__ = Exception.__str__  # the message as written, not quoted as a KeyError's key
+
+
+class CatalogError(TickwireError, ValueError):
     """A table cannot be made as asked (an unservable type, a bad name, keys not in the schema)."""
 
     code = "INVALID_ARGUMENT"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +33,8 @@ from tickwire.server.engine.catalog import TableSpec, check_table
 from tickwire.server.engine.errors import ModeError, TableMismatchError
 from tickwire.server.engine.graph.column_store import equal_mask, hash_columns
 from tickwire.server.engine.graph.keyindex import KeyIndex
-from tickwire.server.engine.graph.sources import KeyedTable
+from tickwire.server.engine.graph.sources import KeyedTable, SourceTable
+from tickwire.server.engine.graph.tables import Table
 
 __all__ = ["MODES", "ModeError", "Destination", "ReplaceState", "KeyHashes", "last_per_key", "diff_by_key",
            "prepare_ops"]
@@ -108,7 +109,8 @@ def _match(old: pa.Table, old_h: KeyHashes, new: pa.Table, new_h: KeyHashes, key
     return index.lookup(h_new, same_key)[0]
 
 
-def _diff(old: pa.Table, old_h: Optional[KeyHashes], new: pa.Table, keys: Sequence[str]):
+def _diff(old: pa.Table, old_h: Optional[KeyHashes], new: pa.Table,
+          keys: Sequence[str]) -> tuple[pa.Table, pa.Table, pa.Table, KeyHashes]:
     """`diff_by_key`, also returning `new` with one row per key and its KeyHashes."""
     new_h = KeyHashes(new, keys)
     if not new_h.unique:
@@ -149,7 +151,7 @@ class ReplaceState:
     """What a replace-mode table holds after the last batch queued into it (the engine keeps one
     per table, so a writer made anew after a failure continues from it)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rows: Optional[pa.Table] = None
         self.hashes: Optional[KeyHashes] = None  # of `rows`, kept for the next batch's diff
@@ -173,7 +175,7 @@ class Destination:
     max_rows: Optional[int] = None
     what: Optional[str] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         where = self.where
         mode = self.mode
         if mode not in MODES:
@@ -187,7 +189,7 @@ class Destination:
             raise ModeError(f"{where}: mode {mode!r} takes no keys")
         if self.delete_column is not None and mode != "upsert":
             raise ModeError(f"{where}: delete_column applies to mode 'upsert' only")
-        if self.delete_column is not None and self.delete_column in keys:
+        if self.delete_column is not None and self.delete_column in (keys or ()):  # upsert: keys are given
             raise ModeError(f"{where}: delete_column {self.delete_column!r} is a key")
         if self.max_rows is not None and mode != "append":
             raise ModeError(f"{where}: max_rows applies to mode 'append' only")
@@ -238,7 +240,7 @@ class Destination:
         return TableSpec(self.name, kind, schema, keys=tuple(self.keys or ()) if kind == "keyed" else (),
                          capacity=self.max_rows if kind == "ring" else None)
 
-    def check_existing(self, table, schema: pa.Schema) -> None:
+    def check_existing(self, table: Table, schema: pa.Schema) -> None:
         """ModeError unless `table` is what this destination writes, with `schema`'s columns."""
         try:
             check_table(table, self.kind, schema, keys=self.keys or (), capacity=self.max_rows, mode=self.mode,
@@ -247,8 +249,8 @@ class Destination:
             raise ModeError(str(exc), "FAILED_PRECONDITION") from None
 
 
-def prepare_ops(dest: Destination, table, data: pa.Table, batch_id, replace: Optional[ReplaceState],
-                timing: Optional[dict] = None):
+def prepare_ops(dest: Destination, table: SourceTable, data: pa.Table, batch_id: Optional[Hashable],
+                replace: Optional[ReplaceState], timing: Optional[dict[str, Any]] = None) -> Callable[[], bool]:
     """A batch's operations (data: the table's columns in its types, then the delete column in
     upsert mode) as `put()`, which queues them under `batch_id` on `table` (a source table of the
     destination's kind) and returns False for a batch id the table already has. Replace mode
@@ -257,8 +259,10 @@ def prepare_ops(dest: Destination, table, data: pa.Table, batch_id, replace: Opt
     timing = {} if timing is None else timing
     timing["rows"] = data.num_rows
     if dest.mode == "replace":
+        assert isinstance(table, KeyedTable) and replace is not None  # replace mode: a keyed table and its state
         return _prepare_replace(dest, table, data, batch_id, replace, timing)
     if dest.mode == "upsert" and dest.delete_column is not None:
+        assert isinstance(table, KeyedTable) and dest.keys is not None  # upsert mode: a keyed table
         keys = list(dest.keys)
         latest = last_per_key(data, keys)
         flag = pa.array(pc.fill_null(latest.column(dest.delete_column), False).to_numpy(zero_copy_only=False))
@@ -274,12 +278,13 @@ def prepare_ops(dest: Destination, table, data: pa.Table, batch_id, replace: Opt
     return put_rows
 
 
-def _prepare_replace(dest: Destination, table: KeyedTable, data: pa.Table, batch_id, state: ReplaceState,
-                     timing: dict):
+def _prepare_replace(dest: Destination, table: KeyedTable, data: pa.Table, batch_id: Optional[Hashable],
+                     state: ReplaceState, timing: dict[str, Any]) -> Callable[[], bool]:
+    assert dest.keys is not None  # replace mode has keys
     keys = list(dest.keys)
-    result = {}
+    result: dict[str, Any] = {}
 
-    def diff(base: Optional[pa.Table], base_hashes: Optional[KeyHashes]) -> list:
+    def diff(base: Optional[pa.Table], base_hashes: Optional[KeyHashes]) -> list[tuple[str, pa.Table]]:
         # a table that existed before any replace-mode writer wrote it: start from its contents
         current = base if base is not None else table.to_arrow()
         removed, upserts, new, new_h = _diff(current, base_hashes, data, keys)

@@ -35,7 +35,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import TYPE_CHECKING, Optional
+import time
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -43,12 +44,18 @@ import pyarrow as pa
 from tickwire.errors import TickwireError
 from tickwire.server.engine.catalog import TableSpec, is_system, kind_of
 from tickwire.server.engine.config import PerfTablesConfig
+from tickwire.server.engine.graph.row_set import RowSet
+from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import Table
 
 if TYPE_CHECKING:
     from tickwire.server.engine.core import Engine
+    from tickwire.server.engine.publishing import PublisherRegistry, Subscriber
 
-__all__ = ["PerfTablesConfig", "PerfTables", "UPDATE_PERFORMANCE",
+# a row of a performance table, its columns in the table's schema order
+_Row = tuple[Any, ...]
+
+__all__ = ["PerfTablesConfig", "PerfTables", "rows_shifted", "UPDATE_PERFORMANCE",
            "BARRAGE_PERFORMANCE", "SNAPSHOT_PERFORMANCE", "NAMES", "UPDATE_SCHEMA", "BARRAGE_SCHEMA",
            "SNAPSHOT_SCHEMA"]
 
@@ -85,7 +92,7 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def _rows_shifted(update, rows) -> int:
+def rows_shifted(update: TableUpdate, rows: RowSet) -> int:
     """Rows a cycle's shifts moved: in each shift's destination range, the table's rows less the
     added ones (destinations hold no row that stayed). Two binary searches per shift in each of
     `rows` and `update.added`: the cost follows the shifts, not the table."""
@@ -106,7 +113,7 @@ class _Seen:
 
     __slots__ = ("messages", "bytes", "rows", "coalesced", "snapshots")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.messages = self.bytes = self.rows = self.coalesced = self.snapshots = 0
 
 
@@ -120,9 +127,9 @@ class PerfTables:
         self.config = config or PerfTablesConfig()
         self.tables: dict[str, Table] = {}
         self._lock = threading.Lock()
-        self._snapshots: collections.deque = collections.deque(maxlen=self.config.capacity)
-        self._registries: list = []
-        self._seen: dict = {}  # Subscriber -> _Seen, for the subscriptions recorded so far
+        self._snapshots: collections.deque[_Row] = collections.deque(maxlen=self.config.capacity)
+        self._registries: list[PublisherRegistry] = []
+        self._seen: dict[Subscriber, _Seen] = {}  # for the subscriptions recorded so far
         self._sampled = self.clock.monotonic()
         self._listening = False
 
@@ -142,7 +149,7 @@ class PerfTables:
             self.tables[name] = table
         return self
 
-    def attach(self, registry) -> None:
+    def attach(self, registry: "PublisherRegistry") -> None:
         """Records the subscriptions of `registry` (a PublisherRegistry) and the snapshots built for
         them; the first attach starts listening to the graph's cycles."""
         self.open()
@@ -155,7 +162,7 @@ class PerfTables:
                 self._sampled = self.clock.monotonic()
                 self.graph.add_cycle_listener(self._on_cycle)
 
-    def detach(self, registry) -> None:
+    def detach(self, registry: "PublisherRegistry") -> None:
         with self.engine.reading():  # no cycle runs meanwhile
             if registry in self._registries:
                 self._registries.remove(registry)
@@ -178,14 +185,15 @@ class PerfTables:
         with self._lock:
             self._snapshots.append(row)
 
-    def record_snapshot(self, table: Table, kind: str, **figures) -> None:
+    def record_snapshot(self, table: Table, kind: str, **figures: Any) -> None:
         """`snapshot`, for callers whose answer must not depend on it: a failure is only logged."""
         try:
             self.snapshot(table, kind, **figures)
         except Exception:  # noqa: BLE001 - recording never changes the call's answer
             log.debug("recording a snapshot", exc_info=True)
 
-    def _subscription_snapshot(self, table, rows, columns, nbytes, seconds, step, messages) -> None:
+    def _subscription_snapshot(self, table: Table, rows: int, columns: int, nbytes: int, seconds: float, step: int,
+                               messages: int) -> None:
         self.snapshot(table, "subscription", rows=rows, columns=columns, nbytes=nbytes, messages=messages,
                       snapshot_s=seconds, write_s=None, step=step)
 
@@ -202,14 +210,15 @@ class PerfTables:
             self._sampled = now
             self._write(BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, rows)
 
-    def _update_rows(self, step: int) -> list[tuple]:
+    def _update_rows(self, step: int) -> list[_Row]:
         g = self.graph
         updates, work = g.cycle_updates, g.cycle_work
         if not updates:
             return []
-        started = g.cycle_started
-        end = self.clock.now()
-        start_ns, end_ns, took = _ns(started), _ns(end), _ns(end - started)
+        # the cycle's start by the clock, its duration so far measured (as the tables' usage is)
+        took = _ns(time.perf_counter() - g.cycle_perf_started)
+        start_ns = _ns(g.cycle_started)
+        end_ns = start_ns + took
         out = []
         for name, update in updates.items():
             table = self.engine.resolve(name, hidden=True)
@@ -218,12 +227,12 @@ class PerfTables:
             rows = table.rowset
             out.append((step, start_ns, end_ns, took, name, kind_of(table), _ns(work.get(name, 0.0)),
                         len(update.added), len(update.removed), len(update.modified),
-                        _rows_shifted(update, rows), len(rows)))
+                        rows_shifted(update, rows), len(rows)))
         return out
 
-    def _barrage_rows(self, interval: float) -> list[tuple]:
+    def _barrage_rows(self, interval: float) -> list[_Row]:
         now_ns, interval_ns = self.clock.now_ns(), _ns(interval)
-        live = {}
+        live: dict[Subscriber, None] = {}
         for registry in self._registries:
             for sub in registry.subscriptions:
                 if not is_system(sub.publisher.table):
@@ -231,7 +240,9 @@ class PerfTables:
         out = []
         for sub in list(self._seen):
             if sub not in live:  # ended since the last record: what it did meanwhile, marked ended
-                out.append(self._barrage_row(sub, now_ns, interval_ns, ended=True))
+                ended = self._barrage_row(sub, now_ns, interval_ns, ended=True)
+                assert ended is not None  # an ended subscription always gets its row
+                out.append(ended)
                 del self._seen[sub]
         for sub in live:
             row = self._barrage_row(sub, now_ns, interval_ns, ended=False)
@@ -239,7 +250,7 @@ class PerfTables:
                 out.append(row)
         return out
 
-    def _barrage_row(self, sub, now_ns: int, interval_ns: int, *, ended: bool) -> Optional[tuple]:
+    def _barrage_row(self, sub: "Subscriber", now_ns: int, interval_ns: int, *, ended: bool) -> Optional[_Row]:
         seen = self._seen.get(sub)
         if seen is None:
             seen = self._seen[sub] = _Seen()
@@ -255,7 +266,7 @@ class PerfTables:
         seen.messages, seen.bytes, seen.rows, seen.coalesced, seen.snapshots = messages, nbytes, rows, coalesced, snaps
         return row
 
-    def _write(self, name: str, schema: pa.Schema, rows: list[tuple]) -> None:
+    def _write(self, name: str, schema: pa.Schema, rows: list[_Row]) -> None:
         table = self.tables.get(name)
         if not rows or table is None:
             return
@@ -267,7 +278,7 @@ class PerfTables:
             log.debug("performance table %r refused a write", name, exc_info=True)
 
 
-def _kind(sub) -> str:
+def _kind(sub: "Subscriber") -> str:
     view = sub.view if sub.view is not None else sub.requested
     return "full" if view is None or view.is_full else "viewport"
 

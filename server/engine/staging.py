@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import pyarrow as pa
 
@@ -50,7 +50,7 @@ class StagingError(IngestError):
     """A staged write or commit the server refuses; `code` is the gRPC status."""
 
 
-def batch_key(producer: str, batch: int) -> tuple:
+def batch_key(producer: str, batch: int) -> tuple[str, str, int]:
     """The batch id a committed batch is applied, journaled and remembered under."""
     return ("txn", producer, int(batch))
 
@@ -66,7 +66,7 @@ class StagedPart:
     attempt: str
     table: str
     schema: pa.Schema
-    chunks: list = field(default_factory=list)
+    chunks: list[pa.Table] = field(default_factory=list)
     nbytes: int = 0
     rows: int = 0
     done: bool = False
@@ -186,7 +186,7 @@ class Staging:
 
     # -- commit and abort ------------------------------------------------------------------------
     def commit(self, dest: Destination, producer: str, batch: int, parts: Sequence[tuple[str, str]], *,
-               wait: bool = True, timeout: float = 60.0) -> dict:
+               wait: bool = True, timeout: float = 60.0) -> dict[str, Any]:
         """Publishes `parts` of the batch in one cycle; {"applied": bool, "rows": n, "replay": bool}."""
         key = batch_key(producer, batch)
         with self._commit_lock(producer):
@@ -294,7 +294,7 @@ class Staging:
         self.expired += n
         return n
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """What is staged: bytes in all and per producer, and the parts of each batch."""
         with self._lock:
             return {"bytes": self._total, "producer_limit": self.producer_limit, "total_limit": self.total_limit,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Optional
+from typing import Awaitable, Callable, Optional
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -100,7 +100,7 @@ class Observability:
         body = await asyncio.get_running_loop().run_in_executor(None, self.metrics.exposition)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"})
 
-    def routes(self) -> list[tuple[str, object]]:
+    def routes(self) -> list[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]]:
         return [("/healthz", self.healthz), ("/metrics", self.metrics_page)]
 
     async def listen(self, host: str, port: int) -> int:

@@ -67,7 +67,7 @@ class Health:
     (the update graph's cycle thread sets them), the servicer's Watch streams hear of each change
     on the server's event loop."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._status: dict[str, int] = dict.fromkeys(SERVER_SERVICES, NOT_SERVING)
         self._tables: set[str] = set()
@@ -147,6 +147,7 @@ class Health:
 
     def _schedule(self) -> None:
         loop = self._loop
+        assert loop is not None  # scheduled only once attached to a loop
         try:
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._flush()))
         except RuntimeError:  # the loop is closed: the server has stopped

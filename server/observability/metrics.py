@@ -44,7 +44,7 @@ CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 class TransferCounters:
     """What the Flight service counts as it serves (plain integers, bumped on the event loop)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.doget_requests = 0
         self.doget_rows = 0
         self.doget_bytes = 0
@@ -132,7 +132,7 @@ def _table_of(sub) -> str:
 class ErrorCounts:
     """Calls ended with an error status, by status code (rpc.py's single error path)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: collections.Counter = collections.Counter()
 
@@ -149,7 +149,7 @@ class ErrorCounts:
 class _TableFigures:
     """Per published table, as of the last cycle: rows now, rows in so far, failed."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rows: dict[str, int] = {}
         self.rows_in: dict[str, int] = {}

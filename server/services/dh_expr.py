@@ -38,7 +38,7 @@ import datetime as _dt
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -95,7 +95,7 @@ def _tokenize(text: str) -> list[_Tok]:
                                       f"(the '.' at position {i}) are not supported")
             raise ExpressionError(f"cannot parse {text!r}: unexpected character {ch!r} at position {i}")
         if m.lastgroup != "ws":
-            out.append(_Tok(m.lastgroup, m.group(), i))
+            out.append(_Tok(m.lastgroup or "", m.group(), i))
         i = m.end()
     out.append(_Tok("end", "", n))
     return out
@@ -135,7 +135,7 @@ class _Parser:
     def tok(self) -> _Tok:
         return self.toks[self.i]
 
-    def fail(self, expected: str):
+    def fail(self, expected: str) -> NoReturn:
         t = self.tok
         quoted = ("`" + t.text + "`" if t.kind == "str" else "'" + t.text + "'")
         found = "the end" if t.kind == "end" else repr(t.text if t.kind not in ("str", "sq") else quoted)
@@ -267,16 +267,16 @@ def _number(t: _Tok, text: str):
         if v <= 2 ** 63 - 1:
             return v, pa.int64()
         raise ExpressionError(f"integer literal {s} at position {t.pos} is too large in {text!r}")
-    v = float(body)
+    x = float(body)
     if suffix == "f":
-        f32 = pa.scalar(v, pa.float32()).as_py()
-        subnormal = v != 0.0 and abs(f32) < 1.1754943508222875e-38 and v != f32
-        if math.isinf(f32) or (f32 == 0.0 and v != 0.0) or subnormal:
+        f32 = pa.scalar(x, pa.float32()).as_py()
+        subnormal = x != 0.0 and abs(f32) < 1.1754943508222875e-38 and x != f32
+        if math.isinf(f32) or (f32 == 0.0 and x != 0.0) or subnormal:
             raise ExpressionError(f"float literal {s} at position {t.pos} is out of range in {text!r}")
         return f32, pa.float32()
-    if math.isinf(v) or (v == 0.0 and re.search(r"[1-9]", body.split("e")[0].split("E")[0])):
+    if math.isinf(x) or (x == 0.0 and re.search(r"[1-9]", body.split("e")[0].split("E")[0])):
         raise ExpressionError(f"floating-point literal {s} at position {t.pos} is out of range in {text!r}")
-    return v, pa.float64()
+    return x, pa.float64()
 
 
 # -- types and values -----------------------------------------------------------------------------
@@ -374,7 +374,7 @@ class _Builder:
         self.text = text
         self.signed_zeros = signed_zeros
 
-    def fail(self, node: _Node, what: str):
+    def fail(self, node: _Node, what: str) -> NoReturn:
         raise ExpressionError(f"{what} at position {node.pos} in {self.text!r}")
 
     def column(self, node: _Node) -> _Val:
@@ -709,7 +709,7 @@ def compare_operands(op: str, left, right, schema: pa.Schema) -> pc.Expression:
         t = x[2]
         return _Val(pc.scalar(pa.scalar(x[1], t)), t, lit=x[1], is_lit=True, nonnull=True)
 
-    def fail(what):
+    def fail(what) -> NoReturn:
         raise ExpressionError(what)
 
     a, b = val(left), val(right)

@@ -387,6 +387,7 @@ class FlightService:
     def _begin_stage(self, upload: UploadDecoder, txn: Transaction) -> "_Staged":
         if upload.schema is None:
             raise CallError("DoPut: the transaction must follow the schema", "INVALID_ARGUMENT")
+        assert upload.path is not None  # the schema came after the descriptor, which names the path
         name = self._scope_name(upload.path, "a DoPut transaction")
         writer = self.staging.destination(name, txn.mode, txn.keys, txn.delete_column, txn.max_rows, upload.keys)
         if self.staging.applied(name, txn.producer, txn.batch):
@@ -460,6 +461,7 @@ class FlightService:
                                                 f"got {path}", "INVALID_ARGUMENT")
         if result is None:  # (do_put claims it when the descriptor arrives)
             result = self._claim_put(path, session)
+        assert result is not None  # an export ticket: _claim_put claims it
         # the name says nothing about the session, and nobody can guess it
         spec = TableSpec(f"__export.put.{secrets.token_hex(8)}", "keyed" if keys else "append", plain, keys=keys,
                          hidden=True, attributes=attrs)
@@ -497,13 +499,15 @@ class FlightService:
         if kind == ACTION_STAGING:
             return self.staging.status()
         try:
-            req = parse_commit(body) if kind == ACTION_COMMIT else parse_abort(body)
+            if kind == ACTION_ABORT:
+                abort = parse_abort(body)
+                n = self.staging.abort(abort.producer, abort.batch)
+                log.info("batch %d of producer %r aborted: %d staged part(s) discarded", abort.batch,
+                         abort.producer, n)
+                return {"discarded": n}
+            req = parse_commit(body)
         except TxnError as exc:
             raise CallError(str(exc), "INVALID_ARGUMENT") from None
-        if kind == ACTION_ABORT:
-            n = self.staging.abort(req.producer, req.batch)
-            log.info("batch %d of producer %r aborted: %d staged part(s) discarded", req.batch, req.producer, n)
-            return {"discarded": n}
         name = self._scope_name(["scope", req.table], f"action {ACTION_COMMIT}")
         writer = self.staging.destination(name, req.mode, req.keys, req.delete_column, req.max_rows)
         result = self.staging.commit(writer, req.producer, req.batch, list(req.parts))

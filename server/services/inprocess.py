@@ -161,6 +161,7 @@ class _Call:
         item = self._responses.get()
         if item is _END:
             self._responses.put(_END)  # iterating again ends again
+            assert self._status is not None  # finish() set it before queuing the end
             code, details = self._status
             if code == grpc.StatusCode.OK:
                 raise StopIteration

@@ -266,7 +266,9 @@ def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
     `ServerContext.authenticate` returns for the call; only then is the body parsed. `on_error(code)`
     hears the status code of every call that ends with an error (the server's metrics)."""
     out = {}
-    for path, (fn, req, resp, *kind) in impls.items():
+    for path, entry in impls.items():
+        fn, req, resp = entry[:3]
+        kind: list[str] = list(entry[3:])
         m = METHODS.get(path)
         if m is None:  # a method outside the method table: raw bytes both ways, kind given
             method_kind, parse, ser = kind[0], None, None

@@ -170,6 +170,9 @@ def _wake(waiters: list, table: Optional[Table], status: Optional[tuple[str, str
             pass
 
 
+_SESSION_IDS = itertools.count(1)
+
+
 @dataclass(eq=False)
 class Session:
     """One client's session: its exports and who listens for its end.
@@ -302,6 +305,7 @@ class Session:
                                              f"(no call made it within {timeout:g} s)"))
 
         timer = loop.create_task(give_up())
+        assert pending is not None  # registered above, as the id is neither exported nor ended
         try:
             return await fut
         finally:
@@ -421,7 +425,6 @@ class Session:
             return 0 if pending is None else len(pending.waiters)
 
 
-_SESSION_IDS = itertools.count(1)
 
 
 def _log_open(s: Session, level: int) -> None:

@@ -221,22 +221,22 @@ class TableOps:
                 specs = [parse_column_spec(s, schema) for s in req.column_specs]
             except ExpressionError as exc:
                 raise CallError(f"{kind}: {exc}", "INVALID_ARGUMENT") from None
-            cols: list = []
+            columns: list = []
             if kind in ("update", "update_view", "lazy_update"):
                 new_names = {name for name, _e, _s in specs}
-                cols = [n for n in schema.names if n not in new_names]
+                columns = [n for n in schema.names if n not in new_names]
             for name, expr, src in specs:
                 if expr is not None:
-                    cols.append((name, expr))
+                    columns.append((name, expr))
                 elif src == name:
-                    cols.append(name)
+                    columns.append(name)
                 else:
-                    cols.append((name, src))
+                    columns.append((name, src))
             stored = kind in ("select", "update")
 
             def make():
                 name = self._name(source, kind)
-                return source.select(cols, name=name) if stored else source.view(cols, name=name)
+                return source.select(columns, name=name) if stored else source.view(columns, name=name)
         elif kind in ("head", "tail"):
             n = int(req.num_rows)
             if n < 0:

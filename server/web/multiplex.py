@@ -118,7 +118,7 @@ class _Stream:
                 return
             yield item
 
-    async def deliver(self, payload: bytes) -> None:
+    async def deliver(self, payload: "bytes | object") -> None:  # bytes, or _EOF
         """Queues a request for the call; waits while its queue is full (the socket is not read
         meanwhile: flow control), not once the call is over."""
         if not self.finished:
@@ -229,10 +229,12 @@ class MultiplexSocket:
         method = self.methods.get(ev.path)
         stream = _Stream(self, ev.stream_id, ev.path, method, ev.headers)
         self.streams[ev.stream_id] = stream
+        # the stream's task runs in a copy of the context that names this socket (a task copies the
+        # context it is created in: Python 3.10 has no create_task(context=...))
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_SOCKET.set, self)
-        stream.task = asyncio.get_running_loop().create_task(self._run(stream), context=ctx,
-                                                              name=f"ws stream {ev.stream_id} {ev.path}")
+        loop = asyncio.get_running_loop()
+        stream.task = ctx.run(loop.create_task, self._run(stream), name=f"ws stream {ev.stream_id} {ev.path}")
 
     async def _finish(self, stream: _Stream, code, message: str = "") -> None:
         if self.closed and self._write_error is not None:

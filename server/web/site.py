@@ -18,7 +18,7 @@ import html
 import logging
 import weakref
 from collections import OrderedDict
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 from urllib.parse import quote
 
 from aiohttp import WSMsgType, web
@@ -27,6 +27,9 @@ from tickwire.server.services.context import ServerContext
 from tickwire.server.services.rpc import GuardedMethod
 from tickwire.server.web.assets import MISSING_ASSETS, AssetSource
 from tickwire.server.web.multiplex import CURRENT_SOCKET, MultiplexSocket
+
+if TYPE_CHECKING:
+    from tickwire.server.observability import Observability
 
 __all__ = ["WebSide", "SUBPROTOCOL"]
 
@@ -56,7 +59,7 @@ class WebSide:
         self._gzip_cache: OrderedDict = OrderedDict()
         self._gzip_bytes = 0
         self._closing = False
-        self.observability = None  # the server's health and metrics (set before start)
+        self.observability: Optional[Observability] = None  # the server's health and metrics (set before start)
         self.app = web.Application(client_max_size=1024 * 1024)
         self.app.router.add_route("GET", "/", self._root)
         self.app.router.add_route("GET", "/tables/", self._tables)
@@ -84,7 +87,9 @@ class WebSide:
     def protocol_factory(self) -> Callable:
         """For connections accepted elsewhere (the port splitter)."""
         assert self.runner is not None
-        return self.runner.server
+        server = self.runner.server
+        assert server is not None  # set by the runner's setup() in start()
+        return server
 
     async def listen(self, host: str, port: int, ssl_context=None) -> int:
         """Serves on its own port as well; returns the port bound."""
@@ -205,6 +210,7 @@ class WebSide:
         self.sockets.add(sock)
         self.stats["sockets_opened"] += 1
         task = asyncio.current_task()
+        assert task is not None  # a request handler runs in a task
         self._handler_tasks.add(task)
         log.debug("websocket opened from %s", peer)
         try:

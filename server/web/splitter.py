@@ -105,6 +105,12 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
+def _wake(ready: "asyncio.Future[None]") -> None:
+    """A reader callback: the socket has bytes to read."""
+    if not ready.done():
+        ready.set_result(None)
+
+
 class _Bridge:
     """One proxied gRPC connection: a pump each way; both sockets close when both pumps end."""
 
@@ -191,6 +197,7 @@ class PortSplitter:
                 self._waiting.pop(oldest).cancel()
                 self.counts["dropped"] += 1
             conn.setblocking(False)
+            assert self._loop is not None  # start() set it before registering this reader
             self._waiting[conn] = self._loop.create_task(self._route(conn))
 
     async def _first_bytes(self, conn: socket.socket) -> bytes:
@@ -198,7 +205,7 @@ class PortSplitter:
         deadline = loop.time() + self.first_bytes_timeout
         while True:
             ready = loop.create_future()
-            loop.add_reader(conn.fileno(), lambda ready=ready: ready.done() or ready.set_result(None))
+            loop.add_reader(conn.fileno(), _wake, ready)
             try:
                 await asyncio.wait_for(ready, max(0.0, deadline - loop.time()))
             finally:
@@ -255,7 +262,8 @@ class PortSplitter:
     def _bridge_done(self, bridge: _Bridge) -> None:
         with self._bridges_lock:
             self._bridges.discard(bridge)
-            self._peers.pop(bridge.hop, None)
+            if bridge.hop is not None:
+                self._peers.pop(bridge.hop, None)
 
     @property
     def bridged(self) -> int:

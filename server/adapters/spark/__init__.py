@@ -1,6 +1,6 @@
 """tickwire.server.adapters.spark: Spark Structured Streaming into tickwire tables.
 
-`sink(server_or_graph, table, mode=...)` is a `foreachBatch` function that turns each micro-batch
+`sink(engine_or_server, table, mode=...)` is a `foreachBatch` function that turns each micro-batch
 into one update of a tickwire table, exactly once (see `sinks`); `spark_session(...)` builds a
 local SparkSession suited to it (see `launch`); Spark's column types are mapped by
 `tickwire.clients.spark.types`, and `writeStream.format("tickwire")` for queries in other

@@ -43,12 +43,12 @@ import logging
 import threading
 import time
 import uuid
-from typing import Optional, Sequence
+from typing import Any, Optional, Protocol, Sequence, cast
 
 import pyarrow as pa
 
 from tickwire.clients.spark.types import SparkSinkError, arrow_schema_for_spark, conform_arrow
-from tickwire.server.engine import Destination, Engine, ModeError, WriteTimeout
+from tickwire.server.engine import Destination, Engine, ModeError, Table, WriteTimeout
 from tickwire.server.engine.ingest import MODES, diff_by_key, last_per_key
 
 __all__ = ["sink", "fan_out", "TickwireSink", "MODES", "diff_by_key", "last_per_key", "collect_arrow"]
@@ -112,7 +112,7 @@ class TickwireSink:
         self.scope = scope
         self._own_scope = f"sink-{uuid.uuid4().hex}"  # when the query id is unknown
         self._lock = threading.Lock()
-        self._table = None
+        self._table: Optional[Table] = None
         self._checked_spark_schema = None
         self._schema: Optional[pa.Schema] = None
         # per batch: rows, seconds converting, queuing and waiting; whether it was a replay
@@ -276,7 +276,7 @@ def _write_spark_batch(sinks: Sequence[TickwireSink], batch_df, batch_id) -> Non
     convert = time.perf_counter() - t0
     items = []
     for (s, key), schema in zip(todo, schemas):
-        timing = {"convert_s": convert}
+        timing: dict[str, Any] = {"convert_s": convert}
         items.append((s, s.prepare_batch(data, schema, timing), key, timing))
     results = _queue_all(items)
     for (s, key), (_s, _data, _key, timing), accepted in zip(todo, items, results):
@@ -284,7 +284,15 @@ def _write_spark_batch(sinks: Sequence[TickwireSink], batch_df, batch_id) -> Non
         s.note(key, timing.get("rows"), accepted, timing)
 
 
-def fan_out(*sinks: TickwireSink):
+class FanOut(Protocol):
+    """What `fan_out` returns: a `foreachBatch` function that carries its sinks."""
+
+    sinks: tuple[TickwireSink, ...]
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None: ...
+
+
+def fan_out(*sinks: TickwireSink) -> FanOut:
     """A `foreachBatch` function writing each micro-batch into several tables (e.g. the same rows
     appended to one table, into a ring table and into a blink table), collecting it from Spark
     once. Each table applies each batch exactly once on its own; sinks that wait are queued
@@ -292,11 +300,12 @@ def fan_out(*sinks: TickwireSink):
     if not sinks or not all(isinstance(s, TickwireSink) for s in sinks):
         raise TypeError("fan_out takes one or more TickwireSink (from sink(...))")
 
-    def write(batch_df, batch_id) -> None:
+    def write(batch_df: Any, batch_id: int) -> None:
         _write_spark_batch(sinks, batch_df, batch_id)
 
-    write.sinks = sinks
-    return write
+    fn = cast(FanOut, write)  # a function with an attribute
+    fn.sinks = sinks
+    return fn
 
 
 def sink(target, table: str, mode: str = "append", keys: Optional[Sequence[str]] = None,

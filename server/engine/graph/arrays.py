@@ -6,11 +6,12 @@ graph goes through this sort-based one."""
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["unique", "has_duplicates"]
 
 
-def unique(a) -> np.ndarray:
+def unique(a: npt.ArrayLike) -> np.ndarray:
     """The sorted distinct values of `a` (flattened), as np.unique gives them."""
     s = np.sort(np.asarray(a).ravel())
     if s.size < 2:
@@ -21,7 +22,7 @@ def unique(a) -> np.ndarray:
     return s[keep]
 
 
-def has_duplicates(a) -> bool:
+def has_duplicates(a: npt.ArrayLike) -> bool:
     """True when some value of `a` occurs twice."""
     s = np.sort(np.asarray(a).ravel())
     return bool(s.size > 1 and np.any(s[1:] == s[:-1]))

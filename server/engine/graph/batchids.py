@@ -8,7 +8,7 @@ ids are kept as they are.
 """
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Any, Hashable, Optional
 
 __all__ = ["BatchIds"]
 
@@ -16,11 +16,11 @@ __all__ = ["BatchIds"]
 class BatchIds:
     def __init__(self, keep: int = 1024):
         self.keep = int(keep)
-        self._plain: set = set()
-        self._scopes: dict[tuple, tuple[int, set]] = {}  # scope -> (floor, recent numbers)
+        self._plain: set[Hashable] = set()
+        self._scopes: dict[tuple[Hashable, ...], tuple[int, set[int]]] = {}  # scope -> (floor, recent numbers)
 
     @staticmethod
-    def _split(batch_id: Hashable):
+    def _split(batch_id: Hashable) -> tuple[Optional[tuple[Hashable, ...]], Optional[int]]:
         if isinstance(batch_id, tuple) and batch_id and isinstance(batch_id[-1], int) \
                 and not isinstance(batch_id[-1], bool):
             return batch_id[:-1], batch_id[-1]
@@ -30,6 +30,7 @@ class BatchIds:
         scope, n = self._split(batch_id)
         if scope is None:
             return batch_id in self._plain
+        assert n is not None  # a scope comes with its number
         entry = self._scopes.get(scope)
         return entry is not None and (n <= entry[0] or n in entry[1])
 
@@ -38,9 +39,9 @@ class BatchIds:
         if scope is None:
             self._plain.add(batch_id)
             return
-        floor, recent = self._scopes.get(scope, (None, None))
-        if recent is None:
-            floor, recent = -(1 << 63), set()
+        assert n is not None  # a scope comes with its number
+        entry = self._scopes.get(scope)
+        floor, recent = entry if entry is not None else (-(1 << 63), set())
         recent.add(n)
         if len(recent) > 2 * self.keep:  # forget the oldest half: they count as accepted
             ordered = sorted(recent)
@@ -56,17 +57,18 @@ class BatchIds:
         if scope is None:
             self._plain.discard(batch_id)
             return
+        assert n is not None  # a scope comes with its number
         entry = self._scopes.get(scope)
         if entry is not None:
             entry[1].discard(n)
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: {"plain": [ids], "scopes": [[scope, floor, [numbers]]]}."""
         return {"plain": list(self._plain),
                 "scopes": [[list(scope), floor, sorted(recent)] for scope, (floor, recent) in self._scopes.items()]}
 
     @classmethod
-    def from_state(cls, state: dict, keep: int = 1024) -> "BatchIds":
+    def from_state(cls, state: dict[str, Any], keep: int = 1024) -> "BatchIds":
         """The memory `state()` described; ids come back as tuples where they were lists."""
         out = cls(keep)
         for b in state.get("plain", ()):
@@ -80,8 +82,9 @@ class BatchIds:
         return len(self._plain) + sum(len(r) for _, r in self._scopes.values())
 
 
-def _tuples(value):
+def _tuples(value: Any) -> Hashable:
     """JSON gives lists where batch ids had tuples."""
     if isinstance(value, list):
         return tuple(_tuples(v) for v in value)
-    return value
+    scalar: Hashable = value  # a JSON string, number, bool or null
+    return scalar

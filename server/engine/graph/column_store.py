@@ -15,7 +15,7 @@ polynomial over their bytes), for the keyed tables' hash index.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -23,14 +23,17 @@ import pyarrow.compute as pc
 
 from tickwire.protocol.difference import _as_array, _validity, equal_mask
 from tickwire.protocol.schema import numpy_storage_dtype
-from tickwire.server.engine.graph.keyindex import mix
+from tickwire.server.engine.graph.keyindex import Verifier, mix
 
 __all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier"]
 
+#: where a write goes: an int64 array of slots, or a slice of contiguous slots
+_Slots = Union[np.ndarray, slice]
+
 
 def _is_c_convertible(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-        or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t))
 
 
 class _Column:
@@ -55,7 +58,7 @@ class _Column:
             new[: old.size] = old
             setattr(self, name, new)
 
-    def write(self, slots, arr: pa.Array) -> None:
+    def write(self, slots: _Slots, arr: pa.Array) -> None:
         """Writes `arr` at `slots` (an int64 array or a slice)."""
         if arr.null_count:
             self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False)
@@ -70,7 +73,7 @@ class _Column:
             arr = pc.fill_null(arr, self._fill)
         self.values[slots] = arr.to_numpy(zero_copy_only=False)
 
-    def gather(self, slots) -> pa.Array:
+    def gather(self, slots: np.ndarray) -> pa.Array:
         valid = self.valid[slots]
         mask = None if valid.all() else ~valid
         if self.dtype is None:
@@ -99,7 +102,7 @@ class _FixedListColumn:
 
     @staticmethod
     def handles(t: pa.DataType) -> bool:
-        return pa.types.is_fixed_size_list(t) and numpy_storage_dtype(t.value_type) is not None
+        return bool(pa.types.is_fixed_size_list(t)) and numpy_storage_dtype(t.value_type) is not None
 
     def grow(self, capacity: int) -> None:
         for name in ("values", "child_valid", "valid"):
@@ -108,7 +111,7 @@ class _FixedListColumn:
             new[: old.shape[0]] = old
             setattr(self, name, new)
 
-    def write(self, slots, arr: pa.Array) -> None:
+    def write(self, slots: _Slots, arr: pa.Array) -> None:
         n = len(arr)
         self.valid[slots] = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else True
         child = arr.values.slice(arr.offset * self.size, n * self.size)
@@ -122,7 +125,7 @@ class _FixedListColumn:
                 child = child.view(self.storage_type)
         self.values[slots] = child.to_numpy(zero_copy_only=False).reshape(n, self.size)
 
-    def gather(self, slots) -> pa.Array:
+    def gather(self, slots: np.ndarray) -> pa.Array:
         valid = self.valid[slots]
         n = valid.size
         child_valid = self.child_valid[slots].reshape(-1)
@@ -177,7 +180,7 @@ class _BytesColumn:
         heap[: self.used] = self.heap[: self.used]
         self.heap = heap
 
-    def write(self, slots, arr: pa.Array) -> None:
+    def write(self, slots: _Slots, arr: pa.Array) -> None:
         if self.fixed is not None:
             arr = arr.cast(pa.binary())
         n = len(arr)
@@ -214,7 +217,7 @@ class _BytesColumn:
         self.heap, self.used, self.garbage = heap, int(data.size), 0
         self.start[used] = offsets[:-1]
 
-    def gather(self, slots) -> pa.Array:
+    def gather(self, slots: np.ndarray) -> pa.Array:
         valid = self.valid[slots]
         lengths = np.where(valid, self.length[slots], 0)
         offsets, data = self._bytes(self.start[slots], lengths)
@@ -277,7 +280,7 @@ class ColumnStore:
 # row-wise equality
 # ----------------------------------------------------------------------------------------------
 
-def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.Array]):
+def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.Array]) -> Verifier:
     """A KeyIndex verifier: do the rows stored at `rows` (columns `names` of `store`) hold the key
     values of queries `qi` (rows of `cols`)? Compared in bulk, nulls equal nulls."""
     def verify(qi: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -315,7 +318,7 @@ def _bytes_hash(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     starts = offsets[:-1]
     lengths = np.diff(offsets)
     total = int(lengths.sum())
-    out = lengths.astype(np.uint64) * _GOLD
+    out: np.ndarray = lengths.astype(np.uint64) * _GOLD
     if total == 0:
         return out
     first = int(starts[0])
@@ -325,7 +328,8 @@ def _bytes_hash(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     seg *= _powers(int(lengths.max()))[within]
     sums = np.add.reduceat(np.append(seg, np.uint64(0)), np.minimum(rel, total))
     sums[lengths == 0] = 0
-    return out ^ sums
+    hashes: np.ndarray = out ^ sums
+    return hashes
 
 
 _HASHABLE = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_temporal,
@@ -368,8 +372,9 @@ def _column_hash(a: pa.Array) -> np.ndarray:
 
 def hash_columns(columns: Sequence[pa.Array]) -> np.ndarray:
     """A 64-bit hash per row of the given key columns (equal keys give equal hashes)."""
-    h = None
+    h: Optional[np.ndarray] = None
     for col in columns:
         ch = _column_hash(_as_array(col))
         h = ch if h is None else mix(h * _GOLD + ch)
+    assert h is not None, "hash_columns needs at least one key column"
     return h

@@ -33,15 +33,16 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Hashable, Iterable, Optional, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
 from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
 from tickwire.server.engine.errors import CatalogError, OperationError
+from tickwire.server.engine.graph.sources import SourceTable
 from tickwire.server.engine.graph.table_update import TableUpdate
-from tickwire.server.engine.graph.tables import Table
+from tickwire.server.engine.graph.tables import Listener, Table
 
 __all__ = ["UpdateGraph", "CycleHooks", "CycleErrorRecord", "TableFailure", "TableFailedError", "TableListener"]
 
@@ -59,13 +60,21 @@ class CycleHooks(Protocol):
     3. `follow_parents(step, updates)` for a derived table whose parents changed: its update;
     4. `end_cycle()` for every changed (or failed) table: drops the cycle's previous state."""
 
-    def take_pending(self) -> list: ...
+    def take_pending(self) -> list[Any]: ...
 
-    def apply_pending(self, step: int, ops: list) -> Optional[TableUpdate]: ...
+    def apply_pending(self, step: int, ops: list[Any]) -> Optional[TableUpdate]: ...
 
     def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]: ...
 
     def end_cycle(self) -> None: ...
+
+
+class InputJournal(Protocol):
+    """What `UpdateGraph.set_input_journal` takes: `record(step, {table: (ops, batch_ids)})` makes
+    a cycle's input durable and returns the tables whose input it could not."""
+
+    def record(self, step: int, inputs: dict[SourceTable, tuple[list[Any], list[Hashable]]]
+               ) -> Iterable[SourceTable]: ...
 
 
 class CycleErrorRecord:
@@ -124,10 +133,10 @@ class TableListener:
 
     __slots__ = ("on_update", "on_failure")
 
-    def __init__(self, on_update: Callable, on_failure: Callable):
+    def __init__(self, on_update: Listener, on_failure: Callable[[Table, TableFailure], None]):
         self.on_update, self.on_failure = on_update, on_failure
 
-    def __call__(self, table, update, step) -> None:
+    def __call__(self, table: Table, update: TableUpdate, step: int) -> None:
         self.on_update(table, update, step)
 
 
@@ -145,7 +154,7 @@ class UpdateGraph:
         self.errors: collections.deque[CycleErrorRecord] = collections.deque(maxlen=max_errors)
         self.lock = threading.RLock()
         self.intake_lock = threading.Lock()
-        self._input_journal = None
+        self._input_journal: Optional[InputJournal] = None
         self._order: list[Table] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -155,6 +164,7 @@ class UpdateGraph:
         # (the clock's now()), each changed table's update, and the seconds each changed table took
         # (applying its input or following its parents, then its listeners)
         self.cycle_started = 0.0
+        self.cycle_perf_started = 0.0
         self.cycle_updates: dict[str, TableUpdate] = {}
         self.cycle_work: dict[str, float] = {}
 
@@ -212,7 +222,7 @@ class UpdateGraph:
         with self.lock:
             self._cycle_listeners.append(fn)
 
-    def remove_cycle_listener(self, fn) -> None:
+    def remove_cycle_listener(self, fn: Callable[[int], None]) -> None:
         with self.lock:
             if fn in self._cycle_listeners:
                 self._cycle_listeners.remove(fn)
@@ -233,13 +243,14 @@ class UpdateGraph:
                 raise OperationError(f"table {table.name!r} is a source; only derived tables fail")
             step = self.step
             self._report(step, table.name, error, what)
-            self._fail(step, table, TableFailure(step, table.name, table.name, what, error))
+            failure = TableFailure(step, table.name, table.name, what, error)
+            self._fail(step, table, failure)
             for t in list(self._order):  # parents before the tables derived from them
                 if t.failure is None and t.parents:
-                    broken = next((p for p in t.parents if p.failure is not None), None)
+                    broken = next((p.failure for p in t.parents if p.failure is not None), None)
                     if broken is not None:
-                        self._fail(step, t, broken.failure.derived(t.name))
-            return table.failure
+                        self._fail(step, t, broken.derived(t.name))
+            return failure
 
     def _fail(self, step: int, table: Table, failure: TableFailure) -> None:
         """Marks a derived table failed and tells its listeners that have an `on_failure`."""
@@ -256,7 +267,7 @@ class UpdateGraph:
             except Exception as exc:  # noqa: BLE001 - a listener's bug is reported, the others still hear
                 self._report(step, table.name, exc, "a listener's failure callback")
 
-    def set_input_journal(self, journal) -> None:
+    def set_input_journal(self, journal: Optional[InputJournal]) -> None:
         """`journal.record(step, {table: (ops, batch_ids)})` is called in every cycle, before the
         input of the tables flagged `journaled` is applied, and returns the tables whose input it
         could not make durable: their input of that cycle is dropped (its batch ids forgotten, so
@@ -264,13 +275,16 @@ class UpdateGraph:
         with self.lock:
             self._input_journal = journal
 
-    def _journal_inputs(self, step: int, order: list, taken: dict) -> None:
+    def _journal_inputs(self, step: int, order: list[Table], taken: dict[str, list[Any]]) -> None:
         inputs = {t: (taken[t.name], t.taken_batches) for t in order
-                  if not t.parents and getattr(t, "journaled", False) and (taken.get(t.name) or t.taken_batches)}
+                  if not t.parents and isinstance(t, SourceTable) and t.journaled
+                  and (taken.get(t.name) or t.taken_batches)}
         if not inputs:
             return
+        journal = self._input_journal
+        assert journal is not None  # run_cycle journals only with a journal set
         try:
-            refused = self._input_journal.record(step, inputs)
+            refused: Iterable[SourceTable] = journal.record(step, inputs)
         except Exception as exc:  # noqa: BLE001 - the journal itself broke: nothing it was given is durable
             self._report(step, "<journal>", exc, "journaling the input")
             refused = set(inputs)
@@ -284,6 +298,7 @@ class UpdateGraph:
         clock = time.perf_counter
         with self.lock:
             self.cycle_started = self.clock.now()
+            self.cycle_perf_started = t0  # for the measured duration so far (cycle listeners)
             work: dict[str, float] = {}
             step = self.step + 1
             order = list(self._order)
@@ -312,9 +327,9 @@ class UpdateGraph:
                 if table.failure is not None:
                     continue  # failed in an earlier cycle: it no longer updates
                 if table.parents:
-                    broken = next((p for p in table.parents if p.failure is not None), None)
+                    broken = next((p.failure for p in table.parents if p.failure is not None), None)
                     if broken is not None:  # failed this cycle (parents come first in `order`)
-                        self._fail(step, table, broken.failure.derived(table.name))
+                        self._fail(step, table, broken.derived(table.name))
                         continue
                 t1 = clock()
                 if table.parents and any(p.name in updates for p in table.parents):
@@ -345,9 +360,9 @@ class UpdateGraph:
                         self._report(step, table.name, exc, "a listener")
                 work[table.name] = work.get(table.name, 0.0) + clock() - t1
             self.cycle_updates, self.cycle_work = updates, work
-            for fn in list(self._cycle_listeners):
+            for cycle_fn in list(self._cycle_listeners):
                 try:
-                    fn(step)
+                    cycle_fn(step)
                 except Exception as exc:  # noqa: BLE001 - a cycle listener's bug is reported, the cycle goes on
                     self._report(step, "<cycle>", exc, "a cycle listener")
             self.cycle_updates, self.cycle_work = {}, {}
@@ -389,5 +404,5 @@ class UpdateGraph:
     def __enter__(self) -> "UpdateGraph":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -58,7 +58,8 @@ class KeyIndex:
         return self.live
 
     def _home(self, h: np.ndarray) -> np.ndarray:
-        return (mix(h) & np.uint64(self.values.size - 1)).astype(np.int64)
+        home: np.ndarray = (mix(h) & np.uint64(self.values.size - 1)).astype(np.int64)
+        return home
 
     def lookup(self, h: np.ndarray, verify: Optional[Verifier] = None) -> tuple[np.ndarray, np.ndarray]:
         """Value of each query hash (-1 when absent) and its entry position (-1 when absent).

@@ -10,6 +10,7 @@ operation costs O(number of keys asked about), amortised.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from tickwire.server.engine.graph.keyindex import KeyIndex
 
@@ -28,7 +29,7 @@ class KeyMap:
     sparse_factor = 4      # direct mode while the key span is at most this many times the count
     min_direct = 1 << 16   # ... or at most this many keys wide
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._direct = True
         self._base = 0
         self._arr = np.full(0, -1, dtype=np.int64)
@@ -38,8 +39,14 @@ class KeyMap:
     def __len__(self) -> int:
         return self._n
 
+    @property
+    def _hash(self) -> KeyIndex:
+        """The index of hash mode."""
+        assert self._index is not None, "a KeyMap in direct mode has no index"
+        return self._index
+
     # -- reading --------------------------------------------------------------------------------
-    def get(self, keys) -> np.ndarray:
+    def get(self, keys: npt.ArrayLike) -> np.ndarray:
         k = np.asarray(keys, dtype=np.int64).ravel()
         if self._direct:
             out = np.full(k.size, -1, dtype=np.int64)
@@ -54,13 +61,13 @@ class KeyMap:
         if self._direct:
             rel = np.flatnonzero(self._arr >= 0)
             return rel + self._base, self._arr[rel]
-        h, vals = self._index.entries()
+        h, vals = self._hash.entries()
         keys = h.view(np.int64)
         order = np.argsort(keys, kind="stable")
         return keys[order], vals[order]
 
     # -- writing --------------------------------------------------------------------------------
-    def set(self, keys, values) -> None:
+    def set(self, keys: npt.ArrayLike, values: npt.ArrayLike) -> None:
         """Inserts or overwrites; values must be >= 0."""
         k = np.asarray(keys, dtype=np.int64).ravel()
         v = np.broadcast_to(np.asarray(values, dtype=np.int64), k.shape).ravel()
@@ -79,7 +86,7 @@ class KeyMap:
             return
         self._hash_set(k, v)
 
-    def delete(self, keys) -> None:
+    def delete(self, keys: npt.ArrayLike) -> None:
         k = np.asarray(keys, dtype=np.int64).ravel()
         if k.size == 0:
             return
@@ -89,11 +96,11 @@ class KeyMap:
             self._n -= int(np.count_nonzero(self._arr[rel] >= 0))
             self._arr[rel] = -1
             return
-        _, where = self._index.lookup(_as_hash(k))
-        self._index.delete(where)
+        _, where = self._hash.lookup(_as_hash(k))
+        self._hash.delete(where)
         self._n -= int(np.count_nonzero(where >= 0))
 
-    def remap(self, old_keys, new_keys) -> None:
+    def remap(self, old_keys: npt.ArrayLike, new_keys: npt.ArrayLike) -> None:
         """Moves the values of `old_keys` to `new_keys` (pairs in order; keys may overlap)."""
         old = np.asarray(old_keys, dtype=np.int64).ravel()
         if old.size == 0:
@@ -103,7 +110,7 @@ class KeyMap:
         self.set(new_keys, vals)
 
     def clear(self) -> None:
-        self.__init__()
+        KeyMap.__init__(self)
 
     # -- direct mode ----------------------------------------------------------------------------
     def _grow_direct(self, lo: int, hi: int, count: int) -> bool:
@@ -133,23 +140,23 @@ class KeyMap:
 
     # -- hash mode ------------------------------------------------------------------------------
     def _hash_find(self, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self._index.lookup(_as_hash(k))
+        return self._hash.lookup(_as_hash(k))
 
     def _hash_insert(self, k: np.ndarray, v: np.ndarray) -> None:
         """Adds keys known to be absent."""
         if k.size == 0:
             return
-        if self._index.would_rebuild(k.size) and self._dense_again(self._n + k.size):
+        if self._hash.would_rebuild(k.size) and self._dense_again(self._n + k.size):
             self.set(k, v)
             return
-        self._index.insert(_as_hash(k), v)
+        self._hash.insert(_as_hash(k), v)
         self._n += k.size
 
     def _hash_set(self, k: np.ndarray, v: np.ndarray) -> None:
         _, where = self._hash_find(k)
         present = where >= 0
         if present.any():
-            self._index.replace(where[present], v[present])
+            self._hash.replace(where[present], v[present])
         if not present.all():
             self._hash_insert(k[~present], v[~present])
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from tickwire.server.engine.errors import OperationError
@@ -45,7 +46,8 @@ MAX_STRING_WORDS = 8   # strings order exactly on their first 64 bytes, then by 
 def _valid(a: pa.Array) -> np.ndarray:
     if a.null_count == 0:
         return np.ones(len(a), dtype=bool)
-    return a.is_valid().to_numpy(zero_copy_only=False)
+    valid: np.ndarray = a.is_valid().to_numpy(zero_copy_only=False)
+    return valid
 
 
 def _fixed_storage(a: pa.Array) -> np.ndarray:
@@ -55,7 +57,8 @@ def _fixed_storage(a: pa.Array) -> np.ndarray:
         a = a.view(pa.int32() if t.bit_width == 32 else pa.int64())
     if a.null_count:
         a = a.fill_null(pa.scalar(0, a.type))
-    return a.to_numpy(zero_copy_only=False)
+    values: np.ndarray = a.to_numpy(zero_copy_only=False)
+    return values
 
 
 def _string_bytes(a: pa.Array, words: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,8 +84,8 @@ def _string_bytes(a: pa.Array, words: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _is_string(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-        or pa.types.is_large_binary(t)
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+                or pa.types.is_large_binary(t))
 
 
 def check_sortable(t: pa.DataType) -> bool:
@@ -260,7 +263,7 @@ class OrderIndex:
     def last_key(self) -> int:
         return self.hi + self.base
 
-    def key_of(self, ids) -> np.ndarray:
+    def key_of(self, ids: npt.ArrayLike) -> np.ndarray:
         """Key of each element id (-1 where absent)."""
         return self.ids.get(ids)
 
@@ -278,7 +281,8 @@ class OrderIndex:
             return np.zeros(0, dtype=np.int64)
         s = self.src[self.lo:self.hi + 1]
         real = s == np.arange(self.lo, self.hi + 1, dtype=np.int64) + self.base
-        return s[real]
+        keys: np.ndarray = s[real]
+        return keys
 
     def first_keys(self, count: int) -> np.ndarray:
         """The first `count` element keys (cost follows `count` and the gaps between them)."""
@@ -298,14 +302,15 @@ class OrderIndex:
             else:
                 a, b = max(self.lo, self.hi - width + 1), self.hi
             s = self.src[a:b + 1]
-            real = s[s == np.arange(a, b + 1, dtype=np.int64) + self.base]
+            real: np.ndarray = s[s == np.arange(a, b + 1, dtype=np.int64) + self.base]
             if real.size >= count or (a == self.lo and b == self.hi):
                 return real[:count] if front else real[real.size - count:]
             width *= 4
 
     # -- search ---------------------------------------------------------------------------------
     def _is_real_slots(self, slots: np.ndarray) -> np.ndarray:
-        return self.src[slots] == slots + self.base
+        real: np.ndarray = self.src[slots] == slots + self.base
+        return real
 
     def _nxt(self, keys: np.ndarray) -> np.ndarray:
         """Key of the first element at or after each key (NONE_HI when none)."""
@@ -435,7 +440,7 @@ class OrderIndex:
     def build(self, words: list[np.ndarray]) -> np.ndarray:
         """Replaces the content with these elements; returns their keys (in input order)."""
         m = words[0].size
-        self.__init__(len(words), self.fixed_spacing)
+        OrderIndex.__init__(self, len(words), self.fixed_spacing)
         if m == 0:
             return np.zeros(0, dtype=np.int64)
         order = np.lexsort(words[::-1])
@@ -471,7 +476,7 @@ class OrderIndex:
             self._paint(np.array([lo_k]), np.array([hi_k]), np.array([hi_k]), keys, words)
 
     # -- deleting -------------------------------------------------------------------------------
-    def delete(self, keys) -> None:
+    def delete(self, keys: npt.ArrayLike) -> None:
         """Removes the elements at these keys."""
         keys = unique(np.asarray(keys, dtype=np.int64))
         if keys.size == 0:
@@ -507,7 +512,7 @@ class OrderIndex:
 
     # -- inserting ------------------------------------------------------------------------------
     def insert(self, words: list[np.ndarray], prefer: Optional[np.ndarray] = None
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Adds elements (their words; ids not in the index). Returns (keys of the new elements
         in input order, old keys of elements that moved (ascending), their new keys, a flag per
         moved element that is True when an element that did not move lies between it and the
@@ -542,7 +547,7 @@ class OrderIndex:
         moved_old, moved_new = empty, empty
         brk = np.zeros(0, dtype=bool)
         in_window = np.zeros(gfirst.size, dtype=bool)
-        windows = None
+        windows: Optional[tuple[np.ndarray, ...]] = None
         if crowded.any():
             windows = self._windows(ga, gb, gcount, crowded)
             windows = windows + (crowded,)
@@ -602,12 +607,12 @@ class OrderIndex:
 
         # the region's new ends: an old end stays unless a window open on that side re-spread it
         lows, highs = [kmin], [kmax]
-        if layout is None or not (windows[0] == NONE_LO).any():
+        if windows is None or not (windows[0] == NONE_LO).any():  # windows is None exactly when layout is
             lows.append(lo_k)
-        if layout is None or not (windows[1] == NONE_HI).any():
+        if windows is None or not (windows[1] == NONE_HI).any():
             highs.append(hi_k)
         new_lo, new_hi = min(lows), max(highs)
-        if layout is not None:
+        if windows is not None:
             wP, wQ, wPe, wQe = windows[:4]
             # each window's range is painted with its new layout; a window open to the front or
             # back starts or ends at its first or last element
@@ -658,9 +663,11 @@ class OrderIndex:
         small = 8.0 * self.spacing
         levels = max(1.0, np.log2(max(span, small) / small))
         frac = np.clip(np.log2(np.maximum(width, small) / small) / levels, 0.0, 1.0)
-        return 0.95 - 0.25 * frac
+        density: np.ndarray = 0.95 - 0.25 * frac
+        return density
 
-    def _windows(self, ga, gb, gcount, crowded):
+    def _windows(self, ga: np.ndarray, gb: np.ndarray, gcount: np.ndarray,
+                 crowded: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Windows (P, Q) (keys of elements, or NONE_LO / NONE_HI when open to the front /
         back) around the crowded gaps, grown and merged until each holds at most one element per
         two keys; with the bounds to spread over (Pe, Qe)."""
@@ -707,7 +714,10 @@ class OrderIndex:
             Qe[both] = Pe[both] + s * (need[both] + 1)
         return P, Q, Pe, Qe
 
-    def _window_layout(self, windows, ga, gb, gcount, gfirst, sw):
+    def _window_layout(self, windows: tuple[np.ndarray, ...], ga: np.ndarray, gb: np.ndarray, gcount: np.ndarray,
+                       gfirst: np.ndarray, sw: list[np.ndarray]
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[np.ndarray], np.ndarray,
+                                  np.ndarray]:
         """Even layout of each window's elements (old ones and the new ones of its gaps)."""
         P, Q, Pe, Qe, crowded = windows
         lo_k, hi_k = self.lo + self.base, self.hi + self.base

@@ -13,9 +13,10 @@ stays cheap and a query about most of a set stays linear.
 from __future__ import annotations
 
 import array
-from typing import Iterator, Optional
+from typing import Iterator, Optional, SupportsInt
 
 import numpy as np
+import numpy.typing as npt
 from pyroaring import BitMap64
 
 from tickwire.protocol.rowset import EMPTY_RANGES, keys_to_ranges, ranges_to_keys
@@ -115,6 +116,13 @@ class RowSet:
                 b = self._b = keys_to_bitmap(k)
         return b
 
+    @property
+    def _multi(self) -> BitMap64:
+        """The bitmap of a set that is not one range (for which `_bm` is never None)."""
+        b = self._bm
+        assert b is not None, "a single-range RowSet has no bitmap"
+        return b
+
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def empty(cls) -> "RowSet":
@@ -131,7 +139,7 @@ class RowSet:
         return cls(first, last)
 
     @classmethod
-    def from_keys(cls, keys) -> "RowSet":
+    def from_keys(cls, keys: npt.ArrayLike) -> "RowSet":
         """Any int64 keys (unsorted, repeated keys allowed)."""
         k = np.asarray(keys, dtype=np.int64).ravel()
         if k.size == 0:
@@ -151,7 +159,7 @@ class RowSet:
         return cls(0, -1, None, k)
 
     @classmethod
-    def from_ranges(cls, ranges) -> "RowSet":
+    def from_ranges(cls, ranges: npt.ArrayLike) -> "RowSet":
         """Closed ranges, shape (n, 2), in any order; they may overlap or touch."""
         r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
         n = r.shape[0]
@@ -215,16 +223,16 @@ class RowSet:
             raise ValueError("empty row set has no first key")
         if self._k is not None:
             return int(self._k[0])
-        return self._bm.min() if not self.is_single_range else self._lo
+        return self._multi.min() if not self.is_single_range else self._lo
 
     def last(self) -> int:
         if self.is_empty():
             raise ValueError("empty row set has no last key")
         if self._k is not None:
             return int(self._k[-1])
-        return self._bm.max() if not self.is_single_range else self._hi
+        return self._multi.max() if not self.is_single_range else self._hi
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, RowSet):
             return NotImplemented
         if self.is_single_range and other.is_single_range:
@@ -237,7 +245,8 @@ class RowSet:
             return bool(np.array_equal(self._k, other._k))
         return self.bitmap() == other.bitmap()
 
-    __hash__ = None  # mutable-looking value type: not hashable
+    # mutable-looking value type: not hashable (typeshed's object.__hash__ has no None)
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         r = self.ranges()
@@ -245,16 +254,16 @@ class RowSet:
         more = f", ... ({r.shape[0]} ranges)" if r.shape[0] > 6 else ""
         return f"RowSet{{{body}{more}}}"
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: SupportsInt) -> bool:
         key = int(key)
         if self._k is not None:
             i = int(np.searchsorted(self._k, key))
             return i < self._k.size and int(self._k[i]) == key
         if not self.is_single_range:
-            return key >= 0 and key in self._bm
+            return key >= 0 and key in self._multi
         return self._lo <= key <= self._hi
 
-    def contains(self, keys) -> np.ndarray:
+    def contains(self, keys: npt.ArrayLike) -> np.ndarray:
         """Membership of each key, as a bool array."""
         k = np.asarray(keys, dtype=np.int64).ravel()
         if self.is_single_range:
@@ -265,11 +274,13 @@ class RowSet:
     def keys(self) -> np.ndarray:
         """Every key, ascending, as an int64 array."""
         if self._k is not None:
-            return self._k.copy()
+            keys: np.ndarray = self._k.copy()
+            return keys
         if not self.is_single_range:
-            return _bitmap_keys(self._bm)
+            return _bitmap_keys(self._multi)
         if self._hi < self._lo:
-            return _EMPTY_KEYS.copy()
+            empty: np.ndarray = _EMPTY_KEYS.copy()
+            return empty
         return np.arange(self._lo, self._hi + 1, dtype=np.int64)
 
     def ranges(self) -> np.ndarray:
@@ -278,7 +289,7 @@ class RowSet:
             return keys_to_ranges(self._k)
         if self.is_single_range:
             return EMPTY_RANGES.copy() if self._hi < self._lo else np.array([[self._lo, self._hi]], dtype=np.int64)
-        return _bitmap_ranges(self._bm)
+        return _bitmap_ranges(self._multi)
 
     def iter_ranges(self) -> Iterator[tuple[int, int]]:
         """(first, last) of each maximal range, ascending."""
@@ -308,7 +319,7 @@ class RowSet:
             return self.subset_by_key_range(other._lo, other._hi)
         if self.is_single_range:
             return other.subset_by_key_range(self._lo, self._hi)
-        return RowSet.from_bitmap(self._bm & other._bm)
+        return RowSet.from_bitmap(self._multi & other._multi)
 
     def minus(self, other: "RowSet") -> "RowSet":
         if self.is_empty() or other.is_empty():
@@ -328,7 +339,7 @@ class RowSet:
             bm = self.bitmap().copy() if not self.is_single_range else self.bitmap()
             bm.remove_range(other._lo, other._hi + 1)
             return RowSet.from_bitmap(bm)
-        return RowSet.from_bitmap(self.bitmap() - other._bm)
+        return RowSet.from_bitmap(self.bitmap() - other._multi)
 
     __or__, __and__, __sub__ = union, intersect, minus
 
@@ -340,8 +351,8 @@ class RowSet:
         if other.is_single_range:
             return other._lo <= self.first() and self.last() <= other._hi
         if self.is_single_range:
-            return other._bm.contains_range(self._lo, self._hi + 1)
-        return self._bm.issubset(other._bm)
+            return other._multi.contains_range(self._lo, self._hi + 1)
+        return self._multi.issubset(other._multi)
 
     is_subset = is_subset_of
 
@@ -364,7 +375,7 @@ class RowSet:
         if self._k is not None:
             k = self._k
             return RowSet.from_keys(k[np.searchsorted(k, first, "left"):np.searchsorted(k, last, "right")])
-        bm = self._bm
+        bm = self._multi
         first, last = max(int(first), bm.min()), min(int(last), bm.max())
         if last < first:
             return RowSet()
@@ -376,11 +387,12 @@ class RowSet:
         return RowSet.from_bitmap(bm[lo_pos:hi_pos])
 
     # -- positions ------------------------------------------------------------------------------
-    def select(self, positions) -> np.ndarray:
+    def select(self, positions: npt.ArrayLike) -> np.ndarray:
         """Keys at the given 0-based positions (each must be < len(self))."""
         p = np.asarray(positions, dtype=np.int64).ravel()
         if p.size == 0:
-            return _EMPTY_KEYS.copy()
+            empty: np.ndarray = _EMPTY_KEYS.copy()
+            return empty
         n = len(self)
         if p.min() < 0 or p.max() >= n:
             raise IndexError(f"position out of range for a row set of {n} keys")
@@ -388,23 +400,24 @@ class RowSet:
             return self._k[p]
         if self.is_single_range:
             return p + self._lo
-        bm = self._bm
+        bm = self._multi
         if p.size * _PER_CALL_KEYS < n:
             return np.fromiter(map(bm.__getitem__, p.tolist()), dtype=np.int64, count=p.size)
         return _bitmap_keys(bm)[p]
 
     get_keys_at_positions = select
 
-    def rank(self, keys) -> np.ndarray:
+    def rank(self, keys: npt.ArrayLike) -> np.ndarray:
         """For each key, how many keys of the set are smaller (its position if it is in the set)."""
         k = np.asarray(keys, dtype=np.int64).ravel()
         if k.size == 0:
-            return _EMPTY_KEYS.copy()
+            empty: np.ndarray = _EMPTY_KEYS.copy()
+            return empty
         if self._k is not None:
             return np.searchsorted(self._k, k, side="left").astype(np.int64)
         if self.is_single_range:
             return np.clip(k - self._lo, 0, len(self))
-        bm = self._bm
+        bm = self._multi
         if k.size * _PER_CALL_KEYS < len(bm):
             # pyroaring's rank counts keys <= k; k - 1 gives keys < k (k = 0 has none)
             out = np.fromiter(map(bm.rank, np.maximum(k - 1, 0).tolist()), dtype=np.int64, count=k.size)
@@ -412,22 +425,23 @@ class RowSet:
             return out
         return np.searchsorted(_bitmap_keys(bm), k, side="left").astype(np.int64)
 
-    def find(self, keys) -> np.ndarray:
+    def find(self, keys: npt.ArrayLike) -> np.ndarray:
         """Position of each key in the set, or -1 for keys that are not in it."""
         k = np.asarray(keys, dtype=np.int64).ravel()
         if k.size == 0:
-            return _EMPTY_KEYS.copy()
+            empty: np.ndarray = _EMPTY_KEYS.copy()
+            return empty
         if self.is_single_range:
             pos = k - self._lo
             pos[(k < self._lo) | (k > self._hi)] = -1
             return pos
         if self._k is not None:
             return _find_sorted(self._k, k)
-        bm = self._bm
+        bm = self._multi
         if k.size * _PER_CALL_KEYS < len(bm):
             kl = np.maximum(k, 0).tolist()
             ranks = np.fromiter(map(bm.rank, kl), dtype=np.int64, count=k.size)
-            member = np.fromiter(map(bm.__contains__, kl), dtype=bool, count=k.size) & (k >= 0)
+            member = np.fromiter(map(bm.__contains__, kl), dtype=np.bool_, count=k.size) & (k >= 0)
             return np.where(member, ranks - 1, -1)
         return _find_sorted(_bitmap_keys(bm), k)
 
@@ -441,7 +455,7 @@ class RowSet:
                 return RowSet()
             if inside.is_single_range:
                 return RowSet(inside._lo - self._lo, inside._hi - self._lo)
-            return RowSet.from_bitmap(inside._bm.shift(-self._lo))
+            return RowSet.from_bitmap(inside._multi.shift(-self._lo))
         pos = self.find(keys.keys())
         return RowSet.from_keys(pos[pos >= 0])
 
@@ -455,9 +469,9 @@ class RowSet:
             return RowSet(self._lo + first, self._lo + last)
         if self._k is not None:
             return RowSet.from_keys(self._k[first:last + 1])
-        return RowSet.from_bitmap(self._bm[first:last + 1])
+        return RowSet.from_bitmap(self._multi[first:last + 1])
 
-    def subset_by_position_ranges(self, ranges) -> "RowSet":
+    def subset_by_position_ranges(self, ranges: npt.ArrayLike) -> "RowSet":
         """The keys at the positions of closed position ranges (n, 2) (e.g. a viewport)."""
         r = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
         if r.shape[0] == 0 or self.is_empty():
@@ -470,7 +484,7 @@ class RowSet:
             return RowSet.from_ranges(np.clip(r, 0, n - 1) + self._lo)
         out = BitMap64()
         for s, e in r.tolist():  # one positional slice per range
-            out |= self._bm[max(s, 0):min(e, n - 1) + 1]
+            out |= self._multi[max(s, 0):min(e, n - 1) + 1]
         return RowSet.from_bitmap(out)
 
     # -- moving ---------------------------------------------------------------------------------
@@ -485,7 +499,7 @@ class RowSet:
             return RowSet(self._lo + delta, self._hi + delta)
         if self._k is not None:
             return RowSet(0, -1, None, self._k + delta)
-        return RowSet(0, -1, self._bm.shift(delta))
+        return RowSet(0, -1, self._multi.shift(delta))
 
 
 # A shift range of at least this many keys may be clipped out of a copy of the set instead of
@@ -504,7 +518,7 @@ class RowSetShiftData:
 
     __slots__ = ("starts", "ends", "deltas")
 
-    def __init__(self, starts=(), ends=(), deltas=()):
+    def __init__(self, starts: npt.ArrayLike = (), ends: npt.ArrayLike = (), deltas: npt.ArrayLike = ()) -> None:
         self.starts = np.asarray(starts, dtype=np.int64).ravel()
         self.ends = np.asarray(ends, dtype=np.int64).ravel()
         self.deltas = np.asarray(deltas, dtype=np.int64).ravel()
@@ -517,7 +531,7 @@ class RowSetShiftData:
         return cls()
 
     @classmethod
-    def build(cls, starts, ends, deltas) -> "RowSetShiftData":
+    def build(cls, starts: npt.ArrayLike, ends: npt.ArrayLike, deltas: npt.ArrayLike) -> "RowSetShiftData":
         """Normalises and validates: drops zero deltas, clamps a negative shift so that no
         destination is below 0, sorts by start and merges adjacent ranges with equal delta."""
         s = np.asarray(starts, dtype=np.int64).ravel().copy()
@@ -549,11 +563,11 @@ class RowSetShiftData:
     def is_empty(self) -> bool:
         return self.starts.size == 0
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, RowSetShiftData) and np.array_equal(self.starts, other.starts) \
             and np.array_equal(self.ends, other.ends) and np.array_equal(self.deltas, other.deltas)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # not hashable; typeshed's object.__hash__ has no None
 
     def __repr__(self) -> str:
         items = ", ".join(f"[{s},{e}]{d:+d}" for s, e, d in zip(self.starts[:8].tolist(), self.ends[:8].tolist(),
@@ -587,7 +601,7 @@ class RowSetShiftData:
         return self.starts, self.ends, self.starts + self.deltas
 
     @classmethod
-    def from_wire(cls, starts, ends, dests) -> "RowSetShiftData":
+    def from_wire(cls, starts: npt.ArrayLike, ends: npt.ArrayLike, dests: npt.ArrayLike) -> "RowSetShiftData":
         """From decoded (starts, ends, dests); normalised and validated."""
         s = np.asarray(starts, dtype=np.int64).ravel()
         return cls.build(s, ends, np.asarray(dests, dtype=np.int64).ravel() - s)
@@ -599,20 +613,20 @@ class RowSetShiftData:
         inside[inside] = k[inside] <= ends[i[inside]]
         return i, inside
 
-    def apply_to_keys(self, keys) -> np.ndarray:
+    def apply_to_keys(self, keys: npt.ArrayLike) -> np.ndarray:
         """Maps pre-shift keys to post-shift keys (keys outside every range stay)."""
         k = np.asarray(keys, dtype=np.int64).ravel()
-        out = k.copy()
+        out: np.ndarray = k.copy()
         if self.is_empty() or k.size == 0:
             return out
         i, inside = self._shift_index(k, self.starts, self.ends)
         out[inside] += self.deltas[i[inside]]
         return out
 
-    def unapply_keys(self, keys) -> np.ndarray:
+    def unapply_keys(self, keys: npt.ArrayLike) -> np.ndarray:
         """Maps post-shift keys back to pre-shift keys (keys outside every destination stay)."""
         k = np.asarray(keys, dtype=np.int64).ravel()
-        out = k.copy()
+        out: np.ndarray = k.copy()
         if self.is_empty() or k.size == 0:
             return out
         i, inside = self._shift_index(k, self.starts + self.deltas, self.ends + self.deltas)
@@ -646,7 +660,7 @@ class RowSetShiftData:
             stay.remove_range(a, b + 1)
             if count >= _SLICE_LIMIT and containers is None:
                 containers = src.get_statistics()["n_containers"]
-            if count >= _SLICE_LIMIT and count >= 64 * containers:
+            if count >= _SLICE_LIMIT and containers is not None and count >= 64 * containers:
                 # many keys per container: clip a copy of the set (cost per container) rather
                 # than slice it by position (cost per key)
                 part = src.copy()
@@ -668,7 +682,7 @@ class RowSetShiftData:
 class RowSetShiftDataBuilder:
     """Collects shifts in ascending order of start; merges adjacent ranges with equal delta."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._s: list[int] = []
         self._e: list[int] = []
         self._d: list[int] = []

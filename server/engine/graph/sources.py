@@ -20,7 +20,7 @@ Row keys:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -28,11 +28,17 @@ import pyarrow as pa
 from tickwire.server.engine.errors import OperationError, WriteRefused
 from tickwire.server.engine.graph.arrays import has_duplicates
 from tickwire.server.engine.graph.batchids import BatchIds
-from tickwire.server.engine.graph.column_store import check_hashable, equal_mask, hash_columns, key_verifier
+from tickwire.server.engine.graph.column_store import (
+    ColumnStore,
+    check_hashable,
+    equal_mask,
+    hash_columns,
+    key_verifier,
+)
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.table_update import TableUpdate
-from tickwire.server.engine.graph.tables import Table, as_table, conform
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
+from tickwire.server.engine.graph.tables import Table, TableInput, as_table, conform
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -44,6 +50,9 @@ log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
+#: queued input: ("add", rows) or ("delete", key values)
+_Input = tuple[str, pa.Table]
+
 
 class SourceTable(Table):
     """A table fed from outside the graph; input is queued and applied at the next cycle.
@@ -52,11 +61,13 @@ class SourceTable(Table):
     input, with the batch ids it carries, before each cycle applies it. `refusal`, when set, is
     the reason every write is refused."""
 
+    store: ColumnStore
+
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
-        self._pending: list[tuple[str, pa.Table]] = []
-        self._pending_batches: list = []
-        self.taken_batches: list = []  # the batch ids of the input the current cycle took
+        self._pending: list[_Input] = []
+        self._pending_batches: list[Hashable] = []
+        self.taken_batches: list[Hashable] = []  # the batch ids of the input the current cycle took
         self.journaled = False
         self.refusal: Optional[str] = None
         self._seen_batches = BatchIds()
@@ -64,13 +75,13 @@ class SourceTable(Table):
         # thread adds to several tables in order become visible in the same cycle or in order
         self._pending_lock = graph.intake_lock
 
-    def queue_rows(self, data, batch_id=None) -> bool:
+    def queue_rows(self, data: TableInput, batch_id: Optional[Hashable] = None) -> bool:
         """Queues rows (a RecordBatch, Table or list of RecordBatches) for the next cycle.
         Returns False, queuing nothing, when `batch_id` was already accepted. Engine-internal:
         producers call `Engine.write`."""
         return self._queue([("add", conform(self.name, self.schema, data))], batch_id)
 
-    def _queue(self, ops: list, batch_id) -> bool:
+    def _queue(self, ops: list[_Input], batch_id: Optional[Hashable]) -> bool:
         with self._pending_lock:
             if self.refusal is not None:
                 raise WriteRefused(f"table {self.name!r} takes no writes: {self.refusal}")
@@ -83,7 +94,7 @@ class SourceTable(Table):
             self._pending.extend(op for op in ops if op[1].num_rows)
         return True
 
-    def forget_batches(self, batch_ids) -> None:
+    def forget_batches(self, batch_ids: Iterable[Hashable]) -> None:
         """Input taken but not applied (its journal could not record it): its batch ids may come again."""
         with self._pending_lock:
             for b in batch_ids:
@@ -92,7 +103,7 @@ class SourceTable(Table):
     def batch_memory(self) -> BatchIds:
         return self._seen_batches
 
-    def applied_batch_state(self) -> dict:
+    def applied_batch_state(self) -> dict[str, Any]:
         """The batch-id memory as of the last applied cycle (BatchIds.state()): without the ids of
         input still queued or taken by the running cycle, which a checkpoint must not claim."""
         with self._pending_lock:
@@ -101,7 +112,7 @@ class SourceTable(Table):
                 memory.discard(b)
         return memory.state()
 
-    def restore_batches(self, state: dict) -> None:
+    def restore_batches(self, state: dict[str, Any]) -> None:
         """Puts back a checkpoint's batch-id memory (BatchIds.state())."""
         with self._pending_lock:
             self._seen_batches = BatchIds.from_state(state, self._seen_batches.keep)
@@ -125,7 +136,7 @@ class SourceTable(Table):
         """The row key the next new row gets."""
         return len(self.rowset)
 
-    def has_batch(self, batch_id) -> bool:
+    def has_batch(self, batch_id: Hashable) -> bool:
         """True when input with this batch id was accepted."""
         with self._pending_lock:
             return batch_id in self._seen_batches
@@ -134,16 +145,16 @@ class SourceTable(Table):
         with self._pending_lock:
             return sum(t.num_rows for _, t in self._pending)
 
-    def take_pending(self):
+    def take_pending(self) -> list[_Input]:
         ops, self._pending = self._pending, []
         self.taken_batches, self._pending_batches = self._pending_batches, []
         return ops
 
 
-def _merge_runs(ops: list) -> list:
+def _merge_runs(ops: list[_Input]) -> list[_Input]:
     """Consecutive operations of the same kind as one: many small inputs queued between two
     cycles cost what their rows cost, not a pass each (an upsert keeps the last row of a key)."""
-    out: list = []
+    out: list[tuple[str, list[pa.Table]]] = []
     for kind, t in ops:
         if out and out[-1][0] == kind:
             out[-1][1].append(t)
@@ -152,7 +163,7 @@ def _merge_runs(ops: list) -> list:
     return [(kind, ts[0] if len(ts) == 1 else pa.concat_tables(ts)) for kind, ts in out]
 
 
-def _concat(ops) -> Optional[pa.Table]:
+def _concat(ops: Sequence[_Input]) -> Optional[pa.Table]:
     tables = [t for _, t in ops]
     if not tables:
         return None
@@ -162,11 +173,11 @@ def _concat(ops) -> Optional[pa.Table]:
 class AppendOnlyTable(SourceTable):
     """Rows are only ever appended; the row set is always [0, n)."""
 
-    def __init__(self, graph, name, schema):
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
         self.attributes = {"AddOnly": True, "AppendOnly": True}
 
-    def apply_pending(self, step, ops):
+    def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
         data = _concat(ops)
         if data is None or data.num_rows == 0:
             return None
@@ -178,7 +189,7 @@ class AppendOnlyTable(SourceTable):
         self.rowset = RowSet.range(0, first + n - 1)
         return TableUpdate(added=RowSet.range(first, first + n - 1))
 
-    def _restore(self, row_keys, data, next_key):
+    def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
         n = data.num_rows
         if n and not np.array_equal(row_keys, np.arange(n, dtype=np.int64)):
             raise ValueError(f"table {self.name!r}: an append table's row keys are 0..n-1")
@@ -191,7 +202,7 @@ class AppendOnlyTable(SourceTable):
 class RingTable(SourceTable):
     """Keeps the last `capacity` rows; row keys keep growing, storage is `capacity` slots."""
 
-    def __init__(self, graph, name, schema, capacity: int):
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema, capacity: int):
         if int(capacity) <= 0:
             raise OperationError(f"table {name!r}: ring capacity must be positive, got {capacity}")
         super().__init__(graph, name, schema)
@@ -199,10 +210,11 @@ class RingTable(SourceTable):
         self.store.ensure(self.capacity)
         self._next_key = 0
 
-    def slots(self, keys):
-        return keys % self.capacity
+    def slots(self, keys: np.ndarray) -> np.ndarray:
+        slots: np.ndarray = keys % self.capacity
+        return slots
 
-    def apply_pending(self, step, ops):
+    def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
         data = _concat(ops)
         if data is None or data.num_rows == 0:
             return None
@@ -224,7 +236,7 @@ class RingTable(SourceTable):
     def next_key(self) -> int:
         return self._next_key
 
-    def _restore(self, row_keys, data, next_key):
+    def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
         n = data.num_rows
         first = next_key - n
         if n > self.capacity or first < 0 or (n and not np.array_equal(
@@ -239,11 +251,11 @@ class RingTable(SourceTable):
 class BlinkTable(SourceTable):
     """Each cycle's rows replace the previous cycle's rows entirely."""
 
-    def __init__(self, graph, name, schema):
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
         self.attributes = {"BlinkTable": True}
 
-    def apply_pending(self, step, ops):
+    def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
         data = _concat(ops)
         n = 0 if data is None else data.num_rows
         if n == 0 and self.rowset.is_empty():
@@ -266,7 +278,7 @@ class KeyedTable(SourceTable):
     cycle costs what its input costs, whatever the size of the table.
     """
 
-    def __init__(self, graph, name, schema, keys: Sequence[str]):
+    def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema, keys: Union[str, Sequence[str]]):
         keys = [keys] if isinstance(keys, str) else list(keys)
         if not keys:
             raise OperationError(f"table {name!r}: a keyed table needs at least one key column")
@@ -287,13 +299,13 @@ class KeyedTable(SourceTable):
         self._null_keys = False  # a null key was ever stored (its hash is not a bijection)
 
     # -- input ----------------------------------------------------------------------------------
-    def queue_delete(self, keys_data, batch_id=None) -> bool:
+    def queue_delete(self, keys_data: TableInput, batch_id: Optional[Hashable] = None) -> bool:
         """Queues removal of the rows whose keys appear in `keys_data` (its other columns are ignored)."""
         return self._queue([("delete", self._key_input(keys_data))], batch_id)
 
-    def queue_ops(self, ops, batch_id=None) -> bool:
+    def queue_ops(self, ops: Iterable[tuple[str, TableInput]], batch_id: Optional[Hashable] = None) -> bool:
         """Queues ("add", rows) and ("delete", keys) operations in order, under one batch id."""
-        checked = []
+        checked: list[_Input] = []
         for kind, data in ops:
             if kind in ("add", "upsert"):
                 checked.append(("add", conform(self.name, self.schema, data)))
@@ -303,11 +315,11 @@ class KeyedTable(SourceTable):
                 raise OperationError(f"table {self.name!r}: unknown operation {kind!r} (use 'add' or 'delete')")
         return self._queue(checked, batch_id)
 
-    def _key_input(self, data) -> pa.Table:
+    def _key_input(self, data: TableInput) -> pa.Table:
         t = as_table(data)
         return conform(self.name, self.schema, t.select([k for k in self.keys if k in t.column_names]), self.keys)
 
-    def row_keys_for(self, keys_data) -> np.ndarray:
+    def row_keys_for(self, keys_data: TableInput) -> np.ndarray:
         """Row key of each row's key in `keys_data` (-1 where the key is not in the table)."""
         t = self._key_input(keys_data)
         with self.graph.lock:
@@ -317,7 +329,7 @@ class KeyedTable(SourceTable):
     def next_key(self) -> int:
         return self._next_key
 
-    def _restore(self, row_keys, data, next_key):
+    def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
         if row_keys.size:
             increasing = bool(np.all(row_keys[1:] > row_keys[:-1]))  # a checkpoint writes them in order
             if row_keys[0 if increasing else row_keys.argmin()] < 0 or row_keys.max() >= next_key \
@@ -354,7 +366,7 @@ class KeyedTable(SourceTable):
         last = g.column("__row_max").to_numpy()[np.argsort(first, kind="stable")]
         return t.take(pa.array(last)), h[last]
 
-    def apply_pending(self, step, ops):
+    def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
         if not ops:
             return None
         ops = _merge_runs(ops)
@@ -410,7 +422,7 @@ class KeyedTable(SourceTable):
         added = RowSet.from_keys(np.concatenate(new_rows)) if new_rows else RowSet()
         if dropped_new:
             added = added.minus(RowSet.from_keys(np.concatenate(dropped_new)))
-        modified, modified_cols = RowSet(), set()
+        modified, modified_cols = RowSet(), set[str]()
         if saved_keys:
             keys = np.concatenate(saved_keys)
             old = pa.concat_tables(saved_vals)
@@ -439,7 +451,8 @@ class KeyedTable(SourceTable):
                     for name in self.keys:
                         prev_vals = prev_vals.append_column(self.schema.field(name), key_vals.column(name))
                     self._prev = (mkeys, prev_vals.select(self.schema.names))
-        update = TableUpdate(added=added, removed=removed, modified=modified, modified_columns=modified_cols)
+        update = TableUpdate(added=added, removed=removed, modified=modified,
+                             modified_columns=ModifiedColumnSet(modified_cols))
         if update.is_empty():
             return None
         self.prev_rowset = prev
@@ -453,18 +466,20 @@ class UpdateSourceTable(Table):
     is queued, and the next cycle hands every queued one, in order, to the subclass's
     `apply_pending(step, ops)`, which applies them and returns their update (or None)."""
 
+    store: ColumnStore
+
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)
-        self._queue: list = []
+        self._queue: list[Any] = []
         self._pending_lock = graph.intake_lock  # a cycle takes every source's input at once
 
-    def queue_update(self, op) -> None:
+    def queue_update(self, op: Any) -> None:
         with self._pending_lock:
             self._queue.append(op)
 
-    def take_pending(self) -> list:
+    def take_pending(self) -> list[Any]:
         q, self._queue = self._queue, []
         return q
 
-    def apply_pending(self, step: int, ops: list):
+    def apply_pending(self, step: int, ops: list[Any]) -> Optional[TableUpdate]:
         raise NotImplementedError

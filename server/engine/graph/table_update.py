@@ -15,12 +15,12 @@ send the changes of several cycles as one message).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine.errors import UpdateValidationError
+from tickwire.server.engine.errors import UnknownColumnError, UpdateValidationError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 
@@ -29,7 +29,7 @@ __all__ = ["ModifiedColumnSet", "TableUpdate", "UpdateValidationError", "apply_u
 ROW_KEY = "__row_key"
 
 
-class ModifiedColumnSet(frozenset):
+class ModifiedColumnSet(frozenset[str]):
     """The names of the columns a cycle modified (a frozenset of names, in no order)."""
 
     @classmethod
@@ -59,7 +59,7 @@ class TableUpdate:
     shifted: RowSetShiftData = field(default_factory=RowSetShiftData)
     modified_columns: ModifiedColumnSet = field(default_factory=ModifiedColumnSet)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.modified_columns, ModifiedColumnSet):
             self.modified_columns = ModifiedColumnSet(self.modified_columns)
 
@@ -77,7 +77,7 @@ class TableUpdate:
 
     def validate(self, prev: RowSet, new: RowSet) -> None:
         """Raises UpdateValidationError when the update breaks the model's rules for prev -> new."""
-        def fail(msg):
+        def fail(msg: str) -> NoReturn:
             raise UpdateValidationError(f"{msg}: {self!r}")
 
         if not self.removed.is_subset_of(prev):
@@ -188,7 +188,8 @@ def _tighten(shifted: RowSetShiftData, survivors: RowSet) -> RowSetShiftData:
     return _pieces_to_shifts(cuts[:-1], cuts[1:] - 1, survivors, lambda k: shifted.apply_to_keys(k) - k)
 
 
-def _pieces_to_shifts(piece_lo: np.ndarray, piece_hi: np.ndarray, survivors: RowSet, delta_of) -> RowSetShiftData:
+def _pieces_to_shifts(piece_lo: np.ndarray, piece_hi: np.ndarray, survivors: RowSet,
+                      delta_of: Callable[[np.ndarray], np.ndarray]) -> RowSetShiftData:
     """Shift ranges from pieces of key space, each moved by one delta: each piece is cut down to
     its first and last surviving key, pieces that do not move are dropped, and consecutive
     pieces with equal delta and no surviving key between them are merged."""
@@ -221,7 +222,7 @@ def column_names(schema: pa.Schema, columns: Sequence[str] | None) -> list[str]:
     names = list(columns)
     unknown = [c for c in names if c not in schema.names]
     if unknown:
-        raise KeyError(f"no column {unknown[0]!r} (columns: {', '.join(schema.names)})")
+        raise UnknownColumnError(f"no column {unknown[0]!r} (columns: {', '.join(schema.names)})")
     return names
 
 
@@ -239,7 +240,12 @@ def _lookup(keys: np.ndarray, want: np.ndarray, what: str) -> np.ndarray:
     return idx
 
 
-def apply_update(prev_state, update: TableUpdate, new_values, key_column: str = ROW_KEY):
+#: a table's state for `apply_update` in dict form: row key -> row (column name -> value)
+DictState = dict[int, dict[str, Any]]
+
+
+def apply_update(prev_state: Union[pa.Table, DictState], update: TableUpdate, new_values: Union[pa.Table, DictState],
+                 key_column: str = ROW_KEY) -> Union[pa.Table, DictState]:
     """Applies `update` to a copy of a table's previous state: remove, shift, add, modify.
 
     `prev_state` is either a pyarrow Table with an int64 row-key column `key_column` (ascending)
@@ -258,7 +264,7 @@ def apply_update(prev_state, update: TableUpdate, new_values, key_column: str = 
     return _apply_to_table(prev_state, update, new_values, key_column)
 
 
-def _apply_to_dict(prev: dict, update: TableUpdate, new_values, key: str) -> dict:
+def _apply_to_dict(prev: DictState, update: TableUpdate, new_values: Union[pa.Table, DictState], key: str) -> DictState:
     if isinstance(new_values, pa.Table):
         keys = new_values.column(key).to_pylist()
         rows = new_values.drop_columns([key]).to_pylist()

@@ -9,10 +9,12 @@ tables in the `ops` package.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tickwire.server.engine.errors import InputTypeError, SchemaMismatchError
 from tickwire.server.engine.graph.column_store import ColumnStore
@@ -20,16 +22,33 @@ from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ROW_KEY, TableUpdate, column_names
 
 if TYPE_CHECKING:
-    from tickwire.server.engine.graph.graph import UpdateGraph
+    from tickwire.server.engine.graph.graph import TableFailure, UpdateGraph
 
 __all__ = ["SchemaMismatchError", "Table", "StaticTable", "conform", "as_table", "register_operation", "unique_name"]
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[["Table", TableUpdate, int], None]
+#: what a table reads and writes rows of: a RowSet, or row keys (an int64 array or a sequence)
+Rows = Union[RowSet, npt.ArrayLike]
+#: table input: a pyarrow Table, a RecordBatch or a sequence of RecordBatches
+TableInput = Union[pa.Table, pa.RecordBatch, Sequence[pa.RecordBatch]]
+#: one column of a view or select: a name, or a (new name, column name or Expression) pair
+ColumnSpec = Union[str, tuple[str, Union[str, pc.Expression]]]
+#: the columns of a view or select: one, a sequence of them, or a dict new name -> column name or Expression
+ColumnSpecs = Union[ColumnSpec, Sequence[ColumnSpec], Mapping[str, Union[str, pc.Expression]]]
 
 
-def as_table(data) -> pa.Table:
+class RowStore(Protocol):
+    """Where a table's values are read by storage slot: a ColumnStore, or a view's reading of its
+    parent's values."""
+
+    def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table: ...
+
+    def gather_column(self, name: str, slots: np.ndarray) -> pa.Array: ...
+
+
+def as_table(data: TableInput) -> pa.Table:
     """A pyarrow Table from a Table, a RecordBatch or a sequence of RecordBatches."""
     if isinstance(data, pa.Table):
         return data
@@ -40,7 +59,7 @@ def as_table(data) -> pa.Table:
     raise InputTypeError(f"expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
 
 
-def conform(table_name: str, schema: pa.Schema, data, names: Optional[Sequence[str]] = None) -> pa.Table:
+def conform(table_name: str, schema: pa.Schema, data: TableInput, names: Optional[Sequence[str]] = None) -> pa.Table:
     """Checks `data` against `schema` (or only its columns `names`) and returns it with the
     columns in schema order and one chunk per column. Raises SchemaMismatchError."""
     t = as_table(data)
@@ -95,10 +114,12 @@ class Table:
 
     is_refreshing = True
     # a session's table (an export or what it derives from): never resolvable or listed by name
-    hidden = False
+    hidden: bool = False
+    # a system table (the performance tables): resolved by name, listed only on request
+    system: bool = False
     # a TableFailure once a derived table's computation (or its parent's) raised: it no longer
     # updates and its contents are not served (see UpdateGraph)
-    failure = None
+    failure: Optional["TableFailure"] = None
 
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema, parents: Sequence["Table"] = ()):
         if not isinstance(schema, pa.Schema):
@@ -112,8 +133,8 @@ class Table:
         self.attributes: dict[str, object] = {}
         self.listeners: list[Listener] = []
         self.parents: tuple[Table, ...] = tuple(parents)
-        self.depth = 1 + max((p.depth for p in self.parents), default=-1)
-        self.store = ColumnStore(schema)
+        self.depth: int = 1 + max((p.depth for p in self.parents), default=-1)
+        self.store: RowStore = ColumnStore(schema)
         # previous values of this cycle's modified rows: (sorted row keys, values)
         self._prev: Optional[tuple[np.ndarray, pa.Table]] = None
         graph.add_table(self)
@@ -127,7 +148,7 @@ class Table:
         """Storage slot of each row key."""
         return keys
 
-    def gather(self, columns: Optional[Sequence[str]] = None, rowset=None) -> pa.Table:
+    def gather(self, columns: Optional[Sequence[str]] = None, rowset: Optional[Rows] = None) -> pa.Table:
         """Values of `rowset` (a RowSet or an array of row keys; default: every row) in that order,
         as one Arrow table built in bulk. Call under the graph's lock (or from a listener) for
         values consistent with `rowset`."""
@@ -137,7 +158,7 @@ class Table:
         keys = rowset.keys() if isinstance(rowset, RowSet) else np.asarray(rowset, dtype=np.int64).ravel()
         return self.store.gather(self.slots(keys), names)
 
-    def gather_with_keys(self, columns: Optional[Sequence[str]] = None, rowset=None,
+    def gather_with_keys(self, columns: Optional[Sequence[str]] = None, rowset: Optional[Rows] = None,
                          key_column: str = ROW_KEY) -> pa.Table:
         """Like `gather`, with the row keys as a first int64 column `key_column` (the state form
         `apply_update` works on)."""
@@ -147,7 +168,7 @@ class Table:
         values = self.gather(columns, keys)
         return values.add_column(0, pa.field(key_column, pa.int64(), nullable=False), [pa.array(keys, pa.int64())])
 
-    def gather_column(self, name: str, rowset=None) -> pa.Array:
+    def gather_column(self, name: str, rowset: Optional[Rows] = None) -> pa.Array:
         return self.gather([name], rowset).column(0).combine_chunks()
 
     def to_arrow(self, columns: Optional[Sequence[str]] = None) -> pa.Table:
@@ -155,7 +176,7 @@ class Table:
         with self.graph.lock:
             return self.gather(columns)
 
-    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys=None) -> pa.Table:
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
         """During this table's cycle: the values the modified rows (`keys`, post-shift row keys;
         default all of them) had before the cycle."""
         if self._prev is None:
@@ -182,30 +203,32 @@ class Table:
                 self.listeners.remove(fn)
 
     # -- derived tables (made by the operations of tickwire.server.engine.graph.ops) -------------------
-    def _derive(self, operation: str, name: Optional[str], *args) -> "Table":
+    def _derive(self, operation: str, name: Optional[str], *args: Any) -> "Table":
         make = _operations.get(operation)
         if make is None:
             raise RuntimeError(f"no operation {operation!r} is registered "
                                f"(tickwire.server.engine.graph.ops registers them)")
         return make(self.graph, name or unique_name(self.graph, f"{self.name}.{operation}"), self, *args)
 
-    def where(self, predicate, name: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> "Table":
+    def where(self, predicate: Union[pc.Expression, Callable[[pa.Table], Any]], name: Optional[str] = None,
+              columns: Optional[Sequence[str]] = None) -> "Table":
         """The rows for which `predicate` holds: a pyarrow compute Expression (``pc.field("x") > 3``)
         or a callable ``values -> boolean array`` (given `columns` of the rows when set)."""
         return self._derive("where", name, predicate, columns)
 
-    def sort(self, columns, descending=False, name: Optional[str] = None, spacing: Optional[int] = None) -> "Table":
+    def sort(self, columns: Union[str, Sequence[str]], descending: Union[bool, Sequence[bool]] = False,
+             name: Optional[str] = None, spacing: Optional[int] = None) -> "Table":
         """The rows ordered by `columns` (a name or names; `descending` a flag or one per column),
         ties in this table's row order. `spacing`: free row keys kept per row (default: they follow
         the table's size); a small one makes rows move as shifts more often."""
         return self._derive("sort", name, columns, descending, spacing)
 
-    def view(self, columns, name: Optional[str] = None) -> "Table":
+    def view(self, columns: ColumnSpecs, name: Optional[str] = None) -> "Table":
         """Columns kept, renamed or computed: names, ``(new_name, column)`` and ``(name, Expression)``
         pairs, or a dict; computed columns are evaluated when read."""
         return self._derive("view", name, columns)
 
-    def select(self, columns, name: Optional[str] = None) -> "Table":
+    def select(self, columns: ColumnSpecs, name: Optional[str] = None) -> "Table":
         """Like `view`, with the computed columns stored (computed once per change)."""
         return self._derive("select", name, columns)
 
@@ -217,16 +240,16 @@ class Table:
         """The last n rows."""
         return self._derive("tail", name, n)
 
-    def last_by(self, keys, name: Optional[str] = None) -> "Table":
+    def last_by(self, keys: Union[str, Sequence[str]], name: Optional[str] = None) -> "Table":
         """The latest row of each distinct value of `keys` (a keyed table)."""
         return self._derive("last_by", name, keys)
 
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
-    def take_pending(self) -> list:
+    def take_pending(self) -> list[Any]:
         """Called with the graph's intake lock held: the input queued since the last cycle."""
         return []
 
-    def apply_pending(self, step: int, ops: list) -> Optional[TableUpdate]:
+    def apply_pending(self, step: int, ops: list[Any]) -> Optional[TableUpdate]:
         """Sources: applies queued input; returns the cycle's update (None when nothing changed)."""
         return None
 
@@ -246,8 +269,9 @@ class StaticTable(Table):
     """A table that never changes."""
 
     is_refreshing = False
+    store: ColumnStore
 
-    def __init__(self, graph: "UpdateGraph", name: str, data):
+    def __init__(self, graph: "UpdateGraph", name: str, data: TableInput):
         data = as_table(data).combine_chunks()
         super().__init__(graph, name, data.schema)
         n = data.num_rows
@@ -257,7 +281,7 @@ class StaticTable(Table):
         self.attributes = {"IsFlat": True}  # row keys are positions, as Deephaven marks its flat tables
         self.data = data
 
-    def gather(self, columns: Optional[Sequence[str]] = None, rowset=None) -> pa.Table:
+    def gather(self, columns: Optional[Sequence[str]] = None, rowset: Optional[Rows] = None) -> pa.Table:
         """Contiguous row ranges are zero-copy slices of the table's data; other row sets a take."""
         data = self.data.select(column_names(self.schema, columns))
         if rowset is None:

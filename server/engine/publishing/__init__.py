@@ -5,10 +5,17 @@ from tickwire.server.engine.publishing.publisher import (
     Publisher,
     PublisherRegistry,
     Subscriber,
-    SubscriptionError,
     snapshot_message,
 )
-from tickwire.server.engine.publishing.views import Plan, View, Viewport, plan_full, plan_viewport, window_keys
+from tickwire.server.engine.publishing.views import (
+    Plan,
+    SubscriptionError,
+    View,
+    Viewport,
+    plan_full,
+    plan_viewport,
+    window_keys,
+)
 
 __all__ = [
     "EncodeOptions", "Message", "TableWire", "metadata_bytes",

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from typing import AsyncIterator, Callable, Optional
+from concurrent.futures import Executor, Future
+from typing import AsyncIterator, Callable, Iterator, Optional
 
 from tickwire.protocol.batches import DEFAULT_MAX_MESSAGE_SIZE
-from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire
-from tickwire.server.engine.publishing.publisher import PublisherRegistry, Subscriber, SubscriptionError
-from tickwire.server.engine.publishing.views import View
+from tickwire.server.engine.graph import Table
+from tickwire.server.engine.publishing.messages import EncodeOptions, Message, RequestOptions, TableWire
+from tickwire.server.engine.publishing.publisher import PublisherRegistry, Subscriber
+from tickwire.server.engine.publishing.views import SubscriptionError, View
 
 __all__ = ["SubscriptionHandle", "Waker", "encoded_payloads", "describe_view", "outcome_of"]
 
@@ -52,7 +54,7 @@ class Waker:
     """Wakes writers on an event loop from other threads with one loop wake-up per burst: a cycle
     that gives a message to a thousand subscribers costs one call_soon_threadsafe."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: list[asyncio.Event] = []
         self._scheduled = False
@@ -72,7 +74,7 @@ class Waker:
             e.set()
 
 
-def _next_payloads(it, n: int) -> list[bytes]:
+def _next_payloads(it: Iterator[bytes], n: int) -> list[bytes]:
     out = []
     for p in it:
         out.append(p)
@@ -81,7 +83,8 @@ def _next_payloads(it, n: int) -> list[bytes]:
     return out
 
 
-async def encoded_payloads(msg: Message, opts: EncodeOptions, executor, per_hop: int = 2) -> AsyncIterator[bytes]:
+async def encoded_payloads(msg: Message, opts: EncodeOptions, executor: Executor,
+                           per_hop: int = 2) -> AsyncIterator[bytes]:
     """The message's FlightData, encoded in the worker pool `per_hop` at a time.
     Batches are split to stay under the client's max_message_size; one that is still over it
     holds a single row that cannot fit, which ends the call with RESOURCE_EXHAUSTED rather than
@@ -114,7 +117,8 @@ class SubscriptionHandle:
         handle.close()                       # always, when the call is over
     """
 
-    def __init__(self, registry: PublisherRegistry, table, view: View, options, *, executor,
+    def __init__(self, registry: PublisherRegistry, table: Table, view: View, options: RequestOptions, *,
+                 executor: Executor,
                  inline_cells: int = 16_384, payloads_per_hop: int = 2, waker: Optional[Waker] = None):
         """`inline_cells`: messages of up to this many values are encoded on the event loop;
         larger ones in `executor`, `payloads_per_hop` FlightData per trip."""
@@ -142,11 +146,15 @@ class SubscriptionHandle:
         try:
             self.sub = await asyncio.wrap_future(started)
         except asyncio.CancelledError:  # the call ended while subscribing: release what it got
-            started.add_done_callback(lambda f: f.exception() is None and f.result().close())
+            def release(f: "Future[Subscriber]") -> None:
+                if f.exception() is None:
+                    f.result().close()
+            started.add_done_callback(release)
             raise
         return self
 
     def _notify(self) -> None:  # any thread
+        assert self._loop is not None and self._wake is not None  # open() sets them before subscribing
         self.waker.wake(self._loop, self._wake)
 
     def _background(self, fn: Callable[[], None]) -> None:
@@ -154,6 +162,7 @@ class SubscriptionHandle:
 
     async def change(self, view: View) -> None:
         """Asks for another view; the publisher answers it with a snapshot in the stream."""
+        assert self.sub is not None, "change() before open()"
         await asyncio.wrap_future(self.executor.submit(self.sub.change, view))
         self.view = view
 
@@ -169,6 +178,7 @@ class SubscriptionHandle:
         yield self.wire.schema_payload(self.encode.columns_as_list)
         opts = self.encode
         limit = opts.max_message_size or DEFAULT_MAX_MESSAGE_SIZE
+        assert self._wake is not None and self.sub is not None, "payloads() before open()"
         while True:
             await self._wake.wait()  # a message is ready, or the request stream ended
             self._wake.clear()

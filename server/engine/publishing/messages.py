@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from tickwire.protocol import barrage
@@ -21,7 +22,8 @@ from tickwire.protocol.rowset import encode_rowset, encode_shifts
 from tickwire.protocol.schema import to_deephaven_schema, to_wire_array
 from tickwire.protocol.update import encode_schema, encode_update
 from tickwire.server.engine.config import EncodeLimits
-from tickwire.server.engine.graph import RowSet, Table
+from tickwire.server.engine.graph import RowSet, RowSetShiftData, Table
+from tickwire.server.engine.publishing.views import Viewport
 
 __all__ = ["EncodeOptions", "Message", "TableWire", "EMPTY_ROWSET_BYTES", "EMPTY_SHIFT_BYTES"]
 
@@ -33,6 +35,9 @@ EMPTY_SHIFT_BYTES = encode_shifts(np.empty(0, np.int64), np.empty(0, np.int64), 
 # CPU cache, and that the first one leaves while the next is being encoded.
 DEFAULT_LIMITS = EncodeLimits()
 
+#: the serialization options of a request: a subscription's or a snapshot's, or None for the defaults
+RequestOptions = Union[barrage.SubscriptionOptions, barrage.SnapshotOptions, None]
+
 
 @dataclass(frozen=True)
 class EncodeOptions:
@@ -42,7 +47,7 @@ class EncodeOptions:
     max_message_size: int = 0
 
     @classmethod
-    def of(cls, options) -> "EncodeOptions":
+    def of(cls, options: RequestOptions) -> "EncodeOptions":
         """From SubscriptionOptions / SnapshotOptions (or None for defaults)."""
         if options is None:
             return cls()
@@ -139,6 +144,7 @@ class Message:
     def _rebased(self, opts: EncodeOptions) -> Iterator[bytes]:
         out = self._cache.get(opts)
         if out is None:
+            assert self._base is not None  # payloads rebases only a message made by with_metadata
             base = self._base.payloads(opts)
             first = decode_flight_data(next(base))
             out = [encode_flight_data(first.data_header, self.metadata or None, body=first.data_body), *base]
@@ -159,9 +165,10 @@ class Message:
         return min(opts.batch_size, rows) if opts.batch_size > 0 else rows
 
     def _chunked(self, opts: EncodeOptions) -> Iterator[bytes]:
-        kw = {"use_deephaven_nulls": opts.use_deephaven_nulls, "columns_as_list": opts.columns_as_list,
-                  "batch_size": opts.batch_size, "max_message_size": opts.max_message_size}
+        kw: dict[str, Any] = {"use_deephaven_nulls": opts.use_deephaven_nulls, "columns_as_list": opts.columns_as_list,
+                              "batch_size": opts.batch_size, "max_message_size": opts.max_message_size}
         md = self.metadata
+        assert self.added is not None  # chunked only for many added rows
         rows = chunk_rows(self.added, self.n_added, self.limits)
         if opts.batch_size > 0:
             rows = min(rows, opts.batch_size)
@@ -177,12 +184,12 @@ class Message:
 def chunk_rows(columns: Sequence[Optional[pa.Array]], n: int, limits: EncodeLimits = DEFAULT_LIMITS) -> int:
     """Rows per chunk of about `limits.chunk_bytes` for these columns (at most `limits.chunk_rows`,
     at least 1024)."""
-    nbytes = sum(c.nbytes for c in columns if c is not None)
+    nbytes: int = sum(c.nbytes for c in columns if c is not None)
     per_row = max(1, nbytes // max(1, n))
     return max(1024, min(limits.chunk_rows, limits.chunk_bytes // per_row))
 
 
-def rows_bytes(rows: Optional[RowSet]) -> Optional[bytes]:
+def rows_bytes(rows: Union[RowSet, Viewport, None]) -> Optional[bytes]:
     if rows is None:
         return None
     if rows.is_empty():
@@ -191,11 +198,11 @@ def rows_bytes(rows: Optional[RowSet]) -> Optional[bytes]:
 
 
 def metadata_bytes(*, first_seq: int, last_seq: int, is_snapshot: bool = False,
-                   effective_viewport: Optional[RowSet] = None, effective_reverse_viewport: bool = False,
-                   effective_column_set: Optional[Sequence[int]] = None,
+                   effective_viewport: Union[RowSet, Viewport, None] = None, effective_reverse_viewport: bool = False,
+                   effective_column_set: Optional[npt.ArrayLike] = None,
                    added_rows: Optional[RowSet] = None, removed_rows: Optional[RowSet] = None,
-                   shift_data=None, added_rows_included: Optional[RowSet] = None,
-                   mod_column_nodes: Optional[list[Optional[RowSet]]] = None, table_size: int = 0) -> bytes:
+                   shift_data: Optional[RowSetShiftData] = None, added_rows_included: Optional[RowSet] = None,
+                   mod_column_nodes: Optional[Sequence[Optional[RowSet]]] = None, table_size: int = 0) -> bytes:
     """Wrapped BarrageUpdateMetadata bytes from row sets (`shift_data`: a RowSetShiftData, or None
     for absent). Row sets are encoded once each; an empty one is the one-byte `20`."""
     md = barrage.UpdateMetadata(first_seq=first_seq, last_seq=last_seq, is_snapshot=is_snapshot,
@@ -207,7 +214,7 @@ def metadata_bytes(*, first_seq: int, last_seq: int, is_snapshot: bool = False,
         shifts = EMPTY_SHIFT_BYTES if shift_data.is_empty() else encode_shifts(*shift_data.to_wire())
     done: dict[int, Optional[bytes]] = {}  # the same RowSet object (e.g. every modified column's) encodes once
 
-    def enc(rows: Optional[RowSet]) -> Optional[bytes]:
+    def enc(rows: Union[RowSet, Viewport, None]) -> Optional[bytes]:
         if rows is None:
             return None
         b = done.get(id(rows))
@@ -215,9 +222,9 @@ def metadata_bytes(*, first_seq: int, last_seq: int, is_snapshot: bool = False,
             b = done[id(rows)] = rows_bytes(rows)
         return b
 
-    raw = {"effective_viewport": enc(effective_viewport), "added_rows": enc(added_rows),
-               "removed_rows": enc(removed_rows), "shift_data": shifts,
-               "added_rows_included": enc(added_rows_included)}
+    raw: dict[str, Any] = {"effective_viewport": enc(effective_viewport), "added_rows": enc(added_rows),
+                           "removed_rows": enc(removed_rows), "shift_data": shifts,
+                           "added_rows_included": enc(added_rows_included)}
     if mod_column_nodes is not None:
         raw["mod_column_nodes"] = [enc(m) if m is not None else EMPTY_ROWSET_BYTES for m in mod_column_nodes]
     payload = md.encode_with(**raw)

@@ -24,15 +24,22 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
 from tickwire.server.engine.config import EncodeLimits, PublishingConfig
-from tickwire.server.engine.graph import RowSet, RowSetShiftData, Table, TableUpdate
+from tickwire.server.engine.graph import ModifiedColumnSet, RowSet, RowSetShiftData, Table, TableUpdate
 from tickwire.server.engine.graph.graph import TableFailedError, TableFailure, TableListener
-from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire, metadata_bytes
+from tickwire.server.engine.publishing.messages import (
+    EncodeOptions,
+    Message,
+    RequestOptions,
+    TableWire,
+    metadata_bytes,
+)
 from tickwire.server.engine.publishing.views import (
+    Plan,
     SubscriptionError,
     View,
     plan_full,
@@ -51,11 +58,20 @@ log = logging.getLogger(__name__)
 _EMPTY_SHIFTS = RowSetShiftData()
 _SUBSCRIBER_IDS = itertools.count(1)
 
+# a shared initial snapshot's key: (columns, columns_as_list)
+_LogKey = tuple[tuple[int, ...], bool]
+# one cycle's messages shared by subscribers asking the same thing: key -> (the pending update
+# they were behind by, the client's keys before, after, the message)
+_Shared = dict[tuple[Any, ...], tuple[Optional[TableUpdate], RowSet, RowSet, Message]]
+# on_snapshot(table, rows, columns, bytes, seconds, step, messages)
+SnapshotHook = Callable[[Table, int, int, int, float, int, int], None]
+
 
 def message_bytes(msg: Message) -> int:
     """A message's size before FlightData framing: its metadata and its columns' buffers."""
     cols = (*(msg.added or ()), *(msg.modified or ()))
-    return len(msg.metadata) + sum(c.nbytes for c in cols if c is not None)
+    nbytes: int = sum(c.nbytes for c in cols if c is not None)
+    return len(msg.metadata) + nbytes
 
 
 def _message_rows(msg: Message) -> int:
@@ -68,7 +84,7 @@ class Subscriber:
     """Server-side state of one subscriber (what its client holds, what it has not been sent);
     transports reach it through a SubscriptionHandle."""
 
-    def __init__(self, publisher: "Publisher", view: View, options, notify: Callable[[], None]):
+    def __init__(self, publisher: "Publisher", view: View, options: RequestOptions, notify: Callable[[], None]):
         self.publisher = publisher
         self.id = next(_SUBSCRIBER_IDS)
         self.encode = EncodeOptions.of(options)
@@ -186,6 +202,7 @@ class SnapshotLog:
         if self.since is None:
             self.since, self.since_prev, self.since_first = update, prev, step
         else:
+            assert self.since_prev is not None  # set with `since`
             self.since = self.since.coalesce(update, self.since_prev)
         self.since_last = step
         self.changed += len(update.added) + len(update.removed) + len(update.modified)
@@ -208,8 +225,8 @@ class Publisher:
         self._listener = TableListener(self._on_update, self._on_failure)
         self._attached = False
         self._shared_step = -1
-        self._shared: dict = {}  # this step's messages, shared by subscribers asking the same thing
-        self._logs: dict[tuple, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
+        self._shared: _Shared = {}  # this step's messages, shared by subscribers asking the same thing
+        self._logs: dict[_LogKey, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
         self._replayed: list[SnapshotLog] = []  # logs that left `_logs` but still have readers
 
     @property
@@ -217,13 +234,13 @@ class Publisher:
         """Initial snapshots kept for later joiners (at most the registry's shared_snapshots)."""
         return len(self._logs)
 
-    def _shared_for(self, step: int) -> dict:
+    def _shared_for(self, step: int) -> _Shared:
         if step != self._shared_step:
             self._shared_step, self._shared = step, {}
         return self._shared
 
     # -- membership (any thread) ------------------------------------------------------------------
-    def subscribe(self, view: View, options, notify: Callable[[], None]) -> Subscriber:
+    def subscribe(self, view: View, options: RequestOptions, notify: Callable[[], None]) -> Subscriber:
         self._check_view(view)
         sub = Subscriber(self, view, options, notify)
         with self.graph.lock:
@@ -292,6 +309,7 @@ class Publisher:
                 sub.behind, sub.behind_prev, sub.behind_first = update, prev, step
             else:
                 hit = merged.get(id(sub.behind))
+                assert sub.behind_prev is not None  # set with `behind`
                 if hit is None or hit[0] is not sub.behind:
                     hit = merged[id(sub.behind)] = (sub.behind, sub.behind.coalesce(update, sub.behind_prev))
                 sub.behind = hit[1]
@@ -323,7 +341,7 @@ class Publisher:
             except Exception:
                 log.exception("table %r: building a message for a subscriber failed", self.table.name)
 
-    def _service(self, sub: Subscriber, step: int, now: float, shared: Optional[dict] = None) -> None:
+    def _service(self, sub: Subscriber, step: int, now: float, shared: Optional[_Shared] = None) -> None:
         """Queues the next message for `sub` if it has room and something to say. Reading a table
         whose computation raises (a view's formula) fails it, and its subscribers, `sub` among
         them, are told (`_on_failure`); that is the whole answer."""
@@ -332,7 +350,7 @@ class Publisher:
         except TableFailedError:
             pass  # the failure reached `sub` through `_on_failure`
 
-    def _serve(self, sub: Subscriber, step: int, now: float, shared: Optional[dict]) -> None:
+    def _serve(self, sub: Subscriber, step: int, now: float, shared: Optional[_Shared]) -> None:
         if sub.closed or sub.failure is not None:
             return
         if sub.log is not None:
@@ -355,7 +373,7 @@ class Publisher:
 
     # -- shared initial snapshots (the cycle thread, or any thread under the graph's lock) -----------
     @staticmethod
-    def _log_key(sub: Subscriber, view: View) -> tuple:
+    def _log_key(sub: Subscriber, view: View) -> _LogKey:
         return (view.columns, bool(sub.encode.columns_as_list))
 
     def _track_logs(self, update: TableUpdate, prev: RowSet, step: int) -> None:
@@ -374,7 +392,7 @@ class Publisher:
         if lg.readers > 0 and lg not in self._replayed:
             self._replayed.append(lg)
 
-    def _keep(self, key: tuple, lg: SnapshotLog) -> None:
+    def _keep(self, key: _LogKey, lg: SnapshotLog) -> None:
         """Keeps `lg` for later joiners; past `shared_snapshots` logs the oldest is let go (its
         readers finish it), so subscribers asking for ever other columns hold no more snapshots
         than are being read."""
@@ -419,7 +437,7 @@ class Publisher:
             held = u.shifted.apply(lg.delivered.minus(u.removed))
             mods = u.modified.intersect(held)
             part = TableUpdate(removed=u.removed.intersect(lg.delivered), modified=mods, shifted=u.shifted,
-                               modified_columns=u.modified_columns if mods else ())
+                               modified_columns=ModifiedColumnSet(u.modified_columns if mods else ()))
             plan = plan_full(part, rows, self.wire.names, view)
             lg.messages.append(self._message(plan, view, lg.since_last, lg.since_first, snapshot=False))
             lg.delivered = held
@@ -447,7 +465,7 @@ class Publisher:
             lg.delivered = RowSet()
             self._snapshot_done(len(rows), len(view.columns), lg.messages, lg.seconds, step)
 
-    def _restated(self, key: tuple, lg: SnapshotLog, step: int) -> Optional[SnapshotLog]:
+    def _restated(self, key: _LogKey, lg: SnapshotLog, step: int) -> Optional[SnapshotLog]:
         """A log usable by a subscriber joining at `step`, or None. Every message a subscriber gets
         is stated at a step no older than the one it joined at: a one-message log of a table that
         has not changed since is restated at `step` (same FlightData but the first); a static
@@ -468,6 +486,7 @@ class Publisher:
         """Queues the subscriber's next messages of its log; at the end of a complete log it
         continues as an ordinary subscriber that is behind by the log's `since`."""
         lg = sub.log
+        assert lg is not None  # called for a subscriber replaying a log
         while sub.cursor < len(lg.messages) and sub.pending() < self.registry.outbox:
             msg = lg.messages[sub.cursor]
             sub.cursor += 1
@@ -482,6 +501,7 @@ class Publisher:
 
     def _snapshot(self, sub: Subscriber, step: int) -> None:
         view = sub.requested
+        assert view is not None  # called for a subscriber with a view to answer
         rows = self.table.rowset
         names = self.wire.names
         if view.is_full and sub.view is None and sub.behind is None:
@@ -515,7 +535,7 @@ class Publisher:
         sub.behind = sub.behind_prev = None
         sub.push(msg, snapshot=True)
 
-    def _snapshot_done(self, rows: int, columns: int, messages: list, seconds: float, step: int) -> None:
+    def _snapshot_done(self, rows: int, columns: int, messages: list[Message], seconds: float, step: int) -> None:
         """Tells the registry's `on_snapshot` of a snapshot built for subscribers."""
         hook = self.registry.on_snapshot
         if hook is None:
@@ -525,16 +545,17 @@ class Publisher:
         except Exception:  # recording never changes what is published
             log.debug("on_snapshot", exc_info=True)
 
-    def _delta(self, sub: Subscriber, step: int, shared: Optional[dict]) -> None:
+    def _delta(self, sub: Subscriber, step: int, shared: Optional[_Shared]) -> None:
         """Subscribers in step with each other (same pending update) and asking for the same thing
         share one message: full subscriptions with the same columns, viewport subscriptions with
         the same window, direction and columns that hold the same rows."""
         view = sub.view
-        key = None
+        assert view is not None  # a subscriber is behind only after its snapshot
+        key: Optional[tuple[Any, ...]] = None
         if shared is not None:
-            key = (id(sub.behind), view.columns) if view.is_full else \
+            key = (id(sub.behind), view.columns) if view.viewport is None else \
                 (id(sub.behind), view.columns, view.reverse, view.viewport.ranges().tobytes())
-        hit = shared.get(key) if key is not None else None
+        hit = shared.get(key) if shared is not None and key is not None else None
         if hit is not None and hit[0] is not sub.behind:
             hit = None
         if hit is not None and (view.is_full or hit[1] == sub.client_keys):
@@ -550,19 +571,19 @@ class Publisher:
                 plan = plan_viewport(sub.behind, sub.client_keys, rows, self.wire.names, view)
                 sub.client_keys = plan.client_keys
             msg = self._message(plan, view, sub.behind_last, sub.behind_first, snapshot=False)
-            if key is not None and hit is None:
+            if shared is not None and key is not None and hit is None:
                 shared[key] = (sub.behind, before, sub.client_keys, msg)
         sub.behind = sub.behind_prev = None
         sub.push(msg)
 
-    def _message(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> Message:
+    def _message(self, plan: Plan, view: View, step: int, first: int, *, snapshot: bool) -> Message:
         """`first`..`step` are the message's first_seq..last_seq."""
         md = self._metadata(plan, view, step, first, snapshot=snapshot)
         added = self.wire.gather(plan.add_keys, view.columns)
         modified = self.wire.gather(plan.mod_keys, plan.modified_columns) if plan.modified_columns else None
         return Message(md, self.wire.types, added, modified, step=step, limits=self.registry.limits)
 
-    def _metadata(self, plan, view: View, step: int, first: int, *, snapshot: bool) -> bytes:
+    def _metadata(self, plan: Plan, view: View, step: int, first: int, *, snapshot: bool) -> bytes:
         ncols = len(self.wire.names)
         mods = [plan.modified_rows if i in plan.modified_columns else RowSet() for i in range(ncols)]
         return metadata_bytes(
@@ -602,7 +623,7 @@ class PublisherRegistry:
         self._sec_per_cell: Optional[float] = None
         # on_snapshot(table, rows, columns, bytes, seconds, step, messages): a snapshot was built for
         # subscribers (under the graph's lock: cheap work only)
-        self.on_snapshot: Optional[Callable] = None
+        self.on_snapshot: Optional[SnapshotHook] = None
 
     def observe_piece(self, cells: int, seconds: float) -> None:
         if cells <= 0 or seconds <= 0:
@@ -624,7 +645,7 @@ class PublisherRegistry:
             if self._by_table.get(id(p.table)) is p:
                 del self._by_table[id(p.table)]
 
-    def subscribe(self, table: Table, view: View, options, notify) -> Subscriber:
+    def subscribe(self, table: Table, view: View, options: RequestOptions, notify: Callable[[], None]) -> Subscriber:
         return self.publisher(table).subscribe(view, options, notify)
 
     @property

@@ -9,9 +9,10 @@ the client's dense window for viewport subscriptions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from tickwire.errors import TickwireError
 from tickwire.protocol.rowset import merge_ranges
@@ -30,6 +31,8 @@ class SubscriptionError(TickwireError):
     def __init__(self, message: str, code: str = "INVALID_ARGUMENT"):
         super().__init__(message, code)
 _NO_RANGES = np.empty((0, 2), dtype=np.int64)
+#: a viewport: a Viewport, a RowSet of positions, or closed position ranges (n, 2)
+ViewportLike = Union["Viewport", RowSet, npt.ArrayLike]
 
 
 class Viewport:
@@ -41,7 +44,7 @@ class Viewport:
 
     __slots__ = ("_ranges", "_key")
 
-    def __init__(self, ranges):
+    def __init__(self, ranges: ViewportLike):
         if isinstance(ranges, Viewport):
             r = ranges.ranges()
         elif isinstance(ranges, RowSet):
@@ -57,7 +60,7 @@ class Viewport:
         else:
             r = _NO_RANGES
         r.setflags(write=False)
-        self._ranges = r
+        self._ranges: np.ndarray = r
         self._key = r.tobytes()
 
     def ranges(self) -> np.ndarray:
@@ -65,7 +68,7 @@ class Viewport:
         return self._ranges
 
     def is_empty(self) -> bool:
-        return self._ranges.shape[0] == 0
+        return bool(self._ranges.shape[0] == 0)
 
     def clip(self, n: int) -> np.ndarray:
         """The ranges that fall inside a table of n rows, shape (k, 2): O(log k) to find them."""
@@ -75,12 +78,12 @@ class Viewport:
         k = int(np.searchsorted(r[:, 0], n - 1, side="right"))
         if k == 0:
             return _NO_RANGES
-        out = r[:k].copy()
+        out: np.ndarray = r[:k].copy()
         if out[-1, 1] > n - 1:
             out[-1, 1] = n - 1
         return out
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, RowSet):
             other = Viewport(other)
         return isinstance(other, Viewport) and self._key == other._key
@@ -105,7 +108,7 @@ class View:
     reverse: bool = False
     checked_for: Optional[int] = field(default=None, compare=False)  # the column count `requested` checked
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.viewport is not None and not isinstance(self.viewport, Viewport):
             object.__setattr__(self, "viewport", Viewport(self.viewport))
 
@@ -138,7 +141,7 @@ class Plan:
     shifts: Optional[RowSetShiftData]  # None: field absent (viewport messages)
     client_keys: RowSet
     added_rows_included: Optional[RowSet] = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -146,7 +149,7 @@ class Plan:
                 and (self.shifts is None or self.shifts.is_empty()))
 
 
-def requested_columns(indices, ncols: int, what: str) -> Optional[tuple[int, ...]]:
+def requested_columns(indices: Optional[npt.ArrayLike], ncols: int, what: str) -> Optional[tuple[int, ...]]:
     """A request's column set (bitset indices) checked against the schema in one vectorized pass;
     the error names the first few offenders and how many there are. None: all columns."""
     if indices is None:
@@ -160,7 +163,7 @@ def requested_columns(indices, ncols: int, what: str) -> Optional[tuple[int, ...
     return tuple(sorted(set(cols.tolist())))  # at most ncols distinct values by now
 
 
-def requested_viewport(ranges, max_ranges: int) -> Optional[Viewport]:
+def requested_viewport(ranges: Optional[npt.ArrayLike], max_ranges: int) -> Optional[Viewport]:
     """A request's viewport, validated and kept as ranges (clipped to the table at each use)."""
     if ranges is None:
         return None
@@ -174,8 +177,8 @@ def requested_viewport(ranges, max_ranges: int) -> Optional[Viewport]:
         raise SubscriptionError(f"bad viewport: {exc}") from None
 
 
-def requested(columns, viewport, reverse: bool, *, ncols: int, blink: bool, max_ranges: int,
-              what: str = "subscription columns", table: str = "") -> View:
+def requested(columns: Optional[npt.ArrayLike], viewport: Optional[npt.ArrayLike], reverse: bool, *, ncols: int,
+              blink: bool, max_ranges: int, what: str = "subscription columns", table: str = "") -> View:
     """The View a request asks for, checked once against the table: columns in range, a valid
     viewport of at most `max_ranges` ranges, a reverse direction only with a viewport (and not on
     a blink table). Publishing trusts a View made here (`checked_for`)."""
@@ -189,12 +192,12 @@ def requested(columns, viewport, reverse: bool, *, ncols: int, blink: bool, max_
                 checked_for=ncols)
 
 
-def clip_positions(viewport, n: int) -> np.ndarray:
+def clip_positions(viewport: ViewportLike, n: int) -> np.ndarray:
     """The viewport's position ranges clipped to a table of n rows, shape (k, 2)."""
     return Viewport(viewport).clip(n) if not isinstance(viewport, Viewport) else viewport.clip(n)
 
 
-def window_keys(rows: RowSet, viewport, reverse: bool) -> RowSet:
+def window_keys(rows: RowSet, viewport: ViewportLike, reverse: bool) -> RowSet:
     """The keys of `rows` at the viewport's positions (reverse: counted from the end)."""
     n = len(rows)
     r = clip_positions(viewport, n)
@@ -257,7 +260,7 @@ def plan_viewport(update: Optional[TableUpdate], prev_client: RowSet, rows: RowS
     stay_pre = stay_post if update is None else update.shifted.unapply(stay_post)
     gone_pre = prev_client.minus(stay_pre)
     incl = new_window.minus(stay_post)
-    mods = new_window.intersect(update.modified).minus(incl) if mcols else RowSet()
+    mods = new_window.intersect(update.modified).minus(incl) if mcols and update is not None else RowSet()
     return Plan(added_rows=new_window.positions_of(incl),
                 removed_rows=prev_client.positions_of(gone_pre),
                 modified_rows=new_window.positions_of(mods),

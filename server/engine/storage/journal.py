@@ -52,7 +52,7 @@ class JournalCorrupt(TickwireError):
 class Record:
     offset: int  # where the record starts in the file
     end: int  # where the next one starts
-    meta: dict
+    meta: dict[str, Any]
     data: memoryview = field(repr=False)  # the Arrow IPC stream (empty: no rows)
 
 

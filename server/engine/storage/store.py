@@ -38,7 +38,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Optional, Sequence, Union
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -50,7 +50,11 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.schema import BARRAGE_SCHEMA
 from tickwire.server.engine.catalog import TableSpec
 from tickwire.server.engine.config import Durability
+from tickwire.server.engine.graph.sources import SourceTable
 from tickwire.server.engine.storage.journal import JournalCorrupt, decode_data, encode_record, scan
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.core import Engine
 
 __all__ = ["Durability", "Storage", "StorageError", "DURABLE_KINDS", "OP_COLUMN", "ROWKEY_COLUMN"]
 
@@ -64,6 +68,11 @@ _CKPT_META = b"tickwire.checkpoint"
 MAX_QUEUED = 64  # cycles of input handed to the journal writer and not yet taken
 _JOURNAL_RE = re.compile(r"^journal-(\d{8})\.twj$")
 _CKPT_RE = re.compile(r"^checkpoint-(\d{12})\.parquet$")
+
+# one queued input: ("add", rows) or ("delete", key values)
+_Op = tuple[str, pa.Table]
+# what a checkpoint starts from: the rows, their row keys, and its metadata
+_Snapshot = tuple[pa.Table, np.ndarray, dict[str, Any]]
 
 
 class StorageError(TickwireError):
@@ -97,7 +106,7 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
-def _json_batch_id(b):
+def _json_batch_id(b: Hashable) -> object:
     if isinstance(b, tuple):
         return [_json_batch_id(x) for x in b]
     if b is None or isinstance(b, (str, int, float, bool)):
@@ -106,14 +115,17 @@ def _json_batch_id(b):
                        "INVALID_ARGUMENT")
 
 
-def _batch_id_from_json(b):
-    return tuple(_batch_id_from_json(x) for x in b) if isinstance(b, list) else b
+def _batch_id_from_json(b: Any) -> Hashable:
+    if isinstance(b, list):
+        return tuple(_batch_id_from_json(x) for x in b)
+    scalar: Hashable = b  # a JSON string, number, bool or null
+    return scalar
 
 
 class _TableFiles:
     """One durable table's directory, its open journal and its checkpoint bookkeeping."""
 
-    def __init__(self, storage: "Storage", table, root: Path):
+    def __init__(self, storage: "Storage", table: SourceTable, root: Path):
         self.storage = storage
         self.table = table
         self.root = root
@@ -150,7 +162,7 @@ class _TableFiles:
                 self.fd = None
                 self.dirty = False
 
-    def record_bytes(self, step: int, ops: list, batch_ids: list) -> bytes:
+    def record_bytes(self, step: int, ops: list[_Op], batch_ids: list[Hashable]) -> bytes:
         parts = []
         for kind, t in ops:
             code = 1 if kind == "delete" else 0
@@ -170,15 +182,17 @@ class _TableFiles:
 
     def append(self, record: bytes) -> None:
         """Writes one record whole; on an error the file is cut back to where it was."""
+        fd = self.fd
+        assert fd is not None  # Storage._append writes only to an open journal
         before = self.size
         try:
             view = memoryview(record)
             while view:
-                n = os.write(self.fd, view)
+                n = os.write(fd, view)
                 view = view[n:]
         except OSError:
             try:
-                os.ftruncate(self.fd, before)
+                os.ftruncate(fd, before)
             except OSError:
                 pass  # the half record stays at the end: recovery drops it as a torn tail
             raise
@@ -218,7 +232,8 @@ def _journal_files(root: Path) -> list[tuple[int, Path]]:
 class Storage:
     """The durable side of one engine (see the module docstring)."""
 
-    def __init__(self, engine, data_dir, config: Optional[Durability] = None, *, clock: Clock = SYSTEM_CLOCK):
+    def __init__(self, engine: "Engine", data_dir: Union[str, os.PathLike[str]], config: Optional[Durability] = None,
+                 *, clock: Clock = SYSTEM_CLOCK):
         self.engine = engine
         self.graph = engine.graph
         self.clock = clock
@@ -238,10 +253,11 @@ class Storage:
         self._lock = threading.Lock()
         self._checkpoints: list[threading.Thread] = []
         self.stats = {"records": 0, "bytes": 0, "fsyncs": 0, "fsync_seconds": 0.0, "checkpoints": 0,
-                      "checkpoint_seconds": 0.0, "recovered_rows": 0, "recovery_seconds": 0.0, "writer_waits": 0}
+                      "checkpoint_seconds": 0.0, "recovered_rows": 0, "recovery_seconds": 0.0, "writer_waits": 0,
+                      "queue_high": 0}  # the most cycles of input ever waiting for the writer
         # the journal writer: the cycle hands it each cycle's input and goes on
         self._cond = threading.Condition(threading.Lock())
-        self._queue: list = []
+        self._queue: list[tuple[Any, ...]] = []  # ("records", step, entries) or ("rotate", files, snapshot)
         self._stopping = False
         self._processing = False
         self._last_enqueued = 0  # the step of the newest input handed to the writer
@@ -254,10 +270,10 @@ class Storage:
     def table_dir(self, name: str) -> Path:
         return self.ns_root / _dir_name(name)
 
-    def attach(self, table, spec) -> None:
+    def attach(self, table: SourceTable, spec: TableSpec) -> None:
         """Makes a new table durable: its metadata is written and its first journal opened."""
         root = self.table_dir(table.name)
-        meta = {"format": FORMAT, "name": table.name, "kind": spec.kind, "keys": list(spec.keys),
+        meta: dict[str, Any] = {"format": FORMAT, "name": table.name, "kind": spec.kind, "keys": list(spec.keys),
                 "capacity": spec.capacity, "schema": _schema_b64(table.schema),
                 "attributes": {k: v for k, v in spec.attributes.items() if isinstance(v, (str, int, float, bool))},
                 "created": datetime.datetime.fromtimestamp(self.clock.now(), datetime.timezone.utc).isoformat()}
@@ -281,7 +297,7 @@ class Storage:
             self._files[id(table)] = files
         table.journaled = True
 
-    def detach(self, table, *, delete: bool = False) -> None:
+    def detach(self, table: SourceTable, *, delete: bool = False) -> None:
         with self._lock:
             files = self._files.pop(id(table), None)
         table.journaled = False
@@ -291,13 +307,13 @@ class Storage:
                 shutil.rmtree(files.root, ignore_errors=True)
 
     # -- the graph's hook -----------------------------------------------------------------------
-    def record(self, step: int, inputs: dict) -> set:
+    def record(self, step: int, inputs: dict[SourceTable, tuple[list[Any], list[Hashable]]]) -> set[SourceTable]:
         """Hands each durable table's input of this cycle to the journal writer
         (UpdateGraph.set_input_journal); returns the tables that refuse writes. The cycle goes on
         at once: the writer encodes, appends and syncs in the background, and `durable_through`
         tells when a step's input is on disk (the engine releases `wait=True` writers then)."""
-        refused = set()
-        entries = []
+        refused: set[SourceTable] = set()
+        entries: list[tuple[SourceTable, _TableFiles, list[Any], list[Hashable]]] = []
         for table, (ops, batch_ids) in inputs.items():
             with self._lock:
                 files = self._files.get(id(table))
@@ -319,6 +335,7 @@ class Storage:
                     self.stats["writer_waits"] += 1
                     self._cond.wait(1.0)
                 self._queue.append(("records", step, entries))
+                self.stats["queue_high"] = max(self.stats["queue_high"], len(self._queue))
                 self._last_enqueued = step
                 self._cond.notify_all()
         return refused
@@ -345,7 +362,7 @@ class Storage:
         interval = cfg.fsync_interval_ms / 1000.0
         clock = self.clock
         last_sync = clock.monotonic()
-        dirty: set = set()
+        dirty: set[_TableFiles] = set()
         while True:
             with self._cond:
                 while not self._queue and not self._stopping:
@@ -389,8 +406,9 @@ class Storage:
                     self._sync(dirty)
                 return
 
-    def _append(self, table, files: _TableFiles, step: int, ops: list, batch_ids: list) -> bool:
-        if files.failed:
+    def _append(self, table: SourceTable, files: _TableFiles, step: int, ops: list[_Op],
+                batch_ids: list[Hashable]) -> bool:
+        if files.failed or files.fd is None:  # refused, or closed (the table was dropped) since it was queued
             return False
         try:
             rec = files.record_bytes(step, ops, batch_ids)
@@ -405,7 +423,7 @@ class Storage:
         self.stats["bytes"] += len(rec)
         return True
 
-    def _sync(self, dirty) -> None:
+    def _sync(self, dirty: set[_TableFiles]) -> None:
         t0 = time.perf_counter()
         for files in dirty:
             try:
@@ -416,7 +434,7 @@ class Storage:
                                                  f"({exc.strerror or exc})")
         self.stats["fsync_seconds"] += time.perf_counter() - t0
 
-    def _refuse(self, table, files: _TableFiles, reason: str) -> None:
+    def _refuse(self, table: SourceTable, files: _TableFiles, reason: str) -> None:
         log.error("table %r refuses writes: %s", table.name, reason)
         table.refusal = reason
         files.failed = True
@@ -428,7 +446,7 @@ class Storage:
         files.fd = None
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def checkpoint(self, table, step: Optional[int] = None) -> bool:
+    def checkpoint(self, table: SourceTable, step: Optional[int] = None) -> bool:
         """Starts a checkpoint of `table` at the current cycle boundary (under the graph's lock);
         False when one is already under way or the table is not durable."""
         with self.graph.lock:
@@ -439,12 +457,12 @@ class Storage:
             self._start_checkpoint(table, files, self.graph.step + 1 if step is None else step)
             return True
 
-    def _start_checkpoint(self, table, files: _TableFiles, step: int) -> None:
+    def _start_checkpoint(self, table: SourceTable, files: _TableFiles, step: int) -> None:
         """Takes `table`'s rows at the boundary before `step` (the graph's lock is held) and queues
         the journal's rotation: the writer starts a new journal there, and the old ones are deleted
         once the checkpoint, written in the background, is on disk."""
         files.checkpointing = True
-        snapshot = (table.gather(None), table.rowset.keys().copy(),
+        snapshot: _Snapshot = (table.gather(None), table.rowset.keys().copy(),
                     {"step": step - 1, "next_key": int(table.next_key), "batches": table.applied_batch_state(),
                      "format": FORMAT})
         files.cycles = 0
@@ -452,7 +470,7 @@ class Storage:
             self._queue.append(("rotate", files, snapshot))
             self._cond.notify_all()
 
-    def _rotate(self, files: _TableFiles, snapshot) -> None:
+    def _rotate(self, files: _TableFiles, snapshot: _Snapshot) -> None:
         data, row_keys, meta = snapshot
         covered = files.seq
         meta = dict(meta, journal_seq=covered)
@@ -469,7 +487,8 @@ class Storage:
         self._checkpoints = [t for t in self._checkpoints if t.is_alive()] + [thread]
         thread.start()
 
-    def _write_checkpoint(self, table, files: _TableFiles, data: pa.Table, row_keys, meta: dict, covered: int) -> None:
+    def _write_checkpoint(self, table: SourceTable, files: _TableFiles, data: pa.Table, row_keys: np.ndarray,
+                          meta: dict[str, Any], covered: int) -> None:
         t0 = time.perf_counter()
         folder = files.root / "checkpoints"
         final = folder / f"checkpoint-{meta['step']:012d}.parquet"
@@ -517,7 +536,7 @@ class Storage:
                 t.join(0.05)
 
     # -- recovery -------------------------------------------------------------------------------
-    def recover(self) -> list:
+    def recover(self) -> list[SourceTable]:
         """Brings back every table of the namespace; returns them. A table whose files cannot be
         read is not created: `errors[name]` says why, naming the file."""
         t0 = time.perf_counter()
@@ -555,12 +574,14 @@ class Storage:
         self.stats["recovery_seconds"] = time.perf_counter() - t0
         return out
 
-    def _recover_table(self, spec, root: Path):
+    def _recover_table(self, spec: TableSpec, root: Path) -> tuple[SourceTable, int]:
         engine = self.engine
         for stale in (root / "checkpoints").glob("*.tmp") if (root / "checkpoints").is_dir() else ():
             stale.unlink(missing_ok=True)  # a checkpoint a crash interrupted: the journal still covers it
         ckpts = _checkpoint_files(root)
-        ckpt_meta, ckpt_data, ckpt_keys = None, None, None
+        ckpt_meta: Optional[dict[str, Any]] = None
+        ckpt_data: Optional[pa.Table] = None
+        ckpt_keys: Optional[np.ndarray] = None
         if ckpts:
             path = ckpts[-1][1]
             try:
@@ -574,11 +595,11 @@ class Storage:
                                    "DATA_LOSS") from None
         journals = [(seq, p) for seq, p in _journal_files(root)
                     if ckpt_meta is None or seq > ckpt_meta["journal_seq"]]
-        records = []
+        records: list[tuple[dict[str, Any], Optional[pa.Table]]] = []
         for i, (_seq, path) in enumerate(journals):
-            data = path.read_bytes()
+            raw = path.read_bytes()
             try:
-                res = scan(data)
+                res = scan(raw)
             except JournalCorrupt as exc:
                 raise StorageError(f"table {spec.name!r}: journal {path}: {exc}", "DATA_LOSS") from None
             if res.torn:
@@ -594,13 +615,15 @@ class Storage:
                     continue
                 records.append((r.meta, decode_data(r)))
         table, _created = engine.get_or_create(spec)
+        assert isinstance(table, SourceTable)  # a durable kind: append, keyed or ring
         with self.graph.lock:
             if ckpt_meta is not None:
+                assert ckpt_keys is not None and ckpt_data is not None  # read with ckpt_meta
                 table.restore(ckpt_keys, ckpt_data, ckpt_meta["next_key"])
                 table.restore_batches(ckpt_meta["batches"])
                 self.stats["recovered_rows"] += ckpt_data.num_rows
             last = ckpt_meta["step"] if ckpt_meta else 0
-            pending_ops: list = []
+            pending_ops: list[_Op] = []
             for meta, data in records:
                 if data is not None:
                     pending_ops.extend(_split_ops(data, spec.keys, table.schema))
@@ -618,7 +641,7 @@ class Storage:
         return table, last
 
     @staticmethod
-    def _replay(table, step: int, ops: list) -> None:
+    def _replay(table: SourceTable, step: int, ops: list[_Op]) -> None:
         table.apply_pending(step, ops)
         table.end_cycle()
         table.prev_rowset = table.rowset
@@ -642,7 +665,7 @@ class Storage:
                 log.error("closing journal %s: %s", f.path, exc)
 
 
-def _split_ops(data: pa.Table, keys, schema: pa.Schema) -> list:
+def _split_ops(data: pa.Table, keys: Sequence[str], schema: pa.Schema) -> list[_Op]:
     """A record's rows back into (kind, rows) operations, in order."""
     op = data.column(OP_COLUMN).to_numpy(zero_copy_only=False)
     body = data.drop_columns([OP_COLUMN])

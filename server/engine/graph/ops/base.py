@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +16,7 @@ from pyroaring import BitMap64
 
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData, keys_to_bitmap
 from tickwire.server.engine.graph.table_update import TableUpdate
-from tickwire.server.engine.graph.tables import Table, unique_name
+from tickwire.server.engine.graph.tables import Rows, Table, unique_name
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -25,7 +25,7 @@ __all__ = ["unique_name", "expression_columns", "shifted_rows"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 # row-set changes of at most this many keys are queued, up to these totals, before they are folded
-_QUEUE_KEYS = 1 << 14
+QUEUE_KEYS = 1 << 14
 _QUEUE_MAX_KEYS = 1 << 16
 _QUEUE_MAX_CHANGES = 32
 
@@ -48,7 +48,7 @@ def _rs_bitmap(rs: RowSet, copy: bool = True) -> BitMap64:
 
 
 @contextmanager
-def _unregistered_on_error(graph: "UpdateGraph", table: Table):
+def _unregistered_on_error(graph: "UpdateGraph", table: Table) -> Iterator[None]:
     """A derived table whose first computation raises leaves the graph: it is registered (by
     `Table.__init__`) before its rows are computed."""
     try:
@@ -92,7 +92,7 @@ def shifted_rows(table: Table, update: TableUpdate) -> tuple[np.ndarray, np.ndar
     previous row set, one range query per shift."""
     if update.shifted.is_empty():
         return _EMPTY, _EMPTY
-    own = getattr(table, "_moves", None)
+    own: Optional[tuple[np.ndarray, np.ndarray]] = getattr(table, "_moves", None)
     if own is not None:
         return own
     prev = table.prev_rowset
@@ -144,7 +144,7 @@ def _restrict_shifts(shifted: RowSetShiftData, old: np.ndarray) -> RowSetShiftDa
 
 def _first_keys(table: Table, n: int, front: bool) -> np.ndarray:
     """The first (or last) n row keys of a table."""
-    fast = getattr(table, "_edge_keys", None)
+    fast: Optional[Callable[[int, bool], np.ndarray]] = getattr(table, "_edge_keys", None)
     if fast is not None:
         return fast(n, front)
     rs = table.rowset
@@ -242,12 +242,13 @@ class _Op(Table):
         size = len(self._bm)
         n = min(int(n), size)
         if n <= 0:
-            return _EMPTY.copy()
+            empty: np.ndarray = _EMPTY.copy()
+            return empty
         part = self._bm[0:n] if front else self._bm[size - n:size]
         return _bm_keys(part)
 
     # -- the cycle ------------------------------------------------------------------------------
-    def follow_parents(self, step, updates):
+    def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
         up = updates.get(self.parent.name)
         if up is None:
             return None
@@ -268,7 +269,7 @@ class _Op(Table):
     def _follow(self, step: int, up: TableUpdate) -> Optional[TableUpdate]:
         raise NotImplementedError
 
-    def _commit(self, gone, come) -> None:
+    def _commit(self, gone: Union[RowSet, np.ndarray], come: Union[RowSet, np.ndarray]) -> None:
         """Row set change: keys `gone` leave, then keys `come` arrive (arrays or RowSets). Both
         small: queued (see `_bm`); otherwise applied at once."""
         ng = len(gone) if isinstance(gone, RowSet) else gone.size
@@ -276,7 +277,7 @@ class _Op(Table):
         if ng == 0 and nc == 0:
             return
         self._size += nc - ng
-        if ng + nc <= _QUEUE_KEYS:
+        if ng + nc <= QUEUE_KEYS:
             # copies: the caller's arrays may change before the queue is folded
             g = gone.keys() if isinstance(gone, RowSet) else np.array(gone, dtype=np.int64)
             c = come.keys() if isinstance(come, RowSet) else np.array(come, dtype=np.int64)
@@ -299,14 +300,14 @@ class _Op(Table):
         self._update = None
         self._moves = None
 
-    def prev_gather(self, columns=None, keys=None) -> pa.Table:
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
         """Previous values of this cycle's modified rows (read from the parent's)."""
         k = self._prev_keys(keys)
         if k.size == 0:
             return self.gather(columns, k)
         return self.parent.prev_gather(columns, self._parent_keys(k))
 
-    def _prev_keys(self, keys) -> np.ndarray:
+    def _prev_keys(self, keys: Optional[Rows]) -> np.ndarray:
         if self._update is None:
             raise RuntimeError(f"table {self.name!r}: previous values exist only during a cycle that modified it")
         if keys is None:

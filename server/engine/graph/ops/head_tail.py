@@ -15,7 +15,7 @@ from tickwire.server.engine.graph.ops.base import (
     _unregistered_on_error,
 )
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
-from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
 from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
@@ -42,14 +42,15 @@ class HeadTailTable(_Op):
             self._bm = _bitmap(self._keys)
             self._rs = None
 
-    def slots(self, keys):
+    def slots(self, keys: np.ndarray) -> np.ndarray:
         return self.parent.slots(keys)
 
-    def _edge_keys(self, n, front):
+    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
         n = min(int(n), self._keys.size)
-        return self._keys[:n].copy() if front else self._keys[self._keys.size - n:].copy()
+        keys: np.ndarray = self._keys[:n].copy() if front else self._keys[self._keys.size - n:].copy()
+        return keys
 
-    def _follow(self, step, up):
+    def _follow(self, step: int, up: TableUpdate) -> TableUpdate:
         h0 = self._keys
         h1 = _first_keys(self.parent, self.n, not self.from_end) if self.n else _EMPTY.copy()
         gone = up.removed.contains(h0) if h0.size and not up.removed.is_empty() else np.zeros(h0.size, dtype=bool)
@@ -69,7 +70,8 @@ class HeadTailTable(_Op):
         self._keys = h1
         self._bm = _bitmap(h1)
         return TableUpdate(added=RowSet.from_keys(added), removed=RowSet.from_keys(removed), modified=modified,
-                           shifted=shifted, modified_columns=up.modified_columns if not modified.is_empty() else ())
+                           shifted=shifted,
+                           modified_columns=ModifiedColumnSet(up.modified_columns if not modified.is_empty() else ()))
 
 
 register_operation("head", lambda graph, name, parent, n: HeadTailTable(graph, name, parent, n, False))

@@ -14,8 +14,8 @@ from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
 from tickwire.server.engine.graph.order import NONE_LO, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.table_update import TableUpdate, column_names
-from tickwire.server.engine.graph.tables import Table, register_operation
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
+from tickwire.server.engine.graph.tables import Rows, Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -74,15 +74,16 @@ class LastByTable(_Op):
             setattr(self, name, new)
 
     def _reps(self, okeys: np.ndarray) -> np.ndarray:
-        return self._rep[self._gid_at[okeys]]
+        reps: np.ndarray = self._rep[self._gid_at[okeys]]
+        return reps
 
-    def _parent_keys(self, keys):
+    def _parent_keys(self, keys: np.ndarray) -> np.ndarray:
         return self._reps(np.asarray(keys, dtype=np.int64))
 
-    def slots(self, keys):
+    def slots(self, keys: np.ndarray) -> np.ndarray:
         return self.parent.slots(self._reps(np.asarray(keys, dtype=np.int64)))
 
-    def prev_gather(self, columns=None, keys=None):
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
         raise RuntimeError(f"table {self.name!r}: last_by does not keep previous values")
 
     # -- groups ---------------------------------------------------------------------------------
@@ -90,7 +91,8 @@ class LastByTable(_Op):
         """Group of each row of key values, creating groups for new keys."""
         n = values.num_rows
         if n == 0:
-            return _EMPTY.copy()
+            empty: np.ndarray = _EMPTY.copy()
+            return empty
         cols = [values.column(k).combine_chunks() for k in self.keys]
         # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
         h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
@@ -128,7 +130,7 @@ class LastByTable(_Op):
         rep[np.flatnonzero(ok)[same]] = w[1][same].astype(np.int64)
         self._rep[groups] = rep
 
-    def _follow(self, step, up):
+    def _follow(self, step: int, up: TableUpdate) -> Optional[TableUpdate]:
         return self._cycle(up)
 
     def _cycle(self, up: TableUpdate) -> Optional[TableUpdate]:
@@ -240,17 +242,19 @@ class LastByTable(_Op):
         ok = g >= 0
         g, p = g[ok], mod_p[ok]
         is_rep = self._rep[g] == p
-        return self._okey[g[is_rep]]
+        okeys: np.ndarray = self._okey[g[is_rep]]
+        return okeys
 
-    def _emit(self, added, removed, modified, up, reps_changed: bool) -> TableUpdate:
+    def _emit(self, added: np.ndarray, removed: np.ndarray, modified: np.ndarray, up: TableUpdate,
+              reps_changed: bool) -> TableUpdate:
         self._commit(removed, added)
         modified = np.setdiff1d(modified, added)
-        cols = set()
+        cols: set[str] = set()
         if modified.size:
             cols = set(self.value_columns) if reps_changed else set()
             cols |= up.modified_columns
         return TableUpdate(added=RowSet.from_keys(added), removed=RowSet.from_keys(removed),
-                           modified=RowSet.from_keys(modified), modified_columns=cols)
+                           modified=RowSet.from_keys(modified), modified_columns=ModifiedColumnSet(cols))
 
 
 register_operation("last_by", LastByTable)

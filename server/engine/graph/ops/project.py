@@ -22,15 +22,13 @@ from tickwire.server.engine.graph.ops.base import (
     shifted_rows,
 )
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.table_update import TableUpdate, column_names
-from tickwire.server.engine.graph.tables import Table, register_operation
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
+from tickwire.server.engine.graph.tables import ColumnSpecs, Rows, Table, register_operation
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
 
 __all__ = ["ProjectTable"]
-
-ColumnSpec = Union[str, tuple]
 
 
 class _ViewStore:
@@ -45,7 +43,7 @@ class _ViewStore:
         t = self.table
         names = list(columns) if columns is not None else self.schema.names
         computed = [n for n in names if t.sources[n] is None]
-        need = list(dict.fromkeys([t.sources[n] for n in names if t.sources[n] is not None]
+        need = list(dict.fromkeys([s for n in names if (s := t.sources[n]) is not None]
                                   + sorted({c for n in computed for c in t.inputs[n]})))
         base = t.parent.store.gather(slots, need) if need else pa.table({"_": pa.nulls(len(slots))})
         if t.failure is not None:
@@ -70,9 +68,10 @@ class _SelectStore:
     def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
         t = self.table
         names = list(columns) if columns is not None else self.schema.names
-        plain = list(dict.fromkeys(t.sources[n] for n in names if t.sources[n] is not None))
+        plain = list(dict.fromkeys(s for n in names if (s := t.sources[n]) is not None))
         computed = [n for n in names if t.sources[n] is None]
         base = t.parent.gather(plain, t.key_of_slot[slots]) if plain else None
+        assert t.computed_store is not None  # a select stores its computed columns
         stored = t.computed_store.gather(slots, computed) if computed else None
         return t.assemble(names, base, stored, slots.size)
 
@@ -87,7 +86,8 @@ class ProjectTable(_Op):
     rows and for modified rows whose inputs changed. A modification is reported only on the
     columns whose inputs the parent modified."""
 
-    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, columns, materialize: bool = False):
+    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, columns: ColumnSpecs,
+                 materialize: bool = False):
         specs = self._parse(columns, parent.schema)
         self.sources: dict[str, Optional[str]] = {}
         self.exprs: dict[str, pc.Expression] = {}
@@ -127,7 +127,8 @@ class ProjectTable(_Op):
                 self.store = _ViewStore(self)
 
     @staticmethod
-    def _parse(columns, schema: pa.Schema) -> list[tuple[str, Union[str, pc.Expression]]]:
+    def _parse(columns: ColumnSpecs, schema: pa.Schema) -> list[tuple[str, Union[str, pc.Expression]]]:
+        items: list[tuple[str, Union[str, pc.Expression]]]
         if isinstance(columns, dict):
             items = list(columns.items())
         else:
@@ -147,12 +148,14 @@ class ProjectTable(_Op):
                                 f"got {type(spec).__name__}")
         return items
 
-    def assemble(self, names, base: Optional[pa.Table], computed_src: Optional[pa.Table], n: int) -> pa.Table:
+    def assemble(self, names: Sequence[str], base: Optional[pa.Table], computed_src: Optional[pa.Table],
+                 n: int) -> pa.Table:
         """Output columns from the parent's columns (`base`) and, for computed columns, either
         stored values (select) or values evaluated on `computed_src` (view)."""
         computed = [n_ for n_ in names if self.sources[n_] is None]
         values = {}
         if computed:
+            assert computed_src is not None  # given whenever computed columns are asked for
             if self.materialize:
                 values = {c: computed_src.column(c) for c in computed}
             else:
@@ -162,7 +165,12 @@ class ProjectTable(_Op):
                 values = {c: got.column(c) for c in computed}
         arrays = []
         for c in names:
-            col = values[c] if self.sources[c] is None else base.column(self.sources[c])
+            source = self.sources[c]
+            if source is None:
+                col = values[c]
+            else:
+                assert base is not None  # given whenever plain columns are asked for
+                col = base.column(source)
             want = self.schema.field(c).type
             arrays.append(col.cast(want) if col.type != want else col)
         return pa.Table.from_arrays(arrays, schema=pa.schema([self.schema.field(c) for c in names]))
@@ -173,25 +181,25 @@ class ProjectTable(_Op):
         return self.parent.rowset
 
     @rowset.setter
-    def rowset(self, value) -> None:
+    def rowset(self, value: RowSet) -> None:
         pass
 
     @property
-    def prev_rowset(self):
+    def prev_rowset(self) -> Optional[RowSet]:
         return self.parent.prev_rowset if self._update is not None else None
 
     @prev_rowset.setter
-    def prev_rowset(self, value) -> None:
+    def prev_rowset(self, value: Optional[RowSet]) -> None:
         pass
 
     @property
     def size(self) -> int:
         return self.parent.size
 
-    def _edge_keys(self, n, front):
+    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
         return _first_keys(self.parent, n, front)
 
-    def slots(self, keys):
+    def slots(self, keys: np.ndarray) -> np.ndarray:
         if self.materialize:
             return self._slot_of.get(np.asarray(keys, dtype=np.int64))
         return self.parent.slots(keys)
@@ -224,12 +232,14 @@ class ProjectTable(_Op):
         inputs = sorted({c for n in names for c in self.inputs[n]})
         src = self.parent.gather(inputs, keys) if inputs else pa.table({"_": pa.nulls(keys.size)})
         got = _evaluate(src, [self.exprs[n] for n in names], names)
+        store = self.computed_store
+        assert store is not None  # a select stores its computed columns
         got = pa.Table.from_arrays([got.column(n).cast(self.schema.field(n).type) for n in names],
-                                   schema=self.computed_store.schema)
-        self.computed_store.ensure(int(slots.max()) + 1)
-        self.computed_store.write(slots, got)
+                                   schema=store.schema)
+        store.ensure(int(slots.max()) + 1)
+        store.write(slots, got)
 
-    def prev_gather(self, columns=None, keys=None) -> pa.Table:
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
         names = column_names(self.schema, columns)
         k = self._prev_keys(keys)
         if k.size == 0:
@@ -242,7 +252,7 @@ class ProjectTable(_Op):
         finally:
             self.materialize = materialize
 
-    def _follow(self, step, up):
+    def _follow(self, step: int, up: TableUpdate) -> TableUpdate:
         changed = {out for out, ins in self.inputs.items() if set(ins) & up.modified_columns}
         if self.materialize:
             if not up.removed.is_empty():
@@ -263,13 +273,14 @@ class ProjectTable(_Op):
         self._moves = getattr(self.parent, "_moves", None)
         mod = up.modified if changed else RowSet()
         return TableUpdate(added=up.added, removed=up.removed, modified=mod, shifted=up.shifted,
-                           modified_columns=changed if not mod.is_empty() else ())
+                           modified_columns=ModifiedColumnSet(changed if not mod.is_empty() else ()))
 
-    def follow_parents(self, step, updates):
+    def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
         up = updates.get(self.parent.name)
         if up is None:
             return None
         t0 = time.perf_counter()
+        update: Optional[TableUpdate]
         update = self._follow(step, up)
         if update.is_empty():
             update = None

@@ -17,7 +17,7 @@ from tickwire.server.engine.graph.ops.base import (
 )
 from tickwire.server.engine.graph.order import OrderIndex, SortKeys
 from tickwire.server.engine.graph.row_set import RowSet
-from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
 from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
@@ -60,16 +60,16 @@ class SortTable(_Op):
     def _parent_keys(self, keys: np.ndarray) -> np.ndarray:
         return self.index.id_at(keys)
 
-    def slots(self, keys):
+    def slots(self, keys: np.ndarray) -> np.ndarray:
         return self.parent.slots(self.index.id_at(np.asarray(keys, dtype=np.int64)))
 
-    def _edge_keys(self, n, front):
+    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
         return self.index.first_keys(n) if front else self.index.last_keys(n)
 
     def _words(self, pkeys: np.ndarray) -> list[np.ndarray]:
         return self.encoder.encode(self.parent.gather(self.sort_columns, pkeys), pkeys)
 
-    def _follow(self, step, up):
+    def _follow(self, step: int, up: TableUpdate) -> TableUpdate:
         idx, parent = self.index, self.parent
         sort_cols = set(self.sort_columns)
         # 1. rows the parent removed (pre-shift parent keys)
@@ -111,6 +111,7 @@ class SortTable(_Op):
             idx.reword(self.encoder.nwords, self._words(idx.id_at(okeys)), okeys)
         move_words = None
         if move_p.size:
+            assert mod_vals is not None  # rows move only when their sort values were modified
             move_words = self.encoder.encode(mod_vals.filter(pa.array(changed)), move_p)
         # 5. new rows and moving rows go in; a moving row keeps its key when it is still between
         # the same neighbours
@@ -139,7 +140,7 @@ class SortTable(_Op):
             self._commit(removed_rs, added_rs)
         modified = RowSet.from_keys(stay_o)
         return TableUpdate(added=added_rs, removed=removed_rs, modified=modified, shifted=shifted,
-                           modified_columns=up.modified_columns if not modified.is_empty() else ())
+                           modified_columns=ModifiedColumnSet(up.modified_columns if not modified.is_empty() else ()))
 
 
 register_operation("sort", SortTable)

@@ -1,7 +1,7 @@
 """where: the parent's rows for which a predicate holds."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +21,7 @@ from tickwire.server.engine.graph.ops.base import (
     expression_columns,
 )
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
-from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
 from tickwire.server.engine.graph.tables import Table, register_operation
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ __all__ = ["WhereTable"]
 Predicate = Union[pc.Expression, Callable[[pa.Table], object]]
 
 
-def _mask(result, n: int) -> np.ndarray:
+def _mask(result: Any, n: int) -> np.ndarray:
     if isinstance(result, (pa.ChunkedArray, pa.Array)):
         result = pa.compute.fill_null(result, False)
         out = result.to_numpy(zero_copy_only=False) if isinstance(result, pa.Array) \
@@ -73,7 +73,7 @@ class WhereTable(_Op):
             self._bm = _bitmap(keys[self._passes(keys)]) if keys.size else BitMap64()
             self._rs = None
 
-    def slots(self, keys):
+    def slots(self, keys: np.ndarray) -> np.ndarray:
         return self.parent.slots(keys)
 
     def _passes(self, keys: np.ndarray, extra: Optional[pa.Table] = None) -> np.ndarray:
@@ -105,7 +105,7 @@ class WhereTable(_Op):
             return None
         return prev
 
-    def _follow(self, step, up):
+    def _follow(self, step: int, up: TableUpdate) -> TableUpdate:
         # the row set is read only when the parent removed or shifted rows, or modified rows
         # without changing what the filter reads
         removed_bm = self._bm & _rs_bitmap(up.removed, copy=False) if not up.removed.is_empty() else BitMap64()
@@ -172,7 +172,8 @@ class WhereTable(_Op):
         self._commit(leaving, added)
         mod = RowSet.from_keys(modified)
         return TableUpdate(added=added, removed=RowSet.from_keys(removed), modified=mod,
-                           shifted=shifted, modified_columns=up.modified_columns if not mod.is_empty() else ())
+                           shifted=shifted,
+                           modified_columns=ModifiedColumnSet(up.modified_columns if not mod.is_empty() else ()))
 
 
 register_operation("where", WhereTable)
