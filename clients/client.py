@@ -185,7 +185,9 @@ class BarrageClient:
                  root_certs: Optional[bytes] = None, auth_type: Optional[str] = None,
                  auth_token: Optional[str] = None, keepalive: bool = True, clock: Clock = SYSTEM_CLOCK,
                  channel=None):
-        """`clock` times the session keepalive and the subscriptions' reconnect backoff. `channel`:
+        """`clock` times the session keepalive and the subscriptions' reconnect backoff (the
+        timeouts of calls that block their caller, such as `Subscription.wait_for`, are real
+        seconds). `channel`:
         a gRPC channel to call instead of one to `target` (an in-process server's, for example:
         tickwire.server.services.inprocess)."""
         target, url_tls = parse_target(target)
@@ -747,14 +749,15 @@ class Subscription:
         return tuple(self._threads)
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:
-        """Waits until the first snapshot is in (True), or `timeout` seconds of the client's clock pass."""
-        return self.client.clock.wait(self._ready, timeout)
+        """Waits until the first snapshot is in (True), or `timeout` real seconds pass (a wait of
+        the caller's: the client's clock times only the client's own behaviour)."""
+        return self._ready.wait(timeout)
 
     def wait_for(self, predicate: Callable[["Subscription"], bool], timeout: float = 30.0) -> bool:
         """Waits until `predicate(self)` holds after an update (True) or the timeout / end (False).
         The predicate is checked once the `on_update` callbacks have been called with the update
         (unless wait_for is called from a callback)."""
-        clock = self.client.clock
+        clock = SYSTEM_CLOCK  # the caller's wait: real seconds, whatever clock times the client
         end = clock.monotonic() + timeout
         reader = threading.current_thread() in self._threads
         with self._lock:

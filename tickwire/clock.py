@@ -128,15 +128,28 @@ class ManualClock:
         """Moves time forward to `monotonic`."""
         return self.advance(max(0.0, monotonic - self.monotonic()))
 
-    def _at(self, deadline: float, fire: Callable[[], None]) -> None:
+    def _at(self, deadline: float, fire: Callable[[], None]) -> Optional[int]:
+        """Calls `fire()` once time reaches `deadline` (now if it has); the timer's id, to `_drop`
+        it, or None when it fired at once."""
         with self._lock:
             if deadline <= self._mono:
-                due = True
+                timer = None
             else:
-                heapq.heappush(self._timers, (deadline, next(self._ids), fire))
-                due = False
-        if due:
+                timer = next(self._ids)
+                heapq.heappush(self._timers, (deadline, timer, fire))
+        if timer is None:
             fire()
+        return timer
+
+    def _drop(self, timer: Optional[int]) -> None:
+        """Forgets a timer that is no longer wanted (its wait ended another way)."""
+        if timer is None:
+            return
+        with self._lock:
+            kept = [t for t in self._timers if t[1] != timer]
+            if len(kept) != len(self._timers):
+                heapq.heapify(kept)
+                self._timers = kept
 
     @property
     def pending(self) -> int:
@@ -153,13 +166,16 @@ class ManualClock:
                 pass
             return True
         expired = threading.Event()
-        self._at(self.monotonic() + max(0.0, timeout), expired.set)
-        while True:
-            if event.is_set():
-                return True
-            if expired.is_set():
-                return event.is_set()
-            event.wait(self._poll)
+        timer = self._at(self.monotonic() + max(0.0, timeout), expired.set)
+        try:
+            while True:
+                if event.is_set():
+                    return True
+                if expired.is_set():
+                    return event.is_set()
+                event.wait(self._poll)
+        finally:
+            self._drop(timer)
 
     async def sleep(self, seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -174,8 +190,11 @@ class ManualClock:
             except RuntimeError:  # the loop is closed
                 pass
 
-        self._at(self.monotonic() + max(0.0, seconds), fire)
-        await fut
+        timer = self._at(self.monotonic() + max(0.0, seconds), fire)
+        try:
+            await fut
+        finally:  # a cancelled sleep leaves no timer behind: `pending` counts real waits only
+            self._drop(timer)
 
     def __repr__(self) -> str:
         return f"ManualClock(monotonic={self.monotonic():.6f})"

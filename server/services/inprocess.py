@@ -30,7 +30,7 @@ from tickwire.server.config import ServerConfig
 from tickwire.server.engine import Engine
 from tickwire.server.services import handlers as service_handlers
 from tickwire.server.services.context import ServerContext
-from tickwire.server.services.rpc import GuardedMethod, guarded_methods, with_stubs
+from tickwire.server.services.rpc import GuardedMethod, guarded_methods, status_of, with_stubs
 
 __all__ = ["InProcessServer", "InProcessChannel", "InProcessError"]
 
@@ -144,6 +144,20 @@ class _Call:
     def done(self) -> bool:
         return self._ended.is_set()
 
+    def expire_after(self, seconds: float) -> None:
+        """Ends the call with DEADLINE_EXCEEDED (and cancels its handler) unless it ended before."""
+        def expire() -> None:
+            if self._ended.is_set():
+                return
+            task = self._task
+            if task is not None:
+                task.cancel()
+            self.finish(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+        timer = threading.Timer(max(0.0, seconds), expire)
+        timer.daemon = True
+        timer.start()
+
     def cancel(self) -> bool:
         if self._ended.is_set():
             return False
@@ -192,7 +206,10 @@ class InProcessChannel:
                 requests: Any = (ser(r) if ser is not None else r for r in request)
             else:
                 requests = ser(request) if ser is not None else request
-            return server.start_call(path, requests, tuple(metadata or ()), response_deserializer, peer)
+            call = server.start_call(path, requests, tuple(metadata or ()), response_deserializer, peer)
+            if timeout is not None:  # a deadline in real seconds, as grpcio's
+                call.expire_after(timeout)
+            return call
 
         return invoke
 
@@ -299,6 +316,17 @@ class InProcessServer:
         """A channel whose calls this server answers."""
         return InProcessChannel(self, peer)
 
+    def running(self) -> int:
+        """How many calls' handlers are still running on the server's loop."""
+        loop = self._loop
+        if loop is None:
+            return 0
+
+        async def count() -> int:
+            return sum(1 for t in asyncio.all_tasks() if t is not asyncio.current_task())
+
+        return asyncio.run_coroutine_threadsafe(count(), loop).result(10)
+
     # -- calls ------------------------------------------------------------------------------------------------
     def start_call(self, path: str, request: Any, metadata: tuple, deserialize, peer: str) -> _Call:
         """Starts one call of method `path` (request bytes, or an iterable of them for client
@@ -332,6 +360,9 @@ class InProcessServer:
             return
         except asyncio.CancelledError:
             call.finish(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+            return
+        except BaseException as exc:  # noqa: BLE001 - a defect below the guard must not hang its caller
+            call.finish(*status_of(exc))
             return
         call.finish(grpc.StatusCode.OK, "")
 
