@@ -1,4 +1,9 @@
-"""tickwire's Barrage client against a tickwire server stepped by the test."""
+"""tickwire's Barrage client against tickwire's services stepped by the test.
+
+Snapshots, subscriptions, view changes and errors go through the services in process
+(tests.harness.Services); what depends on the real transport stays on sockets: the pre-shared key
+in grpcio's headers, grpc:// URLs, and a connection lost or a server restarted on its port (the
+reconnection's difference is in tests/test_client_reconnect.py, in process)."""
 from __future__ import annotations
 
 import grpc
@@ -6,23 +11,21 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
+from tests.harness import Services, until
 from tickwire.clients.client import BarrageClient, ClientError
-from tickwire.server.app import TickwireServer
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
-from tests.waiting import wait_until
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
 
 
 @pytest.fixture()
 def served():
-    graph = Engine(interval_ms=3_600_000)
-    ticker = DemoTicker(graph, rows_per_tick=9, seed=3)
-    for _ in range(4):
-        ticker.tick()
-        graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_engine=False).start()
-    yield server, graph, ticker
-    server.stop()
+    with Services() as s:
+        ticker = DemoTicker(s.engine, rows_per_tick=9, seed=3)
+        for _ in range(4):
+            ticker.tick()
+            s.cycle()
+        yield s, ticker
 
 
 def plain(t: pa.Table) -> pa.Table:
@@ -30,78 +33,81 @@ def plain(t: pa.Table) -> pa.Table:
 
 
 def test_snapshots_whole_and_partial(served):
-    server, graph, _ = served
-    with BarrageClient(server.target) as c:
-        assert {"static_mixed", "ticking_keyed", "blink"} <= set(c.tables())
-        assert plain(c.snapshot("static_mixed")).equals(static_mixed())
-        part = c.snapshot("static_mixed", columns=["Str", "I32"], viewport=[(2, 4), (10, 10)])
-        assert part.column_names == ["Str", "I32"]
-        assert part.to_pydict() == static_mixed().take([2, 3, 4, 10]).select(["Str", "I32"]).to_pydict()
-        tail = c.snapshot("ticking_append", viewport=[(0, 2)], reverse=True)
-        assert tail.column("Seq").to_pylist() == [33, 34, 35]
-        with pytest.raises(ClientError) as e:
-            c.snapshot("nope")
-        assert e.value.code == grpc.StatusCode.NOT_FOUND
+    s, _ = served
+    c = s.client()
+    assert {"static_mixed", "ticking_keyed", "blink"} <= set(c.tables())
+    assert plain(c.snapshot("static_mixed")).equals(static_mixed())
+    part = c.snapshot("static_mixed", columns=["Str", "I32"], viewport=[(2, 4), (10, 10)])
+    assert part.column_names == ["Str", "I32"]
+    assert part.to_pydict() == static_mixed().take([2, 3, 4, 10]).select(["Str", "I32"]).to_pydict()
+    tail = c.snapshot("ticking_append", viewport=[(0, 2)], reverse=True)
+    assert tail.column("Seq").to_pylist() == [33, 34, 35]
+    with pytest.raises(ClientError) as e:
+        c.snapshot("nope")
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
 
 
 def test_full_subscription_follows_every_step_with_callbacks(served):
-    server, graph, ticker = served
-    with BarrageClient(server.target) as c:
-        seen = []
-        sub = c.subscribe("ticking_keyed", on_update=seen.append)
-        assert sub.wait_for(lambda s: s.update_count >= 1, 10)
-        for step in range(5):
-            ticker.tick()
-            graph.run_cycle()
-            _s, expected = graph.snapshot("ticking_keyed")
-            assert sub.wait_for(lambda s: s.last_seq == graph.step, 10), f"step {step}"
-            assert plain(sub.table).equals(expected)
-        assert seen[0].is_snapshot and not seen[-1].is_snapshot
-        last = seen[-1]
-        assert last.last_seq == graph.step and last.table_size == 20
-        assert set(last.modified_columns) <= {"Timestamp", "Price", "Size", "Seq"}
-        assert all(len(v) == int((r[:, 1] - r[:, 0] + 1).sum()) for v, r in
-                   zip(last.modified.values(), last.modified_rows.values()))
-        sub.close()
-        assert sub.closed
+    s, ticker = served
+    c = s.client()
+    seen = []
+    sub = c.subscribe("ticking_keyed", on_update=seen.append)
+    assert s.wait_for(sub, lambda x: x.update_count >= 1)
+    for step in range(5):
+        ticker.tick()
+        s.cycle()
+        _s, expected = s.engine.snapshot(ticker.keyed)
+        assert s.wait_for(sub, lambda x: x.last_seq == s.engine.step), f"step {step}"
+        assert plain(sub.table).equals(expected)
+    assert seen[0].is_snapshot and not seen[-1].is_snapshot
+    assert len(seen) == 6  # the snapshot, then one update a step
+    last = seen[-1]
+    assert last.last_seq == s.engine.step and last.table_size == 20
+    assert set(last.modified_columns) <= {"Timestamp", "Price", "Size", "Seq"}
+    assert all(len(v) == int((r[:, 1] - r[:, 0] + 1).sum()) for v, r in
+               zip(last.modified.values(), last.modified_rows.values()))
+    sub.close()
+    assert sub.closed
 
 
 def test_viewport_subscription_reverse_columns_and_view_changes(served):
-    server, graph, ticker = served
-    with BarrageClient(server.target) as c:
-        sub = c.subscribe("ticking_append", viewport=[(0, 4)], reverse=True, columns=["Seq", "Sym"])
-        it = sub.updates(timeout=10)
-        first = next(it)
-        assert first.is_snapshot and sub.table.column_names == ["Seq", "Sym"]
-        ticker.tick()
-        graph.run_cycle()
-        u = next(it)
-        n = graph.tables["ticking_append"].size
-        assert u.table_size == n == sub.size
-        assert sub.table.column("Seq").to_pylist() == list(range(n - 5, n))
-        assert u.removed.num_rows == 5 and u.added.num_rows == 5  # the window slid by a whole tick
-        sub.set_view(viewport=[(0, 1), (10, 11)], reverse=False)
-        u = next(it)
-        assert u.is_snapshot
-        assert sub.table.column("Seq").to_pylist() == [0, 1, 10, 11]
-        with pytest.raises(ClientError, match="full subscription"):
-            c.subscribe("blink").set_view(viewport=[(0, 1)])
+    s, ticker = served
+    c = s.client()
+    sub = c.subscribe("ticking_append", viewport=[(0, 4)], reverse=True, columns=["Seq", "Sym"])
+    it = sub.updates(timeout=30)  # the bound only stops a hang
+    first = next(it)
+    assert first.is_snapshot and sub.table.column_names == ["Seq", "Sym"]
+    ticker.tick()
+    s.cycle()
+    u = next(it)
+    n = ticker.append.size
+    assert u.table_size == n == sub.size
+    assert sub.table.column("Seq").to_pylist() == list(range(n - 5, n))
+    assert u.removed.num_rows == 5 and u.added.num_rows == 5  # the window slid by a whole tick
+    sub.set_view(viewport=[(0, 1), (10, 11)], reverse=False)
+    u = next(it)
+    assert u.is_snapshot
+    assert sub.table.column("Seq").to_pylist() == [0, 1, 10, 11]
+    with pytest.raises(ClientError, match="full subscription"):
+        c.subscribe("blink").set_view(viewport=[(0, 1)])
 
 
 def test_errors_reach_the_subscriber(served):
-    server, _g, _t = served
-    with BarrageClient(server.target) as c:
-        sub = c.subscribe("missing_table")
-        assert not sub.wait_for(lambda s: True, 5)
-        assert sub.error is not None and sub.error.code == grpc.StatusCode.NOT_FOUND
-        with pytest.raises(ClientError, match="no columns"):
-            c.subscribe("blink", columns=["Nope"])
+    s, _ticker = served
+    c = s.client()
+    sub = c.subscribe("missing_table")
+    assert until(lambda: sub.closed)  # the server's answer ends it
+    assert not sub.wait_for(lambda x: True, 5)  # no data ever came
+    assert sub.error is not None and sub.error.code == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(ClientError, match="no columns"):
+        c.subscribe("blink", columns=["Nope"])
 
 
 def test_psk_authentication():
-    graph = Engine(interval_ms=3_600_000)
-    graph.create(TableSpec("t", "static", data=pa.table({"x": np.arange(5)})))
-    srv = TickwireServer(graph, port=0, psk="k1", start_engine=False).start()
+    """On a socket: the key as grpcio carries it in the headers."""
+    engine = Engine(interval_ms=3_600_000)
+    engine.create(TableSpec("t", "static", data=pa.table({"x": np.arange(5)})))
+    srv = TickwireServer(engine, port=0, psk="k1", start_engine=False).start()
     try:
         with BarrageClient(srv.target, psk="k1") as c:
             assert c.snapshot("t").column("x").to_pylist() == [0, 1, 2, 3, 4]
@@ -124,41 +130,37 @@ def test_targets_may_be_pyarrow_style_urls():
             parse_target(bad)
 
 
-def test_a_grpc_url_connects(served_graph_for_url):
+def test_a_grpc_url_connects(served_for_url):
     from tickwire.clients.client import BarrageClient
 
-    with BarrageClient(f"grpc://{served_graph_for_url.target}") as client:
+    with BarrageClient(f"grpc://{served_for_url.target}") as client:
         assert client.snapshot("url_t").column("a").to_pylist() == [1, 2, 3]
 
 
 @pytest.fixture()
-def served_graph_for_url():
+def served_for_url():
     import pyarrow as pa
 
     from tickwire import TickwireServer
 
-    graph = Engine(interval_ms=50)
-    graph.create(TableSpec("url_t", "static", data=pa.table({"a": [1, 2, 3]})))
-    srv = TickwireServer(graph, port=0, start_engine=False).start()
+    engine = Engine(interval_ms=50)
+    engine.create(TableSpec("url_t", "static", data=pa.table({"a": [1, 2, 3]})))
+    srv = TickwireServer(engine, port=0, start_engine=False).start()
     yield srv
     srv.stop()
 
 
 def test_a_reconnecting_subscription_follows_the_table_across_a_server_restart():
-    import time
-
-    import numpy as np
-    import pyarrow as pa
-
+    """On a socket: the server stops (grpcio's UNAVAILABLE) and starts again on its port."""
+    from tests.serving import start_again
     from tickwire import TickwireServer
     from tickwire.clients.client import BarrageClient
-    from tests.serving import start_again
 
-    graph = Engine(interval_ms=20).start()
+    engine = Engine(interval_ms=20).start()
     schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
-    table = graph.create(TableSpec("kv", "keyed", schema, keys=["k"]))
-    table.add(pa.table({"k": np.arange(50), "v": np.zeros(50, np.int64)}, schema=schema))
-    srv = TickwireServer(graph, port=0).start()
+    table = engine.create(TableSpec("kv", "keyed", schema, keys=["k"]))
+    engine.write(table, pa.table({"k": np.arange(50), "v": np.zeros(50, np.int64)}, schema=schema))
+    srv = TickwireServer(engine, port=0).start()
     port = srv.port  # the restart listens on it again
     states: list[str] = []
     client = BarrageClient(f"grpc://127.0.0.1:{port}")
@@ -168,38 +170,38 @@ def test_a_reconnecting_subscription_follows_the_table_across_a_server_restart()
             got = sub.table.sort_by("k")
         except Exception:  # noqa: BLE001 - no data yet
             return False
-        return got.equals(graph.snapshot(table)[1].sort_by("k"))
+        return got.equals(engine.snapshot(table)[1].sort_by("k"))
 
     try:
         sub = client.subscribe("kv", reconnect=True, on_connection=states.append, backoff=(0.05, 0.5))
         assert sub.wait_for(same, 20)
         srv.stop()
-        assert wait_until(lambda: any(s.startswith("disconnected") for s in states), 10), states
-        table.add(pa.table({"k": np.arange(25, 75), "v": np.full(50, 7, np.int64)}, schema=schema))
-        time.sleep(0.3)
-        srv = start_again(lambda: TickwireServer(graph, port=port).start())
+        assert until(lambda: any(s.startswith("disconnected") for s in states)), states
+        engine.write(table, pa.table({"k": np.arange(25, 75), "v": np.full(50, 7, np.int64)}, schema=schema))
+        # the client tries again while the server is down, and fails (it says so before each try)
+        tried = len(states)
+        assert until(lambda: "reconnecting" in states[tried:] and states[-1].startswith("disconnected")), states
+        srv = start_again(lambda: TickwireServer(engine, port=port).start())
         assert sub.wait_for(same, 30), (states, sub.error)
         # counted and reported once the new stream is open, which may be after its reader delivered
-        assert wait_until(lambda: sub.reconnects >= 1 and states[-1] == "connected", 10), (sub.reconnects, states)
+        assert until(lambda: sub.reconnects >= 1 and states[-1] == "connected"), (sub.reconnects, states)
         assert not sub.closed
-        table.add(pa.table({"k": [1], "v": [99]}, schema=schema))  # and it keeps following
+        engine.write(table, pa.table({"k": [1], "v": [99]}, schema=schema))  # and it keeps following
         assert sub.wait_for(same, 20)
     finally:
         client.close()
         srv.stop()
-        graph.stop()
+        engine.stop()
 
 
 def test_without_reconnect_a_lost_connection_ends_the_subscription():
-    import numpy as np
-    import pyarrow as pa
-
+    """On a socket: the connection is lost when the server stops."""
     from tickwire import TickwireServer
     from tickwire.clients.client import BarrageClient
 
-    graph = Engine(interval_ms=20).start()
-    graph.create(TableSpec("t", "static", data=pa.table({"a": np.arange(10)})))
-    srv = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=20).start()
+    engine.create(TableSpec("t", "static", data=pa.table({"a": np.arange(10)})))
+    srv = TickwireServer(engine, port=0).start()
     client = BarrageClient(srv.target)
     try:
         sub = client.subscribe("t")
@@ -208,4 +210,4 @@ def test_without_reconnect_a_lost_connection_ends_the_subscription():
         assert sub.wait_for(lambda s: s.closed, 20) and sub.error is not None
     finally:
         client.close()
-        graph.stop()
+        engine.stop()

@@ -1,39 +1,45 @@
 """Exports never outlive their owner, and no session reaches another's tables.
 
 Every export belongs to a session: Release, CloseSession and session expiry (with no traffic at
-all) free it and every derived table only it holds, DoPut exports included, and the memory comes
-back. Operations sent without a result ticket keep nothing: a one-shot call is refused as
+all) free it and every derived table only it holds, DoPut exports included, and nothing keeps the
+freed tables. Operations sent without a result ticket keep nothing: a one-shot call is refused as
 Deephaven refuses it, a Batch step lives only while later steps of its batch use it and is
 answered with its `batch_offset`. Session tables are hidden: no scope ticket (`s/...`), app ticket
-or PATH descriptor reaches them, and no listing shows them."""
+or PATH descriptor reaches them, and no listing shows them.
+
+The services run in process (tests.harness.Services) over an engine on a ManualClock: leases run
+out when the test moves the clock. The comparisons with Deephaven (slow, interop) use sockets. What
+the released exports' memory costs is measured by bench/bench_memory.py."""
 from __future__ import annotations
 
 import gc
 import json
-import resource
-import time
-import tracemalloc
+import weakref
 
 import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.flight as fl
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
+from tests.harness import Services, until
 from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2
-from tickwire.protocol.proto.methods import METHODS
+from tickwire.protocol.proto.methods import (
+    APPLICATION_SERVICE,
+    CONFIG_SERVICE,
+    FLIGHT_SERVICE,
+    METHODS,
+    SESSION_SERVICE,
+    TABLE_SERVICE,
+)
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
-
-from tests import waiting
+from tickwire.server.engine import Engine, TableSpec
 
 ANON = (("authorization", "Anonymous"),)
 SCHEMA = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int64())])
-TABLE = "/io.deephaven.proto.backplane.grpc.TableService/"
-SESSION = "/io.deephaven.proto.backplane.grpc.SessionService/"
-FLIGHT = "/arrow.flight.protocol.FlightService/"
+TABLE = f"/{TABLE_SERVICE}/"
+SESSION = f"/{SESSION_SERVICE}/"
 
 
 def _quotes(n: int = 500) -> pa.Table:
@@ -42,217 +48,173 @@ def _quotes(n: int = 500) -> pa.Table:
                      "Size": rng.integers(1, 1000, n)}, schema=SCHEMA)
 
 
-def _start(**kw):
-    graph = Engine(interval_ms=3_600_000)  # cycles only when a test runs one
-    t = graph.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
-    t.add(_quotes())
-    graph.run_cycle()
-    server = TickwireServer(graph, port=0, start_engine=False, **kw).start()
-    return graph, server
+def _services(**kw) -> Services:
+    """The services over an engine holding `quotes`; cycles run only when a test runs one."""
+    s = Services(**kw)
+    quotes = s.engine.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
+    s.write(quotes, _quotes())
+    s.cycle()
+    return s
 
 
 @pytest.fixture
 def served():
-    graph, server = _start()
-    yield graph, server
-    server.stop()
+    with _services() as s:
+        yield s
 
 
 class Client:
-    """One Deephaven session over raw gRPC (the bearer token of its first call)."""
+    """One Deephaven session of the in-process services (the bearer token of its first call)."""
 
-    def __init__(self, server):
-        self.server = server
-        self.channel = grpc.insecure_channel(server.target)
-        m = METHODS["/io.deephaven.proto.backplane.grpc.ConfigService/GetConfigurationConstants"]
-        _r, call = self.channel.unary_unary(m.path, request_serializer=m.request.SerializeToString,
-                                            response_deserializer=m.response.FromString).with_call(
-            config_pb2.ConfigurationConstantsRequest(), metadata=ANON)
-        self.bearer = dict(call.initial_metadata())["authorization"]
-        self.md = (("authorization", self.bearer),)
-        self._flight = None
+    def __init__(self, s: Services):
+        self.s = s
+        _r, headers = s.call_with_headers(CONFIG_SERVICE, "GetConfigurationConstants",
+                                          config_pb2.ConfigurationConstantsRequest())
+        self.bearer = dict(headers)["authorization"]
+        self.token = self.bearer.split()[-1]
 
-    def unary(self, path, request):
-        m = METHODS[path]
-        fn = self.channel.unary_unary(path, request_serializer=m.request.SerializeToString,
-                                      response_deserializer=m.response.FromString)
-        return fn(request, metadata=self.md)
+    def unary(self, service: str, method: str, request):
+        return self.s.call(service, method, request, token=self.token)
 
-    def stream(self, path, request) -> list:
-        m = METHODS[path]
-        fn = self.channel.unary_stream(path, request_serializer=m.request.SerializeToString,
-                                       response_deserializer=m.response.FromString)
-        return list(fn(request, metadata=self.md))
+    def stream(self, service: str, method: str, request) -> list:
+        return list(self.s.stream(service, method, request, token=self.token))
 
     def where(self, source: bytes, filters: list[str], result: int | None):
         req = table_pb2.UnstructuredFilterTableRequest(filters=filters)
         req.source_id.ticket.ticket = source
         if result is not None:
             req.result_id.ticket = export_ticket(result)
-        return self.unary(TABLE + "UnstructuredFilter", req)
+        return self.unary(TABLE_SERVICE, "UnstructuredFilter", req)
 
     def release(self, export_id: int) -> None:
         req = session_pb2.ReleaseRequest()
         req.id.ticket = export_ticket(export_id)
-        self.unary(SESSION + "Release", req)
+        self.unary(SESSION_SERVICE, "Release", req)
 
     def close_session(self) -> None:
-        self.unary(SESSION + "CloseSession", session_pb2.HandshakeRequest())
-
-    @property
-    def flight(self) -> fl.FlightClient:
-        if self._flight is None:
-            self._flight = fl.FlightClient(f"grpc://{self.server.target}")
-        return self._flight
-
-    @property
-    def options(self) -> fl.FlightCallOptions:
-        return fl.FlightCallOptions(headers=[(b"authorization", self.bearer.encode())])
+        self.unary(SESSION_SERVICE, "CloseSession", session_pb2.HandshakeRequest())
 
     def put_export(self, export_id: int, data: pa.Table) -> None:
-        writer, _reader = self.flight.do_put(fl.FlightDescriptor.for_path("export", str(export_id)), data.schema,
-                                             self.options)
-        writer.write_table(data)
-        writer.close()
+        self.s.put(["export", str(export_id)], data, token=self.token)
+
+    def put(self, path: list[str], data: pa.Table) -> None:
+        self.s.put(path, data, token=self.token)
 
     def doget(self, ticket: bytes) -> pa.Table:
-        return self.flight.do_get(fl.Ticket(ticket), self.options).read_all()
-
-    def close(self) -> None:
-        if self._flight is not None:
-            self._flight.close()
-        self.channel.close()
+        return self.s.doget(ticket, token=self.token)
 
 
-def _code(fn) -> grpc.StatusCode | fl.FlightError:
-    try:
-        fn()
-    except grpc.RpcError as exc:
-        return exc.code()
-    except fl.FlightError as exc:
-        return type(exc)
-    raise AssertionError("the call succeeded")
+def _code(fn, *args) -> grpc.StatusCode:
+    """The status of the call `fn(*args)`, which must fail."""
+    return Services.status(lambda: fn(*args))[0]
 
 
-def _wait(pred, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
+def _table_count(engine) -> int:
+    """Every table of the engine, hidden ones (a session's) included."""
+    return len(engine.tables(hidden=True))
 
 
-def _hidden_names(graph) -> list[str]:
-    return [n for n, t in graph.tables.items() if t.hidden]
+def _hidden(engine) -> list:
+    return [t for t in engine.tables(hidden=True) if t.hidden]
+
+
+def _hidden_names(engine) -> list[str]:
+    return [t.name for t in _hidden(engine)]
+
+
+def _quotes_now(engine) -> pa.Table:
+    return engine.snapshot(engine.resolve("quotes"))[1]
 
 
 # -- release frees ----------------------------------------------------------------------------------------
 
 
-def test_released_doput_exports_leave_the_graph_and_give_their_memory_back(served):
-    graph, server = served
-    ops = server.ctx.scope.ops
-    c = Client(server)
-    try:
-        rng = np.random.default_rng(1)
-        n_rows, n_exports = 10_000, 200
-        data = pa.table({"Sym": pa.array(np.char.add("K", np.arange(n_rows).astype(str)).astype(object)),
-                         "Price": rng.uniform(0, 1, n_rows), "Size": rng.integers(0, 9, n_rows)}, schema=SCHEMA)
-        # the tables' columns are numpy arrays, which tracemalloc counts (as it counts Python objects)
+def test_released_doput_exports_leave_the_engine_and_nothing_keeps_them(served):
+    s = served
+    engine, ops = s.engine, s.ctx.ops
+    c = Client(s)
+    rng = np.random.default_rng(1)
+    n_rows, n_exports = 2_000, 40
+    data = pa.table({"Sym": pa.array(np.char.add("K", np.arange(n_rows).astype(str)).astype(object)),
+                     "Price": rng.uniform(0, 1, n_rows), "Size": rng.integers(0, 9, n_rows)}, schema=SCHEMA)
+    tables0 = _table_count(engine)
+    for i in range(1, n_exports + 1):
+        c.put_export(i, data)
+    s.cycle()  # the uploads' rows enter their tables
+    assert _table_count(engine) == tables0 + n_exports and ops.owned == n_exports
+    held = _hidden(engine)
+    assert [t.size for t in held] == [n_rows] * n_exports  # the uploads are held, whole
+    assert c.doget(export_ticket(n_exports)).num_rows == n_rows
+    names = [t.name for t in held]
+    assert len(names) == n_exports and not any(c.token in n for n in names)  # names tell nothing of the session
+    refs = [weakref.ref(t) for t in held]
+    del held
+    for i in range(1, n_exports + 1):
+        c.release(i)
+    assert _table_count(engine) == tables0 and ops.owned == 0 and _hidden_names(engine) == []
+
+    def collected() -> bool:
         gc.collect()
-        tracemalloc.start()
-        try:
-            tables0, bytes0 = len(graph.tables), tracemalloc.get_traced_memory()[0]
-            for i in range(1, n_exports + 1):
-                c.put_export(i, data)
-            graph.run_cycle()  # the uploads' rows enter their tables
-            assert len(graph.tables) == tables0 + n_exports and ops.owned == n_exports
-            assert c.doget(export_ticket(n_exports)).num_rows == n_rows
-            gc.collect()
-            grown = tracemalloc.get_traced_memory()[0] - bytes0
-            rss_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
-            assert grown > n_exports * data.nbytes * 0.9, grown  # the uploads are held
-            names = _hidden_names(graph)
-            token = c.bearer.split()[-1]
-            assert len(names) == n_exports and not any(token in n for n in names)  # names tell nothing of the session
-            for i in range(1, n_exports + 1):
-                c.release(i)
-            assert len(graph.tables) == tables0 and ops.owned == 0 and _hidden_names(graph) == []
+        return all(r() is None for r in refs)
 
-            def left_over() -> int:
-                gc.collect()
-                return tracemalloc.get_traced_memory()[0] - bytes0
-
-            # tracemalloc counts every thread's memory: a server thread still ending the last call
-            # (the DoGet stream of the last export) may hold a table for a moment after the client
-            # has its answer; what is really kept stays past the deadline and fails below
-            waiting.wait_until(lambda: left_over() < data.nbytes, 10, interval=0.1)
-            left = left_over()
-        finally:
-            tracemalloc.stop()
-        print(f"\n{n_exports} DoPut exports x {n_rows} rows: +{grown / 1e6:.1f} MB held; after Release: "
-              f"{left / 1e6:+.2f} MB (peak RSS {rss_peak:.0f} MB)")
-        assert left < data.nbytes, left  # less than one upload is left over
-        code = _code(lambda: c.stream(FLIGHT + "DoGet", flight_pb2.Ticket(ticket=export_ticket(1))))
-        assert code == grpc.StatusCode.NOT_FOUND
-    finally:
-        c.close()
+    # the memory is given back: nothing (the engine, the session, a publisher, a cache) keeps a released
+    # table; the handler of the last DoGet, on the services' loop, may drop its reference a moment after
+    # the stream ended for the client
+    assert until(collected), [r() for r in refs if r() is not None][:3]
+    assert _code(lambda: c.doget(export_ticket(1))) == grpc.StatusCode.NOT_FOUND
 
 
 def test_release_frees_a_chain_of_derived_exports_only_when_the_last_holder_goes(served):
-    graph, server = served
-    c = Client(server)
-    try:
-        base = len(graph.tables)
-        c.where(b"s/quotes", ["Price > 95"], 1)
-        c.where(export_ticket(1), ["Size > 100"], 2)  # derived from export 1
-        fetch = table_pb2.FetchTableRequest()
-        fetch.source_id.ticket.ticket = export_ticket(2)
-        fetch.result_id.ticket = export_ticket(3)  # a second export of the same table
-        c.unary(TABLE + "FetchTable", fetch)
-        assert len(graph.tables) == base + 2
-        c.release(1)  # export 2's table still needs it as its parent
-        assert len(graph.tables) == base + 2
-        c.release(2)  # export 3 still holds the table
-        assert len(graph.tables) == base + 2
-        src = graph.snapshot("quotes")[1]
-        want = src.filter(pc.and_(pc.greater(src["Price"], 95), pc.greater(src["Size"], 100)))
-        assert c.doget(export_ticket(3)).num_rows == want.num_rows
-        c.release(3)
-        assert len(graph.tables) == base and server.ctx.scope.ops.owned == 0
-    finally:
-        c.close()
+    s = served
+    engine = s.engine
+    c = Client(s)
+    base = _table_count(engine)
+    c.where(b"s/quotes", ["Price > 95"], 1)
+    c.where(export_ticket(1), ["Size > 100"], 2)  # derived from export 1
+    fetch = table_pb2.FetchTableRequest()
+    fetch.source_id.ticket.ticket = export_ticket(2)
+    fetch.result_id.ticket = export_ticket(3)  # a second export of the same table
+    c.unary(TABLE_SERVICE, "FetchTable", fetch)
+    assert _table_count(engine) == base + 2
+    c.release(1)  # export 2's table still needs it as its parent
+    assert _table_count(engine) == base + 2
+    c.release(2)  # export 3 still holds the table
+    assert _table_count(engine) == base + 2
+    src = _quotes_now(engine)
+    want = src.filter(pc.and_(pc.greater(src["Price"], 95), pc.greater(src["Size"], 100)))
+    assert c.doget(export_ticket(3)).num_rows == want.num_rows
+    c.release(3)
+    assert _table_count(engine) == base and s.ctx.ops.owned == 0
 
 
 # -- nothing kept without a result ticket --------------------------------------------------------------
 
 
 def test_operations_without_a_result_ticket_leave_no_table(served):
-    graph, server = served
-    c = Client(server)
-    try:
-        base = len(graph.tables)
-        for _ in range(100):  # Deephaven refuses a one-shot operation without a result ticket
-            assert _code(lambda: c.where(b"s/quotes", ["Price > 100"], None)) == grpc.StatusCode.FAILED_PRECONDITION
-        fetch = table_pb2.FetchTableRequest()
-        fetch.source_id.ticket.ticket = b"s/quotes"
-        assert _code(lambda: c.unary(TABLE + "FetchTable", fetch)) == grpc.StatusCode.FAILED_PRECONDITION
-        assert len(graph.tables) == base
-        for _ in range(100):  # batches of unexported steps only: nothing outlives the call
-            batch = table_pb2.BatchTableRequest()
-            op = batch.ops.add().unstructured_filter
-            op.source_id.ticket.ticket = b"s/quotes"
-            op.filters.append("Price > 100")
-            srt = batch.ops.add().sort
-            srt.source_id.batch_offset = 0
-            d = srt.sorts.add()
-            d.column_name, d.direction = "Price", table_pb2.SortDescriptor.ASCENDING
-            resps = c.stream(TABLE + "Batch", batch)
-            assert [r.success for r in resps] == [True, True]
-        _wait(lambda: len(graph.tables) == base)
-        assert server.ctx.scope.ops.owned == 0
-    finally:
-        c.close()
+    s = served
+    engine = s.engine
+    c = Client(s)
+    base = _table_count(engine)
+    for _ in range(100):  # Deephaven refuses a one-shot operation without a result ticket
+        assert _code(lambda: c.where(b"s/quotes", ["Price > 100"], None)) == grpc.StatusCode.FAILED_PRECONDITION
+    fetch = table_pb2.FetchTableRequest()
+    fetch.source_id.ticket.ticket = b"s/quotes"
+    assert _code(lambda: c.unary(TABLE_SERVICE, "FetchTable", fetch)) == grpc.StatusCode.FAILED_PRECONDITION
+    assert _table_count(engine) == base
+    for _ in range(100):  # batches of unexported steps only: nothing outlives the call
+        batch = table_pb2.BatchTableRequest()
+        op = batch.ops.add().unstructured_filter
+        op.source_id.ticket.ticket = b"s/quotes"
+        op.filters.append("Price > 100")
+        srt = batch.ops.add().sort
+        srt.source_id.batch_offset = 0
+        d = srt.sorts.add()
+        d.column_name, d.direction = "Price", table_pb2.SortDescriptor.ASCENDING
+        resps = c.stream(TABLE_SERVICE, "Batch", batch)
+        assert [r.success for r in resps] == [True, True]
+    # the last batch's handler lets its steps go on the services' loop once its stream has ended
+    assert until(lambda: _table_count(engine) == base), _table_count(engine) - base
+    assert s.ctx.ops.owned == 0
 
 
 def _chain_batch(result_id: int) -> table_pb2.BatchTableRequest:
@@ -273,142 +235,148 @@ def _chain_batch(result_id: int) -> table_pb2.BatchTableRequest:
 
 
 def test_batch_answers_unexported_steps_with_their_batch_offset(served):
-    graph, server = served
-    c = Client(server)
-    try:
-        base = len(graph.tables)
-        resps = c.stream(TABLE + "Batch", _chain_batch(7))
-        assert [r.result_id.WhichOneof("ref") for r in resps] == ["batch_offset", "batch_offset", "ticket"]
-        assert [r.result_id.batch_offset for r in resps[:2]] == [0, 1]
-        assert resps[2].result_id.ticket.ticket == export_ticket(7)
-        src = graph.snapshot("quotes")[1]
-        above = src.filter(pc.greater(src["Price"], 100))
-        assert all(r.success for r in resps)
-        assert [r.size for r in resps] == [above.num_rows, above.num_rows, 5]
-        want = above.sort_by([("Price", "descending")]).slice(above.num_rows - 5)
-        got = c.doget(export_ticket(7))
-        assert got.column("Sym").to_pylist() == want.column("Sym").to_pylist()
-        # the unexported steps stay only as the export's parents
-        assert len(graph.tables) == base + 3
-        c.release(7)
-        assert len(graph.tables) == base and server.ctx.scope.ops.owned == 0
-    finally:
-        c.close()
+    s = served
+    engine = s.engine
+    c = Client(s)
+    base = _table_count(engine)
+    resps = c.stream(TABLE_SERVICE, "Batch", _chain_batch(7))
+    assert [r.result_id.WhichOneof("ref") for r in resps] == ["batch_offset", "batch_offset", "ticket"]
+    assert [r.result_id.batch_offset for r in resps[:2]] == [0, 1]
+    assert resps[2].result_id.ticket.ticket == export_ticket(7)
+    src = _quotes_now(engine)
+    above = src.filter(pc.greater(src["Price"], 100))
+    assert all(r.success for r in resps)
+    assert [r.size for r in resps] == [above.num_rows, above.num_rows, 5]
+    want = above.sort_by([("Price", "descending")]).slice(above.num_rows - 5)
+    got = c.doget(export_ticket(7))
+    assert got.column("Sym").to_pylist() == want.column("Sym").to_pylist()
+    # the unexported steps stay only as the export's parents
+    assert until(lambda: _table_count(engine) == base + 3), _table_count(engine) - base
+    c.release(7)
+    assert _table_count(engine) == base and s.ctx.ops.owned == 0
 
 
 # -- sessions that end free their tables ---------------------------------------------------------------------
 
 
 def test_close_session_frees_every_table_it_held(served):
-    graph, server = served
-    c = Client(server)
-    try:
-        base = len(graph.tables)
-        c.stream(TABLE + "Batch", _chain_batch(1))
-        c.where(export_ticket(1), ["Size > 10"], 2)
-        c.put_export(3, _quotes(50))
-        assert len(graph.tables) == base + 5
-        c.close_session()
-        assert len(graph.tables) == base and server.ctx.scope.ops.owned == 0
-        assert server.sessions.count == 0
-    finally:
-        c.close()
+    s = served
+    engine = s.engine
+    c = Client(s)
+    base = _table_count(engine)
+    c.stream(TABLE_SERVICE, "Batch", _chain_batch(1))
+    c.where(export_ticket(1), ["Size > 10"], 2)
+    c.put_export(3, _quotes(50))
+    assert until(lambda: _table_count(engine) == base + 5), _table_count(engine) - base
+    c.close_session()
+    assert _table_count(engine) == base and s.ctx.ops.owned == 0
+    assert s.sessions.count == 0
 
 
 def test_expired_sessions_free_their_tables_with_no_traffic():
-    # 3 s, not less: client 0 idles while clients 1 and 2 log in, run a batch and upload, which
-    # took more than 0.4 s on a loaded CI machine and let its session expire before the count below
-    duration = 3.0
-    graph, server = _start(session_duration_ms=int(duration * 1000))
-    try:
-        base = len(graph.tables)
-        clients = [Client(server) for _ in range(3)]
-        for i, c in enumerate(clients):
-            c.stream(TABLE + "Batch", _chain_batch(1))
-            t_last = time.monotonic()  # before the last call: it renews its session no earlier than this
+    duration = 3.0  # each session's lease, from its last call
+    with _services(session_duration_ms=int(duration * 1000)) as s:
+        engine, clock = s.engine, s.clock
+        reap_interval = s.sessions.reap_interval
+
+        def reaper_waiting() -> bool:
+            """The reaper thread waits on the clock (the only thing that does here): a move of the
+            clock from now on wakes it."""
+            return until(lambda: clock.pending == 1)
+
+        base = _table_count(engine)
+        clients, last_call = [], []
+        for i in range(3):  # sessions last used one second apart: their leases end one second apart
+            c = Client(s)
+            c.stream(TABLE_SERVICE, "Batch", _chain_batch(1))
+            s.advance(1.0)
             c.put_export(2, _quotes(20 + i))
-        assert len(graph.tables) == base + 3 * 4
-        t0 = time.monotonic()  # after every call: each session's lease ends by t0 + duration
-        _wait(lambda: len(graph.tables) == base, timeout=duration + 15)  # no call at all meanwhile
-        freed = time.monotonic()
-        assert server.sessions.count == 0 and server.ctx.scope.ops.owned == 0
-        assert freed - t_last >= duration, freed - t_last  # the last session lived its full duration
-        # expiry plus the reaper's interval (0.75 s), with room for a loaded machine
-        assert freed - t0 < duration + 5.0, freed - t0
+            clients.append(c)
+            last_call.append(clock.monotonic())
+        assert until(lambda: _table_count(engine) == base + 3 * 4)
+        assert s.sessions.count == 3
+        # at the end of the first lease, not a moment before, nothing is freed
+        assert reaper_waiting()
+        clock.set(last_call[0] + duration)
+        assert s.sessions.reap() == 0 and _table_count(engine) == base + 3 * 4
+        # once the reaper has looked again (no call at all meanwhile), the first session's tables are gone
+        assert reaper_waiting()
+        clock.set(last_call[0] + duration + reap_interval)
+        assert until(lambda: _table_count(engine) == base + 2 * 4), _table_count(engine) - base
+        assert s.sessions.count == 2 and s.session_of(clients[1].token) is not None
+        # then the others', each at the end of its own lease
+        for c, t in zip(clients[1:], last_call[1:]):
+            assert reaper_waiting()
+            clock.set(t + duration + reap_interval)
+            assert until(lambda c=c: s.session_of(c.token) is None)
+        assert until(lambda: _table_count(engine) == base), _table_count(engine) - base
+        assert s.sessions.count == 0 and s.ctx.ops.owned == 0
         # an expired token is refused, and nothing can be exported into the ended session
         assert _code(lambda: clients[0].where(b"s/quotes", ["Price > 1"], 5)) == grpc.StatusCode.UNAUTHENTICATED
-        assert len(graph.tables) == base
-        for c in clients:
-            c.close()
-    finally:
-        server.stop()
+        assert _table_count(engine) == base
 
 
 # -- no cross-session reads by name -------------------------------------------------------------------------
 
 
 def test_a_session_table_is_reachable_by_no_name(served):
-    graph, server = served
-    owner, other = Client(server), Client(server)
-    try:
-        owner.where(b"s/quotes", ["Price > 100"], 1)
-        owner.put_export(2, _quotes(30))
-        graph.run_cycle()
-        names = _hidden_names(graph)
-        assert len(names) == 2
-        for who in (other, owner):  # not even the owner: only its export tickets reach them
-            for name in names:
-                for ticket in (b"s/" + name.encode(), b"a/scope/f/" + name.encode()):
-                    code = _code(lambda: who.stream(FLIGHT + "DoGet", flight_pb2.Ticket(ticket=ticket)))
-                    assert code == grpc.StatusCode.NOT_FOUND, (ticket, code)
-                    fetch = table_pb2.FetchTableRequest()
-                    fetch.source_id.ticket.ticket = ticket
-                    fetch.result_id.ticket = export_ticket(99)
-                    assert _code(lambda: who.unary(TABLE + "FetchTable", fetch)) == grpc.StatusCode.NOT_FOUND
-                for path in (["scope", name], ["app", "scope", "field", name]):
-                    desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=path)
-                    for method in ("GetFlightInfo", "GetSchema"):
-                        code = _code(lambda: who.unary(FLIGHT + method, desc))
-                        assert code == grpc.StatusCode.NOT_FOUND, (method, path, code)
-        # nor can anyone append into one through its name
-        before = {n: graph.tables[n].size for n in names}
+    s = served
+    engine = s.engine
+    owner, other = Client(s), Client(s)
+    owner.where(b"s/quotes", ["Price > 100"], 1)
+    owner.put_export(2, _quotes(30))
+    s.cycle()
+    names = _hidden_names(engine)
+    assert len(names) == 2
+    for who in (other, owner):  # not even the owner: only its export tickets reach them
         for name in names:
-            writer, _ = other.flight.do_put(fl.FlightDescriptor.for_path("scope", name), SCHEMA, other.options)
-            with pytest.raises(pa.ArrowInvalid, match="reserved"):  # INVALID_ARGUMENT
-                writer.write_table(_quotes(3))
-                writer.close()
-        graph.run_cycle()
-        assert {n: graph.tables[n].size for n in names} == before
-        # the owner's export tickets still work; the other session's do not
-        assert owner.doget(export_ticket(2)).num_rows == 30
-        code = _code(lambda: other.stream(FLIGHT + "DoGet", flight_pb2.Ticket(ticket=export_ticket(2))))
-        assert code == grpc.StatusCode.NOT_FOUND
-    finally:
-        owner.close()
-        other.close()
+            for ticket in (b"s/" + name.encode(), b"a/scope/f/" + name.encode()):
+                code = _code(who.doget, ticket)
+                assert code == grpc.StatusCode.NOT_FOUND, (ticket, code)
+                fetch = table_pb2.FetchTableRequest()
+                fetch.source_id.ticket.ticket = ticket
+                fetch.result_id.ticket = export_ticket(99)
+                assert _code(who.unary, TABLE_SERVICE, "FetchTable", fetch) == grpc.StatusCode.NOT_FOUND
+            for path in (["scope", name], ["app", "scope", "field", name]):
+                desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=path)
+                for method in ("GetFlightInfo", "GetSchema"):
+                    code = _code(who.unary, FLIGHT_SERVICE, method, desc)
+                    assert code == grpc.StatusCode.NOT_FOUND, (method, path, code)
+    # nor can anyone append into one through its name
+    before = {n: engine.resolve(n, hidden=True).size for n in names}
+    for name in names:
+        code, details = Services.status(lambda name=name: other.put(["scope", name], _quotes(3)))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "reserved" in details, (code, details)
+    s.cycle()
+    assert {n: engine.resolve(n, hidden=True).size for n in names} == before
+    # the owner's export tickets still work; the other session's do not: its export 2 is an id it never
+    # named, which (as in Deephaven, for a client that names the result of a call not made yet) is waited
+    # for, and NOT_FOUND once export_wait_s of the engine's clock pass with no call of its own making it
+    assert owner.doget(export_ticket(2)).num_rows == 30
+    timers = s.clock.pending
+    pending = s.background(lambda: _code(other.doget, export_ticket(2)))
+    waiting = s.session_of(other.token)
+    assert until(lambda: waiting.waiting(2) == 1 and s.clock.pending > timers)  # it waits on the clock
+    assert not pending.done()
+    assert s.advance_until(pending.done, s.config.export_wait_s)
+    assert pending.result() == grpc.StatusCode.NOT_FOUND
 
 
 def test_listings_show_no_session_table(served):
-    graph, server = served
-    c = Client(server)
-    try:
-        c.stream(TABLE + "Batch", _chain_batch(1))
-        c.put_export(2, _quotes(10))
-        assert len(_hidden_names(graph)) == 4
-        flights = [tuple(p.decode() if isinstance(p, bytes) else p for p in fi.descriptor.path)
-                   for fi in c.flight.list_flights(options=c.options)]
-        assert flights == [("scope", "quotes")]
-        (result,) = list(c.flight.do_action(fl.Action("list-tables", b""), c.options))
-        assert [t["name"] for t in json.loads(result.body.to_pybytes())] == ["quotes"]
-        m = METHODS["/io.deephaven.proto.backplane.grpc.ApplicationService/ListFields"]
-        call = c.channel.unary_stream(m.path, request_serializer=m.request.SerializeToString,
-                                      response_deserializer=m.response.FromString)(
-            application_pb2.ListFieldsRequest(), metadata=c.md)
-        first = next(iter(call))
-        call.cancel()
-        assert [f.field_name for f in first.created] == ["quotes"]
-    finally:
-        c.close()
+    s = served
+    c = Client(s)
+    c.stream(TABLE_SERVICE, "Batch", _chain_batch(1))
+    c.put_export(2, _quotes(10))
+    assert until(lambda: len(_hidden_names(s.engine)) == 4), _hidden_names(s.engine)
+    flights = [tuple(fi.flight_descriptor.path) for fi in c.stream(FLIGHT_SERVICE, "ListFlights",
+                                                                   flight_pb2.Criteria())]
+    assert flights == [("scope", "quotes")]
+    (result,) = c.stream(FLIGHT_SERVICE, "DoAction", flight_pb2.Action(type="list-tables", body=b""))
+    assert [t["name"] for t in json.loads(result.body)] == ["quotes"]
+    call = s.stream(APPLICATION_SERVICE, "ListFields", application_pb2.ListFieldsRequest(), token=c.token)
+    first = next(iter(call))
+    call.cancel()
+    assert [f.field_name for f in first.created] == ["quotes"]
 
 
 # -- the same requests against a real Deephaven (slow, interop) ------------------------------------------------
@@ -442,6 +410,45 @@ def _plain(t: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(t.columns, names=t.column_names)
 
 
+class SocketClient:
+    """One Deephaven session over raw gRPC to a real server (the bearer token of its first call)."""
+
+    def __init__(self, server):
+        self.channel = grpc.insecure_channel(server.target)
+        m = METHODS[f"/{CONFIG_SERVICE}/GetConfigurationConstants"]
+        _r, call = self.channel.unary_unary(m.path, request_serializer=m.request.SerializeToString,
+                                            response_deserializer=m.response.FromString).with_call(
+            config_pb2.ConfigurationConstantsRequest(), metadata=ANON)
+        self.md = (("authorization", dict(call.initial_metadata())["authorization"]),)
+
+    def unary(self, path, request):
+        m = METHODS[path]
+        fn = self.channel.unary_unary(path, request_serializer=m.request.SerializeToString,
+                                      response_deserializer=m.response.FromString)
+        return fn(request, metadata=self.md)
+
+    def stream(self, path, request) -> list:
+        m = METHODS[path]
+        fn = self.channel.unary_stream(path, request_serializer=m.request.SerializeToString,
+                                       response_deserializer=m.response.FromString)
+        return list(fn(request, metadata=self.md))
+
+    def where(self, source: bytes, filters: list[str], result: int | None):
+        req = table_pb2.UnstructuredFilterTableRequest(filters=filters)
+        req.source_id.ticket.ticket = source
+        if result is not None:
+            req.result_id.ticket = export_ticket(result)
+        return self.unary(TABLE + "UnstructuredFilter", req)
+
+    def release(self, export_id: int) -> None:
+        req = session_pb2.ReleaseRequest()
+        req.id.ticket = export_ticket(export_id)
+        self.unary(SESSION + "Release", req)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
 @pytest.fixture(scope="module")
 def dh():
     from .interop.dh_server import deephaven_server_available, start_dh_server
@@ -455,16 +462,16 @@ def dh():
 
 @pytest.fixture(scope="module")
 def tw():
-    graph = Engine(interval_ms=50)
-    graph.create(TableSpec("lc_quotes", "static", data=_lc_rows()))
-    server = TickwireServer(graph, port=0).start()
+    engine = Engine(interval_ms=50)
+    engine.create(TableSpec("lc_quotes", "static", data=_lc_rows()))
+    server = TickwireServer(engine, port=0).start()
     yield server
     server.stop()
-    graph.stop()
+    engine.stop()
 
 
 def _batch_shape(target) -> tuple[list, grpc.StatusCode]:
-    c = Client(target)
+    c = SocketClient(target)
     try:
         batch = table_pb2.BatchTableRequest()
         op = batch.ops.add().unstructured_filter
@@ -517,7 +524,7 @@ def test_pydeephaven_query_with_unexported_steps_works_like_deephaven(tw, dh):
             s.close()
     assert out["tickwire"].equals(want), out["tickwire"]
     assert out["deephaven"].equals(want), out["deephaven"]
-    _wait(lambda: tw.ctx.scope.ops.owned == 0)  # the closed session left nothing behind
+    assert until(lambda: tw.ctx.ops.owned == 0)  # the closed session left nothing behind
 
 
 @pytest.mark.slow
