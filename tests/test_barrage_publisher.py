@@ -8,12 +8,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine
+from tests.scripted import random_update, scripted_table
 from tickwire.clients.state import TableState
+from tickwire.clock import ManualClock
 from tickwire.protocol.update import StreamDecoder
-from tickwire.server.engine.publishing import PublisherRegistry, SubscriptionError, TableWire, View, window_keys
+from tickwire.server.engine import Engine, PublishingConfig
 from tickwire.server.engine.graph import RowSet
-from tests.scripted import ScriptedTable, random_update
+from tickwire.server.engine.publishing import SubscriptionError, TableWire, View, window_keys
 
 
 class Client:
@@ -86,32 +87,33 @@ SHAPES = {
 }
 
 
-def _setup(seed):
-    graph = Engine(interval_ms=10_000)
-    table = ScriptedTable(graph, "t")
-    registry = PublisherRegistry()
-    return graph, table, registry
+def _setup(seed, clock=None):
+    """An engine stepped by the test, a scripted table of it and a registry of publishers."""
+    engine = Engine(interval_ms=10_000, clock=clock)
+    table = scripted_table(engine, "t")
+    registry = engine.publishers()
+    return engine, table, registry
 
 
-def _started(rng, max_add: int):
-    """A graph, a scripted table holding one cycle of random rows, a registry, and the keys."""
-    graph, table, registry = _setup(0)
+def _started(rng, max_add: int, clock=None):
+    """An engine, a scripted table holding one cycle of random rows, a registry, and the keys."""
+    engine, table, registry = _setup(0, clock)
     upd, vals, keys = random_update(rng, np.empty(0, dtype=np.int64), max_add=max_add)
-    table.push(upd, vals)
-    graph.run_cycle()
-    return graph, table, registry, keys
+    engine.write(table, (upd, vals), wait=False)
+    engine.run_cycle()
+    return engine, table, registry, keys
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_every_shape_converges_after_every_step(seed):
     rng = np.random.default_rng(seed)
-    graph, table, registry = _setup(seed)
+    engine, table, registry = _setup(seed)
     keys = np.empty(0, dtype=np.int64)
     # some rows before anyone subscribes
     for _ in range(3):
         upd, vals, keys = random_update(rng, keys, max_add=60)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
     clients = {}
     for i, (name, view) in enumerate(SHAPES.items()):
         clients[name] = Client(registry, table, view, as_list=(i % 3 == 0), dh_nulls=(i % 2 == 0),
@@ -124,8 +126,8 @@ def test_every_shape_converges_after_every_step(seed):
         for step in range(40):
             for _ in range(int(rng.integers(1, 3))):  # sometimes two updates coalesce in one cycle
                 upd, vals, keys = random_update(rng, keys)
-                table.push(upd, vals)
-            graph.run_cycle()
+                engine.write(table, (upd, vals), wait=False)
+            engine.run_cycle()
             for name, c in clients.items():
                 c.pump()
                 c.check(table, f"{name} after step {step}")
@@ -137,7 +139,7 @@ def test_every_shape_converges_after_every_step(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_slow_subscriber_gets_one_coalesced_update_and_converges(seed):
     rng = np.random.default_rng(100 + seed)
-    graph, table, registry, keys = _started(rng, 80)
+    engine, table, registry, keys = _started(rng, 80)
     fast = Client(registry, table, SHAPES["full"])
     slow = Client(registry, table, SHAPES["full"])
     slow_vp = Client(registry, table, SHAPES["floating"])
@@ -146,8 +148,8 @@ def test_slow_subscriber_gets_one_coalesced_update_and_converges(seed):
     stalled_cycles = 15
     for step in range(stalled_cycles):
         upd, vals, keys = random_update(rng, keys)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         fast.pump()
         fast.check(table, f"fast subscriber at step {step}")
         # the stalled subscribers hold at most one message, whatever the number of cycles
@@ -164,7 +166,7 @@ def test_slow_subscriber_gets_one_coalesced_update_and_converges(seed):
 @pytest.mark.parametrize("seed", range(8))
 def test_viewport_and_column_changes_mid_stream(seed):
     rng = np.random.default_rng(200 + seed)
-    graph, table, registry, keys = _started(rng, 120)
+    engine, table, registry, keys = _started(rng, 120)
     c = Client(registry, table, View(ALL, vp((0, 9))), as_list=bool(seed % 2))
     c.pump()
     views = [View(ALL, vp((5, 19))), View((0,), vp((5, 19))), View(ALL, vp((5, 19))),
@@ -173,12 +175,12 @@ def test_viewport_and_column_changes_mid_stream(seed):
     try:
         for step in range(30):
             upd, vals, keys = random_update(rng, keys)
-            table.push(upd, vals)
+            engine.write(table, (upd, vals), wait=False)
             if step % 4 == 1:
                 c.change(views[(step // 4) % len(views)])
                 if rng.random() < 0.5:
                     c.pump()  # answered before the next cycle, or after it with the cycle's changes
-            graph.run_cycle()
+            engine.run_cycle()
             c.pump()
             c.check(table, f"step {step}")
         snaps = [m for m in c.messages if m.is_snapshot]
@@ -191,7 +193,7 @@ def test_viewport_and_column_changes_mid_stream(seed):
 
 
 def test_full_to_viewport_change_is_refused():
-    graph, table, registry = _setup(0)
+    engine, table, registry = _setup(0)
     c = Client(registry, table, View(ALL))
     with pytest.raises(SubscriptionError, match="full subscription to viewport"):
         c.change(View(ALL, vp((0, 5))))
@@ -199,15 +201,15 @@ def test_full_to_viewport_change_is_refused():
 
 def test_blink_subscribers_see_each_cycle_replace_the_last():
     rng = np.random.default_rng(5)
-    graph, table, registry = _setup(0)
+    engine, table, registry = _setup(0)
     table.attributes["BlinkTable"] = True
     keys = np.empty(0, dtype=np.int64)
     full = Client(registry, table, View(ALL), as_list=True, dh_nulls=True)
     head = Client(registry, table, View(ALL, vp((0, 4))))
     for step in range(15):
         upd, vals, keys = random_update(rng, keys, blink=True)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         for c in (full, head):
             c.pump()
             c.check(table, f"blink step {step}")
@@ -217,7 +219,7 @@ def test_blink_subscribers_see_each_cycle_replace_the_last():
 
 def test_metadata_fields_follow_deephaven_per_message_kind():
     rng = np.random.default_rng(9)
-    graph, table, registry, keys = _started(rng, 50)
+    engine, table, registry, keys = _started(rng, 50)
     full = Client(registry, table, View(ALL))
     vpc = Client(registry, table, View(ALL, vp((0, 9))))
     full.pump()
@@ -232,21 +234,21 @@ def test_metadata_fields_follow_deephaven_per_message_kind():
     assert vsnap.is_snapshot and vsnap.shift_data is None and vsnap.added_rows_included is None
     assert np.array_equal(vsnap.effective_viewport, np.array([[0, 9]]))
     upd, vals, keys = random_update(rng, keys)
-    table.push(upd, vals)
-    graph.run_cycle()
+    engine.write(table, (upd, vals), wait=False)
+    engine.run_cycle()
     full.pump()
     vpc.pump()
     delta = full.messages[-1]
     assert not delta.is_snapshot and delta.effective_viewport is None and delta.effective_column_set is None
     assert delta.added_rows is not None and delta.removed_rows is not None and delta.shift_data is not None
     assert len(delta.mod_column_nodes) == 3
-    assert delta.first_seq == delta.last_seq == graph.step
+    assert delta.first_seq == delta.last_seq == engine.step
     vdelta = vpc.messages[-1]
     assert vdelta.shift_data is None and vdelta.table_size == table.size
 
 
 def test_unsubscribe_releases_the_table_listener():
-    graph, table, registry = _setup(0)
+    engine, table, registry = _setup(0)
     a = Client(registry, table, View(ALL))
     b = Client(registry, table, View(ALL, vp((0, 3))))
     assert len(table.listeners) == 1
@@ -264,13 +266,13 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
     already delivered sent between pieces; every intermediate state holds current values, and
     the final state is the table."""
     rng = np.random.default_rng(300 + seed)
-    graph = Engine(interval_ms=10_000)
-    table = ScriptedTable(graph, "t")
-    registry = PublisherRegistry(min_piece_cells=60, max_piece_cells=90)
+    engine = Engine(interval_ms=10_000)
+    table = scripted_table(engine, "t")
+    registry = engine.publishers(PublishingConfig(min_piece_cells=60, max_piece_cells=90))
     keys = np.empty(0, dtype=np.int64)
     upd, vals, keys = random_update(rng, keys, max_add=300, span=2000)
-    table.push(upd, vals)
-    graph.run_cycle()
+    engine.write(table, (upd, vals), wait=False)
+    engine.run_cycle()
     c = Client(registry, table, SHAPES["full"])
     as_list = Client(registry, table, SHAPES["full"], as_list=True)  # the C++ client's form: never grown
     step = 0
@@ -287,8 +289,8 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
             if not c.sub.growing and c.sub.pending() == 0 and c.sub.behind is None:
                 break
             upd, vals, keys = random_update(rng, keys, max_add=10)
-            table.push(upd, vals)
-            graph.run_cycle()
+            engine.write(table, (upd, vals), wait=False)
+            engine.run_cycle()
             step += 1
             assert step < 200, "the snapshot never completed"
         c.check(table, "after growth")
@@ -299,8 +301,8 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
             assert m.added_rows_included is not None
         for _ in range(5):  # and it keeps converging afterwards
             upd, vals, keys = random_update(rng, keys)
-            table.push(upd, vals)
-            graph.run_cycle()
+            engine.write(table, (upd, vals), wait=False)
+            engine.run_cycle()
             c.pump()
             c.check(table, "after growth, live")
     except AssertionError:
@@ -308,29 +310,27 @@ def test_large_full_snapshot_grows_in_pieces_with_changes_between(seed):
         raise
 
 
-def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
-    import tickwire.server.engine.publishing.publisher as pub
-    clock = [1000.0]
-    monkeypatch.setattr(pub.time, "monotonic", lambda: clock[0])
+def test_min_update_interval_coalesces_cycles_into_one_message():
+    clock = ManualClock()
     rng = np.random.default_rng(77)
-    graph, table, registry, keys = _started(rng, 50)
+    engine, table, registry, keys = _started(rng, 50, clock)
     from tickwire.protocol.barrage import SubscriptionOptions
     slow = Client(registry, table, SHAPES["full"])
     slow.sub.interval = SubscriptionOptions(min_update_interval_ms=1000).min_update_interval_ms / 1000.0
     every = Client(registry, table, SHAPES["header"])
     slow.pump()
     every.pump()
-    first = graph.step + 1
+    first = engine.step + 1
     for _ in range(5):
-        clock[0] += 0.1
+        clock.advance(0.1)
         upd, vals, keys = random_update(rng, keys)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         every.pump()
         every.check(table, "a subscriber at the default interval gets every cycle")
         assert slow.pump() == 0
-    clock[0] += 0.6  # one second after the snapshot
-    graph.run_cycle()
+    clock.advance(0.6)  # one second after the snapshot
+    engine.run_cycle()
     assert slow.pump() == 1
     md = slow.messages[-1]
     assert (md.first_seq, md.last_seq) == (first, first + 4)
@@ -341,7 +341,7 @@ def test_min_update_interval_coalesces_cycles_into_one_message(monkeypatch):
 @pytest.mark.parametrize("seed", range(6))
 def test_subscribers_asking_the_same_thing_in_step_share_messages(seed):
     rng = np.random.default_rng(300 + seed)
-    graph, table, registry, keys = _started(rng, 80)
+    engine, table, registry, keys = _started(rng, 80)
     views = {"full": SHAPES["full"], "floating": SHAPES["floating"], "footer": SHAPES["footer"]}
     groups = {name: [Client(registry, table, v) for _ in range(3)] for name, v in views.items()}
     other_window = Client(registry, table, View(ALL, vp((21, 45))))
@@ -349,8 +349,8 @@ def test_subscribers_asking_the_same_thing_in_step_share_messages(seed):
         c.pump()
     for step in range(25):
         upd, vals, keys = random_update(rng, keys)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         if step in (5, 6, 7):  # nobody reads: all fall behind by the same coalesced change
             continue
         for name, members in groups.items():
@@ -372,14 +372,14 @@ def test_subscribers_asking_the_same_thing_in_step_share_messages(seed):
 
 def test_a_subscriber_behind_by_its_own_coalesced_change_gets_its_own_message(seed=7):
     rng = np.random.default_rng(seed)
-    graph, table, registry, keys = _started(rng, 60)
+    engine, table, registry, keys = _started(rng, 60)
     a, b = Client(registry, table, SHAPES["floating"]), Client(registry, table, SHAPES["floating"])
     for c in (a, b):
         c.pump()
     for step in range(6):  # b stalls: its outbox fills, then its changes coalesce
         upd, vals, keys = random_update(rng, keys)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         a.pump()
         a.check(table, f"a at step {step}")
     b.pump()
@@ -388,27 +388,49 @@ def test_a_subscriber_behind_by_its_own_coalesced_change_gets_its_own_message(se
     assert id(b.taken[-1]) not in {id(m) for m in a.taken}, "a coalesced catch-up message was shared"
 
 
+def _kept_snapshots(registry, table, firsts: dict) -> list:
+    """The column sets whose initial snapshot the table's publisher keeps for later joiners, newest
+    first. `firsts`: column set -> the snapshot message its subscriber took, in subscription order.
+    A subscriber joining in the same step is handed the very message of a kept snapshot; one that
+    was let go is built again (and kept, letting the oldest go: the probe stops there)."""
+    kept = []
+    for cols, first in reversed(list(firsts.items())):
+        joiner = Client(registry, table, View(cols))
+        joiner.pump()
+        joiner.sub.close()
+        if joiner.taken[0] is not first:
+            break
+        kept.append(cols)
+    return kept
+
+
 def test_subscribers_asking_for_ever_other_columns_keep_few_shared_snapshots():
     """A published table keeps at most `shared_snapshots` initial snapshots for later joiners: one
     per column set asked for would let clients make the server hold a table's worth per subset."""
-    from tickwire.server.config import ServerConfig
-
     rng = np.random.default_rng(5)
-    graph = Engine(interval_ms=10_000)
-    table = ScriptedTable(graph, "t")
-    registry = PublisherRegistry(config=ServerConfig(shared_snapshots=2))
+    engine = Engine(interval_ms=10_000)
+    table = scripted_table(engine, "t")
+    registry = engine.publishers(PublishingConfig(shared_snapshots=2))
     keys = np.empty(0, dtype=np.int64)
     upd, vals, keys = random_update(rng, keys, max_add=50)
-    table.push(upd, vals)
-    graph.run_cycle()
-    clients = [Client(registry, table, View(cols)) for cols in ((0,), (1,), (2,), (0, 1), (1, 2))]
-    publisher = registry.publisher(table)
-    assert len(publisher._logs) == 2
+    engine.write(table, (upd, vals), wait=False)
+    engine.run_cycle()
+    column_sets = ((0,), (1,), (2,), (0, 1), (1, 2))
+    clients = [Client(registry, table, View(cols)) for cols in column_sets]
+    for c in clients:
+        c.pump()
+    firsts = {cols: c.taken[0] for cols, c in zip(column_sets, clients)}
+    assert _kept_snapshots(registry, table, firsts) == [(1, 2), (0, 1)]  # the two newest, no more
     for step in range(3):  # every client still converges
         upd, vals, keys = random_update(rng, keys)
-        table.push(upd, vals)
-        graph.run_cycle()
+        engine.write(table, (upd, vals), wait=False)
+        engine.run_cycle()
         for c in clients:
             c.pump()
             c.check(table, f"step {step}")
-    assert len(publisher._logs) <= 2
+    # after the table changed, subscribers asking for the five column sets again leave two kept as well
+    later = [Client(registry, table, View(cols)) for cols in column_sets]
+    for c in later:
+        c.pump()
+    firsts = {cols: c.taken[0] for cols, c in zip(column_sets, later)}
+    assert _kept_snapshots(registry, table, firsts) == [(1, 2), (0, 1)]
