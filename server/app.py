@@ -134,6 +134,11 @@ class TickwireServer:
         if self.web_enabled:
             self.web_assets = locate_assets(cfg.web_assets)  # a bad path fails here, before anything starts
 
+    def _real_peer(self, peer: str) -> str:
+        """The client's own address for a peer grpcio reports (the splitter's loopback hop)."""
+        splitter = self.splitter
+        return peer if splitter is None else splitter.real_peer(peer)
+
     @property
     def target(self) -> str:
         """host:port for clients."""
@@ -172,6 +177,7 @@ class TickwireServer:
         impls = with_stubs(self._handlers)
         observability = self.observability
         server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate,
+                                                       peer_resolver=self._real_peer,
                                                        on_error=observability.errors))
         await observability.health.add_to_server(server)  # grpc.health.v1, answered without credentials
         addr = f"{self.host}:{self.requested_port}"

@@ -31,7 +31,7 @@ from tickwire.protocol.proto.methods import (
 
 __all__ = ["CallError", "build_handlers", "guarded_methods", "GuardedMethod", "call_session", "status_of",
            "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
-           "short", "MAX_DETAILS", "real_peer", "add_peer_resolver", "remove_peer_resolver"]
+           "short", "MAX_DETAILS", "PeerResolver"]
 
 log = logging.getLogger(__name__)
 
@@ -75,29 +75,10 @@ def short(text: str, limit: int = MAX_DETAILS) -> str:
 
 
 # -- peers ----------------------------------------------------------------------------------------------
-#: who can name the client behind a peer grpcio reports: the port splitter (tickwire.server.web)
-#: hands grpcio its connections over a loopback hop, so grpcio sees 127.0.0.1:<the hop's port>
-_PEER_RESOLVERS: list[Callable[[str], str]] = []
-
-
-def add_peer_resolver(resolve: Callable[[str], str]) -> None:
-    """`resolve(peer)` returns the real peer of a connection it relays, else `peer` unchanged."""
-    _PEER_RESOLVERS.append(resolve)
-
-
-def remove_peer_resolver(resolve: Callable[[str], str]) -> None:
-    if resolve in _PEER_RESOLVERS:
-        _PEER_RESOLVERS.remove(resolve)
-
-
-def real_peer(peer: str) -> str:
-    """The client's own address for a peer as grpcio names it (e.g. "ipv4:10.1.2.3:51234"): the
-    relayed connections' loopback hops are replaced by the address the client connected from."""
-    for resolve in list(_PEER_RESOLVERS):
-        real = resolve(peer)
-        if real != peer:
-            return real
-    return peer
+#: `resolve(peer)`: the client's own address for a peer as grpcio names it, else `peer` unchanged. The
+#: port splitter (tickwire.server.web) hands grpcio its connections over a loopback hop, so grpcio sees
+#: 127.0.0.1:<the hop's port>; its server passes the splitter's resolver to its handlers.
+PeerResolver = Callable[[str], str]
 
 
 class _RealPeerContext:
@@ -117,11 +98,11 @@ class _RealPeerContext:
         return getattr(self._context, name)
 
 
-def _with_real_peer(context):
-    if not _PEER_RESOLVERS:
+def _with_real_peer(context, resolve: Optional[PeerResolver]):
+    if resolve is None:
         return context
     peer = context.peer()
-    real = real_peer(peer)
+    real = resolve(peer)
     return context if real == peer else _RealPeerContext(context, real)
 
 
@@ -155,7 +136,7 @@ async def _parsed_stream(request_iterator, parse):
         yield parse(raw)
 
 
-def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
+def _guard(fn, kind: str, parse=None, precheck=None, on_error=None, peer_resolver: Optional[PeerResolver] = None):
     """Checks credentials, then parses the request body, then runs the handler; every exception
     becomes a status (unary/client-stream and streaming shapes alike). Credentials come first, so
     an unauthenticated caller learns nothing about what its request would have done."""
@@ -172,7 +153,7 @@ def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
         @functools.wraps(fn)
         async def stream_wrapper(request, context):
             try:
-                context = _with_real_peer(context)
+                context = _with_real_peer(context, peer_resolver)
                 async for item in fn(prepare(request, context), context):
                     yield item
             except (asyncio.CancelledError, grpc.aio.AbortError, GeneratorExit):
@@ -184,7 +165,7 @@ def _guard(fn, kind: str, parse=None, precheck=None, on_error=None):
     @functools.wraps(fn)
     async def unary_wrapper(request, context):
         try:
-            context = _with_real_peer(context)
+            context = _with_real_peer(context, peer_resolver)
             return await fn(prepare(request, context), context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
@@ -256,7 +237,8 @@ class GuardedMethod:
 
 def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
                     precheck: Optional[Callable[[Sequence], Any]] = None,
-                    on_error: Optional[Callable[[grpc.StatusCode], None]] = None) -> dict[str, GuardedMethod]:
+                    on_error: Optional[Callable[[grpc.StatusCode], None]] = None,
+                    peer_resolver: Optional[PeerResolver] = None) -> dict[str, GuardedMethod]:
     """{method path: GuardedMethod} from {method path: (async fn, request codec, response codec)}.
 
     A codec is RAW (bytes pass through) or None (the method table's protobuf class). A method not
@@ -264,7 +246,9 @@ def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
     Requests always arrive as bytes: `precheck(metadata, peer=...)` (the session manager's authenticate)
     runs first, except for UNAUTHENTICATED_METHODS, and its session is what
     `ServerContext.authenticate` returns for the call; only then is the body parsed. `on_error(code)`
-    hears the status code of every call that ends with an error (the server's metrics)."""
+    hears the status code of every call that ends with an error (the server's metrics).
+    `peer_resolver` turns the peer the transport reports into the client's own address (what a
+    handler's `context.peer()` then answers)."""
     out = {}
     for path, entry in impls.items():
         fn, req, resp = entry[:3]
@@ -277,16 +261,18 @@ def guarded_methods(impls: dict[str, tuple[Callable, Any, Any]],
             parse = _parser(m.request, req)
             ser = None if resp is RAW else m.response.SerializeToString
         check = None if path in UNAUTHENTICATED_METHODS else precheck
-        out[path] = GuardedMethod(path, method_kind, _guard(fn, method_kind, parse, check, on_error), ser)
+        out[path] = GuardedMethod(path, method_kind, _guard(fn, method_kind, parse, check, on_error, peer_resolver),
+                                  ser)
     return out
 
 
 def build_handlers(impls: dict[str, tuple[Callable, Any, Any]],
                    precheck: Optional[Callable[[Sequence], Any]] = None,
-                   on_error: Optional[Callable[[grpc.StatusCode], None]] = None) -> list[grpc.GenericRpcHandler]:
-    """grpcio generic handlers for `guarded_methods(impls, precheck, on_error)`."""
+                   on_error: Optional[Callable[[grpc.StatusCode], None]] = None,
+                   peer_resolver: Optional[PeerResolver] = None) -> list[grpc.GenericRpcHandler]:
+    """grpcio generic handlers for `guarded_methods(impls, precheck, on_error, peer_resolver)`."""
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-    for path, gm in guarded_methods(impls, precheck, on_error).items():
+    for path, gm in guarded_methods(impls, precheck, on_error, peer_resolver).items():
         service, _sep, name = path[1:].rpartition("/")
         factory = {UNARY: grpc.unary_unary_rpc_method_handler, SERVER_STREAM: grpc.unary_stream_rpc_method_handler,
                    CLIENT_STREAM: grpc.stream_unary_rpc_method_handler,

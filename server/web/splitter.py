@@ -17,8 +17,8 @@ connections waiting to be classified is bounded, the oldest waiting ones being c
 grpcio sees each relayed connection as coming from 127.0.0.1 and the hop's port. Each hop is bound
 to a port of its own before it connects, and the splitter remembers which client it carries:
 `real_peer("ipv4:127.0.0.1:<hop port>")` gives the client's address, in grpcio's own notation.
-While the splitter runs, tickwire.server.services.rpc asks it (`add_peer_resolver`), so that sessions,
-logs and handlers name the client.
+Its server hands `real_peer` to its handlers (tickwire.server.services.rpc's `peer_resolver`), so
+that sessions, logs and handlers name the client.
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ import os
 import socket
 import threading
 from typing import Callable, Optional
-
-from tickwire.server.services.rpc import add_peer_resolver, remove_peer_resolver
 
 __all__ = ["PortSplitter", "HTTP2_PREFACE", "classify", "peer_name", "parse_peer"]
 
@@ -172,7 +170,6 @@ class PortSplitter:
         self._loop = asyncio.get_running_loop()
         self.listener.setblocking(False)
         self._loop.add_reader(self.listener.fileno(), self._accept_ready)
-        add_peer_resolver(self.real_peer)
 
     def real_peer(self, peer: str) -> str:
         """The client's address (grpcio's notation) for `peer` as grpcio reports a connection
@@ -288,4 +285,3 @@ class PortSplitter:
             bridges = list(self._bridges)
         for b in bridges:
             b.abort()
-        remove_peer_resolver(self.real_peer)
