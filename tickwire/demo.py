@@ -91,14 +91,16 @@ def connect_help(host: str, port: int, psk: Optional[str] = None, web_url: Optio
 
 
 
-def _launch_spark() -> None:
-    """Starts the demo's SparkSession (its JVM) if Spark can run here; `start_spark_demo` takes it."""
+def _launch_spark(quiet: bool = True) -> None:
+    """Starts the demo's SparkSession (its JVM) if Spark can run here; `start_spark_demo` takes it.
+    `quiet`: its JVM logs errors only, less the ones of a stopped query's interrupted batch (else
+    as Spark's defaults say)."""
     from tickwire.server.adapters.spark.pipeline_demo import spark_available
 
     if spark_available() is None:
         from tickwire.server.adapters.spark.launch import spark_session
 
-        spark_session("tickwire-demo")
+        spark_session("tickwire-demo", quiet=quiet)
 
 
 def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark: bool = False,
@@ -132,10 +134,11 @@ def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark
     if main:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+    spark_quiet = not logging.getLogger().isEnabledFor(logging.DEBUG)  # --log-level debug: Spark's own logging
     try:
         if spark and serve:
             try:
-                _launch_spark()
+                _launch_spark(spark_quiet)
             except KeyboardInterrupt:  # Ctrl-C while Spark starts (its own handler was in place)
                 done.set()
                 from tickwire.server.adapters.spark.pipeline_demo import stop_active_spark
@@ -150,7 +153,7 @@ def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark
             from tickwire.server.adapters.spark.pipeline_demo import start_spark_demo, stop_active_spark
 
             try:
-                spark_feed = start_spark_demo(engine, out=out)
+                spark_feed = start_spark_demo(engine, out=out, quiet=spark_quiet)
             except KeyboardInterrupt:  # Ctrl-C while Spark starts (its own handler was in place)
                 done.set()
                 stop_active_spark()

@@ -15,6 +15,12 @@ state store).
 
 Launch-time settings (class path, JVM options) are fixed by the first session of a process,
 even after `spark.stop()`; a later `spark_session` in the same process reuses that JVM.
+
+Quiet (the default): the JVM logs errors only (`log4j2.properties`, next to this module), less
+the lines Spark writes about a micro-batch write that `StreamingQuery.stop()` interrupted; and
+the EOFError traceback that PySpark's accumulator server prints when the JVM's end of its
+socket closes (a query thread interrupted while the driver talks to it, or the JVM's exit) is
+logged at DEBUG instead (`quiet_accumulator_server`).
 """
 from __future__ import annotations
 
@@ -25,11 +31,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Mapping, Optional
 
-__all__ = ["spark_session", "spark_conf", "compile_filesystem", "cache_dir", "FILESYSTEMS",
-           "NOFORK_FS_CLASS", "NOFORK_AFS_CLASS", "RAW_FS_CLASS"]
+__all__ = ["spark_session", "spark_conf", "compile_filesystem", "cache_dir", "quiet_accumulator_server",
+           "FILESYSTEMS", "NOFORK_FS_CLASS", "NOFORK_AFS_CLASS", "RAW_FS_CLASS"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,8 @@ LOG4J_QUIET = _HERE / "log4j2.properties"
 
 # what the first session of this process launched its JVM with ("nofork", "raw" or "stock")
 _launched_filesystem: Optional[str] = None
+# the accumulator servers whose EOF tracebacks are logged at DEBUG (quiet_accumulator_server)
+_quieted: "weakref.WeakSet[object]" = weakref.WeakSet()
 
 
 def cache_dir() -> Path:
@@ -202,4 +211,36 @@ def spark_session(app_name: str = "tickwire", conf: Optional[Mapping[str, str]] 
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    quiet_accumulator_server(session)
+    return session
+
+
+def quiet_accumulator_server(session) -> None:
+    """Logs at DEBUG, instead of printing a traceback, the end of a connection of the JVM to
+    PySpark's accumulator server (a socketserver in this process, `SparkContext._accumulatorServer`).
+
+    The driver's JVM sends the accumulator updates of every Python function it runs over one
+    socket channel to that server: the tasks' updates and, in the query's own thread, those of
+    the Python data sources' driver-side calls (a streaming write's commit and abort). A Java
+    channel is closed when the thread using it is interrupted, as `StreamingQuery.stop()`
+    interrupts the query's thread, and the JVM's exit closes it too; the server's handler then
+    reads end-of-file and raises EOFError, which socketserver prints with its traceback. Only the
+    update of the interrupted call is lost (the call is being stopped); the JVM opens a new
+    connection for the next one. Other errors are printed as before."""
+    sc = getattr(session, "sparkContext", None)
+    server = getattr(sc, "_accumulatorServer", None)  # classic PySpark only
+    if server is None or server in _quieted:
+        return
+    printing = server.handle_error
+
+    def handle_error(request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (EOFError, ConnectionError)):
+            log.debug("the JVM closed its connection to PySpark's accumulator server (%s)", type(exc).__name__,
+                      exc_info=True)
+            return
+        printing(request, client_address)
+
+    server.handle_error = handle_error
+    _quieted.add(server)
