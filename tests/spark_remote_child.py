@@ -13,11 +13,17 @@ in the other process) or tickwire's in-process `foreachBatch` sinks (`"sink": "l
 engine in this process), the reference the remote tables are compared with; the local
 tables, and every update each of them had (`Recorder`), are written to the spec's `local_out`
 as JSON. A query with "then" (another query) that fails is followed by that one, started in
-the same session, as a user restarts a query in a long-lived Spark application.
+the same session, as a user restarts a query in a long-lived Spark application. A query with
+"stop_on" (a path) is stopped with `StreamingQuery.stop()` once that file exists (it says
+"STOPPED <name>"); with "go_on_stop" (a path) too, that file is made once the query is marked
+stopped, while its stop waits for it (for a commit held until then: a stop waits for the
+driver's Python calls, which an interrupt does not cut short). After the queries, the spec's
+"log_error" (a message), if any, is logged at ERROR through Spark's JVM logger
+org.apache.spark.util.Utils.
 
 Lines on stdout (flushed; the parent reads them): "SPARK <version> <module of the session's
-class>" once the session is up, "STARTED <name>" for each query, then "DONE <name>" or
-"FAILED <name> <JSON string: the query's exception>", and "ALL-DONE" last.
+class>" once the session is up, "STARTED <name>" for each query, then "DONE <name>",
+"FAILED <name> <JSON string: the query's exception>" or "STOPPED <name>", and "ALL-DONE" last.
 
 The "tickwire_faulty" data source is tickwire's with faults the tests ask for in its "fault"
 option (JSON); it is defined in this script, so Spark pickles it by value to its workers:
@@ -30,7 +36,9 @@ option (JSON); it is defined in this script, so Spark pickles it by value to its
 - "hold": {"batch": b, "when": "before" | "after", "marker": path, "go": path or null}: the
   driver's commit of batch b writes `marker` (the commit messages' parts, as JSON) before or
   after committing on the server, then waits until the file `go` exists (when null, until the
-  parent kills the process; ten minutes at most either way).
+  parent kills the process; ten minutes at most either way);
+- "stall": {"batch": b, "marker": path}: each task of batch b uploads half of its rows, writes
+  `marker` and waits with its upload open until it is killed (ten minutes at most).
 
 `serve` runs a TickwireServer with a data directory on a fixed port, prints "READY <port>" and
 serves until its stdin closes.
@@ -155,6 +163,9 @@ def faulty_source():
 
             tc = TaskContext.get()
             batch, partition = int(tc.getLocalProperty(BATCH_ID_PROPERTY)), tc.partitionId()
+            stall = self.fault.get("stall")
+            if stall is not None and int(stall["batch"]) == batch:
+                return super().write(self._stalled(iterator, stall["marker"]))
             kill = next((k for k in self.fault.get("kill", []) if k["batch"] == batch and
                          k["partition"] == partition), None)
             if kill is None or tc.attemptNumber() != 0:
@@ -192,6 +203,17 @@ def faulty_source():
                 raise RuntimeError("the server never showed the first rows of the upload as received")
 
             return super().write(rows())
+
+        @staticmethod
+        def _stalled(iterator, marker: str):
+            """Half of the rows, then a wait (the upload open) until the task is killed."""
+            import pyarrow as pa
+
+            data = pa.Table.from_batches(list(iterator)).combine_chunks()
+            yield from data.slice(0, max(1, data.num_rows // 2)).to_batches()
+            Path(marker).write_text(str(os.getpid()))
+            time.sleep(600)
+            raise RuntimeError("stalled for 600 s: the task was never killed")
 
         def commit(self, messages, batchId):
             hold = self.fault.get("hold")
@@ -306,6 +328,19 @@ def run(spec_path: str) -> None:
         queries[q["name"]] = (q, start_query(spark, q, engine))
         say("STARTED", q["name"])
     for name, (q, query) in queries.items():
+        if q.get("stop_on"):
+            deadline = time.monotonic() + 600
+            while not os.path.exists(q["stop_on"]) and query.isActive and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stopping = threading.Thread(target=query.stop)
+            stopping.start()
+            if q.get("go_on_stop"):
+                while query.isActive and stopping.is_alive():
+                    time.sleep(0.01)
+                Path(q["go_on_stop"]).touch()
+            stopping.join()
+            say("STOPPED", name)
+            continue
         while True:
             error = wait(query)
             if error is None:
@@ -323,6 +358,9 @@ def run(spec_path: str) -> None:
     if recorder is not None:
         Path(spec["local_out"]).write_text(json.dumps(recorder.dump()))
         engine.stop()
+    if spec.get("log_error"):
+        jvm = spark._jvm  # noqa: SLF001 - the only way to Spark's own (log4j) loggers from Python
+        jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.util.Utils").error(spec["log_error"])
     say("ALL-DONE")
     spark.stop()
 

@@ -324,6 +324,18 @@ def test_python_block(block, request, workdir, shell_env):
                        timeout=300 if block.markers.get("slow") else 120)
     assert r.returncode == 0, f"README.md:{block.line} failed:\n{r.stderr[-3000:]}"
     assert_output(expected, r.stdout, f"README.md:{block.line}")
+    if 'format("tickwire")' in block.text:  # the remote-Spark block: it stops its query, which may be mid-batch
+        assert_no_failure_shown(r.stdout + r.stderr, f"README.md:{block.line}")
+
+
+# what a user reads as a failure in a terminal (Spark's aborts of a stopped query's batch, stacks)
+FAILURE_WORDS = ("Exception", "Traceback", "Aborting commit", "leaked", "ERROR")
+
+
+def assert_no_failure_shown(output: str, what: str) -> None:
+    shown = [ln for ln in output.splitlines() if any(word in ln for word in FAILURE_WORDS)]
+    assert not shown, f"{what} printed what reads as a failure:\n" + "\n".join(shown[:20]) + \
+        f"\n--- its output ends:\n{output[-3000:]}"
 
 
 def console_commands(text: str) -> list[tuple[str, str]]:

@@ -652,3 +652,85 @@ def test_a_spark_connect_session_writes_through_the_data_source(server, tmp_path
         child.stop()
     assert_nothing_staged(server.port)
     assert_each_row_once(table_rows(server, "trades"), files)
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. stopping a query: nothing a user reads as a failure
+# ------------------------------------------------------------------------------------------------
+
+NOISE = ("Exception", "Traceback", "Abort", "abort", "leaked", "ERROR")
+
+
+def test_a_query_stopped_mid_upload_or_mid_commit_prints_nothing(server, tmp_path):
+    """`StreamingQuery.stop()` interrupts the batch that runs: here once while its tasks upload
+    (Spark kills them: "Aborting task" with the TaskKilledException's stack, "Aborting commit for
+    partition", "Data source write support ... is aborting") and once while the driver commits it
+    (the commit, held until the query is marked stopped, ends in the interrupted thread; PySpark's
+    accumulator server may then print an EOFError). With spark_session's quiet logging, the default, the child's stderr
+    says none of it, while another ERROR of the same JVM logger still shows."""
+    folder = tmp_path / "in"
+    input_files(folder)
+    stalled, held, go = tmp_path / "stalled", tmp_path / "held", tmp_path / "go"
+    queries = [
+        dict(remote_query("mid_upload", folder, tmp_path, server.port, "t1", fmt="tickwire_faulty",
+                          fault={"stall": {"batch": 0, "marker": str(stalled)}}), stop_on=str(stalled)),
+        dict(remote_query("mid_commit", folder, tmp_path, server.port, "t2", fmt="tickwire_faulty",
+                          fault={"hold": {"batch": 0, "when": "before", "marker": str(held), "go": str(go)}}),
+             stop_on=str(held), go_on_stop=str(go)),
+    ]
+    shown = "tickwire test: an error that is shown"
+    spec = tmp_path / "stops.json"
+    spec.write_text(json.dumps({"queries": queries, "log_error": shown}))
+    child = Child(["run", str(spec)], tmp_path / "stops.log")
+    try:
+        child.wait_for("ALL-DONE")
+        assert child.finish() == 0, child.tail()
+    finally:
+        child.stop()
+    assert [ln for ln in child.seen if ln.startswith("STOPPED")] == ["STOPPED mid_upload", "STOPPED mid_commit"]
+    assert stalled.exists() and held.exists()  # each query was stopped where it was meant to be
+    log = (tmp_path / "stops.log").read_text(errors="replace")
+    assert shown in log, log[-3000:]
+    noise = [ln for ln in log.splitlines() if shown not in ln and any(word in ln for word in NOISE)]
+    assert not noise, "\n".join(noise[:20]) + "\n--- the child's stderr ends:\n" + log[-3000:]
+
+
+def test_the_accumulator_servers_eof_is_logged_not_printed(capsys, caplog):
+    """PySpark's accumulator server (a socketserver in the driver's Python process) raises EOFError
+    when the JVM's end of its connection closes (the JVM's thread sending an update was
+    interrupted, as a stopped query's is, or the JVM exited), and socketserver prints it with its
+    traceback. spark_session has it logged at DEBUG instead."""
+    import logging
+    import socket
+    from types import SimpleNamespace
+
+    from pyspark.accumulators import _start_update_server
+
+    from tickwire.server.adapters.spark.launch import quiet_accumulator_server
+
+    token = "t" * 16
+    server = _start_update_server(token, False)
+
+    def connect_and_close() -> None:  # authenticated, then gone before an update
+        with socket.create_connection(server.server_address[:2]) as s:
+            s.sendall(token.encode())
+
+    err: list[str] = []
+
+    def printed():  # socketserver's report: a traceback between two lines of dashes
+        err.append(capsys.readouterr().err)
+        return "".join(err) if "".join(err).count("-" * 40) >= 2 else None
+
+    try:
+        connect_and_close()
+        text = wait_until(printed, 30, "socketserver's traceback")
+        assert "EOFError" in text and "Traceback" in text  # what a user saw
+        quiet_accumulator_server(SimpleNamespace(sparkContext=SimpleNamespace(_accumulatorServer=server)))
+        with caplog.at_level(logging.DEBUG, logger="tickwire.server.adapters.spark.launch"):
+            connect_and_close()
+            record = wait_until(lambda: next((r for r in caplog.records if "accumulator server" in r.message), None),
+                                30, "the DEBUG record")
+        assert record.levelno == logging.DEBUG and record.exc_info and record.exc_info[0] is EOFError
+        assert capsys.readouterr().err == ""
+    finally:
+        server.shutdown()
