@@ -55,7 +55,8 @@ def record(rows: int, change: int, updates: int, seed: int = 1) -> list[bytes]:
             req = barrage.wrap(barrage.SubscriptionRequest(ticket=b"s/t", options=barrage.SubscriptionOptions()))
             q.put(encode_flight_data(b"", None, descriptor=FlightDescriptor.for_command(b"dphn")))
             q.put(encode_flight_data(b"", req))
-            call = ch.stream_stream(FLIGHT + "DoExchange")(iter(q.get, None), metadata=(("authorization", "Anonymous"),))
+            call = ch.stream_stream(FLIGHT + "DoExchange")(iter(q.get, None),
+                                                           metadata=(("authorization", "Anonymous"),))
             dec = StreamDecoder()
             it = iter(call)
             seen = 0

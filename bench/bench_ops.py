@@ -50,7 +50,8 @@ class Setup:
         self.cheap = t.where(pc.field("px") < 0.5)
         self.build_where = time.perf_counter() - t0
         self.moved = []
-        self.by_px.add_listener(lambda tab, up, step: self.moved.append(0 if tab._moves is None else tab._moves[0].size))
+        self.by_px.add_listener(
+            lambda tab, up, step: self.moved.append(0 if tab._moves is None else tab._moves[0].size))
         self.stats = {"sort": [], "where": [], "cycle": []}
         self.held = dict.fromkeys(("sort_added", "sort_removed", "sort_modified", "sort_shift_ranges",
                                    "sort_shifted_rows", "where_added", "where_removed", "where_modified"), 0)

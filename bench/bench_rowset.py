@@ -49,14 +49,14 @@ def main() -> None:
             repeat = 5 if n <= 100_000 else 2
             data = encode_rowset(r)
             assert np.array_equal(decode_rowset(data), r)
-            t_enc = best_of(lambda: encode_rowset(r), repeat)
-            t_dec = best_of(lambda: decode_rowset(data), repeat)
+            t_enc = best_of(lambda r=r: encode_rowset(r), repeat)
+            t_dec = best_of(lambda data=data: decode_rowset(data), repeat)
             bm = BitMap64()
             for s, e in r.tolist():
                 bm.add_range(s, e + 1)
             blob = bm.serialize()
             t_rser = best_of(bm.serialize, repeat)
-            t_rde = best_of(lambda: BitMap64.deserialize(blob), repeat)
+            t_rde = best_of(lambda blob=blob: BitMap64.deserialize(blob), repeat)
             print(f"{n:>9} {shape:>6} {len(data):>10} {n / t_enc:>12.3g} {n / t_dec:>12.3g} "
                   f"{n / t_rser:>16.3g} {n / t_rde:>15.3g} {t_rser / t_enc:>9.2f} {t_rde / t_dec:>9.2f}")
     print("ratio = roaring time / tickwire time (>= 1.0: tickwire's codec is at least as fast as roaring's)")

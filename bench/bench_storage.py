@@ -191,7 +191,7 @@ def recovery(base: Path, total: int, journal_rows: int, cycles: int, rng, profil
         st = pstats.Stats(prof)
         st.sort_stats("tottime")
         width = st.total_tt
-        for func, (cc, nc, tt, ct, callers) in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]:
+        for func, (_cc, _nc, tt, _ct, _callers) in sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]:
             fname, line, name = func
             print(f"    {tt:6.2f} s ({tt / width:5.1%}) {Path(fname).name}:{line} {name}")
     del engine, table, found

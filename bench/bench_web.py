@@ -132,7 +132,7 @@ def doget_bench(rows: int, runs: int, concurrent: int, concurrent_runs: int) -> 
                         t = c.do_get(ticket, options).read_all()
                         if t.num_rows != rows:
                             errors.append(f"{t.num_rows} rows")
-                    except Exception as exc:  # reported below
+                    except Exception as exc:  # noqa: BLE001 (any failure is reported below)
                         errors.append(repr(exc))
 
                 threads = [threading.Thread(target=worker, args=(c,)) for c in pools[k]]
@@ -170,11 +170,13 @@ def report_doget(r: dict, rows: int, runs: int, concurrent: int, concurrent_runs
         t = r["times"][k]
         med[k] = statistics.median(t)
         print(f"   {label:22s} {med[k] * 1e3:9.1f} {nbytes / med[k] / 1e6:8.0f} "
-              f"{nbytes / max(t) / 1e6:7.0f}..{nbytes / min(t) / 1e6:<7.0f} {statistics.median(r['cpu'][k]) * 1e3:20.0f}")
+              f"{nbytes / max(t) / 1e6:7.0f}..{nbytes / min(t) / 1e6:<7.0f} "
+              f"{statistics.median(r['cpu'][k]) * 1e3:20.0f}")
     print(f"   DoGet throughput ratio splitter / direct: {med['direct'] / med['splitter']:.2f} "
           f"(target 1.0, no slower)")
     if r["ctimes"]["direct"]:
-        print(f"   {concurrent} concurrent DoGets (each client its own connection), median of {concurrent_runs} rounds:")
+        print(f"   {concurrent} concurrent DoGets (each client its own connection), "
+              f"median of {concurrent_runs} rounds:")
         cmed = {}
         for k, label in (("direct", "direct (web=False)"), ("splitter", "splitter (shared port)")):
             cmed[k] = statistics.median(r["ctimes"][k])
@@ -378,15 +380,17 @@ def subscribers_bench(args) -> dict:
 def report_subscribers(r: dict, args) -> None:
     print(f"2. {args.subscribers} viewport subscribers ({args.window}-row windows) of a {args.keys:,}-row keyed table; "
           f"every {args.interval_ms:.0f} ms {args.per_view} upserts in each window + {args.background} elsewhere, "
-          f"then the cycle; {args.seconds:.0f} s per phase after {args.warmup:.0f} s warm-up, phases A/B x {args.repeats}")
+          f"then the cycle; {args.seconds:.0f} s per phase after {args.warmup:.0f} s warm-up, "
+          f"phases A/B x {args.repeats}")
     print(f"   {'phase':6s} {'msgs/s':>8s} {'p50 ms':>7s} {'p90 ms':>7s} {'p99 ms':>7s} {'max ms':>7s} "
           f"{'server CPU':>10s} {'client CPU':>10s}")
     by = {"grpc": [], "ws": []}
     for kind, p in r["phases"]:
         a = np.array(p["lat"]) if p["lat"] else np.array([np.nan])
         by[kind].append(p)
-        print(f"   {kind:6s} {len(p['lat']) / args.seconds:8.0f} {np.percentile(a, 50):7.2f} {np.percentile(a, 90):7.2f} "
-              f"{np.percentile(a, 99):7.2f} {np.max(a):7.1f} {p['server_cpu'] * 100:9.0f}% {p['client_cpu'] * 100:9.0f}%")
+        print(f"   {kind:6s} {len(p['lat']) / args.seconds:8.0f} {np.percentile(a, 50):7.2f} "
+              f"{np.percentile(a, 90):7.2f} {np.percentile(a, 99):7.2f} {np.max(a):7.1f} "
+              f"{p['server_cpu'] * 100:9.0f}% {p['client_cpu'] * 100:9.0f}%")
     allk = {k: np.concatenate([np.array(p["lat"]) for p in v]) for k, v in by.items()}
     for k, label in (("grpc", "grpc (grpc.aio, direct port)"), ("ws", "ws (WebsocketChannel)")):
         a = allk[k]
@@ -398,7 +402,8 @@ def report_subscribers(r: dict, args) -> None:
               f"> 2 at p99 would be a problem)")
         sc = {k: statistics.mean(p["server_cpu"] for p in v) for k, v in by.items()}
         cc = {k: statistics.mean(p["client_cpu"] for p in v) for k, v in by.items()}
-        print(f"   server CPU ratio ws / grpc: {sc['ws'] / sc['grpc']:.2f}; client CPU ratio: {cc['ws'] / cc['grpc']:.2f}")
+        print(f"   server CPU ratio ws / grpc: {sc['ws'] / sc['grpc']:.2f}; "
+              f"client CPU ratio: {cc['ws'] / cc['grpc']:.2f}")
 
 
 def main() -> int:

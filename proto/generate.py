@@ -127,7 +127,7 @@ def generate(into: Path) -> None:
 
 
 def generated_files(folder: Path) -> dict[str, bytes]:
-    names = [p for p in folder.glob("*_pb2.py")] + [folder / "__init__.py"]
+    names = list(folder.glob("*_pb2.py")) + [folder / "__init__.py"]
     return {p.name: p.read_bytes() for p in names if p.exists()}
 
 

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tests.scripted import scripted_table
 from tickwire.clients.client import BarrageClient, Subscription
 from tickwire.clock import ManualClock
 from tickwire.protocol import barrage
@@ -47,7 +48,6 @@ from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.table_update import ROW_KEY
-from tests.scripted import scripted_table
 
 __all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Harness", "TickwireView",
            "GrowingView", "RecordingView", "TickingView", "CONFIGS", "soak_factor", "scaled", "expected_slice",

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol.barrage import (
     MAGIC,
     BarrageMessageType,
@@ -30,7 +31,6 @@ from tickwire.protocol.barrage import (
     unwrap,
     wrap,
 )
-from tickwire.errors import ProtocolError
 from tickwire.protocol.fbread import root
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.rowset import encode_rowset, encode_shifts, keys_to_ranges, rowset_size
@@ -270,7 +270,8 @@ def test_java_full_subscription_request_bytes():
                                           "00000005" "6470686e" "04000000" "38000000")
     kind, req = unwrap(meta.raw)
     assert kind == BarrageMessageType.SUBSCRIPTION_REQUEST
-    assert req == SubscriptionRequest(ticket=b"e\x01\x00\x00\x00", options=SubscriptionOptions(use_deephaven_nulls=True))
+    assert req == SubscriptionRequest(ticket=b"e\x01\x00\x00\x00",
+                                      options=SubscriptionOptions(use_deephaven_nulls=True))
     assert req.columns is None and req.viewport is None and req.subscription_token is None
     # building the same request from scratch gives the client's bytes
     fresh = SubscriptionRequest(ticket=b"e\x01\x00\x00\x00", options=SubscriptionOptions(use_deephaven_nulls=True))

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol.batches import (
     HEADER_RECORD_BATCH,
     HEADER_SCHEMA,
@@ -25,7 +26,6 @@ from tickwire.protocol.batches import (
     read_message_header,
     split_rows,
 )
-from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.schema import (
     ipc_encapsulated_schema,

@@ -16,12 +16,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
-from tickwire.protocol import barrage
-from tickwire.protocol import rowset as rs
-from tickwire.protocol.flight import decode_flight_data, encode_flight_data, encode_varint
-from tickwire.protocol.proto import flight_pb2
-from tickwire.protocol.schema import read_schema_message, schema_message
-from tickwire.protocol.update import StreamDecoder, decode_stream, encode_update
 
 from tests.interop.capture import CaptureProxy, write_record
 from tests.interop.compare import (
@@ -33,6 +27,12 @@ from tests.interop.compare import (
     load_calls,
     read_records,
 )
+from tickwire.protocol import barrage
+from tickwire.protocol import rowset as rs
+from tickwire.protocol.flight import decode_flight_data, encode_flight_data, encode_varint
+from tickwire.protocol.proto import flight_pb2
+from tickwire.protocol.schema import read_schema_message, schema_message
+from tickwire.protocol.update import StreamDecoder, decode_stream, encode_update
 
 from .golden import GOLDEN, golden_dirs
 

@@ -118,16 +118,16 @@ SPECS = {
     "sorted_full": Spec("sorted_t"),
     "flat_full": Spec("flat"),
     "ring_full": Spec("ring"),
-    "keyed_columns": Spec("keyed", dict(columns=["Cnt", "Key"])),
-    "app_viewport": Spec("app", dict(viewport=[(0, 9), (50, 59), (200, 210)])),
-    "app_reverse": Spec("app", dict(viewport=[(0, 9)], reverse=True)),
-    "sorted_viewport": Spec("sorted_t", dict(viewport=[(3, 12)])),
-    "flat_reverse_columns": Spec("flat", dict(viewport=[(0, 7)], reverse=True, columns=["Val", "Key"])),
-    "ring_viewport": Spec("ring", dict(viewport=[(5, 14)])),
+    "keyed_columns": Spec("keyed", {"columns": ["Cnt", "Key"]}),
+    "app_viewport": Spec("app", {"viewport": [(0, 9), (50, 59), (200, 210)]}),
+    "app_reverse": Spec("app", {"viewport": [(0, 9)], "reverse": True}),
+    "sorted_viewport": Spec("sorted_t", {"viewport": [(3, 12)]}),
+    "flat_reverse_columns": Spec("flat", {"viewport": [(0, 7)], "reverse": True, "columns": ["Val", "Key"]}),
+    "ring_viewport": Spec("ring", {"viewport": [(5, 14)]}),
     # set_view while the source ticks
-    "filtered_view_change": Spec("filtered", dict(viewport=[(0, 4)]), dict(viewport=[(2, 9)], columns=["Key", "Val"])),
-    "sorted_turns_reverse": Spec("sorted_t", dict(viewport=[(0, 4)]), dict(viewport=[(0, 5)], reverse=True)),
-    "keyed_full_columns_change": Spec("keyed", dict(columns=["Key"]), dict(columns=["Key", "Val", "Cnt"])),
+    "filtered_view_change": Spec("filtered", {"viewport": [(0, 4)]}, {"viewport": [(2, 9)], "columns": ["Key", "Val"]}),
+    "sorted_turns_reverse": Spec("sorted_t", {"viewport": [(0, 4)]}, {"viewport": [(0, 5)], "reverse": True}),
+    "keyed_full_columns_change": Spec("keyed", {"columns": ["Key"]}, {"columns": ["Key", "Val", "Cnt"]}),
 }
 #: subscriptions whose delivered updates are replayed (their columns do not change)
 REPLAYED = [n for n, s in SPECS.items() if not s.change]
@@ -341,7 +341,7 @@ def live(dh, session, client):
         server = {name: doget(dh, name) for name in LIVE_TABLES}
         for name, spec in SPECS.items():
             expected = view_of(server[spec.table], **views[name])
-            assert subs[name].wait_for(lambda s: s.table.equals(expected), 30), \
+            assert subs[name].wait_for(lambda s, expected=expected: s.table.equals(expected), 30), \
                 f"{name} did not catch up at {written} source rows: {subs[name].error}"
 
     try:
@@ -574,7 +574,7 @@ def test_pre_shared_key(dh):
             seq = sub.table.column("Seq").to_numpy()
             assert seq.size >= 1 and np.array_equal(seq, np.arange(seq.size))
             sub.close()
-        for kw in (dict(psk="wrong-key"), dict()):  # a wrong key, and anonymous
+        for kw in ({"psk": "wrong-key"}, {}):  # a wrong key, and anonymous
             with pytest.raises(ClientError) as err:
                 BarrageClient(server.target, **kw)
             assert err.value.code == grpc.StatusCode.UNAUTHENTICATED

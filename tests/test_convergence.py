@@ -19,8 +19,23 @@ import pyarrow.compute as pc
 import pytest
 
 from tests import convergence as cv
-from tests.convergence import (CONFIGS, KINDS, SHAPES, Divergence, Harness, RecordingView, Shape, Source,
-                               TickingView, TickwireView, expected_slice, run_config, scaled, soak_factor)
+from tests.convergence import (
+    CONFIGS,
+    KINDS,
+    SHAPES,
+    Divergence,
+    Harness,
+    RecordingView,
+    Shape,
+    Source,
+    TickingView,
+    TickwireView,
+    expected_slice,
+    run_config,
+    scaled,
+    soak_factor,
+)
+from tickwire.server.engine import Engine
 
 SMOKE_STEPS = 20
 USES_TICKING = {"ticking", "blink-p1"}  # configurations with pydeephaven-ticking clients
@@ -120,17 +135,18 @@ def test_traffic_makes_valid_updates_of_every_kind():
     graph = Engine(interval_ms=3_600_000)
     src = Source(graph, "t", np.random.default_rng(5), per_cycle=1, target=60)
     seen_up = seen_down = subset = emptied = 0
-    orig = src.table.push
+    made = src.traffic.next
 
-    def spy(update, values):
+    def spy(keys):
         nonlocal seen_up, seen_down, subset
+        update, values, new_keys = made(keys)
         seen_up += int((update.shifted.deltas > 0).any())
         seen_down += int((update.shifted.deltas < 0).any())
         subset += int(0 < len(update.modified_columns) < len(cv.NAMES))
         assert values.num_rows == len(update.added) + len(update.modified)
-        orig(update, values)
+        return update, values, new_keys
 
-    src.table.push = spy
+    src.traffic.next = spy
     for i in range(600):
         if i % 150 == 100:
             src.traffic.target = 0 if src.traffic.target else 60

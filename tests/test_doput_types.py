@@ -261,7 +261,7 @@ def test_fixed_size_lists_and_binaries_round_trip_through_record_batches():
 
     cols = [ACCEPTED[n][0] for n in ("Fsb", "FslI32", "FslFsb", "ListFsl")]
     types = [c.type for c in cols]
-    for part in ([c for c in cols], [c.slice(1, 2) for c in cols], [c.slice(3) for c in cols],
+    for part in (list(cols), [c.slice(1, 2) for c in cols], [c.slice(3) for c in cols],
                  [c.slice(1, 2) if i % 2 else None for i, c in enumerate(cols)]):
         enc = encode_record_batch(part, types)
         back = decode_record_batch(enc.header, enc.body(), types)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tickwire.protocol.batches import encode_record_batch
 from tickwire.errors import ProtocolError
+from tickwire.protocol.batches import encode_record_batch
 from tickwire.protocol.flight import (
     DESCRIPTOR_CMD,
     DESCRIPTOR_PATH,
@@ -147,7 +147,8 @@ def test_descriptor_matches_protobuf_encoding(desc):
 
 
 @settings(max_examples=200, deadline=None)
-@given(header=st.binary(max_size=300), md=st.none() | st.binary(max_size=300), body=st.none() | st.binary(max_size=3000),
+@given(header=st.binary(max_size=300), md=st.none() | st.binary(max_size=300),
+       body=st.none() | st.binary(max_size=3000),
        path=st.none() | st.lists(st.text(max_size=20), max_size=4))
 def test_round_trip_property(header, md, body, path):
     desc = None if path is None else FlightDescriptor.for_path(*path)

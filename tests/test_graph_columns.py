@@ -67,7 +67,7 @@ def test_key_index_matches_a_dict_even_with_colliding_hashes(seed):
     for step in range(60):
         q = np.unique(rng.integers(0, 3000, int(rng.integers(1, 300))))
 
-        def verify(qi, rows, q=q):
+        def verify(qi, rows, q=q, row_key_of=row_key_of):
             return row_key_of[rows] == q[qi]
 
         rows, where = idx.lookup(hashes(q), verify)

@@ -374,7 +374,8 @@ def test_random_chains_read_only_now_and_then_match_recomputation(seed, queue_ke
                 got = {tuple(r[k] for k in t.keys): {c: v for c, v in r.items() if c != ROW_KEY} for r in rows}
                 def in_order(d):
                     return [v for _, v in sorted(d.items(), key=lambda kv: repr(kv[0]))]
-                msg = None if len(got) == len(rows) and rows_equal(in_order(got), in_order(latest)) else "last_by differs"
+                same = len(got) == len(rows) and rows_equal(in_order(got), in_order(latest))
+                msg = None if same else "last_by differs"
             else:
                 msg = node.check(prows, rows)
             assert msg is None, f"seed {seed} cycle {cycle}: {t.name} (parent {t.parents[0].name}): {msg}"

@@ -113,7 +113,7 @@ def test_coalesced_updates_of_a_sorted_table_with_shifts_give_the_new_state():
     states = [(s.rowset, s.gather_with_keys())]
     updates = []
     s.add_listener(lambda t, up, step: updates.append(up))
-    for cycle in range(40):
+    for _cycle in range(40):
         engine.write(quotes, _rows(rng, int(rng.integers(1, 30)), syms=400))
         if rng.random() < 0.3:
             engine.write(quotes, delete=_rows(rng, int(rng.integers(1, 10)), syms=400).select(["sym"]))
@@ -125,7 +125,7 @@ def test_coalesced_updates_of_a_sorted_table_with_shifts_give_the_new_state():
         states.append((s.rowset, s.gather_with_keys()))
     assert follower.shifts > 0
     windows = 0
-    for start in range(0, len(updates)):
+    for start in range(len(updates)):
         for length in (2, 3, 5, 8):
             chunk = [u for u in updates[start:start + length] if u is not None]
             if len(chunk) < 2 or start + length > len(updates):

@@ -175,7 +175,7 @@ def test_order_index_keeps_order_under_random_inserts_deletes_and_moves(seed, sp
                 10**6 + step * 100 + np.arange(m)][mode]
         new = np.arange(next_id, next_id + m, dtype=np.int64)
         next_id += m
-        before = {i: k for i, k in zip(model, idx.key_of(np.array(list(model), dtype=np.int64)).tolist())}
+        before = dict(zip(model, idx.key_of(np.array(list(model), dtype=np.int64)).tolist()))
         keys, mo, mn, brk, kept = idx.insert([vals.astype(np.uint64), new.astype(np.uint64)])
         model.update(zip(new.tolist(), vals.tolist()))
         _check_against(idx, model)

@@ -530,7 +530,7 @@ def test_many_small_inputs_in_one_cycle_give_the_update_of_one_input():
         engine.write(t, base)
         engine.run_cycle()
         seen = []
-        t.add_listener(lambda tab, up, step: seen.append(
+        t.add_listener(lambda tab, up, step, seen=seen: seen.append(
             (up.added.keys().tolist(), up.removed.keys().tolist(), up.modified.keys().tolist(),
              sorted(up.modified_columns), tab.prev_gather().to_pylist())))
         for p in before:
@@ -542,7 +542,7 @@ def test_many_small_inputs_in_one_cycle_give_the_update_of_one_input():
         engine.run_cycle()
         results.append((seen, t.gather_with_keys().to_pylist()))
     assert results[0] == results[1]
-    model = {k: 0 for k in range(50)}
+    model = dict.fromkeys(range(50), 0)
     for p in inputs[:150]:
         model.update(zip(p["k"].to_pylist(), p["v"].to_pylist()))
     for k in (1, 2, 3, 4):

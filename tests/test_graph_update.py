@@ -82,7 +82,8 @@ def test_apply_update_to_arrow_and_dict_states(seed):
         update.validate(RowSet.from_keys(prev[ROW_KEY].to_numpy()), RowSet.from_keys(expected[ROW_KEY].to_numpy()))
         got = apply_update(prev, update, new_values)
         assert got.equals(expected)
-        as_dict = lambda t: dict(zip(t[ROW_KEY].to_pylist(), t.drop_columns([ROW_KEY]).to_pylist()))
+        def as_dict(t):
+            return dict(zip(t[ROW_KEY].to_pylist(), t.drop_columns([ROW_KEY]).to_pylist()))
         assert apply_update(as_dict(prev), update, as_dict(new_values)) == as_dict(expected)
         assert apply_update(as_dict(prev), update, new_values) == as_dict(expected)
     except AssertionError:

@@ -253,7 +253,7 @@ def test_pydeephaven_ticking_state_equals_snapshot_at_each_step(served, name):
                     ticker.tick()
                     engine.run_cycle()
                     _step, expected = snapshot(engine, name)
-                    wait_until(lambda: len(updates) > n or errors, what=f"{name} step {step}")
+                    wait_until(lambda n=n: len(updates) > n or errors, what=f"{name} step {step}")
                     assert not errors, errors
                     got = updates[-1]
                     assert got.num_rows == expected.num_rows, f"{name} step {step}"

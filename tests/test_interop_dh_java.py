@@ -99,7 +99,8 @@ def test_ticking_append_state(dh, run):
     assert 10 <= full.size <= snap.size <= doget(dh, "ticking_append").num_rows
     seq = full.table.column("Seq").to_numpy()
     assert (seq == range(full.size)).all()
-    assert pc.all(pc.equal(full.table.column("Px"), pc.add(pc.multiply(full.table.column("Seq").cast(pa.float64()), 0.5), 100.0))).as_py()
+    px = pc.add(pc.multiply(full.table.column("Seq").cast(pa.float64()), 0.5), 100.0)
+    assert pc.all(pc.equal(full.table.column("Px"), px)).as_py()
     # append-only: the later snapshot extends what the client held
     assert snap.table.slice(0, full.size).equals(full.table)
     assert view.size == 10

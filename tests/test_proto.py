@@ -19,9 +19,16 @@ import pytest
 from google.protobuf import descriptor_pb2, text_format
 
 from tickwire.errors import ProtocolError
-from tickwire.protocol.proto import POOL
-from tickwire.protocol.proto import (application_pb2, config_pb2, flight_pb2, session_pb2, storage_pb2, table_pb2,
-                                     ticket_pb2)
+from tickwire.protocol.proto import (
+    POOL,
+    application_pb2,
+    config_pb2,
+    flight_pb2,
+    session_pb2,
+    storage_pb2,
+    table_pb2,
+    ticket_pb2,
+)
 from tickwire.protocol.proto import methods as M
 
 from .golden import GOLDEN, decoded_records, decoded_sections, golden_dirs, read_cap

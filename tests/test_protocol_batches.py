@@ -12,18 +12,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.batches import decode_record_batch, encode_batches, encode_record_batch, read_message_header
-from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import decode_flight_data
-from tickwire.protocol.schema import fill_sentinels, sentinels_to_nulls
 from tickwire.protocol.schema import (
     deephaven_type_for,
+    fill_sentinels,
     from_wire_array,
     ipc_encapsulated_schema,
     list_wrapped_schema,
     read_schema_message,
     schema_message,
+    sentinels_to_nulls,
     to_deephaven_schema,
     to_wire_array,
 )
@@ -278,7 +279,8 @@ def test_deephaven_schema_metadata_and_wire_types():
 def test_wire_value_conversions():
     ts = pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5, 6)], pa.timestamp("us", "Asia/Tokyo"))
     w = to_wire_array(ts)
-    assert w.type == pa.timestamp("ns", "UTC") and w.view(pa.int64())[0].as_py() == ts.view(pa.int64())[0].as_py() * 1000
+    assert w.type == pa.timestamp("ns", "UTC")
+    assert w.view(pa.int64())[0].as_py() == ts.view(pa.int64())[0].as_py() * 1000
     d = to_wire_array(pa.array([datetime.date(1970, 1, 2)], pa.date32()))
     assert d.type == pa.date64() and d.view(pa.int64())[0].as_py() == 86_400_000
     dec = pa.array([decimal.Decimal("1.2300"), None, decimal.Decimal("-5"), decimal.Decimal("128")],

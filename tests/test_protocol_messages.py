@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tickwire.protocol import barrage
 from tickwire.errors import ProtocolError
-from tickwire.protocol.flight import FlightData, FlightDescriptor, decode_flight_data, encode_flight_data
+from tickwire.protocol import barrage
+from tickwire.protocol.flight import FlightDescriptor, decode_flight_data, encode_flight_data
 from tickwire.protocol.rowset import keys_to_ranges
 
 from .golden import GOLDEN, flight_streams

@@ -86,7 +86,8 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
                 return v1.equals(want) and v2.equals(want) and np.array_equal(k1, k2)
 
             for name in NAMES:
-                assert wait_until(lambda: settled(name), 30), f"{name}: the chain did not converge to Deephaven"
+                assert wait_until(lambda name=name: settled(name), 30), \
+                    f"{name}: the chain did not converge to Deephaven"
         # they followed live updates, not just a final snapshot
         for name in ("growing", "keyed", "sorted_t"):
             assert reps1[name].messages > 3, f"{name}: only {reps1[name].messages} messages"

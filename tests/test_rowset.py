@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tickwire.protocol import rowset as rs
 from tickwire.errors import ProtocolError
+from tickwire.protocol import rowset as rs
 from tickwire.protocol.rowset import (
     decode_bitset,
     decode_rowset,

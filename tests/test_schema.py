@@ -8,7 +8,6 @@ import struct
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,14 +15,12 @@ from hypothesis import strategies as st
 from tickwire.errors import ProtocolError
 from tickwire.protocol.flight import decode_flight_data
 from tickwire.protocol.schema import (
-    DH_COMPONENT_TYPE,
-    DH_IS_SORTABLE,
     DH_TYPE,
     arrow_type_for_deephaven,
     attributes_from_schema,
+    decimal_to_deephaven_binary,
     deephaven_binary_to_decimal,
     deephaven_type_for,
-    decimal_to_deephaven_binary,
     fill_sentinels,
     from_wire_array,
     from_wire_arrays,
@@ -176,7 +173,8 @@ def test_field_metadata_rules():
     arr = _md(out.field("Arr"))
     assert arr == {"deephaven:type": "int[]", "deephaven:componentType": "int"}
     assert out.field("Arr").type.value_field.name == "" and not out.field("Arr").type.value_field.metadata
-    assert _md(out.field("Strs")) == {"deephaven:type": "java.lang.String[]", "deephaven:componentType": "java.lang.String"}
+    assert _md(out.field("Strs")) == {"deephaven:type": "java.lang.String[]",
+                                      "deephaven:componentType": "java.lang.String"}
     assert out.field("Strs").type == pa.list_(pa.string())
     assert _md(out.field("Blob")) == {"deephaven:type": "byte[]"}
     assert _md(out.field("Dec")) == {"deephaven:isSortable": "true", "deephaven:type": "java.math.BigDecimal"}
@@ -387,7 +385,8 @@ def test_big_decimal_decode_errors():
     with pytest.raises(ProtocolError):
         deephaven_binary_to_decimal(huge)
     # negative scales (1E+3) become scale 0
-    assert deephaven_binary_to_decimal(pa.array([struct.pack("<i", -3) + b"\x01"])).to_pylist() == [decimal.Decimal(1000)]
+    negative_scale = pa.array([struct.pack("<i", -3) + b"\x01"])
+    assert deephaven_binary_to_decimal(negative_scale).to_pylist() == [decimal.Decimal(1000)]
 
 
 def test_big_integer_from_uint64():

@@ -312,7 +312,8 @@ class _FD:
         if self.descriptor is not None:
             parts.append(f"descriptor={self.descriptor}")
         if self.kind == "Schema":
-            parts.append(f"header={_schema_text(self.schema)}" if self.schema is not None else "header=Schema(unreadable)")
+            parts.append(f"header={_schema_text(self.schema)}" if self.schema is not None
+                         else "header=Schema(unreadable)")
         elif self.kind in ("RecordBatch", "DictionaryBatch"):
             i = self.info
             nodes = ",".join(f"({a},{b})" for a, b in i.nodes.tolist())
@@ -655,7 +656,8 @@ def _pb_items(msg, schemas: list | None) -> list[str]:
         if fd.is_repeated:
             if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
                 for k in sorted(value):
-                    items.append(f"{fd.name}[{k}]={_pb_value(fd.message_type.fields_by_name['value'], value[k], schemas)}")
+                    shown = _pb_value(fd.message_type.fields_by_name["value"], value[k], schemas)
+                    items.append(f"{fd.name}[{k}]={shown}")
             else:
                 items.extend(f"{fd.name}={_pb_value(fd, v, schemas)}" for v in value)
         else:
@@ -1062,7 +1064,8 @@ def _select(gcalls: list[CallEntry], calls) -> list[CallEntry]:
             names.append(str(c))
 
     def named(e: CallEntry) -> bool:
-        return any(e.method == n or e.short == n or e.short.endswith("/" + n) or e.short == n.lstrip("/") for n in names)
+        return any(e.method == n or e.short == n or e.short.endswith("/" + n) or e.short == n.lstrip("/")
+                   for n in names)
 
     return [e for e in gcalls if e.id in ids or named(e)]
 
@@ -1150,7 +1153,8 @@ def _compare_call(g: CallEntry, o: CallEntry, allow: frozenset, golden_token_iss
     """(aspect, message) pairs for one pair of calls."""
     out: list[tuple[str, str]] = []
     if g.code != o.code:
-        out.append(("status", f"status {g.code} in golden, {o.code} in other" + (f" ({o.details!r})" if o.details else "")))
+        out.append(("status", f"status {g.code} in golden, {o.code} in other"
+                    + (f" ({o.details!r})" if o.details else "")))
     elif "status_details" not in allow and g.details != o.details:
         out.append(("status", f"status details {g.details!r} in golden, {o.details!r} in other"))
     ga = _auth_value(_header(g.request_metadata, "authorization"), allow)
