@@ -63,11 +63,14 @@ test-fast: $(STAMP)
 test-slow: $(STAMP) java-check browser-deps
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
 
-## soak: the randomized convergence suite with 20x the steps, then the request fuzzer for 10x its
-## budget, about 17 minutes (nightly; about an hour and a quarter in all)
+## soak: the long random runs `make test` runs briefly: the randomized convergence suite with 20x
+## the steps and every seed, the request fuzzer for 10x its budget, every seed of the random graph
+## tests and the twelve-kill crash test (nightly; about an hour and a half in all)
 soak: $(STAMP)
 	TICKWIRE_SOAK=20 $(PY) -m pytest -m slow tests/test_convergence.py $(PYTEST_ARGS)
 	TICKWIRE_SOAK=10 $(PY) -m pytest -m slow -s tests/test_fuzz_requests.py $(PYTEST_ARGS)
+	TICKWIRE_SOAK=2 $(PY) -m pytest tests/test_graph_tables.py tests/test_graph_cycles.py tests/test_graph_ops.py \
+		tests/test_durability_crash.py $(PYTEST_ARGS)
 
 ## demo: the demo server; `make demo PORT=10001 HOST=0.0.0.0 ARGS="--psk KEY"` (or TICKWIRE_* variables)
 demo: $(STAMP) java-check

@@ -29,7 +29,6 @@ Step counts scale with the environment variable TICKWIRE_SOAK (default 1).
 from __future__ import annotations
 
 import collections
-import os
 import sys
 import threading
 import time
@@ -41,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tests.scripted import scripted_table
+from tests.soak import scaled, soak_factor
 from tickwire.clients.client import BarrageClient, Subscription
 from tickwire.clock import ManualClock
 from tickwire.protocol import barrage
@@ -57,22 +57,6 @@ SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64()), 
                     ("ts", pa.timestamp("ns", "UTC")), ("f", pa.bool_())])
 NAMES = tuple(SCHEMA.names)
 WAIT_S = 30.0  # longest wait for a client to reach a step (the machine may be busy)
-
-
-def soak_factor() -> int:
-    """The step multiplier from TICKWIRE_SOAK (default 1)."""
-    raw = os.environ.get("TICKWIRE_SOAK", "1").strip() or "1"
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"TICKWIRE_SOAK must be a positive integer, got {raw!r}") from None
-    if n < 1:
-        raise ValueError(f"TICKWIRE_SOAK must be a positive integer, got {raw!r}")
-    return n
-
-
-def scaled(steps: int) -> int:
-    return int(steps) * soak_factor()
 
 
 class Divergence(AssertionError):

@@ -36,13 +36,13 @@ import pytest
 
 from .browser.cdp import JsError, Page, launch_chromium
 from .browser.jsapi import JsApiPage, normalize_arrow, normalize_js
-from .interop.dh_server import deephaven_server_available, start_dh_server
+from .interop.dh_server import DH_PSK, deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
 ROOT = Path(__file__).resolve().parent.parent
 README_SHOT = ROOT / "docs" / "img" / "grid.png"
-PSK = "k"
+PSK = DH_PSK
 KINDS = ["deephaven", "tickwire"]
 
 
@@ -133,11 +133,11 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(kind: str, psk: Optional[str] = None):
+def serve(request, kind: str, psk: Optional[str] = None):
     _skip_unless(kind)
-    if kind == "deephaven":
-        with start_dh_server(psk=psk) as dh:
-            yield Served(kind, dh.port, psk, dh)
+    if kind == "deephaven":  # the run's shared server (tests/conftest.py)
+        dh = request.getfixturevalue("deephaven_psk_server" if psk else "deephaven_server")
+        yield Served(kind, dh.port, psk, dh)
         return
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import Engine
@@ -156,13 +156,13 @@ def serve(kind: str, psk: Optional[str] = None):
 
 @pytest.fixture(scope="module", params=KINDS)
 def served(request):
-    with serve(request.param) as s:
+    with serve(request, request.param) as s:
         yield s
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def served_psk(request):
-    with serve(request.param, psk=PSK) as s:
+    with serve(request, request.param, psk=PSK) as s:
         yield s
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from tickwire.clients.client import BarrageClient, ClientError, Subscription, Update
 
-from .interop.dh_server import deephaven_server_available, start_dh_server
+from .interop.dh_server import DH_CYCLE_MS, DH_PSK, assigned_names, deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
@@ -32,7 +32,7 @@ if _WHY_NOT:
     pytest.skip(_WHY_NOT, allow_module_level=True)
 pydeephaven = pytest.importorskip("pydeephaven")
 
-CYCLE_MS = 100  # the server's update-graph cycle (Deephaven's default is 1000 ms)
+CYCLE_MS = DH_CYCLE_MS  # the shared server's update-graph cycle (Deephaven's default is 1000 ms)
 
 #: Static tables. static_types: 1000 rows of every column type the client converts, row 0 all
 #: null and column k null where i % P_k == 0; BD_s / BI_s are the server's own renderings of the
@@ -265,10 +265,10 @@ def replay_viewport(updates: list[Update]) -> pa.Table:
 # -- fixtures -----------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dh():
-    with start_dh_server(tables_script=STATIC_TABLES,
-                         extra_jvm_args=[f"-DPeriodicUpdateGraph.targetCycleDurationMillis={CYCLE_MS}"]) as server:
+def dh(deephaven_server):
+    with deephaven_server.tables(STATIC_TABLES) as server:
         yield server
+        server.forget(assigned_names(LIVE_SCRIPT))  # what the live fixture made
 
 
 @pytest.fixture(scope="module")
@@ -559,13 +559,13 @@ def test_unknown_tables_fail_clearly_and_closing_leaves_no_threads(dh):
     assert extra == [], extra
 
 
-def test_pre_shared_key(dh):
-    with start_dh_server(psk="client-psk-7", tables_script=(
+def test_pre_shared_key(deephaven_psk_server):
+    with deephaven_psk_server.tables(
         "from deephaven import empty_table, time_table\n"
         "small = empty_table(7).update(['X = i * 3', 'S = `r` + i'])\n"
         "ticks = time_table('PT0.1S').update(['Seq = ii'])\n"
-    )) as server:
-        with BarrageClient(server.target, psk="client-psk-7") as c:
+    ) as server:
+        with BarrageClient(server.target, psk=DH_PSK) as c:
             assert {"small", "ticks"} <= set(c.tables())
             assert c.snapshot("small").equals(doget(server, "small"))
             assert c.snapshot("small", viewport=[(5, 9)]).column("X").to_pylist() == [15, 18]

@@ -5,7 +5,8 @@ readers, snapshots in pieces) and to pydeephaven-ticking; after every step each 
 hold exactly the expected slice of the source. The harness is tests/convergence.py; a failure
 reads `replay: seed=S step=N config=C`.
 
-Step counts of the slow runs are multiplied by TICKWIRE_SOAK (default 1), e.g.
+`make test` runs each configuration once, for a third of its steps; `make soak` runs every seed
+of SOAK with the step counts multiplied by TICKWIRE_SOAK, e.g.
     TICKWIRE_SOAK=20 .venv/bin/python -m pytest -m slow tests/test_convergence.py
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tests.convergence import (
 from tickwire.server.engine import Engine
 
 SMOKE_STEPS = 20
+CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
 USES_TICKING = {"ticking", "blink-p1"}  # configurations with pydeephaven-ticking clients
 
 # (config, seeds, steps per seed at TICKWIRE_SOAK=1); with the smoke runs, more than 10,000 steps
@@ -76,11 +78,19 @@ def test_smoke_every_configuration_converges(config):
     assert h.checks >= h.steps
 
 
+def _soak_runs() -> list:
+    """`make soak` (TICKWIRE_SOAK > 1): every seed of SOAK for TICKWIRE_SOAK times its steps;
+    `make test`: each configuration once, its first seed, for a third of its steps."""
+    if soak_factor() > 1:
+        runs = [(c, s, scaled(n)) for c, seeds, n in SOAK for s in seeds]
+    else:
+        runs = [(c, seeds[0], max(CI_MIN_STEPS, n // 3)) for c, seeds, n in SOAK]
+    return [pytest.param(c, s, n, marks=_marks(c), id=f"{c}-seed{s}") for c, s, n in runs]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("config,seed,steps", [pytest.param(c, s, n, marks=_marks(c), id=f"{c}-seed{s}")
-                                               for c, seeds, n in SOAK for s in seeds])
-def test_soak_converges(config, seed, steps):
-    n = scaled(steps)
+@pytest.mark.parametrize("config,seed,n", _soak_runs())
+def test_soak_converges(config, seed, n):
     t0 = time.perf_counter()
     h = run_config(config, seed, n)
     _report(h, time.perf_counter() - t0)

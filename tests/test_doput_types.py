@@ -24,8 +24,6 @@ from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
 from tickwire.server.engine import Engine, EngineConfig
 
-from .interop.dh_server import deephaven_server_available, start_dh_server
-
 D = Decimal
 _TS = [datetime.datetime(2024, 1, 2, 3, 4, 5), None, datetime.datetime(1969, 12, 31, 23, 59, 59)]
 _DATES = [datetime.date(2024, 1, 2), None, datetime.date(1960, 1, 1)]
@@ -281,12 +279,8 @@ def test_sentinel_values_come_back_null(tw):
 # -- the same uploads against Deephaven ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def dh():
-    why = deephaven_server_available()
-    if why:
-        pytest.skip(why)
-    with start_dh_server(tables_script="x = 1\n") as server:
-        yield server
+def dh(deephaven_server):
+    return deephaven_server
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 1. A Spark query (rate source; an append table and a keyed table with upserts and deletes) writes
    into a server with a data directory, both in one child process (tests/durability_child.py).
    The whole child (its process group: Python, Spark's JVM, Spark's Python workers) is killed
-   with SIGKILL at random moments, at least 10 times, some while a checkpoint is being written:
+   with SIGKILL at random moments (12 times under `make soak`, four in `make test`: one of each
+   kind), some while a checkpoint is being written:
    those runs hold the checkpoint thread (only it) after the temporary Parquet file is written
    or after its rename, before the journal it covers is deleted, and the kill is sent while it
    is held (the test sees the file there first). Each restart uses the same Spark checkpoint
@@ -36,6 +37,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests.convergence import soak_factor
 from tests.serving import start_again
 
 pytestmark = pytest.mark.slow
@@ -47,7 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 N_ROWS = 1200  # values 0..1199 of the rate source
 ROWS_PER_BATCH = 20
 CHECKPOINT_CYCLES = 5
-KILL_PLAN = ["ckpt-tmp"] * 2 + ["ckpt-renamed"] * 2 + ["batch"] * 5 + ["ready"] * 3  # 12 kills
+#: 12 kills under `make soak` (TICKWIRE_SOAK set), one of each kind in `make test`
+SOAK_KILL_PLAN = ["ckpt-tmp"] * 2 + ["ckpt-renamed"] * 2 + ["batch"] * 5 + ["ready"] * 3
+CI_KILL_PLAN = ["ckpt-tmp", "ckpt-renamed", "batch", "ready"]
 CHILD_TIMEOUT = 120.0
 
 
@@ -243,7 +247,7 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
     seed = int(os.environ.get("TICKWIRE_CRASH_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     data_dir, spark_ck, log = tmp_path / "data", tmp_path / "spark-ck", tmp_path / "child.log"
-    plan = list(KILL_PLAN)
+    plan = list(SOAK_KILL_PLAN if soak_factor() > 1 else CI_KILL_PLAN)
     rng.shuffle(plan)
     rounds = []
     t0 = time.monotonic()
@@ -254,9 +258,10 @@ def test_spark_into_a_durable_server_survives_sigkill_at_random_moments(tmp_path
     report = [f"seed {seed}; {len(rounds)} rounds in {t_kills:.0f}s"] + [str(r) for r in rounds]
     print("\n".join(report))
     killed = [r for r in rounds if r["killed"]]
-    assert len(killed) >= 10, report
-    assert sum(r["kind"] == "ckpt-tmp" for r in killed) >= 2, report
-    assert sum(r["kind"] == "ckpt-renamed" for r in killed) >= 2, report
+    # a round whose moment never comes (the query finished first) is not a kill; nearly all must be
+    assert len(killed) >= len(plan) - max(1, len(plan) // 6), report
+    for kind in ("ckpt-tmp", "ckpt-renamed"):  # the moments a checkpoint is most fragile, every time
+        assert sum(r["kind"] == kind for r in killed) == plan.count(kind), report
     for r in killed:
         if r["kind"] == "ckpt-tmp":  # killed mid-write: the temporary file is left, and ignored
             assert r["files"][0] >= 1, r

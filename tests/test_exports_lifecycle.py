@@ -450,13 +450,8 @@ class SocketClient:
 
 
 @pytest.fixture(scope="module")
-def dh():
-    from .interop.dh_server import deephaven_server_available, start_dh_server
-
-    why = deephaven_server_available()
-    if why:
-        pytest.skip(why)
-    with start_dh_server(tables_script=LC_SCRIPT) as server:
+def dh(deephaven_server):
+    with deephaven_server.tables(LC_SCRIPT) as server:
         yield server
 
 

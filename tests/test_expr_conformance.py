@@ -20,7 +20,7 @@ import pytest
 
 from tickwire.server.engine import Engine, TableSpec
 
-from .interop.dh_server import deephaven_server_available, start_dh_server
+from .interop.dh_server import deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
 
@@ -139,12 +139,12 @@ REFUSED_FORMULAS = [
 
 
 @pytest.fixture(scope="module")
-def servers():
+def servers(deephaven_server):
     from pydeephaven import Session
 
     from tickwire.server.app import TickwireServer
 
-    dh = start_dh_server(tables_script="")
+    dh = deephaven_server
     engine = Engine(interval_ms=50)
     engine.create(TableSpec("data", "static", data=DATA))
     tw = TickwireServer(engine, port=0).start()
@@ -160,7 +160,6 @@ def servers():
                 pass
         tw.stop()
         engine.stop()
-        dh.stop()
 
 
 def _run(table, op: str, form: str):

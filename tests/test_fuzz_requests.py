@@ -14,9 +14,10 @@ UNAUTHENTICATED before the body is looked at. Meanwhile a subscriber follows two
 and at checkpoints (and at the end) it must equal a DoGet of the same table: the server kept
 serving others while being fuzzed.
 
-Budget: TICKWIRE_FUZZ_SECONDS (default 100) times TICKWIRE_SOAK. TICKWIRE_FUZZ_SEED fixes the seed
-(printed by every run). Each iteration's requests come from its own generator seeded by (seed,
-iteration), so TICKWIRE_FUZZ_SEED=s TICKWIRE_FUZZ_ITER=i replays iteration i alone.
+Budget: TICKWIRE_FUZZ_SECONDS (default 40 in `make test`, 100 times TICKWIRE_SOAK under
+`make soak`). TICKWIRE_FUZZ_SEED fixes the seed (printed by every run). Each iteration's
+requests come from its own generator seeded by (seed, iteration), so TICKWIRE_FUZZ_SEED=s
+TICKWIRE_FUZZ_ITER=i replays iteration i alone.
 TICKWIRE_FUZZ_SKIP (comma separated mutation kinds, e.g. `huge-viewport`) leaves kinds out while
 another failure is being investigated.
 """
@@ -78,6 +79,9 @@ HOLD = 0.2  # s: how long a call that stays open (a live subscription) is read b
 HELD_OPEN = {"/io.deephaven.proto.backplane.grpc.SessionService/TerminationNotification",
              "/io.deephaven.proto.backplane.grpc.TableService/ExportedTableUpdates"}
 HELD_WAIT = 1.0
+# s: how long a call naming an export its session has not made waits for it (ServerConfig.export_wait_s);
+# fuzzed tickets name ids nobody makes, and each such call answers NOT_FOUND after this, well within CALL_TIMEOUT
+EXPORT_WAIT = 0.5
 MAX_DETAIL = 1000
 PSK = "fuzz-s3cret"
 CONFIG_PATH = "/io.deephaven.proto.backplane.grpc.ConfigService/GetConfigurationConstants"
@@ -639,6 +643,8 @@ def problems(case: Case, out: Outcome, handled: set[str]) -> list[str]:
         pass  # held open by design while its session lives
     elif code == SC.DEADLINE_EXCEEDED:
         found.append(f"no answer within {answer_within(case):.0f} s")
+    elif code == SC.UNAVAILABLE and case.method.endswith("/Release") and out.details == "Export not yet defined":
+        pass  # Deephaven's answer to the release of an id its session never named (tests/test_pending_exports.py)
     elif code not in ALLOWED:
         found.append(f"status {code.name} is not a documented answer")
     if case.valid_creds is False and case.method in handled and case.method not in UNAUTHENTICATED_METHODS \
@@ -670,12 +676,12 @@ class Servers:
         for _ in range(3):
             self.ticker.tick()
             self.engine.run_cycle()
-        self.main = TickwireServer(self.engine, port=0, start_engine=False).start()
+        self.main = TickwireServer(self.engine, port=0, start_engine=False, export_wait_s=EXPORT_WAIT).start()
         psk_engine = Engine(interval_ms=3_600_000)
         psk_engine.create(TableSpec("static_mixed", "static", data=pa.table({"a": pa.array([1, 2, 3], pa.int64())})))
         psk_engine.create(TableSpec("ticking_keyed", "keyed", TRADES, keys=["Sym"]))
         psk_engine.run_cycle()
-        self.psk = TickwireServer(psk_engine, port=0, psk=PSK, start_engine=False).start()
+        self.psk = TickwireServer(psk_engine, port=0, psk=PSK, start_engine=False, export_wait_s=EXPORT_WAIT).start()
         self.channels = {"main": grpc.insecure_channel(self.main.target), "psk": grpc.insecure_channel(self.psk.target)}
         self.bearers: dict[str, str] = {}
         self.tick_lock = threading.Lock()
@@ -812,7 +818,7 @@ def test_fuzz_requests():
     # a fixed seed in the suite (a CI run is repeatable); `make soak` draws a new one each run
     default_seed = CI_SEED if soak_factor() <= 1 else random.SystemRandom().randrange(2**31)
     seed = int(os.environ.get("TICKWIRE_FUZZ_SEED") or default_seed)
-    budget = float(os.environ.get("TICKWIRE_FUZZ_SECONDS") or 100) * soak_factor()
+    budget = float(os.environ.get("TICKWIRE_FUZZ_SECONDS") or (100 * soak_factor() if soak_factor() > 1 else 40))
     only = os.environ.get("TICKWIRE_FUZZ_ITER")
     skip = {s.strip() for s in (os.environ.get("TICKWIRE_FUZZ_SKIP") or "").split(",") if s.strip()}
     print(f"\nfuzz seed {seed} (TICKWIRE_FUZZ_SEED={seed}), budget {budget:.0f} s, "

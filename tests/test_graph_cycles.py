@@ -6,17 +6,16 @@ Seeded; a failure prints the seed and cycle; replay with TICKWIRE_SEED=<seed>.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.soak import seeds
 from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.engine.graph import ROW_KEY, RowSet, apply_update
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("tag", pa.string())])
-SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [101, 202]
+SEEDS = seeds([101, 202], 1)  # all under `make soak`
 CYCLES = 1200
 RING = 64
 

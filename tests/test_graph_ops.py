@@ -8,7 +8,6 @@ A failing random test prints its seed and cycle; replay with TICKWIRE_SEED=<seed
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
@@ -17,12 +16,13 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.scripted import random_update, scripted_table
+from tests.soak import seeds
 from tickwire.server.engine import Engine, OperationError, TableSpec
 from tickwire.server.engine.graph import ROW_KEY, RowSet, SortTable, TableUpdate, WhereTable, apply_update, equal_mask
 from tickwire.server.engine.graph.ops import LastByTable
 from tickwire.server.engine.graph.ops import base as ops_base
 
-SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [11, 12, 13, 14, 15, 16]
+SEEDS = seeds([11, 12, 13, 14, 15, 16], 3)  # all under `make soak`
 CYCLES = 120
 
 MARKET = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),

@@ -4,20 +4,20 @@ A failing random test prints its seed and cycle; replay with TICKWIRE_SEED=<seed
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from tests.soak import seeds
 from tickwire.server.engine import CatalogError, Engine, TableInUseError, TableMismatchError, TableSpec
 from tickwire.server.engine.graph import ColumnStore, RowSet, SchemaMismatchError, TableUpdate, WhereTable, apply_update
 from tickwire.server.engine.graph.batchids import BatchIds
 
 SCHEMA = pa.schema([("sym", pa.string()), ("k", pa.int32()), ("px", pa.float64()), ("qty", pa.int64()),
                     ("flag", pa.bool_()), ("ts", pa.timestamp("ns", "UTC")), ("tags", pa.list_(pa.string()))])
-SEEDS = [int(os.environ["TICKWIRE_SEED"])] if "TICKWIRE_SEED" in os.environ else [1, 2, 3, 4]
+SEEDS = seeds([1, 2, 3, 4], 2)  # all under `make soak`
 CYCLES = 350
 
 

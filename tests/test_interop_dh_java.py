@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
-from .interop.dh_server import deephaven_server_available, start_dh_server
+from .interop.dh_server import DH_PSK, deephaven_server_available
 from .interop.java_barrage import run_java_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
@@ -34,9 +34,8 @@ def doget(dh, name: str) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def dh():
-    with start_dh_server() as server:
-        yield server
+def dh(deephaven_server):
+    return deephaven_server  # DEFAULT_TABLES
 
 
 @pytest.fixture(scope="module")
@@ -125,13 +124,13 @@ def test_ticking_keyed_state(dh, run):
     assert full.updates >= 1
 
 
-def test_psk_auth():
-    with start_dh_server(psk="interop-psk-1", tables_script=(
+def test_psk_auth(deephaven_psk_server):
+    with deephaven_psk_server.tables(
         "from deephaven import empty_table\n"
         "small = empty_table(7).update(['X = i * 3'])\n"
-    )) as server:
+    ) as server:
         good = run_java_client(server.target, ["small"], modes=("snapshot", "full"), seconds=0.5,
-                               auth="interop-psk-1", timeout=90)
+                               auth=DH_PSK, timeout=90)
         for mode in ("snapshot", "full"):
             res = _ok(good, ("small", mode))
             assert res.table.column("X").to_pylist() == [0, 3, 6, 9, 12, 15, 18]

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.interop.dh_server import deephaven_server_available, start_dh_server
+from tests.interop.dh_server import deephaven_server_available
 from tests.waiting import wait_until
 from tickwire.clients.client import BarrageClient
 from tickwire.server.app import TickwireServer
@@ -49,8 +49,8 @@ NAMES = ("static_t", "growing", "keyed", "sorted_t")
 
 
 @pytest.fixture(scope="module")
-def dh():
-    with start_dh_server(tables_script=TABLES) as server:
+def dh(deephaven_server):
+    with deephaven_server.tables(TABLES) as server:
         yield server
 
 

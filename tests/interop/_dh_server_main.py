@@ -7,12 +7,16 @@ CONFIG holds `port` (0 = any free port), `host`, `heap`, `psk` (None = anonymous
 the server's global scope after start-up) and `extra_jvm_args`.
 
 Prints `READY <port>` once the tables exist, then runs until killed or until its stdin closes
-(so it never outlives the process that started it).
+(so it never outlives the process that started it). Each line its stdin brings is a JSON object
+`{"id": N, "script": SOURCE}`: the script runs in the same global scope, and the server prints
+`SCRIPT N ok` or `SCRIPT N failed <the traceback as JSON>` (one line) when it is done. Tests of
+several modules share one server this way, each adding its own tables.
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
 import threading
 import traceback
@@ -39,7 +43,8 @@ def _jvm_args(cfg: dict) -> list[str]:
 
 
 def _exit_when_parent_goes() -> None:
-    """Ends the process as soon as stdin reaches EOF (the parent closed it or died)."""
+    """Ends the process as soon as stdin reaches EOF (the parent closed it or died); for
+    processes that take no commands (the Java client's)."""
     try:
         while sys.stdin.buffer.read(4096):
             pass
@@ -47,10 +52,38 @@ def _exit_when_parent_goes() -> None:
         os._exit(0)
 
 
+def _read_commands(commands: "queue.Queue[bytes]") -> None:
+    """Queues each line of stdin; ends the process as soon as stdin reaches EOF (the parent
+    closed it or died)."""
+    try:
+        for line in sys.stdin.buffer:
+            commands.put(line)
+    finally:
+        os._exit(0)
+
+
+def _run_commands(commands: "queue.Queue[bytes]", scope: dict) -> None:
+    while True:
+        line = commands.get()
+        try:
+            command = json.loads(line)
+        except ValueError:
+            continue
+        ident = int(command.get("id", 0))
+        try:
+            exec(compile(command.get("script") or "", f"<script {ident}>", "exec"), scope)
+        except BaseException:
+            sys.__stdout__.write(f"SCRIPT {ident} failed {json.dumps(traceback.format_exc())}\n")
+        else:
+            sys.__stdout__.write(f"SCRIPT {ident} ok\n")
+        sys.__stdout__.flush()
+
+
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as f:
         cfg = json.load(f)
-    threading.Thread(target=_exit_when_parent_goes, name="parent-watch", daemon=True).start()
+    commands: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=_read_commands, args=(commands,), name="parent-watch", daemon=True).start()
 
     from deephaven_server import Server
 
@@ -69,7 +102,7 @@ def main() -> None:
 
     sys.__stdout__.write(f"READY {port}\n")
     sys.__stdout__.flush()
-    threading.Event().wait()
+    _run_commands(commands, scope)
 
 
 if __name__ == "__main__":

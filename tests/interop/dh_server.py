@@ -8,6 +8,8 @@ Python script executed in the server's global scope (names become `s/<name>` tic
 """
 from __future__ import annotations
 
+import ast
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,11 +18,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 HERE = Path(__file__).resolve().parent
 SERVER_MAIN = HERE / "_dh_server_main.py"
+
+#: the update-graph cycle of the servers the suite shares (tests/conftest.py; Deephaven's default is 1000 ms)
+DH_CYCLE_MS = 100
+#: the key of the suite's shared pre-shared-key server
+DH_PSK = "tickwire-interop-psk"
 
 #: Tables like the golden captures' ones (see shared/golden/README.md).
 #: static_mixed: 1000 rows, row 0 all null, column k null where i % P_k == 0.
@@ -116,12 +125,73 @@ class DhServerError(RuntimeError):
 class DhServer:
     """A running Deephaven server subprocess; use as a context manager or call stop()."""
 
-    def __init__(self, proc: subprocess.Popen, port: int, work_dir: Path, log_path: Path, psk: str | None):
+    def __init__(self, proc: subprocess.Popen, port: int, work_dir: Path, log_path: Path, psk: str | None,
+                 log_offset: int = 0):
         self.proc = proc
         self.port = port
         self.work_dir = work_dir
         self.log_path = log_path
         self.psk = psk
+        self._log_offset = log_offset  # where the log was read up to
+        self._partial = b""
+        self._script_lock = threading.Lock()
+        self._scripts = 0
+
+    def _new_lines(self) -> list[bytes]:
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_offset)
+            chunk = f.read()
+        self._log_offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        return lines
+
+    def run_script(self, script: str, timeout: float = 120) -> None:
+        """Runs Python `script` in the server's global scope (as the start-up tables script ran),
+        returning once it is done; raises DhServerError with its traceback if it fails."""
+        with self._script_lock:
+            self._scripts += 1
+            ident = self._scripts
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"id": ident, "script": script}).encode() + b"\n")
+            self.proc.stdin.flush()
+            marker = f"SCRIPT {ident} ".encode()
+            deadline = time.monotonic() + timeout
+            while True:
+                for line in self._new_lines():
+                    at = line.find(marker)
+                    if at < 0:
+                        continue
+                    outcome = line[at + len(marker):]
+                    if outcome.strip() == b"ok":
+                        return
+                    detail = outcome.partition(b" ")[2]
+                    try:
+                        detail = json.loads(detail)
+                    except ValueError:
+                        pass
+                    raise DhServerError(f"script failed in the Deephaven server:\n{detail}")
+                if not self.alive():
+                    raise DhServerError(f"Deephaven server exited with code {self.proc.returncode}:\n{self.log()}")
+                if time.monotonic() > deadline:
+                    raise DhServerError(f"script not done after {timeout:.0f} s:\n{self.log()}")
+                time.sleep(0.05)
+
+    @contextlib.contextmanager
+    def tables(self, script: str) -> Iterator["DhServer"]:
+        """Runs `script` (defining tables) in the server and, on exit, removes the names its top
+        level assigned, so that modules sharing one server leave no tables ticking behind them."""
+        self.run_script(script)
+        try:
+            yield self
+        finally:
+            self.forget(assigned_names(script))
+
+    def forget(self, names) -> None:
+        """Removes `names` from the server's global scope (tables a test defined through a
+        client's run_script, for example)."""
+        names = sorted(names)
+        if names and self.alive():
+            self.run_script(f"for _n in {names!r}:\n    globals().pop(_n, None)\n")
 
     @property
     def target(self) -> str:
@@ -155,6 +225,22 @@ class DhServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def assigned_names(script: str) -> set[str]:
+    """The names a script's top level assigns (`x = ...`, `a, b = ...`, `def f`, imports aside)."""
+    names: set[str] = set()
+    for node in ast.parse(script).body:
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        for target in targets:
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
 
 
 def start_dh_server(
@@ -209,7 +295,10 @@ def start_dh_server(
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 if line.startswith(b"READY "):
-                    return DhServer(proc, int(line.split()[1]), work_dir, log_path, psk)
+                    # no script ran yet: nothing read so far answers one
+                    server = DhServer(proc, int(line.split()[1]), work_dir, log_path, psk, offset)
+                    server._partial = pending
+                    return server
             if proc.poll() is not None:
                 raise DhServerError(f"Deephaven server exited with code {proc.returncode}:\n{tail(log_path)}")
             if time.monotonic() > deadline:

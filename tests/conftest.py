@@ -1,0 +1,38 @@
+"""Fixtures shared by the whole suite.
+
+One real Deephaven server (PyPI `deephaven-server`, a JVM) serves every interop test of a run
+that needs one with anonymous access, and one more every test that needs pre-shared-key access:
+starting a Deephaven server costs tens of seconds of this machine's two cores, so each module adds
+its own tables to the shared server (`deephaven_server.tables(script)`, removed again when the
+module is done) instead of starting its own. Both start on first use, so a run that selects no
+interop test starts neither.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tests.interop.dh_server import DH_CYCLE_MS, DH_PSK, DhServer, deephaven_server_available, start_dh_server
+
+
+def _start(psk: str | None) -> Iterator[DhServer]:
+    why = deephaven_server_available()
+    if why:
+        pytest.skip(why)
+    with start_dh_server(psk=psk, extra_jvm_args=[f"-DPeriodicUpdateGraph.targetCycleDurationMillis={DH_CYCLE_MS}"]
+                         ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def deephaven_server() -> Iterator[DhServer]:
+    """A real Deephaven 42.7 with anonymous access and the tables of
+    tests/interop/dh_server.py's DEFAULT_TABLES, shared by the run."""
+    yield from _start(None)
+
+
+@pytest.fixture(scope="session")
+def deephaven_psk_server() -> Iterator[DhServer]:
+    """A real Deephaven 42.7 that accepts only the pre-shared key DH_PSK, shared by the run."""
+    yield from _start(DH_PSK)
