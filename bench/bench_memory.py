@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -101,24 +102,7 @@ def exports(n_exports: int, n_rows: int) -> None:
           f"after Release {left / 1e6:+.2f} MB, ratio left/one upload {left / data.nbytes:.2f} (target < 1)")
 
 
-_STALLED_CLIENTS = r'''
-import queue, sys, grpc
-from tickwire.protocol import barrage
-from tickwire.protocol.flight import encode_flight_data
-target, n = sys.argv[1], int(sys.argv[2])
-req = barrage.wrap(barrage.SubscriptionRequest(ticket=b"s/big", options=barrage.SubscriptionOptions()))
-calls = []
-for _ in range(n):
-    # no BDP probing: the window stays at HTTP/2's 64 KiB, so the server keeps what is not read
-    ch = grpc.insecure_channel(target, options=[("grpc.http2.bdp_probe", 0)])
-    q = queue.Queue()
-    call = ch.stream_stream("/arrow.flight.protocol.FlightService/DoExchange")(
-        iter(q.get, None), metadata=(("authorization", "Anonymous"),))
-    q.put(encode_flight_data(b"", req))
-    calls.append((ch, call, q))
-print("subscribed", flush=True)
-sys.stdin.read()
-'''
+STALLED_CLIENTS = Path(__file__).resolve().parents[1] / "tests" / "stalled_clients.py"
 
 
 def rss_mb() -> float:
@@ -158,7 +142,7 @@ def stalled_subscribers(n_rows: int, n_stalled: int) -> None:
                                        schema=BIG), wait=False)
 
     def stalled(n: int) -> None:
-        p = subprocess.Popen([sys.executable, "-c", _STALLED_CLIENTS, srv.target, str(n)],
+        p = subprocess.Popen([sys.executable, str(STALLED_CLIENTS), srv.target, str(n)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         procs.append(p)
         assert p.stdout.readline().strip() == b"subscribed"

@@ -76,12 +76,13 @@ class ServerConfig:
     inline_request_bytes: int = 4_096
     list_fields_poll_s: float = 1.0
     export_wait_s: float = 30.0
-    outbox: int = 2
-    max_viewport_ranges: int = 1 << 20
-    piece_target_ms: float = 3.0
-    min_piece_cells: int = 65_536
-    max_piece_cells: int = 1 << 24
-    shared_snapshots: int = 4
+    # the publishing options, with PublishingConfig's defaults (`publishing` below builds it)
+    outbox: int = PublishingConfig.outbox
+    max_viewport_ranges: int = PublishingConfig.max_viewport_ranges
+    piece_target_ms: float = PublishingConfig.piece_target_ms
+    min_piece_cells: int = PublishingConfig.min_piece_cells
+    max_piece_cells: int = PublishingConfig.max_piece_cells
+    shared_snapshots: int = PublishingConfig.shared_snapshots
     encode: EncodeLimits = field(default_factory=EncodeLimits)
     engine: EngineConfig = field(default_factory=EngineConfig)
 

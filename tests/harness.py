@@ -51,9 +51,10 @@ from tickwire.clients.state import NaturalTableState
 from tickwire.clock import ManualClock
 from tickwire.protocol.flight import FlightDescriptor, encode_flight_data
 from tickwire.protocol.opening import put_batches, put_opening
-from tickwire.protocol.proto import flight_pb2
+from tickwire.protocol.proto import flight_pb2, table_pb2
 from tickwire.protocol.proto.methods import ALL_METHODS, FLIGHT_SERVICE, SESSION_SERVICE
 from tickwire.protocol.responses import ResponseReader, SchemaReceived
+from tickwire.protocol.tickets import export_ticket
 from tickwire.protocol.update import StreamDecoder
 from tickwire.server.config import ServerConfig
 from tickwire.server.engine import Engine, EngineConfig
@@ -522,3 +523,23 @@ class _Stream:
 
     def done(self) -> bool:
         return not self.is_active()
+
+
+def chain_batch(source: bytes, result_id: int, *, sort_by: str = "Price", descending: bool = False,
+                tail: int = 5) -> table_pb2.BatchTableRequest:
+    """A Batch of where (Price > 100) -> sort -> tail, only the last step exported as
+    `result_id`: what pydeephaven's Query sends."""
+    batch = table_pb2.BatchTableRequest()
+    op = batch.ops.add().unstructured_filter
+    op.source_id.ticket.ticket = source
+    op.filters.append("Price > 100")
+    srt = batch.ops.add().sort
+    srt.source_id.batch_offset = 0
+    d = srt.sorts.add()
+    d.column_name = sort_by
+    d.direction = table_pb2.SortDescriptor.DESCENDING if descending else table_pb2.SortDescriptor.ASCENDING
+    step = batch.ops.add().tail
+    step.source_id.batch_offset = 1
+    step.num_rows = tail
+    step.result_id.ticket = export_ticket(result_id)
+    return batch

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tests.harness import Services, until
+from tests.harness import Services, chain_batch, until
 from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2
 from tickwire.protocol.proto.methods import (
     APPLICATION_SERVICE,
@@ -218,20 +218,7 @@ def test_operations_without_a_result_ticket_leave_no_table(served):
 
 
 def _chain_batch(result_id: int) -> table_pb2.BatchTableRequest:
-    """where -> sort -> tail, only the last step exported (what pydeephaven's Query sends)."""
-    batch = table_pb2.BatchTableRequest()
-    op = batch.ops.add().unstructured_filter
-    op.source_id.ticket.ticket = b"s/quotes"
-    op.filters.append("Price > 100")
-    srt = batch.ops.add().sort
-    srt.source_id.batch_offset = 0
-    d = srt.sorts.add()
-    d.column_name, d.direction = "Price", table_pb2.SortDescriptor.DESCENDING
-    tail = batch.ops.add().tail
-    tail.source_id.batch_offset = 1
-    tail.num_rows = 5
-    tail.result_id.ticket = export_ticket(result_id)
-    return batch
+    return chain_batch(b"s/quotes", result_id, descending=True)
 
 
 def test_batch_answers_unexported_steps_with_their_batch_offset(served):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -303,24 +304,7 @@ def test_a_corrupt_first_batch_leaves_no_table_behind(uploads):
 
 # -- stalled subscribers share one snapshot ------------------------------------------------------------------------
 
-_STALLED_CLIENTS = r'''
-import queue, sys, grpc
-from tickwire.protocol import barrage
-from tickwire.protocol.flight import encode_flight_data
-target, n = sys.argv[1], int(sys.argv[2])
-req = barrage.wrap(barrage.SubscriptionRequest(ticket=b"s/big", options=barrage.SubscriptionOptions()))
-calls = []
-for _ in range(n):
-    # no BDP probing: the window stays at HTTP/2's 64 KiB, so the server keeps what is not read
-    ch = grpc.insecure_channel(target, options=[("grpc.http2.bdp_probe", 0)])
-    q = queue.Queue()
-    call = ch.stream_stream("/arrow.flight.protocol.FlightService/DoExchange")(
-        iter(q.get, None), metadata=(("authorization", "Anonymous"),))
-    q.put(encode_flight_data(b"", req))
-    calls.append((ch, call, q))
-print("subscribed", flush=True)
-sys.stdin.read()
-'''
+STALLED_CLIENTS = Path(__file__).with_name("stalled_clients.py")
 
 
 @pytest.mark.slow
@@ -340,7 +324,7 @@ def test_fifty_stalled_subscribers_share_their_messages():
     procs = []
 
     def stalled(n: int) -> None:
-        p = subprocess.Popen([sys.executable, "-c", _STALLED_CLIENTS, srv.target, str(n)],
+        p = subprocess.Popen([sys.executable, str(STALLED_CLIENTS), srv.target, str(n)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         procs.append(p)
         assert p.stdout.readline().strip() == b"subscribed"

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.harness import Services, until
+from tests.harness import Services, chain_batch, until
 from tests.test_server_rpc import sub_request
 from tickwire.protocol import barrage
 from tickwire.protocol.proto import config_pb2, flight_pb2, session_pb2, table_pb2, ticket_pb2
@@ -71,20 +71,7 @@ def _where(source: bytes, filters: list[str], result_id: int) -> table_pb2.Unstr
 
 
 def _chain_batch(source: bytes, result_id: int) -> table_pb2.BatchTableRequest:
-    """where -> sort -> tail, only the last step exported."""
-    batch = table_pb2.BatchTableRequest()
-    op = batch.ops.add().unstructured_filter
-    op.source_id.ticket.ticket = source
-    op.filters.append("Price > 100")
-    srt = batch.ops.add().sort
-    srt.source_id.batch_offset = 0
-    d = srt.sorts.add()
-    d.column_name, d.direction = "Sym", table_pb2.SortDescriptor.ASCENDING
-    tail = batch.ops.add().tail
-    tail.source_id.batch_offset = 1
-    tail.num_rows = 50
-    tail.result_id.ticket = export_ticket(result_id)
-    return batch
+    return chain_batch(source, result_id, sort_by="Sym", tail=50)
 
 
 def _status(fn) -> tuple[grpc.StatusCode, str]:
