@@ -51,17 +51,19 @@ typecheck: $(STAMP)
 	@for d in protocol server clients; do ln -s ../../../$$d $(TYPECHECK)/tickwire/$$d; done
 	cd $(TYPECHECK) && ../../$(PY) -m mypy --config-file ../../pyproject.toml -p tickwire
 
-## test: lint, then everything, slow interop tests included (this is what CI runs)
+## test: lint, then everything, slow interop tests included (this is what CI runs), on two workers
+## (tests/conftest.py keeps a module on one worker and the Deephaven interop modules together)
+XDIST ?= -n 2 --dist loadgroup
 test: $(STAMP) java-check browser-deps lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## test-fast: skip the tests marked slow
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 ## test-slow: only the slow interop tests
 test-slow: $(STAMP) java-check browser-deps
-	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m slow $(PYTEST_ARGS)
 
 ## soak: the long random runs `make test` runs briefly: the randomized convergence suite with 20x
 ## the steps and every seed, the request fuzzer for 10x its budget, every seed of the random graph

@@ -16,6 +16,21 @@ import pytest
 from tests.interop.dh_server import DH_CYCLE_MS, DH_PSK, DhServer, deephaven_server_available, start_dh_server
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` runs two pytest-xdist workers (`--dist loadgroup`): a module's tests stay on one
+    worker, so its module-scoped servers are made once, and the modules that use a shared Deephaven
+    server all run on the same worker, so a run starts each JVM once."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    for module, its in modules.items():
+        shares = any({"deephaven_server", "deephaven_psk_server"} & set(getattr(i, "fixturenames", ()))
+                     for i in its)
+        group = "deephaven" if shares else module
+        for item in its:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def _start(psk: str | None) -> Iterator[DhServer]:
     why = deephaven_server_available()
     if why:
