@@ -53,7 +53,7 @@ typecheck: $(STAMP)
 
 ## test: lint, then everything, slow interop tests included (this is what CI runs), on two workers
 ## (tests/conftest.py keeps a module on one worker and the Deephaven interop modules together)
-XDIST ?= -n 2 --dist loadgroup
+XDIST ?= -n 2 --dist loadfile
 test: $(STAMP) java-check browser-deps lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 

@@ -9,6 +9,8 @@ interop test starts neither.
 """
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -16,19 +18,30 @@ import pytest
 from tests.interop.dh_server import DH_CYCLE_MS, DH_PSK, DhServer, deephaven_server_available, start_dh_server
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`make test` runs two pytest-xdist workers (`--dist loadgroup`): a module's tests stay on one
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test` runs two pytest-xdist workers (`--dist loadfile`): a module's tests stay on one
     worker, so its module-scoped servers are made once, and the modules that use a shared Deephaven
-    server all run on the same worker, so a run starts each JVM once."""
-    modules: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    for module, its in modules.items():
-        shares = any({"deephaven_server", "deephaven_psk_server"} & set(getattr(i, "fixturenames", ()))
-                     for i in its)
-        group = "deephaven" if shares else module
-        for item in its:
-            item.add_marker(pytest.mark.xdist_group(group))
+    server (they name its fixture) all run on one worker, so a run starts each JVM once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "deephaven" if _uses_shared_deephaven(str(config.rootpath / path)) else path
+
+    return Scheduling(config, log)
+
+
+@functools.lru_cache(maxsize=None)
+def _uses_shared_deephaven(path: str) -> bool:
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return "deephaven_server" in source or "deephaven_psk_server" in source
 
 
 def _start(psk: str | None) -> Iterator[DhServer]:
@@ -51,3 +64,4 @@ def deephaven_server() -> Iterator[DhServer]:
 def deephaven_psk_server() -> Iterator[DhServer]:
     """A real Deephaven 42.7 that accepts only the pre-shared key DH_PSK, shared by the run."""
     yield from _start(DH_PSK)
+
