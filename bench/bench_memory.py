@@ -24,7 +24,6 @@ import argparse
 import ctypes
 import gc
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -41,6 +40,9 @@ from tickwire.protocol.proto.methods import METHODS
 from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine, TableSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for tests/stalled_clients.py
+from tests import stalled_clients  # noqa: E402
 
 ANON = (("authorization", "Anonymous"),)
 SCHEMA = pa.schema([("Sym", pa.string()), ("Price", pa.float64()), ("Size", pa.int64())])
@@ -102,7 +104,6 @@ def exports(n_exports: int, n_rows: int) -> None:
           f"after Release {left / 1e6:+.2f} MB, ratio left/one upload {left / data.nbytes:.2f} (target < 1)")
 
 
-STALLED_CLIENTS = Path(__file__).resolve().parents[1] / "tests" / "stalled_clients.py"
 
 
 def rss_mb() -> float:
@@ -129,7 +130,6 @@ def stalled_subscribers(n_rows: int, n_stalled: int) -> None:
     engine.run_cycle()
     srv = TickwireServer(engine, port=0, session_duration_ms=60_000).start()
     stop = threading.Event()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     procs = []
 
     def writer() -> None:
@@ -142,10 +142,7 @@ def stalled_subscribers(n_rows: int, n_stalled: int) -> None:
                                        schema=BIG), wait=False)
 
     def stalled(n: int) -> None:
-        p = subprocess.Popen([sys.executable, str(STALLED_CLIENTS), srv.target, str(n)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        procs.append(p)
-        assert p.stdout.readline().strip() == b"subscribed"
+        procs.append(stalled_clients.start(srv.target, n))
 
     def settle(n: int) -> None:
         deadline = time.monotonic() + 30

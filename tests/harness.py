@@ -525,10 +525,10 @@ class _Stream:
         return not self.is_active()
 
 
-def chain_batch(source: bytes, result_id: int, *, sort_by: str = "Price", descending: bool = False,
-                tail: int = 5) -> table_pb2.BatchTableRequest:
+def chain_batch(source: bytes, result_id: Optional[int], *, sort_by: str = "Price", descending: bool = False,
+                tail: Optional[int] = 5) -> table_pb2.BatchTableRequest:
     """A Batch of where (Price > 100) -> sort -> tail, only the last step exported as
-    `result_id`: what pydeephaven's Query sends."""
+    `result_id`: what pydeephaven's Query sends. `tail=None`: where -> sort, nothing exported."""
     batch = table_pb2.BatchTableRequest()
     op = batch.ops.add().unstructured_filter
     op.source_id.ticket.ticket = source
@@ -538,8 +538,12 @@ def chain_batch(source: bytes, result_id: int, *, sort_by: str = "Price", descen
     d = srt.sorts.add()
     d.column_name = sort_by
     d.direction = table_pb2.SortDescriptor.DESCENDING if descending else table_pb2.SortDescriptor.ASCENDING
+    if tail is None:
+        assert result_id is None, "only the tail step is exported"
+        return batch
     step = batch.ops.add().tail
     step.source_id.batch_offset = 1
     step.num_rows = tail
-    step.result_id.ticket = export_ticket(result_id)
+    if result_id is not None:
+        step.result_id.ticket = export_ticket(result_id)
     return batch

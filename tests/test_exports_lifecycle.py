@@ -202,15 +202,7 @@ def test_operations_without_a_result_ticket_leave_no_table(served):
     assert _code(lambda: c.unary(TABLE_SERVICE, "FetchTable", fetch)) == grpc.StatusCode.FAILED_PRECONDITION
     assert _table_count(engine) == base
     for _ in range(100):  # batches of unexported steps only: nothing outlives the call
-        batch = table_pb2.BatchTableRequest()
-        op = batch.ops.add().unstructured_filter
-        op.source_id.ticket.ticket = b"s/quotes"
-        op.filters.append("Price > 100")
-        srt = batch.ops.add().sort
-        srt.source_id.batch_offset = 0
-        d = srt.sorts.add()
-        d.column_name, d.direction = "Price", table_pb2.SortDescriptor.ASCENDING
-        resps = c.stream(TABLE_SERVICE, "Batch", batch)
+        resps = c.stream(TABLE_SERVICE, "Batch", chain_batch(b"s/quotes", None, tail=None))
         assert [r.success for r in resps] == [True, True]
     # the last batch's handler lets its steps go on the services' loop once its stream has ended
     assert until(lambda: _table_count(engine) == base), _table_count(engine) - base
@@ -455,18 +447,7 @@ def tw():
 def _batch_shape(target) -> tuple[list, grpc.StatusCode]:
     c = SocketClient(target)
     try:
-        batch = table_pb2.BatchTableRequest()
-        op = batch.ops.add().unstructured_filter
-        op.source_id.ticket.ticket = b"s/lc_quotes"
-        op.filters.append("Price > 100")
-        srt = batch.ops.add().sort
-        srt.source_id.batch_offset = 0
-        d = srt.sorts.add()
-        d.column_name, d.direction = "Price", table_pb2.SortDescriptor.ASCENDING
-        tail = batch.ops.add().tail
-        tail.source_id.batch_offset = 1
-        tail.num_rows = 7
-        tail.result_id.ticket = export_ticket(1)
+        batch = chain_batch(b"s/lc_quotes", 1, tail=7)
         shape = [(r.result_id.WhichOneof("ref"), r.result_id.batch_offset, r.result_id.ticket.ticket, r.success,
                   r.size, r.is_static) for r in c.stream(TABLE + "Batch", batch)]
         code = _code(lambda: c.where(b"s/lc_quotes", ["Price > 100"], None))

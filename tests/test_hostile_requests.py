@@ -12,17 +12,13 @@ subscribers held back by HTTP/2 flow control. How long the answers take and what
 cost in memory are measured by bench/bench_hostile.py and bench/bench_memory.py."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
+from tests import stalled_clients
 from tests.harness import ANONYMOUS as ANON
 from tests.harness import Exchange, Services, until
 from tickwire.protocol import barrage
@@ -307,7 +303,6 @@ def test_a_corrupt_first_batch_leaves_no_table_behind(uploads):
 
 # -- stalled subscribers share one snapshot ------------------------------------------------------------------------
 
-STALLED_CLIENTS = Path(__file__).with_name("stalled_clients.py")
 
 
 @pytest.mark.slow
@@ -323,14 +318,10 @@ def test_fifty_stalled_subscribers_share_their_messages():
     engine.write(big, rows(0, 130_000), wait=False)
     engine.run_cycle()
     srv = TickwireServer(engine, port=0, session_duration_ms=60_000).start()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     procs = []
 
     def stalled(n: int) -> None:
-        p = subprocess.Popen([sys.executable, str(STALLED_CLIENTS), srv.target, str(n)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        procs.append(p)
-        assert p.stdout.readline().strip() == b"subscribed"
+        procs.append(stalled_clients.start(srv.target, n))
 
     def joined(n: int) -> bool:
         """`n` subscribers, each handed its snapshot (which the transport then holds back)."""
