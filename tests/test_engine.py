@@ -291,6 +291,65 @@ def _put_messages(table: pa.Table, path: list[str], *, corrupt_last: bool = Fals
     return out
 
 
+def test_an_upload_cut_as_its_stream_ends_writes_nothing():
+    """grpc's asyncio server ends the request stream of a cut call (cancelled, past its deadline,
+    its connection lost) as it ends a finished one, and cancels the handler right after, from the
+    call's close event. Here the cancellation is delivered just that way, queued on the server's
+    loop as the last message is read: the upload is not written, whether it adds to a table or
+    would make one; an upload that ends without one is written."""
+    import asyncio
+
+    from tests.harness import Services
+    from tickwire.protocol.proto.methods import FLIGHT_SERVICE
+
+    with Services() as s:
+        fn = s.server.methods[f"/{FLIGHT_SERVICE}/DoPut"].fn
+
+        def upload(messages: list[bytes], cut: bool) -> str:
+            async def requests():
+                for m in messages:
+                    yield m
+                if cut:  # the close event, right behind the stream's end
+                    asyncio.get_running_loop().call_soon(asyncio.current_task().cancel)
+
+            async def run() -> str:
+                ctx = _FakeContext()
+                try:
+                    async for _ in fn(requests(), ctx):
+                        pass
+                except asyncio.CancelledError:
+                    return "cancelled"
+                return "ok"
+
+            return asyncio.run_coroutine_threadsafe(run(), s.server.loop).result(30)
+
+        assert upload(_put_messages(batch(0, 4), ["scope", "kept"]), cut=False) == "ok"
+        s.cycle()
+        assert s.doget(b"s/kept").column("k").to_pylist() == [0, 1, 2, 3]
+        assert upload(_put_messages(batch(100, 6), ["scope", "kept"]), cut=True) == "cancelled"
+        assert upload(_put_messages(batch(0, 6), ["scope", "never"]), cut=True) == "cancelled"
+        s.cycle()
+        assert s.doget(b"s/kept").column("k").to_pylist() == [0, 1, 2, 3]
+        assert s.engine.resolve("never") is None
+
+
+class _FakeContext:
+    """What DoPut asks of its call: credentials, the peer, its headers (an anonymous call, no
+    deadline)."""
+
+    async def send_initial_metadata(self, metadata) -> None:
+        pass
+
+    def invocation_metadata(self) -> tuple:
+        return (("authorization", "Anonymous"),)
+
+    def peer(self) -> str:
+        return "in-process"
+
+    def time_remaining(self):
+        return None
+
+
 def test_a_refused_or_cut_doput_leaves_the_table_and_the_catalog_as_they_were(served):
     import grpc
 

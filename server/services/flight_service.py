@@ -56,6 +56,23 @@ log = logging.getLogger(__name__)
 
 
 
+
+async def _cut_or_ended(context) -> None:
+    """Returns when a client stream that ended was ended by its client; raises CancelledError (or
+    DEADLINE_EXCEEDED) when it was cut.
+
+    grpc's asyncio server ends the request iterator the same way when the client half-closes and
+    when the call is cut (cancelled, past its deadline, its connection lost): the cut reaches the
+    handler a moment later, as a cancellation of its task, from the call's close event, which
+    gRPC delivers right after the last read. The handler yields to the loop here, before it writes
+    anything, so that a close already delivered cancels it while nothing is applied; and a call
+    whose deadline has passed is refused."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise CallError("the call's deadline passed before its upload ended", "DEADLINE_EXCEEDED")
+
 class FlightService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
@@ -343,6 +360,7 @@ class FlightService:
                         self.staging.add(staged.part, t)
                     yield flight_pb2.PutResult()
             end = upload.close()
+            await _cut_or_ended(context)
             rows = sum(t.num_rows for t in received)
             if staged is not None:
                 result = await self.ctx.run(self._end_stage, staged)
