@@ -20,19 +20,51 @@ from tests.interop.dh_server import DH_CYCLE_MS, DH_PSK, DhServer, deephaven_ser
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """`make test` runs two pytest-xdist workers (`--dist loadfile`): a module's tests stay on one
+    """`make test` runs pytest-xdist workers (`--dist loadfile`): a module's tests stay on one
     worker, so its module-scoped servers are made once, and the modules that use a shared Deephaven
-    server (they name its fixture) all run on one worker, so a run starts each JVM once."""
+    server (they name its fixture) all run on one worker, so a run starts each JVM once. The
+    longest units go first (MODULE_SECONDS)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class Scheduling(LoadFileScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "deephaven" if _uses_shared_deephaven(str(config.rootpath / path)) else path
 
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the first assignment: the whole run is known
+                self.ordered = True
+                units = sorted(self.workqueue.items(), key=lambda unit: -_cost(unit[0], len(unit[1])))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
     return Scheduling(config, log)
+
+
+# Seconds the longest modules take in `make test` on a 2-core machine (pytest --durations=0, summed
+# by module). The scheduler hands out the longest units first, so that no worker starts a long one
+# when the others are nearly done; a module not named here counts a tenth of a second a test.
+MODULE_SECONDS = {
+    "tests/test_spark_remote.py": 445, "tests/test_durability_crash.py": 225, "tests/test_browser.py": 140,
+    "tests/test_convergence.py": 115, "tests/test_docker_steps.py": 95, "tests/test_readme.py": 85,
+    "tests/test_expr_conformance.py": 80, "tests/test_spark_sinks.py": 75, "tests/test_demo.py": 70,
+    "tests/test_graph_ops.py": 50, "tests/test_cli.py": 45, "tests/test_interop_dh_java.py": 45,
+    "tests/test_barrage_publisher.py": 45, "tests/test_fuzz_requests.py": 40, "tests/test_graph_tables.py": 40,
+    "tests/test_exports_lifecycle.py": 35, "tests/test_replica_deephaven.py": 35,
+    "tests/test_interop_tickwire_java.py": 25, "tests/test_engine.py": 25, "tests/test_client_deephaven.py": 20,
+}
+
+
+def _cost(scope: str, tests: int) -> float:
+    if scope == "deephaven":
+        root = Path(__file__).resolve().parent.parent
+        return sum(s for m, s in MODULE_SECONDS.items() if _uses_shared_deephaven(str(root / m)))
+    return MODULE_SECONDS.get(scope, 0.1 * tests)
 
 
 @functools.lru_cache(maxsize=None)
