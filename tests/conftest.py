@@ -51,9 +51,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return Scheduling(config, log)
 
 
-# Seconds the longest modules take in `make test` on a 2-core machine (pytest --durations=0, summed
-# by module). The scheduler hands out the longest units first, so that no worker starts a long one
-# when the others are nearly done; a module not named here counts a tenth of a second a test.
+# Seconds the longest modules took in one `make test` on a 2-core machine (pytest --durations=0,
+# summed by module; only their order matters). The scheduler hands out the longest units first, so
+# that no worker starts a long one when the others are nearly done; a module not named here counts
+# a tenth of a second a test.
 MODULE_SECONDS = {
     "tests/test_spark_remote.py": 445, "tests/test_durability_crash.py": 225, "tests/test_browser.py": 140,
     "tests/test_convergence.py": 115, "tests/test_docker_steps.py": 95, "tests/test_readme.py": 85,
