@@ -19,7 +19,7 @@ the same session, as a user restarts a query in a long-lived Spark application. 
 stopped, while its stop waits for it (for a commit held until then: a stop waits for the
 driver's Python calls, which an interrupt does not cut short). After the queries, the spec's
 "log_error" (a message), if any, is logged at ERROR through Spark's JVM logger
-org.apache.spark.util.Utils.
+org.apache.spark.util.Utils, and each of "log_lines" ([logger, message] pairs) through its logger.
 
 Lines on stdout (flushed; the parent reads them): "SPARK <version> <module of the session's
 class>" once the session is up, "STARTED <name>" for each query, then "DONE <name>",
@@ -358,9 +358,10 @@ def run(spec_path: str) -> None:
     if recorder is not None:
         Path(spec["local_out"]).write_text(json.dumps(recorder.dump()))
         engine.stop()
-    if spec.get("log_error"):
+    lines = [["org.apache.spark.util.Utils", spec["log_error"]]] if spec.get("log_error") else []
+    for logger, message in lines + spec.get("log_lines", []):
         jvm = spark._jvm  # noqa: SLF001 - the only way to Spark's own (log4j) loggers from Python
-        jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.util.Utils").error(spec["log_error"])
+        jvm.org.apache.logging.log4j.LogManager.getLogger(logger).error(message)
     say("ALL-DONE")
     spark.stop()
 
