@@ -552,3 +552,38 @@ def test_list_items_is_empty_everywhere_and_checks_its_input(served):
         raw_unary(ch, DH + "StorageService/FetchFile", b"", md)
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "StorageService.FetchFile" in e.value.details()
     assert DH + "StorageService/SaveFile" in srv.method_paths
+
+
+def test_doput_over_the_websocket_writes_the_table():
+    """A DoPut on the browsers' websocket, as on the gRPC port: the table is made and written
+    once the upload's stream ends."""
+    import asyncio
+
+    from tickwire.clients.websocket import WebsocketChannel
+    from tickwire.protocol.opening import put_batches, put_opening
+    from tickwire.protocol.proto.methods import FLIGHT_SERVICE
+
+    engine, srv = make_server()
+    data = rows(0, 30)
+
+    async def browser():
+        async with await WebsocketChannel.connect(srv.web_url) as ws:
+            call = await ws.open(f"/{FLIGHT_SERVICE}/DoPut", {"authorization": "Anonymous"})
+            messages = put_opening(["scope", "uploaded"], data.schema) + put_batches(data)
+            for i, m in enumerate(messages):
+                await call.send(m, half_close=i == len(messages) - 1)
+            got = [m async for m in call]
+            return call.status, call.message, got
+
+    try:
+        status, message, got = asyncio.run(asyncio.wait_for(browser(), 30))
+        engine.run_cycle()
+        table = engine.resolve("uploaded")
+        assert status == 0, message
+        assert got  # a PutResult per batch
+        assert table is not None and table.size == data.num_rows
+        _step, contents = engine.snapshot(table)
+        assert contents.equals(data)
+    finally:
+        srv.stop()
+        engine.stop()

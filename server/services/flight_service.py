@@ -55,8 +55,6 @@ __all__ = ["FlightService", "KEYS_METADATA"]
 log = logging.getLogger(__name__)
 
 
-
-
 async def _cut_or_ended(context) -> None:
     """Returns when a client stream that ended was ended by its client; raises CancelledError (or
     DEADLINE_EXCEEDED) when it was cut.
@@ -72,6 +70,7 @@ async def _cut_or_ended(context) -> None:
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         raise CallError("the call's deadline passed before its upload ended", "DEADLINE_EXCEEDED")
+
 
 class FlightService:
     def __init__(self, ctx: ServerContext):

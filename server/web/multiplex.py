@@ -84,6 +84,10 @@ class _CallContext:
     def peer(self) -> str:
         return self._stream.socket.peer
 
+    def time_remaining(self) -> Optional[float]:
+        """None: the browsers' streams carry no deadline."""
+        return None
+
 
 class _Stream:
     def __init__(self, socket: "MultiplexSocket", sid: int, path: str, method: Optional[GuardedMethod],
