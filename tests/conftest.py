@@ -86,11 +86,8 @@ def _start(psk: str | None) -> Iterator[DhServer]:
     why = deephaven_server_available()
     if why:
         pytest.skip(why)
-    # -XX:TieredStopAtLevel=1: the client compiler only. The server answers the small tables of a
-    # few modules for minutes; C2's compiler threads would spend more of the two cores than its
-    # faster code saves them (the start alone costs about 40% less CPU)
-    with start_dh_server(psk=psk, extra_jvm_args=[f"-DPeriodicUpdateGraph.targetCycleDurationMillis={DH_CYCLE_MS}",
-                                                  "-XX:TieredStopAtLevel=1"]) as server:
+    with start_dh_server(psk=psk, extra_jvm_args=[f"-DPeriodicUpdateGraph.targetCycleDurationMillis={DH_CYCLE_MS}"]
+                         ) as server:
         yield server
 
 

@@ -115,10 +115,7 @@ def main() -> None:
     from deephaven_server import Server
 
     interval = cfg.get("update_interval_ms")
-    # a JVM that lives for one test: the client compiler alone starts it on less CPU (see
-    # tests/conftest.py's Deephaven servers)
-    jvm_cfg = {"work_dir": cfg["work_dir"], "heap": cfg.get("heap", "1g"),
-               "extra_jvm_args": ["-XX:TieredStopAtLevel=1"]}
+    jvm_cfg = {"work_dir": cfg["work_dir"], "heap": cfg.get("heap", "1g"), "extra_jvm_args": []}
     if interval is not None:
         jvm_cfg["extra_jvm_args"].append(f"-DPeriodicUpdateGraph.targetCycleDurationMillis={int(interval)}")
     local = Server(host="127.0.0.1", port=0, jvm_args=_jvm_args(jvm_cfg))
