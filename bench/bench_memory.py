@@ -104,8 +104,6 @@ def exports(n_exports: int, n_rows: int) -> None:
           f"after Release {left / 1e6:+.2f} MB, ratio left/one upload {left / data.nbytes:.2f} (target < 1)")
 
 
-
-
 def rss_mb() -> float:
     """The process's resident size once garbage is collected and freed memory handed back to the
     system (pyarrow's pool and malloc's), so what is measured is what is still held."""
