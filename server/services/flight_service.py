@@ -55,21 +55,21 @@ __all__ = ["FlightService", "KEYS_METADATA"]
 log = logging.getLogger(__name__)
 
 
-async def _cut_or_ended(context) -> None:
-    """Returns when a client stream that ended was ended by its client; raises CancelledError (or
-    DEADLINE_EXCEEDED) when it was cut.
-
-    grpc's asyncio server ends the request iterator the same way when the client half-closes and
-    when the call is cut (cancelled, past its deadline, its connection lost): the cut reaches the
-    handler a moment later, as a cancellation of its task, from the call's close event, which
-    gRPC delivers right after the last read. The handler yields to the loop here, before it writes
-    anything, so that a close already delivered cancels it while nothing is applied; and a call
-    whose deadline has passed is refused."""
-    for _ in range(3):
-        await asyncio.sleep(0)
+def _past_deadline(context) -> None:
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         raise CallError("the call's deadline passed before its upload ended", "DEADLINE_EXCEEDED")
+
+
+# How DoPut tells an upload that ended from one that was cut. grpc's asyncio server ends the request
+# iterator the same way when the client half-closes and when the call is cut (cancelled, past its
+# deadline, its connection lost); the cancellation of the handler that follows a cut comes from
+# another completion (the call's close event), which a loaded machine can deliver any time later.
+# What tells them apart without a race is the next thing sent on the call: gRPC fails a send on a
+# call it has cut, and does not resume the handler (so nothing is written), while a call whose
+# client only half-closed takes it. So once the stream has ended, before anything is written,
+# DoPut sends one more (empty) PutResult. The per-batch ones cannot wait for it: pydeephaven reads
+# the first batch's PutResult before it half-closes.
 
 
 class FlightService:
@@ -319,7 +319,8 @@ class FlightService:
     # -- DoPut ------------------------------------------------------------------------------------------
     async def do_put(self, request_iterator, context):
         """An upload is applied whole or not at all: its batches are decoded as they arrive (each
-        acknowledged with a PutResult), and only a stream that ends cleanly is written, in one
+        acknowledged with a PutResult, and the stream's end with one more: see `_past_deadline`
+        above), and only a stream that ends cleanly is written, in one
         write that the next cycle applies, before the call returns (read-your-writes). A refused
         message, a cut stream or a write the table refuses leaves the table, and the catalog, as
         they were.
@@ -359,7 +360,8 @@ class FlightService:
                         self.staging.add(staged.part, t)
                     yield flight_pb2.PutResult()
             end = upload.close()
-            await _cut_or_ended(context)
+            _past_deadline(context)
+            yield flight_pb2.PutResult()  # on a cut call, the send fails and this is not resumed
             rows = sum(t.num_rows for t in received)
             if staged is not None:
                 result = await self.ctx.run(self._end_stage, staged)
