@@ -360,6 +360,11 @@ class _FakeContext:
     def time_remaining(self):
         return None
 
+    async def abort(self, code, details: str = "", trailing_metadata=()) -> None:
+        import grpc
+
+        raise grpc.aio.AbortError(f"{code.name}: {details}")
+
 
 def test_a_refused_or_cut_doput_leaves_the_table_and_the_catalog_as_they_were(served):
     import grpc

@@ -242,3 +242,54 @@ def test_the_engine_private_check_sees_a_use():
         assert _engine_private_uses([planted]) == {planted: ["line 2: .graph"]}
     finally:
         src.trees[planted] = saved
+
+
+# -- call contexts ------------------------------------------------------------------------------------
+def _context_members() -> set[str]:
+    from tickwire.server.services.rpc import CallContext
+
+    return {n for n, v in vars(CallContext).items() if callable(v) and not n.startswith("_")}
+
+
+def _context_uses_beyond(members: set[str], modules) -> dict[str, list[str]]:
+    """Calls `context.<name>(...)` whose name is not in `members`, module by module."""
+    src = source()
+    out = {}
+    for name in modules:
+        found = [f"line {n.lineno}: context.{n.func.attr}" for n in ast.walk(src.trees[name])
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == "context"
+                 and n.func.attr not in members]
+        if found:
+            out[name] = found
+    return out
+
+
+def test_handlers_use_only_what_every_transport_s_call_context_has():
+    """The websocket and in-process transports stand in for grpc.aio's ServicerContext: each has
+    every method of `CallContext`, and the handlers call no other (a method one transport lacked
+    once made every DoPut over the websocket answer INTERNAL)."""
+    import grpc.aio
+
+    from tests.test_engine import _FakeContext
+    from tickwire.server.services.inprocess import _Context
+    from tickwire.server.web.multiplex import _CallContext
+
+    members = _context_members()
+    assert {"peer", "abort", "time_remaining", "send_initial_metadata", "invocation_metadata"} <= members
+    for cls in (grpc.aio.ServicerContext, _CallContext, _Context, _FakeContext):
+        assert {m for m in members if not callable(getattr(cls, m, None))} == set(), cls.__name__
+    server = [m for m in source().trees if _under(m, ("tickwire.server",))]
+    assert "tickwire.server.services.flight_service" in server
+    assert _context_uses_beyond(members, server) == {}
+
+
+def test_the_call_context_check_sees_a_use_beyond_it():
+    src = source()
+    planted = "tickwire.server.services.table_ops"
+    saved = src.trees[planted]
+    try:
+        src.trees[planted] = ast.parse("async def f(req, context):\n    context.set_code(1)\n    context.peer()\n")
+        assert _context_uses_beyond(_context_members(), [planted]) == {planted: ["line 2: context.set_code"]}
+    finally:
+        src.trees[planted] = saved

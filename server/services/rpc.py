@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 import uuid
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -31,11 +31,28 @@ from tickwire.protocol.proto.methods import (
 
 __all__ = ["CallError", "build_handlers", "guarded_methods", "GuardedMethod", "call_session", "status_of",
            "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
-           "short", "MAX_DETAILS", "PeerResolver"]
+           "short", "MAX_DETAILS", "PeerResolver", "CallContext"]
 
 log = logging.getLogger(__name__)
 
 RAW = "raw"  # marker: the message travels as bytes, unparsed
+
+
+class CallContext(Protocol):
+    """All that handlers may use of their call's context. grpc.aio's ServicerContext has it; so
+    must the websocket's (server/web/multiplex.py) and the in-process transport's
+    (server/services/inprocess.py), which stand in for it (tests/test_layers.py checks both, and
+    that the handlers use nothing else)."""
+
+    def invocation_metadata(self) -> Any: ...
+
+    async def send_initial_metadata(self, metadata: Any) -> None: ...
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> Any: ...
+
+    def peer(self) -> str: ...
+
+    def time_remaining(self) -> Optional[float]: ...
 
 
 class CallError(TickwireError):
