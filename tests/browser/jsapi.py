@@ -6,6 +6,7 @@ installs `window.__tw`, a small driver the test calls step by step and polls:
     js = JsApiPage(browser.new_page(), "http://127.0.0.1:10000")
     js.login()                       # {type: 'anonymous'}; js.login(psk="k") for a pre-shared key
     js.open("ticking_keyed")         # connection.getObject({type: 'Table', name})
+    js.upload(["A"], ["int"], [[1, 2]])  # connection.newTable(names, types, columns, 'UTC'): a DoPut
     js.viewport(0, 99)               # table.setViewport(first, last); listens to dh.Table.EVENT_UPDATED
     js.wait_rows(lambda s: ...)      # polls the rows of the latest update
     js.rows()                        # {'offset', 'columns', 'rows', 'updates', 'size'}
@@ -18,7 +19,7 @@ for instants), which is what their valueOf() returns. `normalize_arrow` turns Do
 the same form so rows can be compared as sets of tuples.
 
 The names used (CoreClient, login, getAsIdeConnection, getObject, setViewport, getViewportData,
-Table.EVENT_UPDATED, Table.EVENT_SORTCHANGED, Table.EVENT_REQUEST_FAILED, findColumn,
+newTable, Table.EVENT_UPDATED, Table.EVENT_SORTCHANGED, Table.EVENT_REQUEST_FAILED, findColumn,
 Column.sort().asc()/desc(), applySort, ViewportData.rows/offset, Row.get(column), close,
 disconnect) are the public JS API of Deephaven 42.x (web/client-api in deephaven-core).
 """
@@ -87,6 +88,16 @@ DRIVER_JS = r"""
       tw.state = 'open';
       return {columns: tw.table.columns.map(c => c.name + ':' + c.type), size: tw.table.size};
     } catch (e) { fail('open ' + name, e); }
+  };
+  tw.upload = async (names, types, data) => {  // connection.newTable: an upload (DoPut) from the page
+    try {
+      tw.table = await tw.cn.newTable(names, types, data, 'UTC');
+      tw.table.addEventListener(tw.dh.Table.EVENT_UPDATED, (ev) => {
+        try { tw.capture(ev.detail); } catch (e) { tw.log.push('update: ' + (e.stack || e)); }
+      });
+      tw.state = 'open';
+      return {columns: tw.table.columns.map(c => c.name + ':' + c.type), size: tw.table.size};
+    } catch (e) { fail('newTable', e); }
   };
   tw.viewport = (first, last) => {
     try { tw.table.setViewport(first, last); return true; } catch (e) { fail('setViewport', e); }
@@ -171,6 +182,9 @@ class JsApiPage:
 
     def open(self, name: str) -> dict:
         return self.call(f"window.__tw.open({json.dumps(name)})")
+
+    def upload(self, names: list[str], types: list[str], columns: list[list]) -> dict:
+        return self.call(f"window.__tw.upload({json.dumps(names)}, {json.dumps(types)}, {json.dumps(columns)})")
 
     def viewport(self, first: int, last: int) -> None:
         self.call(f"window.__tw.viewport({int(first)}, {int(last)})")
