@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tests.interop import close_dh_session
 from tests.scripted import scripted_table
 from tests.soak import scaled, soak_factor
 from tickwire.clients.client import BarrageClient, Subscription
@@ -846,10 +847,7 @@ class Harness:
             except Exception:  # noqa: BLE001 - closing everything else matters more
                 pass
         if self._session is not None:
-            try:
-                self._session.close()
-            except Exception:  # noqa: BLE001
-                pass
+            close_dh_session(self._session)
         for c in self._clients:
             c.close()
         if self.server is not None:

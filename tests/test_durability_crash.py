@@ -38,6 +38,7 @@ import pyarrow.flight as fl
 import pytest
 
 from tests.convergence import soak_factor
+from tests.interop import close_dh_session
 from tests.serving import start_again
 
 pytestmark = pytest.mark.slow
@@ -382,10 +383,7 @@ class Subscriber:
                 h.stop()
             except Exception:  # noqa: BLE001 - the server it listened to is gone
                 pass
-        try:
-            self.session.close()
-        except Exception:  # noqa: BLE001 - the same: closing a session of a server that went away
-            pass
+        close_dh_session(self.session)  # its server may be gone
 
 
 @pytest.mark.interop

@@ -263,3 +263,24 @@ def test_pydeephaven_ticking_state_equals_snapshot_at_each_step(served, name):
     finally:
         s.close()
     assert TRADES.names == [f.name for f in TRADES]
+
+
+def test_a_pydeephaven_session_of_a_stopped_server_is_closed_for_good():
+    """pydeephaven's close() raises when its server is gone and leaves the session marked connected,
+    its keep-alive thread still refreshing (minutes later it raises inside some other test);
+    `close_dh_session` leaves it closed."""
+    from pydeephaven import DHError, Session
+
+    from tests.interop import close_dh_session
+
+    engine = Engine(interval_ms=3_600_000)
+    server = TickwireServer(engine, port=0).start()
+    sessions = [Session(host="127.0.0.1", port=server.port) for _ in range(2)]
+    server.stop()
+    engine.stop()
+    with pytest.raises(DHError):
+        sessions[0].close()
+    assert sessions[0].is_connected  # what pydeephaven leaves
+    close_dh_session(sessions[0])
+    close_dh_session(sessions[1])
+    assert not sessions[0].is_connected and not sessions[1].is_connected
