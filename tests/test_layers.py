@@ -13,6 +13,7 @@ are left out), so a new module cannot break the rules unnoticed."""
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 from typing import Iterable
 
@@ -233,15 +234,21 @@ def test_nothing_outside_the_engine_reaches_into_the_update_graph():
     assert _engine_private_uses(outside) == {}
 
 
-def test_the_engine_private_check_sees_a_use():
+@contextlib.contextmanager
+def _planted(code: str, module: str = "tickwire.server.services.table_ops"):
+    """`module` read as `code` while the block runs: proves a check can fail."""
     src = source()
-    planted = "tickwire.server.services.table_ops"
-    saved = src.trees[planted]
+    saved = src.trees[module]
+    src.trees[module] = ast.parse(code)
     try:
-        src.trees[planted] = ast.parse("def f(engine):\n    with engine.graph.lock:\n        pass\n")
-        assert _engine_private_uses([planted]) == {planted: ["line 2: .graph"]}
+        yield module
     finally:
-        src.trees[planted] = saved
+        src.trees[module] = saved
+
+
+def test_the_engine_private_check_sees_a_use():
+    with _planted("def f(engine):\n    with engine.graph.lock:\n        pass\n") as planted:
+        assert _engine_private_uses([planted]) == {planted: ["line 2: .graph"]}
 
 
 # -- call contexts ------------------------------------------------------------------------------------
@@ -285,11 +292,5 @@ def test_handlers_use_only_what_every_transport_s_call_context_has():
 
 
 def test_the_call_context_check_sees_a_use_beyond_it():
-    src = source()
-    planted = "tickwire.server.services.table_ops"
-    saved = src.trees[planted]
-    try:
-        src.trees[planted] = ast.parse("async def f(req, context):\n    context.set_code(1)\n    context.peer()\n")
+    with _planted("async def f(req, context):\n    context.set_code(1)\n    context.peer()\n") as planted:
         assert _context_uses_beyond(_context_members(), [planted]) == {planted: ["line 2: context.set_code"]}
-    finally:
-        src.trees[planted] = saved
