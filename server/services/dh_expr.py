@@ -47,8 +47,8 @@ import pyarrow.compute as pc
 from tickwire.errors import TickwireError
 from tickwire.protocol.schema import sentinel_for
 
-__all__ = ["ExpressionError", "parse_filter", "parse_column_spec", "compare_operands", "MAX_LENGTH", "MAX_DEPTH",
-           "MAX_NODES"]
+__all__ = ["ExpressionError", "parse_filter", "parse_column_spec", "parse_column_specs", "compare_operands",
+           "MAX_LENGTH", "MAX_DEPTH", "MAX_NODES"]
 
 MAX_LENGTH = 8192
 MAX_DEPTH = 64
@@ -744,3 +744,8 @@ def parse_column_spec(spec: str, schema: pa.Schema) -> tuple[str, Optional[pc.Ex
     if v.type == "null":
         raise ExpressionError(f"a formula of only null has no type in {spec!r}")
     return name, v.expr, None
+
+
+def parse_column_specs(specs: list[str], schema: pa.Schema) -> list[tuple[str, Optional[pc.Expression], Optional[str]]]:
+    """The column specs of one View/Select/Update call, each as `parse_column_spec` gives it."""
+    return [parse_column_spec(s, schema) for s in specs]
