@@ -9,7 +9,7 @@ export tickets.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +19,12 @@ from tickwire.server.services.conditions import condition_expression, fold
 from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filter
 from tickwire.server.services.rpc import CallError
 
-__all__ = ["OPERATIONS", "TableOps"]
+__all__ = ["OPERATIONS", "BUILDERS", "Builder", "TableOps", "register"]
+
+#: a builder of the operations of another module: (TableOps, request, source table) -> a function
+#: that makes the derived table (called inside the engine's `writing()`); raises CallError for
+#: requests it refuses
+Builder = Callable[["TableOps", Any, Table], Callable[[], Table]]
 
 # TableService method name -> Batch `op` field name, for the operations served
 OPERATIONS = {
@@ -27,6 +32,14 @@ OPERATIONS = {
     "Select": "select", "Update": "update", "UpdateView": "update_view", "LazyUpdate": "lazy_update",
     "Head": "head", "Tail": "tail",
 }
+#: Batch `op` field name -> its builder, for the operations of other modules
+BUILDERS: dict[str, Builder] = {}
+
+
+def register(method: str, field: str, builder: Builder) -> None:
+    """Serves TableService `method` (Batch op `field`) with `builder`."""
+    OPERATIONS[method] = field
+    BUILDERS[field] = builder
 
 class TableOps:
     """Builds derived tables for TableService requests and keeps session-owned tables alive while held.
@@ -90,6 +103,10 @@ class TableOps:
                 del self._holds[t]
                 todo.extend(t.parents)
 
+    def name_for(self, source: Table, op: str) -> str:
+        """The name of a derived table made from `source` by `op` (see `_name`)."""
+        return self._name(source, op)
+
     def _name(self, source: Table, op: str) -> str:
         """Exports are not global-scope variables: their tables' names start with "__" (hidden)."""
         base = source.name if source.name.startswith("__") else f"__export.{source.name}"
@@ -100,7 +117,9 @@ class TableOps:
         """The derived table for operation `kind` (a Batch op field name) on `source`."""
         make: Optional[Callable[[], Table]] = None
         schema = source.schema
-        if kind == "sort":
+        if kind in BUILDERS:
+            make = BUILDERS[kind](self, req, source)
+        elif kind == "sort":
             if not req.sorts:
                 raise CallError("Sort: no sort columns", "INVALID_ARGUMENT")
             cols, desc = [], []
