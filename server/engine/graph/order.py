@@ -307,6 +307,21 @@ class OrderIndex:
                 return real[:count] if front else real[real.size - count:]
             width *= 4
 
+    def keys_between(self, first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The element keys in each key range [first[i], last[i]] (ascending within a range), and
+        the range of each (its index i). Costs the total width of the ranges."""
+        first = np.asarray(first, dtype=np.int64)
+        last = np.asarray(last, dtype=np.int64)
+        width = np.maximum(last - first + 1, 0)
+        total = int(width.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        which = np.repeat(np.arange(first.size, dtype=np.int64), width)
+        starts = np.cumsum(width) - width
+        keys = first[which] + (np.arange(total, dtype=np.int64) - starts[which])
+        real = self._is_real_slots(keys - self.base)
+        return keys[real], which[real]
+
     # -- search ---------------------------------------------------------------------------------
     def _is_real_slots(self, slots: np.ndarray) -> np.ndarray:
         real: np.ndarray = self.src[slots] == slots + self.base

@@ -244,6 +244,13 @@ class Table:
         """The latest row of each distinct value of `keys` (a keyed table)."""
         return self._derive("last_by", name, keys)
 
+    def agg_by(self, aggs: Sequence[Any], by: Union[str, Sequence[str]] = (), name: Optional[str] = None,
+               preserve_empty: bool = False, initial_groups: Optional[pa.Table] = None) -> "Table":
+        """One row per distinct value of `by` (one row in all when `by` is empty) with the
+        aggregations `aggs` (`tickwire.server.engine.graph.ops.aggregate.Agg`) of its rows."""
+        return self._derive("agg_by", name, list(aggs), [by] if isinstance(by, str) else list(by),
+                            preserve_empty, initial_groups)
+
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
     def take_pending(self) -> list[Any]:
         """Called with the graph's intake lock held: the input queued since the last cycle."""

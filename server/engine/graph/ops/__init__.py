@@ -19,6 +19,7 @@ The row set of an operation lives in a private roaring bitmap changed in place e
 immutable `rowset` is built from it only when read (and the previous one is kept or rebuilt from
 the update on demand), so a cycle costs what the change costs even on very large tables.
 """
+from tickwire.server.engine.graph.ops.aggregate import Agg, AggregateTable
 from tickwire.server.engine.graph.ops.base import expression_columns, shifted_rows, unique_name
 from tickwire.server.engine.graph.ops.head_tail import HeadTailTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
@@ -26,5 +27,6 @@ from tickwire.server.engine.graph.ops.project import ProjectTable
 from tickwire.server.engine.graph.ops.sort import SortTable
 from tickwire.server.engine.graph.ops.where import WhereTable
 
-__all__ = ["SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "unique_name",
+__all__ = ["Agg", "AggregateTable",
+           "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "unique_name",
            "expression_columns", "shifted_rows"]

@@ -1,0 +1,858 @@
+"""agg_by: aggregations of the rows of each group (the distinct values of key columns), incremental.
+
+One output row per group. Groups are found by hashing the key columns in bulk (`hash_columns`,
+`KeyIndex`); a group gets its row key when it is first seen (groups first seen in one cycle in the
+order of their first rows, groups of `initial_groups` first) and keeps it for the table's life, so
+the output never shifts: a group that empties is removed (unless `preserve_empty`) and one that
+comes back is added at its old row key. With no key columns there is one group, always present.
+
+State (all numpy, indexed by group or by member slot):
+- every parent row is a *member* with a slot; the slot holds the row's group and the values of the
+  aggregated columns (a private `ColumnStore`), so removed and modified rows' old values are known
+  without asking the parent;
+- linear kinds (count, sum, abs_sum, avg, var, std, weighted_sum, weighted_avg) keep running sums
+  per group: exact int64 sums for integers, for floats the sum of finite values with counts of
+  NaN, +inf and -inf (so removing an infinity or a NaN gives the right answer back);
+- the other kinds keep the members of each group in order (an `OrderIndex` of (group, row key)):
+  first/last (and their row keys) are found with one ordered lookup per touched group; min and max
+  merge added values into the group's value and read the group's members again only when a value
+  that could be the extreme left it; median, percentile, distinct, count_distinct, unique,
+  sorted_first/last and group read the members of the groups the cycle touched, never the table.
+
+Each cycle's output update holds the groups that appeared, emptied or changed; a changed group is a
+modification of the columns whose values changed (compared in bulk), with their previous values
+kept for the cycle (`prev_gather`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.server.engine.errors import OperationError, UnknownColumnError
+from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.column_store import (
+    ColumnStore,
+    check_hashable,
+    equal_mask,
+    hash_columns,
+    key_verifier,
+)
+from tickwire.server.engine.graph.keyindex import KeyIndex
+from tickwire.server.engine.graph.keymap import KeyMap
+from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
+from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
+from tickwire.server.engine.graph.row_set import RowSet
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
+from tickwire.server.engine.graph.tables import Rows, Table, register_operation
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.graph.graph import UpdateGraph
+
+__all__ = ["Agg", "AggregateTable", "KINDS"]
+
+_U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+LINEAR = frozenset({"count", "sum", "abs_sum", "avg", "var", "std", "weighted_sum", "weighted_avg"})
+ORDERED = frozenset({"min", "max", "first", "last", "first_row_key", "last_row_key", "median", "percentile",
+                     "count_distinct", "distinct", "unique", "sorted_first", "sorted_last", "group"})
+KINDS = LINEAR | ORDERED
+#: kinds whose value needs the group's members read again when any of them changes
+_RESCAN = frozenset({"median", "percentile", "count_distinct", "distinct", "unique", "sorted_first",
+                     "sorted_last", "group"})
+
+
+@dataclass(frozen=True)
+class Agg:
+    """One aggregation: `kind` (see KINDS) of input `column` into output column `name`.
+
+    `other` is the weight column of weighted_sum/weighted_avg and the sort column of
+    sorted_first/sorted_last; `percentile` and `average_evenly_divided` shape percentile and
+    median; `include_nulls` makes count_distinct, distinct and unique count null as a value;
+    `non_unique` is unique's value for a group of several distinct values (default null)."""
+
+    kind: str
+    column: Optional[str] = None
+    name: Optional[str] = None
+    other: Optional[str] = None
+    percentile: float = 0.5
+    average_evenly_divided: bool = False
+    include_nulls: bool = False
+    non_unique: Any = field(default=None, compare=False)
+
+    @property
+    def out(self) -> str:
+        return self.name or self.column or self.kind
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t))
+
+
+def _is_float(t: pa.DataType) -> bool:
+    return bool(pa.types.is_floating(t))
+
+
+def _is_num(t: pa.DataType) -> bool:
+    return _is_int(t) or _is_float(t)
+
+
+def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) -> pa.DataType:
+    """The output type of `a` on an input of type `t` (weight/sort column of type `other`), or
+    OperationError naming what cannot be aggregated so."""
+    k = a.kind
+
+    def refuse() -> OperationError:
+        return OperationError(f"{k} cannot aggregate column {a.column!r} of type {t}")
+    if k in ("count", "count_distinct", "first_row_key", "last_row_key"):
+        return pa.int64()
+    assert t is not None
+    if k in ("sum", "abs_sum"):
+        if _is_int(t) or pa.types.is_boolean(t):
+            return pa.int64()
+        if _is_float(t):
+            return pa.float64()
+        raise refuse()
+    if k in ("avg", "var", "std"):
+        if _is_num(t):
+            return pa.float64()
+        raise refuse()
+    if k in ("weighted_sum", "weighted_avg"):
+        if not (_is_num(t) and other is not None and _is_num(other)):
+            raise OperationError(f"{k} needs numeric value and weight columns: {a.column!r} is {t}, "
+                                 f"weight {a.other!r} is {other}")
+        if k == "weighted_sum" and _is_int(t) and _is_int(other):
+            return pa.int64()
+        return pa.float64()
+    if k in ("min", "max", "median", "percentile"):
+        if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            raise refuse()
+        if k in ("median", "percentile") and a.average_evenly_divided and _is_num(t):
+            return pa.float64()
+        return t
+    if k in ("first", "last", "unique", "sorted_first", "sorted_last"):
+        return t
+    if k in ("distinct", "group"):
+        return pa.list_(t)
+    raise OperationError(f"unknown aggregation {k!r}")
+
+
+# -- per-row contributions of the linear kinds ----------------------------------------------------
+
+def _floats(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(values as float64 with nulls as 0, validity)."""
+    valid = np.ones(len(a), dtype=bool) if a.null_count == 0 else a.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_boolean(a.type):
+        a = a.cast(pa.int8())
+    v = a.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64) if a.null_count else \
+        a.to_numpy(zero_copy_only=False).astype(np.float64)
+    return v, valid
+
+
+def _ints(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    valid = np.ones(len(a), dtype=bool) if a.null_count == 0 else a.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_boolean(a.type):
+        a = a.cast(pa.int8())
+    v = (a.fill_null(0) if a.null_count else a).to_numpy(zero_copy_only=False).astype(np.int64)
+    return v, valid
+
+
+class _Linear:
+    """Running per-group sums for one linear aggregation."""
+
+    def __init__(self, a: Agg, t: pa.DataType, other: Optional[pa.DataType], cap: int):
+        self.a = a
+        self.exact = a.kind in ("sum", "abs_sum") and (_is_int(t) or pa.types.is_boolean(t)) or \
+            (a.kind == "weighted_sum" and _is_int(t) and other is not None and _is_int(other))
+        sp = ["nan", "pinf", "ninf", "nz"]
+        names = {"count": ["n"],
+                 "sum": ["n", "s", *sp], "abs_sum": ["n", "s", *sp], "avg": ["n", "s", *sp],
+                 "var": ["n", "s", "s2", "nan", "inf", "nz"], "std": ["n", "s", "s2", "nan", "inf", "nz"],
+                 "weighted_sum": ["n", "s", "w", *sp],
+                 "weighted_avg": ["n", "s", "w", *sp, *("w" + x for x in sp)]}[a.kind]
+        ints = {"n", "inf", *sp, *("w" + x for x in sp)}
+        self.state = {n: np.zeros(cap, dtype=np.int64 if n in ints
+                                  or (self.exact and n in ("s",)) else np.float64) for n in names}
+
+    def grow(self, cap: int) -> None:
+        for n, arr in self.state.items():
+            if arr.size < cap:
+                new = np.zeros(cap, dtype=arr.dtype)
+                new[:arr.size] = arr
+                self.state[n] = new
+
+    def reset(self, groups: np.ndarray) -> None:
+        for arr in self.state.values():
+            arr[groups] = 0
+
+    def add(self, gids: np.ndarray, rows: pa.Table, sign: int) -> None:
+        """Adds (sign 1) or takes away (sign -1) the contributions of `rows` to their groups."""
+        if gids.size == 0:
+            return
+        a, st = self.a, self.state
+        if a.kind == "count":
+            np.add.at(st["n"], gids, sign)
+            return
+        col = rows.column(a.column).combine_chunks()
+        if a.kind in ("weighted_sum", "weighted_avg"):
+            wcol = rows.column(a.other).combine_chunks()
+            if self.exact:
+                x, xv = _ints(col)
+                w, wv = _ints(wcol)
+                ok = xv & wv
+                np.add.at(st["n"], gids, sign * ok)
+                np.add.at(st["s"], gids, sign * np.where(ok, x * w, 0))
+                np.add.at(st["w"], gids, sign * np.where(ok, w, 0))
+                return
+            x, xv = _floats(col)
+            w, wv = _floats(wcol)
+            ok = xv & wv
+            with np.errstate(all="ignore"):
+                p = np.where(ok, x * w, 0.0)
+            self._add_special(gids, p, ok, sign, st)
+            if a.kind == "weighted_avg":
+                self._add_special(gids, w, ok, sign, st, "w")
+            np.add.at(st["n"], gids, sign * ok)
+            return
+        if self.exact:
+            x, ok = _ints(col)
+            if a.kind == "abs_sum":
+                x = np.abs(x)
+            np.add.at(st["n"], gids, sign * ok)
+            np.add.at(st["s"], gids, sign * np.where(ok, x, 0))
+            return
+        x, ok = _floats(col)
+        if a.kind == "abs_sum":
+            x = np.abs(x)
+        np.add.at(st["n"], gids, sign * ok)
+        if a.kind in ("var", "std"):
+            fin = np.isfinite(x)
+            np.add.at(st["nan"], gids, sign * (ok & np.isnan(x)))
+            np.add.at(st["inf"], gids, sign * (ok & np.isinf(x)))
+            xf = np.where(ok & fin, x, 0.0)
+            np.add.at(st["nz"], gids, sign * (xf != 0))
+            np.add.at(st["s"], gids, sign * xf)
+            np.add.at(st["s2"], gids, sign * xf * xf)
+            return
+        self._add_special(gids, x, ok, sign, st)
+
+    @staticmethod
+    def _add_special(gids: np.ndarray, x: np.ndarray, ok: np.ndarray, sign: int, st: dict[str, np.ndarray],
+                     pre: str = "") -> None:
+        """Adds finite values to sum `s` (or `w`), counting NaN, +inf and -inf apart."""
+        fin = np.isfinite(x)
+        np.add.at(st[pre + "nan"], gids, sign * (ok & np.isnan(x)))
+        np.add.at(st[pre + "pinf"], gids, sign * (ok & (x == np.inf)))
+        np.add.at(st[pre + "ninf"], gids, sign * (ok & (x == -np.inf)))
+        np.add.at(st[pre + "nz"], gids, sign * (ok & fin & (x != 0)))
+        np.add.at(st[pre or "s"], gids, sign * np.where(ok & fin, x, 0.0))
+
+    @staticmethod
+    def _total(s: np.ndarray, nan: np.ndarray, pinf: np.ndarray, ninf: np.ndarray, nz: np.ndarray) -> np.ndarray:
+        """A float sum from its finite part and its counts of NaN and infinities (IEEE rules); a
+        sum of only zeros is exactly zero (what earlier values left behind in rounding is dropped)."""
+        total = np.where(nz > 0, s, 0.0)
+        total = np.where(pinf > 0, np.inf, total)
+        total = np.where(ninf > 0, -np.inf, total)
+        return np.where((nan > 0) | ((pinf > 0) & (ninf > 0)), np.nan, total)
+
+    def values(self, groups: np.ndarray, rows: np.ndarray) -> pa.Array:
+        """The aggregation's value for `groups` (`rows`: each group's row count)."""
+        a, st = self.a, self.state
+        if a.kind == "count":
+            return pa.array(st["n"][groups], pa.int64())
+        n = st["n"][groups]
+        none = n == 0
+        if self.exact:
+            return pa.array(st["s"][groups], pa.int64(), mask=none)
+        s = st["s"][groups]
+        if a.kind in ("var", "std"):
+            nf = n.astype(np.float64)
+            with np.errstate(all="ignore"):
+                nz = st["nz"][groups] > 0
+                s, s2 = np.where(nz, s, 0.0), np.where(nz, st["s2"][groups], 0.0)
+                var = (s2 - s * s / nf) / (nf - 1)
+                var = np.where(var < 0, 0.0, var)
+                var = np.where(n > 1, var, np.nan)
+                var = np.where((st["nan"][groups] > 0) | (st["inf"][groups] > 0), np.nan, var)
+                out = np.sqrt(var) if a.kind == "std" else var
+            return pa.array(out, pa.float64(), mask=none)
+        total = self._total(s, st["nan"][groups], st["pinf"][groups], st["ninf"][groups], st["nz"][groups])
+        with np.errstate(all="ignore"):
+            if a.kind == "avg":
+                total = total / n
+            elif a.kind == "weighted_avg":
+                total = total / self._total(st["w"][groups], st["wnan"][groups], st["wpinf"][groups],
+                                            st["wninf"][groups], st["wnz"][groups])
+        return pa.array(total, pa.float64(), mask=none)
+
+
+# -- the ordered kinds, computed from a group's members --------------------------------------------
+
+def _sort_words(a: pa.Array) -> np.ndarray:
+    """An int64/float64 numpy array whose order is `a`'s order for fixed-width types (nulls not
+    meaningful), or the dense rank of each value for other types."""
+    t = a.type
+    out: np.ndarray
+    if pa.types.is_boolean(t):
+        out = a.fill_null(False).cast(pa.int8()).to_numpy(zero_copy_only=False).astype(np.int64)
+        return out
+    if _is_int(t):
+        out = a.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return out
+    if _is_float(t):
+        out = a.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float64)
+        return out
+    if pa.types.is_temporal(t):
+        storage = pa.int32() if t.bit_width == 32 else pa.int64()
+        out = a.view(storage).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return out
+    # strings and others: rank through Arrow's sort
+    order = pc.array_sort_indices(a, null_placement="at_start").to_numpy()
+    ranks = np.empty(len(a), dtype=np.int64)
+    sorted_vals = a.take(pa.array(order))
+    same = np.zeros(len(a), dtype=bool)
+    if len(a) > 1:
+        same[1:] = equal_mask(sorted_vals.slice(1), sorted_vals.slice(0, len(a) - 1))
+    ranks[order] = np.cumsum(~same) - 1
+    return ranks
+
+
+def _segments(gids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For gids sorted: (distinct groups, start of each, count of each)."""
+    if gids.size == 0:
+        return _EMPTY, _EMPTY, _EMPTY
+    start = np.flatnonzero(np.concatenate(([True], gids[1:] != gids[:-1])))
+    counts = np.diff(np.append(start, gids.size))
+    return gids[start], start, counts
+
+
+def _ordered_values(a: Agg, t: pa.DataType, groups: np.ndarray, gids: np.ndarray, pkeys: np.ndarray,
+                    rows: pa.Table) -> pa.Array:
+    """The value of ordered aggregation `a` for each of `groups` (sorted), from the members
+    `gids`/`pkeys`/`rows` sorted by (group, row key) (every group of `groups` may or may not
+    have members: those without get the empty value)."""
+    rt = result_type(a, t, rows.schema.field(a.other).type if a.other else None)
+    n = groups.size
+    col = rows.column(a.column).combine_chunks() if a.column else None
+    pos = np.searchsorted(groups, gids)
+    if a.kind in ("group",):
+        assert col is not None
+        counts = np.bincount(pos, minlength=n)
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), col).cast(rt)
+    assert col is not None
+    if len(col) == 0:  # no group has members
+        if a.kind == "count_distinct":
+            return pa.array(np.zeros(n, dtype=np.int64), pa.int64())
+        if a.kind == "distinct":
+            return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), col).cast(rt)
+        return pa.nulls(n, rt)
+    valid = np.ones(len(col), dtype=bool) if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
+    if a.kind in ("sorted_first", "sorted_last"):
+        scol = rows.column(a.other).combine_chunks()
+        sw = _sort_words(scol)
+        snull = scol.is_null().to_numpy(zero_copy_only=False)
+        # nulls first ascending; ties in row order
+        order = np.lexsort((np.arange(len(col)), sw, ~snull, pos))
+        g_s = pos[order]
+        pick = np.full(n, -1, dtype=np.int64)
+        if a.kind == "sorted_first":
+            _, first_i = np.unique(g_s, return_index=True)
+            pick[np.unique(g_s)] = order[first_i]
+        else:
+            last_i = np.flatnonzero(np.append(g_s[1:] != g_s[:-1], True))
+            pick[g_s[last_i]] = order[last_i]
+        return _take_or_null(col, pick)
+    # the kinds over values: nulls dropped unless counted
+    w = _sort_words(col)
+    isnan = np.isnan(w) if w.dtype == np.float64 else np.zeros(w.size, dtype=bool)
+    if a.kind in ("min", "max", "median", "percentile"):
+        keep = valid & ~isnan
+        idx = np.flatnonzero(keep)
+        order = idx[np.lexsort((w[idx], pos[idx]))]
+        g_s = pos[order]
+        ug, st, cnt = _segments(g_s)
+        pick = np.full(n, -1, dtype=np.int64)
+        if a.kind == "min":
+            pick[ug] = order[st]
+            return _take_or_null(col, pick)
+        if a.kind == "max":
+            pick[ug] = order[st + cnt - 1]
+            return _take_or_null(col, pick)
+        p = 0.5 if a.kind == "median" else float(a.percentile)
+        if a.average_evenly_divided and _is_num(t):
+            exact = (cnt - 1) * p
+            lo_i = np.floor(exact).astype(np.int64)
+            hi_i = np.minimum(lo_i + 1, cnt - 1)
+            frac = exact - lo_i
+            vals = w.astype(np.float64)
+            lo_v, hi_v = vals[order[st + lo_i]], vals[order[st + hi_i]]
+            out = np.full(n, 0.0)
+            mask = np.ones(n, dtype=bool)
+            out[ug] = np.where(frac > 0, (lo_v + hi_v) / 2, lo_v) if p == 0.5 else lo_v + (hi_v - lo_v) * frac
+            mask[ug] = False
+            return pa.array(out, pa.float64(), mask=mask)
+        k = np.minimum(np.floor((cnt - 1) * p + 0.5 if False else (cnt - 1) * p).astype(np.int64), cnt - 1)
+        pick[ug] = order[st + k]
+        return _take_or_null(col, pick)
+    # distinct values per group
+    keep = valid | a.include_nulls
+    idx = np.flatnonzero(keep)
+    nullrank = np.where(valid, 1, 0)
+    order = idx[np.lexsort((np.arange(len(col))[idx], w[idx], nullrank[idx], pos[idx]))]
+    g_s = pos[order]
+    wv, nv = w[order], nullrank[order]
+    new = np.ones(order.size, dtype=bool)
+    if order.size > 1:
+        same_v = (wv[1:] == wv[:-1]) | (np.isnan(wv[1:]) & np.isnan(wv[:-1])) if w.dtype == np.float64 else \
+            wv[1:] == wv[:-1]
+        same_v = same_v & (nv[1:] == nv[:-1])
+        same_v |= (nv[1:] == 0) & (nv[:-1] == 0)
+        new[1:] = (g_s[1:] != g_s[:-1]) | ~same_v
+    first_of = order[new]
+    g_f = g_s[new]
+    if a.kind == "count_distinct":
+        out = np.bincount(g_f, minlength=n).astype(np.int64)
+        return pa.array(out, pa.int64())
+    if a.kind == "distinct":
+        counts = np.bincount(g_f, minlength=n)
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), col.take(pa.array(first_of))).cast(rt)
+    # unique: the one distinct value, else null (or non_unique)
+    counts = np.bincount(g_f, minlength=n)
+    pick = np.full(n, -1, dtype=np.int64)
+    one = counts == 1
+    gi = np.flatnonzero(one)
+    fpos = np.searchsorted(g_f, gi)
+    pick[gi] = first_of[fpos]
+    out = _take_or_null(col, pick)
+    if a.non_unique is not None and (counts > 1).any():
+        fill = pa.array([a.non_unique] * n, type=out.type)
+        out = pc.if_else(pa.array(counts > 1), fill, out)
+    return out
+
+
+def _take_or_null(col: pa.Array, pick: np.ndarray) -> pa.Array:
+    """col[pick] with null where pick < 0."""
+    if pick.size == 0:
+        return col.slice(0, 0)
+    miss = pick < 0
+    out = col.take(pa.array(np.where(miss, 0, pick), pa.int64())) if len(col) else \
+        pa.nulls(pick.size, col.type)
+    if miss.any() and len(col):
+        out = pc.if_else(pa.array(miss), pa.nulls(pick.size, col.type), out)
+    return out
+
+
+class AggregateTable(_Op):
+    """One row per group of `keys` with the aggregations `aggs` (see the module docstring)."""
+
+    store: ColumnStore
+
+    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, aggs: Sequence[Agg],
+                 keys: Sequence[str] = (), preserve_empty: bool = False,
+                 initial_groups: Optional[pa.Table] = None):
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        ps = parent.schema
+        for k in keys:
+            if k not in ps.names:
+                raise UnknownColumnError(f"table {name!r}: unknown key column {k!r}")
+            if not check_hashable(ps.field(k).type):
+                raise OperationError(f"table {name!r}: key column {k!r} has type {ps.field(k).type}, "
+                                     f"which cannot be a key")
+        if len(set(keys)) != len(keys):
+            raise OperationError(f"table {name!r}: a key column is named twice in {keys}")
+        fields = [ps.field(k) for k in keys]
+        inputs: list[str] = []
+        self.aggs = list(aggs)
+        for a in self.aggs:
+            if a.kind not in KINDS:
+                raise OperationError(f"table {name!r}: unknown aggregation {a.kind!r}")
+            for c in (a.column, a.other):
+                if c is not None:
+                    if c not in ps.names:
+                        raise UnknownColumnError(f"table {name!r}: {a.kind} of unknown column {c!r}")
+                    if c not in inputs:
+                        inputs.append(c)
+            if a.column is None and a.kind not in ("count", "first_row_key", "last_row_key"):
+                raise OperationError(f"table {name!r}: {a.kind} needs an input column")
+            t = ps.field(a.column).type if a.column else None
+            o = ps.field(a.other).type if a.other else None
+            try:
+                fields.append(pa.field(a.out, result_type(a, t, o)))
+            except OperationError as exc:
+                raise OperationError(f"table {name!r}: {exc}") from None
+        names = [f.name for f in fields]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise OperationError(f"table {name!r}: output column {dup[0]!r} is produced twice")
+        self.keys = keys
+        self.inputs = inputs
+        self.preserve_empty = bool(preserve_empty) or not keys
+        self.in_schema = pa.schema([ps.field(c) for c in inputs])
+        cap = 1024
+        self._groups = KeyIndex()
+        self._ngroups = 0
+        self._count = np.zeros(cap, dtype=np.int64)        # group -> rows
+        self._live = np.zeros(cap, dtype=bool)             # group -> has an output row
+        self._linear = [_Linear(a, ps.field(a.column).type if a.column else pa.int64(),
+                                ps.field(a.other).type if a.other else None, cap)
+                        for a in self.aggs if a.kind in LINEAR]
+        self._ordered = [a for a in self.aggs if a.kind in ORDERED]
+        self._row_keys = any(a.kind in ("first_row_key", "last_row_key") for a in self.aggs)
+        self._slot_of = KeyMap()                            # parent row key -> member slot
+        self._mgid = np.zeros(cap, dtype=np.int64)          # member slot -> group
+        self._free = _EMPTY.copy()
+        self._nslots = 0
+        self._values = ColumnStore(self.in_schema)          # member slot -> input values
+        self._members = OrderIndex(2) if self._ordered else None  # (group + 1, parent row key)
+        with graph.lock, _unregistered_on_error(graph, self):
+            _Op.__init__(self, graph, name, parent, pa.schema(fields))
+            self.store = ColumnStore(self.schema)
+            if not keys:
+                self._new_groups(1)
+            elif initial_groups is not None:
+                init = initial_groups.select(keys).combine_chunks()
+                self._group_of(init)
+            extra = np.arange(self._ngroups, dtype=np.int64) if self.preserve_empty else _EMPTY
+            self._cycle(TableUpdate(added=parent.rowset), extra)
+            self._prev = None
+            self._rs = None
+            self._update = None
+
+    # -- storage --------------------------------------------------------------------------------
+    def _grow_groups(self, need: int) -> None:
+        size = self._count.size
+        if need <= size:
+            return
+        while size < need:
+            size *= 2
+        for name, dtype in (("_count", np.int64), ("_live", bool)):
+            old = getattr(self, name)
+            new = np.zeros(size, dtype=dtype)
+            new[:old.size] = old
+            setattr(self, name, new)
+        for lin in self._linear:
+            lin.grow(size)
+        self.store.ensure(size)
+
+    def _new_groups(self, m: int) -> np.ndarray:
+        new = np.arange(self._ngroups, self._ngroups + m, dtype=np.int64)
+        self._ngroups += m
+        self._grow_groups(self._ngroups)
+        return new
+
+    def _alloc(self, m: int) -> np.ndarray:
+        take = min(m, self._free.size)
+        slots = self._free[self._free.size - take:]
+        self._free = self._free[:self._free.size - take]
+        fresh = np.arange(self._nslots, self._nslots + (m - take), dtype=np.int64)
+        self._nslots += m - take
+        if self._nslots > self._mgid.size:
+            size = self._mgid.size
+            while size < self._nslots:
+                size *= 2
+            grown = np.zeros(size, dtype=np.int64)
+            grown[:self._mgid.size] = self._mgid
+            self._mgid = grown
+        self._values.ensure(self._nslots)
+        return np.concatenate((slots, fresh))
+
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
+        return Table.prev_gather(self, columns, keys)
+
+    # -- groups ---------------------------------------------------------------------------------
+    def _group_of(self, values: pa.Table) -> np.ndarray:
+        """Group of each row of key values, making groups for new keys (in first-row order)."""
+        n = values.num_rows
+        gids: np.ndarray
+        if not self.keys or n == 0:
+            gids = np.zeros(n, dtype=np.int64)
+            return gids
+        cols = [values.column(k).combine_chunks() for k in self.keys]
+        h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+        same = key_verifier(self.store, self.keys, cols)
+        gids, _ = self._groups.lookup(h, same)
+        missing = np.flatnonzero(gids < 0)
+        if missing.size:
+            sub = values.select(self.keys).take(pa.array(missing)).append_column(
+                "__i", pa.array(np.arange(missing.size, dtype=np.int64)))
+            firsts = np.sort(sub.group_by(self.keys, use_threads=False).aggregate([("__i", "min")])
+                             .column("__i_min").to_numpy())
+            rows = missing[firsts]
+            new = self._new_groups(rows.size)
+            key_vals = values.select(self.keys).take(pa.array(rows))
+            self.store.write(new, self._key_row_table(key_vals, rows.size))
+            self._groups.insert(h[rows], new)
+            again, _ = self._groups.lookup(h[missing], lambda qi, g: same(missing[qi], g))
+            gids[missing] = again
+        return gids
+
+    def _key_row_table(self, key_vals: pa.Table, n: int) -> pa.Table:
+        """Output rows with the key values and empty aggregation values (written when groups are made)."""
+        cols = []
+        for f in self.schema:
+            if f.name in self.keys:
+                cols.append(key_vals.column(f.name).combine_chunks())
+            else:
+                cols.append(pa.nulls(n, f.type))
+        return pa.Table.from_arrays(cols, schema=self.schema)
+
+    # -- the cycle ------------------------------------------------------------------------------
+    def _follow(self, step: int, up: TableUpdate) -> Optional[TableUpdate]:
+        return self._cycle(up)
+
+    def _cycle(self, up: TableUpdate, extra: np.ndarray = _EMPTY) -> Optional[TableUpdate]:
+        parent, slot_of, members = self.parent, self._slot_of, self._members
+        touched: list[np.ndarray] = [extra]  # groups whose values may have changed
+        left: list[tuple[np.ndarray, pa.Table]] = []   # (groups, old values) of rows leaving groups
+        came: list[tuple[np.ndarray, pa.Table]] = []   # (groups, values) of rows joining groups
+        # 1. removed rows (pre-shift keys)
+        rem = up.removed.keys()
+        if rem.size:
+            slots = slot_of.get(rem)
+            if np.any(slots < 0):
+                raise RuntimeError(f"table {self.name!r}: the parent removed rows this table does not have")
+            g = self._mgid[slots]
+            old = self._values.gather(slots)
+            left.append((g, old))
+            slot_of.delete(rem)
+            if members is not None:
+                members.delete(members.key_of(rem))
+            self._free = np.concatenate((self._free, slots))
+            np.subtract.at(self._count, g, 1)
+        # 2. shifted rows: new parent keys
+        if not up.shifted.is_empty():
+            old_k, new_k = shifted_rows(parent, up)
+            if old_k.size:
+                slot_of.remap(old_k, new_k)
+                if members is not None:
+                    members.set_last_word(members.key_of(old_k), new_k)
+                if self._row_keys:  # the groups' first/last row keys moved with them
+                    touched.append(self._mgid[slot_of.get(new_k)])
+        # 3. modified rows: old values leave, new values come (possibly to another group)
+        mod = up.modified.keys()
+        cols = up.modified_columns
+        if mod.size and (set(self.keys) & cols or set(self.inputs) & cols):
+            slots = slot_of.get(mod)
+            g_old = self._mgid[slots]
+            if set(self.keys) & cols:
+                g_new = self._group_of(parent.gather(self.keys, mod))
+            else:
+                g_new = g_old
+            old = self._values.gather(slots)
+            new_vals = parent.gather(self.inputs, mod) if self.inputs else self._values.gather(slots)
+            self._values.write(slots, new_vals)
+            left.append((g_old, old))
+            came.append((g_new, new_vals))
+            moved = g_new != g_old
+            if moved.any():
+                np.subtract.at(self._count, g_old[moved], 1)
+                np.add.at(self._count, g_new[moved], 1)
+                self._mgid[slots[moved]] = g_new[moved]
+                if members is not None:
+                    mk = mod[moved]
+                    members.delete(members.key_of(mk))
+                    members.insert([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)])
+        # 4. added rows
+        add = up.added.keys()
+        if add.size:
+            need = list(dict.fromkeys(self.keys + self.inputs))
+            vals = parent.gather(need, add) if need else pa.table({"__n": pa.nulls(add.size)})
+            g = self._group_of(vals.select(self.keys)) if self.keys else np.zeros(add.size, dtype=np.int64)
+            slots = self._alloc(add.size)
+            self._mgid[slots] = g
+            slot_of.set(add, slots)
+            in_vals = vals.select(self.inputs) if self.inputs else pa.table({})
+            if self.inputs:
+                self._values.write(slots, in_vals)
+            if members is not None:
+                members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)])
+            np.add.at(self._count, g, 1)
+            came.append((g, in_vals))
+        # 5. the linear kinds follow; groups that lost values are rescanned for ordered kinds
+        for g, vals in left:
+            touched.append(g)
+            for lin in self._linear:
+                lin.add(g, vals, -1)
+        for g, vals in came:
+            touched.append(g)
+            for lin in self._linear:
+                lin.add(g, vals, 1)
+        G = unique(np.concatenate(touched))
+        if G.size == 0:
+            return None
+        return self._emit(G, left, came)
+
+    def _members_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(group, parent row key) of every member of `groups` (sorted), ordered by both."""
+        m = self._members
+        assert m is not None
+        if groups.size == 0 or len(m) == 0:
+            return _EMPTY, _EMPTY
+        _p, first = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
+        last, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
+        ok = (first != NONE_HI) & (last != NONE_LO)
+        keys, _which = m.keys_between(np.where(ok, first, 0), np.where(ok, last, -1))
+        w = m.words_at(keys)
+        return w[0].astype(np.int64) - 1, w[1].astype(np.int64)
+
+    def _edges(self, groups: np.ndarray, front: bool) -> np.ndarray:
+        """The first (front) or last parent row key of each group (-1 when empty)."""
+        m = self._members
+        assert m is not None
+        out = np.full(groups.size, -1, dtype=np.int64)
+        if groups.size == 0 or len(m) == 0:
+            return out
+        if front:
+            _p, k = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
+            ok = k != NONE_HI
+        else:
+            k, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
+            ok = k != NONE_LO
+        w = m.words_at(k[ok])
+        same = w[0].astype(np.int64) - 1 == groups[ok]
+        idx = np.flatnonzero(ok)[same]
+        out[idx] = w[1][same].astype(np.int64)
+        return out
+
+    def _emit(self, G: np.ndarray, left: list[tuple[np.ndarray, pa.Table]],
+              came: list[tuple[np.ndarray, pa.Table]]) -> Optional[TableUpdate]:
+        counts = self._count[G]
+        empty = G[counts == 0]
+        for lin in self._linear:  # running sums start again from exact zeros
+            lin.reset(empty)
+        was = self._live[G]
+        now = (counts > 0) | self.preserve_empty
+        born, gone, stay = G[now & ~was], G[was & ~now], G[was & now]
+        self._live[born] = True
+        self._live[gone] = False
+        # the new values of every touched group that has a row now
+        out_g = G[now]
+        new_cols: dict[str, pa.Array] = {}
+        for lin in self._linear:
+            new_cols[lin.a.out] = lin.values(out_g, self._count[out_g])
+        if self._ordered:
+            new_cols.update(self._ordered_values(out_g, born, left, came))
+        old = self.store.gather(stay, list(new_cols)) if stay.size else None
+        if new_cols and out_g.size:
+            st = self.store
+            st.ensure(int(out_g[-1]) + 1)
+            for n, arr in new_cols.items():
+                st.columns[st.index[n]].write(out_g, arr)
+        modified = _EMPTY
+        changed: set[str] = set()
+        if stay.size and old is not None:
+            pos = pa.array(np.searchsorted(out_g, stay))
+            any_change = np.zeros(stay.size, dtype=bool)
+            for n in new_cols:
+                diff = ~equal_mask(old.column(n).combine_chunks(), new_cols[n].take(pos))
+                if diff.any():
+                    changed.add(n)
+                    any_change |= diff
+            modified = stay[any_change]
+            if modified.size:
+                self._prev = (modified, old.take(pa.array(np.flatnonzero(any_change))))
+        self._commit(gone, born)
+        if born.size == 0 and gone.size == 0 and modified.size == 0:
+            return None
+        return TableUpdate(added=RowSet.from_keys(born), removed=RowSet.from_keys(gone),
+                           modified=RowSet.from_keys(modified), modified_columns=ModifiedColumnSet(changed))
+
+    def _rescan_min_max(self, a: Agg, out_g: np.ndarray, left: list[tuple[np.ndarray, pa.Table]]) -> np.ndarray:
+        """Groups of `out_g` from which a value left that could have been their min (max)."""
+        found = []
+        for g, vals in left:
+            sel = np.isin(g, out_g)
+            if not sel.any():
+                continue
+            gs = g[sel]
+            v = vals.column(a.column).combine_chunks().filter(pa.array(sel))
+            cur = self.store.gather_column(a.out, gs)
+            if pa.types.is_boolean(v.type) or not (pa.types.is_primitive(v.type) or pa.types.is_string(v.type)
+                                                  or pa.types.is_large_string(v.type)):
+                found.append(gs)
+                continue
+            cmp = pc.less_equal(v, cur) if a.kind == "min" else pc.greater_equal(v, cur)
+            hit = cmp.fill_null(True).to_numpy(zero_copy_only=False) & v.is_valid().to_numpy(zero_copy_only=False)
+            if pa.types.is_floating(v.type):
+                hit |= pc.is_nan(v).fill_null(False).to_numpy(zero_copy_only=False)
+            found.append(gs[hit])
+        return unique(np.concatenate(found)) if found else _EMPTY
+
+    def _ordered_values(self, out_g: np.ndarray, born: np.ndarray, left: list[tuple[np.ndarray, pa.Table]],
+                        came: list[tuple[np.ndarray, pa.Table]]) -> dict[str, pa.Array]:
+        """The ordered kinds' values for groups `out_g`: read from the members of the groups that
+        need it (every touched group for the kinds of _RESCAN; for min and max, new groups and
+        those from which a value left that could have been the extreme), else (min/max) the
+        current value merged with the values that came."""
+        res: dict[str, pa.Array] = {}
+        scans: dict[str, np.ndarray] = {}
+        for a in self._ordered:
+            if a.kind in _RESCAN:
+                scans[a.out] = out_g
+            elif a.kind in ("min", "max"):
+                scans[a.out] = np.union1d(np.intersect1d(born, out_g), self._rescan_min_max(a, out_g, left))
+        every = unique(np.concatenate(list(scans.values()))) if scans else _EMPTY
+        m_g = m_k = _EMPTY
+        m_rows: Optional[pa.Table] = None
+        if every.size:
+            m_g, m_k = self._members_of(every)
+            m_rows = self._values.gather(self._slot_of.get(m_k)) if self.inputs else None
+        for a in self._ordered:
+            scan = scans.get(a.out, _EMPTY)
+            rest = np.setdiff1d(out_g, scan, assume_unique=True) if a.kind in ("min", "max") else _EMPTY
+            t = self.parent.schema.field(a.column).type if a.column else pa.int64()
+            rt = self.schema.field(a.out).type
+            parts: list[tuple[np.ndarray, pa.Array]] = []
+            if a.kind in ("first", "last", "first_row_key", "last_row_key"):
+                front = a.kind in ("first", "first_row_key")
+                pk = self._edges(out_g, front)
+                if a.kind.endswith("row_key"):
+                    res[a.out] = pa.array(pk, pa.int64(), mask=pk < 0)
+                else:
+                    slots = self._slot_of.get(np.where(pk >= 0, pk, 0))
+                    assert a.column is not None
+                    col = self._values.gather_column(a.column, np.where(pk >= 0, slots, 0))
+                    res[a.out] = pc.if_else(pa.array(pk < 0), pa.nulls(pk.size, rt), col) if (pk < 0).any() else col
+                continue
+            if scan.size:
+                assert m_rows is not None
+                if scan.size == every.size:
+                    parts.append((scan, _ordered_values(a, t, scan, m_g, m_k, m_rows)))
+                else:
+                    sel = np.isin(m_g, scan)
+                    parts.append((scan, _ordered_values(a, t, scan, m_g[sel], m_k[sel],
+                                                        m_rows.filter(pa.array(sel)))))
+            if rest.size:
+                # min/max of groups that only gained values: the current value merged with them
+                cur = self.store.gather_column(a.out, rest)
+                gs = [np.full(rest.size, 0, dtype=np.int64)]
+                vals = [cur]
+                for g, v in came:
+                    sel = np.isin(g, rest)
+                    if sel.any():
+                        gs.append(np.searchsorted(rest, g[sel]))
+                        vals.append(v.column(a.column).combine_chunks().filter(pa.array(sel)).cast(rt))
+                pos = np.concatenate([np.arange(rest.size, dtype=np.int64)] + gs[1:])
+                allv = pa.concat_arrays(vals)
+                o = np.argsort(pos, kind="stable")
+                tbl = pa.table({a.column: allv.take(pa.array(o))})
+                parts.append((rest, _ordered_values(a, t, np.arange(rest.size, dtype=np.int64), pos[o],
+                                                    np.zeros(pos.size, dtype=np.int64), tbl)))
+            if not parts:
+                res[a.out] = pa.nulls(0, rt)
+            elif len(parts) == 1:
+                res[a.out] = parts[0][1]
+            else:
+                allg = np.concatenate([p[0] for p in parts])
+                allv = pa.concat_arrays([p[1] for p in parts])
+                res[a.out] = allv.take(pa.array(np.argsort(allg, kind="stable")))
+        return res
+
+
+register_operation("agg_by", AggregateTable)
