@@ -136,9 +136,9 @@ def test_fetch_table_exports_release_and_batch(svc):
     (r,) = list(s.stream(TABLE_SERVICE, "Batch", batch, metadata=md))
     assert r.is_static and r.size == 50
     op2 = batch.ops.add()
-    op2.select_distinct.source_id.batch_offset = 0
+    op2.update_by.source_id.batch_offset = 0
     code, msg = s.status(lambda: list(s.stream(TABLE_SERVICE, "Batch", batch, metadata=md)))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "'select_distinct'" in msg
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "'update_by'" in msg
 
 
 def test_psk_is_required_when_configured():

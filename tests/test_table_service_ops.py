@@ -146,9 +146,9 @@ def test_unsupported_operations_are_unimplemented_with_their_name(svc):
     assert code == grpc.StatusCode.UNIMPLEMENTED and "UpdateBy" in details
     batch = table_pb2.BatchTableRequest()
     batch.ops.add().sort.source_id.ticket.ticket = b"s/quotes"
-    batch.ops.add().select_distinct.source_id.batch_offset = 0
+    batch.ops.add().update_by.source_id.batch_offset = 0
     code, details = s.status(lambda: list(s.stream(TABLE_SERVICE, "Batch", batch)))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "select_distinct" in details
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "update_by" in details
     assert user_tables(s.engine) == {"quotes"}  # nothing was made
 
 

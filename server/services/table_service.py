@@ -12,6 +12,7 @@ from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket
 from tickwire.server.engine import Table
 from tickwire.server.engine.publishing import TableWire
+from tickwire.server.services import aggregations  # noqa: F401  (registers Aggregate, AggregateAll, ...)
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.rpc import CallError, service_handlers, short

@@ -1,0 +1,183 @@
+"""Deephaven's aggregation requests (TableService Aggregate, AggregateAll, ComboAggregate and
+SelectDistinct, also inside Batch) as `agg_by` tables of the engine.
+
+Each request is translated into `Agg`s (tickwire.server.engine.graph.ops.aggregate), checked against
+the source's schema, and made into one incremental derived table. What Deephaven serves and tickwire
+does not is refused UNIMPLEMENTED naming the case: formula and count_where aggregations, partitions,
+approximate percentiles and t-digests, freeze, sorted_first/last on more than one column, and
+non-unique sentinels of another type than the column's.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Optional
+
+import pyarrow as pa
+
+from tickwire.server.engine import Table
+from tickwire.server.engine.graph.ops import Agg
+from tickwire.server.services.rpc import CallError
+from tickwire.server.services.table_ops import TableOps, register
+
+__all__ = ["aggs_of_request", "aggs_of_spec"]
+
+_PAIR = re.compile(r"^\s*([A-Za-z_$][A-Za-z_0-9$]*)\s*(?:=\s*([A-Za-z_$][A-Za-z_0-9$]*)\s*)?$")
+
+# ComboAggregateRequest.AggType -> AggSpec field
+_COMBO = {0: "sum", 1: "abs_sum", 2: "group", 3: "avg", 4: "count", 5: "first", 6: "last", 7: "min", 8: "max",
+          9: "median", 10: "percentile", 11: "std", 12: "var", 13: "weighted_avg"}
+
+
+def _pairs(match_pairs, what: str) -> list[tuple[str, str]]:
+    """"Out=In" / "Col" pairs -> (output, input)."""
+    out = []
+    for p in match_pairs:
+        m = _PAIR.match(p)
+        if not m:
+            raise CallError(f"{what}: cannot parse column pair {p!r} (expected NAME or NAME=COLUMN)",
+                            "INVALID_ARGUMENT")
+        out.append((m.group(1), m.group(2) or m.group(1)))
+    return out
+
+
+def _sentinel(u) -> Any:
+    if not u.HasField("non_unique_sentinel"):
+        return None
+    s = u.non_unique_sentinel
+    which = s.WhichOneof("type")
+    if which is None or which == "null_value":
+        return None
+    return getattr(s, which)
+
+
+def aggs_of_spec(spec, pairs: list[tuple[str, str]], what: str) -> list[Agg]:
+    """The Aggs of one AggSpec applied to (output, input) column pairs."""
+    which = spec.WhichOneof("type")
+    if which is None:
+        raise CallError(f"{what}: an aggregation spec is required", "INVALID_ARGUMENT")
+    simple = {"abs_sum", "avg", "first", "last", "max", "min", "std", "sum", "var", "group"}
+    if which in simple:
+        return [Agg(which, c, o) for o, c in pairs]
+    if which == "count_distinct":
+        return [Agg("count_distinct", c, o, include_nulls=spec.count_distinct.count_nulls) for o, c in pairs]
+    if which == "distinct":
+        return [Agg("distinct", c, o, include_nulls=spec.distinct.include_nulls) for o, c in pairs]
+    if which == "unique":
+        u = spec.unique
+        return [Agg("unique", c, o, include_nulls=u.include_nulls, non_unique=_sentinel(u)) for o, c in pairs]
+    if which == "median":
+        return [Agg("median", c, o, average_evenly_divided=spec.median.average_evenly_divided) for o, c in pairs]
+    if which == "percentile":
+        p = spec.percentile
+        if not 0.0 <= p.percentile <= 1.0:
+            raise CallError(f"{what}: percentile must be between 0 and 1, got {p.percentile}", "INVALID_ARGUMENT")
+        return [Agg("percentile", c, o, percentile=p.percentile, average_evenly_divided=p.average_evenly_divided)
+                for o, c in pairs]
+    if which in ("weighted_avg", "weighted_sum"):
+        w = getattr(spec, which).weight_column
+        return [Agg(which, c, o, other=w) for o, c in pairs]
+    if which in ("sorted_first", "sorted_last"):
+        cols = [c.column_name for c in getattr(spec, which).columns]
+        if len(cols) != 1:
+            raise CallError(f"{what}: {which} on {len(cols)} sort columns is not supported (one is)", "UNIMPLEMENTED")
+        return [Agg(which, c, o, other=cols[0]) for o, c in pairs]
+    raise CallError(f"{what}: aggregation {which!r} is not supported", "UNIMPLEMENTED")
+
+
+def aggs_of_request(req) -> list[Agg]:
+    """The Aggs of an AggregateRequest's aggregations."""
+    out: list[Agg] = []
+    for i, a in enumerate(req.aggregations):
+        which = a.WhichOneof("type")
+        what = f"Aggregate: aggregation {i}"
+        if which == "columns":
+            out.extend(aggs_of_spec(a.columns.spec, _pairs(a.columns.match_pairs, what), what))
+        elif which == "count":
+            out.append(Agg("count", name=_name(a.count.column_name, what)))
+        elif which in ("first_row_key", "last_row_key"):
+            out.append(Agg(which, name=_name(getattr(a, which).column_name, what)))
+        elif which is None:
+            raise CallError(f"{what}: no aggregation given", "INVALID_ARGUMENT")
+        else:
+            raise CallError(f"{what}: aggregation {which!r} is not supported", "UNIMPLEMENTED")
+    return out
+
+
+def _name(name: str, what: str) -> str:
+    if not _PAIR.match(name) or "=" in name:
+        raise CallError(f"{what}: {name!r} is not a column name", "INVALID_ARGUMENT")
+    return name
+
+
+def _keys(names, schema: pa.Schema, what: str) -> list[str]:
+    keys = [n.strip() for n in names]
+    for k in keys:
+        if k not in schema.names:
+            raise CallError(f"{what}: unknown group-by column {k!r}", "INVALID_ARGUMENT")
+    return keys
+
+
+def _combo(req) -> list[Agg]:
+    out: list[Agg] = []
+    for i, a in enumerate(req.aggregates):
+        what = f"ComboAggregate: aggregate {i}"
+        kind = _COMBO.get(a.type)
+        if kind is None:
+            raise CallError(f"{what}: unknown aggregation type {a.type}", "INVALID_ARGUMENT")
+        if kind == "count":
+            out.append(Agg("count", name=_name(a.column_name, what)))
+            continue
+        pairs = _pairs(a.match_pairs, what)
+        if kind == "weighted_avg":
+            out.extend(Agg("weighted_avg", c, o, other=a.column_name) for o, c in pairs)
+        elif kind == "percentile":
+            out.extend(Agg("percentile", c, o, percentile=a.percentile, average_evenly_divided=a.avg_median)
+                       for o, c in pairs)
+        elif kind == "median":
+            out.extend(Agg("median", c, o, average_evenly_divided=a.avg_median) for o, c in pairs)
+        else:
+            out.extend(Agg(kind, c, o) for o, c in pairs)
+    return out
+
+
+def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]:
+    def build(ops: TableOps, req, source: Table) -> Callable[[], Table]:
+        schema = source.schema
+        initial: Optional[Table] = None
+        preserve = False
+        if kind == "aggregate":
+            keys = _keys(req.group_by_columns, schema, "Aggregate")
+            aggs = aggs_of_request(req)
+            preserve = bool(req.preserve_empty)
+            if req.HasField("initial_groups_id"):
+                raise CallError("Aggregate: initial_groups is not supported", "UNIMPLEMENTED")
+        elif kind == "aggregate_all":
+            keys = _keys(req.group_by_columns, schema, "AggregateAll")
+            spec = req.spec
+            which = spec.WhichOneof("type")
+            skip = set(keys)
+            if which in ("weighted_avg", "weighted_sum"):
+                skip.add(getattr(spec, which).weight_column)
+            pairs = [(n, n) for n in schema.names if n not in skip]
+            aggs = aggs_of_spec(spec, pairs, "AggregateAll")
+        elif kind == "combo_aggregate":
+            keys = _keys(req.group_by_columns, schema, "ComboAggregate")
+            aggs = _combo(req)
+        else:  # select_distinct
+            keys = _keys(req.column_names, schema, "SelectDistinct")
+            aggs = []
+        for a in aggs:
+            for c in (a.column, a.other):
+                if c is not None and c not in schema.names:
+                    raise CallError(f"{kind}: unknown column {c!r}", "INVALID_ARGUMENT")
+
+        def make() -> Table:
+            return source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
+                                 initial_groups=None if initial is None else initial.to_arrow())
+        return make
+    return build
+
+
+for _method, _field in (("Aggregate", "aggregate"), ("AggregateAll", "aggregate_all"),
+                        ("ComboAggregate", "combo_aggregate"), ("SelectDistinct", "select_distinct")):
+    register(_method, _field, _builder(_field))
