@@ -44,10 +44,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
 from tickwire.protocol.schema import sentinel_for
 
 __all__ = ["ExpressionError", "parse_filter", "parse_column_spec", "parse_column_specs", "compare_operands",
+           "string_method", "java_regex",
            "MAX_LENGTH", "MAX_DEPTH", "MAX_NODES"]
 
 MAX_LENGTH = 8192
@@ -72,7 +74,7 @@ _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<num>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?[lLfFdD]?(?![A-Za-z0-9_$.]))
   | (?P<name>[A-Za-z_$][A-Za-z0-9_$]*)
-  | (?P<op>==|!=|<=|>=|&&|\|\||[=<>+\-*/%!(),])
+  | (?P<op>==|!=|<=|>=|&&|\|\||[=<>+\-*/%!(),?:.])
 """, re.X)
 
 
@@ -90,9 +92,6 @@ def _tokenize(text: str) -> list[_Tok]:
             continue
         m = _TOKEN.match(text, i)
         if m is None:
-            if ch == "." and out and out[-1].kind in ("name", "str", "sq") or ch == ".":
-                raise ExpressionError(f"unsupported expression {text!r}: method calls and field access "
-                                      f"(the '.' at position {i}) are not supported")
             raise ExpressionError(f"cannot parse {text!r}: unexpected character {ch!r} at position {i}")
         if m.lastgroup != "ws":
             out.append(_Tok(m.lastgroup or "", m.group(), i))
@@ -114,6 +113,14 @@ class _Node:
 
 
 _EQ_OPS = ("==", "=", "!=")
+#: casts: Java's primitive type name -> the Arrow type
+_CAST_TYPES = {"byte": pa.int8(), "short": pa.int16(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
+               "double": pa.float64(), "String": pa.string()}
+_CASTS = (*_CAST_TYPES, "char", "boolean", "Boolean", "Integer", "Long", "Double", "Float", "Short", "Byte")
+_FUNCTIONS = ("isNull", "isNaN", "isInf", "isFinite", "abs", "sqrt", "floor", "ceil", "min", "max", "now", "today")
+#: String methods: name -> number of arguments
+_METHODS = {"length": 0, "toUpperCase": 0, "toLowerCase": 0, "trim": 0, "isEmpty": 0, "contains": 1,
+            "startsWith": 1, "endsWith": 1, "equals": 1, "equalsIgnoreCase": 1, "matches": 1, "substring": (1, 2)}
 _REL_OPS = ("<", "<=", ">", ">=")
 
 
@@ -167,7 +174,15 @@ class _Parser:
             raise ExpressionError(f"expression nested too deeply (more than {MAX_DEPTH} levels) at position "
                                   f"{self.tok.pos} in {self.text[:80]!r}")
         try:
-            return self.binary(0)
+            cond = self.binary(0)
+            t = self.take_op("?")
+            if t is None:
+                return cond
+            a = self.expr()
+            if not self.take_op(":"):
+                self.fail("':' of the conditional operator")
+            b = self.expr()
+            return self.node("cond", t.pos, args=(cond, a, b))
         finally:
             self.depth -= 1
 
@@ -191,7 +206,22 @@ class _Parser:
     def unary(self) -> _Node:
         t = self.take_op("-", "!")
         if t is None:
-            return self.primary()
+            toks = self.toks
+            if self.tok.kind == "op" and self.tok.text == "(" and toks[self.i + 1].kind == "name" \
+                    and toks[self.i + 1].text in _CASTS and toks[self.i + 2].kind == "op" \
+                    and toks[self.i + 2].text == ")":
+                pos, target = self.tok.pos, toks[self.i + 1].text
+                self.i += 3
+                self.depth += 1
+                if self.depth > MAX_DEPTH:
+                    raise ExpressionError(f"expression nested too deeply (more than {MAX_DEPTH} levels) at "
+                                          f"position {pos} in {self.text[:80]!r}")
+                try:
+                    operand = self.unary()
+                finally:
+                    self.depth -= 1
+                return self.node("cast", pos, op=target, args=(operand,))
+            return self.postfix(self.primary())
         self.depth += 1
         if self.depth > MAX_DEPTH:
             raise ExpressionError(f"expression nested too deeply (more than {MAX_DEPTH} levels) at position "
@@ -235,13 +265,16 @@ class _Parser:
                 self.i -= 1
                 self.fail("a value (Deephaven writes &&, ||, ! for and, or, not)")
             if self.take_op("("):
-                if t.text != "isNull":
+                if t.text not in _FUNCTIONS:
                     raise ExpressionError(f"unsupported expression {self.text!r}: function {t.text!r} at position "
-                                          f"{t.pos} (only isNull is supported)")
-                arg = self.expr()
-                if not self.take_op(")"):
-                    self.fail("')' closing isNull(")
-                return self.node("isnull", t.pos, args=(arg,))
+                                          f"{t.pos} (supported: {', '.join(sorted(_FUNCTIONS))})")
+                args = self.arguments(t.text)
+                if t.text == "isNull":
+                    if len(args) != 1:
+                        raise ExpressionError(f"isNull takes one argument, not {len(args)}, at position {t.pos} "
+                                              f"in {self.text!r}")
+                    return self.node("isnull", t.pos, args=args)
+                return self.node("fn", t.pos, value=t.text, args=args)
             return self.node("col", t.pos, value=t.text)
         if self.take_op("("):
             inner = self.expr()
@@ -249,6 +282,34 @@ class _Parser:
                 self.fail("')'")
             return inner
         self.fail("a value (a column, a literal or '(')")
+
+
+    def arguments(self, what: str) -> tuple:
+        """The arguments of a call whose '(' was taken, up to and with its ')'."""
+        args: list[_Node] = []
+        if self.take_op(")"):
+            return ()
+        while True:
+            args.append(self.expr())
+            if self.take_op(")"):
+                return tuple(args)
+            if not self.take_op(","):
+                self.fail(f"',' or ')' in the arguments of {what}(")
+
+    def postfix(self, node: _Node) -> _Node:
+        """Method calls on a value: `S.length()`, `S.substring(1).trim()`."""
+        while True:
+            t = self.take_op(".")
+            if t is None:
+                return node
+            name = self.tok
+            if name.kind != "name":
+                self.fail("a method name after '.'")
+            self.i += 1
+            if not self.take_op("("):
+                raise ExpressionError(f"unsupported expression {self.text!r}: field access '.{name.text}' at "
+                                      f"position {t.pos} (only method calls are supported)")
+            node = self.node("call", name.pos, value=name.text, args=(node, *self.arguments(name.text)))
 
 
 def _number(t: _Tok, text: str):
@@ -368,17 +429,169 @@ def _instant_nanos(s: str) -> Optional[int]:
     return nanos
 
 
+def _raw(v: _Val, t) -> Any:
+    """A value converted to numeric type `t` as Java converts a primitive: a null is its type's
+    null sentinel (the minimum integer, -MAX_VALUE) before the conversion."""
+    if v.is_lit:
+        return _as(v, t)
+    s = sentinel_for(v.type)
+    e = v.expr if s is None else pc.coalesce(v.expr, pc.scalar(pa.scalar(s, v.type)))
+    return e if v.type == t else e.cast(t, safe=False)
+
+
+def _fold_case(e):
+    """Java's equalsIgnoreCase compares characters after upper-casing, then lower-casing, each."""
+    return pc.utf8_lower(pc.utf8_upper(e))
+
+
+#: characters outside the Basic Multilingual Plane (two UTF-16 units each in Java)
+_ASTRAL = r"[\x{10000}-\x{10FFFF}]"
+#: characters whose Java toUpperCase is not a one-to-one mapping (SpecialCasing: ß -> SS, ligatures,
+#: Greek with iota subscript) or depends on context (final sigma, dotted capital I)
+_UPPER_SPECIAL = r"[\x{DF}\x{149}\x{1F0}\x{390}\x{3B0}\x{587}\x{1E96}-\x{1E9A}\x{1F50}-\x{1F56}" \
+                 r"\x{1F80}-\x{1FFF}\x{FB00}-\x{FB17}]"
+_LOWER_SPECIAL = r"[\x{130}\x{3A3}\x{1F88}-\x{1FFF}]"
+#: Java's String.trim removes the characters up to U+0020 at both ends
+_JAVA_TRIM = "".join(chr(c) for c in range(0x21))
+
+# now() and today() read the clock when the data is evaluated: a compute function of the clock
+# registered here by key
+_NOW_UDF, _TODAY_UDF = "tickwire_dh_now", "tickwire_dh_today"
+_CLOCKS: dict[int, Clock] = {0: SYSTEM_CLOCK}
+
+
+def _clock_key(clock: Optional[Clock]) -> int:
+    if clock is None or clock is SYSTEM_CLOCK:
+        return 0
+    key = id(clock)
+    _CLOCKS[key] = clock
+    return key
+
+
+def _scalar_key(key) -> int:
+    return int(key.as_py() if isinstance(key, pa.Scalar) else key[0].as_py())
+
+
+def _udf_now(ctx, key):
+    ns = _CLOCKS[_scalar_key(key)].now_ns()
+    return pa.array([ns] * ctx.batch_length, pa.int64()).cast(pa.timestamp("ns", "UTC"))
+
+
+def _udf_today(ctx, key):
+    """Today's date (yyyy-MM-dd) by the clock, in the machine's time zone (as Deephaven's
+    default time zone is the JVM's)."""
+    ns = _CLOCKS[_scalar_key(key)].now_ns()
+    day = _dt.datetime.fromtimestamp(ns / 1e9).date().isoformat()
+    return pa.array([day] * ctx.batch_length, pa.string())
+
+
+def _register_udfs() -> None:
+    for name, fn, out in ((_NOW_UDF, _udf_now, pa.timestamp("ns", "UTC")), (_TODAY_UDF, _udf_today, pa.string())):
+        try:
+            pc.get_function(name)
+            continue
+        except KeyError:
+            pass
+        pc.register_scalar_function(fn, name, {"summary": name, "description": f"Deephaven's {name[12:]}()"},
+                                    {"clock": pa.int64()}, out)
+
+
+_register_udfs()
+
+
+def java_regex(pattern: str, *, dotall: bool, ignore_case: bool) -> str:
+    """A Java regular expression matched against the whole string (`String.matches`,
+    Deephaven's MatchesCondition) -> the RE2 pattern that matches the same strings.
+
+    Accepted: leading inline flags `(?i)`, `(?s)` (combined too), `^` at the start and `$` at the
+    end, `\\Q...\\E` quoting, `\\` before a punctuation character, `.` and plain characters, each
+    optionally followed by `*`, `+` or `?`. Java's `(?i)` without `(?u)` folds ASCII letters
+    only, and `.` without `(?s)` stops at \\n, \\r, \\u0085, \\u2028 and \\u2029; both are written
+    out so that RE2 does the same. Anything else is refused, naming it."""
+    i, n = 0, len(pattern)
+    flags = re.match(r"(?:\(\?[is]+\))*", pattern)
+    assert flags is not None
+    for f in re.findall(r"[is]", flags.group()):
+        dotall = dotall or f == "s"
+        ignore_case = ignore_case or f == "i"
+    i = flags.end()
+    if i < n and pattern[i] == "^":
+        i += 1
+    out: list[str] = []
+
+    def char(c: str) -> str:
+        if ignore_case and c.isascii() and c.isalpha():
+            return f"[{c.lower()}{c.upper()}]"
+        if c.isascii() and not c.isalnum():
+            return "\\x{%x}" % ord(c)
+        return c
+
+    last_atom = False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and pattern.startswith("\\Q", i):
+            j = pattern.find("\\E", i + 2)
+            body = pattern[i + 2:] if j < 0 else pattern[i + 2:j]
+            out.append("".join(char(x) for x in body))
+            i = n if j < 0 else j + 2
+            last_atom = False
+            continue
+        if c == "\\":
+            if i + 1 < n and pattern[i + 1].isascii() and not pattern[i + 1].isalnum():
+                out.append(char(pattern[i + 1]))
+                i += 2
+                last_atom = True
+                continue
+            raise ExpressionError(f"regular expression {pattern!r}: the escape {pattern[i:i + 2]!r} at position {i} "
+                                  "is not supported")
+        if c == "$" and i == n - 1:
+            break
+        if c in "*+?":
+            if not last_atom:
+                raise ExpressionError(f"regular expression {pattern!r}: {c!r} at position {i} is not supported here")
+            if i + 1 < n and pattern[i + 1] in "*+?{":
+                raise ExpressionError(f"regular expression {pattern!r}: the quantifier {pattern[i:i + 2]!r} at "
+                                      f"position {i} is not supported")
+            out.append(c)
+            last_atom = False
+            i += 1
+            continue
+        if c == ".":
+            out.append("(?s:.)" if dotall else r"[^\n\r\x{85}\x{2028}\x{2029}]")
+        elif c in "^$|()[]{}":
+            raise ExpressionError(f"regular expression {pattern!r}: {c!r} at position {i} is not supported "
+                                  "(supported: inline flags (?i) (?s), ^ and $ at the ends, \\Q...\\E, ., *, +, ?)")
+        else:
+            out.append(char(c))
+        last_atom = True
+        i += 1
+    return "^(?:" + "".join(out) + ")$"
+
+
 class _Builder:
-    def __init__(self, schema: pa.Schema, text: str, signed_zeros: bool = True):
+    def __init__(self, schema: pa.Schema, text: str, signed_zeros: bool = True, *,
+                 made: Optional[dict] = None, clock: Optional[Clock] = None):
         self.schema = schema
         self.text = text
         self.signed_zeros = signed_zeros
+        self.made: dict[str, _Val] = made or {}  # columns made by earlier formulas of the same call
+        self.clock = clock
+        # the rows on which the expression being built is evaluated, as Java's short-circuiting
+        # operators decide (None: every row): a null receiver of a method raises only there
+        self.reach: Any = None
 
     def fail(self, node: _Node, what: str) -> NoReturn:
         raise ExpressionError(f"{what} at position {node.pos} in {self.text!r}")
 
     def column(self, node: _Node) -> _Val:
         name = node.value
+        if name in self.made:
+            return self.made[name]
+        if name not in self.schema.names and name in ("i", "ii", "k"):
+            self.fail(node, f"the row position variable {name!r} is not supported")
+        if name not in self.schema.names and name == "Math":
+            self.fail(node, "Math.* functions are not supported (Deephaven 42.7 refuses them too; "
+                            "abs, sqrt, floor, ceil, min and max are)")
         if name not in self.schema.names:
             raise ExpressionError(f"unknown column {name!r} at position {node.pos} in {self.text!r} "
                                   f"(columns: {', '.join(self.schema.names)})")
@@ -423,19 +636,250 @@ class _Builder:
             return _Val(pc.negate(a.expr), a.type)
         if k == "bin":
             op = node.op
-            a, b = self.build(node.args[0]), self.build(node.args[1])
             if op in ("&&", "||"):
-                for side in (a, b):
-                    if not side.pred:
-                        self.fail(node, f"'{op}' needs comparisons or isNull(...) on both sides "
-                                        f"(found a value of type {side.type})")
+                a = self.build(node.args[0])
+                if not a.pred:
+                    self.fail(node, f"'{op}' needs comparisons or isNull(...) on both sides "
+                                    f"(found a value of type {a.type})")
+                # Java evaluates the right side only where the left does not decide
+                b = self.within(a.expr if op == "&&" else pc.invert(a.expr), node.args[1])
+                if not b.pred:
+                    self.fail(node, f"'{op}' needs comparisons or isNull(...) on both sides "
+                                    f"(found a value of type {b.type})")
                 fn = pc.and_kleene if op == "&&" else pc.or_kleene
                 return _Val(fn(a.expr, b.expr), pa.bool_(), pred=True)
+            a, b = self.build(node.args[0]), self.build(node.args[1])
+            if op == "+" and "str" in (_kind(a.type), _kind(b.type)):
+                return self.concat(node, a, b)
             if op in ("+", "-", "*", "/", "%"):
                 return self.arithmetic(node, op, a, b)
             return _Val(compare(op, a, b, lambda what: self.fail(node, what), self.signed_zeros), pa.bool_(),
                         pred=True)
+        if k == "cond":
+            return self.conditional(node)
+        if k == "cast":
+            return self.cast(node, node.op, self.build(node.args[0]))
+        if k == "fn":
+            return self.function(node)
+        if k == "call":
+            return self.method(node, node.value, self.build(node.args[0]), node.args[1:])
         self.fail(node, "unsupported expression")
+
+    # -- evaluation context, and errors Deephaven raises while evaluating -------------------------
+
+    def within(self, condition, node: _Node) -> _Val:
+        """`node` built as evaluated only on the rows where `condition` (never null) holds."""
+        saved = self.reach
+        self.reach = condition if saved is None else pc.and_kleene(saved, condition)
+        try:
+            return self.build(node)
+        finally:
+            self.reach = saved
+
+    def raising(self, v: _Val, mask, message: str) -> _Val:
+        """`v`, whose evaluation fails with `message` on the rows (evaluated by this expression)
+        where `mask` is true, as Deephaven's evaluation fails there (a null receiver, an index out
+        of range). The failure is an Arrow error naming the case when the data is evaluated."""
+        hit = pc.coalesce(mask, pc.scalar(False))
+        if self.reach is not None:
+            hit = pc.and_kleene(hit, self.reach)
+        text = f"{message} (in {self.text!r})"
+        check = pc.if_else(hit, pc.scalar(text), pc.scalar("0")).cast(pa.int8())
+        return _Val(pc.if_else(pc.equal(check, pc.scalar(pa.scalar(0, pa.int8()))), v.expr, v.expr), v.type,
+                    pred=v.pred, nonnull=v.nonnull)
+
+    # -- operators and functions beyond arithmetic ------------------------------------------------
+
+    def concat(self, node: _Node, a: _Val, b: _Val) -> _Val:
+        """String concatenation: Java writes a null string as "null"."""
+        for side in (a, b):
+            if _kind(side.type) != "str":
+                what = "null" if side.type == "null" else str(side.type)
+                self.fail(node, f"'+' of a string with {what} is not supported (only string + string)")
+        ea, eb = (pc.coalesce(v.expr, pc.scalar("null")) for v in (a, b))
+        return _Val(pc.binary_join_element_wise(ea, eb, pc.scalar("")), pa.string(), nonnull=True)
+
+    def conditional(self, node: _Node) -> _Val:
+        """`cond ? a : b`: only the branch chosen is evaluated for a row. Branches of different
+        numeric types take the wider type with Java's conversion of the raw values (a null of the
+        narrower type is its null sentinel there, as in Deephaven); a `null` branch takes the other
+        branch's type."""
+        c = self.build(node.args[0])
+        if c.is_lit and c.type == pa.bool_():
+            cond = pc.scalar(bool(c.lit))
+        elif c.pred:
+            cond = c.expr
+        else:
+            self.fail(node, "the condition of '?:' must be a comparison, isNull(...) or a combination of those "
+                            f"(found a value of type {c.type}, which may be null)")
+        a = self.within(cond, node.args[1])
+        b = self.within(pc.invert(cond), node.args[2])
+        if a.type == "null" and b.type == "null":
+            self.fail(node, "'?:' of null and null has no type")
+        if a.type == "null" or b.type == "null":
+            v = b if a.type == "null" else a
+            if _kind(v.type) == "other":
+                self.fail(node, f"'?:' of {v.type} is not supported")
+            nul = pc.scalar(pa.scalar(None, v.type))
+            ea, eb = (nul, v.expr) if a.type == "null" else (v.expr, nul)
+            return _Val(pc.if_else(cond, ea, eb), v.type)
+        ka, kb = _kind(a.type), _kind(b.type)
+        if a.type == b.type and ka != "other":
+            return _Val(pc.if_else(cond, a.expr if not a.is_lit else _as(a, a.type),
+                                   b.expr if not b.is_lit else _as(b, b.type)), a.type, pred=a.pred and b.pred,
+                        nonnull=a.nonnull and b.nonnull)
+        if ka == kb == "num":
+            if a.type in (pa.int8(), pa.int16()) and b.type in (pa.int8(), pa.int16()):
+                self.fail(node, f"'?:' of {a.type} and {b.type} is not supported (Deephaven refuses it)")
+            t = _promote(a.type, b.type)
+            return _Val(_null_sentinel(pc.if_else(cond, _raw(a, t), _raw(b, t)), t), t)
+        self.fail(node, f"'?:' of {a.type} and {b.type} is not supported")
+
+    def cast(self, node: _Node, target: str, a: _Val) -> _Val:
+        """Java's primitive casts with Deephaven's nulls: null stays null; floating-point to
+        integer truncates, saturates at the int or long range and makes NaN 0; narrowing an
+        integer keeps its low bits; a result equal to the type's null sentinel is null."""
+        t = _CAST_TYPES.get(target)
+        if t is None:
+            self.fail(node, f"the cast ({target}) is not supported")
+        if t == pa.string():
+            if _kind(a.type) != "str":
+                self.fail(node, f"(String) of {a.type} is not supported")
+            return a
+        if _kind(a.type) != "num":
+            self.fail(node, f"({target}) of {'null' if a.type == 'null' else a.type} is not supported")
+        e = _as(a, a.type)
+        if t == a.type:
+            return _Val(e, t, lit=a.lit, is_lit=a.is_lit, nonnull=a.nonnull)
+        if t in _FLOATS:
+            return _Val(_null_sentinel(e.cast(t, safe=False), t), t)
+        if a.type in _FLOATS:  # to int (or long), then narrower as an int is
+            wide = pa.int64() if t == pa.int64() else pa.int32()
+            bits = 63 if wide == pa.int64() else 31
+            x = e.cast(pa.float64())
+            x = pc.if_else(pc.is_nan(x), pc.scalar(0.0), pc.trunc(x))
+            big = pc.greater_equal(x, pc.scalar(float(2 ** bits)))
+            small = pc.less_equal(x, pc.scalar(-float(2 ** bits)))
+            x = pc.if_else(big, pc.scalar(0.0), pc.if_else(small, pc.scalar(0.0), x)).cast(wide)
+            x = pc.if_else(big, pc.scalar(pa.scalar(2 ** bits - 1, wide)),
+                           pc.if_else(small, pc.scalar(pa.scalar(-(2 ** bits), wide)), x))
+            e = x
+        return _Val(_null_sentinel(e.cast(t, safe=False), t), t)
+
+    def function(self, node: _Node) -> _Val:
+        name, args = node.value, node.args
+        if name in ("now", "today"):
+            if args:
+                self.fail(node, f"{name}() takes no arguments here")
+            key = pc.scalar(pa.scalar(_clock_key(self.clock), pa.int64()))
+            if name == "now":
+                return _Val(pc.Expression._call(_NOW_UDF, [key]),  # noqa: SLF001 (how a registered function is called)
+                            pa.timestamp("ns", "UTC"), nonnull=True)
+            return _Val(pc.Expression._call(_TODAY_UDF, [key]), pa.string(), nonnull=True)  # noqa: SLF001
+        want = 2 if name in ("min", "max") else 1
+        if len(args) != want:
+            self.fail(node, f"{name} takes {want} argument{'s' if want > 1 else ''} here, not {len(args)}")
+        vals = [self.build(x) for x in args]
+        for v in vals:
+            if _kind(v.type) != "num":
+                self.fail(node, f"{name} of {'null' if v.type == 'null' else v.type} is not supported")
+        a = vals[0]
+        e = _as(a, a.type)
+        floats = a.type in _FLOATS
+        if name in ("isNaN", "isInf", "isFinite"):
+            if not floats:
+                out = pc.is_valid(e) if name == "isFinite" else pc.scalar(False)
+            else:
+                fn = {"isNaN": pc.is_nan, "isInf": pc.is_inf, "isFinite": pc.is_finite}[name]
+                out = pc.coalesce(fn(e), pc.scalar(False))
+            return _Val(out, pa.bool_(), pred=True)
+        if name == "abs":
+            return _Val(pc.abs(e), a.type)
+        if name in ("sqrt", "floor", "ceil"):
+            if name != "sqrt" and not floats:
+                self.fail(node, f"{name} of {a.type} is not supported")
+            fn = {"sqrt": pc.sqrt, "floor": pc.floor, "ceil": pc.ceil}[name]
+            return _Val(_null_sentinel(fn(_as(a, pa.float64())), pa.float64()), pa.float64())
+        # min / max of two values: nulls are skipped, NaN wins, the first wins a tie (so 0.0 vs -0.0)
+        b = vals[1]
+        t = _promote(a.type, b.type)
+        ea, eb = _as(a, t), _as(b, t)
+        better = (pc.less if name == "min" else pc.greater)(eb, ea)
+        out = pc.if_else(pc.coalesce(better, pc.scalar(False)), eb, ea)
+        out = pc.if_else(pc.is_null(ea), eb, pc.if_else(pc.is_null(eb), ea, out))
+        if t in _FLOATS:
+            nan = pc.or_kleene(pc.coalesce(pc.is_nan(ea), pc.scalar(False)),
+                               pc.coalesce(pc.is_nan(eb), pc.scalar(False)))
+            out = pc.if_else(nan, pc.scalar(pa.scalar(math.nan, t)), out)
+        return _Val(_null_sentinel(out, t), t)
+
+    def method(self, node: _Node, name: str, recv: _Val, args: tuple) -> _Val:
+        """Java String methods; a null receiver fails the evaluation, as in Deephaven."""
+        if _kind(recv.type) != "str":
+            self.fail(node, f"method {name}() of {'null' if recv.type == 'null' else recv.type} is not supported")
+        arity = _METHODS.get(name)
+        if arity is None:
+            self.fail(node, f"method {name}() is not supported (supported: {', '.join(sorted(_METHODS))})")
+        counts = arity if isinstance(arity, tuple) else (arity,)
+        if len(args) not in counts:
+            self.fail(node, f"{name}() takes {' or '.join(map(str, counts))} argument(s), not {len(args)}")
+        vals = [self.build(x) for x in args]
+        s = recv.expr
+        if name == "substring":
+            bounds = []
+            for v in vals:
+                if not (v.is_lit and v.type in (pa.int32(), pa.int64()) and 0 <= v.lit < 2 ** 31):
+                    self.fail(node, "substring() needs non-negative integer literals")
+                bounds.append(int(v.lit))
+        elif vals:
+            v = vals[0]
+            if not (v.is_lit and v.type == pa.string()):
+                self.fail(node, f"{name}() needs a string literal argument")
+            arg = v.lit
+        if name == "length":
+            n = pc.add(pc.utf8_length(s), pc.count_substring_regex(s, pattern=_ASTRAL).cast(pa.int32()))
+            out = _Val(n.cast(pa.int32()), pa.int32())
+        elif name in ("toUpperCase", "toLowerCase"):
+            upper = name == "toUpperCase"
+            special = _UPPER_SPECIAL if upper else _LOWER_SPECIAL
+            out = self.raising(_Val(pc.utf8_upper(s) if upper else pc.utf8_lower(s), pa.string()),
+                               pc.match_substring_regex(s, pattern=special),
+                               f"{name}() of a string with characters whose Java case mapping differs from a "
+                               "one-to-one mapping is not supported")
+        elif name == "trim":
+            out = _Val(pc.utf8_trim(s, characters=_JAVA_TRIM), pa.string())
+        elif name == "isEmpty":
+            out = _Val(pc.equal(pc.binary_length(s), pc.scalar(0)), pa.bool_(), pred=True)
+        elif name == "contains":
+            out = _Val(pc.match_substring(s, pattern=arg), pa.bool_(), pred=True)
+        elif name == "startsWith":
+            out = _Val(pc.starts_with(s, pattern=arg), pa.bool_(), pred=True)
+        elif name == "endsWith":
+            out = _Val(pc.ends_with(s, pattern=arg), pa.bool_(), pred=True)
+        elif name == "equals":
+            out = _Val(pc.equal(s, pc.scalar(arg)), pa.bool_(), pred=True)
+        elif name == "equalsIgnoreCase":
+            out = _Val(pc.equal(_fold_case(s), _fold_case(pc.scalar(arg))), pa.bool_(), pred=True)
+        elif name == "matches":
+            try:
+                pattern = java_regex(arg, dotall=False, ignore_case=False)
+            except ExpressionError as exc:
+                self.fail(node, str(exc))
+            out = _Val(pc.match_substring_regex(s, pattern=pattern), pa.bool_(), pred=True)
+        else:  # substring
+            begin = bounds[0]
+            end = bounds[1] if len(bounds) > 1 else None
+            n = pc.utf8_length(s)
+            bad = pc.less(n, pc.scalar(begin if end is None else max(begin, end)))
+            if end is not None and end < begin:
+                bad = pc.is_valid(s)
+            out = self.raising(_Val(pc.utf8_slice_codeunits(s, start=begin, stop=end), pa.string()), bad,
+                               f"StringIndexOutOfBoundsException: substring({', '.join(map(str, bounds))}) of a "
+                               "shorter string")
+            out = self.raising(out, pc.match_substring_regex(s, pattern=_ASTRAL),
+                               "substring() of a string with characters outside the Basic Multilingual Plane is "
+                               "not supported")
+        return self.raising(out, pc.is_null(s), f"NullPointerException: {name}() of a null string")
 
     def arithmetic(self, node: _Node, op: str, a: _Val, b: _Val) -> _Val:
         for side in (a, b):
@@ -579,9 +1023,9 @@ def _range_form(toks: list[_Tok]) -> bool:
     return (column(left) and literal(right)) or (literal(left) and column(right))
 
 
-def _build_predicate(text: str, schema: pa.Schema, tokens=None) -> pc.Expression:
+def _build_predicate(text: str, schema: pa.Schema, tokens=None, clock: Optional[Clock] = None) -> pc.Expression:
     tree = _Parser(text, tokens).parse()
-    v = _Builder(schema, text, signed_zeros=not _range_form(tokens or _tokenize(text))).build(tree)
+    v = _Builder(schema, text, signed_zeros=not _range_form(tokens or _tokenize(text)), clock=clock).build(tree)
     if not v.pred:
         if v.type != "null" and _kind(v.type) == "bool" and v.is_lit:
             return pc.scalar(bool(v.lit))
@@ -648,8 +1092,9 @@ def _match(col: str, values: list, negate: bool, schema: pa.Schema) -> pc.Expres
     return pc.invert(hit) if negate else hit
 
 
-def parse_filter(text: str, schema: pa.Schema) -> pc.Expression:
-    """A Deephaven filter string -> a never-null boolean expression."""
+def parse_filter(text: str, schema: pa.Schema, clock: Optional[Clock] = None) -> pc.Expression:
+    """A Deephaven filter string -> a never-null boolean expression. `clock` is what now() and
+    today() read (the engine's clock; the system clock when None)."""
     if len(text) > MAX_LENGTH:
         raise ExpressionError(f"filter too long ({len(text)} characters, at most {MAX_LENGTH})")
     toks = _tokenize(text)
@@ -694,7 +1139,7 @@ def parse_filter(text: str, schema: pa.Schema) -> pc.Expression:
             and toks[2].kind == "sq" and toks[0].text in schema.names \
             and _kind(schema.field(toks[0].text).type) == "str":
         return _match(toks[0].text, [toks[2].text], toks[1].text == "!=", schema)
-    return _build_predicate(text, schema, toks)
+    return _build_predicate(text, schema, toks, clock)
 
 
 def compare_operands(op: str, left, right, schema: pa.Schema) -> pc.Expression:
@@ -716,11 +1161,18 @@ def compare_operands(op: str, left, right, schema: pa.Schema) -> pc.Expression:
     return compare(op, a, b, fail, signed_zeros=a.is_lit == b.is_lit)
 
 
-def parse_column_spec(spec: str, schema: pa.Schema) -> tuple[str, Optional[pc.Expression], Optional[str]]:
+def parse_column_spec(spec: str, schema: pa.Schema, clock: Optional[Clock] = None
+                      ) -> tuple[str, Optional[pc.Expression], Optional[str]]:
     """A View/Select column spec -> (output name, expression, source column).
 
     ``"A"`` -> ("A", None, "A"); ``"B = A"`` -> ("B", None, "A") (a rename); ``"C = A * 2"`` ->
     ("C", expression, None)."""
+    name, _v, out = _column_spec(spec, schema, {}, clock)
+    return out
+
+
+def _column_spec(spec: str, schema: pa.Schema, made: dict, clock: Optional[Clock]):
+    """(name, its value for later formulas, (name, expression, source column))"""
     if len(spec) > MAX_LENGTH:
         raise ExpressionError(f"column spec too long ({len(spec)} characters, at most {MAX_LENGTH})")
     text = spec.strip()
@@ -728,24 +1180,56 @@ def parse_column_spec(spec: str, schema: pa.Schema) -> tuple[str, Optional[pc.Ex
     if not m:
         raise ExpressionError(f"cannot parse column spec {spec!r}: expected NAME or NAME = FORMULA")
     name, formula = m.group(1), m.group(2)
-    if formula is None:
-        if name not in schema.names:
-            raise ExpressionError(f"unknown column {name!r} (columns: {', '.join(schema.names)})")
-        return name, None, name
-    formula = formula.strip()
-    if not formula:
+    source = name if formula is None else formula.strip()
+    if formula is not None and not source:
         raise ExpressionError(f"cannot parse column spec {spec!r}: expected a formula after '='")
-    if re.fullmatch(r"[A-Za-z_$][A-Za-z_0-9$]*", formula) and formula not in ("true", "false", "null"):
-        if formula not in schema.names:
-            raise ExpressionError(f"unknown column {formula!r} in {spec!r}")
-        return name, None, formula
-    tree = _Parser(formula).parse()
-    v = _Builder(schema, formula).build(tree)
+    if re.fullmatch(r"[A-Za-z_$][A-Za-z_0-9$]*", source) and source not in ("true", "false", "null"):
+        if source in made:
+            v = made[source]
+            return name, v, (name, v.expr, None)
+        if source not in schema.names:
+            if source in ("i", "ii", "k"):
+                raise ExpressionError(f"the row position variable {source!r} is not supported in {spec!r}")
+            if formula is None:
+                raise ExpressionError(f"unknown column {name!r} (columns: {', '.join(schema.names)})")
+            raise ExpressionError(f"unknown column {source!r} in {spec!r}")
+        v = _Builder(schema, source).column(_Node("col", 0, value=source))
+        return name, v, (name, None, source)
+    tree = _Parser(source).parse()
+    v = _Builder(schema, source, made=made, clock=clock).build(tree)
     if v.type == "null":
         raise ExpressionError(f"a formula of only null has no type in {spec!r}")
-    return name, v.expr, None
+    return name, v, (name, v.expr, None)
 
 
-def parse_column_specs(specs: list[str], schema: pa.Schema) -> list[tuple[str, Optional[pc.Expression], Optional[str]]]:
-    """The column specs of one View/Select/Update call, each as `parse_column_spec` gives it."""
-    return [parse_column_spec(s, schema) for s in specs]
+def parse_column_specs(specs: list[str], schema: pa.Schema, clock: Optional[Clock] = None
+                       ) -> list[tuple[str, Optional[pc.Expression], Optional[str]]]:
+    """The column specs of one View/Select/Update call, each as `parse_column_spec` gives it.
+
+    As in Deephaven, a formula sees the columns made by the specs before it (with their types),
+    and a spec that makes a column again replaces it for the specs after it; such a column is
+    given once, where it was first made, with its last formula. The expressions read only the
+    source table's columns (an earlier formula is written into the later ones). `clock` is what
+    now() and today() read (the engine's clock; the system clock when None)."""
+    made: dict[str, _Val] = {}
+    out: dict[str, tuple[str, Optional[pc.Expression], Optional[str]]] = {}
+    for spec in specs:
+        name, v, entry = _column_spec(spec, schema, made, clock)
+        made[name] = v
+        out[name] = entry
+    return list(out.values())
+
+
+def string_method(column: str, method: str, args: list, schema: pa.Schema, reach=None) -> pc.Expression:
+    """`column.method(args...)` with string literal arguments, as a formula computes it (a null
+    receiver fails the evaluation where `reach`, the rows the call is evaluated on, holds; None
+    for every row). The result must be a boolean."""
+    text = f"{column}.{method}(" + ", ".join("`" + str(a) + "`" for a in args) + ")"
+    b = _Builder(schema, text)
+    b.reach = reach
+    recv = b.column(_Node("col", 0, value=column))
+    nodes = tuple(_Node("lit", 0, value=a, vtype=pa.string()) for a in args)
+    v = b.method(_Node("call", 0, value=method), method, recv, nodes)
+    if v.type != pa.bool_():
+        raise ExpressionError(f"{text} is not a condition (its value is of type {v.type})")
+    return v.expr
