@@ -24,9 +24,11 @@ from tickwire.server.engine.graph.ops.base import expression_columns, shifted_ro
 from tickwire.server.engine.graph.ops.head_tail import HeadTailTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
 from tickwire.server.engine.graph.ops.project import ProjectTable
+from tickwire.server.engine.graph.ops.slice_flatten import FlattenTable, SliceTable
 from tickwire.server.engine.graph.ops.sort import SortTable
 from tickwire.server.engine.graph.ops.where import WhereTable
 
 __all__ = ["Agg", "AggregateTable",
-           "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "unique_name",
+           "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "SliceTable", "FlattenTable",
+           "unique_name",
            "expression_columns", "shifted_rows"]
