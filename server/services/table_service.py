@@ -1,6 +1,8 @@
 """Deephaven's TableService: FetchTable, ApplyPreviewColumns, GetExportedTableCreationResponse, the
 table operations of `tickwire.server.services.table_ops` (Sort, Filter, UnstructuredFilter, View, Select,
-Update, UpdateView, LazyUpdate, Head, Tail) alone or in a Batch, and ExportedTableUpdates (the
+Update, UpdateView, LazyUpdate, Head, Tail, and those registered by other modules, such as
+`basic_ops`: DropColumns, Slice, Flatten, Snapshot, MetaTable, ComputeColumnStatistics, and the
+source-less EmptyTable and TimeTable) alone or in a Batch, SeekRow, and ExportedTableUpdates (the
 sizes of a session's exports, held open). Every other method answers UNIMPLEMENTED by name."""
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from tickwire.protocol.tickets import ExportTicket
 from tickwire.server.engine import Table
 from tickwire.server.engine.publishing import TableWire
 from tickwire.server.services import aggregations  # noqa: F401  (registers Aggregate, AggregateAll, ...)
+from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_sourceless, seek_row
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.rpc import CallError, service_handlers, short
@@ -37,6 +40,7 @@ class TableService:
             "ExportedTableUpdates": (self.exported_table_updates, None, None),
             "GetExportedTableCreationResponse": (self.get_exported, None, None),
             "Batch": (self.batch, None, None),
+            "SeekRow": (self.seek_row, None, None),
         }
         for method, field_name in OPERATIONS.items():
             impls[method] = (self._operation(field_name), None, None)
@@ -69,12 +73,17 @@ class TableService:
             return earlier[i]
         raise CallError("source_id not supplied", "INVALID_ARGUMENT")
 
-    def _apply_op(self, kind: str, req, source: Table, result: ExportClaim | None = None,
+    def _apply_op(self, kind: str, req, source: Table | None, result: ExportClaim | None = None,
                   step: int | None = None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
         """Makes (or, for fetch_table, finds) the table of one operation on `source` and exports
         it under the claimed result ticket, when there is one; otherwise the table is held for
         the running Batch (the caller drops that hold when the batch ends). Runs off the event loop."""
-        table = source if kind in _AS_IS else self.ops.build(kind, req, source)
+        if kind in SOURCELESS:
+            table = make_sourceless(self.ops, kind, req)
+        elif kind in _AS_IS or answers_source(kind, req, source):
+            table = source
+        else:
+            table = self.ops.build(kind, req, source)
         if result is not None:
             export(self.ops, result, table)  # an owned table nobody holds goes at once on failure
         else:
@@ -101,7 +110,7 @@ class TableService:
             raise
         with result:  # an error fails the claim: the calls waiting for it hear the same status
             await self.ctx.send_session_header(context, session)
-            source = await self._source(req.source_id, session)
+            source = None if kind in SOURCELESS else await self._source(req.source_id, session)
             resp, _t = await self.ctx.run(self._apply_op, kind, req, source, result)
             return resp
 
@@ -126,6 +135,16 @@ class TableService:
         themselves; list and binary columns as Arrow lists and binaries, not as strings).
         A preview for those, if a browser needs one, belongs here."""
         return await self._one_shot("apply_preview_columns", "ApplyPreviewColumns", req, context)
+
+    async def seek_row(self, req, context):
+        """Deephaven's SeekRow: the position of a value in a column of an exported table (see
+        `basic_ops.seek_row`); -1 when no row has it."""
+        session = await self.ctx.authenticate(context)
+        if not req.source_id.ticket:
+            raise CallError("No consoleId supplied", "FAILED_PRECONDITION")  # Deephaven's words
+        table = await self.ctx.resolve(req.source_id.ticket, session)
+        row = await self.ctx.run(seek_row, self.ops, table, req)
+        return table_pb2.SeekRowResponse(result_row=row)
 
     async def get_exported(self, ticket, context):
         session = await self.ctx.authenticate(context)
@@ -169,7 +188,7 @@ class TableService:
             for i, op in enumerate(req.ops):
                 which = op.WhichOneof("op")
                 step = getattr(op, which)
-                source = await self._source(step.source_id, session, done)
+                source = None if which in SOURCELESS else await self._source(step.source_id, session, done)
                 resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i)
                 done.append(table)
                 if i not in results:
