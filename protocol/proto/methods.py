@@ -231,6 +231,12 @@ METHODS: dict[str, Method] = _table(
     (_T, "ExportedTableUpdates", SERVER_STREAM, table.ExportedTableUpdatesRequest, table.ExportedTableUpdateMessage),
     # Deephaven applications and the query scope
     (_A, "ListFields", SERVER_STREAM, application.ListFieldsRequest, application.FieldsChangeUpdate),
+    (_T, "Slice", UNARY, table.SliceRequest, _ETCR),
+    (_T, "Snapshot", UNARY, table.SnapshotTableRequest, _ETCR),
+    (_T, "MetaTable", UNARY, table.MetaTableRequest, _ETCR),
+    (_T, "ComputeColumnStatistics", UNARY, table.ColumnStatisticsRequest, _ETCR),
+    (_T, "SeekRow", UNARY, table.SeekRowRequest, table.SeekRowResponse),
+    (_T, "CreateInputTable", UNARY, table.CreateInputTableRequest, _ETCR),
     # Deephaven's shared storage (the web UI's layouts and notebooks): an empty listing
     (_ST, "ListItems", UNARY, storage.ListItemsRequest, storage.ListItemsResponse),
 )
