@@ -90,6 +90,14 @@ FILTERS = [
     "S in \"z\"", "I32 in 2, 5", "I32 in 5, null", "I32 not in 5, null", "I8 in -127, 127", "I16 not in 0",
     "I64 in 9223372036854775807, -5", "F64 in 20, 0", "F64 not in 20", "F32 in 1.5, 20", "B in true",
     "B in true, null", "B not in false", "Ts in '2023-11-14T22:20:00Z'", "Ts not in '2023-11-14T22:20:00Z', null",
+    # functions, casts, the conditional operator, String methods reached only on non-null strings
+    "abs(I32) > 5", "abs(F64) < 1", "sqrt(F64) > 2", "isNaN(F64)", "!isNaN(F32)", "isInf(F64)", "isFinite(F32)",
+    "isFinite(I64)", "min(I32, I8) < 0", "max(F64, F32) >= 1", "(int)F64 > 5", "(long)F32 < 0", "(byte)I32 == -1",
+    "(Id > 5 ? I32 : I64) > 0", "(I8 > 0 ? F64 : 0.0) > 1", "!isNull(S) && S.startsWith(`A`)",
+    "isNull(S) || S.contains(`A`)", "!isNull(S) && S.length() > 3", "!isNull(S) && S.matches(`(?i)a.*`)",
+    "!isNull(S) && S.equalsIgnoreCase(`aapl`)",
+    "!isNull(S) && S.toLowerCase() == `aapl`", "isNull(S) ? false : S.isEmpty()",
+    "!isNull(S) && S.trim().endsWith(`L`)", "S + `x` == `nullx`", "Ts < now()", "Ts > now()",
 ]
 
 #: Formulas tickwire accepts (Update, with the column X); each must give Deephaven's values and type.
@@ -115,6 +123,40 @@ FORMULAS = [
     "X = Ts == null", "X = isNull(I32)", "X = !isNull(F64)", "X = I32 > 0 && F64 > 0", "X = I32 = 5",
     "X = !(F32 < 1) || isNull(S)",
     "X = I8", "X = S", "X = Ts", "X = B", "X = (F64)",
+    # the conditional operator
+    "X = I32 % 10 > 5 ? null : I32", "X = Id > 5 ? 1 : 2.5", "X = Id > 5 ? I32 : I64", "X = Id > 5 ? `a` : null",
+    "X = Id > 5 ? null : `x`", "X = Id < 5 ? I8 : 3", "X = Id < 5 ? I16 : I32", "X = Id < 5 ? I32 : F64",
+    "X = Id < 5 ? I64 : F64", "X = Id < 5 ? F32 : F64", "X = Id > 5 ? F32 : I64", "X = Id < 5 ? I8 : I8 + 1",
+    "X = Id < 5 ? null : I8", "X = Id < 5 ? 3 : null", "X = Id > 5 ? B : null", "X = Id > 5 ? B : false",
+    "X = Id > 5 ? Ts : null", "X = Id > 5 ? I8 : I8", "X = I32 > 0 ? 1 : 0", "X = Id > 9 ? 1 : Id > 4 ? 2L : 3",
+    "X = isNull(F64) ? -1.0 : F64 * 2",
+    # casts
+    "X = (int)F64", "X = (long)F64", "X = (int)F32", "X = (long)F32", "X = (byte)I32", "X = (short)I64",
+    "X = (int)I64", "X = (double)I64", "X = (float)F64", "X = (float)I64", "X = (long)I8", "X = (double)I32",
+    "X = (float)I32", "X = (double)F32", "X = (int)(F64 * 2)", "X = (byte)F64", "X = (short)F32", "X = (String)S",
+    "X = (int)5.7", "X = (int)-5.7", "X = (byte)200", "X = -(int)F64",
+    # functions
+    "X = abs(I8)", "X = abs(I16)", "X = abs(I32)", "X = abs(I64)", "X = abs(F32)", "X = abs(F64)", "X = abs(-0.0)",
+    "X = abs(5)", "X = sqrt(F64)", "X = sqrt(I32)", "X = sqrt(F32)", "X = sqrt(I8)", "X = sqrt(5)",
+    "X = floor(F64)", "X = ceil(F64)", "X = floor(F32)", "X = ceil(F32)",
+    "X = min(I32, 3)", "X = max(F64, 1)", "X = max(I8, I16)", "X = min(I32, F64)", "X = max(I64, I32)",
+    "X = min(F64, F32)", "X = max(I8, 3)", "X = min(F64, 1.5)", "X = min(F64, -F64)", "X = max(F64, -F64)",
+    "X = min(I32, I32)", "X = max(F32, F32)", "X = min(I64, 5L)",
+    "X = isNaN(F64)", "X = isInf(F64)", "X = isFinite(F64)", "X = isNaN(F32)", "X = isInf(F32)", "X = isFinite(F32)",
+    "X = isNaN(I32)", "X = isInf(I8)", "X = isFinite(I32)", "X = isFinite(I64)",
+    # String methods (a null receiver is a failure in Deephaven: reached only on non-null strings here)
+    "X = isNull(S) ? -1 : S.length()", "X = isNull(S) ? null : S.toUpperCase()",
+    "X = isNull(S) ? null : S.toLowerCase()",
+    "X = isNull(S) ? null : S.trim()", "X = isNull(S) ? false : S.contains(`A`)",
+    "X = isNull(S) ? false : S.startsWith(`A`)",
+    "X = isNull(S) ? false : S.endsWith(`L`)", "X = isNull(S) ? null : S.toUpperCase().length()",
+    "X = !isNull(S) && S.isEmpty()", "X = isNull(S) || S.equals(`AAPL`)",
+    "X = !isNull(S) && S.equalsIgnoreCase(`aapl`)",
+    "X = !isNull(S) && S.matches(`A.*L`)", "X = !isNull(S) && S.matches(`(?i)a.*`)",
+    "X = !isNull(S) && S.length() > 1 ? S.substring(1) : null",
+    "X = !isNull(S) && S.length() >= 2 ? S.substring(0, 2) : `-`",
+    "X = `  a b ` + `c`", "X = `abc`.substring(1)", "X = `abc`.length()", "X = ` x `.trim()",
+    "X = S + `x`", "X = `x` + S", "X = S + S", "X = S + `-` + S",
 ]
 
 #: Filters tickwire refuses (INVALID_ARGUMENT); Deephaven refuses many of them too.
@@ -125,15 +167,20 @@ REFUSED_FILTERS = [
     "S = 'AAPL' && Id > 0", "I32 == `a`", "I32 % I8 == 0", "I32 % 0 == 0", "-I8 < 0",
     "I32 == 123456789012345678901234567890", "F64 > 1e400", "F32 < 0.1", "I32 < F32", "I64 == F64",
     "(" * 200 + "I32 > 0" + ")" * 200, " + ".join(["I32"] * 3000) + " > 0", "Id > 0 && S in `A`",
-    "S in ", "I32 @ 3", "isNull(I32, I8)", "abs(I32) > 0", "I32 > 0 ||", "",
+    "S in ", "I32 @ 3", "isNull(I32, I8)", "Math.abs(I32) > 0", "I32 > 0 ||", "", "S.length() > 2",
+    "isNull(S) && S.contains(`A`)", "B ? true : false", "!isNull(S) && S.substring(1) == `A`",
 ]
 
 #: Formulas tickwire refuses.
 REFUSED_FORMULAS = [
     "X = I32 % 0", "X = -I8", "X = -I16", "X = 123456789012345678901234567890", "X = 1e400", "X = 1e-400",
-    "X = I32 + null", "X = I32 % null", "X = S + `x`", "X = I32 % I8", "X = Ts + 1", "X = B && true",
-    "X = S == 'AAPL'", "X = Nope", "X = I64 < F32 + 0.0", "X = I32 +", "X = sqrt(F64)", "X = I32 < I16 < I8",
-    "X = null",
+    "X = I32 + null", "X = I32 % null", "X = S + I32", "X = I32 % I8", "X = Ts + 1", "X = B && true",
+    "X = S == 'AAPL'", "X = Nope", "X = I64 < F32 + 0.0", "X = I32 +", "X = Math.sqrt(F64)", "X = I32 < I16 < I8",
+    "X = null", "X = S.length()", "X = S.toUpperCase()", "X = isNull(S) ? null : S.substring(1)", "X = B ? 1 : 2",
+    "X = Id > 5 ? I8 : I16", "X = (int)B", "X = (int)S", "X = (char)I32", "X = i", "X = ii", "X = Math.abs(I32)",
+    "X = `a` + F64", "X = S.nope()", "X = S.length", "X = Id > 5 ? null : null", "X = Id > 5 ? S : I32",
+    "X = isNull(S) ? 0 : S.substring(3, 1).length()", "X = sqrt(S)", "X = min(I32)", "X = now(1)",
+    "X = !isNull(S) && S.matches(`(?i)\\Qa\\E.*`)", "X = `a\\tb`",
     "X = " + " * ".join(["I32"] * 3000),
 ]
 
@@ -370,3 +417,84 @@ def test_deephaven_refusals_are_refused(servers):
                      ("update", "X = I32 % 0"), ("update", "X = -I8"), ("update", "X = I32 + null"),
                      ("update", "X = 123456789012345678901234567890"), ("update", "X = 1e400")]:
         assert _compare(dh, tw, op, form) == "both refused", (op, form)
+
+
+#: Calls with several specs: later formulas use the columns of earlier ones (with their types),
+#: and a column made again replaces it for the specs after it.
+CHAINED = [
+    ("update", ["X = I32 * 2", "Y = X + 1"]), ("update", ["I32 = I32 + 1", "Y = I32"]),
+    ("update", ["X = F64 / 2", "Y = X > 1 ? X : -X", "Z = (int)Y"]), ("update", ["X = I8", "Y = X * X"]),
+    ("update", ["X = I32 % 10 > 5 ? null : I32", "Y = isNull(X)", "Z = X + 1"]),
+    ("update", ["X = I32 < 5", "Y = X && I8 > 0", "Z = !X"]), ("update", ["X = S", "Y = isNull(X) ? -1 : X.length()"]),
+    ("update", ["X = 5", "Y = I32 % X"]), ("update", ["X = `a`",
+    "Y = X + S"]), ("update", ["F64 = (long)F64", "G = F64 / 2"]),
+    ("update", ["Id = Id + 100", "X = Id"]), ("update", ["X = I32", "X = X + 1", "Y = X"]),
+    ("update_view", ["X = I64 - 1", "Y = X * 2"]), ("view", ["X = I32", "X = X + 1"]),
+    ("view", ["Id", "X = I32", "Id = Id + 100"]), ("view", ["A = S", "B = A", "C = B + A"]),
+    ("select", ["X = I16 * 3", "Y = min(X, I8)", "I16 = X"]), ("lazy_update", ["X = I32 * 2", "Y = X + 1"]),
+]
+
+#: Calls Deephaven refuses: a column used before the spec that makes it.
+CHAINED_REFUSED = [("update", ["Y = X + 1", "X = I32"]), ("view", ["X = I32", "Y = I32 + Z"])]
+
+
+def _run_specs(table, op: str, specs: list):
+    from pydeephaven import DHError
+
+    try:
+        return "ok", getattr(table, op)(specs).to_arrow()
+    except DHError as exc:
+        return "refused", _status(exc)
+
+
+def _same_tables(a: pa.Table, b: pa.Table) -> str:
+    a, b = _normal(a), _normal(b)
+    if a.column_names != b.column_names:
+        return f"columns differ: {a.column_names} vs {b.column_names}"
+    for name in a.column_names:
+        if not _same_values(a[name].combine_chunks(), b[name].combine_chunks()):
+            return (f"column {name} differs: Deephaven {a[name].type} {a[name].to_pylist()} vs "
+                    f"tickwire {b[name].type} {b[name].to_pylist()}")
+    return "same"
+
+
+def test_formulas_use_the_columns_of_earlier_formulas(servers):
+    dh, tw = servers
+    bad = {}
+    for op, specs in CHAINED:
+        (dk, dout), (tk, tout) = _run_specs(dh, op, specs), _run_specs(tw, op, specs)
+        if dk != "ok" or tk != "ok":
+            bad[f"{op} {specs}"] = f"Deephaven {dk} {'' if dk == 'ok' else dout[:200]}, tickwire {tk} " \
+                                   f"{'' if tk == 'ok' else tout[:200]}"
+            continue
+        # tickwire appends the columns an update replaces (their order is the operation's, not the
+        # formulas'): compare the columns by name
+        if op in ("update", "update_view", "lazy_update"):
+            tout = tout.select(dout.column_names) if set(tout.column_names) == set(dout.column_names) else tout
+        r = _same_tables(dout, tout)
+        if r != "same":
+            bad[f"{op} {specs}"] = r
+    for op, specs in CHAINED_REFUSED:
+        (dk, _d), (tk, tout) = _run_specs(dh, op, specs), _run_specs(tw, op, specs)
+        if dk != "refused" or tk != "refused" or "INVALID_ARGUMENT" not in tout:
+            bad[f"{op} {specs}"] = f"Deephaven {dk}, tickwire {tk}"
+    assert not bad, bad
+
+
+def test_now_and_today_have_deephavens_types(servers):
+    """now() is an instant of the evaluation (within the interval of the call, by the clock of
+    each server; both run on this machine), today() the date as text."""
+    import time
+
+    dh, tw = servers
+    before = time.time_ns()
+    outs = [t.update(["N = now()", "D = today()", "E = Ts < now()"]).to_arrow() for t in (dh, tw)]
+    after = time.time_ns()
+    dh_out, tw_out = outs
+    for name in ("N", "D", "E"):
+        assert dh_out[name].type == tw_out[name].type, name
+    for out in outs:
+        nanos = _normal(out)["N"].to_pylist()
+        assert all(before - 10 * NS <= n <= after + 10 * NS for n in nanos), nanos
+        assert set(out["D"].to_pylist()) <= {time.strftime("%Y-%m-%d", time.localtime(x / NS)) for x in (before, after)}
+    assert dh_out["E"].to_pylist() == tw_out["E"].to_pylist()

@@ -25,6 +25,33 @@ Accepted:
   equal to it for ``==``; strings and booleans compare for equality only; one comparison per
   operand (``a < b < c`` is refused, as in Java);
 - ``&&``, ``||``, ``!``, parentheses, ``isNull(X)``;
+- ``cond ? a : b`` (the condition a comparison or the like, never null): a ``null`` branch takes
+  the other's type; branches of different numeric types take the wider type with Java's
+  conversion of the raw values (a null of the narrower type is its sentinel there, so
+  ``c ? I8 : 3`` gives -128 for a null I8, as Deephaven does); byte with short is refused, as
+  Deephaven refuses it;
+- casts ``(byte) (short) (int) (long) (float) (double)`` of numbers and ``(String)`` of a string:
+  null stays null, floating point to integer truncates, saturates at the int/long range and
+  makes NaN 0, integer narrowing keeps the low bits, and a result equal to the null sentinel is
+  null;
+- ``abs`` (same type), ``sqrt`` (double), ``floor``/``ceil`` of floating point (double),
+  ``min``/``max`` of two numbers (the promoted type; nulls skipped, NaN wins, the first argument
+  wins a tie, so ``min(0.0, -0.0)`` is 0.0), ``isNaN``/``isInf``/``isFinite`` (never null: false
+  for null; ``isFinite`` of an integer is true unless null). ``Math.*`` is refused (Deephaven
+  42.7 refuses it too);
+- ``now()`` (an instant, read from the clock passed to the parse functions when the data is
+  evaluated) and ``today()`` (the clock's date as yyyy-MM-dd in the machine's time zone);
+- String methods ``length() toUpperCase() toLowerCase() trim() isEmpty() contains(s)
+  startsWith(s) endsWith(s) equals(s) equalsIgnoreCase(s) matches(regex) substring(b[, e])``
+  with literal arguments, and ``+`` of two strings (a null is written "null", as in Java). As
+  in Deephaven a null receiver fails the evaluation (a NullPointerException there), and so does a
+  substring out of range; Java's ``&&``, ``||`` and ``?:`` evaluate an operand only where it is
+  reached, so ``!isNull(S) && S.length() > 3`` never fails. Strings that a method cannot answer
+  exactly as Java does (case mappings that are not one-to-one, substrings of text beyond the
+  Basic Multilingual Plane) fail the evaluation too, naming the case. Failures surface as Arrow
+  errors when the data is evaluated;
+- in a View/Select/Update call, the columns made by the earlier specs of the call
+  (`parse_column_specs`).
 - filters only: ``X in v1, v2, ...`` / ``X not in ...`` with literals of X's type (null matches
   nulls), and ``X = 'text'`` / ``X != 'text'`` for a string column.
 
@@ -616,6 +643,9 @@ class _Builder:
                             lit=nanos, is_lit=True, nonnull=True)
             if node.vtype == "null":
                 return _Val(pc.scalar(None), "null", is_lit=True)
+            if node.vtype == pa.string() and "\\" in node.value and node.op != "value":
+                # Deephaven reads a string literal of a formula as Java source, escapes and all
+                self.fail(node, "a backslash (a Java escape sequence) in a string literal is not supported")
             return _Val(pc.scalar(pa.scalar(node.value, node.vtype)), node.vtype, lit=node.value, is_lit=True,
                         nonnull=True, pred=False)
         if k == "isnull":
@@ -726,7 +756,8 @@ class _Builder:
         ka, kb = _kind(a.type), _kind(b.type)
         if a.type == b.type and ka != "other":
             return _Val(pc.if_else(cond, a.expr if not a.is_lit else _as(a, a.type),
-                                   b.expr if not b.is_lit else _as(b, b.type)), a.type, pred=a.pred and b.pred,
+                                   b.expr if not b.is_lit else _as(b, b.type)), a.type,
+                        pred=all(v.pred or (v.is_lit and v.type == pa.bool_()) for v in (a, b)),
                         nonnull=a.nonnull and b.nonnull)
         if ka == kb == "num":
             if a.type in (pa.int8(), pa.int16()) and b.type in (pa.int8(), pa.int16()):
@@ -1228,7 +1259,7 @@ def string_method(column: str, method: str, args: list, schema: pa.Schema, reach
     b = _Builder(schema, text)
     b.reach = reach
     recv = b.column(_Node("col", 0, value=column))
-    nodes = tuple(_Node("lit", 0, value=a, vtype=pa.string()) for a in args)
+    nodes = tuple(_Node("lit", 0, op="value", value=a, vtype=pa.string()) for a in args)  # values, not source
     v = b.method(_Node("call", 0, value=method), method, recv, nodes)
     if v.type != pa.bool_():
         raise ExpressionError(f"{text} is not a condition (its value is of type {v.type})")
