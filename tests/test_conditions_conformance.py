@@ -259,3 +259,13 @@ def test_conditions_answer_as_deephaven(deephaven_server):
                 pass
         tw_server.stop()
         engine.stop()
+
+
+def test_the_conditions_of_one_request_see_only_the_rows_kept_before():
+    from tickwire.server.services.conditions import conditions_expression
+
+    guard, call = build(table_pb2, ("not", ("isnull", "S"))), build(table_pb2, ("invoke", "S", "startsWith", ["a"]))
+    assert DATA.filter(conditions_expression([guard, call], DATA.schema))["Id"].to_pylist() == [1, 4, 12, 13]
+    with pytest.raises(pa.ArrowInvalid, match="NullPointerException"):
+        DATA.filter(conditions_expression([call, guard], DATA.schema))
+    assert DATA.filter(conditions_expression([], DATA.schema)).num_rows == len(DATA)

@@ -14,6 +14,7 @@ from tickwire.server.services.dh_expr import (
     parse_column_spec,
     parse_column_specs,
     parse_filter,
+    parse_filters,
 )
 
 T = pa.table({"Sym": ["AAPL", "MSFT", None, "GOOG"], "Price": [101.0, 99.5, 200.0, None], "Size": [1, 2, 3, 4]})
@@ -481,3 +482,12 @@ def test_random_formula_soup_is_answered_or_refused():
             except pa.ArrowInvalid as exc:
                 assert "Exception" in str(exc) or "not supported" in str(exc), (text, exc)
     assert answered > 100
+
+
+def test_the_filters_of_one_call_see_only_the_rows_kept_before():
+    """As Deephaven applies a where's filters one after another, a method of a later filter is not
+    evaluated on the rows an earlier one dropped; alone, or first, it fails on a null string."""
+    assert D.filter(parse_filters(["!isNull(S)", "S.length() > 3"], D.schema))["Id"].to_pylist() == [1, 3, 4, 6]
+    with pytest.raises(pa.ArrowInvalid, match="NullPointerException"):
+        D.filter(parse_filters(["S.length() > 3", "!isNull(S)"], D.schema))
+    assert D.filter(parse_filters([], D.schema)).num_rows == len(D)

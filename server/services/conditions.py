@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from tickwire.server.services.dh_expr import ExpressionError, compare_operands, java_regex, string_method
 from tickwire.server.services.rpc import CallError
 
-__all__ = ["condition_expression", "fold"]
+__all__ = ["condition_expression", "conditions_expression", "fold"]
 
 # CompareCondition.CompareOperation -> the operator of a filter string
 _COMPARE = {0: "<", 1: "<=", 2: ">", 3: ">=", 4: "==", 5: "!="}
@@ -112,6 +112,8 @@ def _both(a, b):
 def condition_expression(cond, schema: pa.Schema, reach=None) -> pc.Expression:
     """A TableService Condition as a pyarrow boolean expression. `reach` is the rows on which
     Deephaven evaluates the condition (None: every row), where a failing method call fails."""
+    if cond is None:
+        return pc.scalar(True)
     which = cond.WhichOneof("data")
     if which in ("and", "or"):
         conj = which == "and"
@@ -189,6 +191,24 @@ def condition_expression(cond, schema: pa.Schema, reach=None) -> pc.Expression:
             raise CallError(f"is_null: unknown column {name!r}", "INVALID_ARGUMENT")
         return pc.is_null(pc.field(name))
     raise CallError(f"Filter: condition {which!r} is not supported", "UNIMPLEMENTED")
+
+
+def conditions_expression(conds, schema: pa.Schema) -> pc.Expression:
+    """The conditions of one Filter request, as one expression: as Deephaven does, each is
+    evaluated only on the rows the ones before it kept."""
+    return condition_expression(_and_of(conds), schema)
+
+
+def _and_of(conds):
+    """An and of `conds` (a Condition of the same message module)."""
+    conds = list(conds)
+    if len(conds) == 1:
+        return conds[0]
+    out = type(conds[0])() if conds else None
+    if out is None:
+        return None
+    getattr(out, "and").filters.extend(conds)
+    return out
 
 
 def fold(parts: list, fn, empty: bool) -> pc.Expression:

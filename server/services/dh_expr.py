@@ -75,8 +75,8 @@ from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.errors import TickwireError
 from tickwire.protocol.schema import sentinel_for
 
-__all__ = ["ExpressionError", "parse_filter", "parse_column_spec", "parse_column_specs", "compare_operands",
-           "string_method", "java_regex",
+__all__ = ["ExpressionError", "parse_filter", "parse_filters", "parse_column_spec", "parse_column_specs",
+           "compare_operands", "string_method", "java_regex",
            "MAX_LENGTH", "MAX_DEPTH", "MAX_NODES"]
 
 MAX_LENGTH = 8192
@@ -1054,9 +1054,12 @@ def _range_form(toks: list[_Tok]) -> bool:
     return (column(left) and literal(right)) or (literal(left) and column(right))
 
 
-def _build_predicate(text: str, schema: pa.Schema, tokens=None, clock: Optional[Clock] = None) -> pc.Expression:
+def _build_predicate(text: str, schema: pa.Schema, tokens=None, clock: Optional[Clock] = None,
+                     reach=None) -> pc.Expression:
     tree = _Parser(text, tokens).parse()
-    v = _Builder(schema, text, signed_zeros=not _range_form(tokens or _tokenize(text)), clock=clock).build(tree)
+    b = _Builder(schema, text, signed_zeros=not _range_form(tokens or _tokenize(text)), clock=clock)
+    b.reach = reach
+    v = b.build(tree)
     if not v.pred:
         if v.type != "null" and _kind(v.type) == "bool" and v.is_lit:
             return pc.scalar(bool(v.lit))
@@ -1123,9 +1126,22 @@ def _match(col: str, values: list, negate: bool, schema: pa.Schema) -> pc.Expres
     return pc.invert(hit) if negate else hit
 
 
-def parse_filter(text: str, schema: pa.Schema, clock: Optional[Clock] = None) -> pc.Expression:
+def parse_filters(texts: list[str], schema: pa.Schema, clock: Optional[Clock] = None) -> pc.Expression:
+    """The filters of one where call, as one never-null boolean expression: as in Deephaven, each
+    filter is evaluated only on the rows the filters before it kept (so `["!isNull(S)",
+    "S.length() > 3"]` never fails on a null S)."""
+    out, kept = None, None
+    for text in texts:
+        e = parse_filter(text, schema, clock, reach=kept)
+        out = e if out is None else pc.and_kleene(out, e)
+        kept = out
+    return pc.scalar(True) if out is None else out
+
+
+def parse_filter(text: str, schema: pa.Schema, clock: Optional[Clock] = None, reach=None) -> pc.Expression:
     """A Deephaven filter string -> a never-null boolean expression. `clock` is what now() and
-    today() read (the engine's clock; the system clock when None)."""
+    today() read (the engine's clock; the system clock when None); `reach` the rows the filter is
+    evaluated on (None: all), where a failing method call fails."""
     if len(text) > MAX_LENGTH:
         raise ExpressionError(f"filter too long ({len(text)} characters, at most {MAX_LENGTH})")
     toks = _tokenize(text)
@@ -1170,7 +1186,7 @@ def parse_filter(text: str, schema: pa.Schema, clock: Optional[Clock] = None) ->
             and toks[2].kind == "sq" and toks[0].text in schema.names \
             and _kind(schema.field(toks[0].text).type) == "str":
         return _match(toks[0].text, [toks[2].text], toks[1].text == "!=", schema)
-    return _build_predicate(text, schema, toks, clock)
+    return _build_predicate(text, schema, toks, clock, reach)
 
 
 def compare_operands(op: str, left, right, schema: pa.Schema) -> pc.Expression:
