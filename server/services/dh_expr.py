@@ -1214,7 +1214,7 @@ def parse_column_spec(spec: str, schema: pa.Schema, clock: Optional[Clock] = Non
 
     ``"A"`` -> ("A", None, "A"); ``"B = A"`` -> ("B", None, "A") (a rename); ``"C = A * 2"`` ->
     ("C", expression, None)."""
-    name, _v, out = _column_spec(spec, schema, {}, clock)
+    _name, _v, out = _column_spec(spec, schema, {}, clock)
     return out
 
 
