@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tickwire.server.engine import Engine, OperationError, Table
-from tickwire.server.services.conditions import condition_expression, fold
-from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filter
+from tickwire.server.services.conditions import conditions_expression
+from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filters
 from tickwire.server.services.rpc import CallError
 
 __all__ = ["OPERATIONS", "BUILDERS", "Builder", "TableOps", "register"]
@@ -139,20 +138,20 @@ class TableOps:
                 return source.sort(cols, descending=desc, name=self._name(source, "sort"))
         elif kind == "unstructured_filter":
             try:
-                exprs = [parse_filter(f, schema) for f in req.filters]
+                where = parse_filters(list(req.filters), schema, clock=self.engine.clock)
             except ExpressionError as exc:
                 raise CallError(f"Filter: {exc}", "INVALID_ARGUMENT") from None
 
             def make():
-                return source.where(fold(exprs, pc.and_kleene, True), name=self._name(source, "where"))
+                return source.where(where, name=self._name(source, "where"))
         elif kind == "filter":
-            expr = fold([condition_expression(c, schema) for c in req.filters], pc.and_kleene, True)
+            expr = conditions_expression(req.filters, schema)
 
             def make():
                 return source.where(expr, name=self._name(source, "where"))
         elif kind in ("view", "select", "update", "update_view", "lazy_update"):
             try:
-                specs = parse_column_specs(list(req.column_specs), schema)
+                specs = parse_column_specs(list(req.column_specs), schema, clock=self.engine.clock)
             except ExpressionError as exc:
                 raise CallError(f"{kind}: {exc}", "INVALID_ARGUMENT") from None
             columns: list = []
