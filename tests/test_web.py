@@ -235,8 +235,10 @@ def test_browsers_get_status_messages_their_js_api_can_read_and_grpc_clients_the
     req = table_pb2.FilterTableRequest()
     req.source_id.ticket.ticket = b"s/keyed"
     req.result_id.ticket = b"e\x01\x00\x00\x00"
-    req.filters.add().invoke.method = "startsWith"
-    exact = "Filter: condition 'invoke' is not supported"
+    cond = req.filters.add().invoke
+    cond.method = "frobnicate"
+    cond.target.reference.column_name = "Nope"
+    exact = "invoke: unknown column 'Nope'"
 
     async def go():
         async with await WebsocketChannel.connect(srv.web_url) as ch:
@@ -248,12 +250,12 @@ def test_browsers_get_status_messages_their_js_api_can_read_and_grpc_clients_the
                 answers.append((call.status, call.message))
             return answers
     filtered, unknown = run(go())
-    assert filtered == (12, "Filter - condition 'invoke' is not supported"), filtered
+    assert filtered == (3, exact.replace(":", " -")), filtered
     assert unknown == (12, "Method not found - /no.Such/Method"), unknown
     with grpc.insecure_channel(srv.target) as ch:
         with pytest.raises(grpc.RpcError) as err:
             ch.unary_unary(table + "Filter")(req.SerializeToString(), metadata=tuple(ANON.items()), timeout=10)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and err.value.details() == exact
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and err.value.details() == exact
 
 
 def test_doget_over_the_websocket_equals_doget_over_grpc(served):
