@@ -79,19 +79,27 @@ def ref_value(a: Agg, rows: list[dict], ftype: pa.DataType):
         var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
         return math.sqrt(var) if k == "std" else var
     if k in ("weighted_sum", "weighted_avg"):
-        pairs = [(r[a.column], r[a.other]) for r in rows if r[a.column] is not None and r[a.other] is not None]
+        xs = [r[a.column] for r in rows]
+        ws = [r[a.other] for r in rows]
+        pairs = [(x, w) for x, w in zip(xs, ws) if x is not None and w is not None]
+        is_int = not is_float and not pa.types.is_floating(rows_type(a.other))
+        if k == "weighted_sum" and is_int:
+            return int(sum(_num(x) * _num(w) for x, w in pairs)) if pairs else None
+        # a NaN or infinite value (whatever its weight) or weight makes the result NaN
+        if any(x is not None and not math.isfinite(float(_num(x))) for x in xs) or \
+                any(not math.isfinite(float(_num(w))) for _x, w in pairs):
+            return math.nan
         if not pairs:
             return None
-        if k == "weighted_sum":
-            if not is_float and not pa.types.is_floating(rows_type(a.other)):
-                return int(sum(_num(x) * _num(w) for x, w in pairs))
-            return _fsum([float(_num(x)) * float(_num(w)) for x, w in pairs])
-        sw = _fsum([float(_num(w)) for _x, w in pairs])
         sxw = _fsum([float(_num(x)) * float(_num(w)) for x, w in pairs])
+        if k == "weighted_sum":
+            return sxw
         with np.errstate(all="ignore"):
-            return float(np.float64(sxw) / np.float64(sw))  # IEEE: x/0 is infinite, 0/0 NaN
+            return float(np.float64(sxw) / np.float64(_fsum([float(_num(w)) for _x, w in pairs])))
     if k in ("min", "max", "median", "percentile"):
-        xs = sorted((v for v in nn if not _is_nan(v)), key=_sort_key)
+        if any(_is_nan(v) for v in nn):
+            return math.nan  # a NaN makes the group's value NaN
+        xs = sorted(nn, key=_sort_key)
         if not xs:
             return None
         if k == "min":
@@ -99,26 +107,24 @@ def ref_value(a: Agg, rows: list[dict], ftype: pa.DataType):
         if k == "max":
             return xs[-1]
         p = 0.5 if k == "median" else a.percentile
-        exact = (len(xs) - 1) * p
-        lo = int(math.floor(exact))
-        if a.average_evenly_divided and (pa.types.is_integer(ftype) or is_float):
-            hi = min(lo + 1, len(xs) - 1)
-            frac = exact - lo
-            if k == "median":
-                return (float(_num(xs[lo])) + float(_num(xs[hi]))) / 2 if frac > 0 else float(_num(xs[lo]))
-            return float(_num(xs[lo])) + (float(_num(xs[hi])) - float(_num(xs[lo]))) * frac
-        return xs[lo]
+        n = len(xs)
+        if a.average_evenly_divided and ftype in (pa.int32(), pa.int64(), pa.float32(), pa.float64()):
+            lo = int(math.floor((n - 1) * p))
+            if n % 2 == 0 and lo == n // 2 - 1:
+                return (float(xs[lo]) + float(xs[lo + 1])) / 2
+            return float(xs[lo])
+        return xs[min(int(math.floor((n - 1) * p + 0.5)), n - 1)]
     if k in ("count_distinct", "distinct", "unique"):
-        pool = vals if a.include_nulls else nn
+        pool = [v for v in vals if not _is_nan(v) and (v is not None or a.include_nulls)]
         seen: list = []
         for v in pool:
             if not any(_same_value(v, s) for s in seen):
                 seen.append(v)
         seen.sort(key=_sort_key)
         if k == "count_distinct":
-            return len(seen)
+            return len(seen) or None
         if k == "distinct":
-            return seen
+            return seen or None
         return seen[0] if len(seen) == 1 else None
     if k in ("sorted_first", "sorted_last"):
         order = sorted(range(len(rows)), key=lambda i: _sort_key(rows[i][a.other]))
@@ -162,16 +168,14 @@ def reference(parent_rows: list[dict], keys: list[str], aggs: list[Agg]) -> dict
     groups: dict = {}
     for r in parent_rows:
         groups.setdefault(tuple(_key_norm(r[k]) for k in keys), []).append(r)
-    if not keys and not groups:
-        groups[()] = []
     return {g: {a.out: (ref_value(a, rows, rows_type(a.column) if a.column else pa.int64()) if rows or a.kind in
                         ("count",) else _empty_value(a)) for a in aggs} for g, rows in groups.items()}
 
 
 def _empty_value(a: Agg):
-    if a.kind in ("count", "count_distinct"):
+    if a.kind == "count":
         return 0
-    if a.kind in ("distinct", "group"):
+    if a.kind == "group":
         return []
     return None
 
@@ -276,7 +280,7 @@ def test_aggregations_match_recomputation_every_cycle(seed):
             engine.run_cycle()
             assert not engine.errors, engine.errors[0]
             for t, keys, aggs, _s in nodes:
-                if not t.preserve_empty or keys == []:
+                if not t.preserve_empty:
                     msg = check_agg(t, keys, aggs)
                 else:
                     msg = check_agg_preserving(t, keys, aggs)
@@ -330,14 +334,45 @@ def test_groups_keep_their_rows_and_come_back_where_they_were():
     assert f.updates == 2  # no change, no update
 
 
-def test_zero_key_aggregation_has_one_row_even_when_empty():
+def test_zero_key_aggregation_has_a_row_while_the_table_has_rows():
+    """As in Deephaven: no row for an empty table (unless preserve_empty)."""
     engine = Engine()
-    t = engine.create(TableSpec("t", "append", pa.schema([("x", pa.float64())])))
+    t = engine.create(TableSpec("t", "keyed", pa.schema([("k", pa.int64()), ("x", pa.float64())]), keys=["k"]))
     s = t.agg_by([Agg("sum", "x", "S"), Agg("count", name="N"), Agg("min", "x", "M")])
-    assert s.gather().to_pylist() == [{"S": None, "N": 0, "M": None}]
-    engine.write(t, pa.table({"x": [1.5, math.inf, 2.0]}))
+    kept = t.agg_by([Agg("sum", "x", "S"), Agg("count", name="N")], preserve_empty=True)
+    assert s.gather().to_pylist() == []
+    assert kept.gather().to_pylist() == [{"S": None, "N": 0}]
+    engine.write(t, pa.table({"k": [1, 2, 3], "x": [1.5, math.inf, 2.0]}))
     engine.run_cycle()
     assert s.gather().to_pylist() == [{"S": math.inf, "N": 3, "M": 1.5}]
+    engine.write(t, delete=pa.table({"k": [1, 2, 3]}))
+    engine.run_cycle()
+    assert s.gather().to_pylist() == []
+    assert kept.gather().to_pylist() == [{"S": None, "N": 0}]
+
+
+def test_deephaven_rules_for_nan_percentiles_and_empty_distinct_values():
+    """The rules a real Deephaven 42.7 showed (tests/test_agg_conformance.py compares them there):
+    NaN poisons min/max/median, is not a distinct value, percentiles pick Deephaven's positions."""
+    engine = Engine()
+    t = engine.create(TableSpec("t", "static", data=pa.table({
+        "g": [1, 1, 1, 2, 2, 3, 3, 3, 3],
+        "x": [1.0, math.nan, 3.0, None, None, 10.0, 20.0, 30.0, 40.0],
+        "i": pa.array([1, 2, 3, 4, 5, 10, 20, 30, 40], pa.int32()),
+        "b": pa.array([1, 2, 3, 4, 5, 10, 20, 30, 40], pa.int8())})))
+    s = t.agg_by([Agg("min", "x", "Mn"), Agg("median", "x", "Md", average_evenly_divided=True),
+                  Agg("count_distinct", "x", "C"), Agg("distinct", "x", "D"),
+                  Agg("percentile", "i", "P25", percentile=0.25),
+                  Agg("percentile", "i", "P25a", percentile=0.25, average_evenly_divided=True),
+                  Agg("median", "i", "Mi", average_evenly_divided=True),
+                  Agg("median", "b", "Mb", average_evenly_divided=True)], "g")
+    rows = s.gather().to_pylist()
+    assert [r["C"] for r in rows] == [2, None, 4]
+    assert [r["D"] for r in rows] == [[1.0, 3.0], None, [10.0, 20.0, 30.0, 40.0]]
+    assert math.isnan(rows[0]["Mn"]) and math.isnan(rows[0]["Md"]) and rows[1]["Mn"] is None
+    assert rows[2]["Md"] == 25.0 and rows[2]["Mi"] == 25.0 and rows[2]["Mb"] == 30  # bytes take a value
+    assert [r["P25"] for r in rows] == [2, 4, 20] and [r["P25a"] for r in rows] == [1.0, 4.5, 10.0]
+    assert s.schema.field("Mi").type == pa.float64() and s.schema.field("Mb").type == pa.int8()
 
 
 def test_refusals_name_the_column_and_kind():

@@ -4,7 +4,8 @@ One output row per group. Groups are found by hashing the key columns in bulk (`
 `KeyIndex`); a group gets its row key when it is first seen (groups first seen in one cycle in the
 order of their first rows, groups of `initial_groups` first) and keeps it for the table's life, so
 the output never shifts: a group that empties is removed (unless `preserve_empty`) and one that
-comes back is added at its old row key. With no key columns there is one group, always present.
+comes back is added at its old row key. With no key columns there is one group, which (as in
+Deephaven) has a row only while the table has rows, unless `preserve_empty`.
 
 State (all numpy, indexed by group or by member slot):
 - every parent row is a *member* with a slot; the slot holds the row's group and the values of the
@@ -100,6 +101,13 @@ def _is_num(t: pa.DataType) -> bool:
     return _is_int(t) or _is_float(t)
 
 
+def averages(a: Agg, t: pa.DataType) -> bool:
+    """Whether a median/percentile averages the two middle values of an evenly divided group: as
+    Deephaven, only with `average_evenly_divided` and for int, long, float and double columns
+    (byte and short columns, like other types, take a value of the group)."""
+    return bool(a.average_evenly_divided) and t in (pa.int32(), pa.int64(), pa.float32(), pa.float64())
+
+
 def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) -> pa.DataType:
     """The output type of `a` on an input of type `t` (weight/sort column of type `other`), or
     OperationError naming what cannot be aggregated so."""
@@ -114,7 +122,7 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
         if _is_int(t) or pa.types.is_boolean(t):
             return pa.int64()
         if _is_float(t):
-            return pa.float64()
+            return pa.float32() if t == pa.float32() else pa.float64()
         raise refuse()
     if k in ("avg", "var", "std"):
         if _is_num(t):
@@ -130,8 +138,8 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
     if k in ("min", "max", "median", "percentile"):
         if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
             raise refuse()
-        if k in ("median", "percentile") and a.average_evenly_divided and _is_num(t):
-            return pa.float64()
+        if k in ("median", "percentile") and averages(a, t):
+            return t if _is_float(t) else pa.float64()
         return t
     if k in ("first", "last", "unique", "sorted_first", "sorted_last"):
         return t
@@ -165,15 +173,15 @@ class _Linear:
 
     def __init__(self, a: Agg, t: pa.DataType, other: Optional[pa.DataType], cap: int):
         self.a = a
+        self.rt = result_type(a, t, other)
         self.exact = a.kind in ("sum", "abs_sum") and (_is_int(t) or pa.types.is_boolean(t)) or \
             (a.kind == "weighted_sum" and _is_int(t) and other is not None and _is_int(other))
         sp = ["nan", "pinf", "ninf", "nz"]
         names = {"count": ["n"],
                  "sum": ["n", "s", *sp], "abs_sum": ["n", "s", *sp], "avg": ["n", "s", *sp],
                  "var": ["n", "s", "s2", "nan", "inf", "nz"], "std": ["n", "s", "s2", "nan", "inf", "nz"],
-                 "weighted_sum": ["n", "s", "w", *sp],
-                 "weighted_avg": ["n", "s", "w", *sp, *("w" + x for x in sp)]}[a.kind]
-        ints = {"n", "inf", *sp, *("w" + x for x in sp)}
+                 "weighted_sum": ["n", "s", "w", "nz", "bad"], "weighted_avg": ["n", "s", "w", "nz", "bad"]}[a.kind]
+        ints = {"n", "inf", "bad", *sp}
         self.state = {n: np.zeros(cap, dtype=np.int64 if n in ints
                                   or (self.exact and n in ("s",)) else np.float64) for n in names}
 
@@ -210,11 +218,16 @@ class _Linear:
             x, xv = _floats(col)
             w, wv = _floats(wcol)
             ok = xv & wv
+            # as Deephaven: a NaN or infinite value makes the group's result NaN (even with a null
+            # weight), and so does a NaN or infinite weight
+            bad = (xv & ~np.isfinite(x)) | (ok & ~np.isfinite(w))
+            use = ok & ~bad
             with np.errstate(all="ignore"):
-                p = np.where(ok, x * w, 0.0)
-            self._add_special(gids, p, ok, sign, st)
-            if a.kind == "weighted_avg":
-                self._add_special(gids, w, ok, sign, st, "w")
+                p = np.where(use, x * w, 0.0)
+            np.add.at(st["bad"], gids, sign * bad)
+            np.add.at(st["nz"], gids, sign * (p != 0))
+            np.add.at(st["s"], gids, sign * p)
+            np.add.at(st["w"], gids, sign * np.where(use, w, 0.0))
             np.add.at(st["n"], gids, sign * ok)
             return
         if self.exact:
@@ -240,15 +253,14 @@ class _Linear:
         self._add_special(gids, x, ok, sign, st)
 
     @staticmethod
-    def _add_special(gids: np.ndarray, x: np.ndarray, ok: np.ndarray, sign: int, st: dict[str, np.ndarray],
-                     pre: str = "") -> None:
-        """Adds finite values to sum `s` (or `w`), counting NaN, +inf and -inf apart."""
+    def _add_special(gids: np.ndarray, x: np.ndarray, ok: np.ndarray, sign: int, st: dict[str, np.ndarray]) -> None:
+        """Adds finite values to sum `s`, counting NaN, +inf and -inf apart."""
         fin = np.isfinite(x)
-        np.add.at(st[pre + "nan"], gids, sign * (ok & np.isnan(x)))
-        np.add.at(st[pre + "pinf"], gids, sign * (ok & (x == np.inf)))
-        np.add.at(st[pre + "ninf"], gids, sign * (ok & (x == -np.inf)))
-        np.add.at(st[pre + "nz"], gids, sign * (ok & fin & (x != 0)))
-        np.add.at(st[pre or "s"], gids, sign * np.where(ok & fin, x, 0.0))
+        np.add.at(st["nan"], gids, sign * (ok & np.isnan(x)))
+        np.add.at(st["pinf"], gids, sign * (ok & (x == np.inf)))
+        np.add.at(st["ninf"], gids, sign * (ok & (x == -np.inf)))
+        np.add.at(st["nz"], gids, sign * (ok & fin & (x != 0)))
+        np.add.at(st["s"], gids, sign * np.where(ok & fin, x, 0.0))
 
     @staticmethod
     def _total(s: np.ndarray, nan: np.ndarray, pinf: np.ndarray, ninf: np.ndarray, nz: np.ndarray) -> np.ndarray:
@@ -268,6 +280,13 @@ class _Linear:
         none = n == 0
         if self.exact:
             return pa.array(st["s"][groups], pa.int64(), mask=none)
+        if a.kind in ("weighted_sum", "weighted_avg"):
+            bad = st["bad"][groups] > 0
+            with np.errstate(all="ignore"):
+                total = np.where(st["nz"][groups] > 0, st["s"][groups], 0.0)
+                if a.kind == "weighted_avg":
+                    total = total / st["w"][groups]
+            return pa.array(np.where(bad, np.nan, total), pa.float64(), mask=none & ~bad)
         s = st["s"][groups]
         if a.kind in ("var", "std"):
             nf = n.astype(np.float64)
@@ -281,13 +300,11 @@ class _Linear:
                 out = np.sqrt(var) if a.kind == "std" else var
             return pa.array(out, pa.float64(), mask=none)
         total = self._total(s, st["nan"][groups], st["pinf"][groups], st["ninf"][groups], st["nz"][groups])
-        with np.errstate(all="ignore"):
-            if a.kind == "avg":
+        if a.kind == "avg":
+            with np.errstate(all="ignore"):
                 total = total / n
-            elif a.kind == "weighted_avg":
-                total = total / self._total(st["w"][groups], st["wnan"][groups], st["wpinf"][groups],
-                                            st["wninf"][groups], st["wnz"][groups])
-        return pa.array(total, pa.float64(), mask=none)
+        out = pa.array(total, pa.float64(), mask=none)
+        return out if self.rt == pa.float64() else out.cast(self.rt)
 
 
 # -- the ordered kinds, computed from a group's members --------------------------------------------
@@ -346,10 +363,6 @@ def _ordered_values(a: Agg, t: pa.DataType, groups: np.ndarray, gids: np.ndarray
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), col).cast(rt)
     assert col is not None
     if len(col) == 0:  # no group has members
-        if a.kind == "count_distinct":
-            return pa.array(np.zeros(n, dtype=np.int64), pa.int64())
-        if a.kind == "distinct":
-            return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), col).cast(rt)
         return pa.nulls(n, rt)
     valid = np.ones(len(col), dtype=bool) if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
     if a.kind in ("sorted_first", "sorted_last"):
@@ -371,36 +384,38 @@ def _ordered_values(a: Agg, t: pa.DataType, groups: np.ndarray, gids: np.ndarray
     w = _sort_words(col)
     isnan = np.isnan(w) if w.dtype == np.float64 else np.zeros(w.size, dtype=bool)
     if a.kind in ("min", "max", "median", "percentile"):
+        # as Deephaven: a NaN makes the group's value NaN; nulls are skipped
+        nan_g = np.bincount(pos[valid & isnan], minlength=n) > 0
         keep = valid & ~isnan
         idx = np.flatnonzero(keep)
         order = idx[np.lexsort((w[idx], pos[idx]))]
         g_s = pos[order]
         ug, st, cnt = _segments(g_s)
         pick = np.full(n, -1, dtype=np.int64)
-        if a.kind == "min":
-            pick[ug] = order[st]
-            return _take_or_null(col, pick)
-        if a.kind == "max":
-            pick[ug] = order[st + cnt - 1]
-            return _take_or_null(col, pick)
+        if a.kind in ("min", "max"):
+            pick[ug] = order[st] if a.kind == "min" else order[st + cnt - 1]
+            return _nan_where(_take_or_null(col, pick), nan_g)
         p = 0.5 if a.kind == "median" else float(a.percentile)
-        if a.average_evenly_divided and _is_num(t):
-            exact = (cnt - 1) * p
-            lo_i = np.floor(exact).astype(np.int64)
-            hi_i = np.minimum(lo_i + 1, cnt - 1)
-            frac = exact - lo_i
+        if averages(a, t):
+            # Deephaven's rule: the value at floor(p * (n - 1)), averaged with the next one when
+            # that splits the group into two equal halves
+            lo_i = np.floor((cnt - 1) * p).astype(np.int64)
+            pair = (cnt % 2 == 0) & (lo_i == cnt // 2 - 1)
+            hi_i = np.where(pair, lo_i + 1, lo_i)
             vals = w.astype(np.float64)
             lo_v, hi_v = vals[order[st + lo_i]], vals[order[st + hi_i]]
-            out = np.full(n, 0.0)
+            out = np.zeros(n, dtype=np.float64)
             mask = np.ones(n, dtype=bool)
-            out[ug] = np.where(frac > 0, (lo_v + hi_v) / 2, lo_v) if p == 0.5 else lo_v + (hi_v - lo_v) * frac
+            out[ug] = np.where(pair, (lo_v + hi_v) / 2, lo_v)
             mask[ug] = False
-            return pa.array(out, pa.float64(), mask=mask)
-        k = np.minimum(np.floor((cnt - 1) * p + 0.5 if False else (cnt - 1) * p).astype(np.int64), cnt - 1)
-        pick[ug] = order[st + k]
-        return _take_or_null(col, pick)
-    # distinct values per group
-    keep = valid | a.include_nulls
+            out[nan_g] = np.nan
+            mask[nan_g] = False
+            return pa.array(out, pa.float64(), mask=mask).cast(rt)
+        k = np.floor((cnt - 1) * p + 0.5).astype(np.int64)  # Deephaven's position without averaging
+        pick[ug] = order[st + np.minimum(k, cnt - 1)]
+        return _nan_where(_take_or_null(col, pick), nan_g)
+    # distinct values per group (NaN is not counted, as in Deephaven)
+    keep = (valid & ~isnan) | (~valid & a.include_nulls)
     idx = np.flatnonzero(keep)
     nullrank = np.where(valid, 1, 0)
     order = idx[np.lexsort((np.arange(len(col))[idx], w[idx], nullrank[idx], pos[idx]))]
@@ -415,15 +430,15 @@ def _ordered_values(a: Agg, t: pa.DataType, groups: np.ndarray, gids: np.ndarray
         new[1:] = (g_s[1:] != g_s[:-1]) | ~same_v
     first_of = order[new]
     g_f = g_s[new]
-    if a.kind == "count_distinct":
-        out = np.bincount(g_f, minlength=n).astype(np.int64)
-        return pa.array(out, pa.int64())
-    if a.kind == "distinct":
-        counts = np.bincount(g_f, minlength=n)
-        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
-        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), col.take(pa.array(first_of))).cast(rt)
-    # unique: the one distinct value, else null (or non_unique)
     counts = np.bincount(g_f, minlength=n)
+    if a.kind == "count_distinct":  # a group without values counts null, as in Deephaven
+        return pa.array(counts.astype(np.int64), pa.int64(), mask=counts == 0)
+    if a.kind == "distinct":  # likewise null, not an empty list
+        offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+        lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), col.take(pa.array(first_of)),
+                                         mask=pa.array(counts == 0))
+        return lists.cast(rt)
+    # unique: the one distinct value, else null (or non_unique)
     pick = np.full(n, -1, dtype=np.int64)
     one = counts == 1
     gi = np.flatnonzero(one)
@@ -434,6 +449,13 @@ def _ordered_values(a: Agg, t: pa.DataType, groups: np.ndarray, gids: np.ndarray
         fill = pa.array([a.non_unique] * n, type=out.type)
         out = pc.if_else(pa.array(counts > 1), fill, out)
     return out
+
+
+def _nan_where(values: pa.Array, nan: np.ndarray) -> pa.Array:
+    """`values` with NaN for the groups flagged in `nan` (floating values only)."""
+    if not nan.any():
+        return values
+    return pc.if_else(pa.array(nan), pa.scalar(float("nan"), values.type), values)
 
 
 def _take_or_null(col: pa.Array, pick: np.ndarray) -> pa.Array:
@@ -492,7 +514,7 @@ class AggregateTable(_Op):
             raise OperationError(f"table {name!r}: output column {dup[0]!r} is produced twice")
         self.keys = keys
         self.inputs = inputs
-        self.preserve_empty = bool(preserve_empty) or not keys
+        self.preserve_empty = bool(preserve_empty)
         self.in_schema = pa.schema([ps.field(c) for c in inputs])
         cap = 1024
         self._groups = KeyIndex()
