@@ -1,0 +1,381 @@
+"""Rollups (Deephaven's HierarchicalTableService and the ObjectService descriptor), in process and
+against a real Deephaven 42.7.
+
+In process: a rollup of a ticking keyed source, made, sorted, filtered and viewed through the
+service calls, its view subscribed to by tickwire's client; after every cycle the subscribed
+rows (the client's state, built from the updates it received) must equal the rows recomputed
+from scratch in plain Python from the source's rows: every level's aggregates, the expanded rows
+in depth-first order with each node's children sorted, the depth and expanded columns.
+
+Against Deephaven (headless Chromium, Deephaven's own JS API on each server's page): the same
+`table.rollup(config)`, `expand`, `setViewport` calls on the same data must show the same rows,
+column names and types.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from typing import Optional
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.harness import Services
+from tickwire.protocol.proto import hierarchicaltable_pb2 as H
+from tickwire.protocol.proto import object_pb2 as O
+from tickwire.protocol.proto import table_pb2 as T
+from tickwire.protocol.proto.methods import HIERARCHICAL_TABLE_SERVICE, OBJECT_SERVICE
+from tickwire.server.engine import TableSpec
+from tickwire.server.engine.hierarchical import CONTRACT, EXPAND, EXPAND_ALL, ROW_DEPTH, ROW_EXPANDED
+
+SCHEMA = pa.schema([("id", pa.int64()), ("A", pa.string()), ("B", pa.int32()), ("V", pa.float64()),
+                    ("N", pa.int64())])
+GROUPS = ["A", "B"]
+A_VALUES = ["x", "y", "z", None]
+
+
+def _ticket(i: int) -> bytes:
+    return b"e" + struct.pack("<i", i)
+
+
+def _tk(i: int):
+    from tickwire.protocol.proto import ticket_pb2
+    return ticket_pb2.Ticket(ticket=_ticket(i))
+
+
+def _aggregations():
+    cols = T.Aggregation.AggregationColumns
+    return [
+        T.Aggregation(columns=cols(spec=T.AggSpec(sum=T.AggSpec.AggSpecSum()), match_pairs=["V", "N"])),
+        T.Aggregation(columns=cols(spec=T.AggSpec(max=T.AggSpec.AggSpecMax()), match_pairs=["MaxN=N"])),
+        T.Aggregation(count=T.Aggregation.AggregationCount(column_name="Cnt")),
+    ]
+
+
+# -- the reference, in plain Python ---------------------------------------------------------------
+
+def _levels(rows: list[dict]) -> list[dict]:
+    """level k: {first k group values: (V sum, N sum, N max, count)}."""
+    out = []
+    for k in range(len(GROUPS) + 1):
+        acc: dict = {}
+        for r in rows:
+            key = tuple(r[g] for g in GROUPS[:k])
+            v, n, mx, c = acc.get(key, (0.0, 0, None, 0))
+            acc[key] = (v + r["V"], n + r["N"], r["N"] if mx is None else max(mx, r["N"]), c + 1)
+        out.append(acc)
+    return out
+
+
+def _sort_key(value, descending: bool):
+    # Deephaven's order: null first ascending (so last descending)
+    return (value is not None, value if value is not None else 0)
+
+
+def reference_rows(rows: list[dict], expand: dict, sorts: list[tuple[str, bool]] = ()) -> list[tuple]:
+    """The expanded rows: `expand` maps (depth, key tuple) -> action (the total row is expanded
+    unless said otherwise); each node's children ordered by `sorts` (column, descending), then by
+    their group-by values."""
+    levels = _levels(rows)
+    n = len(GROUPS)
+    out: list[tuple] = []
+    idx = {"V": 0, "N": 1, "MaxN": 2, "Cnt": 3}
+
+    def visit(k: int, key: tuple, remaining: float) -> None:
+        depth = k + 1
+        v, s, mx, c = levels[k][key]
+        act = expand.get((depth, key), EXPAND if depth == 1 else None)
+        if k == n:
+            exp, rem = None, 0.0
+        elif act == EXPAND:
+            exp, rem = True, 0.0
+        elif act == EXPAND_ALL:
+            exp, rem = True, math.inf
+        elif act == CONTRACT:
+            exp, rem = False, 0.0
+        else:
+            exp, rem = remaining > 0, max(remaining - 1, 0)
+        groups = list(key) + [None] * (n - k)
+        out.append((depth, exp, *groups, v, s, mx, c))
+        if exp:
+            children = [ck for ck in levels[k + 1] if ck[:k] == key]
+
+            def value(ck, col):
+                return ck[GROUPS.index(col)] if col in GROUPS else levels[k + 1][ck][idx[col]]
+            for col, desc in reversed(list(sorts) + [(g, False) for g in GROUPS[:k + 1]]):
+                if col in GROUPS and GROUPS.index(col) > k:
+                    continue  # null on every child
+                children.sort(key=lambda ck, col=col, desc=desc: _sort_key(value(ck, col), desc), reverse=desc)
+            for ck in children:
+                visit(k + 1, ck, rem)
+
+    if levels[0]:
+        visit(0, (), 0.0)
+    return out
+
+
+def _as_tuples(t: pa.Table) -> list[tuple]:
+    cols = [t.column(i).to_pylist() for i in range(t.num_columns)]
+    return [tuple(r) for r in zip(*cols)]
+
+
+# -- in process --------------------------------------------------------------------------------------
+
+class Rolled:
+    """A ticking keyed source in a Services harness, and service calls on it."""
+
+    def __init__(self, s: Services, seed: int):
+        self.s = s
+        self.rng = np.random.default_rng(seed)
+        self.source = s.engine.create(TableSpec("src", "keyed", SCHEMA, keys=["id"]))
+        self.client = s.client()  # the calls below go in the client's session, whose exports it subscribes to
+        assert self.client.auth.bearer
+        self.token = self.client.auth.bearer.removeprefix("Bearer ")
+        self.next_id = 1
+        self.rows: dict[int, dict] = {}
+
+    def tick(self) -> None:
+        rng = self.rng
+        n = int(rng.integers(1, 12))
+        ids = rng.integers(0, 40, n)
+        data = {"id": ids, "A": [A_VALUES[i] for i in rng.integers(0, 4, n)],
+                "B": pa.array(rng.integers(0, 3, n), pa.int32()),
+                "V": rng.integers(-20, 20, n) * 0.5, "N": rng.integers(0, 1000, n)}
+        t = pa.table(data, schema=SCHEMA)
+        # the last write of an id wins, as the keyed source applies it
+        for r in t.to_pylist():
+            self.rows[r["id"]] = r
+        self.s.write(self.source, t)
+        gone = [int(i) for i in rng.integers(0, 40, int(rng.integers(0, 4))) if int(i) not in set(ids.tolist())]
+        if gone:
+            self.s.write(self.source, delete=pa.table({"id": pa.array(gone, pa.int64())}))
+            for i in gone:
+                self.rows.pop(i, None)
+        self.s.cycle()
+
+    def call(self, method: str, req):
+        return self.s.call(HIERARCHICAL_TABLE_SERVICE, method, req, token=self.token)
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def rollup(self, group_by=GROUPS, aggs=None, constituents: bool = False) -> int:
+        rid = self.new_id()
+        self.call("Rollup", H.RollupRequest(result_rollup_table_id=_tk(rid), source_table_id=_scope("src"),
+                                            aggregations=aggs or _aggregations(), group_by_columns=list(group_by),
+                                            include_constituents=constituents))
+        return rid
+
+    def apply(self, rid: int, sorts=(), filters=()) -> int:
+        out = self.new_id()
+        req = H.HierarchicalTableApplyRequest(result_hierarchical_table_id=_tk(out),
+                                              input_hierarchical_table_id=_tk(rid))
+        for col, desc in sorts:
+            req.sorts.append(T.SortDescriptor(column_name=col, direction=-1 if desc else 1))
+        req.filters.extend(filters)
+        self.call("Apply", req)
+        return out
+
+    def keys(self, entries: list[tuple[int, tuple, int]]) -> int:
+        """A key table uploaded by DoPut, as the JS API makes one: the group-by columns, the depth
+        and a byte action column."""
+        kid = self.new_id()
+        cols = {g: [(list(k) + [None] * len(GROUPS))[i] for _d, k, _a in entries] for i, g in enumerate(GROUPS)}
+        table = pa.table({"A": pa.array(cols["A"], pa.string()), "B": pa.array(cols["B"], pa.int32()),
+                          ROW_DEPTH: pa.array([d for d, _k, _a in entries], pa.int32()),
+                          "__action__": pa.array([a for _d, _k, a in entries], pa.int8())})
+        self.s.put(["export", str(kid)], table, token=self.token)
+        self.s.cycle()  # the upload's rows arrive with a cycle
+        return kid
+
+    def view(self, rid: int, key_id: Optional[int] = None) -> int:
+        vid = self.new_id()
+        req = H.HierarchicalTableViewRequest(result_view_id=_tk(vid), hierarchical_table_id=_tk(rid))
+        if key_id is not None:
+            req.expansions.key_table_id.CopyFrom(_tk(key_id))
+            req.expansions.key_table_action_column = "__action__"
+        self.call("View", req)
+        return vid
+
+
+def _scope(name: str):
+    from tickwire.protocol.proto import ticket_pb2
+    return ticket_pb2.Ticket(ticket=b"s/" + name.encode())
+
+
+def _expansions(rng) -> tuple[list[tuple[int, tuple, int]], dict]:
+    entries = []
+    for a in A_VALUES:
+        r = rng.random()
+        if r < 0.5:
+            entries.append((2, (a,), EXPAND))
+        elif r < 0.6:
+            entries.append((2, (a,), CONTRACT))
+    if rng.random() < 0.3:
+        entries.append((1, (), EXPAND_ALL))
+        if rng.random() < 0.5:
+            entries.append((2, ("x",), CONTRACT))
+    if rng.random() < 0.2:
+        entries.append((1, (), CONTRACT))
+    expand: dict = {}
+    for d, k, a in entries:
+        expand[(d, k)] = a
+    return entries, expand
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_view_follows_its_ticking_source_cycle_by_cycle(seed):
+    with Services() as s:
+        r = Rolled(s, seed)
+        for _ in range(3):
+            r.tick()
+        rid = r.rollup()
+        # a sort, then the group-by columns: every node's children in one order
+        sort = [[], [("V", True)], [("Cnt", False)], [("A", True)]][seed % 4]
+        sid = r.apply(rid, sorts=sort + [("A", False), ("B", False)])
+        entries, expand = _expansions(r.rng)
+        vid = r.view(sid, r.keys(entries))
+        sub = r.client.subscribe(_ticket(vid))
+        for cycle in range(40):
+            want = reference_rows(list(r.rows.values()), expand, sort)
+            assert s.wait_for(sub, lambda x, want=want: _as_tuples(x.table) == want, timeout=10), (
+                f"seed {seed} cycle {cycle}:\n got {_as_tuples(sub.table)}\nwant {want}")
+            r.tick()
+        assert sub.table.column_names[:2] == [ROW_DEPTH, ROW_EXPANDED]
+
+
+def test_default_view_a_viewport_and_the_default_order():
+    with Services() as s:
+        r = Rolled(s, 7)
+        t = pa.table({"id": [1, 2, 3, 4, 5], "A": ["y", "x", "y", None, "x"],
+                      "B": pa.array([1, 0, 0, 2, 1], pa.int32()), "V": [1.0, 2.0, 3.0, 4.0, 5.0],
+                      "N": [10, 20, 30, 40, 50]}, schema=SCHEMA)
+        s.write(r.source, t)
+        s.cycle()
+        vid = r.view(r.rollup())
+        sub = r.client.subscribe(_ticket(vid), viewport=[(0, 2)])
+        # the total row expanded, its children in the order their groups first appeared
+        assert s.wait_for(sub, lambda x: x.size == 4)
+        assert s.doget(_ticket(vid), token=r.token).column("A").to_pylist() == [None, "y", "x", None]
+        assert _as_tuples(s.doget(_ticket(vid), token=r.token))[0] == (1, True, None, None, 15.0, 150, 50, 5)
+        # a new group arrives last; a change of the total row is a modification
+        s.write(r.source, pa.table({"id": [6], "A": ["w"], "B": pa.array([0], pa.int32()), "V": [0.5], "N": [1]},
+                                   schema=SCHEMA))
+        s.cycle()
+        assert s.wait_for(sub, lambda x: x.size == 5)
+        got = s.doget(_ticket(vid), token=r.token)
+        assert got.column("A").to_pylist() == [None, "y", "x", None, "w"]
+        assert got.column(ROW_EXPANDED).to_pylist() == [True, False, False, False, False]
+
+
+def test_filters_on_group_by_columns_and_the_source_export():
+    with Services() as s:
+        r = Rolled(s, 8)
+        for _ in range(4):
+            r.tick()
+        rid = r.rollup()
+        cond = T.Condition(compare=T.CompareCondition(
+            operation=T.CompareCondition.CompareOperation.Value("EQUALS"),
+            lhs=T.Value(reference=T.Reference(column_name="A")),
+            rhs=T.Value(literal=T.Literal(string_value="x"))))
+        fid = r.apply(rid, filters=[cond], sorts=[("B", False)])
+        vid = r.view(fid, r.keys([(2, ("x",), EXPAND)]))
+        sub = r.client.subscribe(_ticket(vid))
+        for cycle in range(10):
+            rows = [x for x in r.rows.values() if x["A"] == "x"]
+            want = reference_rows(rows, {(2, ("x",)): EXPAND}, [("B", False)])
+            assert s.wait_for(sub, lambda x, want=want: _as_tuples(x.table) == want, timeout=10), (cycle, want)
+            r.tick()
+        # a filter on another column is refused, naming it
+        bad = T.Condition(compare=T.CompareCondition(
+            operation=T.CompareCondition.CompareOperation.Value("GREATER_THAN"),
+            lhs=T.Value(reference=T.Reference(column_name="V")), rhs=T.Value(literal=T.Literal(double_value=0.0))))
+        with pytest.raises(grpc.RpcError) as err:
+            r.apply(rid, filters=[bad])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'V'" in err.value.details()
+        # ExportSource: the source of the filtered rollup is the filtered table
+        src = r.new_id()
+        resp = r.call("ExportSource", H.HierarchicalTableSourceExportRequest(result_table_id=_tk(src),
+                                                                             hierarchical_table_id=_tk(fid)))
+        assert resp.success
+        assert set(s.doget(_ticket(src), token=r.token).column("A").to_pylist()) <= {"x"}
+
+
+def test_the_descriptor_names_the_structural_and_rollup_columns():
+    with Services() as s:
+        r = Rolled(s, 9)
+        r.tick()
+        rid = r.rollup()
+        resp = s.call(OBJECT_SERVICE, "FetchObject",
+                      O.FetchObjectRequest(source_id={"ticket": _tk(rid), "type": "HierarchicalTable"}), token=r.token)
+        assert resp.type == "HierarchicalTable" and not resp.typed_export_ids
+        d = H.HierarchicalTableDescriptor.FromString(resp.data)
+        assert not d.is_static
+        schema = pa.ipc.read_schema(pa.py_buffer(d.snapshot_schema))
+        assert schema.names == [ROW_DEPTH, ROW_EXPANDED, "A", "B", "V", "N", "MaxN", "Cnt"]
+        md = {f.name: {k.decode(): v.decode() for k, v in (f.metadata or {}).items()} for f in schema}
+        p = "deephaven:"
+        assert md[ROW_DEPTH][p + "hierarchicalTable.isRowDepthColumn"] == "true"
+        assert md[ROW_DEPTH][p + "hierarchicalTable.isExpandByColumn"] == "true"
+        assert md[ROW_EXPANDED][p + "hierarchicalTable.isRowExpandedColumn"] == "true"
+        assert md["A"][p + "rollupTable.isGroupByColumn"] == "true"
+        assert md["V"][p + "rollupTable.aggregationInputColumnName"] == "V"
+        assert md["V"][p + "description"] == "V aggregated with sum"
+        assert md["MaxN"][p + "rollupTable.aggregationInputColumnName"] == "N"
+        assert md["Cnt"][p + "description"] == "count" and md["Cnt"][p + "rollupTable.aggregationInputColumnName"] == ""
+        assert md["B"][p + "type"] == "int" and md[ROW_EXPANDED][p + "type"] == "java.lang.Boolean"
+        # the same bytes through MessageStream, then the end of the stream
+        call = s.bidi(OBJECT_SERVICE, "MessageStream",
+                      [O.StreamRequest(connect=O.ConnectRequest(source_id={"ticket": _tk(rid),
+                                                                           "type": "HierarchicalTable"}))],
+                      token=r.token)
+        answers = list(call)
+        assert len(answers) == 1 and answers[0].data.payload == resp.data
+        # a table is not a hierarchical table
+        with pytest.raises(grpc.RpcError) as err:
+            s.call(OBJECT_SERVICE, "FetchObject", O.FetchObjectRequest(
+                source_id={"ticket": _scope("src"), "type": "HierarchicalTable"}), token=r.token)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_refusals_name_what_is_not_served():
+    with Services() as s:
+        r = Rolled(s, 10)
+        r.tick()
+        cases = [
+            ({"constituents": True}, grpc.StatusCode.UNIMPLEMENTED, "include_constituents"),
+            ({"group_by": ["Nope"]}, grpc.StatusCode.INVALID_ARGUMENT, "'Nope'"),
+            ({"aggs": [T.Aggregation(columns=T.Aggregation.AggregationColumns(
+                spec=T.AggSpec(median=T.AggSpec.AggSpecMedian()), match_pairs=["V"]))]},
+             grpc.StatusCode.INVALID_ARGUMENT, "AggMedian is not supported for rollup()"),
+        ]
+        for kw, code, words in cases:
+            with pytest.raises(grpc.RpcError) as err:
+                r.rollup(**kw)
+            assert err.value.code() == code and words in err.value.details(), (kw, err.value.details())
+        with pytest.raises(grpc.RpcError) as err:  # a view of something that is not a rollup
+            r.call("View", H.HierarchicalTableViewRequest(result_view_id=_tk(r.new_id()),
+                                                          hierarchical_table_id=_scope("src")))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as err:
+            s.call(HIERARCHICAL_TABLE_SERVICE, "Tree", H.TreeRequest(), token=r.token)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_released_rollups_and_views_leave_the_engine():
+    with Services() as s:
+        r = Rolled(s, 11)
+        r.tick()
+        before = set(s.engine.graph.tables) - {"src"}
+        rid = r.rollup()
+        sid = r.apply(rid, sorts=[("V", True)])
+        vid = r.view(sid)
+        assert len(s.engine.graph.tables) > len(before) + 1
+        from tickwire.protocol.proto import session_pb2
+        for i in (vid, sid, rid):
+            s.call("io.deephaven.proto.backplane.grpc.SessionService", "Release",
+                   session_pb2.ReleaseRequest(id=_tk(i)), token=r.token)
+        assert s.until(lambda: set(s.engine.graph.tables) - {"src"} == set(before))
