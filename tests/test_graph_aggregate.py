@@ -385,3 +385,16 @@ def test_refusals_name_the_column_and_kind():
     with pytest.raises(OperationError, match="produced twice"):
         t.agg_by([Agg("sum", "x"), Agg("max", "x")])
     assert "t.agg_by" not in engine.names_now()
+
+
+def test_python_shortcuts_are_agg_by_of_every_other_column():
+    engine = Engine()
+    t = engine.create(TableSpec("t", "static", data=pa.table({"g": ["a", "b", "a"], "x": [1, 2, 3],
+                                                              "y": [1.5, 2.5, None]})))
+    assert t.sum_by("g").to_arrow().to_pylist() == [{"g": "a", "x": 4, "y": 1.5}, {"g": "b", "x": 2, "y": 2.5}]
+    assert t.count_by("N", "g").to_arrow().to_pylist() == [{"g": "a", "N": 2}, {"g": "b", "N": 1}]
+    assert t.select_distinct("g").to_arrow().to_pylist() == [{"g": "a"}, {"g": "b"}]
+    assert t.median_by("g").to_arrow().to_pylist() == [{"g": "a", "x": 2.0, "y": 1.5}, {"g": "b", "x": 2.0, "y": 2.5}]
+    assert t.max_by().to_arrow().to_pylist() == [{"g": "b", "x": 3, "y": 2.5}]
+    assert t.agg_by([Agg("avg", "y", "AvgY")], by="g").to_arrow().to_pylist() == [
+        {"g": "a", "AvgY": 1.5}, {"g": "b", "AvgY": 2.5}]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import tickwire
 
-EXPORTED = ["BarrageClient", "Destination", "Engine", "EngineConfig", "ManualClock", "ServerConfig", "TableSpec",
+EXPORTED = ["Agg", "BarrageClient", "Destination", "Engine", "EngineConfig", "ManualClock", "ServerConfig", "TableSpec",
             "TickwireError", "TickwireServer", "__version__", "sink"]
 
 

@@ -12,6 +12,7 @@ _EXPORTS = {
     "EngineConfig": ("tickwire.server.engine", "EngineConfig"),
     "TableSpec": ("tickwire.server.engine", "TableSpec"),
     "Destination": ("tickwire.server.engine", "Destination"),
+    "Agg": ("tickwire.server.engine", "Agg"),
     "TickwireServer": ("tickwire.server.app", "TickwireServer"),
     "ServerConfig": ("tickwire.server.config", "ServerConfig"),
     "BarrageClient": ("tickwire.clients.client", "BarrageClient"),

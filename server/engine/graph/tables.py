@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.server.engine.errors import InputTypeError, SchemaMismatchError
+from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.column_store import ColumnStore
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ROW_KEY, TableUpdate, column_names
@@ -244,12 +245,46 @@ class Table:
         """The latest row of each distinct value of `keys` (a keyed table)."""
         return self._derive("last_by", name, keys)
 
-    def agg_by(self, aggs: Sequence[Any], by: Union[str, Sequence[str]] = (), name: Optional[str] = None,
+    def agg_by(self, aggs: Sequence[Agg], by: Union[str, Sequence[str]] = (), name: Optional[str] = None,
                preserve_empty: bool = False, initial_groups: Optional[pa.Table] = None) -> "Table":
-        """One row per distinct value of `by` (one row in all when `by` is empty) with the
-        aggregations `aggs` (`tickwire.server.engine.graph.ops.aggregate.Agg`) of its rows."""
+        """One row per distinct value of `by` (for no `by`, one row while the table has rows) with
+        the aggregations `aggs` (`Agg("sum", "Qty", "Total")`, ...) of its rows, as Deephaven's
+        agg_by answers: groups in the order they were first seen, each keeping its row."""
         return self._derive("agg_by", name, list(aggs), [by] if isinstance(by, str) else list(by),
                             preserve_empty, initial_groups)
+
+    def agg_all_by(self, kind: str, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        """Aggregation `kind` ("sum", "avg", "min", "max", "first", "last", "median", "std", "var",
+        "abs_sum", "count_distinct", "distinct", "unique", "group") of every column not in `by`."""
+        keys = [by] if isinstance(by, str) else list(by)
+        return self.agg_by([Agg(kind, c) for c in self.schema.names if c not in keys], keys, name)
+
+    def sum_by(self, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        return self.agg_all_by("sum", by, name)
+
+    def avg_by(self, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        return self.agg_all_by("avg", by, name)
+
+    def min_by(self, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        return self.agg_all_by("min", by, name)
+
+    def max_by(self, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        return self.agg_all_by("max", by, name)
+
+    def median_by(self, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        return self.agg_by([Agg("median", c, average_evenly_divided=True) for c in self.schema.names
+                            if c not in ([by] if isinstance(by, str) else list(by))], by, name)
+
+    def first_by(self, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        return self.agg_all_by("first", by, name)
+
+    def count_by(self, column: str, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        """The number of rows of each group, in column `column`."""
+        return self.agg_by([Agg("count", name=column)], by, name)
+
+    def select_distinct(self, columns: Union[str, Sequence[str]], name: Optional[str] = None) -> "Table":
+        """The distinct values of `columns`, in the order first seen."""
+        return self.agg_by([], columns, name)
 
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
     def take_pending(self) -> list[Any]:

@@ -26,14 +26,14 @@ kept for the cycle (`prev_gather`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.server.engine.errors import OperationError, UnknownColumnError
+from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import (
     ColumnStore,
@@ -64,29 +64,6 @@ KINDS = LINEAR | ORDERED
 #: kinds whose value needs the group's members read again when any of them changes
 _RESCAN = frozenset({"median", "percentile", "count_distinct", "distinct", "unique", "sorted_first",
                      "sorted_last", "group"})
-
-
-@dataclass(frozen=True)
-class Agg:
-    """One aggregation: `kind` (see KINDS) of input `column` into output column `name`.
-
-    `other` is the weight column of weighted_sum/weighted_avg and the sort column of
-    sorted_first/sorted_last; `percentile` and `average_evenly_divided` shape percentile and
-    median; `include_nulls` makes count_distinct, distinct and unique count null as a value;
-    `non_unique` is unique's value for a group of several distinct values (default null)."""
-
-    kind: str
-    column: Optional[str] = None
-    name: Optional[str] = None
-    other: Optional[str] = None
-    percentile: float = 0.5
-    average_evenly_divided: bool = False
-    include_nulls: bool = False
-    non_unique: Any = field(default=None, compare=False)
-
-    @property
-    def out(self) -> str:
-        return self.name or self.column or self.kind
 
 
 def _is_int(t: pa.DataType) -> bool:
