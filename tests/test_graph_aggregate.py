@@ -398,3 +398,22 @@ def test_python_shortcuts_are_agg_by_of_every_other_column():
     assert t.max_by().to_arrow().to_pylist() == [{"g": "b", "x": 3, "y": 2.5}]
     assert t.agg_by([Agg("avg", "y", "AvgY")], by="g").to_arrow().to_pylist() == [
         {"g": "a", "AvgY": 1.5}, {"g": "b", "AvgY": 2.5}]
+
+
+def test_a_large_first_build_equals_pyarrow_group_by():
+    """Batches of thousands of rows take the bulk path of the running sums (bincount, reduceat)."""
+    rng = np.random.default_rng(5)
+    n = 50_000
+    data = pa.table({"g": rng.integers(0, 300, n), "i": pa.array(rng.integers(-10**12, 10**12, n), pa.int64(),
+                                                                   mask=rng.random(n) < 0.1),
+                     "x": pa.array(rng.normal(0, 1e3, n), mask=rng.random(n) < 0.1)})
+    engine = Engine()
+    t = engine.create(TableSpec("t", "static", data=data))
+    got = t.agg_by([Agg("sum", "i", "Si"), Agg("sum", "x", "Sx"), Agg("count", name="N"), Agg("avg", "x", "Ax"),
+                    Agg("var", "x", "Vx")], "g").to_arrow().sort_by("g")
+    want = data.group_by("g").aggregate([("i", "sum"), ("x", "sum"), ("g", "count"), ("x", "mean"),
+                                         ("x", "variance", pc.VarianceOptions(ddof=1))]).sort_by("g")
+    assert got["Si"].to_pylist() == want["i_sum"].to_pylist()  # exact in int64
+    assert got["N"].to_pylist() == want["g_count"].to_pylist()
+    for mine, theirs in (("Sx", "x_sum"), ("Ax", "x_mean"), ("Vx", "x_variance")):
+        assert np.allclose(got[mine].to_numpy(), want[theirs].to_numpy(), rtol=1e-9), mine

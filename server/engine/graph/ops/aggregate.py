@@ -127,6 +127,24 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
 
 # -- per-row contributions of the linear kinds ----------------------------------------------------
 
+def _scatter_add(target: np.ndarray, gids: np.ndarray, values) -> None:
+    """target[gids] += values, repeated indices summed (np.add.at for small batches; a bincount, or
+    for integers a sort and reduceat, for large ones: np.add.at is slow on millions of rows)."""
+    values = np.asarray(values)
+    if gids.size < 4096:
+        np.add.at(target, gids, values)
+        return
+    if values.ndim == 0:
+        values = np.full(gids.size, values, dtype=np.int64 if values.dtype.kind in "biu" else values.dtype)
+    if target.dtype.kind == "f":
+        target += np.bincount(gids, weights=values.astype(np.float64), minlength=target.size)[:target.size]
+        return
+    order = np.argsort(gids, kind="stable")
+    g = gids[order]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
+    target[g[starts]] += np.add.reduceat(values.astype(np.int64)[order], starts)
+
+
 def _floats(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(values as float64 with nulls as 0, validity)."""
     valid = np.ones(len(a), dtype=bool) if a.null_count == 0 else a.is_valid().to_numpy(zero_copy_only=False)
@@ -179,7 +197,7 @@ class _Linear:
             return
         a, st = self.a, self.state
         if a.kind == "count":
-            np.add.at(st["n"], gids, sign)
+            _scatter_add(st["n"], gids, sign)
             return
         col = rows.column(a.column).combine_chunks()
         if a.kind in ("weighted_sum", "weighted_avg"):
@@ -188,9 +206,9 @@ class _Linear:
                 x, xv = _ints(col)
                 w, wv = _ints(wcol)
                 ok = xv & wv
-                np.add.at(st["n"], gids, sign * ok)
-                np.add.at(st["s"], gids, sign * np.where(ok, x * w, 0))
-                np.add.at(st["w"], gids, sign * np.where(ok, w, 0))
+                _scatter_add(st["n"], gids, sign * ok)
+                _scatter_add(st["s"], gids, sign * np.where(ok, x * w, 0))
+                _scatter_add(st["w"], gids, sign * np.where(ok, w, 0))
                 return
             x, xv = _floats(col)
             w, wv = _floats(wcol)
@@ -201,31 +219,31 @@ class _Linear:
             use = ok & ~bad
             with np.errstate(all="ignore"):
                 p = np.where(use, x * w, 0.0)
-            np.add.at(st["bad"], gids, sign * bad)
-            np.add.at(st["nz"], gids, sign * (p != 0))
-            np.add.at(st["s"], gids, sign * p)
-            np.add.at(st["w"], gids, sign * np.where(use, w, 0.0))
-            np.add.at(st["n"], gids, sign * ok)
+            _scatter_add(st["bad"], gids, sign * bad)
+            _scatter_add(st["nz"], gids, sign * (p != 0))
+            _scatter_add(st["s"], gids, sign * p)
+            _scatter_add(st["w"], gids, sign * np.where(use, w, 0.0))
+            _scatter_add(st["n"], gids, sign * ok)
             return
         if self.exact:
             x, ok = _ints(col)
             if a.kind == "abs_sum":
                 x = np.abs(x)
-            np.add.at(st["n"], gids, sign * ok)
-            np.add.at(st["s"], gids, sign * np.where(ok, x, 0))
+            _scatter_add(st["n"], gids, sign * ok)
+            _scatter_add(st["s"], gids, sign * np.where(ok, x, 0))
             return
         x, ok = _floats(col)
         if a.kind == "abs_sum":
             x = np.abs(x)
-        np.add.at(st["n"], gids, sign * ok)
+        _scatter_add(st["n"], gids, sign * ok)
         if a.kind in ("var", "std"):
             fin = np.isfinite(x)
-            np.add.at(st["nan"], gids, sign * (ok & np.isnan(x)))
-            np.add.at(st["inf"], gids, sign * (ok & np.isinf(x)))
+            _scatter_add(st["nan"], gids, sign * (ok & np.isnan(x)))
+            _scatter_add(st["inf"], gids, sign * (ok & np.isinf(x)))
             xf = np.where(ok & fin, x, 0.0)
-            np.add.at(st["nz"], gids, sign * (xf != 0))
-            np.add.at(st["s"], gids, sign * xf)
-            np.add.at(st["s2"], gids, sign * xf * xf)
+            _scatter_add(st["nz"], gids, sign * (xf != 0))
+            _scatter_add(st["s"], gids, sign * xf)
+            _scatter_add(st["s2"], gids, sign * xf * xf)
             return
         self._add_special(gids, x, ok, sign, st)
 
@@ -233,11 +251,11 @@ class _Linear:
     def _add_special(gids: np.ndarray, x: np.ndarray, ok: np.ndarray, sign: int, st: dict[str, np.ndarray]) -> None:
         """Adds finite values to sum `s`, counting NaN, +inf and -inf apart."""
         fin = np.isfinite(x)
-        np.add.at(st["nan"], gids, sign * (ok & np.isnan(x)))
-        np.add.at(st["pinf"], gids, sign * (ok & (x == np.inf)))
-        np.add.at(st["ninf"], gids, sign * (ok & (x == -np.inf)))
-        np.add.at(st["nz"], gids, sign * (ok & fin & (x != 0)))
-        np.add.at(st["s"], gids, sign * np.where(ok & fin, x, 0.0))
+        _scatter_add(st["nan"], gids, sign * (ok & np.isnan(x)))
+        _scatter_add(st["pinf"], gids, sign * (ok & (x == np.inf)))
+        _scatter_add(st["ninf"], gids, sign * (ok & (x == -np.inf)))
+        _scatter_add(st["nz"], gids, sign * (ok & fin & (x != 0)))
+        _scatter_add(st["s"], gids, sign * np.where(ok & fin, x, 0.0))
 
     @staticmethod
     def _total(s: np.ndarray, nan: np.ndarray, pinf: np.ndarray, ninf: np.ndarray, nz: np.ndarray) -> np.ndarray:
@@ -623,7 +641,7 @@ class AggregateTable(_Op):
             if members is not None:
                 members.delete(members.key_of(rem))
             self._free = np.concatenate((self._free, slots))
-            np.subtract.at(self._count, g, 1)
+            _scatter_add(self._count, g, -1)
         # 2. shifted rows: new parent keys
         if not up.shifted.is_empty():
             old_k, new_k = shifted_rows(parent, up)
@@ -650,8 +668,8 @@ class AggregateTable(_Op):
             came.append((g_new, new_vals))
             moved = g_new != g_old
             if moved.any():
-                np.subtract.at(self._count, g_old[moved], 1)
-                np.add.at(self._count, g_new[moved], 1)
+                _scatter_add(self._count, g_old[moved], -1)
+                _scatter_add(self._count, g_new[moved], 1)
                 self._mgid[slots[moved]] = g_new[moved]
                 if members is not None:
                     mk = mod[moved]
@@ -671,7 +689,7 @@ class AggregateTable(_Op):
                 self._values.write(slots, in_vals)
             if members is not None:
                 members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)])
-            np.add.at(self._count, g, 1)
+            _scatter_add(self._count, g, 1)
             came.append((g, in_vals))
         # 5. the linear kinds follow; groups that lost values are rescanned for ordered kinds
         for g, vals in left:
