@@ -393,11 +393,14 @@ def test_quick_filter_rows_are_the_ones_expected(menus):
 ROLLUP = {"groupingColumns": ["Grp", "Sym"], "aggregations": {"Sum": ["Qty", "Px"]}}
 
 
-def test_rollup_with_a_sum_expanded_one_level(menus):
-    """table.rollup with a Sum, then expand the 'food' group as a click on its row does. tickwire
+@pytest.mark.parametrize("constituents", [False, True], ids=["plain", "with constituents (the grid's default)"])
+def test_rollup_with_a_sum_expanded_one_level(menus, constituents):
+    """table.rollup with a Sum, then expand the 'food' group as a click on its row does (the grid's
+    Rollup Rows asks with includeConstituents on unless its Constituents box is cleared). tickwire
     must serve HierarchicalTableService's Rollup (and the tree's viewport) for this to pass; until
     it does, the comparison fails showing tickwire's refusal."""
-    out = compare(menus, lambda m: m.rollup(NAME, ROLLUP, "Grp", "food"))
+    config = dict(ROLLUP, includeConstituents=constituents)
+    out = compare(menus, lambda m: m.rollup(NAME, config, "Grp", "food"))
     names = [c.split(":")[0] for c in out["columns"]]
     food = [r for r in ROWS if r[0] == "food"]
     root = out["rows"][0]
