@@ -417,3 +417,30 @@ def test_a_large_first_build_equals_pyarrow_group_by():
     assert got["N"].to_pylist() == want["g_count"].to_pylist()
     for mine, theirs in (("Sx", "x_sum"), ("Ax", "x_mean"), ("Vx", "x_variance")):
         assert np.allclose(got[mine].to_numpy(), want[theirs].to_numpy(), rtol=1e-9), mine
+
+
+def test_an_aggregation_of_a_blink_table_covers_every_row_it_ever_had():
+    """As in Deephaven: the blink table's rows leave every cycle, its aggregation keeps them."""
+    rng = np.random.default_rng(9)
+    engine = Engine()
+    b = engine.create(TableSpec("b", "blink", MARKET))
+    aggs = [Agg("sum", "qty", "Q"), Agg("count", name="N"), Agg("avg", "px", "A"), Agg("min", "px", "Lo"),
+            Agg("max", "sym", "Hi"), Agg("first", "px", "F"), Agg("last", "qty", "L"), Agg("std", "qty", "Sd")]
+    t = b.agg_by(aggs, "k")
+    f = Follower(t)
+    seen = []
+    for _ in range(25):
+        rows = market_rows(rng, int(rng.integers(0, 15)))
+        seen.extend(rows.to_pylist())
+        engine.write(b, rows)
+        engine.run_cycle()
+        assert b.size == rows.num_rows
+        want = reference([{**r, "__key": i} for i, r in enumerate(seen)], ["k"], aggs)
+        got = {(r["k"],): r for r in t.gather().to_pylist()}
+        assert set(got) == set(want)
+        for g, vals in want.items():
+            for name, v in vals.items():
+                assert _close(got[g][name], v, 1e6), (g, name, got[g][name], v)
+        assert same_table(f.state, t.gather_with_keys())
+    with pytest.raises(OperationError, match="median of blink table 'b' is not supported"):
+        b.agg_by([Agg("median", "px")], "k")

@@ -521,6 +521,14 @@ class AggregateTable(_Op):
                         for a in self.aggs if a.kind in LINEAR]
         self._ordered = [a for a in self.aggs if a.kind in ORDERED]
         self._row_keys = any(a.kind in ("first_row_key", "last_row_key") for a in self.aggs)
+        # as Deephaven: an aggregation of a blink table covers every row the table ever had
+        self.blink = bool(parent.attributes.get("BlinkTable"))
+        if self.blink:
+            bad = [a.kind for a in self._ordered if a.kind not in ("min", "max", "first", "last")]
+            if bad:
+                raise OperationError(f"table {name!r}: {bad[0]} of blink table {parent.name!r} is not supported "
+                                     f"(its rows leave every cycle; sum, avg, count, std, var, weighted, min, max, "
+                                     f"first and last are)")
         self._slot_of = KeyMap()                            # parent row key -> member slot
         self._mgid = np.zeros(cap, dtype=np.int64)          # member slot -> group
         self._free = _EMPTY.copy()
@@ -635,13 +643,13 @@ class AggregateTable(_Op):
             if np.any(slots < 0):
                 raise RuntimeError(f"table {self.name!r}: the parent removed rows this table does not have")
             g = self._mgid[slots]
-            old = self._values.gather(slots)
-            left.append((g, old))
+            if not self.blink:  # a blink table's rows stay in their groups' values
+                left.append((g, self._values.gather(slots)))
+                _scatter_add(self._count, g, -1)
             slot_of.delete(rem)
             if members is not None:
                 members.delete(members.key_of(rem))
             self._free = np.concatenate((self._free, slots))
-            _scatter_add(self._count, g, -1)
         # 2. shifted rows: new parent keys
         if not up.shifted.is_empty():
             old_k, new_k = shifted_rows(parent, up)
@@ -829,6 +837,13 @@ class AggregateTable(_Op):
             if a.kind in ("first", "last", "first_row_key", "last_row_key"):
                 front = a.kind in ("first", "first_row_key")
                 pk = self._edges(out_g, front)
+                if self.blink and front:  # a blink table's first row of a group came when the group did
+                    old = ~np.isin(out_g, born)
+                    if old.any():
+                        res[a.out] = pc.if_else(pa.array(old), self.store.gather_column(a.out, out_g),
+                                                self._values.gather_column(a.column, np.where(
+                                                    pk >= 0, self._slot_of.get(np.where(pk >= 0, pk, 0)), 0)))
+                        continue
                 if a.kind.endswith("row_key"):
                     res[a.out] = pa.array(pk, pa.int64(), mask=pk < 0)
                 else:
