@@ -533,9 +533,9 @@ def _java_string_hashes(strings: list[str]) -> np.ndarray:
     units = [np.frombuffer(s.encode("utf-16-le"), dtype=np.uint16).astype(np.uint32) for s in strings]
     longest = max((u.size for u in units), default=0)
     pow31 = np.ones(max(longest, 1), dtype=np.uint32)
-    for i in range(1, longest):
-        pow31[i] = pow31[i - 1] * np.uint32(31)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # Java's String.hashCode wraps around 32 bits
+        for i in range(1, longest):
+            pow31[i] = pow31[i - 1] * np.uint32(31)
         for i, u in enumerate(units):
             if u.size:
                 out[i] = np.sum(u * pow31[:u.size][::-1], dtype=np.uint32)
