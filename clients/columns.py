@@ -17,7 +17,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from tickwire.protocol.schema import numpy_storage_dtype
+from tickwire.protocol.schema import empty_array, numpy_storage_dtype
 
 __all__ = ["Column"]
 
@@ -49,7 +49,7 @@ class Column:
         self.type = t
         self.dtype = numpy_storage_dtype(t)
         self.n = 0
-        self._arrow: Optional[pa.Array] = pa.array([], type=t) if self.dtype is None else None
+        self._arrow: Optional[pa.Array] = empty_array(t) if self.dtype is None else None
         self._chunks: list[pa.Array] = []  # appended after _arrow, not yet concatenated
         self._patches: list[tuple[np.ndarray, pa.Array]] = []  # modifications not yet applied, in order
         self._vals: Optional[np.ndarray] = None if self.dtype is None else np.empty(16, dtype=self.dtype)

@@ -15,7 +15,11 @@ Arrow Message flatbuffer and the body itself, with Deephaven's layout (docs/sche
 - Utf8/Binary/List offsets rebased to 0, n + 1 int32 entries padded to 8, and an empty offsets
   buffer for a 0-row column;
 - in list mode each column is preceded by its wrapper: node (1, 0), an empty validity buffer,
-  offsets `[0, k]`, and RecordBatch.length is 1.
+  offsets `[0, k]`, and RecordBatch.length is 1;
+- the types a table keeps from a DoPut (schema.keeps_upload_type) in Arrow's own layouts: a map as
+  a list of its entries struct (node, validity, then keys and values), a list_view as validity,
+  offsets and sizes over its whole child, a union as type ids (and a dense union's offsets) with
+  no validity, then its members, and a null column as a node (n, n) with no buffers.
 
 Input arrays may be slices (any offset); their buffers are referenced, not copied, except where a
 bitmap starts mid-byte or offsets must be rebased.
@@ -47,6 +51,7 @@ from tickwire.protocol.flight import BytesLike, encode_flight_data, flight_data_
 from tickwire.protocol.schema import fill_sentinels, has_sentinel, is_list_wrapper_field
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     from typing_extensions import Buffer  # any object with the buffer protocol (PEP 688)
 
 __all__ = [
@@ -162,8 +167,27 @@ def _rebased_offsets(arr: pa.Array) -> tuple[np.ndarray, int, int]:
 def _write_empty(w: _BodyWriter, t: pa.DataType) -> None:
     """A column with no rows: field node (0, 0) and zero-length buffers (children included)."""
     w.nodes.append((0, 0))
+    if pa.types.is_null(t):
+        return  # a null column has no buffers
+    if pa.types.is_union(t):  # no validity: type ids (and offsets), then every member
+        w.empty()
+        if t.mode == "dense":
+            w.empty()
+        for i in range(t.num_fields):
+            _write_empty(w, t.field(i).type)
+        return
     w.empty()
-    if _is_var_binary(t):
+    if pa.types.is_map(t):
+        w.empty()
+        w.nodes.append((0, 0))  # its entries struct: validity, then the keys and the values
+        w.empty()
+        _write_empty(w, t.key_type)
+        _write_empty(w, t.item_type)
+    elif pa.types.is_list_view(t):
+        w.empty()
+        w.empty()  # sizes
+        _write_empty(w, t.value_type)
+    elif _is_var_binary(t):
         w.empty()
         w.empty()
     elif pa.types.is_list(t):
@@ -175,6 +199,17 @@ def _write_empty(w: _BodyWriter, t: pa.DataType) -> None:
         w.empty()
     else:
         raise ProtocolError(f"unsupported Arrow type for Barrage: {t}")
+
+
+def _map_entries(t: pa.DataType) -> pa.DataType:
+    """The entries struct a map column's offsets index."""
+    return pa.struct([t.key_field, t.item_field])
+
+
+def _own_values(a: pa.Array, i: int, dtype: "npt.DTypeLike") -> memoryview:
+    """The rows of `a` in its buffer `i` of fixed-width entries (a union's type ids or offsets, a
+    list_view's offsets or sizes), without copying (pyarrow's accessors of these ignore a slice's offset)."""
+    return np.frombuffer(a.buffers()[i], dtype=dtype, count=a.offset + len(a))[a.offset:].data
 
 
 def _write_validity(w: _BodyWriter, arr: pa.Array, nulls: int) -> None:
@@ -212,6 +247,38 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         offs, first, last = _rebased_offsets(arr)
         w.add(offs.data)
         _write_column(w, arr.values.slice(first, last - first), dh_nulls)
+        return
+    if pa.types.is_map(t):  # a list of its entries struct
+        w.nodes.append((n, nulls))
+        _write_validity(w, arr, nulls)
+        offs, first, last = _rebased_offsets(arr)
+        w.add(offs.data)
+        entries = arr.values.slice(first, last - first)
+        w.nodes.append((len(entries), entries.null_count))  # (a map's entries are never null)
+        _write_validity(w, entries, entries.null_count)
+        for i in range(2):
+            _write_column(w, entries.field(i), dh_nulls)  # (sliced as the entries are)
+        return
+    if pa.types.is_list_view(t):
+        # offsets and sizes of the rows sent, over the whole child (a list_view child has no order)
+        w.nodes.append((n, nulls))
+        _write_validity(w, arr, nulls)
+        w.add(_own_values(arr, 1, "<i4"))
+        w.add(_own_values(arr, 2, "<i4"))
+        _write_column(w, arr.values, dh_nulls)
+        return
+    if pa.types.is_union(t):
+        # no validity (a null is a member's null): type ids, a dense union's offsets into its
+        # whole members, a sparse union's members sliced as the union is
+        w.nodes.append((n, 0))
+        w.add(_own_values(arr, 1, np.int8))
+        if t.mode == "dense":
+            w.add(_own_values(arr, 2, "<i4"))
+        for i in range(t.num_fields):
+            _write_column(w, arr.field(i), dh_nulls)
+        return
+    if pa.types.is_null(t):
+        w.nodes.append((n, n))
         return
     if pa.types.is_fixed_size_list(t):
         # no offsets: the child holds list_size values per row, null rows included
@@ -525,6 +592,10 @@ def _from_buffers(t: pa.DataType, n: int, buffers: list[Optional[pa.Buffer]], nu
 
 def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
     n, nulls = r.node(name)
+    if pa.types.is_null(t):
+        return pa.nulls(n)
+    if pa.types.is_union(t):
+        return _read_union(r, t, n, name)
     validity = r.buffer(name)
     if nulls:
         _need(validity, (n + 7) // 8, "validity", name)
@@ -536,7 +607,14 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
             raise ProtocolError(f"record batch: fixed-size list column {name!r} of {n} rows needs "
                                 f"{n * t.list_size} values, the child has {len(child)}")
         return _from_buffers(t, n, [validity], nulls, name, children=[child])
-    if _is_var_binary(t) or pa.types.is_list(t):
+    if pa.types.is_list_view(t):
+        offsets, sizes = r.buffer(name), r.buffer(name)
+        _need(offsets, 4 * n, "offsets", name)
+        _need(sizes, 4 * n, "sizes", name)
+        child = _read_column(r, t.value_type, name + "[]")
+        return _from_buffers(t, n, [validity, offsets if n else _EMPTY, sizes if n else _EMPTY], nulls, name,
+                             children=[child])
+    if _is_var_binary(t) or pa.types.is_list(t) or pa.types.is_map(t):
         offsets = r.buffer(name)
         if n:
             _need(offsets, 4 * (n + 1), "offsets", name)
@@ -548,8 +626,8 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
         else:
             offsets = _ZERO_OFFSET
             end = 0
-        if pa.types.is_list(t):
-            child = _read_column(r, t.value_type, name + "[]")
+        if pa.types.is_list(t) or pa.types.is_map(t):
+            child = _read_entries(r, t, name) if pa.types.is_map(t) else _read_column(r, t.value_type, name + "[]")
             if len(child) < end:
                 raise ProtocolError(f"record batch: list column {name!r} offsets reach {end} but the child has "
                                     f"{len(child)} values")
@@ -568,7 +646,39 @@ def _read_column(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
     return _from_buffers(t, n, [validity, data if data is not None else _EMPTY], nulls, name)
 
 
+def _read_entries(r: _Reader, t: pa.DataType, name: str) -> pa.Array:
+    """The entries struct of a map column: its node and validity, then the keys and the values."""
+    n, nulls = r.node(name)
+    validity = r.buffer(name)
+    if nulls:
+        _need(validity, (n + 7) // 8, "validity", name)
+    else:
+        validity = None
+    keys = _read_column(r, t.key_type, name + ".key")
+    items = _read_column(r, t.item_type, name + ".value")
+    if len(keys) < n or len(items) < n:
+        raise ProtocolError(f"record batch: map column {name!r} has {n} entries but fewer keys or values")
+    return _from_buffers(_map_entries(t), n, [validity], nulls, name, children=[keys, items])
+
+
+def _read_union(r: _Reader, t: pa.DataType, n: int, name: str) -> pa.Array:
+    type_ids = r.buffer(name)
+    _need(type_ids, n, "type ids", name)
+    buffers: list[Optional[pa.Buffer]] = [None, type_ids if n else _EMPTY]
+    if t.mode == "dense":
+        offsets = r.buffer(name)
+        _need(offsets, 4 * n, "offsets", name)
+        buffers.append(offsets if n else _EMPTY)
+    children = [_read_column(r, t.field(i).type, f"{name}.{t.field(i).name}") for i in range(t.num_fields)]
+    if t.mode == "sparse" and any(len(c) < n for c in children):
+        raise ProtocolError(f"record batch: sparse union column {name!r} of {n} rows has a shorter member")
+    return _from_buffers(t, n, buffers, 0, name, children=children)
+
+
 def _has_var_width(t: pa.DataType) -> bool:
+    """Whether reading a column of type `t` needs Arrow's full validation (offsets, type ids, UTF-8)."""
+    if pa.types.is_map(t) or pa.types.is_union(t) or pa.types.is_list_view(t) or pa.types.is_struct(t):
+        return True
     if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
         return _has_var_width(t.value_type)
     return _is_var_binary(t)

@@ -46,6 +46,7 @@ __all__ = [
     "wire_type_for",
     "BARRAGE_SCHEMA",
     "keeps_upload_type",
+    "is_upload_only_type",
     "served_types",
     "is_sortable_type",
     "to_deephaven_schema",
@@ -68,6 +69,7 @@ __all__ = [
     "fill_sentinels",
     "sentinels_to_nulls",
     "with_list_values",
+    "empty_array",
 ]
 
 DH_TYPE = b"deephaven:type"
@@ -83,6 +85,7 @@ _DATE_FORMAT_SUFFIX = "__TABLE_DATE_FORMAT"
 BIG_DECIMAL = "java.math.BigDecimal"
 BIG_INTEGER = "java.math.BigInteger"
 LOCAL_DATE = "java.time.LocalDate"
+_STRING, _OBJECT, _MAP = "java.lang.String", "java.lang.Object", "java.util.Map"
 
 _TS_NS_UTC = pa.timestamp("ns", "UTC")
 _UTC_NAMES = (None, "UTC", "Z", "+00:00", "Etc/UTC", "GMT", "Etc/GMT")
@@ -290,22 +293,42 @@ def keeps_upload_type(t: pa.DataType) -> bool:
     """Whether a column uploaded with Arrow type `t` is served with that same type, as Deephaven
     42.7 serves it (docs/types.md): decimal128/256, timestamps of any unit and zone, dates, times
     and durations of any unit, unsigned integers (uint8 as `short`, uint16 as `char`, uint32 as
-    `long`, uint64 as BigInteger), float16 (`float`), fixed_size_binary (`byte[]`), and
-    fixed-size lists and lists (child name, nullability and all) of any type that is kept or is
-    sent unchanged anyway. Other types are served as `wire_type_for` says."""
+    `long`, uint64 as BigInteger), float16 (`float`), fixed_size_binary (`byte[]`), null
+    (`java.lang.Object`), and fixed-size lists, lists and list_views (child name, nullability and
+    all), maps (`java.util.Map`) and dense or sparse unions (`java.lang.Object`, type codes kept) of
+    types that are kept or are sent unchanged anyway. Other types are served as `wire_type_for` says."""
     if (pa.types.is_decimal128(t) or pa.types.is_decimal256(t) or pa.types.is_timestamp(t)
             or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
             or pa.types.is_unsigned_integer(t) or pa.types.is_float16(t) or pa.types.is_fixed_size_binary(t)):
         return True
-    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
-        v = t.value_type
-        if keeps_upload_type(v):
-            return True
-        try:
-            return not pa.types.is_nested(v) and not pa.types.is_dictionary(v) and wire_type_for(v) == v
-        except ProtocolError:
-            return False
+    if pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t):
+        return _kept_child(t.value_type)
+    if pa.types.is_null(t):
+        return True
+    if pa.types.is_map(t):
+        return _kept_child(t.key_type) and _kept_child(t.item_type)
+    if pa.types.is_union(t):
+        return all(_kept_child(t.field(i).type) for i in range(t.num_fields))
     return False
+
+
+def _kept_child(v: pa.DataType) -> bool:
+    """Whether a list element, map key or value, or union member of type `v` is kept as uploaded."""
+    if keeps_upload_type(v):
+        return True
+    try:
+        return not pa.types.is_nested(v) and not pa.types.is_dictionary(v) and wire_type_for(v) == v
+    except ProtocolError:
+        return False
+
+
+def is_upload_only_type(t: pa.DataType) -> bool:
+    """Types only a DoPut upload gives a table (Deephaven keeps them from the upload's Arrow schema
+    and has no column type that is sent as them otherwise): map, dense and sparse union, list_view
+    and null, at any depth of lists."""
+    if pa.types.is_map(t) or pa.types.is_union(t) or pa.types.is_null(t) or pa.types.is_list_view(t):
+        return True
+    return bool(_is_any_list(t)) and is_upload_only_type(t.value_type)
 
 
 def served_types(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> list[pa.DataType]:
@@ -337,7 +360,10 @@ def _field_metadata(f: pa.Field, names: set[str]) -> dict[bytes, bytes]:
         md[DH_IS_SORTABLE] = _TRUE
     md[DH_TYPE] = dh.encode()
     if _is_any_list(f.type) and DH_COMPONENT_TYPE not in user:
-        md[DH_COMPONENT_TYPE] = deephaven_type_for(f.type.value_type).encode()
+        component = deephaven_type_for(f.type.value_type)
+        # Deephaven 42.7 names java.lang.String the component of an uploaded list of nulls (Object[])
+        # or of maps (java.util.Map[])
+        md[DH_COMPONENT_TYPE] = (_STRING if component in (_OBJECT, _MAP) else component).encode()
     name = f.name
     for suffix, key in ((_STYLE_SUFFIX, b"deephaven:styleColumn"),
                         (_NUMBER_FORMAT_SUFFIX, b"deephaven:numberFormatColumn"),
@@ -404,11 +430,21 @@ def to_deephaven_schema(schema: pa.Schema, attributes: Optional[Mapping[str, obj
     return pa.schema(fields, metadata=md or None)
 
 
-def check_wire_schema(schema: pa.Schema) -> None:
+def check_wire_schema(schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> None:
     """Raises ProtocolError naming the first column whose type cannot be served to Deephaven's
     clients (no Deephaven column type or no wire type: dictionary-encoded, struct, map, union,
-    null). Call it before a table is made from a schema, so nothing unservable is registered."""
+    null). Call it before a table is made from a schema, so nothing unservable is registered.
+    A column whose type the table keeps from its upload (`attributes` holding the `BarrageSchema`
+    of a DoPut, `keeps_upload_type`) is served as that type: map, union and null columns included."""
+    upload = (attributes or {}).get(BARRAGE_SCHEMA)
+    kept = {f.name: f.type for f in upload if keeps_upload_type(f.type)} if isinstance(upload, pa.Schema) else {}
     for f in schema:
+        if kept.get(f.name) == f.type:
+            try:
+                deephaven_type_for(f.type)
+            except ProtocolError as exc:
+                raise ProtocolError(f"column {f.name!r} has type {f.type}, which cannot be served: {exc}") from None
+            continue
         try:
             wire_type_for(f.type)
             explicit = (f.metadata or {}).get(DH_TYPE)
@@ -977,13 +1013,25 @@ def fill_sentinels(arr: pa.Array) -> pa.Array:
     return out.view(arr.type) if storage.type != arr.type else out
 
 
+def empty_array(t: pa.DataType) -> pa.Array:
+    """A 0-row array of type `t`, unions included (which pyarrow does not make from a Python list)."""
+    if not pa.types.is_union(t):
+        return pa.array([], type=t)
+    empty = pa.py_buffer(b"")
+    buffers = [None, empty, empty] if t.mode == "dense" else [None, empty]
+    return pa.Array.from_buffers(t, 0, buffers, children=[empty_array(t.field(i).type) for i in range(t.num_fields)])
+
+
 def with_list_values(arr: pa.Array, values: pa.Array) -> pa.Array:
-    """`arr`, a list or fixed-size list array, over the child `values` (its type, offsets and
-    validity kept); `arr` itself when `values` is its child."""
+    """`arr`, a list, list_view, map or fixed-size list array, over the child `values` (its type,
+    offsets, sizes and validity kept); `arr` itself when `values` is its child."""
     if values is arr.values:
         return arr
     validity = arr.buffers()[0] if arr.null_count else None
-    buffers = [validity] if pa.types.is_fixed_size_list(arr.type) else [validity, arr.buffers()[1]]
+    t = arr.type
+    buffers = [validity] if pa.types.is_fixed_size_list(t) else [validity, arr.buffers()[1]]
+    if pa.types.is_list_view(t):
+        buffers.append(arr.buffers()[2])
     return pa.Array.from_buffers(arr.type, len(arr), buffers, null_count=arr.null_count, offset=arr.offset,
                                  children=[values])
 

@@ -25,6 +25,7 @@ from tickwire.protocol.batches import (
 )
 from tickwire.protocol.flight import BytesLike, FlightData, decode_flight_data, encode_flight_data
 from tickwire.protocol.schema import (
+    empty_array,
     list_wrapped_schema,
     read_schema_message,
     schema_message,
@@ -205,7 +206,7 @@ class StreamDecoder:
     def _concat(self, parts: list[pa.Array], f: pa.Field) -> pa.Array:
         parts = [p for p in parts if len(p)]
         if not parts:
-            arr = pa.array([], type=f.type)
+            arr = empty_array(f.type)
         elif len(parts) == 1:
             arr = parts[0]
         else:
