@@ -45,10 +45,11 @@ def is_system(table: Table) -> bool:
     return bool(getattr(table, "system", False))
 
 
-def check_schema(name: str, schema: pa.Schema) -> None:
-    """Nothing is registered whose schema Deephaven's clients could not be served."""
+def check_schema(name: str, schema: pa.Schema, attributes: Optional[Mapping[str, object]] = None) -> None:
+    """Nothing is registered whose schema Deephaven's clients could not be served (with the types
+    the `attributes` of an uploaded table keep)."""
     try:
-        check_wire_schema(schema)
+        check_wire_schema(schema, attributes)
     except ProtocolError as exc:
         raise CatalogError(f"table {name!r}: {exc}") from None
 

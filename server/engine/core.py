@@ -242,7 +242,7 @@ class Engine:
         existing table must be of the spec's kind, keys and capacity and hold the spec's columns."""
         schema = spec.schema
         assert schema is not None  # TableSpec.__post_init__ sets it (from the data of a static table)
-        check_schema(spec.name, schema)
+        check_schema(spec.name, schema, spec.attributes)
         missing = [k for k in spec.keys if k not in schema.names]
         if missing:
             raise CatalogError(f"table {spec.name!r}: key column(s) {', '.join(map(repr, missing))} not in the schema")

@@ -3,8 +3,9 @@
 Fixed-width columns (integers, floats, booleans, temporal types) live in numpy arrays of their
 storage type with a separate validity array. Strings and binaries live in a byte heap with a
 start and length per slot (`_BytesColumn`; fixed_size_binary too, as binary). Fixed-size lists
-of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Other types (lists,
-structs, decimals, ...) live in numpy object arrays filled through Arrow's Python conversion.
+of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Unions keep a type code per
+slot and their members' values as objects (`_UnionColumn`); null columns store nothing. Other types
+(lists, maps, structs, decimals, ...) live in numpy object arrays filled through Arrow's Python conversion.
 Reads (`gather`) build one Arrow array per column from the requested slots with one numpy take
 and one Arrow conversion. Capacity grows by doubling, so writes are amortised O(rows written).
 
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.protocol.difference import _as_array, _validity, equal_mask
-from tickwire.protocol.schema import numpy_storage_dtype
+from tickwire.protocol.schema import empty_array, numpy_storage_dtype
 from tickwire.server.engine.graph.keyindex import Verifier, mix
 
 __all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier"]
@@ -138,6 +139,94 @@ class _FixedListColumn:
                                      children=[child])
 
 
+class _UnionColumn:
+    """dense and sparse union columns: each slot's type code (int8) and its member's value (a
+    Python object). Writes and gathers go member by member with numpy masks: one take and one
+    Arrow conversion per member, none per row. A union has no nulls of its own."""
+
+    __slots__ = ("type", "codes", "values", "_pos")
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        self.type = t
+        self._pos = {code: i for i, code in enumerate(t.type_codes)}
+        self.codes = np.full(capacity, t.type_codes[0], dtype=np.int8)
+        self.values = np.empty(capacity, dtype=object)
+
+    def grow(self, capacity: int) -> None:
+        codes = np.full(capacity, self.type.type_codes[0], dtype=np.int8)
+        codes[: self.codes.size] = self.codes
+        values = np.empty(capacity, dtype=object)
+        values[: self.values.size] = self.values
+        self.codes, self.values = codes, values
+
+    def write(self, slots: _Slots, arr: pa.Array) -> None:
+        n = len(arr)
+        bufs = arr.buffers()  # (pyarrow's type_codes and offsets accessors ignore a slice's offset)
+        codes = np.frombuffer(bufs[1], dtype=np.int8, count=arr.offset + n)[arr.offset:]
+        dense = self.type.mode == "dense"
+        offsets = np.frombuffer(bufs[2], dtype="<i4", count=arr.offset + n)[arr.offset:] if dense else None
+        out = np.empty(n, dtype=object)
+        for code, i in self._pos.items():
+            at = np.flatnonzero(codes == code)
+            if at.size:
+                member = arr.field(i)
+                idx = offsets[at] if offsets is not None else at
+                out[at] = np.fromiter(member.take(pa.array(idx)).to_pylist(), dtype=object, count=at.size)
+        self.codes[slots] = codes
+        self.values[slots] = out
+
+    def gather(self, slots: np.ndarray) -> pa.Array:
+        codes = self.codes[slots]
+        values = self.values[slots]
+        n = codes.size
+        t = self.type
+        members = []
+        offsets = np.zeros(n, dtype=np.int32)
+        for code, i in self._pos.items():
+            mask = codes == code
+            ft = t.field(i).type
+            if t.mode == "dense":
+                offsets[mask] = np.arange(int(mask.sum()), dtype=np.int32)
+                members.append(pa.array(values[mask], type=ft) if mask.any() else empty_array(ft))
+            else:  # every member has every row; the rows of other members are null
+                members.append(pa.array(np.where(mask, values, None), type=ft))
+        names = [t.field(i).name for i in range(t.num_fields)]
+        type_ids = pa.array(codes, type=pa.int8())
+        if t.mode == "dense":
+            return pa.UnionArray.from_dense(type_ids, pa.array(offsets), members, names, list(t.type_codes))
+        return pa.UnionArray.from_sparse(type_ids, members, names, list(t.type_codes))
+
+
+class _NullColumn:
+    """null-type columns: nothing stored."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, t: pa.DataType, capacity: int):
+        self.type = t
+
+    def grow(self, capacity: int) -> None:
+        pass
+
+    def write(self, slots: _Slots, arr: pa.Array) -> None:
+        pass
+
+    def gather(self, slots: np.ndarray) -> pa.Array:
+        return pa.nulls(len(slots))
+
+
+def _column_class(t: pa.DataType) -> type:
+    if _is_c_convertible(t):
+        return _BytesColumn
+    if _FixedListColumn.handles(t):
+        return _FixedListColumn
+    if pa.types.is_union(t):
+        return _UnionColumn
+    if pa.types.is_null(t):
+        return _NullColumn
+    return _Column  # (maps and list_views through the object fallback)
+
+
 class _BytesColumn:
     """Strings and binaries: each slot's bytes live in one growing byte heap (start, length per
     slot). Appends copy the input's data buffer once; gathers copy the bytes of the requested
@@ -238,9 +327,7 @@ class ColumnStore:
     def __init__(self, schema: pa.Schema, capacity: int = 1024):
         self.schema = schema
         self.capacity = max(16, int(capacity))
-        self.columns = [(_BytesColumn if _is_c_convertible(f.type) else
-                         _FixedListColumn if _FixedListColumn.handles(f.type) else _Column)(f.type, self.capacity)
-                        for f in schema]
+        self.columns = [_column_class(f.type)(f.type, self.capacity) for f in schema]
         self.index = {name: i for i, name in enumerate(schema.names)}
 
     def ensure(self, capacity: int) -> None:
