@@ -11,7 +11,8 @@ The rules are those of docs/flows.md#doput: the first FlightData names the desti
 PATH descriptor (a later, different descriptor is refused); an optional metadata-only message
 carries the serialization options (`use_deephaven_nulls`, `columns_as_list`), or a transaction
 (a JSON object, protocol/txn.py: the upload is staged for an exactly-once commit); then one Schema
-message, checked before anything is made from it (types with a wire mapping that Deephaven accepts, the
+message, checked before anything is made from it (types with a wire mapping that Deephaven accepts,
+or that a table keeps from its upload as Deephaven does: maps, unions, list_views, nulls; the
 `tickwire:keys` metadata naming UTF-8 column names of the schema); then RecordBatches. Each
 refusal raises `UploadError` (INVALID_ARGUMENT); the decoder accepts nothing after one.
 
@@ -38,6 +39,7 @@ from tickwire.protocol.batches import (
 )
 from tickwire.protocol.flight import DESCRIPTOR_PATH, BytesLike, decode_flight_data
 from tickwire.protocol.schema import (
+    BARRAGE_SCHEMA,
     check_wire_schema,
     from_wire_arrays,
     keeps_upload_type,
@@ -186,22 +188,60 @@ _NS_PER_DAY = 86_400 * 10**9
 
 
 def _char_and_element_nulls(arr: pa.Array) -> pa.Array:
-    """`arr` with its uint16 values 0xFFFF, and the sentinel-valued elements of its (fixed-size)
-    lists, made null, as Deephaven reads them; whole-array operations, no copy when nothing changes."""
+    """`arr` with its uint16 values 0xFFFF, the sentinel-valued elements of its lists (of any
+    kind) and values of its maps, and the sentinel-valued (temporal included) values of its union
+    members, made null, as Deephaven reads them; map keys are kept. Whole-array operations, no
+    copy when nothing changes."""
     t = arr.type
     if pa.types.is_uint16(t):
         return sentinels_to_nulls(arr)
     if _is_list_like(t):
-        child = arr.values
-        ct = child.type
-        new = _char_and_element_nulls(child) if _is_list_like(ct) or pa.types.is_uint16(ct) \
-            else sentinels_to_nulls(child) if not _is_temporal(ct) else child
-        return with_list_values(arr, new)
+        return with_list_values(arr, _element_nulls(arr.values))
+    if pa.types.is_map(t):
+        entries = arr.values
+        items = entries.field(1)
+        new = _element_nulls(items)
+        if new is items:
+            return arr
+        keys = entries.field(0)
+        struct = pa.StructArray.from_arrays([keys, new], fields=[t.key_field, t.item_field])
+        validity = arr.buffers()[0] if arr.null_count else None
+        return pa.Array.from_buffers(t, len(arr), [validity, arr.buffers()[1]], null_count=arr.null_count,
+                                     offset=arr.offset, children=[struct])
+    if pa.types.is_union(t):
+        return _union_member_nulls(arr)
     return arr
 
 
+def _element_nulls(child: pa.Array) -> pa.Array:
+    """A list element's or map value's reading: Java primitives' sentinels (not instants') are null."""
+    ct = child.type
+    if _is_list_like(ct) or pa.types.is_uint16(ct) or pa.types.is_map(ct) or pa.types.is_union(ct):
+        return _char_and_element_nulls(child)
+    return sentinels_to_nulls(child) if not _is_temporal(ct) else child
+
+
+def _union_member_nulls(arr: pa.Array) -> pa.Array:
+    """A union with the sentinel values of its members made null (members are boxed objects in
+    Deephaven: instants' sentinels too)."""
+    t = arr.type
+    members = [arr.field(i) for i in range(t.num_fields)]  # sparse: sliced as the union; dense: whole
+    new = [_char_and_element_nulls(m) if pa.types.is_nested(m.type) or pa.types.is_uint16(m.type)
+           else sentinels_to_nulls(m) for m in members]
+    if all(a is b for a, b in zip(members, new)):
+        return arr
+    n = len(arr)
+    bufs = arr.buffers()  # (pyarrow's type_codes and offsets accessors ignore a slice's offset)
+    type_ids = pa.Array.from_buffers(pa.int8(), n, [None, bufs[1]], offset=arr.offset)
+    names = [t.field(i).name for i in range(t.num_fields)]
+    if t.mode == "dense":
+        offsets = pa.Array.from_buffers(pa.int32(), n, [None, bufs[2]], offset=arr.offset)
+        return pa.UnionArray.from_dense(type_ids, offsets, new, names, list(t.type_codes))
+    return pa.UnionArray.from_sparse(type_ids, new, names, list(t.type_codes))
+
+
 def _is_list_like(t: pa.DataType) -> bool:
-    return bool(pa.types.is_list(t) or pa.types.is_fixed_size_list(t))
+    return bool(pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_list_view(t))
 
 
 def _is_temporal(t: pa.DataType) -> bool:
@@ -221,12 +261,33 @@ def _check_time_of_day(f: pa.Field, ns: pa.Array) -> None:
 
 
 def check_put_types(schema: pa.Schema) -> None:
-    """Refuses the column types Deephaven refuses on DoPut although tickwire could serve them:
-    decimal32 and decimal64 (docs/types.md). Raises UploadError naming the column and its type."""
+    """Refuses the column types Deephaven refuses on DoPut: decimal32 and decimal64 (docs/types.md)
+    and the 64-bit-offset types (large_string, large_binary, large_list, large_list_view), at any
+    depth (list elements, map keys and values, union members). Raises UploadError naming the
+    column and its type."""
     for f in schema:
-        if pa.types.is_decimal32(f.type) or pa.types.is_decimal64(f.type):
-            raise UploadError(f"DoPut: column {f.name!r} has type {f.type}, which Deephaven does not accept "
-                              f"on DoPut; send decimal128 or decimal256")
+        bad = _refused_within(f.type)
+        if bad is None:
+            continue
+        within = "" if bad == f.type else f", whose {bad}"
+        hint = "send decimal128 or decimal256" if pa.types.is_decimal(bad) else \
+            "send its 32-bit-offset form (string, binary, list, list_view)"
+        raise UploadError(f"DoPut: column {f.name!r} has type {f.type}{within}, which Deephaven does not accept "
+                          f"on DoPut; {hint}")
+
+
+def _refused_within(t: pa.DataType) -> Optional[pa.DataType]:
+    """The first type within `t` (`t` itself included) that Deephaven refuses on DoPut, or None:
+    decimal32, decimal64 and the 64-bit-offset types (large_string, large_binary, large_list,
+    large_list_view)."""
+    if (pa.types.is_decimal32(t) or pa.types.is_decimal64(t) or pa.types.is_large_list_view(t)
+            or pa.types.is_large_list(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)):
+        return t
+    for i in range(t.num_fields):
+        bad = _refused_within(t.field(i).type)
+        if bad is not None:
+            return bad
+    return None
 
 
 class UploadDecoder:
@@ -315,11 +376,11 @@ class UploadDecoder:
                 raise
             except ProtocolError as exc:
                 raise UploadError(str(exc)) from None
+            check_put_types(schema)
             try:
-                check_wire_schema(schema)
+                check_wire_schema(schema, {BARRAGE_SCHEMA: schema})  # with the types an upload keeps
             except ProtocolError as exc:
                 raise UploadError(f"DoPut: {exc}") from None
-            check_put_types(schema)
             self.keys = check_put_keys(schema)
             self.schema = schema
             events.append(UploadSchema(schema, self.keys))

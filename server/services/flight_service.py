@@ -18,6 +18,7 @@ from typing import Optional
 
 import pyarrow as pa
 
+from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
@@ -33,7 +34,7 @@ from tickwire.protocol.txn import (
     parse_abort,
     parse_commit,
 )
-from tickwire.protocol.upload import KEYS_METADATA, Batch, Destination, UploadDecoder
+from tickwire.protocol.upload import KEYS_METADATA, Batch, Destination, UploadDecoder, UploadError
 from tickwire.server.engine import Table, TableSpec, is_system, kind_of
 from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot_message
 from tickwire.server.engine.publishing.handle import (
@@ -379,6 +380,10 @@ class FlightService:
                             "outcome": "cancelled"})
             raise
         except BaseException as exc:
+            if result is None and isinstance(exc, UploadError):
+                # refused in the message that named the destination (its schema, say): the export
+                # is claimed all the same, so a call naming it hears this refusal, not NOT_FOUND
+                result = self._claim_refused(upload.path, session)
             if result is not None:
                 result.fail(exc)
             if staged is not None and staged.part is not None:
@@ -447,6 +452,16 @@ class FlightService:
         if t.export_id <= 0:
             raise CallError(f"DoPut export id must be positive, got {t.export_id}", "INVALID_ARGUMENT")
         return session.claim(t.export_id)
+
+    def _claim_refused(self, path: Optional[list[str]], session: Session) -> Optional[ExportClaim]:
+        """The claim of a refused upload's export destination, to be failed with the refusal
+        (None for a scope table, no destination, or an id that cannot be claimed)."""
+        if path is None:
+            return None
+        try:
+            return self._claim_put(path, session)
+        except (CallError, ResolveError, ProtocolError):
+            return None
 
     def _put(self, end, received: list[pa.Table], session: Session, result: Optional[ExportClaim] = None) -> None:
         table = self._put_target(end.path, end.schema, end.keys, session, result)
