@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import struct
+import threading
 from decimal import Decimal
 
 import pyarrow as pa
@@ -360,3 +361,208 @@ def test_a_durable_upload_keeps_its_types_across_a_restart(tmp_path, checkpoint)
         assert answer(client.do_get(fl.Ticket(b"s/kept"), options=auth).read_all()) == before
     finally:
         server.stop()
+
+
+# -- maps, unions, list_views and nulls ---------------------------------------------------------------------
+
+_I32_MIN = -(2**31)
+
+
+def _dense(codes, offsets, members, names, type_codes=None):
+    return pa.UnionArray.from_dense(pa.array(codes, pa.int8()), pa.array(offsets, pa.int32()), members, names,
+                                    type_codes)
+
+
+def _sparse(codes, members, names, type_codes=None):
+    return pa.UnionArray.from_sparse(pa.array(codes, pa.int8()), members, names, type_codes)
+
+
+#: columns Deephaven 42.7 keeps from an upload in these types (measured against it, see
+#: tests/test_doput_conformance.py): column -> (values, deephaven:type); each has 3 rows
+UPLOAD_ONLY: dict[str, tuple[pa.Array, str]] = {
+    "Map": (pa.array([[("a", 1), ("b", None)], None, []], pa.map_(pa.string(), pa.int32())), "java.util.Map"),
+    "MapU8": (pa.array([[(1, 2**64 - 1)], None, [(255, None)]], pa.map_(pa.uint8(), pa.uint64())), "java.util.Map"),
+    "MapList": (pa.array([[("a", [1, None])], None, [("b", None)]], pa.map_(pa.string(), pa.list_(pa.int32()))),
+                "java.util.Map"),
+    "Dense": (_dense([5, 7, 5], [0, 0, 1], [pa.array([1, None], pa.int64()), pa.array(["x"])], ["i", "s"], [5, 7]),
+              "java.lang.Object"),
+    "Sparse": (_sparse([0, 1, 0], [pa.array([1, 2, None], pa.int64()), pa.array(["x", "y", "z"])], ["i", "s"]),
+               "java.lang.Object"),
+    "SparseList": (_sparse([0, 1, 0], [pa.array([[1], None, [2, None]], pa.list_(pa.int32())),
+                                       pa.array(["x", "y", "z"])], ["l", "s"]), "java.lang.Object"),
+    "SparseU8": (_sparse([0, 1, 0], [pa.array([1, 2, 255], pa.uint8()), pa.array(["x", "y", "z"])], ["u", "s"]),
+                 "java.lang.Object"),
+    "ListView": (pa.array([[1, 2], None, [None]], pa.list_view(pa.int32())), "int[]"),
+    "ListViewU8": (pa.array([[1, 255], None, []], pa.list_view(pa.uint8())), "short[]"),
+    "ListViewStr": (pa.array([["a"], None, []], pa.list_view(pa.string())), "java.lang.String[]"),
+    "ListViewListView": (pa.array([[[1]], None, [None]], pa.list_view(pa.list_view(pa.int32()))), "int[][]"),
+    "ListMap": (pa.array([[[("a", 1)]], None, [None]], pa.list_(pa.map_(pa.string(), pa.int32()))),
+                "java.util.Map[]"),
+    "ListNull": (pa.array([[None], None, []], pa.list_(pa.null())), "java.lang.Object[]"),
+    "Null": (pa.nulls(3), "java.lang.Object"),
+}
+
+#: uploads of these types whose values Deephaven reads as null: a map's values (not its keys), a
+#: list_view's elements and a union's members (instants too) equal to their type's null sentinel
+UPLOAD_ONLY_NULLED: dict[str, tuple[pa.Array, list]] = {
+    "MapSentinel": (pa.array([[("a", _I32_MIN), ("b", 2)], None], pa.map_(pa.string(), pa.int32())),
+                    [[("a", None), ("b", 2)], None]),
+    "MapChar": (pa.array([[(65535, 65535)], None], pa.map_(pa.uint16(), pa.uint16())), [[(65535, None)], None]),
+    "ListViewChar": (pa.array([[65535, 1], None], pa.list_view(pa.uint16())), [[None, 1], None]),
+    "UnionChar": (_sparse([0, 1], [pa.array([65535, 1], pa.uint16()), pa.array(["x", "y"])], ["c", "s"]),
+                  [None, "y"]),
+    "UnionInstant": (_dense([0, 1], [0, 0], [pa.array([-(2**63)], pa.timestamp("ns")), pa.array(["y"])], ["t", "s"]),
+                     [None, "y"]),
+    "UnionInt": (_dense([0, 0], [0, 1], [pa.array([_I32_MIN, 3], pa.int32()), pa.array(["y"])], ["i", "s"]),
+                 [None, 3]),
+}
+
+#: uploads Deephaven refuses although pydeephaven sends them (INVALID_ARGUMENT): 64-bit offsets
+#: anywhere, decimal32/64 within lists, maps and unions, structs anywhere but a map's entries
+REFUSED_NESTED: dict[str, pa.Array] = {
+    "LargeListView": pa.array([[1], None], pa.large_list_view(pa.int32())),
+    "LargeList": pa.array([[1], None], pa.large_list(pa.int32())),
+    "LargeStr": pa.array(["a", None], pa.large_string()),
+    "LargeBin": pa.array([b"a", None], pa.large_binary()),
+    "ListViewLargeStr": pa.array([["a"], None], pa.list_view(pa.large_string())),
+    "ListDec32": pa.array([[D("1.5")], None], pa.list_(pa.decimal32(5, 1))),
+    "FslDec64": pa.array([[D("1.5")], None], pa.list_(pa.decimal64(5, 1), 1)),
+    "MapDec32": pa.array([[("a", D("1.5"))], None], pa.map_(pa.string(), pa.decimal32(5, 1))),
+    "UnionDec32": _sparse([0, 1], [pa.array([1, 2], pa.int64()), pa.array([D("1.5"), None], pa.decimal32(5, 1))],
+                          ["i", "d"]),
+    "ListStruct": pa.array([[{"a": 1}], None], pa.list_(pa.struct([("a", pa.int32())]))),
+    "MapStruct": pa.array([[("a", {"x": 1})], None], pa.map_(pa.string(), pa.struct([("x", pa.int32())]))),
+    "UnionStruct": _sparse([0, 1], [pa.array([{"a": 1}, {"a": 2}]), pa.array(["x", "y"])], ["st", "s"]),
+}
+
+
+def upload_only_table() -> pa.Table:
+    return pa.table({name: arr for name, (arr, _dh) in UPLOAD_ONLY.items()})
+
+
+def expected_upload_only() -> dict[str, tuple[str, str, list]]:
+    return {name: (str(arr.type), dh, arr.to_pylist()) for name, (arr, dh) in UPLOAD_ONLY.items()}
+
+
+def test_maps_unions_list_views_and_nulls_are_kept(tw):
+    i = tw.put(upload_only_table())
+    got = tw.get(i)
+    assert answer(got) == expected_upload_only()
+    assert [f.type for f in got.schema] == [arr.type for arr, _dh in UPLOAD_ONLY.values()]
+    assert [f.type for f in tw.info_schema(i)] == [arr.type for arr, _dh in UPLOAD_ONLY.values()]
+    # Deephaven names java.lang.String the component of Object[] and java.util.Map[]
+    assert {f.name: f.metadata.get(b"deephaven:componentType") for f in got.schema
+            if f.name in ("ListNull", "ListMap", "ListView")} == \
+        {"ListNull": b"java.lang.String", "ListMap": b"java.lang.String", "ListView": b"int"}
+
+
+def test_upload_only_types_over_several_batches_and_slices(tw):
+    """Batches of slices (offsets into members and children) are stored and served row for row."""
+    data = upload_only_table()
+    writer, _ = tw.client.do_put(fl.FlightDescriptor.for_path("export", "900"), data.schema)
+    for start, length in ((1, 2), (0, 1), (2, 1), (0, 3)):
+        writer.write_batch(data.slice(start, length).to_batches()[0])
+    writer.close()
+    got = tw.get(900)
+    want = pa.concat_tables([data.slice(1, 2), data.slice(0, 1), data.slice(2, 1), data])
+    assert values(got) == values(want)
+
+
+def barrage_updates(target: str, headers: list, ticket: bytes, count: int, *, columns=None, viewport=None,
+                    then=None) -> tuple[pa.Schema, list]:
+    """The schema and the first `count` updates of a Barrage subscription (DoExchange) to `ticket`,
+    read with tickwire.protocol's decoder; `then()` runs once the first update arrived."""
+    import grpc
+
+    from tickwire.protocol.opening import exchange_opening, subscription_request
+    from tickwire.protocol.update import StreamDecoder
+
+    channel = grpc.insecure_channel(target)
+    call = channel.stream_stream("/arrow.flight.protocol.FlightService/DoExchange",
+                                 request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    done = threading.Event()
+
+    def requests():
+        yield from exchange_opening(subscription_request(ticket, columns=columns, viewport=viewport))
+        done.wait(60)  # the subscription lasts while the request stream is open
+
+    responses = call(requests(), metadata=headers, timeout=60)
+    decoder = StreamDecoder()
+    updates: list = []
+    try:
+        for raw in responses:
+            update = decoder.feed(raw)
+            if update is None:
+                continue
+            updates.append(update)
+            if len(updates) == count:
+                break
+            if len(updates) == 1 and then is not None:
+                then()
+    finally:
+        done.set()
+        responses.cancel()
+        channel.close()
+    assert decoder.schema is not None
+    return decoder.schema, updates
+
+
+def test_upload_only_types_in_subscriptions_and_snapshots(tickwire, tw):
+    data = upload_only_table()
+    writer, _ = tw.client.do_put(fl.FlightDescriptor.for_path("scope", "upload_only"), data.schema)
+    writer.write_table(data)
+    writer.close()
+    more = data.slice(1, 2)
+
+    def put_more():
+        w, _ = tw.client.do_put(fl.FlightDescriptor.for_path("scope", "upload_only"), data.schema)
+        w.write_table(more)
+        w.close()
+
+    target = f"127.0.0.1:{tickwire.port}"
+    schema, (snapshot, added) = barrage_updates(target, [("authorization", "Anonymous")], b"s/upload_only", 2,
+                                                then=put_more)
+    assert [f.type for f in schema] == list(data.schema.types)
+    assert values(snapshot.added_table(schema)) == values(data)
+    assert values(added.added_table(schema)) == values(more)
+    # a viewport of some columns
+    cols = [data.schema.get_field_index(n) for n in ("Dense", "Map", "Null", "ListView")]
+    schema, (view,) = barrage_updates(target, [("authorization", "Anonymous")], b"s/upload_only", 1,
+                                      columns=cols, viewport=[(1, 3)])
+    got = {n: view.added[i].to_pylist() for i, n in enumerate(schema.names) if i in cols}
+    assert got == {n: pa.concat_tables([data, more]).column(n).to_pylist()[1:4]
+                   for n in ("Dense", "Map", "Null", "ListView")}
+    # tickwire's client reads the columns it holds (maps, list_views, nulls)
+    plain = [n for n in data.column_names if not pa.types.is_union(data.schema.field(n).type)]
+    with BarrageClient(target) as client:
+        assert values(client.snapshot("upload_only", columns=plain)) == values(
+            pa.concat_tables([data, more]).select(plain))
+
+
+def test_upload_only_sentinel_values_come_back_null(tw):
+    got = values(tw.get(tw.put(pa.table({n: arr for n, (arr, _) in UPLOAD_ONLY_NULLED.items()}))))
+    assert got == {n: (str(arr.type), want) for n, (arr, want) in UPLOAD_ONLY_NULLED.items()}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_NESTED))
+def test_refused_nested_and_large_types_name_the_column_and_type(tw, name):
+    arr = REFUSED_NESTED[name]
+    msg = tw.refusal(pa.table({name: arr}))
+    assert "invalid argument" in msg.lower() or "INVALID_ARGUMENT" in msg, msg
+    assert repr(name) in msg and str(arr.type) in msg, msg
+
+
+def test_a_refusal_ends_the_call_before_the_client_does(tw):
+    """The refusal of a schema is the DoPut call's own status, sent as soon as the schema is read:
+    the client has neither written a batch nor half-closed when it arrives."""
+    schema = pa.schema([("LV", pa.large_list_view(pa.int32()))])
+    opts = fl.FlightCallOptions(timeout=30)
+    writer, reader = tw.client.do_put(fl.FlightDescriptor.for_path("export", "901"), schema, opts)
+    assert reader.read() is None  # the server ended the call
+    with pytest.raises(pa.ArrowInvalid) as err:  # (pyarrow's INVALID_ARGUMENT)
+        writer.close()
+    assert "'LV'" in str(err.value) and "large_list_view<item: int32>" in str(err.value), err.value
+    # the export the upload named fails with that refusal: a call naming it hears it at once
+    with pytest.raises(pa.ArrowInvalid) as err:
+        tw.get(901)
+    assert "'LV'" in str(err.value) and "large_list_view" in str(err.value), err.value

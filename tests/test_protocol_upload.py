@@ -290,3 +290,76 @@ def test_nothing_is_accepted_after_a_refusal_or_the_end():
     d.close()
     with pytest.raises(UploadError, match="after the end of the upload"):
         d.feed(put_batches(TABLE)[0])
+
+
+# -- maps, unions, list_views and nulls ---------------------------------------------------------------------------
+
+def _sparse(codes, members, names):
+    return pa.UnionArray.from_sparse(pa.array(codes, pa.int8()), members, names)
+
+
+KEPT = pa.table({
+    "m": pa.array([[("a", 1)], None, [("b", -(2**31))]], pa.map_(pa.string(), pa.int32())),
+    "d": pa.UnionArray.from_dense(pa.array([3, 9, 3], pa.int8()), pa.array([0, 0, 1], pa.int32()),
+                                  [pa.array([1, -(2**31)], pa.int32()), pa.array(["x"])], ["i", "s"], [3, 9]),
+    "u": _sparse([0, 1, 1], [pa.array([65535, 2, 3], pa.uint16()), pa.array(["x", "y", None])], ["c", "s"]),
+    "lv": pa.array([[1, -(2**31)], None, []], pa.list_view(pa.int32())),
+    "n": pa.nulls(3),
+})
+KEPT_READ = {"m": [[("a", 1)], None, [("b", None)]], "d": [1, "x", None], "u": [None, "y", None],
+             "lv": [[1, None], None, []], "n": [None, None, None]}
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_maps_unions_list_views_and_nulls_are_accepted_with_their_types(as_list):
+    d = UploadDecoder()
+    evs = events(d, put_opening(PATH, KEPT.schema, columns_as_list=as_list))
+    assert evs[-1].schema == KEPT.schema
+    batches = events(d, put_batches(KEPT, columns_as_list=as_list)
+                     + put_batches(KEPT.slice(1), columns_as_list=as_list))
+    first, second = (b.decode() for b in batches)
+    assert first.schema == KEPT.schema
+    # sentinels of map values, list_view elements and union members read as null, as Deephaven reads them
+    assert first.to_pydict() == KEPT_READ
+    assert second.to_pydict() == {k: v[1:] for k, v in KEPT_READ.items()}
+
+
+@pytest.mark.parametrize("t, within", [
+    (pa.large_list_view(pa.int32()), None),
+    (pa.large_list(pa.int32()), None),
+    (pa.large_string(), None),
+    (pa.list_(pa.decimal32(5, 1)), pa.decimal32(5, 1)),
+    (pa.list_view(pa.large_binary()), pa.large_binary()),
+    (pa.map_(pa.string(), pa.decimal64(12, 2)), pa.decimal64(12, 2)),
+    (pa.sparse_union([pa.field("a", pa.int32()), pa.field("b", pa.decimal32(4, 0))]), pa.decimal32(4, 0)),
+])
+def test_types_deephaven_refuses_are_refused_at_any_depth(t, within):
+    d = UploadDecoder()
+    d.feed(encode_flight_data(b"", None, descriptor=DESC))
+    err = refused(d, encode_flight_data(schema_message(pa.schema([("c", t)]))))
+    assert str(err).startswith(f"DoPut: column 'c' has type {t}")
+    assert "which Deephaven does not accept on DoPut" in str(err)
+    if within is not None:
+        assert f"whose {within}" in str(err)
+
+
+@pytest.mark.parametrize("t", [
+    pa.list_(pa.struct([("a", pa.int32())])),
+    pa.map_(pa.string(), pa.struct([("a", pa.int32())])),
+    pa.sparse_union([pa.field("a", pa.struct([("x", pa.int32())]))]),
+    pa.dense_union([pa.field("a", pa.dictionary(pa.int8(), pa.string()))]),
+])
+def test_structs_and_dictionaries_inside_are_refused(t):
+    d = UploadDecoder()
+    d.feed(encode_flight_data(b"", None, descriptor=DESC))
+    err = refused(d, encode_flight_data(schema_message(pa.schema([("c", t)]))))
+    assert str(err).startswith(f"DoPut: column 'c' has type {t}, which cannot be served")
+
+
+def test_a_refusal_in_the_first_message_keeps_the_destination():
+    """The destination is read before the schema in the same message is refused (the server fails
+    the export it names with the refusal)."""
+    d = UploadDecoder()
+    (opening,) = put_opening(["export", "7"], pa.schema([("c", pa.large_list_view(pa.int8()))]))
+    refused(d, opening)
+    assert d.path == ["export", "7"]
