@@ -52,6 +52,8 @@ def ref_value(a: Agg, rows: list[dict], ftype: pa.DataType):
     k = a.kind
     if k == "count":
         return len(rows)
+    if k == "count_where":  # ALL_KINDS' count_where counts px > 50
+        return sum(1 for r in rows if r["px"] is not None and r["px"] > 50)
     if k in ("first_row_key", "last_row_key"):
         return rows[0]["__key"] if k == "first_row_key" else rows[-1]["__key"]
     if k == "first":
@@ -169,11 +171,11 @@ def reference(parent_rows: list[dict], keys: list[str], aggs: list[Agg]) -> dict
     for r in parent_rows:
         groups.setdefault(tuple(_key_norm(r[k]) for k in keys), []).append(r)
     return {g: {a.out: (ref_value(a, rows, rows_type(a.column) if a.column else pa.int64()) if rows or a.kind in
-                        ("count",) else _empty_value(a)) for a in aggs} for g, rows in groups.items()}
+                        ("count", "count_where") else _empty_value(a)) for a in aggs} for g, rows in groups.items()}
 
 
 def _empty_value(a: Agg):
-    if a.kind == "count":
+    if a.kind in ("count", "count_where"):
         return 0
     if a.kind == "group":
         return []
@@ -212,7 +214,7 @@ def check_agg(node, keys: list[str], aggs: list[Agg]) -> str | None:
 
 
 ALL_KINDS = [
-    Agg("count", name="N"),
+    Agg("count", name="N"), Agg("count_where", name="CW", where=pc.field("px") > pc.scalar(50.0)),
     Agg("sum", "qty", "SumQ"), Agg("sum", "px", "SumP"), Agg("sum", "flag", "SumF"), Agg("abs_sum", "px", "AbsP"),
     Agg("avg", "px", "AvgP"), Agg("avg", "qty", "AvgQ"), Agg("var", "px", "VarP"), Agg("std", "qty", "StdQ"),
     Agg("weighted_avg", "px", "WavgP", other="qty"), Agg("weighted_sum", "qty", "WsumQ", other="k"),

@@ -69,6 +69,12 @@ def test_pydeephaven_aggregations_equal_pyarrow_on_the_source(served):
         assert got["N"].to_pylist() == want["Price_count"].to_pylist()
         got = t.view(["Venue", "Size"]).agg_all_by(agg.min_(), by=["Venue"]).to_arrow()
         assert got["Size"].to_pylist() == _by_venue(src, [("Size", "min")])["Size_min"].to_pylist()
+        got = t.agg_by([agg.count_where("Big", ["Size > 500", "Price < 105"])], by=["Venue"]).to_arrow()
+        big = src.filter(pc.and_(pc.greater(src["Size"], 500), pc.less(src["Price"], 105)))
+        by_venue = big.group_by("Venue").aggregate([("Size", "count")])
+        counts = dict(zip(by_venue["Venue"].to_pylist(), by_venue["Size_count"].to_pylist()))
+        assert sum(counts.values()) > 0
+        assert got["Big"].to_pylist() == [counts.get(v, 0) for v in want["Venue"].to_pylist()]
         got = t.select_distinct(["Venue"]).to_arrow()
         assert got["Venue"].to_pylist() == want["Venue"].to_pylist()
         got = t.agg_by([agg.sum_(["Size"]), agg.count_("N")], by=[]).to_arrow()  # no key columns: one row

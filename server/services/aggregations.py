@@ -3,7 +3,7 @@ SelectDistinct, also inside Batch) as `agg_by` tables of the engine.
 
 Each request is translated into `Agg`s (tickwire.server.engine.graph.ops.aggregate), checked against
 the source's schema, and made into one incremental derived table. What Deephaven serves and tickwire
-does not is refused UNIMPLEMENTED naming the case: formula and count_where aggregations, partitions,
+does not is refused UNIMPLEMENTED naming the case: formula aggregations, partitions,
 approximate percentiles and t-digests, freeze, sorted_first/last on more than one column, and
 non-unique sentinels of another type than the column's.
 """
@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from tickwire.server.engine import Table
 from tickwire.server.engine.graph.ops import Agg
+from tickwire.server.services.dh_expr import ExpressionError, parse_filters
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
 
@@ -84,8 +85,9 @@ def aggs_of_spec(spec, pairs: list[tuple[str, str]], what: str) -> list[Agg]:
     raise CallError(f"{what}: aggregation {which!r} is not supported", "UNIMPLEMENTED")
 
 
-def aggs_of_request(req) -> list[Agg]:
-    """The Aggs of an AggregateRequest's aggregations."""
+def aggs_of_request(req, schema: Optional[pa.Schema] = None, clock=None) -> list[Agg]:
+    """The Aggs of an AggregateRequest's aggregations (`schema`: the source's, for count_where's
+    filters; `clock`: what their now() reads)."""
     out: list[Agg] = []
     for i, a in enumerate(req.aggregations):
         which = a.WhichOneof("type")
@@ -96,6 +98,13 @@ def aggs_of_request(req) -> list[Agg]:
             out.append(Agg("count", name=_name(a.count.column_name, what)))
         elif which in ("first_row_key", "last_row_key"):
             out.append(Agg(which, name=_name(getattr(a, which).column_name, what)))
+        elif which == "count_where" and schema is not None:
+            cw = a.count_where
+            try:
+                where = parse_filters(list(cw.filters), schema, clock=clock)
+            except ExpressionError as exc:
+                raise CallError(f"{what}: count_where: {exc}", "INVALID_ARGUMENT") from None
+            out.append(Agg("count_where", name=_name(cw.column_name, what), where=where))
         elif which is None:
             raise CallError(f"{what}: no aggregation given", "INVALID_ARGUMENT")
         else:
@@ -147,7 +156,7 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
         preserve = False
         if kind == "aggregate":
             keys = _keys(req.group_by_columns, schema, "Aggregate")
-            aggs = aggs_of_request(req)
+            aggs = aggs_of_request(req, schema, ops.engine.clock)
             preserve = bool(req.preserve_empty)
             if req.HasField("initial_groups_id"):
                 raise CallError("Aggregate: initial_groups is not supported", "UNIMPLEMENTED")

@@ -16,7 +16,8 @@ class Agg:
     `other` is the weight column of weighted_sum/weighted_avg and the sort column of
     sorted_first/sorted_last; `percentile` and `average_evenly_divided` shape percentile and
     median; `include_nulls` makes count_distinct, distinct and unique count null as a value;
-    `non_unique` is unique's value for a group of several distinct values (default null)."""
+    `non_unique` is unique's value for a group of several distinct values (default null); `where`
+    is count_where's condition (a pyarrow boolean Expression over the table's columns)."""
 
     kind: str
     column: Optional[str] = None
@@ -26,6 +27,8 @@ class Agg:
     average_evenly_divided: bool = False
     include_nulls: bool = False
     non_unique: Any = field(default=None, compare=False)
+    #: count_where: the rows counted (a pyarrow boolean Expression; null counts as false)
+    where: Any = field(default=None, compare=False)
 
     @property
     def out(self) -> str:

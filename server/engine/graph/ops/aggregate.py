@@ -44,7 +44,14 @@ from tickwire.server.engine.graph.column_store import (
 )
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
-from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
+from tickwire.server.engine.graph.ops.base import (
+    _EMPTY,
+    _evaluate,
+    _Op,
+    _unregistered_on_error,
+    expression_columns,
+    shifted_rows,
+)
 from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
@@ -57,7 +64,7 @@ __all__ = ["Agg", "AggregateTable", "KINDS"]
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
-LINEAR = frozenset({"count", "sum", "abs_sum", "avg", "var", "std", "weighted_sum", "weighted_avg"})
+LINEAR = frozenset({"count", "count_where", "sum", "abs_sum", "avg", "var", "std", "weighted_sum", "weighted_avg"})
 ORDERED = frozenset({"min", "max", "first", "last", "first_row_key", "last_row_key", "median", "percentile",
                      "count_distinct", "distinct", "unique", "sorted_first", "sorted_last", "group"})
 KINDS = LINEAR | ORDERED
@@ -92,7 +99,7 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
 
     def refuse() -> OperationError:
         return OperationError(f"{k} cannot aggregate column {a.column!r} of type {t}")
-    if k in ("count", "count_distinct", "first_row_key", "last_row_key"):
+    if k in ("count", "count_where", "count_distinct", "first_row_key", "last_row_key"):
         return pa.int64()
     assert t is not None
     if k in ("sum", "abs_sum"):
@@ -172,7 +179,7 @@ class _Linear:
         self.exact = a.kind in ("sum", "abs_sum") and (_is_int(t) or pa.types.is_boolean(t)) or \
             (a.kind == "weighted_sum" and _is_int(t) and other is not None and _is_int(other))
         sp = ["nan", "pinf", "ninf", "nz"]
-        names = {"count": ["n"],
+        names = {"count": ["n"], "count_where": ["n"],
                  "sum": ["n", "s", *sp], "abs_sum": ["n", "s", *sp], "avg": ["n", "s", *sp],
                  "var": ["n", "s", "s2", "nan", "inf", "nz"], "std": ["n", "s", "s2", "nan", "inf", "nz"],
                  "weighted_sum": ["n", "s", "w", "nz", "bad"], "weighted_avg": ["n", "s", "w", "nz", "bad"]}[a.kind]
@@ -198,6 +205,10 @@ class _Linear:
         a, st = self.a, self.state
         if a.kind == "count":
             _scatter_add(st["n"], gids, sign)
+            return
+        if a.kind == "count_where":
+            hit = _evaluate(rows, [a.where], ["_"]).column(0).combine_chunks()
+            _scatter_add(st["n"], gids, sign * hit.fill_null(False).to_numpy(zero_copy_only=False).astype(np.int64))
             return
         col = rows.column(a.column).combine_chunks()
         if a.kind in ("weighted_sum", "weighted_avg"):
@@ -269,7 +280,7 @@ class _Linear:
     def values(self, groups: np.ndarray, rows: np.ndarray) -> pa.Array:
         """The aggregation's value for `groups` (`rows`: each group's row count)."""
         a, st = self.a, self.state
-        if a.kind == "count":
+        if a.kind in ("count", "count_where"):
             return pa.array(st["n"][groups], pa.int64())
         n = st["n"][groups]
         none = n == 0
@@ -489,13 +500,21 @@ class AggregateTable(_Op):
         for a in self.aggs:
             if a.kind not in KINDS:
                 raise OperationError(f"table {name!r}: unknown aggregation {a.kind!r}")
-            for c in (a.column, a.other):
+            used = [a.column, a.other]
+            if a.kind == "count_where":
+                if not isinstance(a.where, pc.Expression):
+                    raise OperationError(f"table {name!r}: count_where needs a condition (a pyarrow Expression)")
+                try:
+                    used += expression_columns(a.where, ps)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError) as exc:
+                    raise OperationError(f"table {name!r}: count_where condition {a.where}: {exc}") from None
+            for c in used:
                 if c is not None:
                     if c not in ps.names:
                         raise UnknownColumnError(f"table {name!r}: {a.kind} of unknown column {c!r}")
                     if c not in inputs:
                         inputs.append(c)
-            if a.column is None and a.kind not in ("count", "first_row_key", "last_row_key"):
+            if a.column is None and a.kind not in ("count", "count_where", "first_row_key", "last_row_key"):
                 raise OperationError(f"table {name!r}: {a.kind} needs an input column")
             t = ps.field(a.column).type if a.column else None
             o = ps.field(a.other).type if a.other else None
