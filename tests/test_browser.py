@@ -312,18 +312,12 @@ def test_jsapi_viewport_equals_doget(served, page):
 def test_a_table_uploaded_from_the_page_reads_back(served, page):
     """connection.newTable uploads the page's columns (over the websocket) and opens the
     result, as an app that sends a user's rows does. The JS API sends it through
-    BrowserFlightService's OpenDoPut/NextDoPut even over the websocket, which tickwire does not serve
-    yet (issue 27 builds BrowserFlightService): tickwire refuses it with a status that names the
-    method, and the page goes on working."""
+    BrowserFlightService's OpenDoPut/NextDoPut even over the websocket (a DoPut cut into one call
+    per message)."""
     js = JsApiPage(page, served.origin)
     js.login()
     names, types = ["Sym", "Qty", "Px"], ["java.lang.String", "int", "double"]
     columns = [["AAPL", "MSFT", None, "IBM"], [10, -3, 7, None], [101.5, None, 3.25, 0.0]]
-    if served.kind == "tickwire":
-        with pytest.raises(JsError, match="BrowserFlightService/OpenDoPut"):
-            js.upload(names, types, columns)
-        assert int(js.open("ticking_keyed")["size"]) > 0
-        return
     info = js.upload(names, types, columns)
     assert info["size"] == 4 and [c.split(":")[0] for c in info["columns"]] == names, info
     js.viewport(0, 9)
@@ -367,13 +361,13 @@ def test_an_operation_tickwire_does_not_serve_rejects_the_promise_with_its_messa
     settled. The server's messages to browsers are made readable for it, so the promise rejects
     with the message."""
     if served.kind != "tickwire":
-        pytest.skip("Deephaven serves rollups and distinct selections")
+        pytest.skip("Deephaven serves trees and distinct selections")
     js = JsApiPage(page, served.origin)
     js.login()
     info = js.open("ticking_keyed")
     column = next(c.split(":")[0] for c in info["columns"] if c.endswith(":java.lang.String"))
     cases = {  # what the page asks -> what the rejection's message must mention
-        f"window.__tw.table.rollup({{groupingColumns: [{column!r}]}})": "Rollup",
+        f"window.__tw.table.treeTable({{idColumn: {column!r}, parentColumn: {column!r}}})": "Tree",
         f"window.__tw.table.selectDistinct([window.__tw.table.findColumn({column!r})])": "SelectDistinct",
     }
     for ask, mention in cases.items():

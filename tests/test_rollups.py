@@ -28,7 +28,14 @@ from tickwire.protocol.proto import object_pb2 as O
 from tickwire.protocol.proto import table_pb2 as T
 from tickwire.protocol.proto.methods import HIERARCHICAL_TABLE_SERVICE, OBJECT_SERVICE
 from tickwire.server.engine import TableSpec
-from tickwire.server.engine.hierarchical import CONTRACT, EXPAND, EXPAND_ALL, ROW_DEPTH, ROW_EXPANDED
+from tickwire.server.engine.hierarchical import (
+    CONTRACT,
+    EXPAND,
+    EXPAND_ALL,
+    EXPAND_TO_DEPTH_BASE,
+    ROW_DEPTH,
+    ROW_EXPANDED,
+)
 
 SCHEMA = pa.schema([("id", pa.int64()), ("A", pa.string()), ("B", pa.int32()), ("V", pa.float64()),
                     ("N", pa.int64())])
@@ -95,6 +102,8 @@ def reference_rows(rows: list[dict], expand: dict, sorts: list[tuple[str, bool]]
             exp, rem = True, math.inf
         elif act == CONTRACT:
             exp, rem = False, 0.0
+        elif act is not None and act >= EXPAND_TO_DEPTH_BASE:  # this node and act - BASE levels below
+            exp, rem = True, float(act - EXPAND_TO_DEPTH_BASE)
         else:
             exp, rem = remaining > 0, max(remaining - 1, 0)
         groups = list(key) + [None] * (n - k)
@@ -220,13 +229,15 @@ def _expansions(rng) -> tuple[list[tuple[int, tuple, int]], dict]:
             entries.append((2, ("x",), CONTRACT))
     if rng.random() < 0.2:
         entries.append((1, (), CONTRACT))
+    elif rng.random() < 0.2:
+        entries.append((1, (), EXPAND_TO_DEPTH_BASE + 1))  # the total row and the level below it
     expand: dict = {}
     for d, k, a in entries:
         expand[(d, k)] = a
     return entries, expand
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
 def test_a_view_follows_its_ticking_source_cycle_by_cycle(seed):
     with Services() as s:
         r = Rolled(s, seed)
@@ -379,3 +390,169 @@ def test_released_rollups_and_views_leave_the_engine():
             s.call("io.deephaven.proto.backplane.grpc.SessionService", "Release",
                    session_pb2.ReleaseRequest(id=_tk(i)), token=r.token)
         assert s.until(lambda: set(s.engine.graph.tables) - {"src"} == set(before))
+
+
+# -- against Deephaven, through its JS API in headless Chromium ---------------------------------------
+
+BROWSER_TABLE = "rollup_src"
+#: the same rows on both servers: A a string with nulls, B an int, V and N numbers with exact sums
+BROWSER_SCRIPT = f'''
+from deephaven import empty_table
+{BROWSER_TABLE} = empty_table(30).update([
+    "A = i % 4 == 0 ? `x` : (i % 4 == 1 ? `y` : (i % 4 == 2 ? null : `w`))",
+    "B = (int) (i % 3)",
+    "V = i * 0.5",
+    "N = (long) (i * 7 % 11)",
+])
+'''
+
+
+def _browser_data() -> pa.Table:
+    i = np.arange(30)
+    a = [["x", "y", None, "w"][k % 4] for k in i]
+    return pa.table({"A": pa.array(a, pa.string()), "B": pa.array(i % 3, pa.int32()), "V": i * 0.5,
+                     "N": pa.array(i * 7 % 11, pa.int64())})
+
+
+TREE_JS = r"""
+(() => {
+  const tw = window.__tw;
+  if (tw.rollup) return 'already';
+  const norm = (v) => (v === null || v === undefined) ? null : (typeof v === 'object' ? String(v.valueOf()) : v);
+  tw.tree = null; tw.treeRows = null; tw.treeUpdates = 0; tw.treeSize = null;
+  tw.captureTree = (data) => {
+    const cols = tw.tree.columns;
+    tw.treeRows = data.rows.map(r => [r.depth, r.hasChildren ? r.isExpanded : null, ...cols.map(c => norm(r.get(c)))]);
+    tw.treeSize = tw.tree.size;
+    tw.treeUpdates += 1;
+  };
+  tw.rollup = async (config) => {
+    tw.tree = await tw.table.rollup(config);
+    tw.tree.addEventListener(tw.dh.TreeTable.EVENT_UPDATED, (ev) => {
+      try { tw.captureTree(ev.detail); } catch (e) { tw.log.push('tree update: ' + (e.stack || e)); }
+    });
+    return {columns: tw.tree.columns.map(c => c.name + ':' + c.type), size: tw.tree.size};
+  };
+  tw.treeState = () => ({rows: tw.treeRows, size: tw.treeSize, updates: tw.treeUpdates, log: tw.log});
+  return 'installed';
+})()
+"""
+
+
+def _browser_served(request, kind: str):
+    """(origin, stop, writer) of a server holding BROWSER_TABLE; `writer(rows)` appends rows to it
+    (tickwire's, which is live; None for Deephaven's, which is static)."""
+    if kind == "deephaven":
+        dh = request.getfixturevalue("deephaven_server")
+        cm = dh.tables(BROWSER_SCRIPT)
+        cm.__enter__()
+        return f"http://127.0.0.1:{dh.port}", lambda: cm.__exit__(None, None, None), None
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
+
+    engine = Engine(interval_ms=50)
+    table = engine.create(TableSpec(BROWSER_TABLE, "append", _browser_data().schema))
+    engine.write(table, _browser_data())
+    engine.flush()
+    server = TickwireServer(engine, port=0).start()
+
+    def stop() -> None:
+        server.stop()
+        engine.stop()
+    return (f"http://127.0.0.1:{getattr(server, 'web_port', None) or server.port}", stop,
+            lambda rows: engine.write(table, rows))
+
+
+def _tree_rows(request, browser, kind: str) -> dict:
+    """What Deephaven's JS API shows of a rollup of BROWSER_TABLE on a `kind` server: the
+    default view, then with the row of A == "y" expanded, then sorted by V descending; on
+    tickwire, then after two rows more (a new group, and a row of an expanded one)."""
+    from tests.browser.jsapi import JsApiPage
+    from tests.test_browser import _skip_unless
+
+    _skip_unless(kind)
+    origin, stop, writer = _browser_served(request, kind)
+    page = browser.new_page()
+    try:
+        js = JsApiPage(page, origin)
+        js.login()
+        js.open(BROWSER_TABLE)
+        js.call(TREE_JS)
+        out: dict = {"info": js.call("window.__tw.rollup({groupingColumns: ['A', 'B'], "
+                                     "aggregations: {Sum: ['V', 'N'], Count: []}})")}
+        js.call("window.__tw.tree.setViewport(0, 40)")
+
+        def rows_when(pred, what):
+            end = __import__("time").monotonic() + 60
+            while True:
+                st = js.call("window.__tw.treeState()")
+                if st["rows"] is not None and pred(st):
+                    return st
+                if __import__("time").monotonic() > end:
+                    raise AssertionError(f"{kind}: timed out waiting for {what}: {st}{page.diagnostics()}")
+                __import__("time").sleep(0.1)
+
+        out["default"] = rows_when(lambda s: s["size"] == 5 and len(s["rows"]) == 5, "the default rows")["rows"]
+        y = next(i for i, r in enumerate(out["default"]) if r[2] == "y")
+        js.call(f"window.__tw.tree.expand({y})")
+        out["expanded"] = rows_when(lambda s: s["size"] == 8 and len(s["rows"]) == 8, "the expanded rows")["rows"]
+        js.call("window.__tw.tree.applySort([window.__tw.tree.findColumn('V').sort().desc()])")
+        out["sorted"] = rows_when(lambda s: s["size"] == 8 and s["rows"][1][4] == max(r[4] for r in s["rows"][1:]),
+                                  "the sorted rows")["rows"]
+        if writer is not None:  # tickwire's table is live: new rows reach the expanded view
+            writer(pa.table({"A": pa.array(["y", "v"]), "B": pa.array([2, 0], pa.int32()), "V": [100.0, 1.0],
+                             "N": pa.array([1, 2], pa.int64())}))
+            out["ticked"] = rows_when(lambda s: s["size"] == 9 and s["rows"][0][6] == "32", "the new rows")["rows"]
+        out["exceptions"] = page.exceptions()
+        return out
+    finally:
+        page.close()
+        stop()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_the_js_api_shows_the_same_rollup_on_both_servers(request):
+    from tests.browser.cdp import launch_chromium
+    from tests.interop.dh_server import deephaven_server_available
+
+    why = deephaven_server_available()
+    if why:
+        pytest.skip(why)
+    with launch_chromium() as browser:
+        dh = _tree_rows(request, browser, "deephaven")
+        tw = _tree_rows(request, browser, "tickwire")
+    # what Deephaven shows: the total row expanded, one row per A (as the groups first appeared);
+    # expanding A == "y" shows its three B rows; a sort orders every node's children
+    assert [r[:3] for r in dh["default"]] == [[1, True, None], [2, False, "x"], [2, False, "y"], [2, False, None],
+                                              [2, False, "w"]], dh["default"]
+    assert [r[0] for r in dh["expanded"]] == [1, 2, 2, 3, 3, 3, 2, 2], dh["expanded"]
+    assert tw["info"] == dh["info"]
+    for step in ("default", "expanded", "sorted"):
+        assert tw[step] == dh[step], (step, tw[step], dh[step])
+    # the live table ticked: the new row of y sits under y, sorted by V; the new group v at its place
+    want = [[1, True, None, None, 318.5, "155", "32"], [2, True, "y", None, 160.0, "49", "9"],
+            [3, None, "y", 2, 125.5, "17", "4"], [3, None, "y", 1, 19.5, "20", "3"], [3, None, "y", 0, 15, "12", "2"],
+            [2, False, "x", None, 56, "36", "8"], [2, False, "w", None, 52.5, "31", "7"],
+            [2, False, None, None, 49, "37", "7"], [2, False, "v", None, 1.0, "2", "1"]]
+    assert tw["ticked"] == want, tw["ticked"]
+    assert not tw["exceptions"] and not dh["exceptions"]
+
+
+@pytest.mark.parametrize("entries", [
+    [(1, (), EXPAND_TO_DEPTH_BASE + 1)],                            # the total row and one level below
+    [(1, (), EXPAND_ALL), (2, ("y",), CONTRACT)],                  # all but y's rows
+    [(1, (), EXPAND_ALL), (2, ("x",), EXPAND)],                    # x expanded alone: nothing changes below
+    [(1, (), CONTRACT), (2, ("x",), EXPAND)],                      # under a collapsed row: no effect
+    [(2, ("nope",), EXPAND), (2, ("z",), EXPAND), (2, ("z",), CONTRACT)],  # unknown node; the last counts
+    [(3, ("x", 1), EXPAND), (2, (None,), EXPAND)],                 # a leaf cannot expand; a null key can
+])
+def test_each_expansion_action(entries):
+    with Services() as s:
+        r = Rolled(s, 12)
+        for _ in range(6):
+            r.tick()
+        vid = r.view(r.apply(r.rollup(), sorts=[("A", False), ("B", False)]), r.keys(entries))
+        sub = r.client.subscribe(_ticket(vid))
+        want = reference_rows(list(r.rows.values()), {(d, k): a for d, k, a in entries})
+        assert s.wait_for(sub, lambda x: _as_tuples(x.table) == want, timeout=10), (_as_tuples(sub.table), want)

@@ -43,7 +43,6 @@ from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUp
 from tickwire.server.engine.graph.tables import Table, unique_name
 
 if TYPE_CHECKING:
-    from tickwire.server.engine.graph.graph import UpdateGraph
     from tickwire.server.engine.graph.ops.aggregate import Agg
 
 __all__ = ["ROW_DEPTH", "ROW_EXPANDED", "EXPAND", "EXPAND_ALL", "CONTRACT", "EXPAND_TO_DEPTH_BASE",
@@ -118,9 +117,9 @@ class RollupHandle(Table):
     """The table an exported rollup is held by: no rows, the rollup's columns; its parents are the
     levels, so holding it keeps them (and what they derive from) alive. `rollup` describes it."""
 
-    def __init__(self, graph: "UpdateGraph", name: str, rollup: Rollup):
+    def __init__(self, name: str, rollup: Rollup):
         self.rollup = rollup
-        super().__init__(graph, name, rollup.schema, parents=rollup.levels)
+        super().__init__(rollup.source.graph, name, rollup.schema, parents=rollup.levels)
         self.is_refreshing = rollup.source.is_refreshing
 
     def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
@@ -347,7 +346,7 @@ class RollupView(Table):
     when its directives come from a key table (`keys`, with `action_column`), of that table too:
     the directives are read again whenever it changes."""
 
-    def __init__(self, graph: "UpdateGraph", name: str, rollup: Rollup, keys: Optional[Table] = None,
+    def __init__(self, name: str, rollup: Rollup, keys: Optional[Table] = None,
                  action_column: Optional[str] = None):
         self.rollup = rollup
         self.keys = keys
@@ -355,7 +354,7 @@ class RollupView(Table):
         self.directives = self._read_directives()
         rows = self._compute()  # before joining the graph: a refusal leaves nothing behind
         parents = rollup.levels + ((keys,) if keys is not None and keys.is_refreshing else ())
-        super().__init__(graph, name, rollup.schema, parents=parents)
+        super().__init__(rollup.source.graph, name, rollup.schema, parents=parents)
         self.is_refreshing = rollup.source.is_refreshing or (keys is not None and keys.is_refreshing)
         self._rows = _ArrowRows(rows)
         self.store = self._rows

@@ -181,7 +181,7 @@ class HierarchicalTableService:
 
     def _handle_of(self, rollup: Rollup, name: str) -> RollupHandle:
         engine = self.ctx.engine
-        handle = RollupHandle(rollup.source.graph, engine.unique_name(name), rollup)
+        handle = RollupHandle(engine.unique_name(name), rollup)
         self.ops.adopt(handle)
         return handle
 
@@ -267,8 +267,7 @@ class HierarchicalTableService:
 
             def build() -> Table:
                 engine = self.ctx.engine
-                view = RollupView(rollup.source.graph, engine.unique_name(self.ops.name_for(rollup.source, "view")),
-                                  rollup, keys, action)
+                view = RollupView(engine.unique_name(self.ops.name_for(rollup.source, "view")), rollup, keys, action)
                 return self.ops.adopt(view)
             return await self.ctx.run(self._build, build, "View")
         await self._run(context, req.result_view_id.ticket, "View", make)
