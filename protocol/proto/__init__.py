@@ -11,7 +11,9 @@ pool and define the same message names). Messages of the two sets are distinct P
 they interoperate through bytes (SerializeToString / FromString).
 """
 from google.protobuf import descriptor_pool as _descriptor_pool
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 
 POOL = _descriptor_pool.DescriptorPool()
+POOL.AddSerializedFile(_any_pb2.DESCRIPTOR.serialized_pb)
 POOL.AddSerializedFile(_timestamp_pb2.DESCRIPTOR.serialized_pb)
