@@ -77,7 +77,8 @@ def test_full_method_names_and_packages():
                  "/io.deephaven.proto.backplane.grpc.ApplicationService/ListFields",
                  "/arrow.flight.protocol.FlightService/DoExchange"):
         assert path in M.METHODS, path
-    assert len(M.ALL_METHODS) == 10 + 2 + 8 + 46 + 1 + 6  # ... + Application + Storage
+    # ... + Application + Storage + InputTable + HierarchicalTable + Object
+    assert len(M.ALL_METHODS) == 10 + 2 + 8 + 46 + 1 + 6 + 2 + 5 + 4
 
 
 def test_private_pool_coexists_with_deephaven_generated_code():

@@ -29,6 +29,15 @@ from tickwire.protocol.proto import (
     flight_pb2 as flight,
 )
 from tickwire.protocol.proto import (
+    hierarchicaltable_pb2 as hierarchicaltable,
+)
+from tickwire.protocol.proto import (
+    inputtable_pb2 as inputtable,
+)
+from tickwire.protocol.proto import (
+    object_pb2 as object_,
+)
+from tickwire.protocol.proto import (
     session_pb2 as session,
 )
 from tickwire.protocol.proto import (
@@ -53,6 +62,9 @@ SESSION_SERVICE = "io.deephaven.proto.backplane.grpc.SessionService"
 TABLE_SERVICE = "io.deephaven.proto.backplane.grpc.TableService"
 APPLICATION_SERVICE = "io.deephaven.proto.backplane.grpc.ApplicationService"
 STORAGE_SERVICE = "io.deephaven.proto.backplane.grpc.StorageService"
+INPUT_TABLE_SERVICE = "io.deephaven.proto.backplane.grpc.InputTableService"
+HIERARCHICAL_TABLE_SERVICE = "io.deephaven.proto.backplane.grpc.HierarchicalTableService"
+OBJECT_SERVICE = "io.deephaven.proto.backplane.grpc.ObjectService"
 CONSOLE_SERVICE = "io.deephaven.proto.backplane.script.grpc.ConsoleService"
 
 #: Deephaven's ConsoleService (server-side scripting), which tickwire does not have: method name ->
@@ -141,7 +153,8 @@ def _kind(client_streaming: bool, server_streaming: bool) -> str:
 
 def _from_descriptors() -> dict[str, Method]:
     out: dict[str, Method] = {}
-    for module in (flight, config, session, table, application, ticket, storage):
+    for module in (flight, config, session, table, application, ticket, storage, inputtable,
+                   hierarchicaltable, object_):
         for service in module.DESCRIPTOR.services_by_name.values():
             for m in service.methods:
                 out[f"/{service.full_name}/{m.name}"] = Method(
@@ -172,7 +185,8 @@ def _table(*entries: tuple[str, str, str, type[Message], type[Message]]) -> dict
 
 
 _F, _C, _S, _T, _A = FLIGHT_SERVICE, CONFIG_SERVICE, SESSION_SERVICE, TABLE_SERVICE, APPLICATION_SERVICE
-_ST = STORAGE_SERVICE
+_ST, _IT = STORAGE_SERVICE, INPUT_TABLE_SERVICE
+_HT, _OB = HIERARCHICAL_TABLE_SERVICE, OBJECT_SERVICE
 _ETCR = table.ExportedTableCreationResponse
 
 METHODS: dict[str, Method] = _table(
@@ -214,31 +228,44 @@ METHODS: dict[str, Method] = _table(
     (_T, "UpdateView", UNARY, table.SelectOrUpdateRequest, _ETCR),
     (_T, "Select", UNARY, table.SelectOrUpdateRequest, _ETCR),
     (_T, "SelectDistinct", UNARY, table.SelectDistinctRequest, _ETCR),
+    (_T, "ComboAggregate", UNARY, table.ComboAggregateRequest, _ETCR),
+    (_T, "AggregateAll", UNARY, table.AggregateAllRequest, _ETCR),
+    (_T, "Aggregate", UNARY, table.AggregateRequest, _ETCR),
     (_T, "Filter", UNARY, table.FilterTableRequest, _ETCR),
     (_T, "UnstructuredFilter", UNARY, table.UnstructuredFilterTableRequest, _ETCR),
     (_T, "Sort", UNARY, table.SortTableRequest, _ETCR),
     (_T, "Head", UNARY, table.HeadOrTailRequest, _ETCR),
-    (_T, "ComboAggregate", UNARY, table.ComboAggregateRequest, _ETCR),
-    (_T, "AggregateAll", UNARY, table.AggregateAllRequest, _ETCR),
-    (_T, "Aggregate", UNARY, table.AggregateRequest, _ETCR),
     (_T, "Tail", UNARY, table.HeadOrTailRequest, _ETCR),
     (_T, "HeadBy", UNARY, table.HeadOrTailByRequest, _ETCR),
     (_T, "TailBy", UNARY, table.HeadOrTailByRequest, _ETCR),
     (_T, "Ungroup", UNARY, table.UngroupRequest, _ETCR),
     (_T, "MergeTables", UNARY, table.MergeTablesRequest, _ETCR),
     (_T, "Flatten", UNARY, table.FlattenRequest, _ETCR),
-    (_T, "Batch", SERVER_STREAM, table.BatchTableRequest, _ETCR),
-    (_T, "ExportedTableUpdates", SERVER_STREAM, table.ExportedTableUpdatesRequest, table.ExportedTableUpdateMessage),
-    # Deephaven applications and the query scope
-    (_A, "ListFields", SERVER_STREAM, application.ListFieldsRequest, application.FieldsChangeUpdate),
     (_T, "Slice", UNARY, table.SliceRequest, _ETCR),
     (_T, "Snapshot", UNARY, table.SnapshotTableRequest, _ETCR),
     (_T, "MetaTable", UNARY, table.MetaTableRequest, _ETCR),
     (_T, "ComputeColumnStatistics", UNARY, table.ColumnStatisticsRequest, _ETCR),
     (_T, "SeekRow", UNARY, table.SeekRowRequest, table.SeekRowResponse),
     (_T, "CreateInputTable", UNARY, table.CreateInputTableRequest, _ETCR),
+    (_T, "Batch", SERVER_STREAM, table.BatchTableRequest, _ETCR),
+    (_T, "ExportedTableUpdates", SERVER_STREAM, table.ExportedTableUpdatesRequest, table.ExportedTableUpdateMessage),
+    # Deephaven applications and the query scope
+    (_A, "ListFields", SERVER_STREAM, application.ListFieldsRequest, application.FieldsChangeUpdate),
     # Deephaven's shared storage (the web UI's layouts and notebooks): an empty listing
     (_ST, "ListItems", UNARY, storage.ListItemsRequest, storage.ListItemsResponse),
+    # Deephaven's input tables: rows added to and deleted from a table made by CreateInputTable
+    (_IT, "AddTableToInputTable", UNARY, inputtable.AddTableRequest, inputtable.AddTableResponse),
+    (_IT, "DeleteTableFromInputTable", UNARY, inputtable.DeleteTableRequest, inputtable.DeleteTableResponse),
+    # Deephaven's rollups: made, sorted and filtered, viewed with expanded rows (the view is subscribed
+    # to by DoExchange), and their source exported
+    (_HT, "Rollup", UNARY, hierarchicaltable.RollupRequest, hierarchicaltable.RollupResponse),
+    (_HT, "Apply", UNARY, hierarchicaltable.HierarchicalTableApplyRequest,
+     hierarchicaltable.HierarchicalTableApplyResponse),
+    (_HT, "View", UNARY, hierarchicaltable.HierarchicalTableViewRequest, hierarchicaltable.HierarchicalTableViewResponse),
+    (_HT, "ExportSource", UNARY, hierarchicaltable.HierarchicalTableSourceExportRequest, _ETCR),
+    # Deephaven's objects that are not tables (a rollup's descriptor), fetched by typed ticket
+    (_OB, "FetchObject", UNARY, object_.FetchObjectRequest, object_.FetchObjectResponse),
+    (_OB, "MessageStream", BIDI, object_.StreamRequest, object_.StreamResponse),
 )
 
 

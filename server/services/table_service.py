@@ -18,6 +18,7 @@ from tickwire.server.services import aggregations  # noqa: F401  (registers Aggr
 from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_sourceless, seek_row
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
+from tickwire.server.services.input_table_service import create_input_table
 from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.sessions import ExportClaim, Session
 from tickwire.server.services.table_ops import OPERATIONS
@@ -41,6 +42,7 @@ class TableService:
             "GetExportedTableCreationResponse": (self.get_exported, None, None),
             "Batch": (self.batch, None, None),
             "SeekRow": (self.seek_row, None, None),
+            "CreateInputTable": (create_input_table(self.ctx), None, None),
         }
         for method, field_name in OPERATIONS.items():
             impls[method] = (self._operation(field_name), None, None)
