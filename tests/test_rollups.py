@@ -81,10 +81,13 @@ def _sort_key(value, descending: bool):
     return (value is not None, value if value is not None else 0)
 
 
-def reference_rows(rows: list[dict], expand: dict, sorts: list[tuple[str, bool]] = ()) -> list[tuple]:
+def reference_rows(rows: list[dict], expand: dict, sorts: list[tuple[str, bool]] = (),
+                   constituents: bool = False) -> list[tuple]:
     """The expanded rows: `expand` maps (depth, key tuple) -> action (the total row is expanded
     unless said otherwise); each node's children ordered by `sorts` (column, descending), then by
-    their group-by values."""
+    their group-by values. With `constituents`, the deepest rows expand to the source rows (in
+    `rows`' order, sorted by the columns the sorted aggregated columns read), which fill the source
+    columns after the aggregated ones."""
     levels = _levels(rows)
     n = len(GROUPS)
     out: list[tuple] = []
@@ -94,7 +97,7 @@ def reference_rows(rows: list[dict], expand: dict, sorts: list[tuple[str, bool]]
         depth = k + 1
         v, s, mx, c = levels[k][key]
         act = expand.get((depth, key), EXPAND if depth == 1 else None)
-        if k == n:
+        if k == n and not constituents:
             exp, rem = None, 0.0
         elif act == EXPAND:
             exp, rem = True, 0.0
@@ -107,8 +110,16 @@ def reference_rows(rows: list[dict], expand: dict, sorts: list[tuple[str, bool]]
         else:
             exp, rem = remaining > 0, max(remaining - 1, 0)
         groups = list(key) + [None] * (n - k)
-        out.append((depth, exp, *groups, v, s, mx, c))
-        if exp:
+        out.append((depth, exp, *groups, v, s, mx, c) + ((None,) * len(SCHEMA) if constituents else ()))
+        if exp and k == n:
+            under = [r for r in rows if tuple(r[g] for g in GROUPS) == key]
+            inputs = {"V": "V", "N": "N", "MaxN": "N", "A": "A", "B": "B"}
+            for col, desc in reversed(list(sorts)):
+                if col in inputs:
+                    under.sort(key=lambda r, col=col, desc=desc: _sort_key(r[inputs[col]], desc), reverse=desc)
+            for r in under:
+                out.append((n + 2, None) + (None,) * (n + 4) + tuple(r[f] for f in SCHEMA.names))
+        elif exp:
             children = [ck for ck in levels[k + 1] if ck[:k] == key]
 
             def value(ck, col):
@@ -357,7 +368,6 @@ def test_refusals_name_what_is_not_served():
         r = Rolled(s, 10)
         r.tick()
         cases = [
-            ({"constituents": True}, grpc.StatusCode.UNIMPLEMENTED, "include_constituents"),
             ({"group_by": ["Nope"]}, grpc.StatusCode.INVALID_ARGUMENT, "'Nope'"),
             ({"aggs": [T.Aggregation(columns=T.Aggregation.AggregationColumns(
                 spec=T.AggSpec(median=T.AggSpec.AggSpecMedian()), match_pairs=["V"]))]},
@@ -374,6 +384,48 @@ def test_refusals_name_what_is_not_served():
         with pytest.raises(grpc.RpcError) as err:
             s.call(HIERARCHICAL_TABLE_SERVICE, "Tree", H.TreeRequest(), token=r.token)
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_constituents_follow_the_source():
+    """include_constituents: the deepest rows expand to their source rows (an append-only source:
+    their order is the order they came in, where the sort leaves ties)."""
+    with Services() as s:
+        r = Rolled(s, 13)
+        src = s.engine.create(TableSpec("app", "append", SCHEMA))
+        appended: list[dict] = []
+
+        def append(n: int) -> None:
+            rng = r.rng
+            t = pa.table({"id": rng.integers(0, 10**6, n), "A": [A_VALUES[i] for i in rng.integers(0, 4, n)],
+                          "B": pa.array(rng.integers(0, 3, n), pa.int32()), "V": rng.integers(-4, 4, n) * 0.5,
+                          "N": rng.integers(0, 1000, n)}, schema=SCHEMA)
+            appended.extend(t.to_pylist())
+            s.write(src, t)
+            s.cycle()
+
+        append(12)
+        rid = r.new_id()
+        r.call("Rollup", H.RollupRequest(result_rollup_table_id=_tk(rid), source_table_id=_scope("app"),
+                                         aggregations=_aggregations(), group_by_columns=GROUPS,
+                                         include_constituents=True))
+        sorts = [("V", True), ("A", False), ("B", False)]
+        entries = [(2, (a,), EXPAND) for a in A_VALUES] + [(3, (a, b), EXPAND) for a in ("x", None) for b in range(3)]
+        vid = r.view(r.apply(rid, sorts=sorts), r.keys(entries))
+        sub = r.client.subscribe(_ticket(vid))
+        expand = {(d, k): a for d, k, a in entries}
+        for cycle in range(15):
+            want = reference_rows(appended, expand, sorts, constituents=True)
+            assert s.wait_for(sub, lambda x, want=want: _as_tuples(x.table) == want, timeout=10), (
+                cycle, _as_tuples(sub.table), want)
+            append(int(r.rng.integers(1, 5)))
+        # the descriptor names the constituent columns as the source does, after the aggregated ones
+        resp = s.call(OBJECT_SERVICE, "FetchObject",
+                      O.FetchObjectRequest(source_id={"ticket": _tk(rid), "type": "HierarchicalTable"}), token=r.token)
+        schema = pa.ipc.read_schema(pa.py_buffer(H.HierarchicalTableDescriptor.FromString(resp.data).snapshot_schema))
+        assert schema.names == [ROW_DEPTH, ROW_EXPANDED, "A", "B", "V", "N", "MaxN", "Cnt", *SCHEMA.names]
+        md = [{k.decode(): v.decode() for k, v in (f.metadata or {}).items()} for f in schema]
+        assert all(m.get("deephaven:rollupTable.isConstituentNodeColumn") == "true" for m in md[8:])
+        assert [m.get("deephaven:rollupTable.isGroupByColumn") for m in md[8:]] == [None, "true", "true", None, None]
 
 
 def test_released_rollups_and_views_leave_the_engine():
@@ -463,10 +515,13 @@ def _browser_served(request, kind: str):
             lambda rows: engine.write(table, rows))
 
 
-def _tree_rows(request, browser, kind: str) -> dict:
+def _tree_rows(request, browser, kind: str, constituents: bool = False) -> dict:
     """What Deephaven's JS API shows of a rollup of BROWSER_TABLE on a `kind` server: the
     default view, then with the row of A == "y" expanded, then sorted by V descending; on
-    tickwire, then after two rows more (a new group, and a row of an expanded one)."""
+    tickwire, then after two rows more (a new group, and a row of an expanded one). With
+    `constituents`, the grid's own default instead (the source rows under the deepest rows, and
+    the first value of each column not aggregated otherwise), one of the deepest rows expanded
+    too, and no ticking."""
     from tests.browser.jsapi import JsApiPage
     from tests.test_browser import _skip_unless
 
@@ -478,8 +533,9 @@ def _tree_rows(request, browser, kind: str) -> dict:
         js.login()
         js.open(BROWSER_TABLE)
         js.call(TREE_JS)
-        out: dict = {"info": js.call("window.__tw.rollup({groupingColumns: ['A', 'B'], "
-                                     "aggregations: {Sum: ['V', 'N'], Count: []}})")}
+        config = ("{groupingColumns: ['A', 'B'], aggregations: {Sum: ['V'], First: ['N']}, includeConstituents: true}"
+                  if constituents else "{groupingColumns: ['A', 'B'], aggregations: {Sum: ['V', 'N'], Count: []}}")
+        out: dict = {"info": js.call(f"window.__tw.rollup({config})")}
         js.call("window.__tw.tree.setViewport(0, 40)")
 
         def rows_when(pred, what):
@@ -496,10 +552,17 @@ def _tree_rows(request, browser, kind: str) -> dict:
         y = next(i for i, r in enumerate(out["default"]) if r[2] == "y")
         js.call(f"window.__tw.tree.expand({y})")
         out["expanded"] = rows_when(lambda s: s["size"] == 8 and len(s["rows"]) == 8, "the expanded rows")["rows"]
+        size = 8
+        if constituents:  # the first row under y, to its three source rows
+            js.call(f"window.__tw.tree.expand({y + 1})")
+            size = 11
+            out["constituents"] = rows_when(lambda s: s["size"] == size and len(s["rows"]) == size,
+                                            "the source rows")["rows"]
         js.call("window.__tw.tree.applySort([window.__tw.tree.findColumn('V').sort().desc()])")
-        out["sorted"] = rows_when(lambda s: s["size"] == 8 and s["rows"][1][4] == max(r[4] for r in s["rows"][1:]),
+        out["sorted"] = rows_when(lambda s: s["size"] == size and s["rows"][1][4] == max(r[4] for r in s["rows"][1:]
+                                                                                          if r[0] == 2),
                                   "the sorted rows")["rows"]
-        if writer is not None:  # tickwire's table is live: new rows reach the expanded view
+        if writer is not None and not constituents:  # tickwire's table is live: new rows reach the expanded view
             writer(pa.table({"A": pa.array(["y", "v"]), "B": pa.array([2, 0], pa.int32()), "V": [100.0, 1.0],
                              "N": pa.array([1, 2], pa.int64())}))
             out["ticked"] = rows_when(lambda s: s["size"] == 9 and s["rows"][0][6] == "32", "the new rows")["rows"]
@@ -536,6 +599,28 @@ def test_the_js_api_shows_the_same_rollup_on_both_servers(request):
             [2, False, "x", None, 56, "36", "8"], [2, False, "w", None, 52.5, "31", "7"],
             [2, False, None, None, 49, "37", "7"], [2, False, "v", None, 1.0, "2", "1"]]
     assert tw["ticked"] == want, tw["ticked"]
+    assert not tw["exceptions"] and not dh["exceptions"]
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_the_grids_default_rollup_with_constituents_is_the_same_on_both_servers(request):
+    """The grid's "Rollup rows" asks for constituents and the first value of every other column."""
+    from tests.browser.cdp import launch_chromium
+    from tests.interop.dh_server import deephaven_server_available
+
+    why = deephaven_server_available()
+    if why:
+        pytest.skip(why)
+    with launch_chromium() as browser:
+        dh = _tree_rows(request, browser, "deephaven", constituents=True)
+        tw = _tree_rows(request, browser, "tickwire", constituents=True)
+    # three source rows under y / 1, each with its own values; the sort orders them by V too
+    assert [r[:4] for r in dh["constituents"][4:7]] == [[4, None, "y", 1]] * 3, dh["constituents"]
+    assert [r[4] for r in dh["sorted"] if r[0] == 4] == sorted([r[4] for r in dh["sorted"] if r[0] == 4], reverse=True)
+    assert tw["info"] == dh["info"]
+    for step in ("default", "expanded", "constituents", "sorted"):
+        assert tw[step] == dh[step], (step, tw[step], dh[step])
     assert not tw["exceptions"] and not dh["exceptions"]
 
 

@@ -16,7 +16,11 @@ the rows visible for a set of expansion directives, flattened depth first (a row
 of its expanded children), at row keys 0..size-1, with two leading columns, `__DEPTH__` (int32)
 and `__EXPANDED__` (bool: true for an expanded row, false for a row that could be expanded, null
 for a row without children), then the group-by columns (null beyond the row's depth), then the
-aggregated columns. Each cycle in which a level changed it recomputes its rows (vectorised over
+aggregated columns. A rollup with constituents also expands the rows of level n, to the source
+rows they aggregate (depth n + 2, in the source's order or sorted by the columns the sorted
+aggregated columns read), which fill the constituent columns (the source's columns, named
+CONSTITUENT_PREFIX + their name) and leave the others null; the source is then a parent of the
+view too. Each cycle in which a level changed it recomputes its rows (vectorised over
 the levels' rows) and reports the difference against its previous rows by position: the rows
 whose values changed as modified, the rows beyond the previous size as added, the rows beyond
 the new size as removed. Any Barrage subscription (whole table or viewport) can follow it.
@@ -45,11 +49,15 @@ from tickwire.server.engine.graph.tables import Table, unique_name
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.ops.aggregate import Agg
 
-__all__ = ["ROW_DEPTH", "ROW_EXPANDED", "EXPAND", "EXPAND_ALL", "CONTRACT", "EXPAND_TO_DEPTH_BASE",
-           "Rollup", "RollupHandle", "RollupView", "Directives", "make_rollup", "expanded_rows", "view_schema"]
+__all__ = ["ROW_DEPTH", "ROW_EXPANDED", "CONSTITUENT_PREFIX", "EXPAND", "EXPAND_ALL", "CONTRACT",
+           "EXPAND_TO_DEPTH_BASE", "Rollup", "RollupHandle", "RollupView", "Directives", "make_rollup",
+           "expanded_rows", "view_schema"]
 
 ROW_DEPTH = "__DEPTH__"
 ROW_EXPANDED = "__EXPANDED__"
+#: the view's name of a constituent column: this prefix and the source column's name (Deephaven's
+#: clients see the source's name: see the service's descriptor)
+CONSTITUENT_PREFIX = "__CONSTITUENT__"
 EXPAND, EXPAND_ALL, CONTRACT = 1, 3, 4
 EXPAND_TO_DEPTH_BASE = 0x70
 _NONE = -1  # no directive
@@ -68,27 +76,46 @@ class Rollup:
     levels: tuple[Table, ...]
     sorts: tuple[tuple[str, bool], ...] = ()
     schema: pa.Schema = field(default_factory=pa.schema)
+    constituents: bool = False
+
+    def constituent_sorts(self) -> list[tuple[str, bool]]:
+        """The sorts of the constituent rows: a group-by column's own, an aggregated column's input
+        column's (none for a column without one, such as a count)."""
+        inputs = {a.name: a.column for a in self.aggs}
+        out = []
+        for c, desc in self.sorts:
+            src = c if c in self.group_by else inputs.get(c)
+            if src is not None:
+                out.append((src, desc))
+        return out
 
     def with_sorts(self, sorts: Sequence[tuple[str, bool]]) -> "Rollup":
         for column, _desc in sorts:
-            if column not in self.schema.names or column in (ROW_DEPTH, ROW_EXPANDED):
+            if column not in self.schema.names or column in (ROW_DEPTH, ROW_EXPANDED) or \
+                    column.startswith(CONSTITUENT_PREFIX):
                 raise OperationError(f"cannot sort a rollup by {column!r}: not a column of its rows",
                                      "INVALID_ARGUMENT")
         return replace(self, sorts=tuple(sorts))
 
 
-def view_schema(source: pa.Schema, group_by: Sequence[str], level: pa.Schema) -> pa.Schema:
+def view_schema(source: pa.Schema, group_by: Sequence[str], level: pa.Schema,
+                constituents: bool = False) -> pa.Schema:
     """The columns of a rollup's rows: depth, expanded, the group-by columns (nullable), the
-    aggregated columns of the deepest level."""
+    aggregated columns of the deepest level, then with `constituents` every source column (named
+    CONSTITUENT_PREFIX + its name)."""
     fields = [pa.field(ROW_DEPTH, pa.int32()), pa.field(ROW_EXPANDED, pa.bool_())]
     fields += [source.field(g).with_nullable(True) for g in group_by]
     fields += [f for f in level if f.name not in group_by]
+    if constituents:
+        fields += [pa.field(CONSTITUENT_PREFIX + f.name, f.type) for f in source]
     return pa.schema(fields)
 
 
-def make_rollup(source: Table, aggs: Sequence["Agg"], group_by: Sequence[str], name: str) -> Rollup:
+def make_rollup(source: Table, aggs: Sequence["Agg"], group_by: Sequence[str], name: str,
+                constituents: bool = False) -> Rollup:
     """The levels of a rollup of `source` (call inside the engine's `writing()`); OperationError
-    for a group-by column the source lacks or that is also an aggregation's output."""
+    for a group-by column the source lacks or that is also an aggregation's output. With
+    `constituents`, the rows of the deepest level expand to the source rows they aggregate."""
     group_by = tuple(group_by)
     for g in group_by:
         if g not in source.schema.names:
@@ -109,8 +136,8 @@ def make_rollup(source: Table, aggs: Sequence["Agg"], group_by: Sequence[str], n
         for t in reversed(levels):
             t.graph.remove_table(t.name)
         raise
-    schema = view_schema(source.schema, group_by, levels[-1].schema)
-    return Rollup(source, tuple(aggs), group_by, tuple(levels), (), schema)
+    schema = view_schema(source.schema, group_by, levels[-1].schema, constituents)
+    return Rollup(source, tuple(aggs), group_by, tuple(levels), (), schema, constituents)
 
 
 class RollupHandle(Table):
@@ -267,7 +294,7 @@ def expanded_rows(rollup: Rollup, levels: Sequence[pa.Table], directives: Direct
         exp = np.where((a == EXPAND) | (a == EXPAND_ALL) | to_depth, True, np.where(a == CONTRACT, False, pr > 0))
         rem = np.select([a == EXPAND, a == EXPAND_ALL, to_depth, a == CONTRACT],
                         [0, _ALL, a - EXPAND_TO_DEPTH_BASE, 0], inherited)
-        if k == n:  # no children
+        if k == n and not rollup.constituents:  # no children
             exp = np.zeros(sizes[k], bool)
             rem = np.zeros(sizes[k], np.int64)
         vis = parent_open[parent[k]] if sizes[k] else np.zeros(0, bool)
@@ -277,37 +304,69 @@ def expanded_rows(rollup: Rollup, levels: Sequence[pa.Table], directives: Direct
         parent_open = vis & exp
     # depth-first order: each row's path of ranks from the total row down, -1 below its depth
     ranks = [_ranks(levels[k], rollup.sorts) for k in range(n + 1)]
+    height = n + 2 if rollup.constituents else n + 1
     paths, parts = [], []
     for k in range(n + 1):
         idx = np.flatnonzero(visible[k])
-        path = np.full((n + 1, idx.size), -1, np.int64)
+        path = np.full((height, idx.size), -1, np.int64)
         anc = idx
         for j in range(k, -1, -1):
             path[j] = ranks[j][anc]
             if j:
                 anc = parent[j][anc]
         paths.append(path)
-        parts.append(_rows_of_level(levels[k], k, idx, expanded[k][idx], schema, group_by))
-    allpaths = np.concatenate(paths, axis=1) if paths else np.zeros((n + 1, 0), np.int64)
+        parts.append(_rows_of_level(levels[k], k, idx, expanded[k][idx], rollup))
+    if rollup.constituents and parent_open.any():
+        # the source rows under the expanded rows of the deepest level, in the source's order
+        source = rollup.source
+        keys = source.rowset.keys()
+        under = _match(source.gather(list(group_by), keys), levels[n], group_by) if n else np.zeros(keys.size, np.int64)
+        sel = np.flatnonzero(parent_open[under])
+        rows_c = source.gather(None, keys[sel])
+        rank_c = _ranks(rows_c, rollup.constituent_sorts())
+        path = np.full((height, sel.size), -1, np.int64)
+        path[n + 1] = rank_c
+        anc = under[sel]
+        for j in range(n, -1, -1):
+            path[j] = ranks[j][anc]
+            if j:
+                anc = parent[j][anc]
+        paths.append(path)
+        parts.append(_constituent_rows(rows_c, n, schema))
+    allpaths = np.concatenate(paths, axis=1) if paths else np.zeros((height, 0), np.int64)
     order = np.lexsort(allpaths[::-1]) if allpaths.shape[1] else np.zeros(0, np.int64)
     rows = pa.concat_tables(parts).combine_chunks()
     return rows.take(pa.array(order, pa.int64())) if rows.num_rows else rows
 
 
-def _rows_of_level(level: pa.Table, k: int, idx: np.ndarray, exp: np.ndarray, schema: pa.Schema,
-                   group_by: Sequence[str]) -> pa.Table:
+def _rows_of_level(level: pa.Table, k: int, idx: np.ndarray, exp: np.ndarray, rollup: Rollup) -> pa.Table:
+    group_by, schema = rollup.group_by, rollup.schema
     n = len(group_by)
     take = pa.array(idx, pa.int64())
     m = idx.size
     arrays = [pa.array(np.full(m, k + 1, np.int32)),
-              pa.array(exp, pa.bool_(), mask=np.full(m, k == n))]
+              pa.array(exp, pa.bool_(), mask=np.full(m, k == n and not rollup.constituents))]
     for f in schema:
         if f.name in (ROW_DEPTH, ROW_EXPANDED):
             continue
-        if f.name in group_by and group_by.index(f.name) >= k:
+        if (f.name in group_by and group_by.index(f.name) >= k) or f.name.startswith(CONSTITUENT_PREFIX):
             arrays.append(pa.nulls(m, f.type))
         else:
             arrays.append(_array(level.column(f.name)).take(take).cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _constituent_rows(rows: pa.Table, n: int, schema: pa.Schema) -> pa.Table:
+    """Source rows as rows of the view: depth n + 2, no expanded flag, only the constituent columns."""
+    m = rows.num_rows
+    arrays = [pa.array(np.full(m, n + 2, np.int32)), pa.nulls(m, pa.bool_())]
+    for f in schema:
+        if f.name in (ROW_DEPTH, ROW_EXPANDED):
+            continue
+        if f.name.startswith(CONSTITUENT_PREFIX):
+            arrays.append(_array(rows.column(f.name[len(CONSTITUENT_PREFIX):])).cast(f.type))
+        else:
+            arrays.append(pa.nulls(m, f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -353,7 +412,9 @@ class RollupView(Table):
         self.action_column = action_column
         self.directives = self._read_directives()
         rows = self._compute()  # before joining the graph: a refusal leaves nothing behind
-        parents = rollup.levels + ((keys,) if keys is not None and keys.is_refreshing else ())
+        # with constituents the source is a parent too: its rows show, changed or not in the levels
+        parents = (rollup.levels + ((rollup.source,) if rollup.constituents else ()) +
+                   ((keys,) if keys is not None and keys.is_refreshing else ()))
         super().__init__(rollup.source.graph, name, rollup.schema, parents=parents)
         self.is_refreshing = rollup.source.is_refreshing or (keys is not None and keys.is_refreshing)
         self._rows = _ArrowRows(rows)

@@ -11,8 +11,13 @@ visible; the client subscribes to it by DoExchange like to any exported table, w
 viewport, and it ticks with the source, and with the key table when that one ticks (an upload's
 rows arrive with a cycle: the view shows them from that cycle on).
 
-Refused, each naming what: Tree (UNIMPLEMENTED by the method table's stub), constituents
-(`include_constituents`), update and format views in Apply, absolute-value sorts, and the
+With `include_constituents` the deepest aggregated rows expand to the source rows they aggregate
+(Deephaven's grid asks for them by default); the descriptor names those columns as the source
+does, after the aggregated ones (the view's own names for them carry a prefix, as one table
+cannot hold two columns of one name).
+
+Refused, each naming what: Tree (UNIMPLEMENTED by the method table's stub), update and format views
+in Apply, absolute-value sorts, and the
 aggregations Deephaven refuses for rollups (median, percentile, first and last row key).
 """
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.server.engine import OperationError, Table
 from tickwire.server.engine.graph.ops import Agg, expression_columns
 from tickwire.server.engine.hierarchical import (
+    CONSTITUENT_PREFIX,
     ROW_DEPTH,
     ROW_EXPANDED,
     Rollup,
@@ -90,6 +96,14 @@ def rollup_schema(handle: RollupHandle) -> pa.Schema:
     fields = []
     for f in base:
         md = dict(f.metadata or {})
+        if f.name.startswith(CONSTITUENT_PREFIX):  # Deephaven names them as the source does
+            name = f.name[len(CONSTITUENT_PREFIX):]
+            md[_P + b"rollupTable.isConstituentNodeColumn"] = _TRUE
+            if name in rollup.group_by:
+                md[_P + b"rollupTable.isGroupByColumn"] = _TRUE
+            md.setdefault(_P + b"isSortable", _TRUE)
+            fields.append(pa.field(name, f.type, f.nullable, metadata=md))
+            continue
         if f.name in (ROW_DEPTH, ROW_EXPANDED):
             md[_P + b"hierarchicalTable.isStructuralColumn"] = _TRUE
             if f.name == ROW_DEPTH:
@@ -169,10 +183,10 @@ class HierarchicalTableService:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise CallError(f"{what}: {exc}", "INVALID_ARGUMENT") from None
 
-    def _new_rollup(self, source: Table, aggs, group_by, sorts=()) -> RollupHandle:
+    def _new_rollup(self, source: Table, aggs, group_by, sorts=(), constituents: bool = False) -> RollupHandle:
         """A rollup's levels and handle, adopted (they go when nothing holds them any more)."""
         name = self.ops.name_for(source, "rollup")
-        rollup = make_rollup(source, aggs, group_by, name)
+        rollup = make_rollup(source, aggs, group_by, name, constituents)
         for level in rollup.levels:
             self.ops.adopt(level)
         if sorts:
@@ -190,8 +204,6 @@ class HierarchicalTableService:
         async def make(session: Session) -> Table:
             if not req.HasField("source_table_id"):
                 raise CallError("Rollup: source_table_id not supplied", "INVALID_ARGUMENT")
-            if req.include_constituents:
-                raise CallError("Rollup: include_constituents is not supported", "UNIMPLEMENTED")
             for a in req.aggregations:
                 which = a.WhichOneof("type")
                 if which == "columns":
@@ -206,7 +218,9 @@ class HierarchicalTableService:
                 for c in (a.column, a.other):
                     if c is not None and c not in source.schema.names:
                         raise CallError(f"Rollup: unknown column {c!r}", "INVALID_ARGUMENT")
-            return await self.ctx.run(self._build, lambda: self._new_rollup(source, aggs, group_by), "Rollup")
+            constituents = bool(req.include_constituents)
+            return await self.ctx.run(self._build, lambda: self._new_rollup(source, aggs, group_by, (), constituents),
+                                      "Rollup")
         await self._run(context, req.result_rollup_table_id.ticket, "Rollup", make)
         return hierarchicaltable_pb2.RollupResponse()
 
@@ -240,7 +254,7 @@ class HierarchicalTableService:
 
             def build() -> Table:
                 filtered = self.ops.adopt(source.where(expr, name=self.ops.name_for(source, "where")))
-                return self._new_rollup(filtered, list(rollup.aggs), rollup.group_by, sorts)
+                return self._new_rollup(filtered, list(rollup.aggs), rollup.group_by, sorts, rollup.constituents)
             return await self.ctx.run(self._build, build, "Apply")
         await self._run(context, req.result_hierarchical_table_id.ticket, "Apply", make)
         return hierarchicaltable_pb2.HierarchicalTableApplyResponse()
