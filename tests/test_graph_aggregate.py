@@ -446,3 +446,42 @@ def test_an_aggregation_of_a_blink_table_covers_every_row_it_ever_had():
         assert same_table(f.state, t.gather_with_keys())
     with pytest.raises(OperationError, match="median of blink table 'b' is not supported"):
         b.agg_by([Agg("median", "px")], "k")
+
+
+def test_medians_follow_rows_moving_between_groups_in_bulk(monkeypatch):
+    """Groups that grow past their room and shrink, many times over (the sorted values move and are
+    compacted): every cycle's median and percentile equal numpy's on the source."""
+    rng = np.random.default_rng(17)
+    schema = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("x", pa.float64()), ("t", pa.timestamp("ns"))])
+    engine = Engine()
+    t = engine.create(TableSpec("t", "keyed", schema, keys=["id"]))
+    n = 6000
+
+    def rows(ids, groups):
+        return pa.table({"id": ids, "g": rng.integers(0, groups, ids.size),
+                         "x": np.round(rng.normal(0, 10, ids.size), 1),
+                         "t": pa.array(rng.integers(0, 10**6, ids.size), pa.timestamp("ns"))}, schema=schema)
+
+    from tickwire.server.engine.graph.ops import aggregate
+    compactions = []
+    real = aggregate._SortedSlabs._compact
+    monkeypatch.setattr(aggregate._SortedSlabs, "_compact", lambda self, *a: (compactions.append(1), real(self, *a)))
+    engine.write(t, rows(np.arange(n), 40))
+    engine.run_cycle()
+    agg = t.agg_by([Agg("median", "x", "M", average_evenly_divided=True), Agg("percentile", "t", "P", percentile=0.9)],
+                   "g")
+    for cycle in range(30):
+        groups = 3 if cycle % 2 else 60  # rows crowd into a few groups, then spread out again
+        engine.write(t, rows(rng.choice(n, 2500, replace=False), groups))
+        engine.run_cycle()
+        src = t.to_arrow()
+        got = {r["g"]: r for r in agg.to_arrow().to_pylist()}
+        for g in np.unique(src["g"].to_numpy()):
+            part = src.filter(pc.equal(src["g"], g))
+            xs = np.sort(part["x"].to_numpy())
+            lo = (xs.size - 1) // 2
+            want = (xs[lo] + xs[lo + 1]) / 2 if xs.size % 2 == 0 else xs[lo]
+            assert got[g]["M"] == pytest.approx(want), (cycle, g)
+            ts = np.sort(part["t"].cast(pa.int64()).to_numpy())
+            assert got[g]["P"].value == ts[int(np.floor((ts.size - 1) * 0.9 + 0.5))], (cycle, g)
+    assert compactions  # the regions were compacted along the way

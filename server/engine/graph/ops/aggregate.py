@@ -26,7 +26,7 @@ kept for the cycle (`prev_gather`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -134,7 +134,7 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
 
 # -- per-row contributions of the linear kinds ----------------------------------------------------
 
-def _scatter_add(target: np.ndarray, gids: np.ndarray, values) -> None:
+def _scatter_add(target: np.ndarray, gids: np.ndarray, values: Union[int, np.ndarray]) -> None:
     """target[gids] += values, repeated indices summed (np.add.at for small batches; a bincount, or
     for integers a sort and reduceat, for large ones: np.add.at is slow on millions of rows)."""
     values = np.asarray(values)
@@ -476,6 +476,193 @@ def _take_or_null(col: pa.Array, pick: np.ndarray) -> pa.Array:
     return out
 
 
+# -- median and percentile: each group's values kept sorted -------------------------------------
+
+def _slab_storage(t: pa.DataType) -> Optional[np.dtype]:
+    """The numpy type a column's values are kept sorted in (None: a type kept another way)."""
+    if pa.types.is_floating(t):
+        return np.dtype(np.float64)
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_timestamp(t) or pa.types.is_date(t) \
+            or pa.types.is_time(t) or pa.types.is_duration(t):
+        return np.dtype(np.int64)
+    return None
+
+
+def _slab_values(a: pa.Array, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values in `dtype`, valid, NaN) of an array."""
+    valid = a.is_valid().to_numpy(zero_copy_only=False) if a.null_count else np.ones(len(a), dtype=bool)
+    t = a.type
+    if pa.types.is_boolean(t):
+        a = a.cast(pa.int8())
+    elif pa.types.is_temporal(t):
+        a = a.view(pa.int32() if t.bit_width == 32 else pa.int64())
+    v = (a.fill_null(0) if a.null_count else a).to_numpy(zero_copy_only=False).astype(dtype)
+    nan = np.isnan(v) & valid if dtype.kind == "f" else np.zeros(v.size, dtype=bool)
+    return v, valid, nan
+
+
+def _ragged(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The positions starts[i] .. starts[i] + lens[i] - 1 of every i, in order."""
+    total = int(lens.sum())
+    if total == 0:
+        empty: np.ndarray = _EMPTY.copy()
+        return empty
+    first = np.cumsum(lens) - lens
+    idx: np.ndarray = np.repeat(starts - first, lens) + np.arange(total, dtype=np.int64)
+    return idx
+
+
+def _seg_search(vals: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool) -> np.ndarray:
+    """For each query, the insertion point of v[i] in the sorted segment vals[lo[i]:hi[i]]."""
+    lo, hi = lo.copy(), hi.copy()
+    last = max(vals.size - 1, 0)
+    while True:
+        active = lo < hi
+        if not active.any():
+            return lo
+        mid = (lo + hi) // 2
+        x = vals[np.minimum(mid, last)]
+        step = (x <= v) if right else (x < v)
+        lo = np.where(active & step, mid + 1, lo)
+        hi = np.where(active & ~step, mid, hi)
+
+
+class _SortedSlabs:
+    """The non-null, non-NaN values of one column for every group, each group's kept sorted in its
+    own region of one array (with room to grow; a group that outgrows it moves to the end, and the
+    array is compacted when moves have left too much unused). A cycle reads and rewrites only the
+    regions of the groups it changes (their values are copied, never sorted again), so a median
+    costs the sizes of the changed groups in copies plus O(log) searches per changed row."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.vals = np.zeros(1024, dtype=dtype)
+        self.end = 0
+        self.off = np.zeros(1024, dtype=np.int64)
+        self.cap = np.zeros(1024, dtype=np.int64)
+        self.cnt = np.zeros(1024, dtype=np.int64)
+        self.nan = np.zeros(1024, dtype=np.int64)
+
+    def grow(self, groups: int) -> None:
+        for name in ("off", "cap", "cnt", "nan"):
+            old = getattr(self, name)
+            if old.size < groups:
+                new = np.zeros(max(groups, 2 * old.size), dtype=np.int64)
+                new[:old.size] = old
+                setattr(self, name, new)
+
+    def apply(self, rem: list[tuple[np.ndarray, pa.Array]], add: list[tuple[np.ndarray, pa.Array]]) -> None:
+        """Values leave (`rem`) and join (`add`) groups: lists of (groups, values)."""
+        def split(parts: list[tuple[np.ndarray, pa.Array]]) -> tuple[np.ndarray, np.ndarray]:
+            gs, vs = [_EMPTY], [np.zeros(0, dtype=self.dtype)]
+            for g, a in parts:
+                v, valid, nan = _slab_values(a, self.dtype)
+                if nan.any():
+                    np.add.at(self.nan, g[nan], -1 if parts is rem else 1)
+                keep = valid & ~nan
+                gs.append(g[keep])
+                vs.append(v[keep])
+            return np.concatenate(gs), np.concatenate(vs)
+        rg, rv = split(rem)
+        ag, av = split(add)
+        if rg.size == 0 and ag.size == 0:
+            return
+        T = unique(np.concatenate((rg, ag)))
+        lens = self.cnt[T]
+        cur = self.vals[_ragged(self.off[T], lens)]
+        starts = np.cumsum(lens) - lens
+        if rg.size:  # positions of the leaving values (equal values: consecutive ones)
+            o = np.lexsort((rv, rg))
+            rg, rv = rg[o], rv[o]
+            si = np.searchsorted(T, rg)
+            pos = _seg_search(cur, starts[si], starts[si] + lens[si], rv, right=False)
+            dup = np.zeros(rg.size, dtype=np.int64)
+            if rg.size > 1:
+                same = np.concatenate(([False], (rg[1:] == rg[:-1]) & (rv[1:] == rv[:-1])))
+                run = np.cumsum(~same) - 1
+                dup = np.arange(rg.size) - np.flatnonzero(~same)[run]
+            pos = pos + dup
+            if np.any(pos >= starts[si] + lens[si]) or np.any(cur[np.minimum(pos, max(cur.size - 1, 0))] != rv):
+                raise RuntimeError("a value left a group that did not hold it")
+            cur = np.delete(cur, pos)
+            lens = lens - np.bincount(si, minlength=T.size)
+            starts = np.cumsum(lens) - lens
+        if ag.size:
+            o = np.lexsort((av, ag))
+            ag, av = ag[o], av[o]
+            si = np.searchsorted(T, ag)
+            pos = _seg_search(cur, starts[si], starts[si] + lens[si], av, right=True)
+            cur = np.insert(cur, pos, av)
+            lens = lens + np.bincount(si, minlength=T.size)
+        # write the regions back: in place when they fit, else at the end with room to grow
+        fits = lens <= self.cap[T]
+        move = T[~fits]
+        if move.size:
+            newcap = np.maximum(2 * lens[~fits], 4)
+            need = self.end + int(newcap.sum())
+            if need > self.vals.size:
+                if need > 2 * max(int(self.cnt.sum()), 1) + 4096:
+                    self._compact(T, lens)
+                    return self._write_all(T, lens, cur)
+                grown = np.zeros(max(need, 2 * self.vals.size), dtype=self.dtype)
+                grown[:self.end] = self.vals[:self.end]
+                self.vals = grown
+            self.off[move] = self.end + np.cumsum(newcap) - newcap
+            self.cap[move] = newcap
+            self.end += int(newcap.sum())
+        self.cnt[T] = lens
+        self.vals[_ragged(self.off[T], lens)] = cur
+
+    def _write_all(self, T: np.ndarray, lens: np.ndarray, cur: np.ndarray) -> None:
+        self.cnt[T] = lens
+        fits = lens <= self.cap[T]
+        move = T[~fits]
+        if move.size:
+            newcap = np.maximum(2 * lens[~fits], 4)
+            need = self.end + int(newcap.sum())
+            if need > self.vals.size:
+                grown = np.zeros(max(need, 2 * self.vals.size), dtype=self.dtype)
+                grown[:self.end] = self.vals[:self.end]
+                self.vals = grown
+            self.off[move] = self.end + np.cumsum(newcap) - newcap
+            self.cap[move] = newcap
+            self.end += int(newcap.sum())
+        self.vals[_ragged(self.off[T], lens)] = cur
+
+    def _compact(self, T: np.ndarray, lens: np.ndarray) -> None:
+        """Every group's region again end to end (groups of `T` sized for `lens`), with room."""
+        n = self.cnt.size
+        want = self.cnt.copy()
+        want[T] = lens
+        keep = np.flatnonzero((self.cnt > 0) & ~np.isin(np.arange(n), T))
+        data = self.vals[_ragged(self.off[keep], self.cnt[keep])]
+        cap = np.where(want > 0, want + want // 2 + 2, 0)
+        cap[T] = np.maximum(cap[T], 4)
+        off = np.cumsum(cap) - cap
+        vals = np.zeros(int(cap.sum()) + 1024, dtype=self.dtype)
+        vals[_ragged(off[keep], self.cnt[keep])] = data
+        self.vals, self.off, self.cap, self.end = vals, off, cap, int(cap.sum())
+
+    def quantile(self, groups: np.ndarray, p: float, average: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(values, null mask, NaN mask) of the percentile `p` of each group, by Deephaven's
+        positions (`average`: its rule for averaging the two middle values)."""
+        cnt, off = self.cnt[groups], self.off[groups]
+        empty = cnt == 0
+        c = np.maximum(cnt, 1)
+        if average:
+            lo = np.floor((c - 1) * p).astype(np.int64)
+            pair = (c % 2 == 0) & (lo == c // 2 - 1)
+            lo_v = self.vals[off + lo].astype(np.float64)
+            hi_v = self.vals[off + np.where(pair, lo + 1, lo)].astype(np.float64)
+            out: np.ndarray = np.where(pair, (lo_v + hi_v) / 2, lo_v)
+        else:
+            k = np.minimum(np.floor((c - 1) * p + 0.5).astype(np.int64), c - 1)
+            out = self.vals[off + k]
+        nan = self.nan[groups] > 0
+        return out, empty & ~nan, nan
+
+
+
 class AggregateTable(_Op):
     """One row per group of `keys` with the aggregations `aggs` (see the module docstring)."""
 
@@ -540,6 +727,13 @@ class AggregateTable(_Op):
                         for a in self.aggs if a.kind in LINEAR]
         self._ordered = [a for a in self.aggs if a.kind in ORDERED]
         self._row_keys = any(a.kind in ("first_row_key", "last_row_key") for a in self.aggs)
+        # median and percentile of columns kept sorted per group (by column)
+        self._slabs: dict[str, _SortedSlabs] = {}
+        for a in self._ordered:
+            if a.kind in ("median", "percentile") and a.column is not None:
+                dt = _slab_storage(ps.field(a.column).type)
+                if dt is not None and a.column not in self._slabs:
+                    self._slabs[a.column] = _SortedSlabs(dt)
         # as Deephaven: an aggregation of a blink table covers every row the table ever had
         self.blink = bool(parent.attributes.get("BlinkTable"))
         if self.blink:
@@ -727,6 +921,10 @@ class AggregateTable(_Op):
             touched.append(g)
             for lin in self._linear:
                 lin.add(g, vals, 1)
+        for col, slab in self._slabs.items():
+            slab.grow(self._ngroups)
+            slab.apply([(g, v.column(col).combine_chunks()) for g, v in left],
+                       [(g, v.column(col).combine_chunks()) for g, v in came])
         G = unique(np.concatenate(touched))
         if G.size == 0:
             return None
@@ -807,6 +1005,25 @@ class AggregateTable(_Op):
         return TableUpdate(added=RowSet.from_keys(born), removed=RowSet.from_keys(gone),
                            modified=RowSet.from_keys(modified), modified_columns=ModifiedColumnSet(changed))
 
+    def _sorted_kept(self, a: Agg) -> bool:
+        return a.kind in ("median", "percentile") and a.column in self._slabs
+
+    def _quantiles(self, a: Agg, t: pa.DataType, rt: pa.DataType, groups: np.ndarray) -> pa.Array:
+        """A median/percentile of `groups` read from the column's sorted values."""
+        assert a.column is not None
+        avg = averages(a, t)
+        p = 0.5 if a.kind == "median" else float(a.percentile)
+        out, null, nan = self._slabs[a.column].quantile(groups, p, avg)
+        if avg or pa.types.is_floating(t):
+            arr = pa.array(np.where(nan, np.nan, out.astype(np.float64)), pa.float64(), mask=null)
+            return arr.cast(rt)
+        if pa.types.is_boolean(t):
+            return pa.array(out != 0, pa.bool_(), mask=null)
+        if pa.types.is_temporal(t):
+            storage = pa.int32() if t.bit_width == 32 else pa.int64()
+            return pa.array(out.astype(storage.to_pandas_dtype()), storage, mask=null).view(t)
+        return pa.array(out, pa.int64(), mask=null).cast(t)
+
     def _rescan_min_max(self, a: Agg, out_g: np.ndarray, left: list[tuple[np.ndarray, pa.Table]]) -> np.ndarray:
         """Groups of `out_g` from which a value left that could have been their min (max)."""
         found = []
@@ -837,7 +1054,7 @@ class AggregateTable(_Op):
         res: dict[str, pa.Array] = {}
         scans: dict[str, np.ndarray] = {}
         for a in self._ordered:
-            if a.kind in _RESCAN:
+            if a.kind in _RESCAN and not self._sorted_kept(a):
                 scans[a.out] = out_g
             elif a.kind in ("min", "max"):
                 scans[a.out] = np.union1d(np.intersect1d(born, out_g), self._rescan_min_max(a, out_g, left))
@@ -853,10 +1070,14 @@ class AggregateTable(_Op):
             t = self.parent.schema.field(a.column).type if a.column else pa.int64()
             rt = self.schema.field(a.out).type
             parts: list[tuple[np.ndarray, pa.Array]] = []
+            if self._sorted_kept(a):
+                assert a.column is not None
+                res[a.out] = self._quantiles(a, t, rt, out_g)
+                continue
             if a.kind in ("first", "last", "first_row_key", "last_row_key"):
                 front = a.kind in ("first", "first_row_key")
                 pk = self._edges(out_g, front)
-                if self.blink and front:  # a blink table's first row of a group came when the group did
+                if self.blink and front and a.column is not None:  # the first row came with the group
                     old = ~np.isin(out_g, born)
                     if old.any():
                         res[a.out] = pc.if_else(pa.array(old), self.store.gather_column(a.out, out_g),
