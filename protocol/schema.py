@@ -1014,12 +1014,26 @@ def fill_sentinels(arr: pa.Array) -> pa.Array:
 
 
 def empty_array(t: pa.DataType) -> pa.Array:
-    """A 0-row array of type `t`, unions included (which pyarrow does not make from a Python list)."""
-    if not pa.types.is_union(t):
+    """A 0-row array of type `t`, unions included, in lists, maps or unions too (which pyarrow does
+    not make from a Python list)."""
+    if not _holds_union(t):
         return pa.array([], type=t)
     empty = pa.py_buffer(b"")
-    buffers = [None, empty, empty] if t.mode == "dense" else [None, empty]
-    return pa.Array.from_buffers(t, 0, buffers, children=[empty_array(t.field(i).type) for i in range(t.num_fields)])
+    children = [empty_array(t.field(i).type) for i in range(t.num_fields)]
+    buffers: list[Optional[pa.Buffer]]
+    if pa.types.is_union(t):
+        buffers = [None, empty, empty] if t.mode == "dense" else [None, empty]
+    elif pa.types.is_list(t) or pa.types.is_map(t):
+        buffers = [None, pa.py_buffer(bytes(4))]  # one offset: 0
+    elif pa.types.is_list_view(t):
+        buffers = [None, empty, empty]
+    else:  # fixed-size lists, structs (a map's entries)
+        buffers = [None]
+    return pa.Array.from_buffers(t, 0, buffers, children=children)
+
+
+def _holds_union(t: pa.DataType) -> bool:
+    return bool(pa.types.is_union(t)) or any(_holds_union(t.field(i).type) for i in range(t.num_fields))
 
 
 def with_list_values(arr: pa.Array, values: pa.Array) -> pa.Array:

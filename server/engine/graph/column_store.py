@@ -3,8 +3,8 @@
 Fixed-width columns (integers, floats, booleans, temporal types) live in numpy arrays of their
 storage type with a separate validity array. Strings and binaries live in a byte heap with a
 start and length per slot (`_BytesColumn`; fixed_size_binary too, as binary). Fixed-size lists
-of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Unions keep a type code per
-slot and their members' values as objects (`_UnionColumn`); null columns store nothing. Other types
+of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Columns holding unions keep
+the Arrow arrays written and a position per slot (`_ArrowColumn`); null columns store nothing. Other types
 (lists, maps, structs, decimals, ...) live in numpy object arrays filled through Arrow's Python conversion.
 Reads (`gather`) build one Arrow array per column from the requested slots with one numpy take
 and one Arrow conversion. Capacity grows by doubling, so writes are amortised O(rows written).
@@ -139,62 +139,68 @@ class _FixedListColumn:
                                      children=[child])
 
 
-class _UnionColumn:
-    """dense and sparse union columns: each slot's type code (int8) and its member's value (a
-    Python object). Writes and gathers go member by member with numpy masks: one take and one
-    Arrow conversion per member, none per row. A union has no nulls of its own."""
+class _ArrowColumn:
+    """Columns holding unions (top-level, or in lists, maps and unions), which Arrow's Python
+    conversion cannot rebuild: the arrays written are kept as Arrow chunks and each slot holds the
+    position of its row in their concatenation. A gather takes the requested rows chunk by chunk
+    (one take each) and puts them in order with one more take. Rows replaced by later writes stay
+    in their chunks until they outnumber the live ones or the chunks grow many; then the rows of
+    every written slot are taken into one chunk (O(slots), amortised over the writes since)."""
 
-    __slots__ = ("type", "codes", "values", "_pos")
+    __slots__ = ("type", "chunks", "starts", "where", "dead")
+    max_chunks = 32
+    min_dead = 1 << 12  # replaced rows below which no compaction is done for their sake
 
     def __init__(self, t: pa.DataType, capacity: int):
         self.type = t
-        self._pos = {code: i for i, code in enumerate(t.type_codes)}
-        self.codes = np.full(capacity, t.type_codes[0], dtype=np.int8)
-        self.values = np.empty(capacity, dtype=object)
+        self.chunks: list[pa.Array] = []
+        self.starts = np.zeros(1, dtype=np.int64)  # where each chunk starts in the concatenation, then the end
+        self.where = np.full(capacity, -1, dtype=np.int64)  # -1: never written
+        self.dead = 0
 
     def grow(self, capacity: int) -> None:
-        codes = np.full(capacity, self.type.type_codes[0], dtype=np.int8)
-        codes[: self.codes.size] = self.codes
-        values = np.empty(capacity, dtype=object)
-        values[: self.values.size] = self.values
-        self.codes, self.values = codes, values
+        where = np.full(capacity, -1, dtype=np.int64)
+        where[: self.where.size] = self.where
+        self.where = where
 
     def write(self, slots: _Slots, arr: pa.Array) -> None:
         n = len(arr)
-        bufs = arr.buffers()  # (pyarrow's type_codes and offsets accessors ignore a slice's offset)
-        codes = np.frombuffer(bufs[1], dtype=np.int8, count=arr.offset + n)[arr.offset:]
-        dense = self.type.mode == "dense"
-        offsets = np.frombuffer(bufs[2], dtype="<i4", count=arr.offset + n)[arr.offset:] if dense else None
-        out = np.empty(n, dtype=object)
-        for code, i in self._pos.items():
-            at = np.flatnonzero(codes == code)
-            if at.size:
-                member = arr.field(i)
-                idx = offsets[at] if offsets is not None else at
-                out[at] = np.fromiter(member.take(pa.array(idx)).to_pylist(), dtype=object, count=at.size)
-        self.codes[slots] = codes
-        self.values[slots] = out
+        total = int(self.starts[-1])
+        self.dead += int(np.count_nonzero(self.where[slots] >= 0))
+        self.where[slots] = np.arange(total, total + n, dtype=np.int64)
+        self.chunks.append(arr)
+        self.starts = np.append(self.starts, total + n)
+        if len(self.chunks) > self.max_chunks or self.dead > max(self.min_dead, total + n - self.dead):
+            self._compact()
+
+    def _compact(self) -> None:
+        written = np.flatnonzero(self.where >= 0)
+        joined = self._take(self.where[written])
+        self.chunks = [joined]
+        self.starts = np.array([0, len(joined)], dtype=np.int64)
+        self.where[written] = np.arange(written.size, dtype=np.int64)
+        self.dead = 0
+
+    def _take(self, idx: np.ndarray) -> pa.Array:
+        if idx.size == 0 or not self.chunks:
+            return empty_array(self.type)
+        chunk = np.searchsorted(self.starts, idx, side="right") - 1
+        order = np.argsort(chunk, kind="stable")
+        parts = []
+        for k in np.unique(chunk):
+            rows = idx[order[chunk[order] == k]] - self.starts[k]
+            parts.append(self.chunks[k].take(pa.array(rows, type=pa.int64())))
+        out = parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+        inverse = np.empty(idx.size, dtype=np.int64)
+        inverse[order] = np.arange(idx.size, dtype=np.int64)
+        return out.take(pa.array(inverse, type=pa.int64()))
 
     def gather(self, slots: np.ndarray) -> pa.Array:
-        codes = self.codes[slots]
-        values = self.values[slots]
-        n = codes.size
-        t = self.type
-        members = []
-        offsets = np.zeros(n, dtype=np.int32)
-        for code, i in self._pos.items():
-            mask = codes == code
-            ft = t.field(i).type
-            if t.mode == "dense":
-                offsets[mask] = np.arange(int(mask.sum()), dtype=np.int32)
-                members.append(pa.array(values[mask], type=ft) if mask.any() else empty_array(ft))
-            else:  # every member has every row; the rows of other members are null
-                members.append(pa.array(np.where(mask, values, None), type=ft))
-        names = [t.field(i).name for i in range(t.num_fields)]
-        type_ids = pa.array(codes, type=pa.int8())
-        if t.mode == "dense":
-            return pa.UnionArray.from_dense(type_ids, pa.array(offsets), members, names, list(t.type_codes))
-        return pa.UnionArray.from_sparse(type_ids, members, names, list(t.type_codes))
+        idx = self.where[slots]
+        if (idx < 0).any():
+            raise ValueError(f"gathering {int(np.count_nonzero(idx < 0))} slot(s) never written "
+                             f"from a {self.type} column")
+        return self._take(idx)
 
 
 class _NullColumn:
@@ -215,13 +221,17 @@ class _NullColumn:
         return pa.nulls(len(slots))
 
 
+def _holds_union(t: pa.DataType) -> bool:
+    return bool(pa.types.is_union(t)) or any(_holds_union(t.field(i).type) for i in range(t.num_fields))
+
+
 def _column_class(t: pa.DataType) -> type:
     if _is_c_convertible(t):
         return _BytesColumn
     if _FixedListColumn.handles(t):
         return _FixedListColumn
-    if pa.types.is_union(t):
-        return _UnionColumn
+    if _holds_union(t):
+        return _ArrowColumn
     if pa.types.is_null(t):
         return _NullColumn
     return _Column  # (maps and list_views through the object fallback)
