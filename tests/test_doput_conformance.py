@@ -6,8 +6,9 @@ What Deephaven 42.7 does, as these tests measure it:
 - map<K, V>, dense and sparse unions (type codes and member names kept), list_view<T> and null
   columns are accepted and served back with the uploaded Arrow type (DoGet, GetFlightInfo; unions,
   list_views and nulls also in Barrage subscriptions): `deephaven:type` java.util.Map,
-  java.lang.Object, `T[]` (a list_view is not made a list) and java.lang.Object. A list of nulls is `java.lang.Object[]` and a list of maps
-  `java.util.Map[]`, each with `deephaven:componentType` java.lang.String.
+  java.lang.Object, `T[]` (a list_view is not made a list) and java.lang.Object. Unions inside
+  lists, maps and unions too. A list of nulls or of unions is `java.lang.Object[]` and a list of
+  maps `java.util.Map[]`, each with `deephaven:componentType` java.lang.String.
 - Sentinel values read as null inside these types as in lists: a map's values (not its keys),
   list_view elements, union members (instants' -2^63 too), uint16 0xFFFF included.
 - Deephaven's DoGet of a map column cannot be read by pyarrow ("Map array child array should have
