@@ -575,14 +575,14 @@ def test_a_refusal_ends_the_call_before_the_client_does(tw):
     assert "'LV'" in str(err.value) and "large_list_view" in str(err.value), err.value
 
 
-def test_union_columns_keep_their_rows_through_overwrites_and_compactions():
-    """Columns holding unions keep the Arrow arrays written: rows overwritten many times (more
+def test_union_map_and_list_view_columns_keep_their_rows_through_overwrites_and_compactions():
+    """Maps, list_views and columns holding unions keep the Arrow arrays written: rows overwritten many times (more
     chunks and more replaced rows than the column keeps) come back as last written."""
     import numpy as np
 
     from tickwire.server.engine.graph.column_store import ColumnStore
 
-    names = ["Dense", "Sparse", "ListUnion", "MapUnion", "UnionUnion"]
+    names = ["Dense", "Sparse", "ListUnion", "MapUnion", "UnionUnion", "Map", "MapList", "ListView", "ListViewStr"]
     data = pa.table({n: UPLOAD_ONLY[n][0] for n in names})
     store = ColumnStore(data.schema, capacity=16)
     expected = {}

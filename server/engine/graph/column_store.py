@@ -3,9 +3,10 @@
 Fixed-width columns (integers, floats, booleans, temporal types) live in numpy arrays of their
 storage type with a separate validity array. Strings and binaries live in a byte heap with a
 start and length per slot (`_BytesColumn`; fixed_size_binary too, as binary). Fixed-size lists
-of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Columns holding unions keep
-the Arrow arrays written and a position per slot (`_ArrowColumn`); null columns store nothing. Other types
-(lists, maps, structs, decimals, ...) live in numpy object arrays filled through Arrow's Python conversion.
+of fixed-width elements live in 2-D numpy arrays (`_FixedListColumn`). Maps, list_views and columns
+holding unions keep the Arrow arrays written and a position per slot (`_ArrowColumn`); null columns
+store nothing. Other types (lists, structs, decimals, ...) live in numpy object arrays filled
+through Arrow's Python conversion.
 Reads (`gather`) build one Arrow array per column from the requested slots with one numpy take
 and one Arrow conversion. Capacity grows by doubling, so writes are amortised O(rows written).
 
@@ -140,8 +141,8 @@ class _FixedListColumn:
 
 
 class _ArrowColumn:
-    """Columns holding unions (top-level, or in lists, maps and unions), which Arrow's Python
-    conversion cannot rebuild: the arrays written are kept as Arrow chunks and each slot holds the
+    """Maps, list_views and columns holding unions (top-level, or in lists, maps and unions, which
+    Arrow's Python conversion cannot rebuild): the arrays written are kept as Arrow chunks and each slot holds the
     position of its row in their concatenation. A gather takes the requested rows chunk by chunk
     (one take each) and puts them in order with one more take. Rows replaced by later writes stay
     in their chunks until they outnumber the live ones or the chunks grow many; then the rows of
@@ -230,11 +231,11 @@ def _column_class(t: pa.DataType) -> type:
         return _BytesColumn
     if _FixedListColumn.handles(t):
         return _FixedListColumn
-    if _holds_union(t):
+    if _holds_union(t) or pa.types.is_map(t) or pa.types.is_list_view(t):
         return _ArrowColumn
     if pa.types.is_null(t):
         return _NullColumn
-    return _Column  # (maps and list_views through the object fallback)
+    return _Column
 
 
 class _BytesColumn:
