@@ -274,8 +274,8 @@ def test_nothing_but_expression_errors_escape():
 
 def test_structured_conditions_follow_the_same_rules():
     from tickwire.protocol.proto import table_pb2
-    from tickwire.server.services.rpc import CallError
     from tickwire.server.services.conditions import condition_expression
+    from tickwire.server.services.rpc import CallError
 
     def compare(op, column, **literal):
         cond = table_pb2.Condition()

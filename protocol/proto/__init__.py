@@ -10,8 +10,8 @@ imported in the same process as Deephaven's own generated modules (which use pro
 pool and define the same message names). Messages of the two sets are distinct Python classes;
 they interoperate through bytes (SerializeToString / FromString).
 """
-from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import any_pb2 as _any_pb2
+from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 
 POOL = _descriptor_pool.DescriptorPool()

@@ -261,7 +261,8 @@ METHODS: dict[str, Method] = _table(
     (_HT, "Rollup", UNARY, hierarchicaltable.RollupRequest, hierarchicaltable.RollupResponse),
     (_HT, "Apply", UNARY, hierarchicaltable.HierarchicalTableApplyRequest,
      hierarchicaltable.HierarchicalTableApplyResponse),
-    (_HT, "View", UNARY, hierarchicaltable.HierarchicalTableViewRequest, hierarchicaltable.HierarchicalTableViewResponse),
+    (_HT, "View", UNARY, hierarchicaltable.HierarchicalTableViewRequest,
+     hierarchicaltable.HierarchicalTableViewResponse),
     (_HT, "ExportSource", UNARY, hierarchicaltable.HierarchicalTableSourceExportRequest, _ETCR),
     # Deephaven's objects that are not tables (a rollup's descriptor), fetched by typed ticket
     (_OB, "FetchObject", UNARY, object_.FetchObjectRequest, object_.FetchObjectResponse),

@@ -82,10 +82,13 @@ class TableService:
         the running Batch (the caller drops that hold when the batch ends). Runs off the event loop."""
         if kind in SOURCELESS:
             table = make_sourceless(self.ops, kind, req)
-        elif kind in _AS_IS or answers_source(kind, req, source):
-            table = source
         else:
-            table = self.ops.build(kind, req, source)
+            if source is None:
+                raise CallError(f"{kind}: source_id not supplied", "INVALID_ARGUMENT")
+            if kind in _AS_IS or answers_source(kind, req, source):
+                table = source
+            else:
+                table = self.ops.build(kind, req, source)
         if result is not None:
             export(self.ops, result, table)  # an owned table nobody holds goes at once on failure
         else:

@@ -74,13 +74,14 @@ class SliceTable(_Op):
         return out
 
     def _current_keys(self) -> np.ndarray:
+        keys: np.ndarray = _EMPTY.copy()
         if self.first == self.last:
-            return _EMPTY.copy()
+            return keys
         rs = self.parent.rowset
         a, b = slice_positions(self.first, self.last, len(rs))
-        if b <= a:
-            return _EMPTY.copy()
-        return rs.subset_by_positions(a, b - 1).keys()
+        if b > a:
+            keys = rs.subset_by_positions(a, b - 1).keys()
+        return keys
 
     def slots(self, keys: np.ndarray) -> np.ndarray:
         return self.parent.slots(keys)
@@ -172,7 +173,8 @@ class FlattenTable(_Op):
     def _parent_keys(self, keys: np.ndarray) -> np.ndarray:
         k = np.asarray(keys, dtype=np.int64)
         if k.size == 0:
-            return _EMPTY.copy()
+            empty: np.ndarray = _EMPTY.copy()
+            return empty
         rs = self.parent.rowset
         if rs.is_single_range:  # the common case: keys are the parent's positions shifted
             return k + rs.first()
