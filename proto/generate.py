@@ -52,7 +52,6 @@ imported in the same process as Deephaven's own generated modules (which use pro
 pool and define the same message names). Messages of the two sets are distinct Python classes;
 they interoperate through bytes (SerializeToString / FromString).
 """
-from google.protobuf import descriptor_pool as _descriptor_pool
 {wkt_imports}
 POOL = _descriptor_pool.DescriptorPool()
 {wkt_adds}'''
@@ -120,7 +119,8 @@ def generate(into: Path) -> None:
             (into / module).write_text(rewrite_module(text, src.name, tools))
     wkts = well_known_types(srcs)
     init = HEADER.format(source="*.proto", tools=tools) + INIT_TEMPLATE.format(
-        wkt_imports="".join(f"from google.protobuf import {n}_pb2 as _{n}_pb2\n" for n in wkts),
+        wkt_imports="".join(f"from google.protobuf import {m} as _{m}\n"  # in the order ruff sorts them
+                            for m in sorted(["descriptor_pool", *(f"{n}_pb2" for n in wkts)])),
         wkt_adds="".join(f"POOL.AddSerializedFile(_{n}_pb2.DESCRIPTOR.serialized_pb)\n" for n in wkts),
     )
     (into / "__init__.py").write_text(init)
