@@ -9,8 +9,9 @@ the grid's own menus:
 - grid-totals.png: `ticking_keyed` with the Aggregate Columns sidebar open and a Sum and a Max
   totals row on top of the ticking rows (Table Options > Aggregate Columns > Add Aggregation);
 - grid-rollup.png: `ticking_append` rolled up by Sym with the Sum aggregation (Table Options >
-  Rollup Rows, a double-click on Sym) -- made only when tickwire serves rollups: the script first
-  asks for one through the JS API and, when the server refuses, says so and writes no picture.
+  Rollup Rows, a double-click on Sym), one group expanded to its trades -- made only when tickwire
+  serves rollups: the script first asks for one through the JS API and, when the server refuses,
+  says so and writes no picture.
 
 Each picture is written once the grid has drawn what it shows (its canvas text is recorded, as in
 tests/test_browser.py), never on a fixed delay alone. Exit status 1 when a picture could not be made.
@@ -21,7 +22,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
 from .cdp import Page, launch_chromium
 from .jsapi import JsApiPage
@@ -34,7 +35,11 @@ CANVAS_HOOK = r"""
   const orig = CanvasRenderingContext2D.prototype.fillText;
   CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
     g.calls += 1;
-    g.texts.push([performance.now(), String(text)]);
+    // where on the page the text starts (the context's transform, then the canvas's box)
+    const m = this.getTransform(), box = this.canvas.getBoundingClientRect();
+    const sx = box.width ? this.canvas.width / box.width : 1, sy = box.height ? this.canvas.height / box.height : 1;
+    g.texts.push([performance.now(), String(text), box.left + (m.a * x + m.c * y + m.e) / sx,
+                  box.top + (m.b * x + m.d * y + m.f) / sy]);
     if (g.texts.length > 20000) g.texts.splice(0, g.texts.length - 20000);
     return orig.call(this, text, x, y, ...rest);
   };
@@ -44,8 +49,21 @@ CANVAS_HOOK = r"""
 
 def drawn(page: Page, seconds: float = 1.5) -> set[str]:
     """The strings the grid drew on its canvas in the last `seconds`."""
-    return set(page.evaluate(f"(() => {{ const now = performance.now(); return window.__twGrid.texts"
-                             f".filter(([t]) => now - t < {seconds * 1000}).map(([t, s]) => s); }})()") or [])
+    return {text for text, _x, _y in drawn_at(page, seconds)}
+
+
+def drawn_at(page: Page, seconds: float = 1.5, since: float = 0.0) -> list[tuple[str, float, float]]:
+    """The strings the grid drew on its canvas in the last `seconds` (and after the page's clock read
+    `since`, a `now(page)`), with where on the page each starts."""
+    return [tuple(e) for e in page.evaluate(
+        f"(() => {{ const now = performance.now(); return window.__twGrid.texts"
+        f".filter(([t]) => now - t < {seconds * 1000} && t > {since}).map(([t, s, x, y]) => [s, x, y]); }})()")
+        or []]
+
+
+def now(page: Page) -> float:
+    """The page's clock (the times `drawn_at` compares with)."""
+    return float(page.evaluate("performance.now()"))
 
 
 def wait(cond: Callable[[], object], timeout: float, what: str, page: Page) -> object:
@@ -60,13 +78,25 @@ def wait(cond: Callable[[], object], timeout: float, what: str, page: Page) -> o
 
 
 def click(page: Page, selector_js: str, *, count: int = 1) -> None:
-    """A real mouse click (or double-click) at the middle of the element `selector_js` returns."""
-    box = page.evaluate(f"(() => {{ const e = {selector_js}; if (!e) return null;"
-                        f" e.scrollIntoView({{block: 'nearest'}}); const r = e.getBoundingClientRect();"
-                        f" return [r.left + r.width / 2, r.top + r.height / 2]; }})()")
+    """A real mouse click (or double-click) at the middle of the element `selector_js` returns, once
+    the element has stopped moving (a sidebar page slides in: a click during the slide goes astray)."""
+    where = (f"(() => {{ const e = {selector_js}; if (!e) return null;"
+             f" e.scrollIntoView({{block: 'nearest'}}); const r = e.getBoundingClientRect();"
+             f" return [r.left + r.width / 2, r.top + r.height / 2]; }})()")
+    box, end = page.evaluate(where), time.monotonic() + 5
+    while box is not None and time.monotonic() < end:
+        time.sleep(0.1)
+        again = page.evaluate(where)
+        if again == box:
+            break
+        box = again
     if box is None:
         raise RuntimeError(f"nothing to click: {selector_js}{page.diagnostics()}")
-    x, y = box
+    click_at(page, *box, count=count)
+
+
+def click_at(page: Page, x: float, y: float, *, count: int = 1) -> None:
+    """A real mouse click (or double-click) at page coordinates (x, y)."""
     page.cdp("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": x, "y": y})
     for n in range(1, count + 1):
         for kind in ("mousePressed", "mouseReleased"):
@@ -146,16 +176,38 @@ def shoot_rollup(page: Page, origin: str, out: Path) -> None:
     click(page, by_text("Sym", ".rollup-available-grouping-columns .title"), count=2)
     symbols = {f"SYM{i:02d}" for i in range(20)}
 
-    def rollup_rows() -> bool:
+    def rollup_shown() -> Optional[float]:
+        """The page's clock once the grid has laid the rollup out, else None."""
         if page.evaluate("document.body.innerText.includes('Rolling back')"):
             raise RuntimeError(f"the grid rolled the rollup back (the server refused it){page.diagnostics()}")
         grouped = page.evaluate("Array.from(document.querySelectorAll('.rollup-rows-group-by .title'))"
                                 ".map(e => e.textContent.trim())")
-        texts = drawn(page, 1.0)
-        # group rows: symbols, and no trade times (the Timestamp of a group row is empty)
-        return grouped == ["Sym"] and len(texts & symbols) >= 5 and not any(t[:2] == "20" and "T" in t for t in texts)
+        header = {text: x for text, x, _y in drawn_at(page, 0.5) if text in ("Sym", "Timestamp")}
+        # the rollup puts its grouping column first (as its tree column)
+        return now(page) if grouped == ["Sym"] and len(header) == 2 and header["Sym"] < header["Timestamp"] else None
 
-    wait(rollup_rows, 30, "the grid to show rollup rows by Sym", page)
+    shown = cast(float, wait(rollup_shown, 30, "the grid to lay out rollup rows by Sym", page))
+
+    def group_rows() -> list[tuple[str, float, float]]:
+        """The symbols drawn in the tree column since the rollup was laid out, top first (the group
+        rows; their Timestamp is the First of the group, as the grid asks for non-aggregated columns)."""
+        texts = drawn_at(page, 1.0, since=shown)
+        price = min((x for text, x, _y in texts if text == "Price"), default=0.0)
+        rows = sorted({(text, x, y) for text, x, y in texts if text in symbols and x < price}, key=lambda r: r[2])
+        return rows if len({text for text, _x, _y in rows}) >= 5 else []
+
+    rows = cast(list[tuple[str, float, float]], wait(group_rows, 30, "the grid to draw rollup rows by Sym", page))
+    # expand one group a few rows down (groups above it, its trades below): a click on its tree
+    # marker, just left of its name
+    symbol, x, y = rows[min(5, len(rows) - 1)]
+    clicked = now(page)
+    click_at(page, x - 10, y)
+
+    def expanded() -> bool:
+        # the group's constituent rows carry its symbol too: drawn on more rows than the group's own
+        return len({round(y) for text, _x, y in drawn_at(page, 1.0, since=clicked) if text == symbol}) >= 3
+
+    wait(expanded, 30, f"the {symbol} group to expand", page)
     time.sleep(0.5)
     page.screenshot(out)
 
