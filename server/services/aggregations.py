@@ -4,8 +4,7 @@ SelectDistinct, also inside Batch) as `agg_by` tables of the engine.
 Each request is translated into `Agg`s (tickwire.server.engine.graph.ops.aggregate), checked against
 the source's schema, and made into one incremental derived table. What Deephaven serves and tickwire
 does not is refused UNIMPLEMENTED naming the case: formula aggregations, partitions,
-approximate percentiles and t-digests, freeze, sorted_first/last on more than one column, and
-non-unique sentinels of another type than the column's.
+approximate percentiles and t-digests, freeze, and sorted_first/last on more than one column.
 """
 from __future__ import annotations
 
@@ -150,7 +149,7 @@ def _combo(req) -> list[Agg]:
 
 
 def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]:
-    def build(ops: TableOps, req, source: Table) -> Callable[[], Table]:
+    def build(ops: TableOps, req, source: Table, initial_groups_id: Optional[Table] = None) -> Callable[[], Table]:
         schema = source.schema
         initial: Optional[Table] = None
         preserve = False
@@ -158,8 +157,11 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
             keys = _keys(req.group_by_columns, schema, "Aggregate")
             aggs = aggs_of_request(req, schema, ops.engine.clock)
             preserve = bool(req.preserve_empty)
-            if req.HasField("initial_groups_id"):
-                raise CallError("Aggregate: initial_groups is not supported", "UNIMPLEMENTED")
+            if initial_groups_id is not None:
+                initial = initial_groups_id
+                missing = [k for k in keys if k not in initial.schema.names]
+                if missing:
+                    raise CallError(f"Aggregate: initial_groups has no column {missing[0]!r}", "INVALID_ARGUMENT")
         elif kind == "aggregate_all":
             keys = _keys(req.group_by_columns, schema, "AggregateAll")
             spec = req.spec
@@ -181,12 +183,17 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
                     raise CallError(f"{kind}: unknown column {c!r}", "INVALID_ARGUMENT")
 
         def make() -> Table:
+            groups = None
+            if initial is not None:  # the groups it names, read at one cycle boundary, come first
+                groups = initial.to_arrow().select(keys)
+                groups = groups.cast(pa.schema([schema.field(k) for k in keys]))
             return source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
-                                 initial_groups=None if initial is None else initial.to_arrow())
+                                 initial_groups=groups)
         return make
     return build
 
 
-for _method, _field in (("Aggregate", "aggregate"), ("AggregateAll", "aggregate_all"),
-                        ("ComboAggregate", "combo_aggregate"), ("SelectDistinct", "select_distinct")):
+register("Aggregate", "aggregate", _builder("aggregate"), extra_sources=("initial_groups_id",))
+for _method, _field in (("AggregateAll", "aggregate_all"), ("ComboAggregate", "combo_aggregate"),
+                        ("SelectDistinct", "select_distinct")):
     register(_method, _field, _builder(_field))

@@ -9,7 +9,7 @@ export tickets.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import pyarrow as pa
 
@@ -18,12 +18,12 @@ from tickwire.server.services.conditions import conditions_expression
 from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filters
 from tickwire.server.services.rpc import CallError
 
-__all__ = ["OPERATIONS", "BUILDERS", "Builder", "TableOps", "register"]
+__all__ = ["OPERATIONS", "BUILDERS", "EXTRA_SOURCES", "Builder", "TableOps", "register"]
 
 #: a builder of the operations of another module: (TableOps, request, source table) -> a function
 #: that makes the derived table (called inside the engine's `writing()`); raises CallError for
 #: requests it refuses
-Builder = Callable[["TableOps", Any, Table], Callable[[], Table]]
+Builder = Callable[..., Callable[[], Table]]
 
 # TableService method name -> Batch `op` field name, for the operations served
 OPERATIONS = {
@@ -33,12 +33,18 @@ OPERATIONS = {
 }
 #: Batch `op` field name -> its builder, for the operations of other modules
 BUILDERS: dict[str, Builder] = {}
+#: Batch `op` field name -> the request's other TableReference fields the service resolves (when
+#: set) and hands to the builder as keyword arguments (the tables they name)
+EXTRA_SOURCES: dict[str, tuple[str, ...]] = {}
 
 
-def register(method: str, field: str, builder: Builder) -> None:
-    """Serves TableService `method` (Batch op `field`) with `builder`."""
+def register(method: str, field: str, builder: Builder, extra_sources: tuple[str, ...] = ()) -> None:
+    """Serves TableService `method` (Batch op `field`) with `builder`; `extra_sources` names the
+    request's TableReference fields (besides source_id) the builder is given as tables."""
     OPERATIONS[method] = field
     BUILDERS[field] = builder
+    if extra_sources:
+        EXTRA_SOURCES[field] = tuple(extra_sources)
 
 class TableOps:
     """Builds derived tables for TableService requests and keeps session-owned tables alive while held.
@@ -112,12 +118,12 @@ class TableOps:
         return self.engine.unique_name(f"{base}.{op}")
 
     # -- operations -------------------------------------------------------------------------------
-    def build(self, kind: str, req, source: Table) -> Table:
+    def build(self, kind: str, req, source: Table, extras: Optional[dict[str, Table]] = None) -> Table:
         """The derived table for operation `kind` (a Batch op field name) on `source`."""
         make: Optional[Callable[[], Table]] = None
         schema = source.schema
         if kind in BUILDERS:
-            make = BUILDERS[kind](self, req, source)
+            make = BUILDERS[kind](self, req, source, **(extras or {}))
         elif kind == "sort":
             if not req.sorts:
                 raise CallError("Sort: no sort columns", "INVALID_ARGUMENT")

@@ -21,7 +21,7 @@ from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.input_table_service import create_input_table
 from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.sessions import ExportClaim, Session
-from tickwire.server.services.table_ops import OPERATIONS
+from tickwire.server.services.table_ops import EXTRA_SOURCES, OPERATIONS
 
 __all__ = ["TableService"]
 
@@ -75,8 +75,15 @@ class TableService:
             return earlier[i]
         raise CallError("source_id not supplied", "INVALID_ARGUMENT")
 
+    async def _extra_sources(self, kind: str, req, session: Session,
+                             earlier: list[Table] | None = None) -> dict[str, Table]:
+        """The tables an operation's other TableReference fields name (those set), by field."""
+        return {f: await self._source(getattr(req, f), session, earlier)
+                for f in EXTRA_SOURCES.get(kind, ()) if req.HasField(f)}
+
     def _apply_op(self, kind: str, req, source: Table | None, result: ExportClaim | None = None,
-                  step: int | None = None) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
+                  step: int | None = None, extras: dict[str, Table] | None = None
+                  ) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
         """Makes (or, for fetch_table, finds) the table of one operation on `source` and exports
         it under the claimed result ticket, when there is one; otherwise the table is held for
         the running Batch (the caller drops that hold when the batch ends). Runs off the event loop."""
@@ -88,7 +95,7 @@ class TableService:
             if kind in _AS_IS or answers_source(kind, req, source):
                 table = source
             else:
-                table = self.ops.build(kind, req, source)
+                table = self.ops.build(kind, req, source, extras)
         if result is not None:
             export(self.ops, result, table)  # an owned table nobody holds goes at once on failure
         else:
@@ -116,7 +123,8 @@ class TableService:
         with result:  # an error fails the claim: the calls waiting for it hear the same status
             await self.ctx.send_session_header(context, session)
             source = None if kind in SOURCELESS else await self._source(req.source_id, session)
-            resp, _t = await self.ctx.run(self._apply_op, kind, req, source, result)
+            extras = await self._extra_sources(kind, req, session)
+            resp, _t = await self.ctx.run(self._apply_op, kind, req, source, result, None, extras)
             return resp
 
     def _operation(self, kind: str):
@@ -194,7 +202,8 @@ class TableService:
                 which = op.WhichOneof("op")
                 step = getattr(op, which)
                 source = None if which in SOURCELESS else await self._source(step.source_id, session, done)
-                resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i)
+                extras = await self._extra_sources(which, step, session, done)
+                resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i, extras)
                 done.append(table)
                 if i not in results:
                     unexported.append(table)
