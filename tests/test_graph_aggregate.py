@@ -14,9 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from tests import agg_reference
 from tests.scripted import random_update, scripted_table
 from tests.soak import scaled, seeds
-from tests.test_graph_ops import MARKET, Follower, _sort_key, market_rows, same_table
+from tests.test_graph_ops import MARKET, Follower, market_rows, same_table
 from tickwire.server.engine import Engine, OperationError, TableSpec
 from tickwire.server.engine.graph import ROW_KEY, TableUpdate
 from tickwire.server.engine.graph.ops import Agg
@@ -25,192 +26,22 @@ SEEDS = seeds([21, 22, 23, 24], 2)
 CYCLES = scaled(150)
 
 
-# -- the from-scratch reference, in plain Python ---------------------------------------------------
-
-def _num(v):
-    return None if v is None else (int(v) if isinstance(v, bool) else v)
-
-
-def _nonnull(vals):
-    return [v for v in vals if v is not None]
-
-
-def _is_nan(v) -> bool:
-    return isinstance(v, float) and math.isnan(v)
-
-
-def _fsum(vals):
-    """Sum with IEEE rules for NaN and infinities (Python's own float addition)."""
-    total = 0.0
-    for v in vals:
-        total += v
-    return total
-
-
-def ref_value(a: Agg, rows: list[dict], ftype: pa.DataType):
-    vals = [r[a.column] for r in rows] if a.column else None
-    k = a.kind
-    if k == "count":
-        return len(rows)
-    if k == "count_where":  # ALL_KINDS' count_where counts px > 50
-        return sum(1 for r in rows if r["px"] is not None and r["px"] > 50)
-    if k in ("first_row_key", "last_row_key"):
-        return rows[0]["__key"] if k == "first_row_key" else rows[-1]["__key"]
-    if k == "first":
-        return vals[0]
-    if k == "last":
-        return vals[-1]
-    if k == "group":
-        return list(vals)
-    nn = _nonnull(vals)
-    is_float = pa.types.is_floating(ftype)
-    if k in ("sum", "abs_sum"):
-        if not nn:
-            return None
-        xs = [abs(_num(v)) if k == "abs_sum" else _num(v) for v in nn]
-        return _fsum([float(x) for x in xs]) if is_float else int(sum(xs))
-    if k == "avg":
-        return _fsum([float(_num(v)) for v in nn]) / len(nn) if nn else None
-    if k in ("var", "std"):
-        if not nn:
-            return None
-        xs = [float(_num(v)) for v in nn]
-        if any(not math.isfinite(x) for x in xs) or len(xs) < 2:
-            return math.nan
-        m = sum(xs) / len(xs)
-        var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
-        return math.sqrt(var) if k == "std" else var
-    if k in ("weighted_sum", "weighted_avg"):
-        xs = [r[a.column] for r in rows]
-        ws = [r[a.other] for r in rows]
-        pairs = [(x, w) for x, w in zip(xs, ws) if x is not None and w is not None]
-        is_int = not is_float and not pa.types.is_floating(rows_type(a.other))
-        if k == "weighted_sum" and is_int:
-            return int(sum(_num(x) * _num(w) for x, w in pairs)) if pairs else None
-        # a NaN or infinite value (whatever its weight) or weight makes the result NaN
-        if any(x is not None and not math.isfinite(float(_num(x))) for x in xs) or \
-                any(not math.isfinite(float(_num(w))) for _x, w in pairs):
-            return math.nan
-        if not pairs:
-            return None
-        sxw = _fsum([float(_num(x)) * float(_num(w)) for x, w in pairs])
-        if k == "weighted_sum":
-            return sxw
-        with np.errstate(all="ignore"):
-            return float(np.float64(sxw) / np.float64(_fsum([float(_num(w)) for _x, w in pairs])))
-    if k in ("min", "max", "median", "percentile"):
-        if any(_is_nan(v) for v in nn):
-            return math.nan  # a NaN makes the group's value NaN
-        xs = sorted(nn, key=_sort_key)
-        if not xs:
-            return None
-        if k == "min":
-            return xs[0]
-        if k == "max":
-            return xs[-1]
-        p = 0.5 if k == "median" else a.percentile
-        n = len(xs)
-        if a.average_evenly_divided and ftype in (pa.int32(), pa.int64(), pa.float32(), pa.float64()):
-            lo = int(math.floor((n - 1) * p))
-            if n % 2 == 0 and lo == n // 2 - 1:
-                return (float(xs[lo]) + float(xs[lo + 1])) / 2
-            return float(xs[lo])
-        return xs[min(int(math.floor((n - 1) * p + 0.5)), n - 1)]
-    if k in ("count_distinct", "distinct", "unique"):
-        pool = [v for v in vals if not _is_nan(v) and (v is not None or a.include_nulls)]
-        seen: list = []
-        for v in pool:
-            if not any(_same_value(v, s) for s in seen):
-                seen.append(v)
-        seen.sort(key=_sort_key)
-        if k == "count_distinct":
-            return len(seen) or None
-        if k == "distinct":
-            return seen or None
-        return seen[0] if len(seen) == 1 else None
-    if k in ("sorted_first", "sorted_last"):
-        order = sorted(range(len(rows)), key=lambda i: _sort_key(rows[i][a.other]))
-        if k == "sorted_first":
-            return rows[order[0]][a.column]
-        best = _sort_key(rows[order[-1]][a.other])
-        last = max(i for i in range(len(rows)) if _sort_key(rows[i][a.other]) == best)
-        return rows[last][a.column]
-    raise AssertionError(k)
-
-
-def rows_type(name: str) -> pa.DataType:
-    return MARKET.field(name).type
-
-
-def _same_value(x, y) -> bool:
-    if x is None or y is None:
-        return x is None and y is None
-    if _is_nan(x) or _is_nan(y):
-        return _is_nan(x) and _is_nan(y)
-    return x == y
-
-
-def _close(x, y, scale: float) -> bool:
-    if isinstance(x, list) or isinstance(y, list):
-        return isinstance(x, list) and isinstance(y, list) and len(x) == len(y) and \
-            all(_close(a, b, scale) for a, b in zip(x, y))
-    if x is None or y is None:
-        return x is None and y is None
-    if isinstance(x, float) or isinstance(y, float):
-        x, y = float(x), float(y)
-        if math.isnan(x) or math.isnan(y):
-            return math.isnan(x) and math.isnan(y)
-        if math.isinf(x) or math.isinf(y):
-            return x == y
-        return abs(x - y) <= 1e-9 * max(1.0, abs(x), abs(y), scale)
-    return x == y
-
+# -- the from-scratch reference, in plain Python (tests/agg_reference.py) ---------------------------
 
 def reference(parent_rows: list[dict], keys: list[str], aggs: list[Agg]) -> dict:
-    groups: dict = {}
-    for r in parent_rows:
-        groups.setdefault(tuple(_key_norm(r[k]) for k in keys), []).append(r)
-    return {g: {a.out: (ref_value(a, rows, rows_type(a.column) if a.column else pa.int64()) if rows or a.kind in
-                        ("count", "count_where") else _empty_value(a)) for a in aggs} for g, rows in groups.items()}
-
-
-def _empty_value(a: Agg):
-    if a.kind in ("count", "count_where"):
-        return 0
-    if a.kind == "group":
-        return []
-    return None
-
-
-def _key_norm(v):
-    if _is_nan(v):
-        return "NaN"
-    if isinstance(v, float) and v == 0:
-        return 0.0
-    return v
-
-
-def rows_with_keys(table) -> list[dict]:
-    t = table.gather_with_keys(key_column="__key")
-    return t.to_pylist()
+    return agg_reference.reference(parent_rows, keys, aggs, MARKET)
 
 
 def check_agg(node, keys: list[str], aggs: list[Agg]) -> str | None:
-    parent_rows = rows_with_keys(node.parents[0])
-    want = reference(parent_rows, keys, aggs)
-    got_rows = node.gather().to_pylist()
-    got = {tuple(_key_norm(r[k]) for k in keys): r for r in got_rows}
-    if len(got) != len(got_rows):
-        return "two output rows for one group"
-    if set(got) != set(want):
-        return f"groups differ: extra {set(got) - set(want)}, missing {set(want) - set(got)}"
-    scale = max([abs(r[c]) for r in parent_rows for c in ("px", "qty") if isinstance(r[c], (int, float))
-                 and math.isfinite(r[c])] or [1.0]) ** 2 * 64
-    for g, vals in want.items():
-        for name, v in vals.items():
-            if not _close(got[g][name], v, scale):
-                return f"group {g} column {name}: got {got[g][name]!r}, want {v!r}"
-    return None
+    return agg_reference.check_agg(node, keys, aggs, scale_columns=("px", "qty"))
+
+
+def check_agg_preserving(node, keys: list[str], aggs: list[Agg]) -> str | None:
+    """Like check_agg, for a table that keeps groups that emptied (their empty values)."""
+    return agg_reference.check_agg_preserving(node, keys, aggs, scale_columns=("px", "qty"))
+
+
+_close = agg_reference.close
 
 
 ALL_KINDS = [
@@ -294,22 +125,6 @@ def test_aggregations_match_recomputation_every_cycle(seed):
             raise
     changes = sum(f.updates for f in followers)
     assert changes > CYCLES  # the aggregations did change
-
-
-def check_agg_preserving(node, keys, aggs) -> str | None:
-    """Like check_agg, for a table that keeps groups that emptied (their empty values)."""
-    got_rows = node.gather().to_pylist()
-    parent_keys = {tuple(_key_norm(r[k]) for k in keys) for r in rows_with_keys(node.parents[0])}
-    empty = [r for r in got_rows if tuple(_key_norm(r[k]) for k in keys) not in parent_keys]
-    for r in empty:
-        for a in aggs:
-            if not _close(r[a.out], _empty_value(a), 1.0):
-                return f"empty group {r}: {a.out} is {r[a.out]!r}"
-    full = [r for r in got_rows if tuple(_key_norm(r[k]) for k in keys) in parent_keys]
-    want = reference(rows_with_keys(node.parents[0]), keys, aggs)
-    if len(full) != len(want):
-        return f"{len(full)} groups with rows, want {len(want)}"
-    return check_agg(node, keys, aggs) if not empty else None
 
 
 def test_groups_keep_their_rows_and_come_back_where_they_were():
