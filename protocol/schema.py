@@ -70,6 +70,7 @@ __all__ = [
     "sentinels_to_nulls",
     "with_list_values",
     "empty_array",
+    "java_strings",
 ]
 
 DH_TYPE = b"deephaven:type"
@@ -277,6 +278,10 @@ def wire_type_for(t: pa.DataType) -> pa.DataType:
         return pa.float32()
     if _is_any_list(t):
         return pa.list_(pa.field("", wire_type_for(t.value_type), nullable=True))
+    if pa.types.is_map(t) or pa.types.is_union(t) or pa.types.is_null(t):
+        # Java objects (java.util.Map, java.lang.Object) of a table that no longer has its upload's
+        # schema (Deephaven's head, view, ...): sent as their toString()
+        return pa.string()
     if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t)
             or pa.types.is_binary(t) or t == pa.month_day_nano_interval()):
         return t
@@ -439,6 +444,10 @@ def check_wire_schema(schema: pa.Schema, attributes: Optional[Mapping[str, objec
     upload = (attributes or {}).get(BARRAGE_SCHEMA)
     kept = {f.name: f.type for f in upload if keeps_upload_type(f.type)} if isinstance(upload, pa.Schema) else {}
     for f in schema:
+        if kept.get(f.name) != f.type and (pa.types.is_map(f.type) or pa.types.is_union(f.type)
+                                           or pa.types.is_null(f.type)):
+            raise ProtocolError(f"column {f.name!r} has type {f.type}, which cannot be served: only a table "
+                                f"uploaded with it (DoPut) has such a column")
         if kept.get(f.name) == f.type:
             try:
                 deephaven_type_for(f.type)
@@ -814,10 +823,21 @@ def to_wire_array(arr: Union[pa.Array, pa.ChunkedArray], wire_type: Optional[pa.
                 and not t.value_field.metadata:
             return arr
         return _rebuild_list(arr, wire_values)
+    if pa.types.is_list_view(t):
+        # (pyarrow's cast of a list_view to a list gives an offsets buffer one entry short)
+        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+        offsets = np.zeros(len(arr) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        validity = pc.is_valid(arr).buffers()[1] if arr.null_count else None
+        listed = pa.Array.from_buffers(pa.list_(t.value_field), len(arr), [validity, pa.py_buffer(offsets)],
+                                       null_count=arr.null_count, children=[pc.list_flatten(arr)])
+        return to_wire_array(listed)
     if _is_any_list(t):
         return to_wire_array(pc.cast(arr, pa.list_(t.value_field)))
     if target == t:
         return arr
+    if pa.types.is_map(t) or pa.types.is_union(t) or pa.types.is_null(t):
+        return java_strings(arr)
     if pa.types.is_decimal(t):
         return decimal_to_deephaven_binary(arr)
     if pa.types.is_uint64(t):
@@ -825,6 +845,52 @@ def to_wire_array(arr: Union[pa.Array, pa.ChunkedArray], wire_type: Optional[pa.
     if pa.types.is_timestamp(t):
         return pc.cast(arr, pa.timestamp("ns", t.tz)).view(pa.int64()).view(_TS_NS_UTC)
     return pc.cast(arr, target)
+
+
+def java_strings(arr: pa.Array, *, in_container: bool = False) -> pa.Array:
+    """The Java toString() of each value, as Deephaven sends an Object column (utf8): integers and
+    strings as they are, booleans `true`/`false`, integral floats with `.0` (others as Arrow prints
+    them), maps `{k=v, k2=null}`, a union's member value, nulls null (`null` inside a map). Whole-array
+    operations: a cast per member or child, no per-row Python. Raises ProtocolError for values
+    without such a text here (lists, binaries, temporal values inside a map or union)."""
+    t = arr.type
+    n = len(arr)
+    if pa.types.is_null(t):
+        out = pa.nulls(n, pa.string())
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        out = pc.cast(arr, pa.string())
+    elif pa.types.is_boolean(t) or pa.types.is_integer(t):
+        out = pc.cast(arr, pa.string())
+    elif pa.types.is_floating(t):
+        text = pc.cast(arr, pa.string())
+        f = pc.cast(arr, pa.float64())
+        integral = pc.and_(pc.equal(f, pc.floor(f)), pc.less(pc.abs(f), 1e7))
+        out = pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
+    elif pa.types.is_map(t):
+        entries = arr.values
+        keys = java_strings(entries.field(0), in_container=True)
+        items = java_strings(entries.field(1), in_container=True)
+        pairs = pc.binary_join_element_wise(keys, items, "=")
+        validity = arr.buffers()[0] if arr.null_count else None
+        lists = pa.Array.from_buffers(pa.list_(pa.string()), n, [validity, arr.buffers()[1]],
+                                      null_count=arr.null_count, offset=arr.offset, children=[pairs])
+        out = pc.binary_join_element_wise("{", pc.binary_join(lists, ", "), "}", "")
+    elif pa.types.is_union(t):
+        bufs = arr.buffers()  # (pyarrow's type_codes and offsets accessors ignore a slice's offset)
+        codes = pa.Array.from_buffers(pa.int8(), n, [None, bufs[1]], offset=arr.offset)
+        offsets = pa.Array.from_buffers(pa.int32(), n, [None, bufs[2]], offset=arr.offset) \
+            if t.mode == "dense" else None
+        out = pa.nulls(n, pa.string())
+        for i, code in enumerate(t.type_codes):
+            member = java_strings(arr.field(i))
+            if offsets is not None:
+                member = member.take(pc.if_else(pc.equal(codes, code), offsets, 0)) if len(member) else \
+                    pa.nulls(n, pa.string())
+            out = pc.if_else(pc.equal(codes, pa.scalar(code, pa.int8())), member, out)
+        return out
+    else:
+        raise ProtocolError(f"no Java text for {t} values here")
+    return pc.fill_null(out, "null") if in_container else out
 
 
 def to_wire_arrays(data: Union[pa.Table, pa.RecordBatch, Sequence[pa.Array]]) -> list[pa.Array]:

@@ -232,3 +232,23 @@ def test_pydeephaven_hears_a_refusal_at_its_next_call_on_both(ports):
     assert "invalid argument" in heard["tickwire"].lower(), heard
     assert "'LS'" in heard["tickwire"] and "list<item: struct<a: int32>>" in heard["tickwire"], heard
 
+
+
+def test_head_and_tail_send_them_as_deephaven_sends_objects(ports):
+    """A table made from an upload by head or tail no longer has the upload's schema: maps,
+    unions and nulls are sent as their Java toString() (utf8), list_views as lists, lists of
+    them as lists of those; the same as Deephaven, metadata included. (A list inside a map or a
+    union has no reproducible text: Deephaven sends its identity, `[I@44e988ca`; tickwire refuses.)"""
+    names = [n for n, (arr, _dh) in UPLOAD_ONLY.items() if n not in ("MapList", "SparseList")]
+    data = _table(names)
+    got = {}
+    for kind, port in ports.items():
+        session = pydeephaven.Session(host="127.0.0.1", port=port)
+        try:
+            table = session.import_table(data)
+            got[kind] = [answer(table.head(3).to_arrow()), answer(table.tail(2).to_arrow())]
+        finally:
+            session.close()
+    assert got["tickwire"] == got["deephaven"]
+    assert got["deephaven"][0]["Map"] == ("string", "java.util.Map", ["{a=1, b=null}", None, "{}"])
+    assert got["deephaven"][0]["ListView"][0] == "list<: int32>"

@@ -600,3 +600,29 @@ def test_union_map_and_list_view_columns_keep_their_rows_through_overwrites_and_
             assert got.to_pylist() == [expected[k] for k in keys.tolist()]
     column = store.columns[0]
     assert len(column.chunks) <= column.max_chunks
+
+
+def test_tables_without_the_upload_schema_send_java_text_and_lists():
+    """What a table made from an upload by head, tail or view sends for these types (as
+    Deephaven does): utf8 toString() of maps, unions and nulls, lists for list_views."""
+    from tickwire.protocol.schema import to_wire_array, wire_type_for
+
+    want = {
+        "Map": ["{a=1, b=null}", None, "{}"], "MapU8": ["{1=18446744073709551615}", None, "{255=null}"],
+        "Dense": ["1", "x", None], "Sparse": ["1", "y", None], "SparseU8": ["1", "y", "255"],
+        "ListView": [[1, 2], None, [None]], "ListViewListView": [[[1]], None, [None]],
+        "ListMap": [["{a=1}"], None, [None]], "Null": [None, None, None], "ListUnion": [["1"], [], ["y", None]],
+        "MapUnion": ["{a=1}", "{}", "{b=y}"], "UnionUnion": ["x", "b", "3"],
+    }
+    for name, values_ in want.items():
+        arr = UPLOAD_ONLY[name][0]
+        for start in (0, 1):
+            wire = to_wire_array(arr.slice(start))
+            wire.validate(full=True)
+            assert wire.type == wire_type_for(arr.type), name
+            assert wire.to_pylist() == values_[start:], name
+    floats = _sparse([0, 0, 0, 1], [pa.array([1.0, 1.5, -3.0, None]), pa.array(["a", "b", "c", "d"])], ["f", "s"])
+    assert to_wire_array(floats).to_pylist() == ["1.0", "1.5", "-3.0", "d"]
+    from tickwire.errors import ProtocolError
+    with pytest.raises(ProtocolError, match="no Java text"):
+        to_wire_array(UPLOAD_ONLY["MapList"][0])
