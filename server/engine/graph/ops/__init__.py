@@ -22,13 +22,16 @@ the update on demand), so a cycle costs what the change costs even on very large
 from tickwire.server.engine.graph.ops.aggregate import Agg, AggregateTable
 from tickwire.server.engine.graph.ops.base import expression_columns, shifted_rows, unique_name
 from tickwire.server.engine.graph.ops.head_tail import HeadTailTable
+from tickwire.server.engine.graph.ops.head_tail_by import HeadTailByTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
 from tickwire.server.engine.graph.ops.project import ProjectTable
 from tickwire.server.engine.graph.ops.slice_flatten import FlattenTable, SliceTable
 from tickwire.server.engine.graph.ops.sort import SortTable
+from tickwire.server.engine.graph.ops.ungroup import UngroupTable
 from tickwire.server.engine.graph.ops.where import WhereTable
 
 __all__ = ["Agg", "AggregateTable",
-           "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "LastByTable", "SliceTable", "FlattenTable",
+           "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "HeadTailByTable", "LastByTable", "SliceTable",
+           "FlattenTable", "UngroupTable",
            "unique_name",
            "expression_columns", "shifted_rows"]
