@@ -14,7 +14,10 @@ from tickwire.protocol.schema import ipc_encapsulated_schema
 from tickwire.protocol.tickets import ExportTicket
 from tickwire.server.engine import Table
 from tickwire.server.engine.publishing import TableWire
-from tickwire.server.services import aggregations  # noqa: F401  (registers Aggregate, AggregateAll, ...)
+from tickwire.server.services import (
+    aggregations,  # noqa: F401  (registers Aggregate, AggregateAll, ...)
+    group_ops,  # noqa: F401  (registers HeadBy, TailBy, Ungroup)
+)
 from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_sourceless, seek_row
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
