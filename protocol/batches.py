@@ -256,8 +256,8 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         entries = arr.values.slice(first, last - first)
         w.nodes.append((len(entries), entries.null_count))  # (a map's entries are never null)
         _write_validity(w, entries, entries.null_count)
-        for i in range(2):
-            _write_column(w, entries.field(i), dh_nulls)  # (sliced as the entries are)
+        for i in range(2):  # (sliced as the entries are; their nulls always in a validity buffer)
+            _write_column(w, entries.field(i), False)
         return
     if pa.types.is_list_view(t):
         # offsets and sizes of the rows sent, over the whole child (a list_view child has no order)
@@ -274,8 +274,8 @@ def _write_column(w: _BodyWriter, arr: pa.Array, dh_nulls: bool) -> None:
         w.add(_own_values(arr, 1, np.int8))
         if t.mode == "dense":
             w.add(_own_values(arr, 2, "<i4"))
-        for i in range(t.num_fields):
-            _write_column(w, arr.field(i), dh_nulls)
+        for i in range(t.num_fields):  # (their nulls always in a validity buffer)
+            _write_column(w, arr.field(i), False)
         return
     if pa.types.is_null(t):
         w.nodes.append((n, n))
