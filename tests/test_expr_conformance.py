@@ -102,6 +102,7 @@ FILTERS = [
 
 #: Formulas tickwire accepts (Update, with the column X); each must give Deephaven's values and type.
 FORMULAS = [
+    "X = i", "X = ii", "X = k", "X = i * 2 + Id", "X = ii + I64", "X = k % 3 == 0 ? S : null",
     "X = I32 / 2", "X = I8 / 2", "X = I16 / 2", "X = I64 / 2", "X = I32 / 0", "X = I16 / 0", "X = I8 / I8",
     "X = F32 / 2", "X = F32 / F32", "X = F32 / 2.0f", "X = I32 / 2.0f", "X = I64 / F32", "X = F32 / I64",
     "X = F64 / F32", "X = I8 / 2L", "X = F64 / 0",
@@ -177,7 +178,7 @@ REFUSED_FORMULAS = [
     "X = I32 + null", "X = I32 % null", "X = S + I32", "X = I32 % I8", "X = Ts + 1", "X = B && true",
     "X = S == 'AAPL'", "X = Nope", "X = I64 < F32 + 0.0", "X = I32 +", "X = Math.sqrt(F64)", "X = I32 < I16 < I8",
     "X = null", "X = S.length()", "X = S.toUpperCase()", "X = isNull(S) ? null : S.substring(1)", "X = B ? 1 : 2",
-    "X = Id > 5 ? I8 : I16", "X = (int)B", "X = (int)S", "X = (char)I32", "X = i", "X = ii", "X = Math.abs(I32)",
+    "X = Id > 5 ? I8 : I16", "X = (int)B", "X = (int)S", "X = (char)I32", "X = Math.abs(I32)",
     "X = `a` + F64", "X = S.nope()", "X = S.length", "X = Id > 5 ? null : null", "X = Id > 5 ? S : I32",
     "X = isNull(S) ? 0 : S.substring(3, 1).length()", "X = sqrt(S)", "X = min(I32)", "X = now(1)",
     "X = !isNull(S) && S.matches(`(?i)\\Qa\\E.*`)", "X = `a\\tb`",

@@ -190,3 +190,28 @@ def test_structured_filter_and_batch_with_offsets(svc):
     # the export is a table like any other: DoGet it with the same session
     got = s.doget(b"e" + (3).to_bytes(4, "little"), token=token)
     assert _plain(got).equals(want.sort_by([("Sym", "descending")]))
+
+
+def test_row_variables_are_refused_on_a_ticking_table_that_is_not_append_only(svc):
+    """Deephaven's i, ii and k (row position and key) are served on static and append-only tables,
+    whose rows never move (tests/test_expr_conformance.py compares them with Deephaven); a keyed
+    table is refused by name, as Deephaven refuses it."""
+    s = svc
+    req = table_pb2.SelectOrUpdateRequest(column_specs=["X = i"])
+    req.source_id.ticket.ticket = b"s/quotes"
+    req.result_id.ticket = b"e\x07\x00\x00\x00"
+    code, details = s.status(lambda: s.call(TABLE_SERVICE, "Update", req))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "row variables i, ii and k" in details
+    assert user_tables(s.engine) == {"quotes"}
+    s.engine.create(TableSpec("log", "append", SCHEMA))
+    s.engine.write(s.engine.resolve("log"), _rows(np.random.default_rng(1), ["A", "B", "C"]), wait=False)
+    s.engine.run_cycle()
+    req.source_id.ticket.ticket = b"s/log"
+    req.column_specs[:] = ["P = i", "K = k"]
+    assert s.call(TABLE_SERVICE, "Update", req).success
+    derived = next(t for t in s.engine.tables(hidden=True) if ".update" in t.name)
+    s.engine.write(s.engine.resolve("log"), _rows(np.random.default_rng(2), ["D", "E"]), wait=False)
+    s.engine.run_cycle()
+    got = derived.to_arrow()
+    assert got["P"].to_pylist() == [0, 1, 2, 3, 4] and got["K"].to_pylist() == [0, 1, 2, 3, 4]
+    assert got["Sym"].to_pylist() == ["A", "B", "C", "D", "E"]

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from tickwire.server.engine import Engine, OperationError, Table
+from tickwire.server.engine.graph.ops.project import ROW_VARIABLES
 from tickwire.server.services.conditions import conditions_expression
 from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filters
 from tickwire.server.services.rpc import CallError
@@ -156,10 +157,22 @@ class TableOps:
             def make():
                 return source.where(expr, name=self._name(source, "where"))
         elif kind in ("view", "select", "update", "update_view", "lazy_update"):
+            numbered = False  # the formulas read Deephaven's row variables i, ii or k
             try:
                 specs = parse_column_specs(list(req.column_specs), schema, clock=self.engine.clock)
             except ExpressionError as exc:
-                raise CallError(f"{kind}: {exc}", "INVALID_ARGUMENT") from None
+                extra = [f for f in ROW_VARIABLES if f.name not in schema.names]
+                try:
+                    specs = parse_column_specs(list(req.column_specs), pa.schema(list(schema) + extra),
+                                               clock=self.engine.clock)
+                except ExpressionError:
+                    raise CallError(f"{kind}: {exc}", "INVALID_ARGUMENT") from None
+                numbered = True
+                if source.is_refreshing and not (source.attributes.get("AppendOnly")
+                                                 or source.attributes.get("AddOnly")):
+                    raise CallError(f"{kind}: the row variables i, ii and k are served on static and append-only "
+                                    f"tables only ({source.name!r} ticks otherwise), as in Deephaven",
+                                    "INVALID_ARGUMENT") from None
             columns: list = []
             if kind in ("update", "update_view", "lazy_update"):
                 new_names = {name for name, _e, _s in specs}
@@ -175,6 +188,8 @@ class TableOps:
 
             def make():
                 name = self._name(source, kind)
+                if numbered:  # computed once per row, when it arrives: its position never changes
+                    return source.select(columns, name=name, row_variables=True)
                 return source.select(columns, name=name) if stored else source.view(columns, name=name)
         elif kind in ("head", "tail"):
             n = int(req.num_rows)

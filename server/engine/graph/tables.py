@@ -229,9 +229,11 @@ class Table:
         pairs, or a dict; computed columns are evaluated when read."""
         return self._derive("view", name, columns)
 
-    def select(self, columns: ColumnSpecs, name: Optional[str] = None) -> "Table":
-        """Like `view`, with the computed columns stored (computed once per change)."""
-        return self._derive("select", name, columns)
+    def select(self, columns: ColumnSpecs, name: Optional[str] = None, row_variables: bool = False) -> "Table":
+        """Like `view`, with the computed columns stored (computed once per change). With
+        `row_variables`, expressions may read each row's position (fields "i" int32, "ii" int64)
+        and row key ("k"), as Deephaven's formulas do: for static and append-only tables only."""
+        return self._derive("select_numbered" if row_variables else "select", name, columns)
 
     def head(self, n: int, name: Optional[str] = None) -> "Table":
         """The first n rows."""

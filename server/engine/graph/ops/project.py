@@ -28,7 +28,10 @@ from tickwire.server.engine.graph.tables import ColumnSpecs, Rows, Table, regist
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
 
-__all__ = ["ProjectTable"]
+__all__ = ["ProjectTable", "ROW_VARIABLES"]
+
+#: Deephaven's row variables: the row's position (i, ii) and row key (k)
+ROW_VARIABLES = (pa.field("i", pa.int32()), pa.field("ii", pa.int64()), pa.field("k", pa.int64()))
 
 
 class _ViewStore:
@@ -87,16 +90,27 @@ class ProjectTable(_Op):
     columns whose inputs the parent modified."""
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, columns: ColumnSpecs,
-                 materialize: bool = False):
-        specs = self._parse(columns, parent.schema)
+                 materialize: bool = False, row_variables: bool = False):
+        # row_variables: expressions may read the row's position ("i" int32, "ii" int64) and row key
+        # ("k"), Deephaven's formula variables; only for tables whose rows never move (static or
+        # append-only), whose values are computed once, when the row arrives
+        self.row_variables = [f for f in ROW_VARIABLES if f.name not in parent.schema.names] if row_variables else []
+        if self.row_variables and parent.is_refreshing and not (
+                parent.attributes.get("AppendOnly") or parent.attributes.get("AddOnly")):
+            raise OperationError(f"table {name!r}: the row variables i, ii and k need a static or append-only "
+                                 f"table ({parent.name!r} is neither)")
+        pschema = pa.schema(list(parent.schema) + self.row_variables)
+        specs = self._parse(columns, pschema)
         self.sources: dict[str, Optional[str]] = {}
         self.exprs: dict[str, pc.Expression] = {}
         self.inputs: dict[str, list[str]] = {}
         fields = []
-        empty = pa.table({f.name: pa.array([], f.type) for f in parent.schema})
+        empty = pa.table({f.name: pa.array([], f.type) for f in pschema})
         for out, spec in specs:
             if out in self.sources:
                 raise OperationError(f"table {name!r}: column {out!r} is given twice")
+            if isinstance(spec, str) and spec in {f.name for f in self.row_variables}:
+                spec = pc.field(spec)
             if isinstance(spec, str):
                 field = parent.schema.field(column_names(parent.schema, [spec])[0])
                 self.sources[out] = spec
@@ -106,10 +120,10 @@ class ProjectTable(_Op):
                 typ = _evaluate(empty, [spec], [out]).schema.field(0).type
                 self.sources[out] = None
                 self.exprs[out] = spec
-                self.inputs[out] = expression_columns(spec, parent.schema)
+                self.inputs[out] = expression_columns(spec, pschema)
                 fields.append(pa.field(out, typ))
         schema = pa.schema(fields)
-        self.materialize = bool(materialize) and bool(self.exprs)
+        self.materialize = (bool(materialize) or bool(self.row_variables)) and bool(self.exprs)
         self.computed_store: Optional[ColumnStore] = None
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, schema)
@@ -230,7 +244,17 @@ class ProjectTable(_Op):
             return
         names = list(self.exprs)
         inputs = sorted({c for n in names for c in self.inputs[n]})
-        src = self.parent.gather(inputs, keys) if inputs else pa.table({"_": pa.nulls(keys.size)})
+        virtual = {f.name for f in self.row_variables}
+        real = [c for c in inputs if c not in virtual]
+        src = self.parent.gather(real, keys) if real else pa.table({"_": pa.nulls(keys.size)})
+        if virtual & set(inputs):
+            rs = self.parent.rowset
+            pos = keys - rs.first() if rs.is_single_range else np.searchsorted(rs.keys(), keys)
+            made = {"i": pa.array(pos.astype(np.int32)), "ii": pa.array(pos.astype(np.int64)),
+                    "k": pa.array(keys.astype(np.int64))}
+            for f in self.row_variables:
+                if f.name in inputs:
+                    src = src.append_column(f.name, made[f.name])
         got = _evaluate(src, [self.exprs[n] for n in names], names)
         store = self.computed_store
         assert store is not None  # a select stores its computed columns
@@ -298,3 +322,5 @@ class ProjectTable(_Op):
 
 register_operation("view", lambda graph, name, parent, columns: ProjectTable(graph, name, parent, columns, False))
 register_operation("select", lambda graph, name, parent, columns: ProjectTable(graph, name, parent, columns, True))
+register_operation("select_numbered",
+                   lambda graph, name, parent, columns: ProjectTable(graph, name, parent, columns, True, True))
