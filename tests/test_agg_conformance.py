@@ -301,10 +301,10 @@ for _kind in KINDS:
     _spec = KINDS[_kind]("I32")
     for _label, _view in (("all", None), ("numeric", _NUMERIC_VIEW)):
         for _by_name, _by in {"by_G": ["G"], "no_keys": []}.items():
-            def _make_all(s, t, spec=_spec, view=_view, by=_by):
+            def _make_agg_all(s, t, spec=_spec, view=_view, by=_by):
                 src = t["data"] if view is None else t["data"].view(view if by else [c for c in view if c != "G"])
                 return s.table_service.grpc_table_op(src, _AggregateAll(spec, by))
-            _case(f"agg_all-{_kind}-{_label}-{_by_name}", _make_all)
+            _case(f"agg_all-{_kind}-{_label}-{_by_name}", _make_agg_all)
 
 # everything together: each kind on each column Deephaven answers (added by the fixture, see
 # _combined_aggs), by one key, two keys and none
@@ -620,6 +620,8 @@ _NAMES_OF_CASES = list(CASES)
 @pytest.mark.parametrize("source", ["static", "ticking"])
 @pytest.mark.parametrize("case", _NAMES_OF_CASES)
 def test_same_answer_as_deephaven(answers, case, source):
+    if source == "ticking" and case.startswith(("first_row_key", "last_row_key")):
+        pytest.skip("row keys are the source's: the keyed table's differ from the static one's after its removals")
     tw = answers.tw_static if source == "static" else answers.tw_ticking
     difference = _difference(answers.dh[case], tw[case])
     assert difference is None, f"{case} ({source}): {difference}"
