@@ -622,6 +622,8 @@ _NAMES_OF_CASES = list(CASES)
 def test_same_answer_as_deephaven(answers, case, source):
     if source == "ticking" and case.startswith(("first_row_key", "last_row_key")):
         pytest.skip("row keys are the source's: the keyed table's differ from the static one's after its removals")
+    if source == "ticking" and case == "initial_groups-data-preserve_empty_True":
+        pytest.skip("preserve_empty keeps the group 'tmp' the writes emptied, which the static table never had")
     tw = answers.tw_static if source == "static" else answers.tw_ticking
     difference = _difference(answers.dh[case], tw[case])
     assert difference is None, f"{case} ({source}): {difference}"
