@@ -125,7 +125,7 @@ def _keys(names, schema: pa.Schema, what: str) -> list[str]:
     return keys
 
 
-def _combo(req) -> list[Agg]:
+def _combo(req, schema: pa.Schema, keys: list[str]) -> list[Agg]:
     out: list[Agg] = []
     for i, a in enumerate(req.aggregates):
         what = f"ComboAggregate: aggregate {i}"
@@ -135,7 +135,9 @@ def _combo(req) -> list[Agg]:
         if kind == "count":
             out.append(Agg("count", name=_name(a.column_name, what)))
             continue
-        pairs = _pairs(a.match_pairs, what)
+        # as Deephaven: no column pairs means every column that is not a key (nor the weight)
+        pairs = _pairs(a.match_pairs, what) or [(n, n) for n in schema.names
+                                                if n not in keys and n != a.column_name]
         if kind == "weighted_avg":
             out.extend(Agg("weighted_avg", c, o, other=a.column_name) for o, c in pairs)
         elif kind == "percentile":
@@ -173,7 +175,7 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
             aggs = aggs_of_spec(spec, pairs, "AggregateAll")
         elif kind == "combo_aggregate":
             keys = _keys(req.group_by_columns, schema, "ComboAggregate")
-            aggs = _combo(req)
+            aggs = _combo(req, schema, keys)
         else:  # select_distinct
             keys = _keys(req.column_names, schema, "SelectDistinct")
             aggs = []

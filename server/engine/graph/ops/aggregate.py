@@ -420,8 +420,8 @@ def _ordered_values(a: Agg, t: pa.DataType, groups: np.ndarray, gids: np.ndarray
         k = np.floor((cnt - 1) * p + 0.5).astype(np.int64)  # Deephaven's position without averaging
         pick[ug] = order[st + np.minimum(k, cnt - 1)]
         return _nan_where(_take_or_null(col, pick), nan_g)
-    # distinct values per group (NaN is not counted, as in Deephaven)
-    keep = (valid & ~isnan) | (~valid & a.include_nulls)
+    # distinct values per group: as in Deephaven, NaN is a value only when nulls are counted too
+    keep = (valid & (~isnan | a.include_nulls)) | (~valid & a.include_nulls)
     idx = np.flatnonzero(keep)
     nullrank = np.where(valid, 1, 0)
     order = idx[np.lexsort((np.arange(len(col))[idx], w[idx], nullrank[idx], pos[idx]))]
