@@ -64,6 +64,8 @@ def aggs_of_spec(spec, pairs: list[tuple[str, str]], what: str) -> list[Agg]:
         return [Agg("distinct", c, o, include_nulls=spec.distinct.include_nulls) for o, c in pairs]
     if which == "unique":
         u = spec.unique
+        if not u.HasField("non_unique_sentinel"):
+            raise CallError(f"{what}: AggSpecUnique must have field non_unique_sentinel", "INVALID_ARGUMENT")
         return [Agg("unique", c, o, include_nulls=u.include_nulls, non_unique=_sentinel(u)) for o, c in pairs]
     if which == "median":
         return [Agg("median", c, o, average_evenly_divided=spec.median.average_evenly_divided) for o, c in pairs]
@@ -118,7 +120,7 @@ def _name(name: str, what: str) -> str:
 
 
 def _keys(names, schema: pa.Schema, what: str) -> list[str]:
-    keys = [n.strip() for n in names]
+    keys = list(dict.fromkeys(n.strip() for n in names))  # a column named twice is one key, as in Deephaven
     for k in keys:
         if k not in schema.names:
             raise CallError(f"{what}: unknown group-by column {k!r}", "INVALID_ARGUMENT")
@@ -143,8 +145,10 @@ def _combo(req, schema: pa.Schema, keys: list[str]) -> list[Agg]:
         elif kind == "percentile":
             out.extend(Agg("percentile", c, o, percentile=a.percentile, average_evenly_divided=a.avg_median)
                        for o, c in pairs)
-        elif kind == "median":
-            out.extend(Agg("median", c, o, average_evenly_divided=a.avg_median) for o, c in pairs)
+        elif kind == "median":  # as Deephaven: averaged, and avg_median is refused for MEDIAN
+            if a.avg_median:
+                raise CallError(f"{what}: avg_median is specified for type MEDIAN", "INVALID_ARGUMENT")
+            out.extend(Agg("median", c, o, average_evenly_divided=True) for o, c in pairs)
         else:
             out.extend(Agg(kind, c, o) for o, c in pairs)
     return out
@@ -155,11 +159,16 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
         schema = source.schema
         initial: Optional[Table] = None
         preserve = False
+        order: Optional[list[str]] = None  # the output's column order, when not keys first
         if kind == "aggregate":
             keys = _keys(req.group_by_columns, schema, "Aggregate")
+            if not req.aggregations:
+                raise CallError("Aggregate: AggregateRequest must have at least one aggregation", "INVALID_ARGUMENT")
             aggs = aggs_of_request(req, schema, ops.engine.clock)
             preserve = bool(req.preserve_empty)
             if initial_groups_id is not None:
+                if not keys:
+                    raise CallError("Aggregate: initial_groups needs group-by columns", "INVALID_ARGUMENT")
                 initial = initial_groups_id
                 missing = [k for k in keys if k not in initial.schema.names]
                 if missing:
@@ -173,6 +182,8 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
                 skip.add(getattr(spec, which).weight_column)
             pairs = [(n, n) for n in schema.names if n not in skip]
             aggs = aggs_of_spec(spec, pairs, "AggregateAll")
+            if which in ("first", "last"):  # as Deephaven: first_by and last_by keep the source's order
+                order = [n for n in schema.names if n in set(keys) or n not in skip]
         elif kind == "combo_aggregate":
             keys = _keys(req.group_by_columns, schema, "ComboAggregate")
             aggs = _combo(req, schema, keys)
@@ -184,13 +195,24 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
                 if c is not None and c not in schema.names:
                     raise CallError(f"{kind}: unknown column {c!r}", "INVALID_ARGUMENT")
 
+        for a in aggs:
+            if a.kind == "unique" and a.non_unique is not None and a.column in schema.names:
+                try:
+                    pa.scalar(a.non_unique, schema.field(a.column).type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                    raise CallError(f"{kind}: non-unique sentinel {a.non_unique!r} is not a value of column "
+                                    f"{a.column!r} ({schema.field(a.column).type})", "INVALID_ARGUMENT") from None
+
         def make() -> Table:
             groups = None
             if initial is not None:  # the groups it names, read at one cycle boundary, come first
                 groups = initial.to_arrow().select(keys)
                 groups = groups.cast(pa.schema([schema.field(k) for k in keys]))
-            return source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
-                                 initial_groups=groups)
+            table = source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
+                                  initial_groups=groups)
+            if order is not None and order != table.schema.names:
+                table = table.view(order, name=ops.name_for(source, kind + ".columns"))
+            return table
         return make
     return build
 

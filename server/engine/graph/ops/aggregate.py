@@ -73,6 +73,15 @@ _RESCAN = frozenset({"median", "percentile", "count_distinct", "distinct", "uniq
                      "sorted_last", "group"})
 
 
+_VECTORS = {pa.int8(): "Byte", pa.int16(): "Short", pa.int32(): "Int", pa.int64(): "Long", pa.float32(): "Float",
+            pa.float64(): "Double"}
+
+
+def _vector_type(t: pa.DataType) -> bytes:
+    """The Deephaven vector class of a list of `t` (what distinct and group give in Deephaven)."""
+    return f"io.deephaven.vector.{_VECTORS.get(t, 'Object')}Vector".encode()
+
+
 def _is_int(t: pa.DataType) -> bool:
     return bool(pa.types.is_integer(t))
 
@@ -176,7 +185,7 @@ class _Linear:
     def __init__(self, a: Agg, t: pa.DataType, other: Optional[pa.DataType], cap: int):
         self.a = a
         self.rt = result_type(a, t, other)
-        self.exact = a.kind in ("sum", "abs_sum") and (_is_int(t) or pa.types.is_boolean(t)) or \
+        self.exact = a.kind in ("sum", "abs_sum", "avg") and (_is_int(t) or pa.types.is_boolean(t)) or \
             (a.kind == "weighted_sum" and _is_int(t) and other is not None and _is_int(other))
         sp = ["nan", "pinf", "ninf", "nz"]
         names = {"count": ["n"], "count_where": ["n"],
@@ -284,6 +293,9 @@ class _Linear:
             return pa.array(st["n"][groups], pa.int64())
         n = st["n"][groups]
         none = n == 0
+        if self.exact and a.kind == "avg":  # as Deephaven: the exact (wrapping) long sum, divided
+            with np.errstate(all="ignore"):
+                return pa.array(st["s"][groups] / n, pa.float64(), mask=none)
         if self.exact:
             return pa.array(st["s"][groups], pa.int64(), mask=none)
         if a.kind in ("weighted_sum", "weighted_avg"):
@@ -302,7 +314,7 @@ class _Linear:
                 var = (s2 - s * s / nf) / (nf - 1)
                 var = np.where(var < 0, 0.0, var)
                 var = np.where(n > 1, var, np.nan)
-                var = np.where((st["nan"][groups] > 0) | (st["inf"][groups] > 0), np.nan, var)
+                var = np.where((st["nan"][groups] > 0) | (st["inf"][groups] > 0) | ~np.isfinite(var), np.nan, var)
                 out = np.sqrt(var) if a.kind == "std" else var
             return pa.array(out, pa.float64(), mask=none)
         total = self._total(s, st["nan"][groups], st["pinf"][groups], st["ninf"][groups], st["nz"][groups])
@@ -706,9 +718,13 @@ class AggregateTable(_Op):
             t = ps.field(a.column).type if a.column else None
             o = ps.field(a.other).type if a.other else None
             try:
-                fields.append(pa.field(a.out, result_type(a, t, o)))
+                rt = result_type(a, t, o)
             except OperationError as exc:
                 raise OperationError(f"table {name!r}: {exc}") from None
+            if a.kind in ("distinct", "group"):  # Deephaven's aggregations make vectors, not arrays
+                fields.append(pa.field(a.out, rt, metadata={b"deephaven:type": _vector_type(rt.value_type)}))
+            else:
+                fields.append(pa.field(a.out, rt))
         names = [f.name for f in fields]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -1116,6 +1132,14 @@ class AggregateTable(_Op):
                 tbl = pa.table({a.column: allv.take(pa.array(o))})
                 parts.append((rest, _ordered_values(a, t, np.arange(rest.size, dtype=np.int64), pos[o],
                                                     np.zeros(pos.size, dtype=np.int64), tbl)))
+            if a.kind == "distinct" and parts and self.preserve_empty:
+                # a group without rows lists nothing (one whose rows are all null lists null)
+                g0 = np.concatenate([p[0] for p in parts])
+                none = self._count[g0] == 0
+                if none.any():
+                    vals = pa.concat_arrays([p[1] for p in parts])
+                    empty = pa.array([[]] * len(vals), type=rt)
+                    parts = [(g0, pc.if_else(pa.array(none), empty, vals))]
             if not parts:
                 res[a.out] = pa.nulls(0, rt)
             elif len(parts) == 1:
