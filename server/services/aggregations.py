@@ -187,6 +187,8 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
         elif kind == "combo_aggregate":
             keys = _keys(req.group_by_columns, schema, "ComboAggregate")
             aggs = _combo(req, schema, keys)
+            if req.aggregates and all(a.type in (5, 6) and not a.match_pairs for a in req.aggregates):
+                order = list(schema.names)  # FIRST/LAST of every column keep the source's order
         else:  # select_distinct
             keys = _keys(req.column_names, schema, "SelectDistinct")
             aggs = []

@@ -296,8 +296,9 @@ class _Linear:
         if self.exact and a.kind == "avg":  # as Deephaven: the exact (wrapping) long sum, divided
             with np.errstate(all="ignore"):
                 return pa.array(st["s"][groups] / n, pa.float64(), mask=none)
-        if self.exact:
-            return pa.array(st["s"][groups], pa.int64(), mask=none)
+        if self.exact:  # a long equal to Deephaven's null value (-2^63) reads as null there too
+            sums = st["s"][groups]
+            return pa.array(sums, pa.int64(), mask=none | (sums == np.iinfo(np.int64).min))
         if a.kind in ("weighted_sum", "weighted_avg"):
             bad = st["bad"][groups] > 0
             with np.errstate(all="ignore"):
@@ -670,6 +671,13 @@ class _SortedSlabs:
         else:
             k = np.minimum(np.floor((c - 1) * p + 0.5).astype(np.int64), c - 1)
             out = self.vals[off + k]
+        if self.dtype.kind == "f" and groups.size:
+            # equal values are one value in Deephaven, shown as the first one seen: -0.0 or 0.0
+            zero = out == 0
+            if zero.any():
+                first = _seg_search(self.vals, off, off + cnt, np.zeros(groups.size), right=False)
+                sign = np.signbit(self.vals[np.minimum(first, max(self.vals.size - 1, 0))])
+                out = np.where(zero, np.where(sign, -0.0, 0.0), out)
         nan = self.nan[groups] > 0
         return out, empty & ~nan, nan
 
