@@ -19,7 +19,7 @@ import pyarrow as pa
 from tests.test_graph_ops import _sort_key
 from tickwire.server.engine.graph.aggspec import Agg
 
-__all__ = ["KEY", "reference", "ref_value", "empty_value", "key_norm", "close", "same_value", "check_rows",
+__all__ = ["KEY", "reference", "ref_value", "passing", "empty_value", "key_norm", "close", "same_value", "check_rows",
            "check_agg", "check_agg_preserving", "rows_with_keys", "is_nan", "sort_key"]
 
 KEY = "__key"  # the parent row key of each row dict (first_row_key, last_row_key)
@@ -46,23 +46,26 @@ def _fsum(vals):
     return total
 
 
-def _count_where(a: Agg, rows: list[dict], schema: pa.Schema) -> int:
-    """The rows of the group for which count_where's condition holds (null: not counted)."""
+def passing(a: Agg, rows: list[dict], schema: pa.Schema) -> set[int]:
+    """The ids of the row dicts for which count_where's condition holds (null: it does not)."""
     if not rows:
-        return 0
+        return set()
     t = pa.Table.from_pylist([{n: r[n] for n in schema.names} for r in rows], schema=schema)
-    return t.filter(a.where).num_rows
+    hit = t.append_column("__i", pa.array(range(len(rows)), pa.int64())).filter(a.where)["__i"].to_pylist()
+    return {id(rows[i]) for i in hit}
 
 
-def ref_value(a: Agg, rows: list[dict], schema: pa.Schema):
-    """The value of aggregation `a` of the (non-empty) group `rows`, in parent row order."""
+def ref_value(a: Agg, rows: list[dict], schema: pa.Schema, hits: Optional[set[int]] = None):
+    """The value of aggregation `a` of the (non-empty) group `rows`, in parent row order (`hits`:
+    for count_where, `passing` of the parent's rows, else found here)."""
     ftype = schema.field(a.column).type if a.column else pa.int64()
     vals = [r[a.column] for r in rows] if a.column else None
     k = a.kind
     if k == "count":
         return len(rows)
     if k == "count_where":
-        return _count_where(a, rows, schema)
+        hits = passing(a, rows, schema) if hits is None else hits
+        return sum(1 for r in rows if id(r) in hits)
     if k in ("first_row_key", "last_row_key"):
         return rows[0][KEY] if k == "first_row_key" else rows[-1][KEY]
     assert vals is not None, f"{k} needs a column"
@@ -196,7 +199,8 @@ def reference(parent_rows: list[dict], keys: Sequence[str], aggs: Sequence[Agg],
     groups: dict = {}
     for r in parent_rows:
         groups.setdefault(tuple(key_norm(r[k]) for k in keys), []).append(r)
-    return {g: {a.out: ref_value(a, rows, schema) for a in aggs} for g, rows in groups.items()}
+    hits = {a.out: passing(a, parent_rows, schema) for a in aggs if a.kind == "count_where"}  # in one pass
+    return {g: {a.out: ref_value(a, rows, schema, hits.get(a.out)) for a in aggs} for g, rows in groups.items()}
 
 
 def _scale(parent_rows: list[dict], columns: Sequence[str]) -> float:
