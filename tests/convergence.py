@@ -9,6 +9,14 @@ source after every step.
 - `Source` is a `ScriptedTable` fed by a `Traffic`; each cycle it queues `per_cycle` updates
   (producer coalescing) and, after the cycle, records the table's row keys and values at that
   step (the oracle: `history[step]`).
+- `Derived` is a table made from sources (the agg-* configurations: `agg_by` with and without
+  key columns, `preserve_empty`, `where -> agg_by -> sort` chains, every aggregation kind dealt
+  among them), served by name like a source. After each cycle it is recorded as a source is and
+  checked: an aggregation must equal `agg_by` recomputed from scratch on the source's rows at
+  that step (tests/agg_reference.py: groups compared by key, floats within a relative
+  tolerance) and each group must keep its row key for life; a sort must be its parent sorted.
+  A derived table need not change every cycle: a client then holds the message of its last
+  change (`last_change`), and pydeephaven-ticking gets one update per change.
 - Clients: `TickwireView` (tickwire's `BarrageClient`: full or viewport, columns, reverse,
   `set_view` mid-stream), `GrowingView` (a late full subscriber whose snapshot arrives in pieces:
   a consistent subset of the rows until the last piece, then the table), `RecordingView` (for
@@ -16,9 +24,10 @@ source after every step.
   message it applies is recorded and compared with the source at that message's `last_seq`) and
   `TickingView` (pydeephaven-ticking's `listen`, full subscriptions).
 - `Harness` steps the update graph by hand (`graph.run_cycle()`), waits for every view to reach
-  the step (`last_seq == graph.step`; for pydeephaven-ticking, which does not show sequence
-  numbers, one update per cycle) and compares. Any difference raises `Divergence` (an
-  AssertionError) whose message starts `replay: seed=S step=N config=C`.
+  the step (`last_seq == graph.step`, or a derived table's last change; for pydeephaven-ticking,
+  which does not show sequence numbers, one update per cycle, or per change) and compares. Any
+  difference raises `Divergence` (an AssertionError) whose message starts
+  `replay: seed=S step=N config=C`.
 
 The configurations the tests run are in `CONFIGS`; replay one with
 
@@ -28,6 +37,7 @@ Step counts scale with the environment variable TICKWIRE_SOAK (default 1).
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import sys
 import threading
@@ -39,6 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tests import agg_reference
 from tests.interop import close_dh_session
 from tests.scripted import scripted_table
 from tests.soak import scaled, soak_factor
@@ -48,11 +59,12 @@ from tickwire.protocol import barrage
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
+from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.table_update import ROW_KEY
 
-__all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Harness", "TickwireView",
-           "GrowingView", "RecordingView", "TickingView", "CONFIGS", "soak_factor", "scaled", "expected_slice",
-           "compare", "random_shape", "run_config"]
+__all__ = ["SCHEMA", "NAMES", "Divergence", "Shape", "SHAPES", "Traffic", "Source", "Derived", "Harness",
+           "TickwireView", "GrowingView", "RecordingView", "TickingView", "CONFIGS", "soak_factor", "scaled",
+           "expected_slice", "compare", "random_shape", "run_config", "AGG_SCHEMA", "AGGS", "aggregate", "sort_of"]
 
 SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64()), ("d", pa.int32()),
                     ("ts", pa.timestamp("ns", "UTC")), ("f", pa.bool_())])
@@ -117,22 +129,38 @@ SHAPES = {
 
 
 def expected_slice(full: pa.Table, shape: Shape) -> pa.Table:
-    """The rows and columns of `full` (the source at one step, in row-key order) that a client of
+    """The rows and columns of `full` (the table at one step, in row-key order) that a client of
     `shape` holds, in table order. Computed from positions here, not by the server's code."""
-    t = full.select(shape.names)
+    t = full if shape.columns is None else full.select(list(shape.columns))
     pos = shape.positions(full.num_rows)
     return t if pos is None else t.take(pa.array(pos, type=pa.int64()))
 
 
+def _same(x, y) -> bool:
+    """Equal values, NaN equal to NaN (also inside lists)."""
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y))
+    if isinstance(x, float) and isinstance(y, float) and x != x and y != y:
+        return True
+    return bool(x == y) and type(x) is type(y) or (x is None and y is None)
+
+
 def _first_difference(g: pa.Array, e: pa.Array) -> int:
-    nulls = pc.xor(pc.is_null(g), pc.is_null(e))
-    values = pc.fill_null(pc.not_equal(g, e), False)
-    bad = np.flatnonzero(pc.or_(nulls, values).to_numpy(zero_copy_only=False))
-    return int(bad[0]) if bad.size else -1
+    """The first row where `g` and `e` differ (NaN equals NaN), -1 when none."""
+    if pa.types.is_floating(g.type) or pa.types.is_integer(g.type) or pa.types.is_boolean(g.type) or \
+            pa.types.is_string(g.type) or pa.types.is_timestamp(g.type):
+        nulls = pc.xor(pc.is_null(g), pc.is_null(e))
+        values = pc.fill_null(pc.not_equal(g, e), False)
+        if pa.types.is_floating(g.type):
+            values = pc.and_(values, pc.invert(pc.fill_null(pc.and_(pc.is_nan(g), pc.is_nan(e)), False)))
+        bad = np.flatnonzero(pc.or_(nulls, values).to_numpy(zero_copy_only=False))
+        return int(bad[0]) if bad.size else -1
+    return next((i for i, (x, y) in enumerate(zip(g.to_pylist(), e.to_pylist())) if not _same(x, y)), -1)
 
 
 def compare(got: pa.Table, exp: pa.Table) -> Optional[str]:
-    """None when equal, else what differs (columns, row count, or the first differing value)."""
+    """None when equal (NaN equals NaN), else what differs (columns, row count, or the first
+    differing value)."""
     if got.column_names != exp.column_names:
         return f"columns {got.column_names}, expected {exp.column_names}"
     if got.num_rows != exp.num_rows:
@@ -145,21 +173,37 @@ def compare(got: pa.Table, exp: pa.Table) -> Optional[str]:
             return f"column {name!r} has type {g.type}, expected {e.type}"
         if not g.equals(e):
             i = _first_difference(g, e)
-            if i < 0:
-                return f"column {name!r} differs (no single differing row found)"
-            return f"column {name!r} row {i}: {g[i].as_py()!r}, expected {e[i].as_py()!r}"
-    return "tables differ"
+            if i >= 0:
+                return f"column {name!r} row {i}: {g[i].as_py()!r}, expected {e[i].as_py()!r}"
+    return None if got.schema.equals(exp.schema) else f"schema {got.schema}, expected {exp.schema}"
 
 
 # -- random traffic ---------------------------------------------------------------------------------------
 
+def _meta(f: pa.Field, key: str, default: float = 0.0) -> float:
+    return float(f.metadata[key.encode()]) if f.metadata and key.encode() in f.metadata else default
+
+
 def random_values(rng: np.random.Generator, n: int, schema: pa.Schema = SCHEMA) -> pa.Table:
-    """n rows of random values (about 10% nulls) of `schema`."""
+    """n rows of random values (about 10% nulls) of `schema`. A field's metadata may ask for few
+    distinct values (`levels`: integers `low`..`low`+levels-1, or as many strings; group keys)
+    or, for floats, a fraction of `special` values (NaN, infinities, -0.0)."""
     cols = {}
     for f in schema:
         mask = rng.random(n) < 0.1
         t = f.type
-        if pa.types.is_boolean(t):
+        levels = int(_meta(f, "levels"))
+        if levels and pa.types.is_integer(t):
+            arr = pa.array(int(_meta(f, "low")) + rng.integers(0, levels, n), t, mask=mask)
+        elif levels and pa.types.is_string(t):
+            names = pa.array([f"{f.name}{i}" for i in range(levels)], t)
+            arr = pc.if_else(pa.array(mask), pa.nulls(n, t), names.take(pa.array(rng.integers(0, levels, n))))
+        elif pa.types.is_floating(t) and _meta(f, "special"):
+            x = rng.normal(0, 1e3, n)
+            odd = rng.random(n) < _meta(f, "special")
+            x[odd] = rng.choice(np.array([np.nan, np.inf, -np.inf, -0.0, 0.0]), int(odd.sum()))
+            arr = pa.array(x, t, mask=mask)
+        elif pa.types.is_boolean(t):
             arr = pa.array(rng.random(n) < 0.5, t, mask=mask)
         elif pa.types.is_integer(t):
             lim = 10**12 if t.bit_width == 64 else 2**30
@@ -330,7 +374,8 @@ class Source:
                  blink: bool = False, schema: pa.Schema = SCHEMA, **traffic):
         self.name = name
         self.engine = engine
-        self.table = scripted_table(engine, name, schema)
+        # the fields' metadata shapes the random values (random_values), not the table
+        self.table = scripted_table(engine, name, pa.schema([f.remove_metadata() for f in schema]))
         if blink:
             self.table.attributes["BlinkTable"] = True
         self.blink = blink
@@ -362,6 +407,52 @@ class Source:
     def prune(self, keep_from: int) -> None:
         for s in [s for s in self.history if s < keep_from]:
             del self.history[s]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.table.schema
+
+    def last_change(self, step: int) -> int:
+        """The last step at or before `step` that changed the table (a source changes every cycle)."""
+        return step
+
+    def changes_between(self, first: int, last: int) -> int:
+        """How many cycles after step `first` up to step `last` changed the table."""
+        return last - first
+
+
+Check = Callable[[int, np.ndarray, pa.Table], Optional[str]]
+
+
+class Derived(Source):
+    """A table derived from sources (an aggregation, a sort of one, ...), served by name to views
+    as a source is. After each cycle its row keys and values are recorded as a source's, and
+    `check(step, keys, values)` compares them with a recomputation from scratch on the sources'
+    states at that step (a message, or None when right). It need not change every cycle: the
+    steps that changed it (its listener hears them) tell which message a client holds at a step."""
+
+    def __init__(self, table, made_at: int, check: Optional[Check] = None):
+        self.name = table.name
+        self.table = table
+        self.check = check
+        self.history = {}
+        self.changed: list[int] = [made_at]  # its first state (made from the sources at that step), then its changes
+        self.stats: collections.Counter = collections.Counter()  # what the runs went through (for the tests)
+        table.add_listener(lambda _t, _u, step: self.changed.append(step))
+
+    def feed(self, count: Optional[int] = None) -> None:
+        raise TypeError(f"{self.name!r} is derived: it is fed by its sources")
+
+    def record(self, step: int) -> None:
+        self.history[step] = (self.table.rowset.keys(), self.table.gather())
+        self.stats["empty_steps" if self.table.size == 0 else "steps_with_rows"] += 1
+
+    def last_change(self, step: int) -> int:
+        i = bisect.bisect_right(self.changed, step)
+        return self.changed[i - 1] if i else -1
+
+    def changes_between(self, first: int, last: int) -> int:
+        return max(0, bisect.bisect_right(self.changed, last) - max(1, bisect.bisect_right(self.changed, first)))
 
 
 # -- clients ----------------------------------------------------------------------------------------------
@@ -492,9 +583,11 @@ class TickwireView(View):
         self.shape = shape
 
     def _reached(self, step: int) -> bool:
+        """Holds the message of the table's last change at or before `step` (a source's: `step`)."""
         with self._lock:
             snaps = self.snapshots
-        return self.sub.last_seq >= step and snaps >= self.want_snapshots
+        return self.sub.update_count > 0 and self.sub.last_seq >= self.source.last_change(step) and \
+            snaps >= self.want_snapshots
 
     def _wait(self, step: int, timeout: float, pred=None) -> None:
         sub = self.sub
@@ -505,8 +598,10 @@ class TickwireView(View):
     def verify(self, step: int, *, expected_step: Optional[int] = None, timeout: float = WAIT_S) -> None:
         self._wait(step, timeout)
         seq, got, size, held = read_state(self.sub)
-        if seq != step:
-            raise self.fail(step, f"last_seq {seq}, expected {step}")
+        lo = self.source.last_change(step)
+        if not lo <= seq <= step:  # a table that did not change at `step` sent nothing for it
+            raise self.fail(step, f"last_seq {seq}, expected {step}" if lo == step else
+                            f"last_seq {seq}, expected {lo}..{step} (the table's last change was at step {lo})")
         keys, full = self.source.at(step if expected_step is None else expected_step)
         self.compare_state(step, got, size, held, keys, full)
 
@@ -712,20 +807,21 @@ class RecordingView(TickwireView):
         super().close()
 
 
-def ticking_table(update) -> pa.Table:
-    """The whole client-side table after a pydeephaven-ticking update."""
+def ticking_table(update, schema: pa.Schema = SCHEMA) -> pa.Table:
+    """The whole client-side table after a pydeephaven-ticking update (`schema`: the table's)."""
     cur = update.update.current
     names = cur.schema.names if hasattr(cur.schema, "names") else [f.name for f in cur.schema]
     rows = cur.get_row_sequence()
     if rows.empty:  # get_chunk fails on an empty row sequence (IndexError in pydeephaven-ticking 42.7)
-        return pa.table({n: pa.array([], SCHEMA.field(n).type) for n in names})
+        return pa.table({n: pa.array([], schema.field(n).type) for n in names})
     return pa.table({n: cur.get_column_by_name(n, True).get_chunk(rows) for n in names})
 
 
 class TickingView(View):
     """A full subscription of pydeephaven-ticking (Deephaven's C++ Barrage client). It shows no
     sequence numbers: it is at step s once it has applied 1 + (s - s0) updates (a snapshot at the
-    step s0 it subscribed at, then one update per cycle: every cycle changes every source)."""
+    step s0 it subscribed at, then one update per cycle: every cycle changes every source; a
+    derived table, one per cycle that changed it)."""
 
     kind = "pydeephaven-ticking"
 
@@ -742,7 +838,7 @@ class TickingView(View):
         self.handle.start()
 
     def _on_update(self, update) -> None:
-        t = ticking_table(update)
+        t = ticking_table(update, self.source.schema)
         with self.cond:
             self.latest = t
             self.count += 1
@@ -754,7 +850,7 @@ class TickingView(View):
             self.cond.notify_all()
 
     def verify(self, step: int, *, expected_step: Optional[int] = None, timeout: float = WAIT_S) -> None:
-        want = 1 + step - self.start_step
+        want = 1 + self.source.changes_between(self.start_step, step)
         with self.cond:
             ok = self.cond.wait_for(lambda: self.count >= want or self.errors, timeout)
             count, latest, errors = self.count, self.latest, list(self.errors)
@@ -789,6 +885,7 @@ class Harness:
         self.clock = ManualClock(start=1024.0) if tick_s is not None else None
         self.graph = Engine(interval_ms=3_600_000, clock=self.clock)  # never started: the harness runs the cycles
         self.sources: dict[str, Source] = {}
+        self.derived: dict[str, Derived] = {}  # tables made from the sources, checked and recorded after them
         self.views: list[View] = []
         self.server: Optional[TickwireServer] = None
         self.client: Optional[BarrageClient] = None
@@ -807,14 +904,20 @@ class Harness:
         self.sources[name] = src
         return src
 
+    def derive(self, table, check: Optional[Check] = None) -> Derived:
+        """Records (and, with `check`, checks) a table derived from the sources after every cycle,
+        from now on; views of it are made as of a source."""
+        d = Derived(table, self.graph.step, check)
+        self.derived[table.name] = d
+        return d
+
     def warm(self, cycles: int = 3) -> None:
         """Cycles before anyone subscribes."""
         for _ in range(cycles):
             self._cycle()
 
     def start(self) -> "Harness":
-        for src in self.sources.values():
-            src.record(self.graph.step)
+        self._record(self.graph.step)
         self.server = TickwireServer(self.graph, port=0, start_engine=False).start()
         self.client = self.new_client()
         return self
@@ -871,15 +974,23 @@ class Harness:
         for src in self.sources.values():
             src.feed()
         with self.graph.reading():  # a message built in the background meanwhile sees the new time with this cycle
-            if self.clock is not None:
+            if self.clock is not None and self.tick_s is not None:
                 self.clock.advance(self.tick_s)
             self.graph.run_cycle()
             step = self.graph.step
         if self.graph.errors:
             raise self.divergence(step, f"the update graph reported {self.graph.errors[-1]!r}")
+        self._record(step)
+        return step
+
+    def _record(self, step: int) -> None:
         for src in self.sources.values():
             src.record(step)
-        return step
+        for d in self.derived.values():  # after the sources (and parents): the checks recompute from their states
+            d.record(step)
+            what = d.check(step, *d.at(step)) if d.check is not None else None
+            if what is not None:
+                raise self.divergence(step, f"table {d.name!r}: {what}")
 
     def verify(self, step: Optional[int] = None) -> None:
         step = self.graph.step if step is None else step
@@ -888,7 +999,7 @@ class Harness:
             self.checks += 1
         needed = [n for n in (v.oldest_needed() for v in self.views) if n is not None]
         keep = min(needed + [step - 2])
-        for src in self.sources.values():
+        for src in [*self.sources.values(), *self.derived.values()]:
             src.prune(keep)
 
     def step(self) -> int:
@@ -927,8 +1038,9 @@ class Harness:
         kinds = collections.Counter()
         for src in self.sources.values():
             kinds.update(src.traffic.kinds)
+        tables = {d.name: {"changes": len(d.changed) - 1, **d.stats} for d in self.derived.values()}
         return {"config": self.config, "seed": self.seed, "steps": self.steps, "checks": self.checks,
-                "updates": dict(kinds), **self.stats}
+                "updates": dict(kinds), **({"tables": tables} if tables else {}), **self.stats}
 
 
 # -- configurations ---------------------------------------------------------------------------------------
@@ -1159,6 +1271,208 @@ def config_growing(h: Harness, steps: int) -> None:
     h.stats["partial_steps"] += sum(v.partial_steps for v in joiners)
 
 
+# -- aggregations ---------------------------------------------------------------------------------------------
+
+def _field(name: str, t: pa.DataType, **hints: float) -> pa.Field:
+    return pa.field(name, t, metadata={k: str(v) for k, v in hints.items()} or None)
+
+
+# a source whose values repeat (group keys k and g, small integers q and w), with NaN and infinities in x
+AGG_SCHEMA = pa.schema([_field("k", pa.int32(), levels=8), _field("g", pa.string(), levels=6),
+                        _field("q", pa.int64(), levels=41, low=-20), _field("x", pa.float64(), special=0.03),
+                        _field("w", pa.int32(), levels=10), _field("ts", pa.timestamp("ns", "UTC")),
+                        _field("f", pa.bool_())])
+
+# every kind of agg_by over AGG_SCHEMA's columns
+AGGS = [
+    Agg("count", name="N"), Agg("count_where", name="CwX", where=pc.field("x") > pc.scalar(0.0)),  # null, NaN: no
+    Agg("sum", "q", "SumQ"), Agg("sum", "x", "SumX"), Agg("sum", "f", "SumF"), Agg("abs_sum", "x", "AbsX"),
+    Agg("avg", "x", "AvgX"), Agg("avg", "q", "AvgQ"), Agg("var", "x", "VarX"), Agg("std", "q", "StdQ"),
+    Agg("weighted_avg", "x", "WavgX", other="w"), Agg("weighted_sum", "q", "WsumQ", other="w"),
+    Agg("weighted_sum", "x", "WsumX", other="q"),
+    Agg("min", "x", "MinX"), Agg("max", "x", "MaxX"), Agg("min", "g", "MinG"), Agg("max", "ts", "MaxT"),
+    Agg("min", "q", "MinQ"), Agg("max", "w", "MaxW"),
+    Agg("first", "x", "FirstX"), Agg("last", "g", "LastG"), Agg("first", "ts", "FirstT"), Agg("last", "f", "LastF"),
+    Agg("first_row_key", name="FirstKey"), Agg("last_row_key", name="LastKey"),
+    Agg("median", "x", "MedX", average_evenly_divided=True), Agg("median", "q", "MedQ"),
+    Agg("percentile", "x", "P90X", percentile=0.9),
+    Agg("percentile", "q", "P25Q", percentile=0.25, average_evenly_divided=True),
+    Agg("count_distinct", "q", "CdQ"), Agg("count_distinct", "g", "CdG", include_nulls=True),
+    Agg("distinct", "w", "DW"), Agg("unique", "k", "UK"), Agg("unique", "g", "UG", include_nulls=True),
+    Agg("sorted_first", "x", "SfX", other="ts"), Agg("sorted_last", "g", "SlG", other="q"),
+    Agg("group", "w", "GW"),
+]
+AGG_KINDS = frozenset(a.kind for a in AGGS)
+# pydeephaven-ticking 42.7 cannot read a list column holding a null or empty list (get_chunk raises
+# IndexError, against a real Deephaven as well), as distinct and group make: its tables have none
+LIST_KINDS = frozenset({"distinct", "group"})
+
+
+def deal_aggs(rng: np.random.Generator, tables: Sequence[tuple[Sequence[str], bool, Sequence[str]]]) -> list[list[Agg]]:
+    """AGGS dealt at random among tables, each given as (key columns, list-valued kinds allowed,
+    outputs it must have): each aggregation goes to one table that can take it (it reads none of
+    that table's key columns), count to every one, so that every kind runs in each configuration
+    while no table is wider than it needs to be (a message's cost grows with its columns)."""
+    out: list[list[Agg]] = [[] for _ in tables]
+    for a in AGGS:
+        ok = [i for i, (keys, lists, must) in enumerate(tables) if a.column not in keys and a.other not in keys
+              and (lists or a.kind not in LIST_KINDS)]
+        assert ok, f"no table can take {a}"
+        mine = {int(rng.choice(ok))}
+        mine |= {i for i in ok if a.kind == "count" or a.out in tables[i][2]}
+        for i in sorted(mine):
+            out[i].append(a)
+    return out
+
+
+def _agg_check(src: Source, node, keys: Sequence[str], aggs: Sequence[Agg], where: Optional[pc.Expression],
+               stats: collections.Counter) -> Check:
+    """The check of an aggregation of `src` (through `where` when set): its rows are the
+    aggregation of the source's rows at the step, recomputed from scratch (tests/agg_reference.py),
+    and each group keeps the row key it was first given, also after emptying and coming back."""
+    homes: dict = {}
+    present: set = set()
+
+    def check(step: int, row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+        skeys, full = src.at(step)
+        rows = full.append_column(agg_reference.KEY, pa.array(skeys, pa.int64()))
+        if where is not None:
+            rows = rows.filter(where)
+        got = values.to_pylist()
+        now, known = set(), set(homes)
+        for r, rk in zip(got, row_keys.tolist()):
+            g = tuple(agg_reference.key_norm(r[k]) for k in keys)
+            if homes.setdefault(g, rk) != rk:
+                return f"group {g} is at row key {rk}, it was at {homes[g]}"
+            now.add(g)
+        stats["groups_gone"] += len(present - now)
+        stats["groups_back"] += len((now - present) & known)
+        present.clear()
+        present.update(now)
+        stats["max_groups"] = max(stats["max_groups"], len(now))
+        if node.preserve_empty and keys:
+            stats["empty_groups"] += sum(1 for r in got if r.get("N") == 0)
+        return agg_reference.check_rows(got, rows.to_pylist(), keys, aggs, src.schema,
+                                        preserve_empty=node.preserve_empty)
+    return check
+
+
+def _sort_check(parent: Derived, columns: Sequence[str], descending: Sequence[bool]) -> Check:
+    """The check of a sort of a derived table: the parent's rows at the step (checked before it)
+    ordered by `columns` (nulls first, NaN last, as tests/test_graph_ops.py's reference), ties in
+    the parent's row order."""
+    def check(step: int, _row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+        rows = parent.at(step)[1].to_pylist()  # in the parent's row order
+        for c, d in reversed(list(zip(columns, descending))):  # stable, also when reversed
+            rows = sorted(rows, key=lambda r: agg_reference.sort_key(r[c]), reverse=d)
+        got = values.to_pylist()
+        if len(got) != len(rows):
+            return f"{len(got)} rows, the parent has {len(rows)}"
+        for i, (g, w) in enumerate(zip(got, rows)):
+            bad = [c for c in g if not _same(g[c], w[c])]
+            if bad:
+                return f"row {i}: {bad[0]} is {g[bad[0]]!r}, expected {w[bad[0]]!r} (sorted by {list(columns)})"
+        return None
+    return check
+
+
+def aggregate(h: Harness, src: Source, name: str, aggs: Sequence[Agg], keys: Sequence[str], *,
+              parent=None, where: Optional[pc.Expression] = None, preserve_empty: bool = False) -> Derived:
+    """agg_by of `src` (or of `parent`, a where of it by `where`), served as `name`, checked after
+    every cycle against a recomputation from the source's rows."""
+    node = (parent if parent is not None else src.table).agg_by(list(aggs), list(keys), name=name,
+                                                                preserve_empty=preserve_empty)
+    stats: collections.Counter = collections.Counter()
+    d = h.derive(node, _agg_check(src, node, keys, aggs, where, stats))
+    d.stats = stats
+    return d
+
+
+def sort_of(h: Harness, d: Derived, name: str, columns: Sequence[str], descending: Sequence[bool]) -> Derived:
+    return h.derive(d.table.sort(list(columns), list(descending), name=name), _sort_check(d, columns, descending))
+
+
+def columns_of(d: Derived, *names: str) -> tuple[str, ...]:
+    """`names` in the order of `d`'s columns (as a shape lists them)."""
+    return tuple(c for c in d.schema.names if c in names)
+
+
+def _agg_views(h: Harness, d: Derived, shapes: Sequence[Shape], *, ticking: bool = False) -> None:
+    for shape in shapes:
+        h.add(TickwireView(h, d, shape, exact_columns=shape.columns is not None))
+    if ticking:
+        h.add(TickingView(h, d))
+
+
+AGG_SHAPES = {
+    "full": Shape("full"),
+    "header": Shape("header", viewport=((0, 3),)),
+    "footer": Shape("footer", viewport=((0, 2),), reverse=True),
+    "swiss": Shape("swiss", viewport=((0, 0), (3, 5), (9, 30))),
+    "floating": Shape("floating", viewport=((5, 20),)),
+}
+
+
+def config_agg_keyed(h: Harness, steps: int) -> None:
+    """Aggregations of a random-traffic source served by name: every kind by one key column (9
+    groups, null among them), a random selection by two key columns keeping emptied groups
+    (preserve_empty), and one with no key columns; to tickwire full, column-subset and viewport
+    clients and to pydeephaven-ticking. After every cycle each aggregation must equal the
+    aggregation recomputed from scratch on the source's rows, and each client the table."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    h.warm(3)
+    k_aggs, kg_aggs, total_aggs = deal_aggs(h.rng, [(["k"], True, ()), (["k", "g"], False, ()), ([], False, ())])
+    by_k = aggregate(h, src, "by_k", k_aggs, ["k"])
+    by_kg = aggregate(h, src, "by_k_g", kg_aggs, ["k", "g"], preserve_empty=True)
+    total = aggregate(h, src, "total", total_aggs, [])
+    h.start()
+    _agg_views(h, by_k, [AGG_SHAPES["full"], AGG_SHAPES["footer"],
+                         Shape("cols", columns=columns_of(by_k, "k", "SumX", "MedQ", "GW", "DW"))])
+    _agg_views(h, by_kg, [AGG_SHAPES["swiss"],
+                          Shape("cols", viewport=((2, 12),), reverse=True,
+                                columns=columns_of(by_kg, "g", "N", "SumX"))],
+               ticking=True)
+    _agg_views(h, total, [AGG_SHAPES["full"]], ticking=True)
+    h.verify()
+    h.run(steps)
+    h.finish()
+
+
+def config_agg_chain(h: Harness, steps: int) -> None:
+    """Chains through aggregations: where -> agg_by -> sort (descending by the key), agg_by ->
+    sort by aggregated values (rows move as the values change), and where -> agg_by with no keys
+    (its row comes and goes as the where empties and fills: the source's size drifts, to empty
+    and back, every 50 steps); three updates per cycle (producer coalescing). Each aggregation
+    must equal its recomputation from scratch on the source's rows, each sort its parent
+    sorted, each client the table it subscribed to."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=3, target=80)
+    h.warm(3)
+    high = pc.field("q") > pc.scalar(12)
+    w = src.table.where(high, name="s_high")
+    g_aggs, q_aggs, total_aggs = deal_aggs(h.rng, [(["g"], False, ()), (["q"], True, ("AvgX",)), ([], False, ())])
+    by_g = aggregate(h, src, "high_by_g", g_aggs, ["g"], parent=w, where=high)
+    by_g_sorted = sort_of(h, by_g, "high_by_g_sorted", ["g"], [True])
+    by_q = aggregate(h, src, "by_q", q_aggs, ["q"])
+    by_q_sorted = sort_of(h, by_q, "by_q_sorted", ["N", "AvgX"], [True, False])
+    high_total = aggregate(h, src, "high_total", total_aggs, [], parent=w, where=high)
+    h.start()
+    _agg_views(h, by_g_sorted, [AGG_SHAPES["header"]], ticking=True)
+    _agg_views(h, by_q, [AGG_SHAPES["swiss"]])
+    _agg_views(h, by_q_sorted, [AGG_SHAPES["full"], AGG_SHAPES["footer"],
+                                Shape("cols", viewport=((5, 20),), columns=columns_of(by_q_sorted, "q", "N"))])
+    _agg_views(h, high_total, [], ticking=True)
+    h.verify()
+    targets = (80, 0, 10, 250)  # in turn, 50 steps each
+
+    def drift(h: Harness) -> None:
+        if h.steps % 50 == 49:
+            src.traffic.target = targets[(h.steps // 50 + 1) % len(targets)]
+
+    h.before_cycle.append(drift)
+    h.run(steps)
+    h.finish()
+
+
 @dataclass
 class Config:
     name: str
@@ -1177,6 +1491,8 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("interval", config_interval, tick_s=INTERVAL_TICK_S),
     Config("slow-reader", config_slow_reader),
     Config("growing", config_growing),
+    Config("agg-keyed", config_agg_keyed),
+    Config("agg-chain", config_agg_chain),
 ]}
 
 

@@ -2,7 +2,9 @@
 TickwireServer to tickwire's BarrageClient (full, header, floating, footer, reverse floating and
 swiss viewports, column subsets, view changes, producer and subscription coalescing, slow
 readers, snapshots in pieces) and to pydeephaven-ticking; after every step each client must
-hold exactly the expected slice of the source. The harness is tests/convergence.py; a failure
+hold exactly the expected slice of the source. The agg-* configurations serve aggregations of a
+source (and where -> agg_by -> sort chains), which must also equal agg_by recomputed from
+scratch on the source's rows at every step. The harness is tests/convergence.py; a failure
 reads `replay: seed=S step=N config=C`.
 
 `make test` runs each configuration once, for a third of its steps; `make soak` runs every seed
@@ -37,10 +39,14 @@ from tests.convergence import (
     soak_factor,
 )
 from tickwire.server.engine import Engine
+from tickwire.server.engine.graph.aggspec import Agg
+from tickwire.server.engine.graph.ops.aggregate import KINDS as AGGREGATION_KINDS
 
 SMOKE_STEPS = 20
+AGG_KEYED_STEPS = 600  # per seed; `make test` runs a third of it (see _soak_runs)
+AGG_CHAIN_STEPS = 450
 CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
-USES_TICKING = {"ticking", "blink-p1"}  # configurations with pydeephaven-ticking clients
+USES_TICKING = {"ticking", "blink-p1", "agg-keyed", "agg-chain"}  # configurations with pydeephaven-ticking clients
 
 # (config, seeds, steps per seed at TICKWIRE_SOAK=1); with the smoke runs, more than 10,000 steps
 SOAK = [
@@ -54,6 +60,8 @@ SOAK = [
     ("interval", (1, 2), 1450),
     ("growing", (1,), 500),
     ("slow-reader", (1,), 700),
+    ("agg-keyed", (1, 2, 3), AGG_KEYED_STEPS),
+    ("agg-chain", (1, 2, 3), AGG_CHAIN_STEPS),
 ]
 
 
@@ -110,6 +118,17 @@ def test_soak_converges(config, seed, n):
     if config.startswith("shapes") or config == "long-run":
         updates = h.summary()["updates"]
         assert set(updates) == set(KINDS), updates
+    if config.startswith("agg-"):
+        tables = h.summary()["tables"]
+        assert all(t["changes"] >= n // 2 for t in tables.values()), tables
+        assert sum(t.get("groups_gone", 0) for t in tables.values()) > 0, tables  # groups emptied
+        assert sum(t.get("groups_back", 0) for t in tables.values()) > 0, tables  # and came back
+    if config == "agg-keyed":  # preserve_empty kept groups that emptied
+        assert h.summary()["tables"]["by_k_g"]["empty_groups"] > 0
+    if config == "agg-chain":
+        tables = h.summary()["tables"]
+        assert tables["high_total"]["empty_steps"] > 0 and tables["high_total"]["steps_with_rows"] > 0, tables
+        assert any(t["changes"] < h.steps for t in tables.values()), tables  # a table some steps left alone
 
 
 def test_soak_budget_is_at_least_ten_thousand_steps():
@@ -326,3 +345,130 @@ def test_exact_column_subsets_reach_the_server(small):
     served = sorted(s.view.columns for s in h.server.registry.subscriptions)
     assert asked["full_cols"] in served and asked["reverse_floating"] in served
     assert 0 not in asked["full_cols"] + asked["reverse_floating"]
+
+
+# -- the aggregation configurations' own pieces ----------------------------------------------------------------
+
+def test_compare_takes_nan_as_equal_and_finds_differences_in_lists():
+    x = pa.table({"x": [1.0, float("nan"), None], "l": pa.array([[1, None], [], None], pa.list_(pa.int64()))})
+    assert cv.compare(x, x) is None
+    assert cv.compare(x, x.set_column(0, "x", pa.array([1.0, 2.0, None]))) == "column 'x' row 1: nan, expected 2.0"
+    other = pa.array([[1, None], [3], None], pa.list_(pa.int64()))
+    assert cv.compare(x, x.set_column(1, "l", other)) == "column 'l' row 1: [], expected [3]"
+    assert cv.compare(x, x.set_column(1, "l", pa.array([[1, 2], [], None], pa.list_(pa.int64())))) == \
+        "column 'l' row 0: [1, None], expected [1, 2]"
+
+
+def test_random_values_follow_the_fields_hints():
+    t = cv.random_values(np.random.default_rng(3), 4000, cv.AGG_SCHEMA)
+    assert set(t["k"].drop_null().to_pylist()) == set(range(8))
+    assert set(t["g"].drop_null().to_pylist()) == {f"g{i}" for i in range(6)}
+    assert set(t["q"].drop_null().to_pylist()) == set(range(-20, 21))
+    x = t["x"].drop_null().to_numpy()
+    assert np.isnan(x).any() and np.isposinf(x).any() and np.isneginf(x).any()
+    assert t["k"].null_count > 0 and t["g"].null_count > 0
+    src = Source(Engine(interval_ms=3_600_000), "s", np.random.default_rng(1), schema=cv.AGG_SCHEMA)
+    assert all(not f.metadata for f in src.table.schema)  # the hints shape the values, not the table
+
+
+def test_every_aggregation_kind_is_dealt_to_a_table_that_can_take_it():
+    assert cv.AGG_KINDS == set(AGGREGATION_KINDS)
+    tables = [(["k"], True, ()), (["k", "g"], False, ("SumX",)), ([], False, ())]
+    for seed in range(20):
+        dealt = cv.deal_aggs(np.random.default_rng(seed), tables)
+        for (keys, lists, must), aggs in zip(tables, dealt):
+            assert all(a.column not in keys and a.other not in keys for a in aggs)
+            assert lists or not any(a.kind in cv.LIST_KINDS for a in aggs)
+            assert {"N", *must} <= {a.out for a in aggs}
+        assert {a.out for aggs in dealt for a in aggs} == {a.out for a in cv.AGGS}
+
+
+@pytest.fixture()
+def agg_harness():
+    h = Harness("selfcheck-agg", 12)
+    src = h.source("s", schema=cv.AGG_SCHEMA, per_cycle=1, target=60)
+    h.warm(3)
+    try:
+        yield h, src
+    finally:
+        h.close()
+
+
+def test_aggregation_checks_detect_a_wrong_value_a_moved_group_and_a_wrong_order(agg_harness, monkeypatch):
+    h, src = agg_harness
+    aggs = [Agg("count", name="N"), Agg("sum", "x", "SumX"), Agg("median", "q", "MedQ")]
+    by_k = cv.aggregate(h, src, "by_k", aggs, ["k"])
+    by_n = cv.sort_of(h, by_k, "by_k_sorted", ["N"], [True])
+    h.start()
+    h.run(3)  # right
+    assert by_k.table.size > 2
+    real = cv.agg_reference.ref_value
+    monkeypatch.setattr(cv.agg_reference, "ref_value", lambda a, *rest: real(a, *rest) + (a.kind == "count"))
+    with pytest.raises(Divergence, match=_replay(h, h.graph.step + 1)) as err:
+        h.step()
+    assert "table 'by_k'" in str(err.value) and "column N: got" in str(err.value)
+    monkeypatch.setattr(cv.agg_reference, "ref_value", real)
+
+    def corrupted(d, change):
+        real_record = d.record
+
+        def record(step):
+            real_record(step)
+            d.history[step] = change(*d.history[step])
+        monkeypatch.setattr(d, "record", record)
+
+    corrupted(by_n, lambda keys, values: (keys, values.take(pa.array(np.arange(values.num_rows)[::-1]))))
+    with pytest.raises(Divergence, match=_replay(h, h.graph.step + 1)) as err:
+        h.step()
+    assert "table 'by_k_sorted'" in str(err.value) and "row 0" in str(err.value)
+    monkeypatch.undo()
+    corrupted(by_k, lambda keys, values: (keys[::-1].copy(), values))  # the groups swap row keys
+    with pytest.raises(Divergence, match=_replay(h, h.graph.step + 1)) as err:
+        h.step()
+    assert "table 'by_k'" in str(err.value) and "is at row key" in str(err.value)
+
+
+def _unchanging(h: Harness, src: Source) -> cv.Derived:
+    """A keyless aggregation of a where that no row passes: no rows, no change after it is made."""
+    never = pc.field("q") > pc.scalar(1000)
+    return cv.aggregate(h, src, "none", [Agg("count", name="N"), Agg("sum", "x", "SumX")], [],
+                        parent=src.table.where(never, name="never"), where=never)
+
+
+def test_views_of_a_table_that_does_not_change_hold_its_last_message(agg_harness):
+    """A derived table need not change every cycle; a client then holds the message of its last
+    change (here its snapshot), and the harness must not wait for a message for every step."""
+    h, src = agg_harness
+    none = _unchanging(h, src)
+    busy = cv.aggregate(h, src, "by_g", [Agg("count", name="N")], ["g"])
+    h.start()
+    made = h.graph.step
+    views = [h.add(TickwireView(h, d, cv.AGG_SHAPES[s])) for d in (none, busy) for s in ("full", "footer")]
+    h.verify()
+    h.run(5)
+    step = h.graph.step
+    assert none.changes_between(made, step) == 0 and none.last_change(step) == made
+    assert busy.changes_between(made, step) > 0
+    assert all(v.sub.last_seq == made for v in views[:2])
+    assert all(v.sub.last_seq == busy.last_change(step) for v in views[2:])
+    # were the table's last change at this step, the client that has no message for it would be behind
+    none.changed.append(step)
+    with pytest.raises(Divergence, match=_replay(h, step)) as err:
+        views[0].verify(step, timeout=0.3)
+    assert "did not reach step" in str(err.value)
+
+
+@pytest.mark.interop
+def test_ticking_views_of_a_derived_table_count_its_changes(agg_harness):
+    h, src = agg_harness
+    none = _unchanging(h, src)
+    busy = cv.aggregate(h, src, "by_g", [Agg("count", name="N"), Agg("max", "ts", "MaxT")], ["g"])
+    h.start()
+    ticking = [h.add(TickingView(h, d)) for d in (none, busy)]
+    h.verify()
+    h.run(4)
+    step = h.graph.step
+    assert ticking[0].count == 1 and ticking[1].count == 1 + busy.changes_between(ticking[1].start_step, step) > 1
+    none.changed.append(step)  # one more change than the client was sent
+    with pytest.raises(Divergence, match="did not reach step"):
+        ticking[0].verify(step, timeout=0.3)
