@@ -186,10 +186,11 @@ def key_norm(v):
 
 
 def empty_value(a: Agg):
-    """The value of `a` for a group without rows (kept by preserve_empty)."""
+    """The value of `a` for a group without rows (kept by preserve_empty): as in Deephaven, counts
+    are 0, group and distinct list nothing, the others are null."""
     if a.kind in ("count", "count_where"):
         return 0
-    if a.kind == "group":
+    if a.kind in ("group", "distinct"):
         return []
     return None
 
