@@ -210,11 +210,8 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
             if initial is not None:  # the groups it names, read at one cycle boundary, come first
                 groups = initial.to_arrow().select(keys)
                 groups = groups.cast(pa.schema([schema.field(k) for k in keys]))
-            table = source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
-                                  initial_groups=groups)
-            if order is not None and order != table.schema.names:
-                table = table.view(order, name=ops.name_for(source, kind + ".columns"))
-            return table
+            return source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
+                                 initial_groups=groups, column_order=order)
         return make
     return build
 

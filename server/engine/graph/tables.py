@@ -248,12 +248,13 @@ class Table:
         return self._derive("last_by", name, keys)
 
     def agg_by(self, aggs: Sequence[Agg], by: Union[str, Sequence[str]] = (), name: Optional[str] = None,
-               preserve_empty: bool = False, initial_groups: Optional[pa.Table] = None) -> "Table":
+               preserve_empty: bool = False, initial_groups: Optional[pa.Table] = None,
+               column_order: Optional[Sequence[str]] = None) -> "Table":
         """One row per distinct value of `by` (for no `by`, one row while the table has rows) with
         the aggregations `aggs` (`Agg("sum", "Qty", "Total")`, ...) of its rows, as Deephaven's
         agg_by answers: groups in the order they were first seen, each keeping its row."""
         return self._derive("agg_by", name, list(aggs), [by] if isinstance(by, str) else list(by),
-                            preserve_empty, initial_groups)
+                            preserve_empty, initial_groups, column_order)
 
     def agg_all_by(self, kind: str, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
         """Aggregation `kind` ("sum", "avg", "min", "max", "first", "last", "median", "std", "var",

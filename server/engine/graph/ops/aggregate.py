@@ -690,7 +690,7 @@ class AggregateTable(_Op):
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, aggs: Sequence[Agg],
                  keys: Sequence[str] = (), preserve_empty: bool = False,
-                 initial_groups: Optional[pa.Table] = None):
+                 initial_groups: Optional[pa.Table] = None, column_order: Optional[Sequence[str]] = None):
         keys = [keys] if isinstance(keys, str) else list(keys)
         ps = parent.schema
         for k in keys:
@@ -737,6 +737,11 @@ class AggregateTable(_Op):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise OperationError(f"table {name!r}: output column {dup[0]!r} is produced twice")
+        if column_order is not None:  # the output's columns in this order (default: keys first)
+            if sorted(column_order) != sorted(names):
+                raise OperationError(f"table {name!r}: column order {list(column_order)} does not name "
+                                     f"the output columns {names}")
+            fields = [fields[names.index(n)] for n in column_order]
         self.keys = keys
         self.inputs = inputs
         self.preserve_empty = bool(preserve_empty)
