@@ -131,8 +131,11 @@ def ref_value(a: Agg, rows: list[dict], schema: pa.Schema, hits: Optional[set[in
         return xs[min(int(math.floor((n - 1) * p + 0.5)), n - 1)]
     if k in ("count_distinct", "distinct", "unique"):
         firsts: dict = {}  # equal values (0.0 and -0.0 too) are one distinct value, the first seen
-        for v in vals:
-            if not is_nan(v) and (v is not None or a.include_nulls):
+        for v in vals:  # NaN is a value only when nulls are counted too, as in Deephaven
+            if v is None or is_nan(v):
+                if a.include_nulls:
+                    firsts.setdefault("NaN" if v is not None else None, v)
+            else:
                 firsts.setdefault(v, v)
         seen = sorted(firsts.values(), key=_sort_key)
         if k == "count_distinct":

@@ -58,7 +58,8 @@ ALL_KINDS = [
     Agg("percentile", "px", "P90", percentile=0.9),
     Agg("percentile", "qty", "P25", percentile=0.25, average_evenly_divided=True),
     Agg("count_distinct", "qty", "CdQ"), Agg("count_distinct", "sym", "CdS", include_nulls=True),
-    Agg("distinct", "qty", "DQ"), Agg("unique", "k", "UK"), Agg("unique", "sym", "US", include_nulls=True),
+    Agg("distinct", "qty", "DQ"), Agg("distinct", "px", "DP", include_nulls=True), Agg("unique", "k", "UK"),
+    Agg("unique", "sym", "US", include_nulls=True), Agg("count_distinct", "px", "CdP", include_nulls=True),
     Agg("sorted_first", "px", "SfP", other="ts"), Agg("sorted_last", "sym", "SlS", other="qty"),
     Agg("group", "qty", "GQ"),
 ]
