@@ -200,7 +200,8 @@ class UngroupTable(_Op):
     def _sizes_of(self, pkeys: np.ndarray) -> np.ndarray:
         """How many rows each parent row gives (Deephaven's rules, see the module docstring)."""
         if pkeys.size == 0:
-            return _EMPTY.copy()
+            none: np.ndarray = _EMPTY.copy()
+            return none
         vals = self.parent.gather(self.columns, pkeys)
         sizes: Optional[np.ndarray] = None
         for c in self.columns:
