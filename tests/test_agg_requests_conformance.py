@@ -8,8 +8,6 @@ import math
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
-
 from .interop.dh_server import deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
@@ -54,25 +52,11 @@ class _Aggregate:
 
 @pytest.fixture(scope="module")
 def sessions(deephaven_server):
-    from pydeephaven import Session
+    from .interop import Beside
 
-    from tests.interop import close_dh_session
-    from tickwire.server.app import TickwireServer
-
-    engine = Engine(interval_ms=50)
-    engine.create(TableSpec("data", "static", data=DATA))
-    engine.create(TableSpec("groups", "static", data=GROUPS))
-    tw = TickwireServer(engine, port=0).start()
-    dh_s = Session(host="127.0.0.1", port=deephaven_server.port)
-    tw_s = Session(host="127.0.0.1", port=tw.port)
-    try:
-        yield ((dh_s, dh_s.import_table(DATA), dh_s.import_table(GROUPS)),
-               (tw_s, tw_s.open_table("data"), tw_s.open_table("groups")))
-    finally:
-        close_dh_session(dh_s)
-        close_dh_session(tw_s)
-        tw.stop()
-        engine.stop()
+    with Beside(deephaven_server.port, {"data": DATA, "groups": GROUPS}) as both:
+        (dh_t, tw_t), (dh_g, tw_g) = both.pair("data"), both.pair("groups")
+        yield (both.dh, dh_t, dh_g), (both.tw, tw_t, tw_g)
 
 
 def _answer(session, table, op):

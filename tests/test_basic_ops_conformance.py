@@ -13,8 +13,6 @@ import math
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
-
 from .interop.dh_server import deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
@@ -42,25 +40,11 @@ DATA = pa.table({
 
 @pytest.fixture(scope="module")
 def servers(deephaven_server):
-    from pydeephaven import Session
+    from .interop import Beside
 
-    from tickwire.server.app import TickwireServer
-
-    engine = Engine(interval_ms=50)
-    engine.create(TableSpec("data", "static", data=DATA))
-    tw = TickwireServer(engine, port=0).start()
-    dh_session = Session(host="127.0.0.1", port=deephaven_server.port)
-    tw_session = Session(host="127.0.0.1", port=tw.port)
-    try:
-        yield (dh_session, dh_session.import_table(DATA)), (tw_session, tw_session.open_table("data"))
-    finally:
-        for s in (dh_session, tw_session):
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 (closing both sessions whatever the first did)
-                pass
-        tw.stop()
-        engine.stop()
+    with Beside(deephaven_server.port, {"data": DATA}) as both:
+        dh_t, tw_t = both.pair("data")
+        yield (both.dh, dh_t), (both.tw, tw_t)
 
 
 def _plain(t: pa.Table) -> pa.Table:

@@ -18,8 +18,6 @@ import math
 import pyarrow as pa
 import pytest
 
-from tickwire.server.engine import Engine, TableSpec
-
 from .interop.dh_server import deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
@@ -188,26 +186,10 @@ REFUSED_FORMULAS = [
 
 @pytest.fixture(scope="module")
 def servers(deephaven_server):
-    from pydeephaven import Session
+    from .interop import Beside
 
-    from tickwire.server.app import TickwireServer
-
-    dh = deephaven_server
-    engine = Engine(interval_ms=50)
-    engine.create(TableSpec("data", "static", data=DATA))
-    tw = TickwireServer(engine, port=0).start()
-    dh_session = Session(host="127.0.0.1", port=dh.port)
-    tw_session = Session(host="127.0.0.1", port=tw.port)
-    try:
-        yield dh_session.import_table(DATA), tw_session.open_table("data")
-    finally:
-        for s in (dh_session, tw_session):
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 (closing both sessions whatever the first did)
-                pass
-        tw.stop()
-        engine.stop()
+    with Beside(deephaven_server.port, {"data": DATA}) as both:
+        yield both.pair("data")
 
 
 def _run(table, op: str, form: str):

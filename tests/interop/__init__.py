@@ -14,3 +14,36 @@ def close_dh_session(session) -> None:
         session.is_connected = False
         if session.grpc_channel is not None:
             session.grpc_channel.close()
+
+
+class Beside:
+    """A tickwire server with static tables, beside a running Deephaven, and a pydeephaven session on
+    each: `dh` and `tw` (sessions), `engine`, and `pair(name)`, the same table opened on both (uploaded
+    to Deephaven, named on tickwire). Used as a context manager, it closes everything it opened."""
+
+    def __init__(self, dh_port: int, tables: dict, interval_ms: float = 50):
+        from pydeephaven import Session
+
+        from tickwire.server.app import TickwireServer
+        from tickwire.server.engine import Engine, TableSpec
+
+        self.tables = dict(tables)
+        self.engine = Engine(interval_ms=interval_ms)
+        for name, data in self.tables.items():
+            self.engine.create(TableSpec(name, "static", data=data))
+        self.server = TickwireServer(self.engine, port=0).start()
+        self.dh = Session(host="127.0.0.1", port=dh_port)
+        self.tw = Session(host="127.0.0.1", port=self.server.port)
+
+    def pair(self, name: str):
+        """(Deephaven's table, tickwire's table) of the same data."""
+        return self.dh.import_table(self.tables[name]), self.tw.open_table(name)
+
+    def __enter__(self) -> "Beside":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        close_dh_session(self.dh)
+        close_dh_session(self.tw)
+        self.server.stop()
+        self.engine.stop()
