@@ -118,7 +118,6 @@ class HeadTailByTable(_Op):
             self._cycle(TableUpdate(added=parent.rowset))
             self._rs = None
             self._update = None
-            self._moves = None
 
     # -- reading --------------------------------------------------------------------------------
     def _parent_keys(self, keys: np.ndarray) -> np.ndarray:
@@ -319,7 +318,7 @@ class HeadTailByTable(_Op):
         added = a_okey[~a_keep]
         mv = old_k != new_k
         shifted = RowSetShiftData()
-        moves = None
+        moves: Optional[tuple[np.ndarray, np.ndarray]] = None
         if mv.any():
             # runs of rows moving by one amount, never across a group or a row that stays
             d = new_k - old_k
