@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.flight as fl
 import pytest
 
+from tests.harness import until
 from tickwire.clients.client import BarrageClient, ClientError, Subscription, Update
 
 from .interop.dh_server import DH_CYCLE_MS, DH_PSK, assigned_names, deephaven_server_available
@@ -370,7 +371,9 @@ def live(dh, session, client):
 def test_tables_lists_the_servers_tables(client, session):
     names = client.tables()
     assert {"static_types", "big_static", "forever"} <= set(names)
-    assert sorted(names) == sorted(session.tables)
+    # pydeephaven fills session.tables from a ListFields stream in the background: it may not have
+    # heard of every table yet when the test starts
+    assert until(lambda: sorted(session.tables) == sorted(names)), (sorted(names), sorted(session.tables))
 
 
 def test_snapshot_of_every_type_equals_the_servers(types_expected):
