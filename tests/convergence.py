@@ -1439,10 +1439,11 @@ def config_agg_keyed(h: Harness, steps: int) -> None:
 
 
 def config_agg_chain(h: Harness, steps: int) -> None:
-    """Chains through aggregations: where -> agg_by -> sort (descending by the key), agg_by ->
-    sort by aggregated values (rows move as the values change), and where -> agg_by with no keys
-    (its row comes and goes as the where empties and fills: the source's size drifts, to empty
-    and back, every 50 steps); three updates per cycle (producer coalescing). Each aggregation
+    """Chains through aggregations: where -> agg_by -> sort (descending by the key), agg_by
+    keeping emptied groups (with the list-valued kinds) -> sort by aggregated values (rows move
+    as the values change), and where -> agg_by with no keys (its row comes and goes as the where
+    empties and fills: the source's size drifts, to empty and back, every 50 steps); three
+    updates per cycle (producer coalescing). Each aggregation
     must equal its recomputation from scratch on the source's rows, each sort its parent
     sorted, each client the table it subscribed to."""
     src = h.source("s", schema=AGG_SCHEMA, per_cycle=3, target=80)
@@ -1452,7 +1453,7 @@ def config_agg_chain(h: Harness, steps: int) -> None:
     g_aggs, q_aggs, total_aggs = deal_aggs(h.rng, [(["g"], False, ()), (["q"], True, ("AvgX",)), ([], False, ())])
     by_g = aggregate(h, src, "high_by_g", g_aggs, ["g"], parent=w, where=high)
     by_g_sorted = sort_of(h, by_g, "high_by_g_sorted", ["g"], [True])
-    by_q = aggregate(h, src, "by_q", q_aggs, ["q"])
+    by_q = aggregate(h, src, "by_q", q_aggs, ["q"], preserve_empty=True)
     by_q_sorted = sort_of(h, by_q, "by_q_sorted", ["N", "AvgX"], [True, False])
     high_total = aggregate(h, src, "high_total", total_aggs, [], parent=w, where=high)
     h.start()

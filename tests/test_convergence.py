@@ -43,8 +43,8 @@ from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.ops.aggregate import KINDS as AGGREGATION_KINDS
 
 SMOKE_STEPS = 20
-AGG_KEYED_STEPS = 600  # per seed; `make test` runs a third of it (see _soak_runs)
-AGG_CHAIN_STEPS = 450
+AGG_KEYED_STEPS = 540  # per seed; `make test` runs a third of it (see _soak_runs)
+AGG_CHAIN_STEPS = 420
 CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
 USES_TICKING = {"ticking", "blink-p1", "agg-keyed", "agg-chain"}  # configurations with pydeephaven-ticking clients
 
