@@ -17,7 +17,7 @@ polynomial over their bytes), for the keyed tables' hash index.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +25,9 @@ import pyarrow.compute as pc
 
 from tickwire.protocol.difference import _as_array, _validity, equal_mask
 from tickwire.protocol.schema import empty_array, numpy_storage_dtype
-from tickwire.server.engine.graph.keyindex import Verifier, mix
+from tickwire.server.engine.graph.keyindex import KeyIndex, Verifier, mix
 
-__all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier"]
+__all__ = ["ColumnStore", "equal_mask", "hash_columns", "check_hashable", "key_verifier", "groups_of"]
 
 #: where a write goes: an int64 array of slots, or a slice of contiguous slots
 _Slots = Union[np.ndarray, slice]
@@ -389,6 +389,32 @@ def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.A
             ok &= equal_mask(stored.column(j), col.take(take))
         return ok
     return verify
+
+
+def groups_of(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], values: pa.Table,
+              make: Callable[[pa.Table], np.ndarray]) -> np.ndarray:
+    """The group of each row of `values` (its columns `keys`), found in `index` (key hash -> group,
+    the groups' key values in `store` under `keys`). Keys not seen before become groups, one per
+    distinct key in the order of their first rows: `make(key_rows)` makes them (writing their key
+    values to `store`) and returns their ids."""
+    cols = [values.column(k).combine_chunks() for k in keys]
+    # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
+    h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+    same = key_verifier(store, keys, cols)
+    gids, _ = index.lookup(h, same)
+    missing = np.flatnonzero(gids < 0)
+    if missing.size:
+        sub = values.select(list(keys)).take(pa.array(missing)).append_column(
+            "__i", pa.array(np.arange(missing.size, dtype=np.int64)))
+        firsts = np.sort(sub.group_by(list(keys), use_threads=False).aggregate([("__i", "min")])
+                         .column("__i_min").to_numpy())
+        rows = missing[firsts]
+        new = make(values.select(list(keys)).take(pa.array(rows)))
+        index.insert(h[rows], new)
+        again, _ = index.lookup(h[missing], lambda qi, g: same(missing[qi], g))
+        gids[missing] = again
+    out: np.ndarray = gids
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from tickwire.server.engine.errors import OperationError, UnknownColumnError
 from tickwire.server.engine.graph.arrays import unique
-from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, hash_columns, key_verifier
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
@@ -178,22 +178,12 @@ class HeadTailByTable(_Op):
         if not self.keys or n == 0:
             gids = np.zeros(n, dtype=np.int64)
             return gids
-        cols = [values.column(k).combine_chunks() for k in self.keys]
-        h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
-        same = key_verifier(self._group_keys, self.keys, cols)
-        gids, _ = self._groups.lookup(h, same)
-        missing = np.flatnonzero(gids < 0)
-        if missing.size:
-            sub = values.select(self.keys).take(pa.array(missing)).append_column(
-                "__i", pa.array(np.arange(missing.size, dtype=np.int64)))
-            firsts = np.sort(sub.group_by(self.keys, use_threads=False).aggregate([("__i", "min")])
-                             .column("__i_min").to_numpy())
-            rows = missing[firsts]
-            new = self._new_groups(rows.size)
-            self._group_keys.write(new, values.select(self.keys).take(pa.array(rows)))
-            self._groups.insert(h[rows], new)
-            again, _ = self._groups.lookup(h[missing], lambda qi, g: same(missing[qi], g))
-            gids[missing] = again
+
+        def make(key_vals: pa.Table) -> np.ndarray:
+            new = self._new_groups(key_vals.num_rows)
+            self._group_keys.write(new, key_vals)
+            return new
+        gids = groups_of(self._groups, self._group_keys, self.keys, values, make)
         return gids
 
     def _shown(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
-from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, hash_columns, key_verifier
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
@@ -93,28 +93,15 @@ class LastByTable(_Op):
         if n == 0:
             empty: np.ndarray = _EMPTY.copy()
             return empty
-        cols = [values.column(k).combine_chunks() for k in self.keys]
-        # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
-        h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
 
-        same = key_verifier(self._group_keys, self.keys, cols)
-        gids, _ = self._groups.lookup(h, same)
-        missing = np.flatnonzero(gids < 0)
-        if missing.size:
-            # one new group per distinct new key (its first row stands for it)
-            sub = values.select(self.keys).take(pa.array(missing)).append_column(
-                "__i", pa.array(np.arange(missing.size, dtype=np.int64)))
-            firsts = np.sort(sub.group_by(self.keys, use_threads=False).aggregate([("__i", "min")])
-                             .column("__i_min").to_numpy())
-            rows = missing[firsts]
-            new = np.arange(self._ngroups, self._ngroups + rows.size, dtype=np.int64)
-            self._ngroups += rows.size
+        def make(key_vals: pa.Table) -> np.ndarray:
+            new = np.arange(self._ngroups, self._ngroups + key_vals.num_rows, dtype=np.int64)
+            self._ngroups += key_vals.num_rows
             self._grow(self._ngroups)
             self._group_keys.ensure(self._ngroups)
-            self._group_keys.write(new, values.select(self.keys).take(pa.array(rows)))
-            self._groups.insert(h[rows], new)
-            again, _ = self._groups.lookup(h[missing], lambda qi, g: same(missing[qi], g))
-            gids[missing] = again
+            self._group_keys.write(new, key_vals)
+            return new
+        gids: np.ndarray = groups_of(self._groups, self._group_keys, self.keys, values, make)
         return gids
 
     def _new_reps(self, groups: np.ndarray) -> None:
