@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from tickwire.server.engine import OperationError, Table, TableSpec
 from tickwire.server.engine.publishing import TableWire
 from tickwire.server.engine.synthetic import empty_table, time_table
-from tickwire.server.services.dh_expr import ExpressionError, _instant_nanos
+from tickwire.server.services.dh_expr import ExpressionError, parse_instant
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
 
@@ -182,12 +182,12 @@ def _time_table_args(req) -> tuple[int, Optional[int], bool]:
         raise CallError(f"periodNanos must be >= 0 (found: {period})", "FAILED_PRECONDITION")
     start: Optional[int]
     if req.WhichOneof("start_time") == "start_time_string":
+        # as Deephaven's DateTimeUtils.parseInstant reads it ('2023-01-01T11:00 ET', ISO, epoch numbers);
+        # the one text it reads as null (the minimum long) means "now", as there
         try:
-            start = _instant_nanos(req.start_time_string.strip())
+            start = parse_instant(req.start_time_string)
         except ExpressionError as exc:
             raise CallError(f"TimeTable: {exc}", "INVALID_ARGUMENT") from None
-        if start is None:
-            raise CallError(f"TimeTable: cannot parse instant {req.start_time_string!r}", "INVALID_ARGUMENT")
     else:  # as Deephaven: zero or negative nanoseconds mean "now"
         start = int(req.start_time_nanos) if req.start_time_nanos > 0 else None
     return period, start, bool(req.blink_table)

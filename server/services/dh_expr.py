@@ -61,9 +61,12 @@ MAX_DEPTH levels of nesting.
 """
 from __future__ import annotations
 
+import calendar
 import datetime as _dt
+import functools
 import math
 import re
+import zoneinfo
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
 
@@ -76,7 +79,7 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.schema import sentinel_for
 
 __all__ = ["ExpressionError", "parse_filter", "parse_filters", "parse_column_spec", "parse_column_specs",
-           "compare_operands", "string_method", "java_regex",
+           "parse_instant", "java_zone", "compare_operands", "string_method", "java_regex",
            "MAX_LENGTH", "MAX_DEPTH", "MAX_NODES"]
 
 MAX_LENGTH = 8192
@@ -142,8 +145,22 @@ class _Node:
 _EQ_OPS = ("==", "=", "!=")
 #: casts: Java's primitive type name -> the Arrow type
 _CAST_TYPES = {"byte": pa.int8(), "short": pa.int16(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(),
-               "double": pa.float64(), "String": pa.string()}
-_CASTS = (*_CAST_TYPES, "char", "boolean", "Boolean", "Integer", "Long", "Double", "Float", "Short", "Byte")
+               "double": pa.float64(), "char": pa.uint16(), "String": pa.string(), "Instant": pa.timestamp("ns", "UTC")}
+#: casts written with the class's full name
+_QUALIFIED_CASTS = {"java.lang.String": "String", "java.time.Instant": "Instant"}
+_CASTS = (*_CAST_TYPES, *_QUALIFIED_CASTS, "boolean", "Boolean", "Integer", "Long", "Double", "Float", "Short", "Byte")
+#: Deephaven's time constants (io.deephaven.time.DateTimeUtils, imported into every formula): long
+#: nanoseconds, and their reciprocals as doubles; a column of the same name hides one
+TIME_CONSTANTS = {
+    "MICRO": (1_000, pa.int64()), "MILLI": (1_000_000, pa.int64()), "SECOND": (1_000_000_000, pa.int64()),
+    "MINUTE": (60 * 10 ** 9, pa.int64()), "HOUR": (3600 * 10 ** 9, pa.int64()), "DAY": (86_400 * 10 ** 9, pa.int64()),
+    "WEEK": (7 * 86_400 * 10 ** 9, pa.int64()), "YEAR_365": (365 * 86_400 * 10 ** 9, pa.int64()),
+    "YEAR_AVG": (31_556_952_000_000_000, pa.int64()),
+    "SECONDS_PER_NANO": (1.0 / 1e9, pa.float64()), "MINUTES_PER_NANO": (1.0 / 60e9, pa.float64()),
+    "HOURS_PER_NANO": (1.0 / 3600e9, pa.float64()), "DAYS_PER_NANO": (1.0 / 86_400e9, pa.float64()),
+    "YEARS_PER_NANO_365": (1.0 / float(365 * 86_400 * 10 ** 9), pa.float64()),
+    "YEARS_PER_NANO_AVG": (1.0 / 31_556_952_000_000_000.0, pa.float64()),
+}
 _FUNCTIONS = ("isNull", "isNaN", "isInf", "isFinite", "abs", "sqrt", "floor", "ceil", "min", "max", "now", "today")
 #: String methods: name -> number of arguments
 _METHODS = {"length": 0, "toUpperCase": 0, "toLowerCase": 0, "trim": 0, "isEmpty": 0, "contains": 1,
@@ -233,12 +250,10 @@ class _Parser:
     def unary(self) -> _Node:
         t = self.take_op("-", "!")
         if t is None:
-            toks = self.toks
-            if self.tok.kind == "op" and self.tok.text == "(" and toks[self.i + 1].kind == "name" \
-                    and toks[self.i + 1].text in _CASTS and toks[self.i + 2].kind == "op" \
-                    and toks[self.i + 2].text == ")":
-                pos, target = self.tok.pos, toks[self.i + 1].text
-                self.i += 3
+            cast = self.cast_ahead()
+            if cast is not None:
+                pos, (target, width) = self.tok.pos, cast
+                self.i += width
                 self.depth += 1
                 if self.depth > MAX_DEPTH:
                     raise ExpressionError(f"expression nested too deeply (more than {MAX_DEPTH} levels) at "
@@ -261,6 +276,19 @@ class _Parser:
                 and not isinstance(operand.value, (str, bool)) and operand.op == "number":
             return self._negated_literal(operand, t.pos)
         return self.node("neg" if t.text == "-" else "not", t.pos, args=(operand,))
+
+    def cast_ahead(self) -> Optional[tuple[str, int]]:
+        """(the type, the number of tokens) of a cast `(type)` or `(java.time.Instant)` starting here."""
+        toks, i = self.toks, self.i
+        if not (toks[i].kind == "op" and toks[i].text == "(" and toks[i + 1].kind == "name"):
+            return None
+        j, name = i + 2, toks[i + 1].text
+        while toks[j].kind == "op" and toks[j].text == "." and toks[j + 1].kind == "name":
+            name += "." + toks[j + 1].text
+            j += 2
+        if toks[j].kind == "op" and toks[j].text == ")" and name in _CASTS:
+            return _QUALIFIED_CASTS.get(name, name), j + 1 - i
+        return None
 
     def _negated_literal(self, lit: _Node, pos: int) -> _Node:
         v = -lit.value
@@ -371,13 +399,17 @@ def _number(t: _Tok, text: str):
 
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _FLOATS = (pa.float32(), pa.float64())
-_RANK = {pa.int8(): 0, pa.int16(): 1, pa.int32(): 2, pa.int64(): 3, pa.float32(): 4, pa.float64(): 5}
+#: Java's char (Deephaven's char columns travel as uint16, 0xFFFF being its null): a number that
+#: arithmetic promotes to int, as short is
+_CHAR = pa.uint16()
+_RANK = {pa.int8(): 0, pa.int16(): 1, pa.int32(): 2, pa.int64(): 3, pa.float32(): 4, pa.float64(): 5, _CHAR: 1}
+_TS = pa.timestamp("ns", "UTC")
 
 
 def _kind(t) -> str:
     if t == "null":
         return "null"
-    if t in _INTS or t in _FLOATS:
+    if t in _INTS or t in _FLOATS or t == _CHAR:
         return "num"
     if pa.types.is_boolean(t):
         return "bool"
@@ -431,29 +463,179 @@ def _ts_nanos(v: _Val):
     return e.cast(pa.int64())
 
 
-_INSTANT = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
-                      r"(Z| UTC|[+-]\d{2}:\d{2})$")
+# -- instants, as Deephaven's DateTimeUtils.parseInstant reads them -----------------------------------
+
+#: Deephaven 42.7's time-zone aliases (its default timezone.aliases file), read before Java's zone ids
+TIME_ZONE_ALIASES = {"ET": "America/New_York", "CT": "America/Chicago", "MT": "America/Denver",
+                     "PT": "America/Los_Angeles", "HK": "Asia/Hong_Kong", "JP": "Asia/Tokyo", "LON": "Europe/London"}
+#: names the local time-zone database has that Deephaven's Java (17) refuses as zone ids
+_NOT_JAVA_ZONES = frozenset({"EST", "MST", "HST", "ROC", "Factory", "localtime", "posixrules", "America/Coyhaique"})
+_JAVA_REGION = re.compile(r"[A-Za-z][A-Za-z0-9~/._+-]+")
+#: Java's ZoneOffset.of forms by length: +h, +hh, +hhmm, +hh:mm, +hhmmss, +hh:mm:ss
+_OFFSET_FORMS = {2: re.compile(r"([0-9])"), 3: re.compile(r"([0-9]{2})"), 5: re.compile(r"([0-9]{2})([0-9]{2})"),
+                 6: re.compile(r"([0-9]{2}):([0-9]{2})"), 7: re.compile(r"([0-9]{2})([0-9]{2})([0-9]{2})"),
+                 9: re.compile(r"([0-9]{2}):([0-9]{2}):([0-9]{2})")}
+#: Deephaven converts an instant to long nanoseconds only below this epoch second (DateTimeUtils.epochNanos)
+_MAX_EPOCH_SECOND = (2 ** 63 - 1) // 10 ** 9
+#: the first instant (epoch nanoseconds) a Deephaven column cannot hold
+INSTANT_LIMIT = _MAX_EPOCH_SECOND * 10 ** 9
+_MICROTIME_THRESHOLD = 9_309_341_000_000  # Deephaven's bound between epoch micros and nanos (seconds, millis below)
+_EPOCH_NUMBER = re.compile(r"-?[0-9]{1,19}")
+# java.time's ISO zoned date-time (strict: two-digit fields, no day 30 of February, no hour 24)
+_ISO_ZONED = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{0,9}))?)?"
+                        r"([Zz]|[+-][0-9]{2}(?::[0-9]{2}(?::[0-9]{2})?)?)(?:\[([^\]]*)\])?")
+# Deephaven's "<date> <zone>" (midnight) and permissive local date-time before " <zone>" (one- or two-digit
+# fields; a day past the month's end is its last day, 24:00 the next midnight)
+_DATE_ZONE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[tT]? ([a-zA-Z_/]+)")
+_LOCAL_DATE_TIME = re.compile(r"([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})[Tt]([0-9]{1,2}):([0-9]{1,2})"
+                              r"(?::([0-9]{1,2})(?:\.([0-9]{0,9}))?)?")
+_UTC = _dt.timezone.utc
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_UTC)
+
+
+class _NotAnInstant(ExpressionError):
+    """The text is not an instant at all (as opposed to an instant out of range)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _zone_names() -> frozenset:
+    try:
+        return frozenset(zoneinfo.available_timezones()) - _NOT_JAVA_ZONES
+    except (OSError, ValueError):  # no time-zone database on this machine: region names are refused
+        return frozenset()
+
+
+def _zone_offset(text: str) -> Optional[int]:
+    """Seconds east of UTC of a Java ZoneOffset id (+h, +hh, +hhmm, +hh:mm, +hhmmss, +hh:mm:ss, at most
+    18 hours), or None."""
+    form = _OFFSET_FORMS.get(len(text))
+    m = form.fullmatch(text, 1) if form is not None and text[:1] in ("+", "-") else None
+    if m is None:
+        return None
+    h, mi, s = (int(g) for g in (*m.groups(), "0", "0")[:3])
+    if h > 18 or mi > 59 or s > 59 or (h == 18 and (mi or s)):
+        return None
+    total = h * 3600 + mi * 60 + s
+    return -total if text[0] == "-" else total
+
+
+def java_zone(name: str, aliases: bool = True) -> Optional[_dt.tzinfo]:
+    """The time zone `name` names as Deephaven's DateTimeUtils.parseTimeZone reads it (its aliases
+    ET, CT, MT, PT, HK, JP, LON first, then Java's ZoneId.of: offsets such as +05:30, UTC, GMT and UT
+    with or without an offset, region ids such as America/New_York, case-sensitive), or None.
+    Without `aliases`, as java.time reads a zone id in brackets."""
+    if aliases:
+        if len(name) <= 1:
+            return None
+        name = TIME_ZONE_ALIASES.get(name, name)
+    if name == "Z":
+        return _UTC
+    if name[:1] in ("+", "-") and name:
+        off = _zone_offset(name)
+        return None if off is None else _dt.timezone(_dt.timedelta(seconds=off))
+    for prefix in ("UTC", "GMT", "UT"):
+        if name.startswith(prefix):
+            rest = name[len(prefix):]
+            if not rest:
+                return _UTC
+            if rest[0] in "+-":
+                off = _zone_offset(rest)
+                return None if off is None else _dt.timezone(_dt.timedelta(seconds=off))
+            break
+    if not _JAVA_REGION.fullmatch(name) or name not in _zone_names():
+        return None
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+        return None
+
+
+def _wrap64(n: int) -> int:
+    return (n + 2 ** 63) % 2 ** 64 - 2 ** 63
+
+
+def _zoned_nanos(text: str, fields, zone: _dt.tzinfo, smart: bool) -> int:
+    """Epoch nanoseconds of a local date-time (year, month, day, hour, minute, second, fraction
+    digits) in `zone`. A local time a daylight-saving change skips is moved later by the gap, one it
+    repeats takes the earlier offset (as java.time's atZone does). `smart`: java.time's SMART
+    resolving (a day past the month's end is the month's last day, 24:00 the next midnight)."""
+    y, mo, d, h, mi, s = (int(x or 0) for x in fields[:6])
+    nanos = int((fields[6] or "").ljust(9, "0") or 0)
+    next_day = False
+    try:
+        if smart:
+            if not (1 <= mo <= 12 and 1 <= d <= 31):
+                raise ValueError("month or day out of range")
+            d = min(d, calendar.monthrange(y, mo)[1])
+            if h == 24 and mi == 0 and s == 0 and nanos == 0:
+                h, next_day = 0, True
+        date = _dt.date(y, mo, d) + _dt.timedelta(days=1 if next_day else 0)
+        local = _dt.datetime.combine(date, _dt.time(h, mi, s), tzinfo=zone)
+        delta = local - _EPOCH
+    except (ValueError, OverflowError, calendar.IllegalMonthError) as exc:
+        raise _NotAnInstant(f"cannot parse instant {text!r} ({exc})") from None
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + nanos
+
+
+def parse_instant(text: str) -> Optional[int]:
+    """Epoch nanoseconds of an instant written as Deephaven's DateTimeUtils.parseInstant reads it
+    (TimeTable's start time, instant literals of formulas):
+
+    - java.time's ISO form: ``2023-01-01T11:00Z``, ``...:00.5+01:00``, ``...+01``, ``...-05:00[America/New_York]``;
+    - a local date-time and a zone after one space, with one- or two-digit fields:
+      ``2023-01-01T11:00 ET``, ``2023-2-1T11:00:34.001 PT``, ``... America/New_York``, ``... +05:30``,
+      ``... UTC``; a date and a zone, ``2023-01-01 ET``, is its midnight there;
+    - an integer, epoch seconds, milliseconds, microseconds or nanoseconds by its size (as Deephaven
+      guesses the unit; the minimum long is null, so None).
+
+    Anything else raises ExpressionError naming the text; so does an instant outside the range of
+    long nanoseconds."""
+    if _EPOCH_NUMBER.fullmatch(text):
+        n = int(text)
+        if not -(2 ** 63) <= n < 2 ** 63:
+            raise _NotAnInstant(f"cannot parse instant {text!r} (too large for a long)")
+        size = abs(n)
+        scale = 1 if size > 1000 * _MICROTIME_THRESHOLD else 1000 if size > _MICROTIME_THRESHOLD \
+            else 10 ** 6 if size > _MICROTIME_THRESHOLD // 1000 else 10 ** 9
+        nanos = _wrap64(n * scale)  # Deephaven multiplies in long arithmetic
+        return None if nanos == -(2 ** 63) else nanos
+    m = _ISO_ZONED.fullmatch(text)
+    if m is not None:
+        offset, bracket = m.group(8), m.group(9)
+        seconds = 0 if offset in ("Z", "z") else _zone_offset(offset if len(offset) > 3 else offset + ":00")
+        if seconds is None or (bracket is not None and java_zone(bracket, aliases=False) is None):
+            raise _NotAnInstant(f"cannot parse instant {text!r} (bad offset or zone)")
+        nanos = _zoned_nanos(text, m.groups()[:7], _dt.timezone(_dt.timedelta(seconds=seconds)), smart=False)
+    else:
+        m = _DATE_ZONE.fullmatch(text)
+        if m is not None:
+            fields: tuple = (*m.groups()[:3], 0, 0, 0, None)
+            zone_name = m.group(4)
+        else:
+            space = text.find(" ")
+            local = _LOCAL_DATE_TIME.fullmatch(text[:space]) if space > 0 else None
+            if local is None:
+                raise _NotAnInstant(f"cannot parse instant {text!r} (expected an ISO-8601 instant such as "
+                                    "2023-01-01T11:00:00Z, a local date-time and a time zone such as "
+                                    "2023-01-01T11:00 ET, or epoch seconds, millis, micros or nanos)")
+            fields, zone_name = local.groups(), text[space + 1:]
+        zone = java_zone(zone_name)
+        if zone is None:
+            raise _NotAnInstant(f"cannot parse instant {text!r}: no time zone {zone_name!r}")
+        nanos = _zoned_nanos(text, fields, zone, smart=True)
+    # Deephaven's instants are long nanoseconds, and the minimum long is its null
+    if not -(2 ** 63) < nanos < 2 ** 63:
+        raise ExpressionError(f"instant {text!r} is out of range (1677-09-21 to 2262-04-11)")
+    return nanos
 
 
 def _instant_nanos(s: str) -> Optional[int]:
-    m = _INSTANT.match(s)
-    if m is None:
-        return None
-    date, hh, mm, ss, frac, zone = m.groups()
+    """parse_instant's nanoseconds, or None when `s` is not an instant (or is Deephaven's null
+    instant); an instant out of range raises ExpressionError."""
     try:
-        base = _dt.datetime.fromisoformat(f"{date}T{hh}:{mm}:{ss or '00'}").replace(tzinfo=_dt.timezone.utc)
-    except ValueError:
+        return parse_instant(s)
+    except _NotAnInstant:
         return None
-    offset = 0
-    if zone not in ("Z", " UTC"):
-        sign = 1 if zone[0] == "+" else -1
-        offset = sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
-    seconds = int((base - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)).total_seconds()) - offset
-    nanos = seconds * 1_000_000_000 + int((frac or "0").ljust(9, "0"))
-    # Deephaven's instants are long nanoseconds, and the minimum long is its null
-    if not -(2 ** 63) < nanos < 2 ** 63:
-        raise ExpressionError(f"instant '{s}' is out of range (1677-09-21 to 2262-04-11)")
-    return nanos
 
 
 def _raw(v: _Val, t) -> Any:
@@ -619,6 +801,9 @@ class _Builder:
         if name not in self.schema.names and name == "Math":
             self.fail(node, "Math.* functions are not supported (Deephaven 42.7 refuses them too; "
                             "abs, sqrt, floor, ceil, min and max are)")
+        if name not in self.schema.names and name in TIME_CONSTANTS:
+            value, vt = TIME_CONSTANTS[name]
+            return _Val(pc.scalar(pa.scalar(value, vt)), vt, lit=value, is_lit=True, nonnull=True)
         if name not in self.schema.names:
             raise ExpressionError(f"unknown column {name!r} at position {node.pos} in {self.text!r} "
                                   f"(columns: {', '.join(self.schema.names)})")
@@ -635,12 +820,18 @@ class _Builder:
             return self.column(node)
         if k == "lit":
             if node.vtype == "sq":
+                if len(node.value) <= 1:  # Java's char literal, as in Deephaven
+                    code = ord(node.value) if node.value else -1
+                    if not 0 <= code < 0xFFFF or node.value == "\\":
+                        self.fail(node, f"'{node.value}' is not a char literal this server reads (a character of "
+                                        "the Basic Multilingual Plane other than \\ and \\uFFFF, Deephaven's "
+                                        "null char)")
+                    return _Val(pc.scalar(pa.scalar(code, _CHAR)), _CHAR, lit=code, is_lit=True, nonnull=True)
                 nanos = _instant_nanos(node.value)
                 if nanos is None:
                     self.fail(node, f"'{node.value}' is not an instant (write strings in backticks; instants as "
-                                    "'2023-11-14T22:20:00Z')")
-                return _Val(pc.scalar(pa.scalar(nanos, pa.timestamp("ns", "UTC"))), pa.timestamp("ns", "UTC"),
-                            lit=nanos, is_lit=True, nonnull=True)
+                                    "'2023-11-14T22:20:00Z' or '2023-11-14T17:20 ET')")
+                return _Val(pc.scalar(pa.scalar(nanos, _TS)), _TS, lit=nanos, is_lit=True, nonnull=True)
             if node.vtype == "null":
                 return _Val(pc.scalar(None), "null", is_lit=True)
             if node.vtype == pa.string() and "\\" in node.value and node.op != "value":
@@ -661,7 +852,7 @@ class _Builder:
             return _Val(pc.invert(a.expr), pa.bool_(), pred=True)
         if k == "neg":
             a = self.build(node.args[0])
-            if _kind(a.type) != "num" or a.type in (pa.int8(), pa.int16()):
+            if _kind(a.type) != "num" or a.type in (pa.int8(), pa.int16(), _CHAR):
                 self.fail(node, f"unary minus is not supported on {a.type}")
             return _Val(pc.negate(a.expr), a.type)
         if k == "bin":
@@ -760,7 +951,7 @@ class _Builder:
                         pred=all(v.pred or (v.is_lit and v.type == pa.bool_()) for v in (a, b)),
                         nonnull=a.nonnull and b.nonnull)
         if ka == kb == "num":
-            if a.type in (pa.int8(), pa.int16()) and b.type in (pa.int8(), pa.int16()):
+            if a.type in (pa.int8(), pa.int16(), _CHAR) and b.type in (pa.int8(), pa.int16(), _CHAR):
                 self.fail(node, f"'?:' of {a.type} and {b.type} is not supported (Deephaven refuses it)")
             t = _promote(a.type, b.type)
             return _Val(_null_sentinel(pc.if_else(cond, _raw(a, t), _raw(b, t)), t), t)
@@ -773,9 +964,11 @@ class _Builder:
         t = _CAST_TYPES.get(target)
         if t is None:
             self.fail(node, f"the cast ({target}) is not supported")
-        if t == pa.string():
-            if _kind(a.type) != "str":
-                self.fail(node, f"(String) of {a.type} is not supported")
+        if a.type == "null":  # Deephaven reads (int)null, (String)null, (Instant)null as a null of the type
+            return _Val(pc.scalar(pa.scalar(None, t)), t)
+        if t == pa.string() or t == _TS:
+            if _kind(a.type) != _kind(t):
+                self.fail(node, f"({target}) of {a.type} is not supported")
             return a
         if _kind(a.type) != "num":
             self.fail(node, f"({target}) of {'null' if a.type == 'null' else a.type} is not supported")
@@ -833,7 +1026,7 @@ class _Builder:
             return _Val(_null_sentinel(fn(_as(a, pa.float64())), pa.float64()), pa.float64())
         # min / max of two values: nulls are skipped, NaN wins, the first wins a tie (so 0.0 vs -0.0)
         b = vals[1]
-        t = _promote(a.type, b.type)
+        t = _CHAR if a.type == b.type == _CHAR else _promote(a.type, b.type)  # min of two chars is a char
         ea, eb = _as(a, t), _as(b, t)
         better = (pc.less if name == "min" else pc.greater)(eb, ea)
         out = pc.if_else(pc.coalesce(better, pc.scalar(False)), eb, ea)
@@ -913,6 +1106,8 @@ class _Builder:
         return self.raising(out, pc.is_null(s), f"NullPointerException: {name}() of a null string")
 
     def arithmetic(self, node: _Node, op: str, a: _Val, b: _Val) -> _Val:
+        if "ts" in (_kind(a.type), _kind(b.type)):
+            return self.instant_arithmetic(node, op, a, b)
         for side in (a, b):
             if _kind(side.type) != "num":
                 what = "null" if side.type == "null" else str(side.type)
@@ -928,6 +1123,43 @@ class _Builder:
                 self.fail(node, "integer remainder by zero")
         fn = {"+": pc.add, "-": pc.subtract, "*": pc.multiply, "%": pc.remainder}[op]
         return _Val(_null_sentinel(fn(_as(a, t), _as(b, t)), t), t)
+
+
+    def instant_arithmetic(self, node: _Node, op: str, a: _Val, b: _Val) -> _Val:
+        """Deephaven's DateTimeUtils.plus and minus: instant + or - integer nanoseconds is an instant,
+        instant - instant the long nanoseconds between them; null if either side is null. An
+        instant result from 2262-04-11T23:47:16Z on fails the evaluation (Deephaven's
+        DateTimeOverflowException), one below the long range wraps around (Deephaven's conversion to
+        long nanoseconds does); the minimum long is null. A difference beyond the long range fails."""
+        if _kind(a.type) != "ts" or op not in ("+", "-"):
+            what = "null" if b.type == "null" else str(b.type)
+            self.fail(node, f"'{op}' of {'null' if a.type == 'null' else a.type} and {what} is not supported "
+                            "(instant + or - integer nanoseconds, and instant - instant, are)")
+        ea = _ts_nanos(a)
+        zero, limit = pc.scalar(pa.scalar(0, pa.int64())), pc.scalar(pa.scalar(INSTANT_LIMIT, pa.int64()))
+        if _kind(b.type) == "ts":
+            if op != "-":
+                self.fail(node, "'+' of two instants is not supported (instant - instant is the nanoseconds between)")
+            eb = _ts_nanos(b)
+            r = pc.subtract(ea, eb)  # wraps around; the overflow is found below
+            over = pc.or_kleene(pc.and_kleene(pc.less(eb, zero), pc.less(r, ea)),
+                                pc.and_kleene(pc.greater(eb, zero), pc.greater(r, ea)))
+            over = pc.or_kleene(over, pc.or_kleene(pc.greater_equal(ea, limit), pc.greater_equal(eb, limit)))
+            return self.raising(_Val(_null_sentinel(r, pa.int64()), pa.int64()), over,
+                                "DateTimeOverflowException: the difference of two instants is beyond the long range")
+        if b.type not in (*_INTS, _CHAR):
+            what = "null" if b.type == "null" else str(b.type)
+            self.fail(node, f"'{op}' of an instant and {what} is not supported (only integer nanoseconds)")
+        eb = _as(b, pa.int64())
+        r = (pc.add if op == "+" else pc.subtract)(ea, eb)  # wraps around; the overflow is found below
+        up, down = pc.greater(eb, zero), pc.less(eb, zero)
+        if op == "-":
+            up, down = down, up
+        past_max = pc.and_kleene(up, pc.less(r, ea))
+        below_min = pc.and_kleene(down, pc.greater(r, ea))
+        bad = pc.or_kleene(past_max, pc.and_kleene(pc.invert(below_min), pc.greater_equal(r, limit)))
+        return self.raising(_Val(_null_sentinel(r, pa.int64()).cast(_TS), _TS), bad,
+                            "DateTimeOverflowException: an instant from 2262-04-11T23:47:16Z on")
 
 
 def _f32_exact(v: _Val) -> bool:
@@ -1081,6 +1313,11 @@ def _literal_value(tok: _Tok, neg: bool, t, text: str, col: str):
         nanos = _instant_nanos(tok.text)
         if nanos is not None:
             return nanos
+    if t == _CHAR:
+        if tok.kind == "sq" and len(tok.text) == 1 and ord(tok.text) < 0xFFFF and not neg:
+            return ord(tok.text)
+        raise ExpressionError(f"type mismatch at position {tok.pos}: {tok.text!r} is not a char literal ('A') for "
+                              f"column {col!r} in {text!r}")
     if k == "num" and tok.kind == "num":
         v, vt = _number(tok, text)
         v = -v if neg else v
@@ -1230,7 +1467,8 @@ def _column_spec(spec: str, schema: pa.Schema, made: dict, clock: Optional[Clock
     source = name if formula is None else formula.strip()
     if formula is not None and not source:
         raise ExpressionError(f"cannot parse column spec {spec!r}: expected a formula after '='")
-    if re.fullmatch(r"[A-Za-z_$][A-Za-z_0-9$]*", source) and source not in ("true", "false", "null"):
+    if re.fullmatch(r"[A-Za-z_$][A-Za-z_0-9$]*", source) and source not in ("true", "false", "null") \
+            and (source in made or source in schema.names or source not in TIME_CONSTANTS):
         if source in made:
             v = made[source]
             return name, v, (name, v.expr, None)
@@ -1246,6 +1484,8 @@ def _column_spec(spec: str, schema: pa.Schema, made: dict, clock: Optional[Clock
     v = _Builder(schema, source, made=made, clock=clock).build(tree)
     if v.type == "null":
         raise ExpressionError(f"a formula of only null has no type in {spec!r}")
+    if v.is_lit and v.type == _TS and v.lit >= INSTANT_LIMIT:
+        raise ExpressionError(f"the instant of {spec!r} is beyond what a column holds (before 2262-04-11T23:47:16Z)")
     return name, v, (name, v.expr, None)
 
 
