@@ -4,9 +4,12 @@ boolean expressions, with Deephaven's rules for comparisons, nulls and NaN.
 Besides comparisons, `in`, `is null` and their and/or/not, the conditions of the web grid's quick
 filters are answered as Deephaven 42.7 answers them:
 
-- `CompareCondition` EQUALS with IGNORE_CASE on a string column and a string literal: Java's
-  equalsIgnoreCase (Unicode case, per character); a null matches nothing. Other operations
-  with IGNORE_CASE are refused (Deephaven answers every one of them as equality);
+- `CompareCondition` with IGNORE_CASE: Java's equalsIgnoreCase (Unicode case, per character)
+  whatever the operation, as Deephaven rewrites every one of them (`<`, `!=`, ...) into
+  `!isNull(lhs) && lhs.equalsIgnoreCase(rhs)`: a string column and a string literal (either side)
+  match where equal ignoring case, a null nowhere; two string columns also where both are null;
+  two string literals everywhere or nowhere. Anything else (a number, a boolean) is refused, as
+  Deephaven's formula does not compile;
 - `InCondition` with IGNORE_CASE (the grid's `=` and `!=` on text): equalsIgnoreCase against
   each string candidate; a null is in nothing, so the inverted match keeps it;
 - `ContainsCondition`: a substring, case-sensitive or ignoring ASCII case only (as Deephaven);
@@ -105,6 +108,25 @@ def _string_literals(values, what: str) -> list:
     return out
 
 
+def _equals_ignore_case(op: str, lhs, rhs, schema: pa.Schema) -> pc.Expression:
+    """A CompareCondition with IGNORE_CASE, any operation `op`: Deephaven's equalsIgnoreCase
+    (see the module's docstring)."""
+    what = f"compare (case-insensitive {op!r}, which Deephaven answers as equalsIgnoreCase)"
+    for v in (lhs, rhs):
+        if v[0] == "literal" and v[2] != pa.string():
+            raise CallError(f"{what}: needs string columns or a string literal, got {v[1]!r}", "INVALID_ARGUMENT")
+    if lhs[0] == "literal" and rhs[0] == "literal":
+        same = _fold_case(pa.scalar(lhs[1])).as_py() == _fold_case(pa.scalar(rhs[1])).as_py()
+        return pc.scalar(same)
+    if lhs[0] == "column" and rhs[0] == "column":
+        a, b = _string_column(lhs[1], schema, what), _string_column(rhs[1], schema, what)
+        both_null = pc.and_kleene(pc.is_null(a), pc.is_null(b))
+        return pc.or_kleene(both_null, pc.coalesce(pc.equal(_fold_case(a), _fold_case(b)), pc.scalar(False)))
+    col, lit = (lhs, rhs) if lhs[0] == "column" else (rhs, lhs)
+    field = _string_column(col[1], schema, what)
+    return pc.coalesce(pc.equal(_fold_case(field), _fold_case(pc.scalar(lit[1]))), pc.scalar(False))
+
+
 def _both(a, b):
     return b if a is None else pc.and_kleene(a, b)
 
@@ -133,15 +155,7 @@ def condition_expression(cond, schema: pa.Schema, reach=None) -> pc.Expression:
             raise CallError(f"unknown compare operation {c.operation}", "INVALID_ARGUMENT")
         lhs, rhs = _value(c.lhs, schema, "compare"), _value(c.rhs, schema, "compare")
         if c.case_sensitivity != 0:
-            if op != "==":
-                raise CallError(f"compare: case-insensitive {op!r} is not supported (only equality)",
-                                "INVALID_ARGUMENT")
-            col, lit = (lhs, rhs) if lhs[0] == "column" else (rhs, lhs)
-            if col[0] != "column" or lit[0] != "literal" or lit[2] != pa.string():
-                raise CallError("compare: case-insensitive equality needs a column and a string literal",
-                                "INVALID_ARGUMENT")
-            field = _string_column(col[1], schema, "compare")
-            return pc.coalesce(pc.equal(_fold_case(field), _fold_case(pc.scalar(lit[1]))), pc.scalar(False))
+            return _equals_ignore_case(op, lhs, rhs, schema)
         return _compare(op, lhs, rhs, schema, "compare")
     if which == "in":
         c = getattr(cond, "in")
