@@ -24,7 +24,7 @@ from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import BARRAGE_SCHEMA, attributes_from_schema, ipc_encapsulated_schema
-from tickwire.protocol.tickets import ExportTicket, ScopeTicket, ticket_from_path
+from tickwire.protocol.tickets import ExportTicket, ScopeTicket, SharedTicket, ticket_from_path
 from tickwire.protocol.txn import (
     ACTION_ABORT,
     ACTION_COMMIT,
@@ -464,13 +464,19 @@ class FlightService:
             return None
 
     def _put(self, end, received: list[pa.Table], session: Session, result: Optional[ExportClaim] = None) -> None:
-        table = self._put_target(end.path, end.schema, end.keys, session, result)
         data = [t for t in received if t.num_rows]
-        if data:
-            self.ctx.engine.write(table, pa.concat_tables(data) if len(data) > 1 else data[0])
+        rows = (pa.concat_tables(data) if len(data) > 1 else data[0]) if data else None
+        table = self._put_target(end.path, end.schema, end.keys, session, result, rows)
+        if rows is not None and table.is_refreshing:  # (a static export was made holding them)
+            self.ctx.engine.write(table, rows)
 
     def _put_target(self, path: list[str], schema: pa.Schema, keys: tuple[str, ...], session: Session,
-                    result: Optional[ExportClaim] = None) -> Table:
+                    result: Optional[ExportClaim] = None, rows: Optional[pa.Table] = None) -> Table:
+        """The table an upload writes. An upload to an export without key columns makes a static
+        table holding `rows` (the whole upload), as Deephaven's is: what derives from it is
+        static too (so it may use the row variables `i`, `ii`). A keyed upload to an export
+        makes a keyed table, and one to ['scope', name] appends to (or upserts into) the named
+        table, made unless it exists; the caller writes `rows` into those."""
         t = ticket_from_path(path)
         engine = self.ctx.engine
         plain = pa.schema([pa.field(f.name, f.type) for f in schema])
@@ -490,6 +496,9 @@ class FlightService:
             spec = TableSpec(t.name, "keyed" if keys else "append", plain, keys=keys, attributes=attrs)
             table, _created = engine.get_or_create(spec)
             return table
+        if isinstance(t, SharedTicket):  # Deephaven's answer: a shared ticket is only published to
+            raise CallError(f"Could not publish 'Flight.Descriptor' to shared ticket '{t.shared_id.hex()}' (hex): "
+                            "can only publish directly from a session export to a shared ticket", "FAILED_PRECONDITION")
         if not isinstance(t, ExportTicket):
             raise CallError(f"DoPut destination must be ['scope', name] or ['export', id], "
                                                 f"got {path}", "INVALID_ARGUMENT")
@@ -497,8 +506,12 @@ class FlightService:
             result = self._claim_put(path, session)
         assert result is not None  # an export ticket: _claim_put claims it
         # the name says nothing about the session, and nobody can guess it
-        spec = TableSpec(f"__export.put.{secrets.token_hex(8)}", "keyed" if keys else "append", plain, keys=keys,
-                         hidden=True, attributes=attrs)
+        name = f"__export.put.{secrets.token_hex(8)}"
+        if keys:
+            spec = TableSpec(name, "keyed", plain, keys=keys, hidden=True, attributes=attrs)
+        else:
+            held = plain.empty_table() if rows is None else pa.Table.from_arrays(rows.columns, schema=plain)
+            spec = TableSpec(name, "static", data=held, hidden=True, attributes=attrs)
         table, _created = engine.get_or_create(spec)
         # owned by the session like any export: hidden, and freed by Release, CloseSession or expiry
         ops = self.ctx.ops
