@@ -1,5 +1,12 @@
 """Deephaven's SessionService: sessions (new, refresh, close) and exports (release, export from
-a ticket). Closing a session or releasing an export frees the tables only it held.
+a ticket, publish). Closing a session or releasing an export frees the tables only it held.
+
+PublishFromTicket answers by the result ticket, as Deephaven routes it: to a shared ticket (`h` +
+id) it shares one of the session's exports with every session for as long as that export lives
+(tickwire.server.services.sessions.SharedTickets); to an export ticket it is ExportFromTicket; an
+application ticket cannot be published to (FAILED_PRECONDITION, Deephaven's words). Deephaven also
+publishes to a scope ticket (`s/<name>`: a variable of its global scope); tickwire's scope holds
+only the server's own tables, so that one is refused (UNIMPLEMENTED).
 
 TerminationNotification is held open for as long as the session lives (a browser treats its end
 as "session over", and reconnects in a loop if it ends at once). As Deephaven 42 does, it ends
@@ -11,6 +18,7 @@ import asyncio
 
 from tickwire.protocol.proto import session_pb2
 from tickwire.protocol.proto.methods import SESSION_SERVICE
+from tickwire.protocol.tickets import AppTicket, ExportTicket, ScopeTicket, SharedTicket, TicketError, parse_ticket
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.rpc import CallError, service_handlers
@@ -61,6 +69,13 @@ class SessionService:
         cancelled, as Deephaven cancels it: its waiters are told so, and the call making it
         answers CANCELLED and keeps nothing."""
         session = await self.ctx.authenticate(context)
+        try:
+            route = parse_ticket(req.id.ticket)
+        except TicketError:
+            route = None  # export_id says what is wrong with it
+        if route is not None and not isinstance(route, ExportTicket):  # a shared ticket, say: as Deephaven
+            raise CallError(f"Could not resolve ticket 'id': found 0x{bytes(req.id.ticket).hex()} (hex)",
+                            "FAILED_PRECONDITION")
         eid = export_id(req.id.ticket, "Release id")
         table = session.release(eid)
         if table is not None:
@@ -81,7 +96,49 @@ class SessionService:
         return session_pb2.ExportResponse()
 
     async def publish_from_ticket(self, req, context):
-        raise CallError("PublishFromTicket: publishing exports to the global scope is not supported", "UNIMPLEMENTED")
+        """See the module's docstring. A shared ticket is published only from an export of the
+        session (Deephaven's FAILED_PRECONDITION for any other source); an export still being
+        made is waited for, as every call naming one does."""
+        session = self.ctx.session_of(context)
+        try:
+            if not req.HasField("source_id"):
+                raise CallError("Source ticket not supplied", "INVALID_ARGUMENT")
+            if not req.HasField("result_id"):
+                raise CallError("Result ticket not supplied", "INVALID_ARGUMENT")
+            try:
+                target = parse_ticket(req.result_id.ticket)
+            except TicketError as exc:
+                raise CallError(f"PublishFromTicket result_id: {exc}", exc.code) from None
+            if isinstance(target, ExportTicket):
+                result = claim(session, req.result_id.ticket)  # before the first await, as ExportFromTicket
+        except BaseException:
+            await self.ctx.send_session_header(context, session)
+            raise
+        await self.ctx.send_session_header(context, session)
+        if isinstance(target, ExportTicket):
+            with result:
+                table = await self.ctx.resolve(req.source_id.ticket, session)
+                await self.ctx.run(export, self.ops, result, table)
+            return session_pb2.PublishResponse()
+        if isinstance(target, SharedTicket):
+            try:
+                source = parse_ticket(req.source_id.ticket)
+            except TicketError as exc:
+                raise CallError(f"PublishFromTicket source_id: {exc}", exc.code) from None
+            if not isinstance(source, ExportTicket):
+                raise CallError(f"Could not publish 'resultId' to shared ticket '{target.shared_id.hex()}' (hex): "
+                                "can only publish directly from a session export to a shared ticket",
+                                "FAILED_PRECONDITION")
+            table = await self.ctx.resolve(req.source_id.ticket, session)
+            self.ctx.scope.shared.publish(target.shared_id, session, source.export_id, table)
+            return session_pb2.PublishResponse()
+        if isinstance(target, AppTicket):
+            raise CallError("Could not publish 'resultId': application tickets cannot be published to",
+                            "FAILED_PRECONDITION")
+        assert isinstance(target, ScopeTicket)
+        raise CallError(f"PublishFromTicket to scope ticket 's/{target.name}': publishing to the global scope is "
+                        "not supported (tickwire's scope holds only the server's own tables); publish to a shared "
+                        "ticket ('h' + id) and fetch that from the other session", "UNIMPLEMENTED")
 
     async def termination_notification(self, _req, context):
         session = await self.ctx.authenticate(context)

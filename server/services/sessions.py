@@ -28,6 +28,12 @@ waits for it:
 A session remembers the last ids that ended (released, failed, cancelled) so that naming one
 again answers at once: a failed id with its failure (as Deephaven keeps failed exports), a
 released one with NOT_FOUND. A later call may make an export under a remembered id again.
+
+Shared tickets (`h` + id bytes, Deephaven's SharedTicketResolver; `SharedTickets`): PublishFromTicket
+puts one of a session's exports under an id the client chose, and any session may then name it
+(GetExportedTableCreationResponse, DoGet, subscriptions, the source of an operation, ExportFromTicket).
+The ticket lives exactly as long as that export: once it is released or its session ends, naming
+the ticket answers FAILED_PRECONDITION "Export in state DEPENDENCY_FAILED", as Deephaven does.
 """
 from __future__ import annotations
 
@@ -50,8 +56,9 @@ from tickwire.server.engine import Engine, Table
 if TYPE_CHECKING:
     from tickwire.server.services.table_ops import TableOps
 
-__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "ExportClaim", "failure_status",
-           "PSK_SCHEME", "ANONYMOUS", "CLOSED", "EXPIRED", "SHUTDOWN", "REMEMBERED_ENDS"]
+__all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "ExportClaim", "SharedTickets",
+           "failure_status", "PSK_SCHEME", "ANONYMOUS", "CLOSED", "EXPIRED", "SHUTDOWN", "REMEMBERED_ENDS",
+           "REMEMBERED_SHARES"]
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +205,7 @@ class Session:
     _ended: "OrderedDict[int, _Ended]" = field(default_factory=OrderedDict, repr=False)
     _end_listeners: list = field(default_factory=list, repr=False)
     _export_listeners: list = field(default_factory=list, repr=False)
+    _export_ends: dict[int, list] = field(default_factory=dict, repr=False)  # see on_export_end
 
     # -- making exports ----------------------------------------------------------------------------
     def claim(self, export_id: int) -> ExportClaim:
@@ -333,7 +341,7 @@ class Session:
             if table is not None:
                 self._remember(export_id, _Ended("NOT_FOUND", f"export {export_id} does not exist in this session",
                                                  released=True))
-                listeners = list(self._export_listeners)
+                listeners = list(self._export_listeners) + self._export_ends.pop(export_id, [])
             elif pending is not None:
                 if pending.claim is not None:
                     pending.claim.settled = True  # the call making it finds it cancelled
@@ -367,9 +375,12 @@ class Session:
             listeners = list(self._end_listeners) if first else []
             self._end_listeners.clear()
             self._export_listeners.clear()
+            export_ends = [fn for fns in self._export_ends.values() for fn in fns]
+            self._export_ends.clear()
         for eid, waiters in pending:
             _wake(waiters, None, _cancelled_status(eid))
         _call_all(listeners, reason)
+        _call_all(export_ends)
         return held
 
     # -- listeners -----------------------------------------------------------------------------------
@@ -392,6 +403,16 @@ class Session:
         if ended is not None:
             _call_all([fn], ended)
         return lambda: self._remove(self._end_listeners, fn)
+
+    def on_export_end(self, export_id: int, table: Table, fn: Callable[[], None]) -> bool:
+        """Calls `fn()` once, when export `export_id` (which must hold `table` now) is released or
+        the session ends; False, and `fn` is never called, when it does not hold `table` (any
+        more)."""
+        with self.lock:
+            if self.closed or self.exports.get(export_id) is not table:
+                return False
+            self._export_ends.setdefault(export_id, []).append(fn)
+        return True
 
     def on_exports(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Calls `fn()` after each export added or released; returns a function that takes it back."""
@@ -624,18 +645,79 @@ def _reap_loop(manager_ref, stop: threading.Event, clock: Clock) -> None:
             return
 
 
+#: How many shared tickets whose export ended a server remembers (answering as Deephaven does while
+#: it still knows them), the oldest forgotten first: a forgotten id may be published again
+REMEMBERED_SHARES = 4096
+
+
+class SharedTickets:
+    """The server's shared tickets (`h` + id bytes), as Deephaven's SharedTicketResolver keeps them:
+    an id names one session's export, the one PublishFromTicket put there, for every session.
+
+    A second publish to an id taken answers ALREADY_EXISTS (the same export or another), as
+    Deephaven does. Once that export is released or its session ends, the id names an ended
+    export: naming it answers FAILED_PRECONDITION "Export in state DEPENDENCY_FAILED" and it
+    cannot be published to again, until it is forgotten (REMEMBERED_SHARES; Deephaven forgets it
+    when its collector frees the export)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[bytes, Table] = {}
+        self._ended: "OrderedDict[bytes, None]" = OrderedDict()
+
+    def publish(self, shared_id: bytes, session: Session, export_id: int, table: Table) -> None:
+        """Puts export `export_id` of `session` (holding `table`) under `shared_id`: ResolveError
+        ALREADY_EXISTS when the id is taken."""
+        with self._lock:
+            if shared_id in self._live or shared_id in self._ended:
+                raise ResolveError(f"Could not publish 'resultId' to shared ticket '{shared_id.hex()}' (hex): "
+                                   "destination already exists", "ALREADY_EXISTS")
+            self._live[shared_id] = table
+        if not session.on_export_end(export_id, table, lambda: self._end(shared_id, table)):
+            self._end(shared_id, table)  # released (or its session ended) meanwhile: published, ended
+
+    def _end(self, shared_id: bytes, table: Table) -> None:
+        with self._lock:
+            if self._live.get(shared_id) is not table:
+                return
+            del self._live[shared_id]
+            self._ended[shared_id] = None
+            while len(self._ended) > REMEMBERED_SHARES:
+                self._ended.popitem(last=False)
+
+    def get(self, shared_id: bytes) -> Table:
+        """The table `shared_id` names, or ResolveError: NOT_FOUND for an id nobody published,
+        FAILED_PRECONDITION for one whose export ended."""
+        with self._lock:
+            table = self._live.get(shared_id)
+            ended = table is None and shared_id in self._ended
+        if table is not None:
+            return table
+        if ended:
+            raise ResolveError("Export in state DEPENDENCY_FAILED", "FAILED_PRECONDITION")
+        raise ResolveError(f"Could not resolve shared ticket: ticket '{shared_id.hex()}' not found", "NOT_FOUND")
+
+    @property
+    def count(self) -> int:
+        """How many shared tickets name a live export."""
+        with self._lock:
+            return len(self._live)
+
+
 class Scope:
     """The global scope: every visible table of the engine, by name (`s/<name>` tickets).
 
     Hidden tables (`hidden`) are neither listed nor resolvable: they are reached only through
     the export tickets of the session that holds them. `ops` keeps the session-owned tables'
     reference counts (tickwire.server.services.table_ops.TableOps), shared by every service.
-    System tables are listed when `list_system` (a server started with --show-system-tables)."""
+    System tables are listed when `list_system` (a server started with --show-system-tables).
+    `shared` holds the shared tickets (`h` + id), which any session reaches."""
 
     def __init__(self, engine: Engine, ops: "TableOps", *, list_system: bool = False):
         self.engine = engine
         self.ops = ops
         self.list_system = list_system
+        self.shared = SharedTickets()
 
     def names(self) -> list[str]:
         return self.engine.public_names(system=self.list_system)
@@ -686,5 +768,8 @@ class Scope:
                 return self.get(t.field)
             raise ResolveError(f"no application {t.app_id!r} (field {t.field!r})", "NOT_FOUND")
         if isinstance(t, SharedTicket):
-            raise ResolveError(f"shared ticket 0x{t.shared_id.hex()} not found", "NOT_FOUND")
+            if session is None:  # as Deephaven: only a session is handed a shared export
+                raise ResolveError(f"Could not resolve shared ticket '{t.shared_id.hex()}': no session to "
+                                   "hand it to", "UNAUTHENTICATED")
+            return self.shared.get(t.shared_id)
         raise ResolveError(f"unsupported ticket {t!r}", "FAILED_PRECONDITION")
