@@ -173,10 +173,10 @@ REFUSED_FILTERS = [
 #: Formulas tickwire refuses.
 REFUSED_FORMULAS = [
     "X = I32 % 0", "X = -I8", "X = -I16", "X = 123456789012345678901234567890", "X = 1e400", "X = 1e-400",
-    "X = I32 + null", "X = I32 % null", "X = S + I32", "X = I32 % I8", "X = Ts + 1", "X = B && true",
+    "X = I32 + null", "X = I32 % null", "X = S + I32", "X = I32 % I8", "X = B && true",
     "X = S == 'AAPL'", "X = Nope", "X = I64 < F32 + 0.0", "X = I32 +", "X = Math.sqrt(F64)", "X = I32 < I16 < I8",
     "X = null", "X = S.length()", "X = S.toUpperCase()", "X = isNull(S) ? null : S.substring(1)", "X = B ? 1 : 2",
-    "X = Id > 5 ? I8 : I16", "X = (int)B", "X = (int)S", "X = (char)I32", "X = Math.abs(I32)",
+    "X = Id > 5 ? I8 : I16", "X = (int)B", "X = (int)S", "X = Math.abs(I32)",
     "X = `a` + F64", "X = S.nope()", "X = S.length", "X = Id > 5 ? null : null", "X = Id > 5 ? S : I32",
     "X = isNull(S) ? 0 : S.substring(3, 1).length()", "X = sqrt(S)", "X = min(I32)", "X = now(1)",
     "X = !isNull(S) && S.matches(`(?i)\\Qa\\E.*`)", "X = `a\\tb`",
@@ -481,3 +481,167 @@ def test_now_and_today_have_deephavens_types(servers):
         assert all(before - 10 * NS <= n <= after + 10 * NS for n in nanos), nanos
         assert set(out["D"].to_pylist()) <= {time.strftime("%Y-%m-%d", time.localtime(x / NS)) for x in (before, after)}
     assert dh_out["E"].to_pylist() == tw_out["E"].to_pylist()
+
+
+# -- instants, Deephaven's time constants, chars ----------------------------------------------------
+
+#: A table with a char column (uint16, Deephaven's char; 0xFFFF is its null) beside instants and numbers.
+TIME_DATA = pa.table({
+    "Id": pa.array(range(8), pa.int32()),
+    "I8": pa.array([None, -127, 127, 0, 5, -5, 65, 1], pa.int8()),
+    "I16": pa.array([None, -32767, 32767, 0, 65, -5, 97, 2], pa.int16()),
+    "I32": pa.array([None, -2 ** 31 + 1, 2 ** 31 - 1, 0, 65, 65535, 65536, 97], pa.int32()),
+    "I64": pa.array([None, -2 ** 63 + 1, 2 ** 63 - 1, 0, 65, 65536, -65, 3], pa.int64()),
+    "F64": pa.array([None, 1.5, -0.0, 65.7, 1e300, NAN, -1.5, 70000.0], pa.float64()),
+    "S": pa.array([None, "a", "b", "c", "d", "e", "f", "g"]),
+    "Ts": pa.array([None, 0, T0, T0 + 1, -1, 5, T0 - 3600 * NS, None], pa.timestamp("ns", "UTC")),
+    "C": pa.array([None, 65, 0, 97, 65534, None, 48, 1], pa.uint16()),
+})
+
+#: Formulas on TIME_DATA; each must give Deephaven's values and type.
+TIME_FORMULAS = [
+    # the time constants (io.deephaven.time.DateTimeUtils)
+    "X = MICRO", "X = MILLI", "X = SECOND", "X = MINUTE", "X = HOUR", "X = DAY", "X = WEEK", "X = YEAR_365",
+    "X = YEAR_AVG", "X = SECONDS_PER_NANO", "X = MINUTES_PER_NANO", "X = HOURS_PER_NANO", "X = DAYS_PER_NANO",
+    "X = YEARS_PER_NANO_365", "X = YEARS_PER_NANO_AVG", "X = Id * SECOND", "X = HOUR / MINUTE", "X = I32 * MILLI",
+    "X = I64 % SECOND", "X = DAY - HOUR * 24",
+    # (Instant) and instant arithmetic
+    "X = (Instant)'2024-06-15T10:00:00Z'", "X = (java.time.Instant)'2024-06-15T10:00:00Z'", "X = (Instant)Ts",
+    "X = (java.time.Instant)Ts", "X = (Instant)null", "X = (Instant)(Ts + 1)", "X = ( Instant ) Ts",
+    "X = (Instant)'2024-06-15T10:00:00Z' + Id * SECOND", "X = '2024-06-15T10:00:00Z' + Id * SECOND",
+    "X = Ts + I32", "X = Ts + I8", "X = Ts + I16", "X = Ts - I32", "X = Ts - I8", "X = Ts + 1", "X = Ts - 1",
+    "X = Ts + SECOND", "X = Ts - HOUR", "X = Ts - Ts", "X = Ts - '2024-06-15T10:00:00Z'",
+    "X = '2024-06-15T10:00:00Z' - Ts", "X = '2024-06-15T10:00:00Z' - '2024-06-15T10:00:01Z'",
+    "X = '2024-06-15T10:00:00Z' + I32", "X = Ts + (long)null", "X = Ts + (char)I32", "X = Ts + C",
+    "X = Ts - 9223372036854775806L", "X = Ts - 9223372036854775807L",
+    "X = Id > 2 ? Ts + SECOND : null", "X = Id > 2 ? Ts + SECOND : Ts", "X = Id > 2 ? '2024-06-15T10:00:00Z' : Ts",
+    "X = Ts < Ts + 1", "X = Ts + MINUTE > '2023-11-14T22:20:00Z'", "X = (Ts - Ts) / SECOND",
+    # instant literals as Deephaven's parseInstant reads them: zones, aliases, daylight-saving changes
+    "X = '2023-01-01T11:00 ET'", "X = '2023-02-01T11:00:34.001 PT'", "X = '2023-01-01T11:00 CT'",
+    "X = '2023-01-01T11:00 MT'", "X = '2023-01-01T11:00 HK'", "X = '2023-01-01T11:00 JP'",
+    "X = '2023-01-01T11:00 LON'", "X = '2023-01-01T11:00 America/New_York'", "X = '2023-01-01T11:00 UTC'",
+    "X = '2023-01-01T11:00 GMT+1'", "X = '2023-01-01T11:00 +05:30'", "X = '2023-01-01T11:00 -3'",
+    "X = '2023-01-01T11:00 Etc/GMT+5'", "X = '2023-1-1T1:2 ET'", "X = '2023-01-01T11:00:5.5 ET'",
+    "X = '2023-03-12T02:30 ET'", "X = '2023-11-05T01:30 ET'", "X = '2023-03-26T01:30 LON'",
+    "X = '2023-10-29T01:30 Europe/London'", "X = '2023-03-12 ET'", "X = '2023-01-01T ET'",
+    "X = '2023-02-30T11:00 ET'", "X = '2024-02-30T11:00 ET'", "X = '2023-01-01T24:00 ET'",
+    "X = '2023-01-01T11:00:00+01'", "X = '2023-01-01T11:00:00+01:30:15'", "X = '2023-01-01t11:00:00z'",
+    "X = '2023-01-01T11:00:00.Z'", "X = '2023-01-01T11:00:00+05:00[America/New_York]'",
+    "X = '2023-01-01T11:00:00.123456789 ET'", "X = '12345'", "X = '1700000000000'", "X = '1700000000000000'",
+    "X = '-5'", "X = '9300000000000000'", "X = '2262-04-11T23:47:15.999999999Z'",
+    "X = '1677-09-21T00:12:43.145224193Z'", "X = Ts < '2262-04-11T23:47:16Z'",
+    # (char), char literals and char columns (numbers promoted to int; 0xFFFF is null)
+    "X = (char)I32", "X = (char)I64", "X = (char)I16", "X = (char)I8", "X = (char)Id", "X = (char)F64",
+    "X = (char)65", "X = (char)65535", "X = (char)-1", "X = (char)null", "X = (char)1.5f", "X = (char)(Id + 64)",
+    "X = (char)I32 + 1", "X = (int)(char)I32", "X = (long)(char)I8", "X = (double)(char)I32",
+    "X = (float)(char)I32", "X = (short)(char)I8", "X = (byte)(char)I32", "X = (char)(char)I32",
+    "X = (char)I32 == 65", "X = (char)I32 < 100", "X = (char)I32 * 2", "X = isNull((char)I32)",
+    "X = (char)I32 + (char)I32", "X = abs((char)I32)", "X = sqrt((char)I32)", "X = isNaN((char)I32)",
+    "X = isFinite((char)I32)", "X = max((char)I32, 3)", "X = min((char)I32, (char)I8)", "X = (char)I32 / 2",
+    "X = (char)I32 % 7", "X = (char)I32 > I8", "X = (char)I32 > 1.5", "X = (char)I32 + 1L", "X = (char)I32 + 1.5",
+    "X = Id > 2 ? (char)I32 : null", "X = Id > 2 ? (char)I32 : 5", "X = Id > 2 ? (char)I32 : 5L",
+    "X = Id > 2 ? (char)I32 : (char)I8", "X = Id > 2 ? 'A' : (char)I32",
+    "X = 'A'", "X = 'A' + 1", "X = 'A' + 'B'", "X = (int)'A'", "X = (char)'A'", "X = (char)I32 == 'A'",
+    "X = C", "X = C + 1", "X = C == 'A'", "X = C < 'B'", "X = (int)C", "X = (byte)C", "X = isNull(C)",
+    "X = C == null", "X = Id > 3 ? C : 'z'", "X = max(C, C)", "X = C * C", "X = (char)(C + 1)",
+    # casts of null
+    "X = (int)null", "X = (long)null", "X = (short)null", "X = (byte)null", "X = (float)null", "X = (double)null",
+    "X = (String)null", "X = (java.lang.String)S", "X = (java.time.Instant)null",
+]
+
+#: Formulas on TIME_DATA that Deephaven refuses (or fails evaluating); tickwire refuses each.
+TIME_REFUSED = [
+    "X = Ts + I64", "X = Ts - I64", "X = Ts + 9223372036854775807L", "X = Ts + 9223372035999999999L",
+    "X = Ts + 9223372035999999999L - Ts", "X = '2262-04-11T23:47:16Z'",
+    "X = Ts - '2262-04-11T23:47:16Z'", "X = I64 + Ts", "X = I32 + Ts", "X = Ts + Ts", "X = Ts * 2", "X = -Ts",
+    "X = Ts + null", "X = Ts - null", "X = Ts + 1.5", "X = Ts + F64", "X = (Instant)I64", "X = (Instant)S",
+    "X = (Instant)'A'", "X = (long)Ts", "X = NANO", "X = (boolean)null",
+    "X = '2023-01-01T11:00 EST'", "X = '2023-01-01T11:00 et'", "X = '2023-01-01T11:00 america/new_york'",
+    "X = '2023-01-01T11:00:00+0130'", "X = '2023-02-30T11:00:00Z'", "X = '2023-01-01T11:00'",
+    "X = '2023-01-01 11:00 ET'", "X = '2023-01-01T11:00  ET'", "X = '2023-01-01T11:00 Z'", "X = '2023-01-01T11Z'",
+    "X = '2023-01-01T24:00:01 ET'", "X = '2023-01-01T11:00:00[Europe/Paris]'", "X = '9223372036854775808'",
+    "X = -(char)I32", "X = -C", "X = Id > 2 ? (char)I32 : I16", "X = Id > 2 ? (char)I32 : I8", "X = 'AB'",
+    "X = (String)(char)I32", "X = (char)S",
+]
+
+#: Filters on TIME_DATA; each must keep Deephaven's rows.
+TIME_FILTERS = [
+    "Ts < '2023-11-14T17:20 ET'", "Ts >= '2023-11-14T17:20 ET'", "Ts == '2023-11-14T23:20 Europe/Paris'",
+    "Ts > '2023-11-14T17:20:00-05'", "Ts in '2023-11-14T17:20 ET', '1970-01-01T00:00 UTC'",
+    "Ts not in '2023-11-14 UTC'", "Ts > '1700000000'", "Ts - Ts == 0", "Ts + SECOND > '2023-11-14T22:20:00Z'",
+    "Ts - HOUR < '2023-11-14T20:20:00Z'", "Ts > '2023-11-14T22:20:00Z' - DAY",
+    "C == 'A'", "C > 'A'", "C < 'a'", "C != 'A'", "C in 'A', 'a'", "C not in 'A'", "isNull(C)", "C == null",
+    "C + 1 > 66", "(char)I32 == 'A'", "(char)I32 > 64",
+]
+
+
+@pytest.fixture(scope="module")
+def time_servers(deephaven_server):
+    from .interop import Beside
+
+    with Beside(deephaven_server.port, {"time_data": TIME_DATA}) as both:
+        yield both.pair("time_data")
+
+
+def test_instant_char_and_constant_formulas_answer_as_deephaven(time_servers):
+    dh, tw = time_servers
+    bad = {f: r for f in TIME_FORMULAS if (r := _compare(dh, tw, "update", f)) != "same"}
+    assert not bad, bad
+
+
+def test_instant_char_and_constant_refusals_are_refused(time_servers):
+    """Each of these is refused by Deephaven (checked here, so the list cannot drift) and by tickwire
+    with INVALID_ARGUMENT."""
+    dh, tw = time_servers
+    bad = {f: r for f in TIME_REFUSED if (r := _compare(dh, tw, "update", f)) != "both refused"}
+    assert not bad, bad
+
+
+def test_instant_and_char_filters_answer_as_deephaven(time_servers):
+    dh, tw = time_servers
+    bad = {f: r for f in TIME_FILTERS if (r := _compare(dh, tw, "where", f)) != "same"}
+    assert not bad, bad
+
+
+def test_a_column_hides_a_time_constant(time_servers):
+    dh, tw = time_servers
+    outs = [_run_specs(t, "update", ["SECOND = Id + 1", "X = SECOND * 2", "Y = MINUTE"]) for t in (dh, tw)]
+    assert outs[0][0] == outs[1][0] == "ok", outs
+    assert _same_tables(outs[0][1], outs[1][1].select(outs[0][1].column_names)) == "same"
+
+
+#: TimeTable start times (a period of ten years, so that the table has exactly its first row):
+#: each must start where Deephaven's starts, or be refused with INVALID_ARGUMENT naming the text as
+#: Deephaven refuses it.
+TIME_TABLE_STARTS = [
+    "2023-01-01T11:00 ET", "2023-02-01T11:00:34.001 PT", "2023-03-12T02:30 ET", "2023-11-05T01:30 ET",
+    "2023-10-29T01:30 Europe/London", "2023-01-01 ET", "2023-01-01T11:00:00+01", "2023-01-01T11:00:00Z",
+    "2023-01-01T11:00 +05:30", "1700000000", "1700000000000", "2023-02-30T11:00 ET", "2023-01-01T24:00 LON",
+]
+TIME_TABLE_REFUSED = [
+    "2023-01-01T11:00 EST", "2023-01-01T11:00", " 2023-01-01T11:00 ET", "2023-01-01T11:00 et", "tomorrow",
+    "2023-01-01T11:00:00+0130", "2023-02-30T11:00:00Z",
+]
+
+
+def test_time_table_start_times_as_deephaven(time_servers):
+    from pydeephaven import DHError
+
+    dh, tw = time_servers
+    period = 10 * 365 * 86_400 * NS
+    bad = {}
+    for start in TIME_TABLE_STARTS:
+        firsts = [_normal(t.session.time_table(period, start_time=start).to_arrow())["Timestamp"].to_pylist()
+                  for t in (dh, tw)]
+        if firsts[0] != firsts[1] or len(firsts[0]) != 1:
+            bad[start] = f"Deephaven {firsts[0]} vs tickwire {firsts[1]}"
+    for start in TIME_TABLE_REFUSED:
+        for name, t in (("Deephaven", dh), ("tickwire", tw)):
+            try:
+                t.session.time_table(period, start_time=start).to_arrow()
+                bad[start] = f"{name} accepted it"
+            except DHError as exc:
+                status = _status(exc)
+                if "INVALID_ARGUMENT" not in status or (name == "tickwire" and repr(start) not in status):
+                    bad[start] = f"{name}: {status[:200]}"
+    assert not bad, bad

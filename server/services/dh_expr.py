@@ -10,15 +10,25 @@ Accepted:
 
 - literals: decimal integers (int, or long when too large for an int; ``L`` suffix = long),
   decimal floats (double; ``f`` suffix = float, ``d`` = double), strings in backticks or double
-  quotes, instants in single quotes (``'2023-11-14T22:20:00Z'``, ``'...+01:00'``, ``'... UTC'``),
-  ``true``/``false``, ``null`` (only as an operand of ``==``/``!=``);
-- column names of integer, floating-point, boolean, string and timestamp columns;
+  quotes, instants in single quotes as Deephaven's parseInstant reads them (``'2023-11-14T22:20:00Z'``,
+  ``'...+01:00'``, ``'2023-11-14T17:20 ET'``, ``'... America/New_York'``, epoch numbers; see
+  `parse_instant`), one character in single quotes (Java's char literal), ``true``/``false``, ``null``
+  (only as an operand of ``==``/``!=`` or of a cast);
+- Deephaven's time constants ``MICRO MILLI SECOND MINUTE HOUR DAY WEEK YEAR_365 YEAR_AVG`` (long
+  nanoseconds) and ``SECONDS_PER_NANO`` ... ``YEARS_PER_NANO_AVG`` (doubles), unless a column has the name;
+- column names of integer, floating-point, char (uint16; 0xFFFF is Deephaven's null char), boolean,
+  string and timestamp columns;
 - ``+ - * / %`` and unary minus with Java's numeric promotion: byte and short operands become
   int, ``int op int`` is int (wrapping on overflow), a mixed operation takes the wider type; ``/``
   is floating-point division (an integer quotient is a double, ``x / 0`` is infinity or NaN);
   ``%`` is Java's truncated remainder, on integers only by a non-zero literal. A null operand
   gives null, and so does a result equal to Deephaven's null sentinel (the type's minimum integer,
-  ``-MAX_VALUE`` for floats), as in Deephaven;
+  ``-MAX_VALUE`` for floats), as in Deephaven. A char is a number there, promoted to int as short
+  is (no unary minus);
+- instant ``+``/``-`` integer nanoseconds (an instant) and instant ``-`` instant (long nanoseconds),
+  as Deephaven's DateTimeUtils.plus/minus: null if a side is null; an instant from
+  2262-04-11T23:47:16Z on fails the evaluation, one below the long range wraps around, the minimum
+  long is null; ``long + instant`` is refused, as there;
 - comparisons ``== = != < <= > >=`` with Deephaven's ordering: null is below every value and
   equal to null; NaN compares false with everything (``!=`` true); -0.0 is below 0.0 for
   ``< <= > >=`` except in a lone ``column op literal`` filter (Deephaven's range filter), and
@@ -30,12 +40,13 @@ Accepted:
   conversion of the raw values (a null of the narrower type is its sentinel there, so
   ``c ? I8 : 3`` gives -128 for a null I8, as Deephaven does); byte with short is refused, as
   Deephaven refuses it;
-- casts ``(byte) (short) (int) (long) (float) (double)`` of numbers and ``(String)`` of a string:
-  null stays null, floating point to integer truncates, saturates at the int/long range and
-  makes NaN 0, integer narrowing keeps the low bits, and a result equal to the null sentinel is
-  null;
+- casts ``(byte) (short) (int) (long) (float) (double) (char)`` of numbers, ``(String)`` of a string
+  and ``(Instant)`` of an instant (also written ``(java.lang.String)``, ``(java.time.Instant)``):
+  null stays null, floating point to integer (and char) truncates, saturates at the int/long range
+  and makes NaN 0, integer narrowing keeps the low bits, and a result equal to the null sentinel is
+  null; ``(T)null`` is a null of type T;
 - ``abs`` (same type), ``sqrt`` (double), ``floor``/``ceil`` of floating point (double),
-  ``min``/``max`` of two numbers (the promoted type; nulls skipped, NaN wins, the first argument
+  ``min``/``max`` of two numbers (the promoted type, char for two chars; nulls skipped, NaN wins, the first argument
   wins a tie, so ``min(0.0, -0.0)`` is 0.0), ``isNaN``/``isInf``/``isFinite`` (never null: false
   for null; ``isFinite`` of an integer is true unless null). ``Math.*`` is refused (Deephaven
   42.7 refuses it too);
@@ -586,7 +597,9 @@ def parse_instant(text: str) -> Optional[int]:
       ``2023-01-01T11:00 ET``, ``2023-2-1T11:00:34.001 PT``, ``... America/New_York``, ``... +05:30``,
       ``... UTC``; a date and a zone, ``2023-01-01 ET``, is its midnight there;
     - an integer, epoch seconds, milliseconds, microseconds or nanoseconds by its size (as Deephaven
-      guesses the unit; the minimum long is null, so None).
+      guesses the unit, multiplying in long arithmetic).
+
+    An instant at the minimum long nanoseconds, Deephaven's null, is None.
 
     Anything else raises ExpressionError naming the text; so does an instant outside the range of
     long nanoseconds."""
@@ -624,6 +637,8 @@ def parse_instant(text: str) -> Optional[int]:
             raise _NotAnInstant(f"cannot parse instant {text!r}: no time zone {zone_name!r}")
         nanos = _zoned_nanos(text, fields, zone, smart=True)
     # Deephaven's instants are long nanoseconds, and the minimum long is its null
+    if nanos == -(2 ** 63):
+        return None
     if not -(2 ** 63) < nanos < 2 ** 63:
         raise ExpressionError(f"instant {text!r} is out of range (1677-09-21 to 2262-04-11)")
     return nanos
