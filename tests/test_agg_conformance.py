@@ -256,6 +256,42 @@ for _name, _agg in OTHER_AGGS.items():
     _agg_case(f"{_name}-empty-preserve_empty", [_agg], [], source="empty", preserve_empty=True)
     _agg_case(f"{_name}-empty-by_G", [_agg], ["G"], source="empty")
 
+# formula aggregations: each vector function Deephaven offers, on every numeric column in one
+# request, and on a boolean and a text column (refused by Deephaven but for len); a group-by column
+# read as one value; arithmetic over several functions; the vector itself; a constant
+_FORMULA_FNS = ["sum", "min", "max", "avg", "count", "first", "last", "median", "std", "var", "countDistinct", "len"]
+
+
+def _formula(*raws: str) -> list:
+    return [Agg(formula=Agg.AggregationFormula(selectable=table_pb2.Selectable(raw=r))) for r in raws]
+
+
+for _fn in _FORMULA_FNS:
+    _fs = _formula(*(f"{_fn}_{c} = {_fn}({c})" for c in NUMERIC))
+    for _by_name, _by in {**_BYS, "by_G_H": ["G", "H"]}.items():
+        _agg_case(f"formula_fn-{_fn}-{_by_name}", _fs, _by)
+    _agg_case(f"formula_fn-{_fn}-empty-preserve_empty", _fs, [], source="empty", preserve_empty=True)
+    for _col in ("B", "S"):
+        _agg_case(f"formula_fn-{_fn}-{_col}-by_G", _formula(f"X = {_fn}({_col})"), ["G"])
+for _by_name, _by in {**_BYS, "by_G_H": ["G", "H"]}.items():
+    _agg_case(f"formula_mix-{_by_name}", _formula(
+        "A = sum(I32) * 2 + max(F64) / count(I8)", "Z = I16.size()", "V = F32", "Q = S", "C = 5.0 + 3",
+        "M = abs(min(I64)) - first(I16)", "R = countDistinct(F64) + len(B)"), _by)
+    _agg_case(f"formula_each_min-{_by_name}", [Agg(columns=Agg.AggregationColumns(spec=Spec(
+        formula=Spec.AggSpecFormula(formula="min(x) + avg(x)", param_token="x")), match_pairs=["A=I32", "B2=F64"]))],
+        _by)
+_agg_case("formula_keys-by_H", _formula("A = sum(H)", "B2 = H + 1", "C = min(H)", "D = avg(H)", "E = count(H)",
+                                        "F = first(H) * sum(I32)"), ["H"])
+_agg_case("formula_keys-by_I32", _formula("A = sum(I32)", "C = max(I32)", "E = count(I32)", "M = median(I32)"),
+          ["I32"])
+_agg_case("formula_keys-by_F64", _formula("A = sum(F64)", "D = avg(F64)", "E = count(F64)"), ["F64"])
+_agg_case("formula-with_other_aggs", [_column_agg("sum", "I32", "S1"), *_formula("F = sum(I32) - S1"),
+                                      OTHER_AGGS["count"]], ["G"])
+_agg_case("formula-same_output", [_column_agg("sum", "I32", "X"), *_formula("X = sum(I64)")], ["G"])
+_agg_case("formula-unknown_column", _formula("X = sum(Nope)"), ["G"])
+_agg_case("formula-vector_arithmetic", _formula("X = I32 + 1"), ["G"])
+_agg_case("formula-not_a_selectable", _formula("sum(I32)"), ["G"])
+
 # group keys of every type, nulls, NaN and -0.0 among them
 for _key in ["H", "I8", "I16", "I32", "I64", "F32", "F64", "B", "S", "Ts"]:
     _agg_case(f"count_and_sum-by_{_key}", [OTHER_AGGS["count"], _column_agg("sum", "W", "SW"),
@@ -621,15 +657,17 @@ def _brief(t: pa.Table) -> str:
 _NAMES_OF_CASES = list(CASES)
 
 
-#: what tickwire does not serve (yet), refused UNIMPLEMENTED by name: approximate percentiles (which
-#: the issue lets tickwire refuse when Deephaven's t-digest cannot be matched) and formula aggregations
-NOT_SERVED = {"approx_pct_": "approximate_percentile", "formula_each-": "formula", "formula-": "formula",
-              "agg_all-approx_pct_": "approximate_percentile", "agg_all-formula_each-": "formula", "combined-all": ""}
+#: what tickwire does not serve, refused UNIMPLEMENTED by name: approximate percentiles (which the
+#: issue lets tickwire refuse when Deephaven's t-digest cannot be matched)
+NOT_SERVED = {"approx_pct_": "approximate_percentile", "agg_all-approx_pct_": "approximate_percentile",
+              "combined-all": ""}
 
 #: differences known and not (yet) matched, each with its reason
 KNOWN = {
     "select_distinct-none": "a table of rows without columns is served without its rows (the wire takes a batch's "
                             "row count from its columns)",
+    "formula-vector_arithmetic": "Deephaven computes element-wise arithmetic of a group's vector (an array per "
+                                 "group); tickwire refuses a vector outside its reducing functions",
     "error-aggregates_key": "Deephaven answers an aggregation of a group-by column; tickwire refuses its output "
                             "column made twice",
 }
@@ -640,7 +678,7 @@ ZERO_SIGN = ("median", "pct_", "agg_all-median", "agg_all-pct_", "median_by", "c
 #: to them (tickwire keeps a running double sum, with NaN and infinities counted apart); the static
 #: answer has no such history. Not compared with a ticking Deephaven.
 DRIFTING = ("sum-F", "avg-F", "agg_all-sum-numeric", "agg_all-avg-numeric", "avg_by-numeric", "sum_by-numeric",
-            "combo-AVG", "combo-SUM", "combined-served-by_G")
+            "combo-AVG", "combo-SUM", "combined-served-by_G", "formula_fn-sum", "formula_fn-avg")
 
 
 def _refused_as_not_served(case: str, tw) -> bool:

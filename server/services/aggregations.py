@@ -3,18 +3,21 @@ SelectDistinct, also inside Batch) as `agg_by` tables of the engine.
 
 Each request is translated into `Agg`s (tickwire.server.engine.graph.ops.aggregate), checked against
 the source's schema, and made into one incremental derived table. What Deephaven serves and tickwire
-does not is refused UNIMPLEMENTED naming the case: formula aggregations, partitions,
-approximate percentiles and t-digests, freeze, and sorted_first/last on more than one column.
+does not is refused UNIMPLEMENTED naming the case: approximate percentiles and t-digests, freeze,
+and sorted_first/last on more than one column. Formula aggregations are hidden aggregations read
+by a view over the agg_by (tickwire.server.services.agg_formula).
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
 
 import pyarrow as pa
 
 from tickwire.server.engine import Table
 from tickwire.server.engine.graph.ops import Agg
+from tickwire.server.services.agg_formula import each, formula_aggs, parse_selectable
 from tickwire.server.services.dh_expr import ExpressionError, parse_filters
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
@@ -26,6 +29,17 @@ _PAIR = re.compile(r"^\s*([A-Za-z_$][A-Za-z_0-9$]*)\s*(?:=\s*([A-Za-z_$][A-Za-z_
 # ComboAggregateRequest.AggType -> AggSpec field
 _COMBO = {0: "sum", 1: "abs_sum", 2: "group", 3: "avg", 4: "count", 5: "first", 6: "last", 7: "min", 8: "max",
           9: "median", 10: "percentile", 11: "std", 12: "var", 13: "weighted_avg"}
+
+
+@dataclass(frozen=True)
+class Formula:
+    """A formula aggregation: output column `out` computed by `text` over the group's vectors."""
+
+    out: str
+    text: str
+
+
+Aggregation = Union[Agg, Formula]
 
 
 def _pairs(match_pairs, what: str) -> list[tuple[str, str]]:
@@ -50,7 +64,7 @@ def _sentinel(u) -> Any:
     return getattr(s, which)
 
 
-def aggs_of_spec(spec, pairs: list[tuple[str, str]], what: str) -> list[Agg]:
+def aggs_of_spec(spec, pairs: list[tuple[str, str]], what: str) -> list[Aggregation]:
     """The Aggs of one AggSpec applied to (output, input) column pairs."""
     which = spec.WhichOneof("type")
     if which is None:
@@ -83,13 +97,19 @@ def aggs_of_spec(spec, pairs: list[tuple[str, str]], what: str) -> list[Agg]:
         if len(cols) != 1:
             raise CallError(f"{what}: {which} on {len(cols)} sort columns is not supported (one is)", "UNIMPLEMENTED")
         return [Agg(which, c, o, other=cols[0]) for o, c in pairs]
+    if which == "formula":
+        f = spec.formula
+        try:
+            return [Formula(o, text) for o, text in each(f.formula, f.param_token or "each", pairs)]
+        except ExpressionError as exc:
+            raise CallError(f"{what}: formula: {exc}", "INVALID_ARGUMENT") from None
     raise CallError(f"{what}: aggregation {which!r} is not supported", "UNIMPLEMENTED")
 
 
-def aggs_of_request(req, schema: Optional[pa.Schema] = None, clock=None) -> list[Agg]:
-    """The Aggs of an AggregateRequest's aggregations (`schema`: the source's, for count_where's
-    filters; `clock`: what their now() reads)."""
-    out: list[Agg] = []
+def aggs_of_request(req, schema: Optional[pa.Schema] = None, clock=None) -> list[Aggregation]:
+    """The Aggs (and Formulas) of an AggregateRequest's aggregations (`schema`: the source's, for
+    count_where's filters; `clock`: what their now() reads)."""
+    out: list[Aggregation] = []
     for i, a in enumerate(req.aggregations):
         which = a.WhichOneof("type")
         what = f"Aggregate: aggregation {i}"
@@ -99,6 +119,14 @@ def aggs_of_request(req, schema: Optional[pa.Schema] = None, clock=None) -> list
             out.append(Agg("count", name=_name(a.count.column_name, what)))
         elif which in ("first_row_key", "last_row_key"):
             out.append(Agg(which, name=_name(getattr(a, which).column_name, what)))
+        elif which == "partition":
+            out.append(Agg("partition", name=_name(a.partition.column_name, what)))
+        elif which == "formula":
+            try:
+                o, text = parse_selectable(a.formula.selectable.raw)
+            except ExpressionError as exc:
+                raise CallError(f"{what}: {exc}", "INVALID_ARGUMENT") from None
+            out.append(Formula(o, text))
         elif which == "count_where" and schema is not None:
             cw = a.count_where
             try:
@@ -160,6 +188,7 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
         initial: Optional[Table] = None
         preserve = False
         order: Optional[list[str]] = None  # the output's column order, when not keys first
+        aggs: list[Aggregation]
         if kind == "aggregate":
             keys = _keys(req.group_by_columns, schema, "Aggregate")
             if not req.aggregations:
@@ -186,18 +215,34 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
                 order = [n for n in schema.names if n in set(keys) or n not in skip]
         elif kind == "combo_aggregate":
             keys = _keys(req.group_by_columns, schema, "ComboAggregate")
-            aggs = _combo(req, schema, keys)
+            aggs = list(_combo(req, schema, keys))
             if req.aggregates and all(a.type in (5, 6) and not a.match_pairs for a in req.aggregates):
                 order = list(schema.names)  # FIRST/LAST of every column keep the source's order
         else:  # select_distinct
             keys = _keys(req.column_names, schema, "SelectDistinct")
             aggs = []
-        for a in aggs:
+        formulas = [(a.out, a.text) for a in aggs if isinstance(a, Formula)]
+        plain = [a for a in aggs if isinstance(a, Agg)]
+        for a in plain:
             for c in (a.column, a.other):
                 if c is not None and c not in schema.names:
                     raise CallError(f"{kind}: unknown column {c!r}", "INVALID_ARGUMENT")
+        view: Optional[list] = None  # formula aggregations: the view over the agg_by that computes them
+        if formulas:
+            try:
+                plan = formula_aggs(formulas, schema, keys, ops.engine.clock)
+            except ExpressionError as exc:
+                raise CallError(f"{kind}: formula aggregation: {exc}", "INVALID_ARGUMENT") from None
+            outs = keys + [a.out for a in aggs]
+            dup = sorted({n for n in outs if outs.count(n) > 1})
+            if dup:
+                raise CallError(f"{kind}: output column {dup[0]!r} is produced twice", "INVALID_ARGUMENT")
+            computed = dict(plan.columns)
+            view = [(n, computed[n]) if n in computed else n for n in (order or outs)]
+            plain = plain + plan.hidden
+            order = None
 
-        for a in aggs:
+        for a in plain:
             if a.kind == "unique" and a.non_unique is not None and a.column in schema.names:
                 try:
                     pa.scalar(a.non_unique, schema.field(a.column).type)
@@ -210,8 +255,16 @@ def _builder(kind: str) -> Callable[[TableOps, Any, Table], Callable[[], Table]]
             if initial is not None:  # the groups it names, read at one cycle boundary, come first
                 groups = initial.to_arrow().select(keys)
                 groups = groups.cast(pa.schema([schema.field(k) for k in keys]))
-            return source.agg_by(aggs, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
+            made = source.agg_by(plain, keys, name=ops.name_for(source, kind), preserve_empty=preserve,
                                  initial_groups=groups, column_order=order)
+            if view is None:
+                return made
+            ops.adopt(made)  # removed with the view that reads it
+            try:
+                return made.view(view, name=ops.name_for(source, kind))
+            except BaseException:
+                ops.drop(made)
+                raise
         return make
     return build
 

@@ -211,7 +211,10 @@ class HierarchicalTableService:
                 if which in _UNSUPPORTED:
                     raise CallError(f"Rollup: Agg{_UNSUPPORTED[which]} is not supported for rollup()",
                                     "INVALID_ARGUMENT")
-            aggs = aggs_of_request(req)
+            aggs = [a for a in aggs_of_request(req) if isinstance(a, Agg) and a.kind != "partition"]
+            if len(aggs) != len(aggs_of_request(req)):
+                raise CallError("Rollup: formula and partition aggregations in rollups are not supported",
+                                "UNIMPLEMENTED")
             source = await self.ctx.resolve(req.source_table_id.ticket, session)
             group_by = [g.strip() for g in req.group_by_columns]
             for a in aggs:

@@ -17,7 +17,9 @@ class Agg:
     sorted_first/sorted_last; `percentile` and `average_evenly_divided` shape percentile and
     median; `include_nulls` makes count_distinct, distinct and unique count null as a value;
     `non_unique` is unique's value for a group of several distinct values (default null); `where`
-    is count_where's condition (a pyarrow boolean Expression over the table's columns)."""
+    is count_where's condition (a pyarrow boolean Expression over the table's columns). `wide`
+    gives the types of Deephaven's vector functions in formulas (sum(x), median(x)): float sums as
+    double, and medians/percentiles averaged and double for every numeric type."""
 
     kind: str
     column: Optional[str] = None
@@ -29,6 +31,7 @@ class Agg:
     non_unique: Any = field(default=None, compare=False)
     #: count_where: the rows counted (a pyarrow boolean Expression; null counts as false)
     where: Any = field(default=None, compare=False)
+    wide: bool = False
 
     @property
     def out(self) -> str:

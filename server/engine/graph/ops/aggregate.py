@@ -59,9 +59,11 @@ __all__ = ["Agg", "AggregateTable", "KINDS"]
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 LINEAR = frozenset({"count", "count_where", "sum", "abs_sum", "avg", "var", "std", "weighted_sum", "weighted_avg"})
+#: partition: Deephaven's column of per-group tables, which reach a client as the text "QueryTable"
+CONSTANT = frozenset({"partition"})
 ORDERED = frozenset({"min", "max", "first", "last", "first_row_key", "last_row_key", "median", "percentile",
                      "count_distinct", "distinct", "unique", "sorted_first", "sorted_last", "group"})
-KINDS = LINEAR | ORDERED
+KINDS = LINEAR | ORDERED | CONSTANT
 #: kinds whose value needs the group's members read again when any of them changes
 _RESCAN = frozenset({"median", "percentile", "count_distinct", "distinct", "unique", "sorted_first",
                      "sorted_last", "group"})
@@ -69,6 +71,9 @@ _RESCAN = frozenset({"median", "percentile", "count_distinct", "distinct", "uniq
 
 _VECTORS = {pa.int8(): "Byte", pa.int16(): "Short", pa.int32(): "Int", pa.int64(): "Long", pa.float32(): "Float",
             pa.float64(): "Double"}
+
+
+_PARTITION_TYPE = b"io.deephaven.engine.table.impl.QueryTable"
 
 
 def _vector_type(t: pa.DataType) -> bytes:
@@ -91,7 +96,10 @@ def _is_num(t: pa.DataType) -> bool:
 def averages(a: Agg, t: pa.DataType) -> bool:
     """Whether a median/percentile averages the two middle values of an evenly divided group: as
     Deephaven, only with `average_evenly_divided` and for int, long, float and double columns
-    (byte and short columns, like other types, take a value of the group)."""
+    (byte and short columns, like other types, take a value of the group). A formula's median
+    (`wide`) averages every numeric type."""
+    if a.wide:
+        return _is_num(t)
     return bool(a.average_evenly_divided) and t in (pa.int32(), pa.int64(), pa.float32(), pa.float64())
 
 
@@ -104,12 +112,14 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
         return OperationError(f"{k} cannot aggregate column {a.column!r} of type {t}")
     if k in ("count", "count_where", "count_distinct", "first_row_key", "last_row_key"):
         return pa.int64()
+    if k == "partition":
+        return pa.string()
     assert t is not None
     if k in ("sum", "abs_sum"):
         if _is_int(t) or pa.types.is_boolean(t):
             return pa.int64()
         if _is_float(t):
-            return pa.float32() if t == pa.float32() else pa.float64()
+            return pa.float32() if t == pa.float32() and not a.wide else pa.float64()
         raise refuse()
     if k in ("avg", "var", "std"):
         if _is_num(t):
@@ -126,7 +136,7 @@ def result_type(a: Agg, t: Optional[pa.DataType], other: Optional[pa.DataType]) 
         if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
             raise refuse()
         if k in ("median", "percentile") and averages(a, t):
-            return t if _is_float(t) else pa.float64()
+            return t if _is_float(t) and not a.wide else pa.float64()
         return t
     if k in ("first", "last", "unique", "sorted_first", "sorted_last"):
         return t
@@ -179,7 +189,9 @@ class _Linear:
     def __init__(self, a: Agg, t: pa.DataType, other: Optional[pa.DataType], cap: int):
         self.a = a
         self.rt = result_type(a, t, other)
-        self.exact = a.kind in ("sum", "abs_sum", "avg") and (_is_int(t) or pa.types.is_boolean(t)) or \
+        # a formula's avg (wide) sums longs as doubles, in row order, as Deephaven's avg(vector) does
+        self.exact = a.kind in ("sum", "abs_sum", "avg") and (_is_int(t) or pa.types.is_boolean(t)) \
+            and not (a.wide and a.kind == "avg") or \
             (a.kind == "weighted_sum" and _is_int(t) and other is not None and _is_int(other))
         sp = ["nan", "pinf", "ninf", "nz"]
         names = {"count": ["n"], "count_where": ["n"],
@@ -306,7 +318,12 @@ class _Linear:
             with np.errstate(all="ignore"):
                 nz = st["nz"][groups] > 0
                 s, s2 = np.where(nz, s, 0.0), np.where(nz, st["s2"][groups], 0.0)
-                var = (s2 - s * s / nf) / (nf - 1)
+                if a.wide:  # Deephaven's var(vector): no difference within an ulp of the sum of squares,
+                    delta = s2 - s * (s / nf)  # NaN once a sum overflows
+                    var = np.where(np.abs(delta / np.spacing(np.abs(s2))) > 1.0, delta / (nf - 1), 0.0)
+                    var = np.where(np.isfinite(s) & np.isfinite(s2), var, np.nan)
+                else:
+                    var = (s2 - s * s / nf) / (nf - 1)
                 var = np.where(var < 0, 0.0, var)
                 var = np.where(n > 1, var, np.nan)
                 var = np.where((st["nan"][groups] > 0) | (st["inf"][groups] > 0) | ~np.isfinite(var), np.nan, var)
@@ -650,22 +667,47 @@ class _SortedSlabs:
         vals[_ragged(off[keep], self.cnt[keep])] = data
         self.vals, self.off, self.cap, self.end = vals, off, cap, int(cap.sum())
 
-    def quantile(self, groups: np.ndarray, p: float, average: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _java_zeros(self, v: np.ndarray, pos: np.ndarray, off: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+        """`v` (the values at positions `pos` of groups at `off` with `cnt` values) with the sign
+        of its zeros as a Java sort of the group would have them: every -0.0 before every 0.0."""
+        zero = np.flatnonzero((v == 0) & (cnt > 0))
+        if zero.size == 0:
+            return v
+        o, c = off[zero], cnt[zero]
+        first = _seg_search(self.vals, o, o + c, np.zeros(zero.size), right=False)
+        last = _seg_search(self.vals, o, o + c, np.zeros(zero.size), right=True)
+        runs = last - first
+        neg = np.signbit(self.vals[_ragged(first, runs)]).astype(np.int64)
+        ends = np.cumsum(runs)
+        nneg = np.diff(np.concatenate(([0], np.cumsum(neg)[ends - 1] if neg.size else np.zeros(0, np.int64))))
+        v = v.astype(np.float64)
+        v[zero] = np.where(pos[zero] - first < nneg, -0.0, 0.0)
+        return v
+
+    def quantile(self, groups: np.ndarray, p: float, average: bool,
+                 java_zeros: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, null mask, NaN mask) of the percentile `p` of each group, by Deephaven's
-        positions (`average`: its rule for averaging the two middle values)."""
+        positions (`average`: its rule for averaging the two middle values). `java_zeros`: as
+        Deephaven's median(vector), which sorts -0.0 before 0.0 (else, as its aggregations, equal
+        values are one value)."""
         cnt, off = self.cnt[groups], self.off[groups]
         empty = cnt == 0
         c = np.maximum(cnt, 1)
         if average:
             lo = np.floor((c - 1) * p).astype(np.int64)
             pair = (c % 2 == 0) & (lo == c // 2 - 1)
+            hi = np.where(pair, lo + 1, lo)
             lo_v = self.vals[off + lo].astype(np.float64)
-            hi_v = self.vals[off + np.where(pair, lo + 1, lo)].astype(np.float64)
+            hi_v = self.vals[off + hi].astype(np.float64)
+            if java_zeros and self.dtype.kind == "f":
+                lo_v, hi_v = self._java_zeros(lo_v, off + lo, off, cnt), self._java_zeros(hi_v, off + hi, off, cnt)
             out: np.ndarray = np.where(pair, (lo_v + hi_v) / 2, lo_v)
         else:
             k = np.minimum(np.floor((c - 1) * p + 0.5).astype(np.int64), c - 1)
             out = self.vals[off + k]
-        if self.dtype.kind == "f" and groups.size:
+            if java_zeros and self.dtype.kind == "f":
+                out = self._java_zeros(out, off + k, off, cnt)
+        if self.dtype.kind == "f" and groups.size and not java_zeros:
             # equal values are one value in Deephaven, shown as the first one seen: -0.0 or 0.0
             zero = out == 0
             if zero.any():
@@ -715,7 +757,8 @@ class AggregateTable(_Op):
                         raise UnknownColumnError(f"table {name!r}: {a.kind} of unknown column {c!r}")
                     if c not in inputs:
                         inputs.append(c)
-            if a.column is None and a.kind not in ("count", "count_where", "first_row_key", "last_row_key"):
+            if a.column is None and a.kind not in ("count", "count_where", "first_row_key", "last_row_key",
+                                                   "partition"):
                 raise OperationError(f"table {name!r}: {a.kind} needs an input column")
             t = ps.field(a.column).type if a.column else None
             o = ps.field(a.other).type if a.other else None
@@ -725,6 +768,8 @@ class AggregateTable(_Op):
                 raise OperationError(f"table {name!r}: {exc}") from None
             if a.kind in ("distinct", "group"):  # Deephaven's aggregations make vectors, not arrays
                 fields.append(pa.field(a.out, rt, metadata={b"deephaven:type": _vector_type(rt.value_type)}))
+            elif a.kind == "partition":
+                fields.append(pa.field(a.out, rt, metadata={b"deephaven:type": _PARTITION_TYPE}))
             else:
                 fields.append(pa.field(a.out, rt))
         names = [f.name for f in fields]
@@ -749,6 +794,7 @@ class AggregateTable(_Op):
                                 ps.field(a.other).type if a.other else None, cap)
                         for a in self.aggs if a.kind in LINEAR]
         self._ordered = [a for a in self.aggs if a.kind in ORDERED]
+        self._constant = [a for a in self.aggs if a.kind in CONSTANT]
         self._row_keys = any(a.kind in ("first_row_key", "last_row_key") for a in self.aggs)
         # median and percentile of columns kept sorted per group (by column)
         self._slabs: dict[str, _SortedSlabs] = {}
@@ -992,6 +1038,8 @@ class AggregateTable(_Op):
             new_cols[lin.a.out] = lin.values(out_g, self._count[out_g])
         if self._ordered:
             new_cols.update(self._ordered_values(out_g, born, left, came))
+        for a in self._constant:
+            new_cols[a.out] = pa.array(np.full(out_g.size, "QueryTable", dtype=object), pa.string())
         old = self.store.gather(stay, list(new_cols)) if stay.size else None
         if new_cols and out_g.size:
             st = self.store
@@ -1025,7 +1073,7 @@ class AggregateTable(_Op):
         assert a.column is not None
         avg = averages(a, t)
         p = 0.5 if a.kind == "median" else float(a.percentile)
-        out, null, nan = self._slabs[a.column].quantile(groups, p, avg)
+        out, null, nan = self._slabs[a.column].quantile(groups, p, avg, java_zeros=a.wide)
         if avg or pa.types.is_floating(t):
             arr = pa.array(np.where(nan, np.nan, out.astype(np.float64)), pa.float64(), mask=null)
             return arr.cast(rt)
