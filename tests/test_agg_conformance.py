@@ -150,6 +150,7 @@ OTHER_AGGS = {
     "last_row_key": Agg(last_row_key=Agg.AggregationRowKey(column_name="LastKey")),
     "count_where": Agg(count_where=Agg.AggregationCountWhere(column_name="CW", filters=["I32 > 1"])),
     "formula": Agg(formula=Agg.AggregationFormula(selectable=table_pb2.Selectable(raw="X = sum(I32)"))),
+    "partition": Agg(partition=Agg.AggregationPartition(column_name="P", include_group_by_columns=True)),
 }
 
 
