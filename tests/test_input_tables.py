@@ -199,6 +199,39 @@ def test_an_input_table_made_from_a_source_takes_its_columns_and_none_of_its_row
     assert c.rows(resp.result_id.ticket.ticket)["K"] == []
 
 
+def test_input_tables_are_made_inside_a_batch(c):
+    """CreateInputTable as a Batch step: from a schema, and from an earlier step's table (by
+    batch_offset), whose columns it takes; a later step reads it; a refused step ends the batch."""
+    batch = table_pb2.BatchTableRequest()
+    op = batch.ops.add().empty_table
+    op.size = 3
+    first = batch.ops.add().create_input_table
+    first.kind.CopyFrom(_kind("keyed", ["K"]))
+    first.schema = SCHEMA.serialize().to_pybytes()
+    first.result_id.ticket = keyed = c.ticket()
+    second = batch.ops.add().create_input_table
+    second.kind.CopyFrom(_kind("append"))
+    second.source_table_id.batch_offset = 1
+    second.result_id.ticket = appended = c.ticket()
+    view = batch.ops.add().view
+    view.source_id.batch_offset = 2
+    view.column_specs.append("K")
+    out = list(c.s.stream(TABLE_SERVICE, "Batch", batch, metadata=c.md))
+    assert [r.success for r in out] == [True, True, True, True]
+    assert _column_kinds(_schema_of(out[1])) == {"K": "key", "K2": "value", "V": "value", "T": "value"}
+    assert _schema_of(out[2]).names == SCHEMA.names and _schema_of(out[3]).names == ["K"]
+    c.add(appended, _rows(["a"], [1], [1.0]))
+    c.add(keyed, _rows(["b", "b"], [1, 2], [1.0, 2.0]))
+    assert c.rows(appended)["K"] == ["a"] and c.rows(keyed)["K2"] == [2]
+    bad = table_pb2.BatchTableRequest()
+    step = bad.ops.add().create_input_table
+    step.kind.CopyFrom(_kind("keyed", ["Nope"]))
+    step.schema = SCHEMA.serialize().to_pybytes()
+    step.result_id.ticket = c.ticket()
+    code, details = c.s.status(lambda: list(c.s.stream(TABLE_SERVICE, "Batch", bad, metadata=c.md)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "Nope" in details
+
+
 def test_released_input_tables_leave_the_engine(c):
     owned = c.s.ctx.ops.owned
     target = c.create("keyed", ["K"]).result_id.ticket.ticket

@@ -46,8 +46,8 @@ from tickwire.server.services.exports import claim, export
 from tickwire.server.services.rpc import CallError, service_handlers
 from tickwire.server.services.sessions import ExportClaim
 
-__all__ = ["InputTableService", "InputTable", "create_input_table", "input_table_of", "INPUT_TABLE_ATTRIBUTE",
-           "TABLE_METADATA"]
+__all__ = ["InputTableService", "InputTable", "create_input_table", "input_table_for", "input_table_of",
+           "INPUT_TABLE_ATTRIBUTE", "TABLE_METADATA"]
 
 #: the table attribute that marks an input table (Deephaven's Table.INPUT_TABLE_ATTRIBUTE)
 INPUT_TABLE_ATTRIBUTE = "InputTable"
@@ -167,15 +167,22 @@ def _creation_response(result_ticket: bytes, table: Table) -> table_pb2.Exported
     return resp
 
 
+def input_table_for(ctx: ServerContext, req, source: Optional[Table]) -> Table:
+    """The session-owned input table a CreateInputTableRequest asks for (`source`: the table its
+    source_table_id names, when it names one). Runs off the event loop."""
+    _check_request(req)
+    columns = _request_columns(req) if source is None else source.schema
+    assert columns is not None  # a schema request without one raised in _request_columns
+    return ctx.ops.adopt(make_input_table(ctx.engine, req, columns))
+
+
 def create_input_table(ctx: ServerContext):
     """The handler of TableService.CreateInputTable: the result ticket is claimed before anything
     is awaited, as for every one-shot operation, then the source table (when one is named) is
     waited for and the input table made and exported."""
 
     def make(req, source: Optional[Table], result: ExportClaim) -> table_pb2.ExportedTableCreationResponse:
-        columns = _request_columns(req) if source is None else source.schema
-        assert columns is not None  # a schema request without one raised in _request_columns
-        table = ctx.ops.adopt(make_input_table(ctx.engine, req, columns))
+        table = input_table_for(ctx, req, source)
         export(ctx.ops, result, table)
         return _creation_response(req.result_id.ticket, table)
 

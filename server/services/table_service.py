@@ -21,7 +21,7 @@ from tickwire.server.services import (
 from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_sourceless, seek_row
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
-from tickwire.server.services.input_table_service import create_input_table
+from tickwire.server.services.input_table_service import create_input_table, input_table_for
 from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.sessions import ExportClaim, Session
 from tickwire.server.services.table_ops import EXTRA_SOURCES, OPERATIONS
@@ -92,6 +92,8 @@ class TableService:
         the running Batch (the caller drops that hold when the batch ends). Runs off the event loop."""
         if kind in SOURCELESS:
             table = make_sourceless(self.ops, kind, req)
+        elif kind == "create_input_table":
+            table = input_table_for(self.ctx, req, source)
         else:
             if source is None:
                 raise CallError(f"{kind}: source_id not supplied", "INVALID_ARGUMENT")
@@ -180,7 +182,7 @@ class TableService:
         session = self.ctx.session_of(context)
         results: dict[int, ExportClaim] = {}
         try:
-            allowed = {*_AS_IS, *OPERATIONS.values()}
+            allowed = {*_AS_IS, *OPERATIONS.values(), "create_input_table"}
             for i, op in enumerate(req.ops):  # refuse the whole batch before exporting anything
                 which = op.WhichOneof("op")
                 if which not in allowed:
@@ -204,7 +206,11 @@ class TableService:
             for i, op in enumerate(req.ops):
                 which = op.WhichOneof("op")
                 step = getattr(op, which)
-                source = None if which in SOURCELESS else await self._source(step.source_id, session, done)
+                if which == "create_input_table":  # its source, if any, is the table whose schema it takes
+                    source = await self._source(step.source_table_id, session, done) \
+                        if step.WhichOneof("definition") == "source_table_id" else None
+                else:
+                    source = None if which in SOURCELESS else await self._source(step.source_id, session, done)
                 extras = await self._extra_sources(which, step, session, done)
                 resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i, extras)
                 done.append(table)
