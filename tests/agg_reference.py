@@ -68,6 +68,8 @@ def ref_value(a: Agg, rows: list[dict], schema: pa.Schema, hits: Optional[set[in
         return sum(1 for r in rows if id(r) in hits)
     if k in ("first_row_key", "last_row_key"):
         return rows[0][KEY] if k == "first_row_key" else rows[-1][KEY]
+    if k == "partition":  # what Deephaven's clients receive of a group's table
+        return "QueryTable"
     assert vals is not None, f"{k} needs a column"
     if k == "first":
         return vals[0]
@@ -123,7 +125,9 @@ def ref_value(a: Agg, rows: list[dict], schema: pa.Schema, hits: Optional[set[in
             return xs[-1]
         p = 0.5 if k == "median" else a.percentile
         n = len(xs)
-        if a.average_evenly_divided and ftype in (pa.int32(), pa.int64(), pa.float32(), pa.float64()):
+        # a formula's median(vector) (wide) averages every numeric type
+        if (a.average_evenly_divided and ftype in (pa.int32(), pa.int64(), pa.float32(), pa.float64())) or \
+                (a.wide and (pa.types.is_integer(ftype) or is_float)):
             lo = int(math.floor((n - 1) * p))
             if n % 2 == 0 and lo == n // 2 - 1:
                 return (float(xs[lo]) + float(xs[lo + 1])) / 2
@@ -195,6 +199,8 @@ def empty_value(a: Agg):
         return 0
     if a.kind in ("group", "distinct"):
         return []
+    if a.kind == "partition":
+        return "QueryTable"
     return None
 
 

@@ -1300,7 +1300,10 @@ AGGS = [
     Agg("count_distinct", "q", "CdQ"), Agg("count_distinct", "g", "CdG", include_nulls=True),
     Agg("distinct", "w", "DW"), Agg("unique", "k", "UK"), Agg("unique", "g", "UG", include_nulls=True),
     Agg("sorted_first", "x", "SfX", other="ts"), Agg("sorted_last", "g", "SlG", other="q"),
-    Agg("group", "w", "GW"),
+    Agg("group", "w", "GW"), Agg("partition", name="Part"),
+    # the forms formula aggregations read (Deephaven's vector functions: tickwire.server.services.agg_formula)
+    Agg("median", "q", "WMedQ", wide=True), Agg("median", "x", "WMedX", wide=True),
+    Agg("var", "x", "WVarX", wide=True), Agg("avg", "q", "WAvgQ", wide=True), Agg("sum", "f", "WSumF", wide=True),
 ]
 AGG_KINDS = frozenset(a.kind for a in AGGS)
 # pydeephaven-ticking 42.7 cannot read a list column holding a null or empty list (get_chunk raises
