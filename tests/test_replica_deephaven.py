@@ -34,18 +34,18 @@ TICK_S = 30
 TICKING = '''
 from deephaven import time_table
 
-growing = time_table("PT0.03S").head(1000).update(["Seq = ii", "Px = 100.0 + ii * 0.25"])
-keyed = time_table("PT0.03S").head(1000).update(["Key = (int) (ii % 17)", "Val = ii * 3"]).last_by("Key")
-sorted_t = time_table("PT0.03S").head(1000).update([
+rep_growing = time_table("PT0.03S").head(1000).update(["Seq = ii", "Px = 100.0 + ii * 0.25"])
+rep_keyed = time_table("PT0.03S").head(1000).update(["Key = (int) (ii % 17)", "Val = ii * 3"]).last_by("Key")
+rep_sorted = time_table("PT0.03S").head(1000).update([
     "Key = (int) (ii % 40)", "SortVal = (int) ((ii * 7919) % 101)", "Label = `k` + Key",
 ]).last_by("Key").sort("SortVal")
 '''
 TABLES = r'''
 from deephaven import empty_table
 
-static_t = empty_table(500).update(["I = i", "S = i % 7 == 0 ? null : `s` + i", "D = i * 0.5"])
+rep_static = empty_table(500).update(["I = i", "S = i % 7 == 0 ? null : `s` + i", "D = i * 0.5"])
 ''' + TICKING
-NAMES = ("static_t", "growing", "keyed", "sorted_t")
+NAMES = ("rep_static", "rep_growing", "rep_keyed", "rep_sorted")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
         with BarrageClient(dh.target) as upstream:
             # the ticking tables stop after 1,000 ticks (TICK_S seconds); Deephaven sends a
             # subscription update at most once a second, so a replica may be up to a second behind
-            assert wait_until(lambda: upstream.snapshot("growing").num_rows == 1000, TICK_S + 60)
+            assert wait_until(lambda: upstream.snapshot("rep_growing").num_rows == 1000, TICK_S + 60)
 
             def settled(name):
                 want = upstream.snapshot(name)
@@ -89,10 +89,10 @@ def test_deephaven_to_tickwire_to_tickwire_chain_converges(dh):
                 assert wait_until(lambda name=name: settled(name), 30), \
                     f"{name}: the chain did not converge to Deephaven"
         # they followed live updates, not just a final snapshot
-        for name in ("growing", "keyed", "sorted_t"):
+        for name in ("rep_growing", "rep_keyed", "rep_sorted"):
             assert reps1[name].messages > 3, f"{name}: only {reps1[name].messages} messages"
         # Deephaven's sorted table uses a sparse key space; the replica kept it
-        keys, _ = _state(engine1, reps1["sorted_t"].table)
+        keys, _ = _state(engine1, reps1["rep_sorted"].table)
         assert keys.size == 40 and keys.max() > 40
     finally:
         session.close()
@@ -106,7 +106,7 @@ def test_tickwire_serve_replicate_command_line(dh):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "tickwire", "serve", "--port", str(port), "--duration", "60",
-                             "--replicate", f"{dh.target}/static_t,{dh.target}/keyed"],
+                             "--replicate", f"{dh.target}/rep_static,{dh.target}/rep_keyed"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     local = None
     try:
@@ -116,15 +116,15 @@ def test_tickwire_serve_replicate_command_line(dh):
             try:  # the server starts listening after a moment
                 local = local or BarrageClient(f"127.0.0.1:{port}")
                 names = local.tables()
-                if {"static_t", "keyed"} <= set(names):
+                if {"rep_static", "rep_keyed"} <= set(names):
                     break
             except Exception:  # noqa: BLE001
                 pass
             time.sleep(0.2)
-        assert {"static_t", "keyed"} <= set(names), names
+        assert {"rep_static", "rep_keyed"} <= set(names), names
         with BarrageClient(dh.target) as upstream:
-            assert wait_until(lambda: local.snapshot("static_t").equals(upstream.snapshot("static_t")), 30)
-            assert wait_until(lambda: local.snapshot("keyed").equals(upstream.snapshot("keyed")), 60)
+            assert wait_until(lambda: local.snapshot("rep_static").equals(upstream.snapshot("rep_static")), 30)
+            assert wait_until(lambda: local.snapshot("rep_keyed").equals(upstream.snapshot("rep_keyed")), 60)
     finally:
         if local is not None:
             local.close()
