@@ -359,8 +359,9 @@ def encode_record_batch(
     *,
     use_deephaven_nulls: bool = False,
     columns_as_list: bool = False,
+    length: int = 0,
 ) -> EncodedBatch:
-    """One RecordBatch message.
+    """One RecordBatch message (`length`: its row count when it has no columns to say it).
 
     `columns[i]` holds column i's rows in this batch (wire types, see `schema.to_wire_array`), or
     None when the column is not sent (field node (0, 0) and zero-length buffers; in list mode an
@@ -391,6 +392,8 @@ def encode_record_batch(
             _write_empty(w, t)
         else:
             _write_column(w, arr, use_deephaven_nulls)
+    if not columns:
+        rows = length
     header = _message_header(1 if columns_as_list else rows, w.nodes, w.buffers, w.offset)
     return EncodedBatch(header, w.parts, w.offset, rows)
 
@@ -449,6 +452,7 @@ def encode_batches(
     overhead: int = 0,
     metadata_size: int = 0,
     initial_rows: int = 0,
+    rows: int = 0,
 ) -> Iterator[EncodedBatch]:
     """Splits one phase (adds or mods) of a logical update into record batches (docs/messages.md#batch-sizing).
 
@@ -457,8 +461,9 @@ def encode_batches(
     Each attempt is measured as its FlightData size (header and body fields) plus `overhead`, plus
     `metadata_size` for the first batch (the one that carries the app_metadata); `BatchSizer`
     decides the sizes, trying `initial_rows` first when given (Deephaven's 4096 otherwise).
-    Yields nothing when every column is empty or None."""
-    total = max((len(c) for c in columns if c is not None), default=0)
+    Yields nothing when every column is empty or None. A table without columns gives its row
+    count as `rows` (RecordBatch.length is all that carries it)."""
+    total = max((len(c) for c in columns if c is not None), default=0) if columns else rows
     sizer = BatchSizer(batch_size, max_message_size, initial_rows)
     extra = overhead + metadata_size
     o = 0
@@ -466,7 +471,7 @@ def encode_batches(
         rows = max(1, min(sizer.next_rows, total - o))
         part = [None if c is None else c.slice(min(o, len(c)), max(0, min(rows, len(c) - o))) for c in columns]
         enc = encode_record_batch(part, types, use_deephaven_nulls=use_deephaven_nulls,
-                                  columns_as_list=columns_as_list)
+                                  columns_as_list=columns_as_list, length=rows)
         enc.rows = rows
         if sizer.accept(rows, enc.flight_data_size() + extra):
             yield enc

@@ -67,8 +67,10 @@ def encode_update(
     batch_size: int = 0,
     max_message_size: int = 0,
     initial_batch_rows: int = 0,
+    added_rows: int = 0,
 ) -> list[bytes]:
-    """FlightData payloads of one logical update.
+    """FlightData payloads of one logical update (`added_rows`: the added row count of a table
+    without columns, which only RecordBatch.length carries).
 
     `metadata` is the wrapped metadata bytes (e.g. `barrage.wrap(UpdateMetadata(...))`), or an empty
     bytes object for a plain Arrow stream (DoGet of a non-Barrage reader gets it all the same).
@@ -81,15 +83,15 @@ def encode_update(
     out: list[bytes] = []
     first_md: Optional[bytes] = metadata if metadata else None
     overhead = len(metadata) + 16
-    for phase in (added, modified):
-        if phase is None or all(c is None or len(c) == 0 for c in phase):
+    for phase, rows in ((added, added_rows if ncols == 0 else 0), (modified, 0)):
+        if phase is None or (all(c is None or len(c) == 0 for c in phase) and not rows):
             continue
         if len(phase) != ncols:
             raise ValueError(f"{len(phase)} columns for a schema of {ncols}")
         for enc in encode_batches(phase, types, overhead=overhead if first_md is not None else 16,
                                   initial_rows=initial_batch_rows, use_deephaven_nulls=use_deephaven_nulls,
                                   columns_as_list=columns_as_list, batch_size=batch_size,
-                                  max_message_size=max_message_size):
+                                  max_message_size=max_message_size, rows=rows):
             out.append(encode_flight_data(enc.header, first_md, body_parts=enc.body_parts))
             first_md = None
     if not out:

@@ -665,8 +665,6 @@ NOT_SERVED = {"approx_pct_": "approximate_percentile", "agg_all-approx_pct_": "a
 
 #: differences known and not (yet) matched, each with its reason
 KNOWN = {
-    "select_distinct-none": "a table of rows without columns is served without its rows (the wire takes a batch's "
-                            "row count from its columns)",
     "formula-vector_arithmetic": "Deephaven computes element-wise arithmetic of a group's vector (an array per "
                                  "group); tickwire refuses a vector outside its reducing functions",
     "error-aggregates_key": "Deephaven answers an aggregation of a group-by column; tickwire refuses its output "

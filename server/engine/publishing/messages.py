@@ -90,16 +90,18 @@ class Message:
     """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
 
     __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step", "_base",
-                 "limits")
+                 "limits", "added_rows")
 
     def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
                  modified: Optional[list[Optional[pa.Array]]], step: int = 0,
-                 limits: EncodeLimits = DEFAULT_LIMITS):
+                 limits: EncodeLimits = DEFAULT_LIMITS, added_rows: int = 0):
         self.metadata = metadata
         self.types = list(types)
         self.added = added
         self.modified = modified
-        self.n_added = max((len(a) for a in added or () if a is not None), default=0)
+        # a table without columns: the added rows' count, which only RecordBatch.length carries
+        self.added_rows = added_rows if not self.types else 0
+        self.n_added = max(max((len(a) for a in added or () if a is not None), default=0), self.added_rows)
         self.cells = sum(len(c) for c in (*(added or ()), *(modified or ())) if c is not None)  # values carried
         self.step = step
         self._cache: dict[EncodeOptions, list[bytes]] = {}
@@ -110,7 +112,8 @@ class Message:
     def with_metadata(self, metadata: bytes, step: int) -> "Message":
         """The same rows under other metadata (the same snapshot at a later step of an unchanged
         table): its FlightData are this message's, but for the first, which carries the metadata."""
-        m = Message(metadata, self.types, self.added, self.modified, step=step, limits=self.limits)
+        m = Message(metadata, self.types, self.added, self.modified, step=step, limits=self.limits,
+                    added_rows=self.added_rows)
         m._base = self
         return m
 
@@ -137,7 +140,7 @@ class Message:
                 out = encode_update(self.metadata, self.types, self._wire(self.added), self._wire(self.modified),
                                     use_deephaven_nulls=opts.use_deephaven_nulls,
                                     columns_as_list=opts.columns_as_list, batch_size=self._batch_rows(opts),
-                                    max_message_size=opts.max_message_size)
+                                    max_message_size=opts.max_message_size, added_rows=self.added_rows)
                 self._cache[opts] = out
         yield from out
 
@@ -175,7 +178,8 @@ class Message:
         for start in range(0, self.n_added, rows):
             part = [None if c is None else to_wire_array(c.slice(start, rows), t)
                     for c, t in zip(self.added, self.types)]
-            yield from encode_update(md, self.types, part, None, initial_batch_rows=rows, **kw)
+            yield from encode_update(md, self.types, part, None, initial_batch_rows=rows,
+                                     added_rows=min(rows, self.n_added - start) if self.added_rows else 0, **kw)
             md = b""
         if self.modified is not None and any(c is not None and len(c) for c in self.modified):
             yield from encode_update(b"", self.types, None, self._wire(self.modified), **kw)

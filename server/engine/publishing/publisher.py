@@ -684,5 +684,6 @@ def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = No
                         effective_reverse_viewport=reverse,
                         effective_column_set=None if columns is None else np.asarray(columns, dtype=np.int64),
                         added_rows=rows, shift_data=_EMPTY_SHIFTS, added_rows_included=keys)
-    return Message(md, wire.types, added, None, step=step, limits=limits or EncodeLimits()), len(keys)
+    return Message(md, wire.types, added, None, step=step, limits=limits or EncodeLimits(),
+                   added_rows=len(keys)), len(keys)
 
