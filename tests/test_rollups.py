@@ -291,6 +291,11 @@ def test_default_view_a_viewport_and_the_default_order():
         got = s.doget(_ticket(vid), token=r.token)
         assert got.column("A").to_pylist() == [None, "y", "x", None, "w"]
         assert got.column(ROW_EXPANDED).to_pylist() == [True, False, False, False, False]
+        # the rollup's own ticket is not a table to read or subscribe to (its views are), as Deephaven answers
+        rid = r.rollup()
+        code, details = s.status(lambda: s.doget(_ticket(rid), token=r.token))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert details == f"Ticket (export/{rid}) is not a subscribable table."
 
 
 def test_filters_on_group_by_columns_and_the_source_export():

@@ -24,7 +24,7 @@ from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import BARRAGE_SCHEMA, attributes_from_schema, ipc_encapsulated_schema
-from tickwire.protocol.tickets import ExportTicket, ScopeTicket, SharedTicket, ticket_from_path
+from tickwire.protocol.tickets import ExportTicket, ScopeTicket, SharedTicket, parse_ticket, ticket_from_path
 from tickwire.protocol.txn import (
     ACTION_ABORT,
     ACTION_COMMIT,
@@ -36,6 +36,7 @@ from tickwire.protocol.txn import (
 )
 from tickwire.protocol.upload import KEYS_METADATA, Batch, Destination, UploadDecoder, UploadError
 from tickwire.server.engine import Table, TableSpec, is_system, kind_of
+from tickwire.server.engine.hierarchical import RollupHandle
 from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot_message
 from tickwire.server.engine.publishing.handle import (
     SubscriptionHandle,
@@ -95,8 +96,14 @@ class FlightService:
 
     # -- helpers ------------------------------------------------------------------------------------
     async def _resolve(self, ticket: bytes, session: Optional[Session]) -> Table:
-        """The table a ticket names; an export of the session still being made is waited for."""
-        return await self.ctx.resolve(ticket, session)
+        """The table a ticket names, to be read or subscribed to; an export of the session still
+        being made is waited for. A rollup's own ticket is not a table to read (its View is), as
+        Deephaven answers."""
+        table = await self.ctx.resolve(ticket, session)
+        if isinstance(table, RollupHandle):
+            raise CallError(f"Ticket ({'/'.join(parse_ticket(ticket).to_path())}) is not a subscribable table.",
+                            "FAILED_PRECONDITION")
+        return table
 
     async def _resolve_descriptor(self, desc, session: Optional[Session]) -> tuple[Table, list[str]]:
         if desc.type != flight_pb2.FlightDescriptor.PATH:
