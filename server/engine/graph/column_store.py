@@ -396,7 +396,11 @@ def groups_of(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], values
     """The group of each row of `values` (its columns `keys`), found in `index` (key hash -> group,
     the groups' key values in `store` under `keys`). Keys not seen before become groups, one per
     distinct key in the order of their first rows: `make(key_rows)` makes them (writing their key
-    values to `store`) and returns their ids."""
+    values to `store`) and returns their ids. Without key columns every row is in group 0 (which
+    the caller made)."""
+    if not keys or values.num_rows == 0:
+        zeros: np.ndarray = np.zeros(values.num_rows, dtype=np.int64)
+        return zeros
     cols = [values.column(k).combine_chunks() for k in keys]
     # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
     h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])

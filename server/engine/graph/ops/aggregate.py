@@ -875,17 +875,11 @@ class AggregateTable(_Op):
     # -- groups ---------------------------------------------------------------------------------
     def _group_of(self, values: pa.Table) -> np.ndarray:
         """Group of each row of key values, making groups for new keys (in first-row order)."""
-        n = values.num_rows
-        gids: np.ndarray
-        if not self.keys or n == 0:
-            gids = np.zeros(n, dtype=np.int64)
-            return gids
-
         def make(key_vals: pa.Table) -> np.ndarray:
             new = self._new_groups(key_vals.num_rows)
             self.store.write(new, self._key_row_table(key_vals, key_vals.num_rows))
             return new
-        gids = groups_of(self._groups, self.store, self.keys, values, make)
+        gids: np.ndarray = groups_of(self._groups, self.store, self.keys, values, make)
         return gids
 
     def _key_row_table(self, key_vals: pa.Table, n: int) -> pa.Table:

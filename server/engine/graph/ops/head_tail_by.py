@@ -173,17 +173,11 @@ class HeadTailByTable(_Op):
 
     def _group_of(self, values: pa.Table) -> np.ndarray:
         """Group of each row of key values, making groups for new keys (in first-row order)."""
-        n = values.num_rows
-        gids: np.ndarray
-        if not self.keys or n == 0:
-            gids = np.zeros(n, dtype=np.int64)
-            return gids
-
         def make(key_vals: pa.Table) -> np.ndarray:
             new = self._new_groups(key_vals.num_rows)
             self._group_keys.write(new, key_vals)
             return new
-        gids = groups_of(self._groups, self._group_keys, self.keys, values, make)
+        gids: np.ndarray = groups_of(self._groups, self._group_keys, self.keys, values, make)
         return gids
 
     def _shown(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -89,11 +89,6 @@ class LastByTable(_Op):
     # -- groups ---------------------------------------------------------------------------------
     def _group_of(self, values: pa.Table) -> np.ndarray:
         """Group of each row of key values, creating groups for new keys."""
-        n = values.num_rows
-        if n == 0:
-            empty: np.ndarray = _EMPTY.copy()
-            return empty
-
         def make(key_vals: pa.Table) -> np.ndarray:
             new = np.arange(self._ngroups, self._ngroups + key_vals.num_rows, dtype=np.int64)
             self._ngroups += key_vals.num_rows
