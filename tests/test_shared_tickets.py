@@ -306,16 +306,9 @@ def _story(port: int) -> list:
 @pytest.mark.slow
 @pytest.mark.interop
 def test_shared_tickets_answer_as_deephaven(deephaven_server):
-    from tickwire.server.app import TickwireServer
-    from tickwire.server.engine import Engine
+    from tests.interop import told_by_both
 
-    engine = Engine(interval_ms=50)
-    server = TickwireServer(engine, port=0).start()
-    try:
-        dh, tw = _story(deephaven_server.port), _story(server.port)
-    finally:
-        server.stop()
-        engine.stop()
+    dh, tw = told_by_both(deephaven_server.port, _story)
     assert dh == tw
     assert dh == ["OK", "ALREADY_EXISTS", "OK", "FAILED_PRECONDITION", (10, False, True),
                   [2 * i for i in range(10)], "FAILED_PRECONDITION", "FAILED_PRECONDITION", 10, "NOT_FOUND",

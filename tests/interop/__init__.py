@@ -16,6 +16,21 @@ def close_dh_session(session) -> None:
             session.grpc_channel.close()
 
 
+def told_by_both(dh_port: int, story, interval_ms: float = 50) -> tuple:
+    """(Deephaven's, tickwire's) answers of `story(port)`, run against the Deephaven on `dh_port`
+    and against a fresh tickwire server (stopped afterwards)."""
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
+
+    engine = Engine(interval_ms=interval_ms)
+    server = TickwireServer(engine, port=0).start()
+    try:
+        return story(dh_port), story(server.port)
+    finally:
+        server.stop()
+        engine.stop()
+
+
 class Beside:
     """A tickwire server with static tables, beside a running Deephaven, and a pydeephaven session on
     each: `dh` and `tw` (sessions), `engine`, and `pair(name)`, the same table opened on both (uploaded
