@@ -34,6 +34,7 @@ import pytest
 
 from tickwire.server.engine import Engine, TableSpec
 
+from .interop import close_dh_session
 from .interop.dh_server import deephaven_server_available
 
 pytestmark = [pytest.mark.slow, pytest.mark.interop]
@@ -560,10 +561,7 @@ def answers(deephaven_server):
         yield got
     finally:
         for s in (dh_session, tw_session):
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 (closing both sessions whatever the first did)
-                pass
+            close_dh_session(s)  # each, whatever the other's close did
         tw.stop()
         engine.stop()
         keep.clear()

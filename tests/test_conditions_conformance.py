@@ -13,6 +13,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from tests.interop import close_dh_session
 from tickwire.protocol.proto import table_pb2
 from tickwire.server.services.conditions import condition_expression
 from tickwire.server.services.rpc import CallError
@@ -281,10 +282,7 @@ def test_conditions_answer_as_deephaven(deephaven_server):
         assert not bad, bad
     finally:
         for s in (dh_session, tw_session):
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 (closing both sessions whatever the first did)
-                pass
+            close_dh_session(s)  # each, whatever the other's close did
         tw_server.stop()
         engine.stop()
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from tests.interop import close_dh_session
 from tests.scripted import random_update, scripted_table
 from tests.soak import scaled, seeds
 from tests.test_graph_ops import MARKET, Follower, market_rows
@@ -562,10 +563,7 @@ def answers(deephaven_server):
         yield out
     finally:
         for s in (dh_session, tw_session):
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 (closing both sessions whatever the first did)
-                pass
+            close_dh_session(s)  # each, whatever the other's close did
         tw.stop()
         engine.stop()
 

@@ -26,6 +26,7 @@ from tickwire.protocol.proto import inputtable_pb2, table_pb2
 from tickwire.protocol.proto.methods import INPUT_TABLE_SERVICE, TABLE_SERVICE
 from tickwire.protocol.tickets import export_ticket
 
+from .interop import close_dh_session
 from .interop.dh_server import deephaven_server_available
 
 KIND = table_pb2.CreateInputTableRequest.InputTableKind
@@ -330,10 +331,7 @@ def sessions(request):
         yield out
     finally:
         for s in out.values():
-            try:
-                s.close()
-            except Exception:  # noqa: BLE001 (closing both sessions whatever the first did)
-                pass
+            close_dh_session(s)  # each, whatever the other's close did
         tw.stop()
         engine.stop()
 
