@@ -377,6 +377,11 @@ def test_refusals_name_what_is_not_served():
             ({"aggs": [T.Aggregation(columns=T.Aggregation.AggregationColumns(
                 spec=T.AggSpec(median=T.AggSpec.AggSpecMedian()), match_pairs=["V"]))]},
              grpc.StatusCode.INVALID_ARGUMENT, "AggMedian is not supported for rollup()"),
+            ({"aggs": [T.Aggregation(formula=T.Aggregation.AggregationFormula(
+                selectable=T.Selectable(raw="X = sum(V)")))]},
+             grpc.StatusCode.UNIMPLEMENTED, "formula and partition aggregations in rollups"),
+            ({"aggs": [T.Aggregation(partition=T.Aggregation.AggregationPartition(column_name="P"))]},
+             grpc.StatusCode.UNIMPLEMENTED, "formula and partition aggregations in rollups"),
         ]
         for kw, code, words in cases:
             with pytest.raises(grpc.RpcError) as err:

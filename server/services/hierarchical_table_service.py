@@ -211,8 +211,9 @@ class HierarchicalTableService:
                 if which in _UNSUPPORTED:
                     raise CallError(f"Rollup: Agg{_UNSUPPORTED[which]} is not supported for rollup()",
                                     "INVALID_ARGUMENT")
-            aggs = [a for a in aggs_of_request(req) if isinstance(a, Agg) and a.kind != "partition"]
-            if len(aggs) != len(aggs_of_request(req)):
+            asked = aggs_of_request(req)
+            aggs = [a for a in asked if isinstance(a, Agg) and a.kind != "partition"]
+            if len(aggs) != len(asked):
                 raise CallError("Rollup: formula and partition aggregations in rollups are not supported",
                                 "UNIMPLEMENTED")
             source = await self.ctx.resolve(req.source_table_id.ticket, session)
