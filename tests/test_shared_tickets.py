@@ -309,6 +309,12 @@ def test_shared_tickets_answer_as_deephaven(deephaven_server):
     from tests.interop import told_by_both
 
     dh, tw = told_by_both(deephaven_server.port, _story)
+    # publishing again to the id of an ended export: Deephaven answers ALREADY_EXISTS until its
+    # garbage collector has forgotten that export, then OK (both seen on the suite's shared
+    # server); tickwire always answers ALREADY_EXISTS (pinned in process above)
+    again = 11
+    assert dh[again] in ("ALREADY_EXISTS", "OK") and tw[again] == "ALREADY_EXISTS"
+    dh[again] = tw[again]
     assert dh == tw
     assert dh == ["OK", "ALREADY_EXISTS", "OK", "FAILED_PRECONDITION", (10, False, True),
                   [2 * i for i in range(10)], "FAILED_PRECONDITION", "FAILED_PRECONDITION", 10, "NOT_FOUND",
