@@ -28,6 +28,7 @@ class ScriptedTable(UpdateSourceTable):
             return None
         total = None
         prev = self.rowset
+        before = self.state
         for update, values in ops:
             self.state = apply_update(self.state, update, values)
             total = update if total is None else total.coalesce(update, prev)
@@ -37,6 +38,11 @@ class ScriptedTable(UpdateSourceTable):
             self.store.write(keys, self.state.drop_columns([ROW_KEY]))
         self.prev_rowset = prev
         self.rowset = RowSet.from_keys(keys)
+        if total is not None and not total.modified.is_empty():  # previous values, as sources keep them
+            mod = total.modified
+            pre = total.shifted.unapply(mod).keys() if not total.shifted.is_empty() else mod.keys()
+            at = np.searchsorted(before.column(ROW_KEY).to_numpy(), pre)
+            self._prev = (mod.keys(), before.take(pa.array(at)).drop_columns([ROW_KEY]))
         return total
 
 

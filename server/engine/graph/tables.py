@@ -25,7 +25,8 @@ from tickwire.server.engine.graph.table_update import ROW_KEY, TableUpdate, colu
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import TableFailure, UpdateGraph
 
-__all__ = ["SchemaMismatchError", "Table", "StaticTable", "conform", "as_table", "register_operation", "unique_name"]
+__all__ = ["SchemaMismatchError", "Table", "StaticTable", "conform", "as_table", "register_operation", "unique_name",
+           "column_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,30 @@ _operations: dict[str, Callable[..., "Table"]] = {}
 def register_operation(operation: str, make: Callable[..., "Table"]) -> None:
     """Makes `make(graph, name, parent, *args)` the table that `Table.<operation>(*args, name=...)` returns."""
     _operations[operation] = make
+
+
+#: join columns: "A" (the same name on both sides), "A=B" (A on the left, B on the right) or (A, B)
+ColumnPairs = Union[str, tuple[str, str], Sequence[Union[str, tuple[str, str]]]]
+
+
+def column_pairs(specs: Optional[ColumnPairs]) -> list[tuple[str, str]]:
+    """Join columns as (left or output name, right name) pairs; see `ColumnPairs`."""
+    if specs is None:
+        return []
+    if isinstance(specs, (str, tuple)):
+        specs = [specs]
+    out = []
+    for s in specs:
+        if isinstance(s, tuple):
+            a, b = str(s[0]), str(s[1])
+        elif "=" in s:
+            a, b = (x.strip() for x in s.split("=", 1))
+        else:
+            a = b = s.strip()
+        if not a or not b:
+            raise InputTypeError(f"malformed join column {s!r}")
+        out.append((a, b))
+    return out
 
 
 def unique_name(graph: "UpdateGraph", base: str) -> str:
@@ -288,6 +313,29 @@ class Table:
     def select_distinct(self, columns: Union[str, Sequence[str]], name: Optional[str] = None) -> "Table":
         """The distinct values of `columns`, in the order first seen."""
         return self.agg_by([], columns, name)
+
+    # -- joins (tickwire.server.engine.graph.ops.natural_join, where_in, merge, as_of_join) -------
+    def natural_join(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None,
+                     name: Optional[str] = None, match: str = "error") -> "Table":
+        """Each row with the columns `joins` ("New=Old" or names; None: every non-key column) of
+        the `right` row whose `on` columns ("Left=Right" or names) equal its own; nulls where none
+        has. `match`: "error" (a key with two right rows fails), "first", "last", "exactly_one"."""
+        return self._derive("natural_join", name, right, column_pairs(on),
+                            None if joins is None else column_pairs(joins), match)
+
+    def exact_join(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None,
+                   name: Optional[str] = None) -> "Table":
+        """Like natural_join, and every row must have exactly one right row."""
+        return self._derive("exact_join", name, right, column_pairs(on),
+                            None if joins is None else column_pairs(joins))
+
+    def where_in(self, right: "Table", on: ColumnPairs, name: Optional[str] = None,
+                 inverted: bool = False) -> "Table":
+        """The rows whose `on` columns equal some row of `right`'s (`inverted`: of no row)."""
+        return self._derive("where_in", name, right, column_pairs(on), inverted)
+
+    def where_not_in(self, right: "Table", on: ColumnPairs, name: Optional[str] = None) -> "Table":
+        return self.where_in(right, on, name, inverted=True)
 
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
     def take_pending(self) -> list[Any]:

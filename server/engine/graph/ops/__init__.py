@@ -24,14 +24,16 @@ from tickwire.server.engine.graph.ops.base import expression_columns, shifted_ro
 from tickwire.server.engine.graph.ops.head_tail import HeadTailTable
 from tickwire.server.engine.graph.ops.head_tail_by import HeadTailByTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
+from tickwire.server.engine.graph.ops.natural_join import NaturalJoinTable
 from tickwire.server.engine.graph.ops.project import ProjectTable
 from tickwire.server.engine.graph.ops.slice_flatten import FlattenTable, SliceTable
 from tickwire.server.engine.graph.ops.sort import SortTable
 from tickwire.server.engine.graph.ops.ungroup import UngroupTable
 from tickwire.server.engine.graph.ops.where import WhereTable
+from tickwire.server.engine.graph.ops.where_in import WhereInTable
 
 __all__ = ["Agg", "AggregateTable",
            "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "HeadTailByTable", "LastByTable", "SliceTable",
-           "FlattenTable", "UngroupTable",
+           "FlattenTable", "UngroupTable", "NaturalJoinTable", "WhereInTable",
            "unique_name",
            "expression_columns", "shifted_rows"]

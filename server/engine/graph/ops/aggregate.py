@@ -46,7 +46,8 @@ from tickwire.server.engine.graph.ops.base import (
     expression_columns,
     shifted_rows,
 )
-from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
+from tickwire.server.engine.graph.ops.join_keys import group_edges, group_members
+from tickwire.server.engine.graph.order import OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
 from tickwire.server.engine.graph.tables import Rows, Table, register_operation
@@ -55,8 +56,6 @@ if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
 
 __all__ = ["Agg", "AggregateTable", "KINDS"]
-
-_U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 LINEAR = frozenset({"count", "count_where", "sum", "abs_sum", "avg", "var", "std", "weighted_sum", "weighted_avg"})
 #: partition: Deephaven's column of per-group tables, which reach a client as the text "QueryTable"
@@ -984,35 +983,13 @@ class AggregateTable(_Op):
 
     def _members_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(group, parent row key) of every member of `groups` (sorted), ordered by both."""
-        m = self._members
-        assert m is not None
-        if groups.size == 0 or len(m) == 0:
-            return _EMPTY, _EMPTY
-        _p, first = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
-        last, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
-        ok = (first != NONE_HI) & (last != NONE_LO)
-        keys, _which = m.keys_between(np.where(ok, first, 0), np.where(ok, last, -1))
-        w = m.words_at(keys)
-        return w[0].astype(np.int64) - 1, w[1].astype(np.int64)
+        assert self._members is not None
+        return group_members(self._members, groups)
 
     def _edges(self, groups: np.ndarray, front: bool) -> np.ndarray:
         """The first (front) or last parent row key of each group (-1 when empty)."""
-        m = self._members
-        assert m is not None
-        out = np.full(groups.size, -1, dtype=np.int64)
-        if groups.size == 0 or len(m) == 0:
-            return out
-        if front:
-            _p, k = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
-            ok = k != NONE_HI
-        else:
-            k, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
-            ok = k != NONE_LO
-        w = m.words_at(k[ok])
-        same = w[0].astype(np.int64) - 1 == groups[ok]
-        idx = np.flatnonzero(ok)[same]
-        out[idx] = w[1][same].astype(np.int64)
-        return out
+        assert self._members is not None
+        return group_edges(self._members, groups, front)
 
     def _emit(self, G: np.ndarray, left: list[tuple[np.ndarray, pa.Table]],
               came: list[tuple[np.ndarray, pa.Table]]) -> Optional[TableUpdate]:

@@ -157,9 +157,13 @@ def _first_keys(table: Table, n: int, front: bool) -> np.ndarray:
 class _Op(Table):
     """A derived table with one parent whose row set lives in a private bitmap (see the module
     docstring). Subclasses implement `_follow(step, update) -> Optional[TableUpdate]` and change
-    `self._bm` in it; the base keeps `rowset`, `prev_rowset`, `_moves` and timings."""
+    `self._bm` in it; the base keeps `rowset`, `prev_rowset`, `_moves` and timings. A table with
+    several parents (`others` besides `parent`, the one whose rows it follows) implements
+    `_follow_all(step, updates)` instead: it runs once per cycle in which any parent changed, after
+    all of them, with every parent's update."""
 
-    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, schema: pa.Schema):
+    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, schema: pa.Schema,
+                 others: Sequence[Table] = ()):
         self._fold_lock = threading.Lock()
         self._bm = BitMap64()
         self._rs: Optional[RowSet] = RowSet()
@@ -168,8 +172,9 @@ class _Op(Table):
         self._moves: Optional[tuple[np.ndarray, np.ndarray]] = None
         self.parent = parent
         self.cycle_seconds: list[float] = []  # time spent following the parent, last 1000 cycles
-        Table.__init__(self, graph, name, schema, parents=[parent])
-        self.is_refreshing = parent.is_refreshing
+        parents = [parent] + [t for i, t in enumerate(others) if t is not parent and t not in others[:i]]
+        Table.__init__(self, graph, name, schema, parents=parents)
+        self.is_refreshing = any(p.is_refreshing for p in parents)
 
     # -- the row set ----------------------------------------------------------------------------
     # Small row-set changes are not applied to the bitmap at once: `_commit` queues them, and they
@@ -249,12 +254,9 @@ class _Op(Table):
 
     # -- the cycle ------------------------------------------------------------------------------
     def follow_parents(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
-        up = updates.get(self.parent.name)
-        if up is None:
-            return None
         t0 = time.perf_counter()
         before = self._rs
-        update = self._follow(step, up)
+        update = self._follow_all(step, updates)
         if update is not None and update.is_empty():
             update = None
         if update is not None:
@@ -265,6 +267,13 @@ class _Op(Table):
         if len(self.cycle_seconds) > 1000:
             del self.cycle_seconds[:-1000]
         return update
+
+    def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        """This cycle's update from the parents' (a table with several parents overrides it)."""
+        up = updates.get(self.parent.name)
+        if up is None:
+            return None
+        return self._follow(step, up)
 
     def _follow(self, step: int, up: TableUpdate) -> Optional[TableUpdate]:
         raise NotImplementedError

@@ -1,0 +1,242 @@
+"""What the joins share: one space of key groups for all their inputs, and each input's rows by group.
+
+A join matches rows of several tables on key columns (`on` pairs, possibly named differently on
+each side, of one type). `KeySpace` gives every distinct key tuple a group id the first time any
+input shows it (hashed in bulk, `groups_of`); ids are never reused, so a group's state (a right
+row, counts) lives in numpy arrays indexed by group. `JoinSide` follows one input's updates: each
+row's group (a `KeyMap` from row key to group), the number of rows per group and, when asked for,
+the rows of each group in row-key order (an `OrderIndex` of (group + 1, row key)), so that a
+change to one side finds the other side's rows of the groups it touched without reading the table.
+
+This module reads its input tables only through `gather` and the updates it is given; it keeps no
+row values of its own.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from tickwire.server.engine.errors import OperationError, UnknownColumnError
+from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
+from tickwire.server.engine.graph.keyindex import KeyIndex
+from tickwire.server.engine.graph.keymap import KeyMap
+from tickwire.server.engine.graph.ops.base import _EMPTY, shifted_rows
+from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
+from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.tables import Table
+
+__all__ = ["KeySpace", "JoinSide", "SideChange", "check_keys", "group_members", "group_edges"]
+
+_U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def check_keys(name: str, left: Table, right: Table, on: Sequence[tuple[str, str]]) -> None:
+    """The key pairs exist on both sides with one type each, and can be hashed."""
+    for lc, rc in on:
+        if lc not in left.schema.names:
+            raise UnknownColumnError(f"table {name!r}: unknown key column {lc!r} of the left table")
+        if rc not in right.schema.names:
+            raise UnknownColumnError(f"table {name!r}: unknown key column {rc!r} of the right table")
+        lt, rt = left.schema.field(lc).type, right.schema.field(rc).type
+        if lt != rt:
+            raise OperationError(f"table {name!r}: key columns {lc!r} ({lt}) and {rc!r} ({rt}) have different types")
+        if not check_hashable(lt):
+            raise OperationError(f"table {name!r}: key column {lc!r} has type {lt}, which cannot be a key")
+
+
+class KeySpace:
+    """Group ids of the distinct key tuples of a join's inputs (see the module docstring). With no
+    key columns there is one group, 0."""
+
+    def __init__(self, types: Sequence[pa.DataType]):
+        self.names = [f"__k{i}" for i in range(len(types))]
+        self.schema = pa.schema([pa.field(n, t) for n, t in zip(self.names, types)])
+        self.index = KeyIndex()
+        self.store = ColumnStore(self.schema)
+        self.n = 0 if types else 1
+        # called with the ids of groups just made (their key values already stored)
+        self.on_new: list[Callable[[np.ndarray], None]] = []
+
+    def groups(self, values: pa.Table) -> np.ndarray:
+        """The group of each row of `values` (the key columns, in key order, any names)."""
+        if not self.names:
+            return np.zeros(values.num_rows, dtype=np.int64)
+        vals = pa.Table.from_arrays([c.combine_chunks() for c in values.columns], schema=self.schema)
+
+        def make(kv: pa.Table) -> np.ndarray:
+            new = np.arange(self.n, self.n + kv.num_rows, dtype=np.int64)
+            self.n += kv.num_rows
+            self.store.ensure(self.n)
+            self.store.write(new, kv)
+            for fn in self.on_new:
+                fn(new)
+            return new
+        gids: np.ndarray = groups_of(self.index, self.store, self.names, vals, make)
+        return gids
+
+    def key_values(self, groups: np.ndarray) -> pa.Table:
+        return self.store.gather(np.asarray(groups, dtype=np.int64))
+
+    def describe(self, group: int) -> str:
+        """A group's key values as text (for error messages)."""
+        if not self.names:
+            return "[]"
+        row = self.key_values(np.array([group])).to_pylist()[0]
+        vals = [row[n] for n in self.names]
+        return str(vals[0]) if len(vals) == 1 else "[" + ", ".join(str(v) for v in vals) + "]"
+
+
+class SideChange:
+    """What one cycle did to one input, by group: rows removed (pre-shift keys), added, and
+    modified so that they changed group (post-shift keys, old and new group); `touched` is every
+    group that gained or lost a row."""
+
+    __slots__ = ("removed", "removed_groups", "added", "added_groups", "moved", "moved_from", "moved_to",
+                 "shift_old", "shift_new", "touched")
+
+    def __init__(self) -> None:
+        self.removed = self.removed_groups = self.added = self.added_groups = _EMPTY
+        self.moved = self.moved_from = self.moved_to = _EMPTY
+        self.shift_old = self.shift_new = _EMPTY
+        self.touched = _EMPTY
+
+    def arrived(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row keys, groups) of the rows that are in a group they were not in before the cycle."""
+        return np.concatenate((self.added, self.moved)), np.concatenate((self.added_groups, self.moved_to))
+
+
+class JoinSide:
+    """One input of a join, by key group: each row's group, rows per group and (with `members`)
+    the rows of each group in row-key order."""
+
+    def __init__(self, space: KeySpace, table: Table, keys: Sequence[str], members: bool = True):
+        self.space = space
+        self.table = table
+        self.keys = list(keys)
+        self.group_of = KeyMap()
+        self.count = np.zeros(max(1024, space.n), dtype=np.int64)
+        self.members: Optional[OrderIndex] = OrderIndex(2) if members else None
+
+    def _grow(self) -> None:
+        n = self.space.n
+        if n <= self.count.size:
+            return
+        size = self.count.size
+        while size < n:
+            size *= 2
+        grown = np.zeros(size, dtype=np.int64)
+        grown[:self.count.size] = self.count
+        self.count = grown
+
+    def counts(self, groups: np.ndarray) -> np.ndarray:
+        self._grow()
+        return self.count[groups]
+
+    def groups_of_rows(self, keys: np.ndarray) -> np.ndarray:
+        """The current group of each row (-1 for a row the side does not have)."""
+        return self.group_of.get(keys)
+
+    def _groups_for(self, keys: np.ndarray) -> np.ndarray:
+        if not self.keys:
+            return np.zeros(keys.size, dtype=np.int64)
+        g = self.space.groups(self.table.gather(self.keys, keys))
+        self._grow()
+        return g
+
+    def follow(self, up: TableUpdate) -> SideChange:
+        ch = SideChange()
+        touched = []
+        rem = up.removed.keys()
+        if rem.size:
+            g = self.group_of.get(rem)
+            if np.any(g < 0):
+                raise RuntimeError(f"join input {self.table.name!r} removed rows the join does not have")
+            self.group_of.delete(rem)
+            np.subtract.at(self.count, g, 1)
+            if self.members is not None:
+                self.members.delete(self.members.key_of(rem))
+            ch.removed, ch.removed_groups = rem, g
+            touched.append(g)
+        if not up.shifted.is_empty():
+            old, new = shifted_rows(self.table, up)
+            if old.size:
+                self.group_of.remap(old, new)
+                if self.members is not None:
+                    self.members.set_last_word(self.members.key_of(old), new)
+                ch.shift_old, ch.shift_new = old, new
+        mod = up.modified.keys()
+        if mod.size and self.keys and set(self.keys) & up.modified_columns:
+            g_old = self.group_of.get(mod)
+            g_new = self._groups_for(mod)
+            moved = g_new != g_old
+            if moved.any():
+                mk, go, gn = mod[moved], g_old[moved], g_new[moved]
+                self.group_of.set(mk, gn)
+                np.subtract.at(self.count, go, 1)
+                np.add.at(self.count, gn, 1)
+                if self.members is not None:
+                    self.members.delete(self.members.key_of(mk))
+                    self.members.insert([(gn + 1).astype(np.uint64), mk.astype(np.uint64)])
+                ch.moved, ch.moved_from, ch.moved_to = mk, go, gn
+                touched += [go, gn]
+        add = up.added.keys()
+        if add.size:
+            g = self._groups_for(add)
+            self.group_of.set(add, g)
+            np.add.at(self.count, g, 1)
+            if self.members is not None:
+                self.members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)])
+            ch.added, ch.added_groups = add, g
+            touched.append(g)
+        self._grow()
+        ch.touched = unique(np.concatenate(touched)) if touched else _EMPTY
+        return ch
+
+    def rows_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(group, row key) of every row of `groups` (sorted, distinct), ordered by both."""
+        assert self.members is not None
+        return group_members(self.members, groups)
+
+    def edge(self, groups: np.ndarray, front: bool) -> np.ndarray:
+        """The first (front) or last row key of each group (-1 when it has none)."""
+        assert self.members is not None
+        return group_edges(self.members, groups, front)
+
+
+def group_members(m: OrderIndex, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """In an OrderIndex of (group + 1, row key): (group, row key) of every element of `groups`
+    (sorted, distinct), ordered by both."""
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.size == 0 or len(m) == 0:
+        return _EMPTY, _EMPTY
+    _p, first = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
+    last, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
+    ok = (first != NONE_HI) & (last != NONE_LO)
+    keys, _which = m.keys_between(np.where(ok, first, 0), np.where(ok, last, -1))
+    if keys.size == 0:
+        return _EMPTY, _EMPTY
+    w = m.words_at(keys)
+    return w[0].astype(np.int64) - 1, w[1].astype(np.int64)
+
+
+def group_edges(m: OrderIndex, groups: np.ndarray, front: bool) -> np.ndarray:
+    """In an OrderIndex of (group + 1, row key): the first (front) or last row key of each group
+    (-1 when it has none)."""
+    groups = np.asarray(groups, dtype=np.int64)
+    out = np.full(groups.size, -1, dtype=np.int64)
+    if groups.size == 0 or len(m) == 0:
+        return out
+    if front:
+        _p, k = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
+        ok = k != NONE_HI
+    else:
+        k, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
+        ok = k != NONE_LO
+    w = m.words_at(k[ok])
+    same = w[0].astype(np.int64) - 1 == groups[ok]
+    idx = np.flatnonzero(ok)[same]
+    out[idx] = w[1][same].astype(np.int64)
+    return out
