@@ -155,6 +155,14 @@ def test_random_joins_match_recomputation(seed):
         nodes.append(Checked(tbl, check))
         return tbl
 
+    def mg(sources, name):
+        tbl = sources[0].merge(sources[1:], name=name)
+
+        def check(tbl=tbl):
+            return rows_equal(drop_key(rows(tbl)), [r for s in sources for r in drop_key(rows(s))])
+        nodes.append(Checked(tbl, check))
+        return tbl
+
     keyed, trades, ring, refk, scripted = (t[n] for n in ("keyed", "trades", "ring", "refk", "scripted"))
     # decorate with a keyed reference table; a table with its own last_by (a diamond)
     j1 = nj(trades, refk, ["k"], ["RPx=px", "RSym=sym"], "error", "j1")
@@ -175,6 +183,14 @@ def test_random_joins_match_recomputation(seed):
     wi(keyed, ring, ["k", "sym"], True, "w3")
     wi(scripted, trades, ["k"], True, "w4")
     wi(j1, ring, ["px"], False, "w5")  # float keys: NaN, -0.0
+    # merges: sources that tick together, a table with its own sort, one table twice, a merge of a join
+    mg([trades, ring, keyed], "m1")
+    mg([ring, ring.sort(["px"], name="ring_sorted"), ring], "m2")
+    mg([t["raw"], t["raw"].where(lambda v: np.asarray(v.column("c").fill_null(0).to_numpy()) > 0, name="rawpos",
+                                 columns=["c"])], "m3")
+    big = trades.where(lambda v: np.asarray(v.column("qty").fill_null(0).to_numpy()) > 1, name="tbig",
+                       columns=["qty"])
+    mg([j1, big.natural_join(refk, ["k"], ["RPx=px", "RSym=sym"], name="j1b")], "m4")
     skeys = np.zeros(0, dtype=np.int64)
     for cycle in range(CYCLES):
         try:

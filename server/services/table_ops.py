@@ -9,7 +9,7 @@ export tickets.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
@@ -19,7 +19,8 @@ from tickwire.server.services.conditions import conditions_expression
 from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filters
 from tickwire.server.services.rpc import CallError
 
-__all__ = ["OPERATIONS", "BUILDERS", "EXTRA_SOURCES", "Builder", "TableOps", "register"]
+__all__ = ["OPERATIONS", "BUILDERS", "EXTRA_SOURCES", "SOURCE_FIELDS", "SOURCE_LISTS", "Builder", "TableOps",
+           "register"]
 
 #: a builder of the operations of another module: (TableOps, request, source table) -> a function
 #: that makes the derived table (called inside the engine's `writing()`); raises CallError for
@@ -37,15 +38,26 @@ BUILDERS: dict[str, Builder] = {}
 #: Batch `op` field name -> the request's other TableReference fields the service resolves (when
 #: set) and hands to the builder as keyword arguments (the tables they name)
 EXTRA_SOURCES: dict[str, tuple[str, ...]] = {}
+#: Batch `op` field name -> the request's field naming its main source, when not `source_id`
+SOURCE_FIELDS: dict[str, str] = {}
+#: Batch `op` field name -> the request's TableReferences of an operation on a list of tables (the
+#: service resolves them and hands them to the builder as `sources`; the first is the main source)
+SOURCE_LISTS: dict[str, Callable[..., list]] = {}
 
 
-def register(method: str, field: str, builder: Builder, extra_sources: tuple[str, ...] = ()) -> None:
+def register(method: str, field: str, builder: Builder, extra_sources: tuple[str, ...] = (),
+             source_field: str = "source_id", source_list: Optional[Callable[..., list]] = None) -> None:
     """Serves TableService `method` (Batch op `field`) with `builder`; `extra_sources` names the
-    request's TableReference fields (besides source_id) the builder is given as tables."""
+    request's TableReference fields (besides the main source, `source_field`) the builder is given
+    as tables; `source_list(request)`, for an operation on a list of tables, their references."""
     OPERATIONS[method] = field
     BUILDERS[field] = builder
     if extra_sources:
         EXTRA_SOURCES[field] = tuple(extra_sources)
+    if source_field != "source_id":
+        SOURCE_FIELDS[field] = source_field
+    if source_list is not None:
+        SOURCE_LISTS[field] = source_list
 
 class TableOps:
     """Builds derived tables for TableService requests and keeps session-owned tables alive while held.
@@ -119,7 +131,7 @@ class TableOps:
         return self.engine.unique_name(f"{base}.{op}")
 
     # -- operations -------------------------------------------------------------------------------
-    def build(self, kind: str, req, source: Table, extras: Optional[dict[str, Table]] = None) -> Table:
+    def build(self, kind: str, req, source: Table, extras: Optional[dict[str, Any]] = None) -> Table:
         """The derived table for operation `kind` (a Batch op field name) on `source`."""
         make: Optional[Callable[[], Table]] = None
         schema = source.schema

@@ -7,6 +7,7 @@ sizes of a session's exports, held open). Every other method answers UNIMPLEMENT
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tickwire.protocol.proto import table_pb2
 from tickwire.protocol.proto.methods import TABLE_SERVICE
@@ -17,6 +18,7 @@ from tickwire.server.engine.publishing import TableWire
 from tickwire.server.services import (
     aggregations,  # noqa: F401  (registers Aggregate, AggregateAll, ...)
     group_ops,  # noqa: F401  (registers HeadBy, TailBy, Ungroup)
+    join_ops,  # noqa: F401  (registers NaturalJoinTables, ExactJoinTables, WhereIn, ...)
 )
 from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_sourceless, seek_row
 from tickwire.server.services.context import ServerContext
@@ -24,7 +26,7 @@ from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.input_table_service import create_input_table, input_table_for
 from tickwire.server.services.rpc import CallError, service_handlers, short
 from tickwire.server.services.sessions import ExportClaim, Session
-from tickwire.server.services.table_ops import EXTRA_SOURCES, OPERATIONS
+from tickwire.server.services.table_ops import EXTRA_SOURCES, OPERATIONS, SOURCE_FIELDS, SOURCE_LISTS
 
 __all__ = ["TableService"]
 
@@ -78,14 +80,34 @@ class TableService:
             return earlier[i]
         raise CallError("source_id not supplied", "INVALID_ARGUMENT")
 
+    async def _main_source(self, kind: str, req, session: Session,
+                           earlier: list[Table] | None = None) -> Table | None:
+        """An operation's main source: None for an operation without one, the first of the
+        list for an operation on a list of tables, else the table its source field names."""
+        if kind in SOURCELESS:
+            return None
+        listed = SOURCE_LISTS.get(kind)
+        if listed is not None:
+            refs = listed(req)
+            if not refs:
+                raise CallError("Cannot merge zero source tables." if kind == "merge"
+                                else f"{kind}: no source tables supplied", "INVALID_ARGUMENT")
+            return await self._source(refs[0], session, earlier)
+        return await self._source(getattr(req, SOURCE_FIELDS.get(kind, "source_id")), session, earlier)
+
     async def _extra_sources(self, kind: str, req, session: Session,
-                             earlier: list[Table] | None = None) -> dict[str, Table]:
-        """The tables an operation's other TableReference fields name (those set), by field."""
-        return {f: await self._source(getattr(req, f), session, earlier)
-                for f in EXTRA_SOURCES.get(kind, ()) if req.HasField(f)}
+                             earlier: list[Table] | None = None) -> dict[str, Any]:
+        """The tables an operation's other TableReference fields name (those set), by field, and
+        for an operation on a list of tables, all of them (`sources`)."""
+        out: dict[str, Any] = {f: await self._source(getattr(req, f), session, earlier)
+               for f in EXTRA_SOURCES.get(kind, ()) if req.HasField(f)}
+        listed = SOURCE_LISTS.get(kind)
+        if listed is not None:
+            out["sources"] = [await self._source(r, session, earlier) for r in listed(req)]
+        return out
 
     def _apply_op(self, kind: str, req, source: Table | None, result: ExportClaim | None = None,
-                  step: int | None = None, extras: dict[str, Table] | None = None
+                  step: int | None = None, extras: dict[str, Any] | None = None
                   ) -> tuple[table_pb2.ExportedTableCreationResponse, Table]:
         """Makes (or, for fetch_table, finds) the table of one operation on `source` and exports
         it under the claimed result ticket, when there is one; otherwise the table is held for
@@ -127,7 +149,7 @@ class TableService:
             raise
         with result:  # an error fails the claim: the calls waiting for it hear the same status
             await self.ctx.send_session_header(context, session)
-            source = None if kind in SOURCELESS else await self._source(req.source_id, session)
+            source = await self._main_source(kind, req, session)
             extras = await self._extra_sources(kind, req, session)
             resp, _t = await self.ctx.run(self._apply_op, kind, req, source, result, None, extras)
             return resp
@@ -210,7 +232,7 @@ class TableService:
                     source = await self._source(step.source_table_id, session, done) \
                         if step.WhichOneof("definition") == "source_table_id" else None
                 else:
-                    source = None if which in SOURCELESS else await self._source(step.source_id, session, done)
+                    source = await self._main_source(which, step, session, done)
                 extras = await self._extra_sources(which, step, session, done)
                 resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i, extras)
                 done.append(table)

@@ -337,6 +337,10 @@ class Table:
     def where_not_in(self, right: "Table", on: ColumnPairs, name: Optional[str] = None) -> "Table":
         return self.where_in(right, on, name, inverted=True)
 
+    def merge(self, others: Sequence["Table"], name: Optional[str] = None) -> "Table":
+        """This table's rows, then each of `others`' (tables of the same columns)."""
+        return self._derive("merge", name, [self, *others])
+
     # -- cycle hooks (called by the graph under its lock) ---------------------------------------
     def take_pending(self) -> list[Any]:
         """Called with the graph's intake lock held: the input queued since the last cycle."""

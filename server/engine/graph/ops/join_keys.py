@@ -133,7 +133,8 @@ class JoinSide:
 
     def counts(self, groups: np.ndarray) -> np.ndarray:
         self._grow()
-        return self.count[groups]
+        out: np.ndarray = self.count[groups]
+        return out
 
     def groups_of_rows(self, keys: np.ndarray) -> np.ndarray:
         """The current group of each row (-1 for a row the side does not have)."""

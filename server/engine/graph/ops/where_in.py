@@ -49,7 +49,7 @@ class WhereInTable(WhereTable):
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, left, left.schema, others=[right])
             self.store = left.store
-            self.attributes = {}
+            self.attributes: dict[str, object] = {}
             self.rside.follow(TableUpdate(added=right.rowset))
             self.lside.follow(TableUpdate(added=left.rowset))
             keys = left.rowset.keys()
@@ -60,7 +60,8 @@ class WhereInTable(WhereTable):
         raise RuntimeError("where_in tests rows by key group")
 
     def _in(self, groups: np.ndarray) -> np.ndarray:
-        return (self.rside.counts(groups) > 0) != self.inverted
+        out: np.ndarray = (self.rside.counts(groups) > 0) != self.inverted
+        return out
 
     def _passes(self, keys: np.ndarray, extra: Optional[pa.Table] = None) -> np.ndarray:
         if keys.size == 0:

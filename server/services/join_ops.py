@@ -1,0 +1,89 @@
+"""Deephaven's join-family TableService operations (also inside Batch) as incremental tables of the
+engine with several parents (tickwire.server.engine.graph.ops.natural_join, where_in, merge,
+as_of_join, cross_join, multi_join, snapshot_when):
+
+- NaturalJoinTables (with its join_type: error on a duplicate right key, first or last match,
+  exactly one match), ExactJoinTables, WhereIn (inverted: where_not_in);
+- columns_to_match: "Key" or "LeftKey=RightKey"; columns_to_add: "Name" or "NewName=RightName",
+  none meaning every right column that is not a match column.
+
+The rules a real Deephaven 42.7 keeps are compared in tests/test_join_conformance.py.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from tickwire.server.engine import Table
+from tickwire.server.engine.graph.tables import column_pairs
+from tickwire.server.services.rpc import CallError
+from tickwire.server.services.table_ops import TableOps, register
+
+__all__: list[str] = []
+
+# NaturalJoinTablesRequest.join_type -> the engine's match rule
+_MATCH = {0: "error", 1: "error", 2: "first", 3: "last", 4: "exactly_one"}
+
+
+def _pairs(specs, what: str) -> list[tuple[str, str]]:
+    try:
+        return column_pairs([str(s) for s in specs])
+    except ValueError as exc:
+        raise CallError(f"{what}: {exc}", "INVALID_ARGUMENT") from None
+
+
+def _right(req, right_id: Optional[Table], what: str) -> Table:
+    if right_id is None:
+        raise CallError(f"{what}: right_id not supplied", "INVALID_ARGUMENT")
+    return right_id
+
+
+def _joins(req) -> Optional[list[tuple[str, str]]]:
+    """columns_to_add as (output, right column) pairs; None (every right non-key column) when empty."""
+    return _pairs(req.columns_to_add, "columns_to_add") if len(req.columns_to_add) else None
+
+
+def _natural(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+    right = _right(req, right_id, "NaturalJoinTables")
+    match = _MATCH.get(int(req.join_type))
+    if match is None:
+        raise CallError(f"NaturalJoinTables: unknown join_type {int(req.join_type)}", "INVALID_ARGUMENT")
+    on = _pairs(req.columns_to_match, "columns_to_match")
+    joins = _joins(req)
+    return lambda: left.natural_join(right, on, joins, name=ops.name_for(left, "natural_join"), match=match)
+
+
+def _exact(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+    right = _right(req, right_id, "ExactJoinTables")
+    on = _pairs(req.columns_to_match, "columns_to_match")
+    joins = _joins(req)
+    return lambda: left.exact_join(right, on, joins, name=ops.name_for(left, "exact_join"))
+
+
+def _where_in(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+    right = _right(req, right_id, "WhereIn")
+    on = _pairs(req.columns_to_match, "columns_to_match")
+    inverted = bool(req.inverted)
+    return lambda: left.where_in(right, on, name=ops.name_for(left, "where_not_in" if inverted else "where_in"),
+                                 inverted=inverted)
+
+
+def _merge(ops: TableOps, req, first: Table, sources: Optional[list] = None) -> Callable[[], Table]:
+    tables = list(sources or [first])
+    key = str(req.key_column)
+    if key and key not in first.schema.names:
+        raise CallError(f"MergeTables: unknown key column {key!r}", "INVALID_ARGUMENT")
+
+    def make() -> Table:
+        merged = first.merge(tables[1:], name=ops.name_for(first, "merge"))
+        if not key:
+            return merged
+        # as Deephaven: merged, then sorted by the key column (a static merge sorts too)
+        ops.adopt(merged)
+        return merged.sort([key], name=ops.name_for(merged, "sort"))
+    return make
+
+
+register("MergeTables", "merge", _merge, source_list=lambda req: list(req.source_ids))
+register("NaturalJoinTables", "natural_join", _natural, extra_sources=("right_id",), source_field="left_id")
+register("ExactJoinTables", "exact_join", _exact, extra_sources=("right_id",), source_field="left_id")
+register("WhereIn", "where_in", _where_in, extra_sources=("right_id",), source_field="left_id")
