@@ -61,6 +61,40 @@ def ref_natural_join(lrows, rrows, on, joins, match):
     return out
 
 
+def stamp_key(v):
+    """A stamp's place in as-of order: null first, NaN last."""
+    if v is None:
+        return (0, 0)
+    if isinstance(v, float) and math.isnan(v):
+        return (2, 0)
+    return (1, v)
+
+
+def ref_as_of(lrows, rrows, on, stamp, rule, joins):
+    by: dict = {}
+    for r in rrows:  # row key order
+        by.setdefault(key_of(r, [b for _a, b in on]), []).append(r)
+    ls, rs = stamp
+    ok = {"<=": lambda r, l: r <= l, "<": lambda r, l: r < l, ">=": lambda r, l: r >= l, ">": lambda r, l: r > l}[rule]
+    out = []
+    for lr in lrows:
+        lk = stamp_key(lr[ls])
+        cands = [r for r in by.get(key_of(lr, [a for a, _b in on]), []) if ok(stamp_key(r[rs]), lk)]
+        m = None
+        if cands:
+            if rule in ("<=", "<"):
+                best = max(stamp_key(r[rs]) for r in cands)
+                m = [r for r in cands if stamp_key(r[rs]) == best][-1]
+            else:
+                best = min(stamp_key(r[rs]) for r in cands)
+                m = [r for r in cands if stamp_key(r[rs]) == best][0]
+        row = dict(lr)
+        for new, col in joins:
+            row[new] = None if m is None else m[col]
+        out.append(row)
+    return out
+
+
 def ref_where_in(lrows, rrows, on, inverted):
     keys = {key_of(r, [b for _a, b in on]) for r in rrows}
     return [r for r in lrows if (key_of(r, [a for a, _b in on]) in keys) != inverted]
@@ -155,6 +189,17 @@ def test_random_joins_match_recomputation(seed):
         nodes.append(Checked(tbl, check))
         return tbl
 
+    def asof(left, right, on, stamp, rule, joins, name):
+        tbl = (left.aj if rule in ("<=", "<") else left.raj)(right, on + [stamp], joins, name=name, rule=rule)
+        on_p = [(a, a) for a in on]
+        st = tuple(stamp.split("=")) if "=" in stamp else (stamp, stamp)
+        joins_p = [(j.split("=")[0], j.split("=")[-1]) for j in joins]
+
+        def check(tbl=tbl):
+            return rows_equal(rows(tbl), ref_as_of(rows(left), rows(right), on_p, st, rule, joins_p))
+        nodes.append(Checked(tbl, check))
+        return tbl
+
     def mg(sources, name):
         tbl = sources[0].merge(sources[1:], name=name)
 
@@ -191,6 +236,13 @@ def test_random_joins_match_recomputation(seed):
     big = trades.where(lambda v: np.asarray(v.column("qty").fill_null(0).to_numpy()) > 1, name="tbig",
                        columns=["qty"])
     mg([j1, big.natural_join(refk, ["k"], ["RPx=px", "RSym=sym"], name="j1b")], "m4")
+    # as-of joins: every rule, stamps of several types (nulls, NaN, -0.0 among them), with and
+    # without exact-match columns, both sides ticking, a join of a join
+    asof(trades, ring, ["sym"], "ts", "<=", ["RPx=px", "RQty=qty"], "a1")
+    asof(keyed, trades, ["k"], "px", ">=", ["TTs=ts"], "a2")
+    asof(scripted, ring, ["k"], "c=px", "<", ["RSym=sym", "RTs=ts"], "a3")
+    asof(ring, keyed, [], "qty", ">", ["KPx=px"], "a4")
+    asof(j1, trades, ["sym", "k"], "ts", "<=", ["TQty=qty"], "a5")
     skeys = np.zeros(0, dtype=np.int64)
     for cycle in range(CYCLES):
         try:

@@ -337,6 +337,36 @@ class Table:
     def where_not_in(self, right: "Table", on: ColumnPairs, name: Optional[str] = None) -> "Table":
         return self.where_in(right, on, name, inverted=True)
 
+    def aj(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None, name: Optional[str] = None,
+           rule: str = "<=") -> "Table":
+        """As-of join: `on` is exact-match columns then the stamp column last ("Ts", "Ts=RTs",
+        or with the rule in it: "Ts<RTs"); each row gets the columns `joins` (None: every right
+        column that is not matched) of the right row of its key with the greatest stamp at or
+        before its own (`rule` "<" : strictly before), nulls where none has."""
+        return self._as_of(right, on, joins, name, rule)
+
+    def raj(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None, name: Optional[str] = None,
+            rule: str = ">=") -> "Table":
+        """Reverse as-of join: the right row with the least stamp at or after the row's (">":
+        strictly after)."""
+        return self._as_of(right, on, joins, name, rule)
+
+    def _as_of(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs], name: Optional[str],
+               rule: str) -> "Table":
+        specs = [on] if isinstance(on, (str, tuple)) else list(on)
+        if not specs:
+            raise InputTypeError("an as-of join needs a stamp column")
+        last = specs[-1]
+        if isinstance(last, str):
+            for r in ("<=", ">=", "<", ">"):
+                if r in last:
+                    a, b = last.split(r, 1)
+                    last, rule = (a.strip(), b.strip()), r
+                    break
+        stamp = column_pairs([last])[0]
+        return self._derive("as_of_join", name, right, column_pairs(specs[:-1]), stamp, rule,
+                            None if joins is None else column_pairs(joins))
+
     def merge(self, others: Sequence["Table"], name: Optional[str] = None) -> "Table":
         """This table's rows, then each of `others`' (tables of the same columns)."""
         return self._derive("merge", name, [self, *others])

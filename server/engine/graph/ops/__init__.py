@@ -20,6 +20,7 @@ immutable `rowset` is built from it only when read (and the previous one is kept
 the update on demand), so a cycle costs what the change costs even on very large tables.
 """
 from tickwire.server.engine.graph.ops.aggregate import Agg, AggregateTable
+from tickwire.server.engine.graph.ops.as_of_join import AsOfJoinTable
 from tickwire.server.engine.graph.ops.base import expression_columns, shifted_rows, unique_name
 from tickwire.server.engine.graph.ops.head_tail import HeadTailTable
 from tickwire.server.engine.graph.ops.head_tail_by import HeadTailByTable
@@ -35,6 +36,6 @@ from tickwire.server.engine.graph.ops.where_in import WhereInTable
 
 __all__ = ["Agg", "AggregateTable",
            "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "HeadTailByTable", "LastByTable", "SliceTable",
-           "FlattenTable", "UngroupTable", "NaturalJoinTable", "WhereInTable", "MergeTable",
+           "FlattenTable", "UngroupTable", "NaturalJoinTable", "WhereInTable", "MergeTable", "AsOfJoinTable",
            "unique_name",
            "expression_columns", "shifted_rows"]

@@ -1,0 +1,370 @@
+"""aj and raj: each left row with the right row of its key whose stamp is the closest at or before
+(aj) or at or after (raj) its own, incrementally on both sides.
+
+Rules: `<=` (aj: the right row with the greatest stamp not after the left row's; among equal
+stamps the last row), `<` (strictly before), `>=` (raj: the least stamp not before; among equal
+stamps the first row), `>` (strictly after). Exact-match columns (`on`) are matched first, by key
+group (`KeySpace`), as in the other joins.
+
+The result has the left table's rows, row keys and shifts. Each left row keeps the right row it
+matched as a *slot* of the join's copy of the added right columns (`KeyMap` left row key -> slot),
+so that a right row's removal or change keeps its old values readable for the cycle's previous
+values. What a cycle recomputes: the left rows it added or whose key or stamp changed, and every
+left row of each key group in which the right table added, removed or changed a row (found through
+the left side's members). A match is found for many rows at once: the stamps of the rows and of
+the right rows of their groups are ranked together, and each left row is searched for among its
+group's right rows sorted by (group, rank, row key).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.server.engine.errors import OperationError, UnknownColumnError
+from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask
+from tickwire.server.engine.graph.keymap import KeyMap
+from tickwire.server.engine.graph.ops.base import _EMPTY, _first_keys, _Op, _unregistered_on_error
+from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys
+from tickwire.server.engine.graph.ops.natural_join import right_columns, take_two
+from tickwire.server.engine.graph.order import check_sortable
+from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
+from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
+from tickwire.server.engine.graph.tables import Rows, Table, register_operation
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.graph.graph import UpdateGraph
+
+__all__ = ["AsOfJoinTable", "RULES"]
+
+RULES = ("<=", "<", ">=", ">")
+
+
+def _ranks(values: pa.Array) -> np.ndarray:
+    """Dense ranks of values in stamp order: null first, NaN last (equal values, equal ranks)."""
+    if len(values) == 0:
+        return _EMPTY.copy()
+    if pa.types.is_floating(values.type):  # Arrow sorts NaN with the nulls: ranked here instead
+        valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        v = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64) + 0.0
+        cls = np.where(~valid, 0, np.where(np.isnan(v), 2, 1))
+        v = np.where(cls == 1, v, 0.0)
+        order = np.lexsort((v, cls))
+        sc, sv = cls[order], v[order]
+        step = np.ones(order.size, dtype=np.int64)
+        step[1:] = (sc[1:] != sc[:-1]) | (sv[1:] != sv[:-1])
+        ranks = np.empty(order.size, dtype=np.int64)
+        ranks[order] = np.cumsum(step)
+        return ranks
+    if pa.types.is_boolean(values.type):
+        values = values.cast(pa.int8())
+    order = pc.array_sort_indices(values, order="ascending", null_placement="at_start").to_numpy()
+    sv = values.take(pa.array(order))
+    valid = np.asarray(sv.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    step = np.ones(order.size, dtype=np.int64)
+    if order.size > 1:
+        differs = np.asarray(pc.not_equal(sv.slice(1), sv.slice(0, order.size - 1)).fill_null(True)
+                             .to_numpy(zero_copy_only=False), dtype=bool)
+        step[1:] = differs & (valid[1:] | valid[:-1])
+    ranks = np.empty(order.size, dtype=np.int64)
+    ranks[order] = np.cumsum(step)
+    return ranks
+
+
+class _AsOfStore:
+    def __init__(self, join: "AsOfJoinTable"):
+        self.join = join
+
+    def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        j = self.join
+        names = list(columns) if columns is not None else j.schema.names
+        keys = np.asarray(slots, dtype=np.int64)
+        got: dict[str, pa.ChunkedArray] = {}
+        lnames = [n for n in names if n in j.left_names]
+        rnames = [n for n in names if n not in j.left_names]
+        if lnames:
+            got.update(zip(lnames, j.left.gather(lnames, keys).columns))
+        if rnames:
+            got.update(zip(rnames, j.slot_values(j.match.get(keys), rnames).columns))
+        return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema([j.schema.field(n) for n in names]))
+
+    def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
+        return self.gather(slots, [name]).column(0).combine_chunks()
+
+
+class AsOfJoinTable(_Op):
+    """`left` with the columns `joins` of the `right` row of its `on` key whose stamp (`stamp`:
+    (left column, right column)) is the closest one allowed by `rule` (see the module docstring)."""
+
+    def __init__(self, graph: "UpdateGraph", name: str, left: Table, right: Table,
+                 on: Sequence[tuple[str, str]], stamp: tuple[str, str], rule: str = "<=",
+                 joins: Optional[Sequence[tuple[str, str]]] = None):
+        if rule not in RULES:
+            raise OperationError(f"table {name!r}: unknown as-of rule {rule!r} (one of {', '.join(RULES)})")
+        on = [(str(a), str(b)) for a, b in on]
+        check_keys(name, left, right, on)
+        ls, rs = str(stamp[0]), str(stamp[1])
+        if ls not in left.schema.names:
+            raise UnknownColumnError(f"table {name!r}: unknown stamp column {ls!r} of the left table")
+        if rs not in right.schema.names:
+            raise UnknownColumnError(f"table {name!r}: unknown stamp column {rs!r} of the right table")
+        lt, rt = left.schema.field(ls).type, right.schema.field(rs).type
+        if lt != rt:
+            raise OperationError(f"table {name!r}: stamp columns {ls!r} ({lt}) and {rs!r} ({rt}) have different types")
+        if not check_sortable(lt) or not check_hashable(lt):
+            raise OperationError(f"table {name!r}: stamp column {ls!r} has type {lt}, which cannot be ordered")
+        self.on, self.stamp, self.rule = on, (ls, rs), rule
+        self.joins = right_columns(name, left, right, on + [(ls, rs)], joins)
+        self.left, self.right = left, right
+        self.left_names = set(left.schema.names)
+        rfields = [right.schema.field(c).with_name(n) for n, c in self.joins]
+        self.space = KeySpace([left.schema.field(a).type for a, _b in on])
+        self.lside = JoinSide(self.space, left, [a for a, _b in on])
+        self.rside = JoinSide(self.space, right, [b for _a, b in on])
+        self.values = ColumnStore(pa.schema(rfields))  # right slot -> the right row's added columns
+        self.match = KeyMap()                           # left row key -> right slot (-1: none)
+        self._slot_of = KeyMap()                        # right row key -> slot
+        self._free = _EMPTY.copy()
+        self._dying = _EMPTY.copy()                     # slots of removed right rows, freed after the cycle
+        self._nslots = 0
+        self._lup: Optional[TableUpdate] = None
+        # previous values: (rows whose match changed, their old slots, slots rewritten, their old values)
+        self._pinfo: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]] = None
+        with graph.lock, _unregistered_on_error(graph, self):
+            _Op.__init__(self, graph, name, left, pa.schema(list(left.schema) + rfields), others=[right])
+            self.store = _AsOfStore(self)
+            self.attributes = {k: v for k, v in left.attributes.items() if k in ("AddOnly", "AppendOnly")}
+            radd = right.rowset.keys()
+            self.rside.follow(TableUpdate(added=right.rowset))
+            self._new_right(radd)
+            lc = self.lside.follow(TableUpdate(added=left.rowset))
+            self._rematch(lc.added, lc.added_groups)
+            self._update = None
+
+    # -- rows: the left table's (as natural_join) -------------------------------------------------
+    @property
+    def rowset(self) -> RowSet:
+        return self.left.rowset
+
+    @rowset.setter
+    def rowset(self, value: RowSet) -> None:
+        pass
+
+    @property
+    def prev_rowset(self) -> Optional[RowSet]:
+        if self._update is None:
+            return None
+        return self.left.prev_rowset if self._lup is not None else self.left.rowset
+
+    @prev_rowset.setter
+    def prev_rowset(self, value: Optional[RowSet]) -> None:
+        pass
+
+    @property
+    def size(self) -> int:
+        return self.left.size
+
+    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
+        return _first_keys(self.left, n, front)
+
+    # -- right slots ------------------------------------------------------------------------------
+    def slot_values(self, slots: np.ndarray, names: Sequence[str]) -> pa.Table:
+        """The added columns `names` of right slots (nulls for -1)."""
+        have = slots >= 0
+        got = self.values.gather(slots[have], names)
+        if have.all():
+            return got
+        idx = np.full(slots.size, -1, dtype=np.int64)
+        idx[have] = np.arange(int(have.sum()), dtype=np.int64)
+        take = pa.array(idx, mask=idx < 0)
+        return pa.Table.from_arrays([c.combine_chunks().take(take) for c in got.columns], schema=got.schema)
+
+    def _new_right(self, keys: np.ndarray) -> None:
+        if keys.size == 0:
+            return
+        take = min(keys.size, self._free.size)
+        slots = np.concatenate((self._free[self._free.size - take:],
+                                np.arange(self._nslots, self._nslots + keys.size - take, dtype=np.int64)))
+        self._free = self._free[:self._free.size - take]
+        self._nslots += keys.size - take
+        self.values.ensure(self._nslots)
+        self.values.write(slots, self._right_values(keys))
+        self._slot_of.set(keys, slots)
+
+    def _right_values(self, keys: np.ndarray) -> pa.Table:
+        got = self.right.gather([c for _n, c in self.joins], keys)
+        return pa.Table.from_arrays(got.columns, schema=self.values.schema)
+
+    # -- matching ---------------------------------------------------------------------------------
+    def _rematch(self, keys: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Finds the match of left rows `keys` (groups `groups`); returns their old and new slots."""
+        old = self.match.get(keys)
+        if keys.size == 0:
+            return old, old
+        G = unique(groups)
+        rg, rk = self.rside.rows_of(G)
+        new = np.full(keys.size, -1, dtype=np.int64)
+        if rk.size:
+            ls, rs = self.stamp
+            lstamp = self.left.gather([ls], keys).column(0).combine_chunks()
+            rstamp = self.right.gather([rs], rk).column(0).combine_chunks()
+            ranks = _ranks(pa.concat_arrays([lstamp, rstamp.cast(lstamp.type)]))
+            lrank, rrank = ranks[:keys.size], ranks[keys.size:]
+            width = int(ranks.max()) + 2
+            order = np.lexsort((rk, rrank, rg))
+            rcomp = rg[order] * width + rrank[order]
+            lcomp = groups * width + lrank
+            side = "right" if self.rule in ("<=", ">") else "left"
+            pos = np.searchsorted(rcomp, lcomp, side=side)
+            if self.rule in ("<=", "<"):
+                pos = pos - 1
+            ok = (pos >= 0) & (pos < rcomp.size)
+            ok[ok] = rg[order][pos[ok]] == groups[ok]
+            new[ok] = self._slot_of.get(rk[order][pos[ok]])
+        self.match.set(keys, new)
+        return old, new
+
+    # -- the cycle ------------------------------------------------------------------------------
+    def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        lup = updates.get(self.left.name)
+        rup = updates.get(self.right.name)
+        self._lup = lup
+        redo_k: list[np.ndarray] = []   # left rows to match again
+        redo_g: list[np.ndarray] = []
+        mods: list[np.ndarray] = []
+        cols: set[str] = set()
+        rnames = [n for n, _c in self.joins]
+        if lup is not None:
+            lc = self.lside.follow(lup)
+            rem = lup.removed.keys()
+            if rem.size:
+                self.match.delete(rem)
+            if lc.shift_old.size:
+                self.match.remap(lc.shift_old, lc.shift_new)
+            self.match.set(lc.added, np.full(lc.added.size, -1, dtype=np.int64))
+            redo_k.append(lc.added)
+            redo_g.append(lc.added_groups)
+            if not lup.modified.is_empty():
+                mk = lup.modified.keys()
+                mods.append(mk)
+                cols |= set(lup.modified_columns)
+                if {self.stamp[0], *(a for a, _b in self.on)} & lup.modified_columns:
+                    redo_k.append(mk)
+                    redo_g.append(self.lside.group_of.get(mk))
+            self._moves = (lc.shift_old, lc.shift_new) if lc.shift_old.size else None
+        rewritten, old_vals = _EMPTY, self.values.gather(_EMPTY)
+        if rup is not None:
+            rc = self.rside.follow(rup)
+            touched = [rc.touched]
+            rem = rup.removed.keys()
+            if rem.size:
+                self._dying = np.concatenate((self._dying, self._slot_of.get(rem)))
+                self._slot_of.delete(rem)
+            if rc.shift_old.size:
+                self._slot_of.remap(rc.shift_old, rc.shift_new)
+            if not rup.modified.is_empty():
+                mk = rup.modified.keys()
+                stamp_moved = bool({self.stamp[1], *(b for _a, b in self.on)} & rup.modified_columns)
+                value_cols = {c for _n, c in self.joins} & rup.modified_columns
+                if stamp_moved or value_cols:
+                    touched.append(self.rside.group_of.get(mk))
+                if value_cols:
+                    slots = self._slot_of.get(mk)
+                    new_vals = self._right_values(mk)
+                    before = self.values.gather(slots)
+                    same = np.ones(mk.size, dtype=bool)
+                    for i in range(new_vals.num_columns):
+                        same &= equal_mask(before.column(i).combine_chunks(), new_vals.column(i).combine_chunks())
+                    if not same.all():
+                        ch = ~same
+                        rewritten = slots[ch]
+                        old_vals = before.filter(pa.array(ch))
+                        self.values.write(rewritten, new_vals.filter(pa.array(ch)))
+            self._new_right(rup.added.keys())
+            G = unique(np.concatenate(touched))
+            if G.size:
+                g, k = self.lside.rows_of(G)
+                redo_k.append(k)
+                redo_g.append(g)
+        moved_k, moved_from = _EMPTY, _EMPTY
+        if redo_k:
+            k_all = np.concatenate(redo_k)
+            g_all = np.concatenate(redo_g)
+            k_u, first = np.unique(k_all, return_index=True)
+            old, new = self._rematch(k_u, g_all[first])
+            changed = old != new
+            if rewritten.size:
+                changed |= np.isin(new, rewritten)
+            if lup is not None and not lup.added.is_empty():
+                changed &= ~lup.added.contains(k_u)
+            if changed.any():
+                mods.append(k_u[changed])
+                cols |= set(rnames)
+            swap = old != new
+            if lup is not None and not lup.added.is_empty():
+                swap &= ~lup.added.contains(k_u)
+            moved_k, moved_from = k_u[swap], old[swap]
+        self._pinfo = (moved_k, moved_from, np.sort(rewritten), old_vals.take(pa.array(np.argsort(rewritten))))
+        mod = RowSet.from_keys(unique(np.concatenate(mods))) if mods else RowSet()
+        if lup is None and mod.is_empty():
+            return None
+        return TableUpdate(added=lup.added if lup is not None else RowSet(),
+                           removed=lup.removed if lup is not None else RowSet(),
+                           shifted=lup.shifted if lup is not None else RowSetShiftData(),
+                           modified=mod,
+                           modified_columns=ModifiedColumnSet([c for c in self.schema.names if c in cols]
+                                                              if not mod.is_empty() else ()))
+
+    def end_cycle(self) -> None:
+        _Op.end_cycle(self)
+        self._lup = None
+        self._pinfo = None
+        if self._dying.size:
+            self._free = np.concatenate((self._free, self._dying))
+            self._dying = _EMPTY.copy()
+
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
+        """Previous values of this cycle's modified rows: the left table's previous values, and
+        the right values of the slot each row matched before the cycle, as they were."""
+        k = self._prev_keys(keys)
+        names = column_names(self.schema, columns)
+        now = self.gather(names, k)
+        if k.size == 0:
+            return now
+        cols = dict(zip(names, now.columns))
+        lnames = [n for n in names if n in self.left_names]
+        lup = self._lup
+        if lnames and lup is not None and not lup.modified.is_empty():
+            inmod = lup.modified.contains(k)
+            if inmod.any():
+                prev = self.left.prev_gather(lnames, k[inmod])
+                mixed = take_two(self.left.gather(lnames, k), prev, inmod, np.arange(int(inmod.sum())))
+                cols.update(zip(lnames, mixed.columns))
+        rnames = [n for n in names if n not in self.left_names]
+        if rnames and self._pinfo is not None:
+            moved, moved_from, rewritten, old = self._pinfo
+            slots = self.match.get(k)
+            if moved.size:
+                order = np.argsort(moved)
+                ms, mf = moved[order], moved_from[order]
+                i = np.minimum(np.searchsorted(ms, k), ms.size - 1)
+                hit = ms[i] == k
+                slots = np.where(hit, mf[i], slots)
+            vals = self.slot_values(slots, rnames)
+            if rewritten.size:
+                j = np.minimum(np.searchsorted(rewritten, slots), rewritten.size - 1)
+                hit = (rewritten[j] == slots) & (slots >= 0)
+                vals = take_two(vals, old.select(rnames), hit, j[hit])
+            cols.update(zip(rnames, vals.columns))
+        return pa.Table.from_arrays([cols[n] for n in names], schema=pa.schema([self.schema.field(n) for n in names]))
+
+
+def _as_of_join(graph: "UpdateGraph", name: str, left: Table, right: Table, on: Sequence[tuple[str, str]],
+                stamp: tuple[str, str], rule: str = "<=", joins: Optional[Sequence[tuple[str, str]]] = None) -> Table:
+    return AsOfJoinTable(graph, name, left, right, on, stamp, rule, joins)
+
+
+register_operation("as_of_join", _as_of_join)
