@@ -75,7 +75,7 @@ def ref_as_of(lrows, rrows, on, stamp, rule, joins):
     for r in rrows:  # row key order
         by.setdefault(key_of(r, [b for _a, b in on]), []).append(r)
     ls, rs = stamp
-    ok = {"<=": lambda r, l: r <= l, "<": lambda r, l: r < l, ">=": lambda r, l: r >= l, ">": lambda r, l: r > l}[rule]
+    ok = {"<=": lambda r, x: r <= x, "<": lambda r, x: r < x, ">=": lambda r, x: r >= x, ">": lambda r, x: r > x}[rule]
     out = []
     for lr in lrows:
         lk = stamp_key(lr[ls])
@@ -92,6 +92,20 @@ def ref_as_of(lrows, rrows, on, stamp, rule, joins):
         for new, col in joins:
             row[new] = None if m is None else m[col]
         out.append(row)
+    return out
+
+
+def ref_cross_join(lrows, rrows, on, joins):
+    by: dict = {}
+    for r in rrows:
+        by.setdefault(key_of(r, [b for _a, b in on]), []).append(r)
+    out = []
+    for lr in lrows:
+        for m in by.get(key_of(lr, [a for a, _b in on]), []):
+            row = {k: v for k, v in lr.items() if k != ROW_KEY}
+            for new, col in joins:
+                row[new] = m[col]
+            out.append(row)
     return out
 
 
@@ -200,6 +214,19 @@ def test_random_joins_match_recomputation(seed):
         nodes.append(Checked(tbl, check))
         return tbl
 
+    def cj(left, right, on, joins, name, bits=10):
+        tbl = left.join(right, on, joins, name=name, reserve_bits=bits)
+        on_p = [(a, a) for a in on]
+        joins_p = [(j.split("=")[0], j.split("=")[-1]) for j in joins]
+
+        def check(tbl=tbl):
+            got = rows(tbl)
+            keys = [r[ROW_KEY] for r in got]
+            return keys == sorted(keys) and rows_equal(drop_key(got), ref_cross_join(rows(left), rows(right), on_p,
+                                                                                       joins_p))
+        nodes.append(Checked(tbl, check))
+        return tbl
+
     def mg(sources, name):
         tbl = sources[0].merge(sources[1:], name=name)
 
@@ -243,6 +270,13 @@ def test_random_joins_match_recomputation(seed):
     asof(scripted, ring, ["k"], "c=px", "<", ["RSym=sym", "RTs=ts"], "a3")
     asof(ring, keyed, [], "qty", ">", ["KPx=px"], "a4")
     asof(j1, trades, ["sym", "k"], "ts", "<=", ["TQty=qty"], "a5")
+    # cross joins: with keys, without (every right row), narrow reserved bits that must widen, a
+    # sorted left table (row keys around 2**62)
+    cj(trades, refk, ["k"], ["RPx=px"], "c1")
+    cj(refk, ring.where(lambda v: np.asarray(v.column("qty").fill_null(0).to_numpy()) == 5, name="r5",
+                        columns=["qty"]), [], ["RSym=sym", "RTs=ts"], "c2", bits=1)
+    cj(scripted, keyed, ["k"], ["KSym=sym", "KQty=qty"], "c3", bits=2)
+    cj(refk.sort(["px"], name="refk_sorted"), trades, ["sym"], ["TTs=ts"], "c4")
     skeys = np.zeros(0, dtype=np.int64)
     for cycle in range(CYCLES):
         try:
@@ -260,6 +294,9 @@ def test_random_joins_match_recomputation(seed):
     matched = [n.table.name for n in nodes if n.table.name.startswith("j")
                and n.table.to_arrow().column(n.table.schema.names[-1]).null_count < n.table.size]
     assert len(matched) >= 5, matched  # the joins found right rows
+    crossed = {n.table.name: n.table.size for n in nodes if n.table.name.startswith("c")}
+    assert all(crossed.values()), crossed
+    assert next(n.table for n in nodes if n.table.name == "c2").bits > 1  # its reserved bits were widened
 
 
 def test_natural_join_fails_on_a_duplicate_right_key_and_exact_join_on_a_missing_one():

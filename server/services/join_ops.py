@@ -83,6 +83,49 @@ def _merge(ops: TableOps, req, first: Table, sources: Optional[list] = None) -> 
     return make
 
 
+def _as_of_column(spec: str, kind: str) -> tuple[tuple[str, str], str]:
+    """AjRajTablesRequest.as_of_column: "Ts", "Ts=RTs" or with the rule, "Ts<RTs", as a
+    (left, right) pair and the rule (aj: <= or <, raj: >= or >)."""
+    spec = spec.strip()
+    rule = "<=" if kind == "aj" else ">="
+    pair = spec
+    for r in ("<=", ">=", "<", ">"):
+        if r in spec:
+            a, b = spec.split(r, 1)
+            rule, pair = r, f"{a.strip()}={b.strip()}"
+            break
+    allowed = ("<=", "<") if kind == "aj" else (">=", ">")
+    if rule not in allowed:
+        raise CallError(f"{kind}: as_of_column {spec!r}: the rule must be {' or '.join(allowed)}", "INVALID_ARGUMENT")
+    if not pair:
+        raise CallError(f"{kind}: as_of_column not supplied", "INVALID_ARGUMENT")
+    return _pairs([pair], "as_of_column")[0], rule
+
+
+def _as_of(kind: str) -> Callable[..., Callable[[], Table]]:
+    method = "AjTables" if kind == "aj" else "RajTables"
+
+    def build(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+        right = _right(req, right_id, method)
+        on = _pairs(req.exact_match_columns, "exact_match_columns")
+        stamp, rule = _as_of_column(str(req.as_of_column), kind)
+        joins = _joins(req)
+        return lambda: left._derive("as_of_join", ops.name_for(left, kind), right, on, stamp, rule,  # noqa: SLF001
+                                    joins)
+    return build
+
+
+register("AjTables", "aj", _as_of("aj"), extra_sources=("right_id",), source_field="left_id")
+register("RajTables", "raj", _as_of("raj"), extra_sources=("right_id",), source_field="left_id")
+def _cross(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+    right = _right(req, right_id, "CrossJoinTables")
+    on = _pairs(req.columns_to_match, "columns_to_match")
+    joins = _joins(req)
+    bits = int(req.reserve_bits) or 10  # Deephaven's default when the request leaves it 0
+    return lambda: left.join(right, on, joins, name=ops.name_for(left, "join"), reserve_bits=bits)
+
+
+register("CrossJoinTables", "cross_join", _cross, extra_sources=("right_id",), source_field="left_id")
 register("MergeTables", "merge", _merge, source_list=lambda req: list(req.source_ids))
 register("NaturalJoinTables", "natural_join", _natural, extra_sources=("right_id",), source_field="left_id")
 register("ExactJoinTables", "exact_join", _exact, extra_sources=("right_id",), source_field="left_id")

@@ -337,6 +337,13 @@ class Table:
     def where_not_in(self, right: "Table", on: ColumnPairs, name: Optional[str] = None) -> "Table":
         return self.where_in(right, on, name, inverted=True)
 
+    def join(self, right: "Table", on: Optional[ColumnPairs] = None, joins: Optional[ColumnPairs] = None,
+             name: Optional[str] = None, reserve_bits: int = 10) -> "Table":
+        """Cross join: each row once per `right` row whose `on` columns equal its own (every right
+        row without `on`), with the columns `joins` (None: every right column not matched)."""
+        return self._derive("cross_join", name, right, column_pairs(on),
+                            None if joins is None else column_pairs(joins), reserve_bits)
+
     def aj(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None, name: Optional[str] = None,
            rule: str = "<=") -> "Table":
         """As-of join: `on` is exact-match columns then the stamp column last ("Ts", "Ts=RTs",

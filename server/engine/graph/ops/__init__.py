@@ -22,6 +22,7 @@ the update on demand), so a cycle costs what the change costs even on very large
 from tickwire.server.engine.graph.ops.aggregate import Agg, AggregateTable
 from tickwire.server.engine.graph.ops.as_of_join import AsOfJoinTable
 from tickwire.server.engine.graph.ops.base import expression_columns, shifted_rows, unique_name
+from tickwire.server.engine.graph.ops.cross_join import CrossJoinTable
 from tickwire.server.engine.graph.ops.head_tail import HeadTailTable
 from tickwire.server.engine.graph.ops.head_tail_by import HeadTailByTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
@@ -37,5 +38,6 @@ from tickwire.server.engine.graph.ops.where_in import WhereInTable
 __all__ = ["Agg", "AggregateTable",
            "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "HeadTailByTable", "LastByTable", "SliceTable",
            "FlattenTable", "UngroupTable", "NaturalJoinTable", "WhereInTable", "MergeTable", "AsOfJoinTable",
+           "CrossJoinTable",
            "unique_name",
            "expression_columns", "shifted_rows"]

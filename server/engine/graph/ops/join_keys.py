@@ -103,6 +103,19 @@ class SideChange:
         self.shift_old = self.shift_new = _EMPTY
         self.touched = _EMPTY
 
+    def counts_before(self, side: "JoinSide", groups: np.ndarray) -> np.ndarray:
+        """How many rows `side` had in each of `groups` (sorted, distinct) before this change."""
+        before = side.counts(groups).copy()
+        if groups.size == 0:
+            return before
+        for g, sign in ((self.added_groups, -1), (self.moved_to, -1), (self.removed_groups, 1), (self.moved_from, 1)):
+            if g.size:
+                i = np.searchsorted(groups, g)
+                hit = (i < groups.size)
+                hit[hit] = groups[i[hit]] == g[hit]
+                np.add.at(before, i[hit], sign)
+        return before
+
     def arrived(self) -> tuple[np.ndarray, np.ndarray]:
         """(row keys, groups) of the rows that are in a group they were not in before the cycle."""
         return np.concatenate((self.added, self.moved)), np.concatenate((self.added_groups, self.moved_to))

@@ -80,13 +80,7 @@ class WhereInTable(WhereTable):
             G = rc.touched
             if G.size:
                 now = self.rside.counts(G) > 0
-                # a group's count before the cycle: now, minus what arrived, plus what left
-                delta = np.zeros(G.size, dtype=np.int64)
-                arrived_g = np.concatenate((rc.added_groups, rc.moved_to))
-                left_g = np.concatenate((rc.removed_groups, rc.moved_from))
-                np.add.at(delta, np.searchsorted(G, arrived_g), 1)
-                np.subtract.at(delta, np.searchsorted(G, left_g), 1)
-                was = (self.rside.counts(G) - delta) > 0
+                was = rc.counts_before(self.rside, G) > 0
                 flipped = G[was != now]
         if lup is not None:
             self.lside.follow(lup)
