@@ -46,7 +46,8 @@ RULES = ("<=", "<", ">=", ">")
 def _ranks(values: pa.Array) -> np.ndarray:
     """Dense ranks of values in stamp order: null first, NaN last (equal values, equal ranks)."""
     if len(values) == 0:
-        return _EMPTY.copy()
+        empty: np.ndarray = _EMPTY.copy()
+        return empty
     if pa.types.is_floating(values.type):  # Arrow sorts NaN with the nulls: ranked here instead
         valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         v = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64) + 0.0
@@ -58,7 +59,8 @@ def _ranks(values: pa.Array) -> np.ndarray:
         step[1:] = (sc[1:] != sc[:-1]) | (sv[1:] != sv[:-1])
         ranks = np.empty(order.size, dtype=np.int64)
         ranks[order] = np.cumsum(step)
-        return ranks
+        out: np.ndarray = ranks
+        return out
     if pa.types.is_boolean(values.type):
         values = values.cast(pa.int8())
     order = pc.array_sort_indices(values, order="ascending", null_placement="at_start").to_numpy()
@@ -217,8 +219,7 @@ class AsOfJoinTable(_Op):
             order = np.lexsort((rk, rrank, rg))
             rcomp = rg[order] * width + rrank[order]
             lcomp = groups * width + lrank
-            side = "right" if self.rule in ("<=", ">") else "left"
-            pos = np.searchsorted(rcomp, lcomp, side=side)
+            pos = np.searchsorted(rcomp, lcomp, side="right" if self.rule in ("<=", ">") else "left")
             if self.rule in ("<=", "<"):
                 pos = pos - 1
             ok = (pos >= 0) & (pos < rcomp.size)

@@ -112,7 +112,8 @@ class CrossJoinTable(_Op):
         """The right row at position `pos` of the group of each left row."""
         g = self.lside.group_of.get(lkeys)
         if g.size == 0:
-            return _EMPTY.copy()
+            empty: np.ndarray = _EMPTY.copy()
+            return empty
         mg, mk = self.rside.rows_of(unique(g))
         out: np.ndarray = mk[np.searchsorted(mg, g) + pos]
         return out
@@ -160,7 +161,7 @@ class CrossJoinTable(_Op):
         before = rc.counts_before(self.rside, RG)
 
         def old_size(groups: np.ndarray) -> np.ndarray:
-            out = self.rside.counts(groups).copy()
+            out: np.ndarray = self.rside.counts(groups).copy()
             if RG.size and groups.size:
                 i = np.minimum(np.searchsorted(RG, groups), RG.size - 1)
                 hit = RG[i] == groups

@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from tickwire.protocol.schema import deephaven_type_for
 from tickwire.server.engine.errors import OperationError, UnknownColumnError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
@@ -28,21 +29,41 @@ from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
 from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import Table
 
-__all__ = ["KeySpace", "JoinSide", "SideChange", "check_keys", "group_members", "group_edges"]
+__all__ = ["KeySpace", "JoinSide", "SideChange", "check_keys", "unknown_columns", "java_type", "group_members",
+           "group_edges"]
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
+def unknown_columns(table: Table, names: Sequence[str]) -> UnknownColumnError:
+    """Deephaven's words for columns a table does not have."""
+    return UnknownColumnError(f"Unknown column names [{', '.join(names)}], available column names are "
+                              f"[{', '.join(table.schema.names)}]")
+
+
+def java_type(t: pa.DataType) -> str:
+    """A column type as Deephaven prints a join's key types: primitives by name, others as classes."""
+    try:
+        name = deephaven_type_for(t)
+    except Exception:  # noqa: BLE001 - a type Deephaven has no name for prints as Arrow's
+        return str(t)
+    if name == "java.lang.Boolean":
+        return "boolean"
+    return f"class {name}" if "." in name else name
+
+
 def check_keys(name: str, left: Table, right: Table, on: Sequence[tuple[str, str]]) -> None:
     """The key pairs exist on both sides with one type each, and can be hashed."""
+    missing = [lc for lc, _rc in on if lc not in left.schema.names]
+    if missing:
+        raise unknown_columns(left, missing)
+    missing = [rc for _lc, rc in on if rc not in right.schema.names]
+    if missing:
+        raise unknown_columns(right, missing)
     for lc, rc in on:
-        if lc not in left.schema.names:
-            raise UnknownColumnError(f"table {name!r}: unknown key column {lc!r} of the left table")
-        if rc not in right.schema.names:
-            raise UnknownColumnError(f"table {name!r}: unknown key column {rc!r} of the right table")
         lt, rt = left.schema.field(lc).type, right.schema.field(rc).type
         if lt != rt:
-            raise OperationError(f"table {name!r}: key columns {lc!r} ({lt}) and {rc!r} ({rt}) have different types")
+            raise OperationError(f"Mismatched join types, {lc}={rc}: {java_type(lt)} != {java_type(rt)}")
         if not check_hashable(lt):
             raise OperationError(f"table {name!r}: key column {lc!r} has type {lt}, which cannot be a key")
 
@@ -85,8 +106,23 @@ class KeySpace:
         if not self.names:
             return "[]"
         row = self.key_values(np.array([group])).to_pylist()[0]
-        vals = [row[n] for n in self.names]
-        return str(vals[0]) if len(vals) == 1 else "[" + ", ".join(str(v) for v in vals) + "]"
+        vals = [_java_text(row[n]) for n in self.names]
+        return vals[0] if len(vals) == 1 else "[" + ", ".join(vals) + "]"
+
+
+def _java_text(v: object) -> str:
+    """A key value as Java's toString prints it (what Deephaven's messages show)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        if v != v:
+            return "NaN"
+        if v in (float("inf"), float("-inf")):
+            return "Infinity" if v > 0 else "-Infinity"
+        return repr(v)
+    return str(v)
 
 
 class SideChange:
@@ -105,7 +141,7 @@ class SideChange:
 
     def counts_before(self, side: "JoinSide", groups: np.ndarray) -> np.ndarray:
         """How many rows `side` had in each of `groups` (sorted, distinct) before this change."""
-        before = side.counts(groups).copy()
+        before: np.ndarray = side.counts(groups).copy()
         if groups.size == 0:
             return before
         for g, sign in ((self.added_groups, -1), (self.moved_to, -1), (self.removed_groups, 1), (self.moved_from, 1)):

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tickwire.server.engine.errors import OperationError, UnknownColumnError
+from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, equal_mask
 from tickwire.server.engine.graph.ops.base import _EMPTY, _first_keys, _Op, _unregistered_on_error
-from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, SideChange, check_keys
+from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, SideChange, check_keys, unknown_columns
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
 from tickwire.server.engine.graph.tables import Rows, Table, register_operation
@@ -48,21 +48,23 @@ def take_two(a: pa.Table, b: pa.Table, from_b: np.ndarray, b_rows: np.ndarray) -
 
 def right_columns(name: str, left: Table, right: Table, on: Sequence[tuple[str, str]],
                   joins: Optional[Sequence[tuple[str, str]]]) -> list[tuple[str, str]]:
-    """The (output name, right column) pairs a join adds: `joins`, or (None) every right column
-    that is not a key; each must exist and not collide with a left column."""
+    """The (output name, right column) pairs a join adds, as Deephaven reads them: `joins` (an
+    output name given twice keeps its first place and its last column), or (None) every right
+    column not named like a left key column (so a right key named differently is added); each
+    must exist and not collide with a left column."""
     if joins is None:
-        keys = {r for _l, r in on}
+        keys = {a for a, _b in on}
         joins = [(c, c) for c in right.schema.names if c not in keys]
-    out = []
-    seen: set[str] = set()
+    missing = [col for _new, col in joins if col not in right.schema.names]
+    if missing:
+        raise unknown_columns(right, missing)
+    clash = [new for new, _col in joins if new in left.schema.names]
+    if clash:
+        raise OperationError(f"Conflicting column names [{', '.join(dict.fromkeys(clash))}]")
+    out: dict[str, str] = {}
     for new, col in joins:
-        if col not in right.schema.names:
-            raise UnknownColumnError(f"table {name!r}: unknown column {col!r} of the right table")
-        if new in left.schema.names or new in seen:
-            raise OperationError(f"table {name!r}: conflicting column names [{new}]")
-        seen.add(new)
-        out.append((new, col))
-    return out
+        out[new] = col
+    return list(out.items())
 
 
 class _JoinStore:
@@ -127,7 +129,7 @@ class NaturalJoinTable(_Op):
             rc = self.rside.follow(TableUpdate(added=right.rowset))
             self._refresh(rc.touched)
             lc = self.lside.follow(TableUpdate(added=left.rowset))
-            self._check_exact(lc, rc)
+            self._check(lc, rc)
             self._update = None
 
     def _new_groups(self, groups: np.ndarray) -> None:
@@ -170,11 +172,6 @@ class NaturalJoinTable(_Op):
         G = groups
         if G.size == 0:
             return _EMPTY, self.values.gather(_EMPTY)
-        count = self.rside.counts(G)
-        if self.match in ("error", "exactly_one"):
-            dup = G[count > 1]
-            if dup.size:
-                raise OperationError(self._duplicate_message(int(dup[0])))
         rk = self.rside.edge(G, front=self.match != "last")
         has = rk >= 0
         idx = np.full(G.size, -1, dtype=np.int64)
@@ -195,13 +192,10 @@ class NaturalJoinTable(_Op):
             return changed, old.filter(mask)
         return changed, old.slice(0, 0)
 
-    def _duplicate_message(self, group: int) -> str:
-        return (f"{'Natural Join' if self.what == 'natural_join' else 'Exact Join'} found duplicate right key "
-                f"for {self.space.describe(group)}")
-
-    def _check_exact(self, lc: Optional[SideChange], rc: Optional[SideChange]) -> None:
-        """exactly_one: every left row has one right row."""
-        if self.match != "exactly_one":
+    def _check(self, lc: Optional[SideChange], rc: Optional[SideChange]) -> None:
+        """As Deephaven: a duplicate right key fails the join ("error", "exactly_one") only once
+        a left row has that key; "exactly_one" also fails for a left row without a right row."""
+        if self.match not in ("error", "exactly_one"):
             return
         parts = [rc.touched] if rc is not None else []
         if lc is not None:
@@ -209,10 +203,16 @@ class NaturalJoinTable(_Op):
         if not parts:
             return
         G = unique(np.concatenate(parts))
-        bad = G[(self.lside.counts(G) > 0) & (self.rside.counts(G) == 0)]
-        if bad.size:
-            raise OperationError(f"Tried to perform an exact join, but the right table has no match for "
-                                 f"key {self.space.describe(int(bad[0]))}")
+        used = self.lside.counts(G) > 0
+        count = self.rside.counts(G)
+        dup = G[used & (count > 1)]
+        if dup.size:
+            raise OperationError(f"Natural Join found duplicate right key for {self.space.describe(int(dup[0]))}")
+        if self.match == "exactly_one":
+            bad = G[used & (count == 0)]
+            if bad.size:
+                raise OperationError(f"Tables don't have one-to-one mapping - no mappings for key "
+                                     f"{self.space.describe(int(bad[-1]))}.")
 
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
         lup = updates.get(self.left.name)
@@ -228,7 +228,7 @@ class NaturalJoinTable(_Op):
             if not rup.modified.is_empty() and rcols & rup.modified_columns:
                 touched.append(self.rside.group_of.get(rup.modified.keys()))
             changed, old = self._refresh(unique(np.concatenate(touched)))
-        self._check_exact(lc, rc)
+        self._check(lc, rc)
         mods = []
         cols: set[str] = set()
         rnames = [n for n, _c in self.joins]
