@@ -75,14 +75,15 @@ def ref_as_of(lrows, rrows, on, stamp, rule, joins):
     for r in rrows:  # row key order
         by.setdefault(key_of(r, [b for _a, b in on]), []).append(r)
     ls, rs = stamp
-    ok = {"<=": lambda r, x: r <= x, "<": lambda r, x: r < x, ">=": lambda r, x: r >= x, ">": lambda r, x: r > x}[rule]
+    # rule: left stamp OP right stamp, as Deephaven writes it
+    ok = {">=": lambda r, x: r <= x, ">": lambda r, x: r < x, "<=": lambda r, x: r >= x, "<": lambda r, x: r > x}[rule]
     out = []
     for lr in lrows:
         lk = stamp_key(lr[ls])
         cands = [r for r in by.get(key_of(lr, [a for a, _b in on]), []) if ok(stamp_key(r[rs]), lk)]
         m = None
         if cands:
-            if rule in ("<=", "<"):
+            if rule in (">=", ">"):
                 best = max(stamp_key(r[rs]) for r in cands)
                 m = [r for r in cands if stamp_key(r[rs]) == best][-1]
             else:
@@ -204,10 +205,12 @@ def test_random_joins_match_recomputation(seed):
         return tbl
 
     def asof(left, right, on, stamp, rule, joins, name):
-        tbl = (left.aj if rule in ("<=", "<") else left.raj)(right, on + [stamp], joins, name=name, rule=rule)
+        tbl = (left.aj if rule in (">=", ">") else left.raj)(right, on + [stamp], joins, name=name, rule=rule)
         on_p = [(a, a) for a in on]
         st = tuple(stamp.split("=")) if "=" in stamp else (stamp, stamp)
         joins_p = [(j.split("=")[0], j.split("=")[-1]) for j in joins]
+        if st[1] != st[0]:  # the right stamp is added too, first
+            joins_p = [(st[1], st[1])] + joins_p
 
         def check(tbl=tbl):
             return rows_equal(rows(tbl), ref_as_of(rows(left), rows(right), on_p, st, rule, joins_p))
@@ -265,11 +268,11 @@ def test_random_joins_match_recomputation(seed):
     mg([j1, big.natural_join(refk, ["k"], ["RPx=px", "RSym=sym"], name="j1b")], "m4")
     # as-of joins: every rule, stamps of several types (nulls, NaN, -0.0 among them), with and
     # without exact-match columns, both sides ticking, a join of a join
-    asof(trades, ring, ["sym"], "ts", "<=", ["RPx=px", "RQty=qty"], "a1")
-    asof(keyed, trades, ["k"], "px", ">=", ["TTs=ts"], "a2")
-    asof(scripted, ring, ["k"], "c=px", "<", ["RSym=sym", "RTs=ts"], "a3")
-    asof(ring, keyed, [], "qty", ">", ["KPx=px"], "a4")
-    asof(j1, trades, ["sym", "k"], "ts", "<=", ["TQty=qty"], "a5")
+    asof(trades, ring, ["sym"], "ts", ">=", ["RPx=px", "RQty=qty"], "a1")
+    asof(keyed, trades, ["k"], "px", "<=", ["TTs=ts"], "a2")
+    asof(scripted, ring, ["k"], "c=px", ">", ["RSym=sym", "RTs=ts"], "a3")
+    asof(ring, keyed, [], "qty", "<", ["KPx=px"], "a4")
+    asof(j1, trades, ["sym", "k"], "ts", ">=", ["TQty=qty"], "a5")
     # cross joins: with keys, without (every right row), narrow reserved bits that must widen, a
     # sorted left table (row keys around 2**62)
     cj(trades, refk, ["k"], ["RPx=px"], "c1")

@@ -11,6 +11,7 @@ The rules a real Deephaven 42.7 keeps are compared in tests/test_join_conformanc
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 from tickwire.server.engine import Table
@@ -83,23 +84,25 @@ def _merge(ops: TableOps, req, first: Table, sources: Optional[list] = None) -> 
     return make
 
 
+_AS_OF = re.compile(r"\A\s*([a-zA-Z_$][a-zA-Z0-9_$]*)\s*(>=?|<=?)\s*([a-zA-Z_$][a-zA-Z0-9_$]*)\s*\Z")
+_NAME = re.compile(r"\A\s*([a-zA-Z_$][a-zA-Z0-9_$]*)\s*\Z")
+_RULE_NAMES = {">=": "GREATER_THAN_EQUAL", ">": "GREATER_THAN", "<=": "LESS_THAN_EQUAL", "<": "LESS_THAN"}
+
+
 def _as_of_column(spec: str, kind: str) -> tuple[tuple[str, str], str]:
-    """AjRajTablesRequest.as_of_column: "Ts", "Ts=RTs" or with the rule, "Ts<RTs", as a
-    (left, right) pair and the rule (aj: <= or <, raj: >= or >)."""
-    spec = spec.strip()
-    rule = "<=" if kind == "aj" else ">="
-    pair = spec
-    for r in ("<=", ">=", "<", ">"):
-        if r in spec:
-            a, b = spec.split(r, 1)
-            rule, pair = r, f"{a.strip()}={b.strip()}"
-            break
-    allowed = ("<=", "<") if kind == "aj" else (">=", ">")
-    if rule not in allowed:
-        raise CallError(f"{kind}: as_of_column {spec!r}: the rule must be {' or '.join(allowed)}", "INVALID_ARGUMENT")
-    if not pair:
-        raise CallError(f"{kind}: as_of_column not supplied", "INVALID_ARGUMENT")
-    return _pairs([pair], "as_of_column")[0], rule
+    """AjRajTablesRequest.as_of_column as Deephaven reads it: "Ts" (aj: Ts>=Ts, raj: Ts<=Ts) or
+    "LeftTs OP RightTs" (aj: >= or >, raj: <= or <)."""
+    bare = _NAME.match(spec)
+    if bare:
+        name = bare.group(1)
+        return (name, name), (">=" if kind == "aj" else "<=")
+    m = _AS_OF.match(spec)
+    if m is None:
+        raise CallError(f"Input expression {spec} does not match expected pattern {_AS_OF.pattern}", "INVALID_ARGUMENT")
+    left, rule, right = m.group(1), m.group(2), m.group(3)
+    if rule not in ((">=", ">") if kind == "aj" else ("<=", "<")):
+        raise CallError(f"Unsupported operation for {kind}: {_RULE_NAMES[rule]}", "INVALID_ARGUMENT")
+    return (left, right), rule
 
 
 def _as_of(kind: str) -> Callable[..., Callable[[], Table]]:

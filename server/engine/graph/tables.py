@@ -345,17 +345,18 @@ class Table:
                             None if joins is None else column_pairs(joins), reserve_bits)
 
     def aj(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None, name: Optional[str] = None,
-           rule: str = "<=") -> "Table":
+           rule: str = ">=") -> "Table":
         """As-of join: `on` is exact-match columns then the stamp column last ("Ts", "Ts=RTs",
-        or with the rule in it: "Ts<RTs"); each row gets the columns `joins` (None: every right
-        column that is not matched) of the right row of its key with the greatest stamp at or
-        before its own (`rule` "<" : strictly before), nulls where none has."""
+        or with the rule in it as Deephaven writes it: "Ts>=RTs", "Ts>RTs"); each row gets the
+        columns `joins` (None: every right column that is not matched) of the right row of its key
+        with the greatest stamp at or before its own (`rule` ">": strictly before), nulls where
+        none has."""
         return self._as_of(right, on, joins, name, rule)
 
     def raj(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs] = None, name: Optional[str] = None,
-            rule: str = ">=") -> "Table":
-        """Reverse as-of join: the right row with the least stamp at or after the row's (">":
-        strictly after)."""
+            rule: str = "<=") -> "Table":
+        """Reverse as-of join: the right row with the least stamp at or after the row's ("Ts<=RTs";
+        "<": strictly after)."""
         return self._as_of(right, on, joins, name, rule)
 
     def _as_of(self, right: "Table", on: ColumnPairs, joins: Optional[ColumnPairs], name: Optional[str],

@@ -1,10 +1,12 @@
 """aj and raj: each left row with the right row of its key whose stamp is the closest at or before
 (aj) or at or after (raj) its own, incrementally on both sides.
 
-Rules: `<=` (aj: the right row with the greatest stamp not after the left row's; among equal
-stamps the last row), `<` (strictly before), `>=` (raj: the least stamp not before; among equal
-stamps the first row), `>` (strictly after). Exact-match columns (`on`) are matched first, by key
-group (`KeySpace`), as in the other joins.
+Rules, written as Deephaven writes them (left stamp OP right stamp): `>=` (aj: the right row with
+the greatest stamp not after the left row's; among equal stamps the last row), `>` (aj, strictly
+before), `<=` (raj: the least stamp not before; among equal stamps the first row), `<` (raj,
+strictly after). Stamps order null first and NaN last, -0.0 equal to 0.0; an Instant stamp may
+meet a long one (epoch nanoseconds), as in Deephaven. Exact-match columns (`on`) are matched first,
+by key group (`KeySpace`), as in the other joins.
 
 The result has the left table's rows, row keys and shifts. Each left row keeps the right row it
 matched as a *slot* of the join's copy of the added right columns (`KeyMap` left row key -> slot),
@@ -23,12 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tickwire.server.engine.errors import OperationError, UnknownColumnError
+from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _first_keys, _Op, _unregistered_on_error
-from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys
+from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys, java_type, unknown_columns
 from tickwire.server.engine.graph.ops.natural_join import right_columns, take_two
 from tickwire.server.engine.graph.order import check_sortable
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
@@ -40,7 +42,11 @@ if TYPE_CHECKING:
 
 __all__ = ["AsOfJoinTable", "RULES"]
 
-RULES = ("<=", "<", ">=", ">")
+RULES = (">=", ">", "<=", "<")
+
+
+def _kind(t: pa.DataType) -> str:
+    return "instant" if pa.types.is_timestamp(t) else "long" if t == pa.int64() else str(t)
 
 
 def _ranks(values: pa.Array) -> np.ndarray:
@@ -102,7 +108,7 @@ class AsOfJoinTable(_Op):
     (left column, right column)) is the closest one allowed by `rule` (see the module docstring)."""
 
     def __init__(self, graph: "UpdateGraph", name: str, left: Table, right: Table,
-                 on: Sequence[tuple[str, str]], stamp: tuple[str, str], rule: str = "<=",
+                 on: Sequence[tuple[str, str]], stamp: tuple[str, str], rule: str = ">=",
                  joins: Optional[Sequence[tuple[str, str]]] = None):
         if rule not in RULES:
             raise OperationError(f"table {name!r}: unknown as-of rule {rule!r} (one of {', '.join(RULES)})")
@@ -110,16 +116,24 @@ class AsOfJoinTable(_Op):
         check_keys(name, left, right, on)
         ls, rs = str(stamp[0]), str(stamp[1])
         if ls not in left.schema.names:
-            raise UnknownColumnError(f"table {name!r}: unknown stamp column {ls!r} of the left table")
+            raise unknown_columns(left, [ls])
         if rs not in right.schema.names:
-            raise UnknownColumnError(f"table {name!r}: unknown stamp column {rs!r} of the right table")
+            raise unknown_columns(right, [rs])
         lt, rt = left.schema.field(ls).type, right.schema.field(rs).type
-        if lt != rt:
-            raise OperationError(f"table {name!r}: stamp columns {ls!r} ({lt}) and {rs!r} ({rt}) have different types")
+        self._epoch = lt != rt  # an Instant stamp against a long one: compared as epoch nanoseconds
+        if lt != rt and not ({_kind(lt), _kind(rt)} == {"instant", "long"}):
+            what = "aj" if rule in (">=", ">") else "raj"
+            raise OperationError(f"Can not {what}() with different stamp types: left={java_type(lt)}, "
+                                 f"right={java_type(rt)}")
         if not check_sortable(lt) or not check_hashable(lt):
             raise OperationError(f"table {name!r}: stamp column {ls!r} has type {lt}, which cannot be ordered")
         self.on, self.stamp, self.rule = on, (ls, rs), rule
-        self.joins = right_columns(name, left, right, on + [(ls, rs)], joins)
+        # as Deephaven: a right stamp named unlike the left one is added too, first when joins are named
+        self.joins = right_columns(name, left, right, on + [(ls, ls)], joins)
+        if joins is not None and rs != ls:
+            self.joins = [(rs, rs)] + [(n, c) for n, c in self.joins if n != rs]
+            if rs in left.schema.names:
+                raise OperationError(f"Conflicting column names [{rs}]")
         self.left, self.right = left, right
         self.left_names = set(left.schema.names)
         rfields = [right.schema.field(c).with_name(n) for n, c in self.joins]
@@ -213,14 +227,16 @@ class AsOfJoinTable(_Op):
             ls, rs = self.stamp
             lstamp = self.left.gather([ls], keys).column(0).combine_chunks()
             rstamp = self.right.gather([rs], rk).column(0).combine_chunks()
-            ranks = _ranks(pa.concat_arrays([lstamp, rstamp.cast(lstamp.type)]))
+            if self._epoch:
+                lstamp, rstamp = lstamp.cast(pa.int64()), rstamp.cast(pa.int64())
+            ranks = _ranks(pa.concat_arrays([lstamp, rstamp]))
             lrank, rrank = ranks[:keys.size], ranks[keys.size:]
             width = int(ranks.max()) + 2
             order = np.lexsort((rk, rrank, rg))
             rcomp = rg[order] * width + rrank[order]
             lcomp = groups * width + lrank
-            pos = np.searchsorted(rcomp, lcomp, side="right" if self.rule in ("<=", ">") else "left")
-            if self.rule in ("<=", "<"):
+            pos = np.searchsorted(rcomp, lcomp, side="right" if self.rule in (">=", "<") else "left")
+            if self.rule in (">=", ">"):
                 pos = pos - 1
             ok = (pos >= 0) & (pos < rcomp.size)
             ok[ok] = rg[order][pos[ok]] == groups[ok]
@@ -364,7 +380,7 @@ class AsOfJoinTable(_Op):
 
 
 def _as_of_join(graph: "UpdateGraph", name: str, left: Table, right: Table, on: Sequence[tuple[str, str]],
-                stamp: tuple[str, str], rule: str = "<=", joins: Optional[Sequence[tuple[str, str]]] = None) -> Table:
+                stamp: tuple[str, str], rule: str = ">=", joins: Optional[Sequence[tuple[str, str]]] = None) -> Table:
     return AsOfJoinTable(graph, name, left, right, on, stamp, rule, joins)
 
 
