@@ -378,41 +378,10 @@ _case("batch-aj", lambda s, t: s.query(t["AL"]).where(["LV >= 0"]).aj(t["AR"], [
 
 #: differences from Deephaven 42.7 that are known and not (yet) matched: case -> what differs
 KNOWN: dict[str, str] = {}
-for _case_name in ("where_in-mismatched-instant_long", "where_in-instant_long", "where_not_in-instant_long",
-                   "where_in-long_instant", "where_not_in-long_instant"):
-    KNOWN[_case_name] = ("Deephaven's where_in / where_not_in compare an Instant key column with a long one as epoch "
-                         "nanoseconds (an instant matches the long of its nanoseconds, null matches null); tickwire "
-                         "refuses the key types with INVALID_ARGUMENT")
-for _op in ("natural_join", "exact_join", "join"):
-    KNOWN[f"{_op}-K-double_equals"] = ("Deephaven reads `New==RV` in columns_to_add as the rename New=RV; tickwire "
-                                       "refuses it with INVALID_ARGUMENT")
-for _op in ("natural_join", "exact_join", "join", "where_in"):
-    KNOWN[f"{_op}-on_rename_double_equals"] = ("Deephaven reads `K==RK` in columns_to_match as K=RK; tickwire refuses "
-                                               "it with INVALID_ARGUMENT")
-KNOWN["merge-different_order"] = ("Deephaven merges tables with the same columns in another order (the result in the "
-                                  "first table's order, values taken by name); tickwire refuses with INVALID_ARGUMENT")
 for _case_name in ("merge-order_by-string-nulls", "merge-order_by-nulls"):
     KNOWN[_case_name] = ("Deephaven refuses merge_tables with order_by when the ordering column holds a null "
                          "(INVALID_ARGUMENT; its log: NullPointerException in MergeSortedHelper); tickwire answers, "
                          "nulls first")
-for _kind, _rules in _RULES.items():
-    for _stamp in ("D", "T"):
-        for _rule_name in _rules:
-            KNOWN[f"{_kind}-{_stamp}-{_rule_name}"] = (
-                "with columns_to_add empty, Deephaven adds the right stamp column first and then the other right "
-                f"columns in the right table's order (RTs{_stamp} first); tickwire keeps the right table's order "
-                "(RTsJ, RTsD, RTsT, V, W)")
-    KNOWN[f"{_kind}-joins-renamed_stamp"] = (
-        "with the right stamp column in columns_to_add under a new name (S2=RTsJ), Deephaven adds it only as S2 "
-        "(columns S2, W); tickwire adds RTsJ as well (RTsJ, S2, W)")
-    for _case_name in (f"{_kind}-exact_renamed", f"{_kind}-exact_two_columns"):
-        KNOWN[_case_name] = (
-            "Deephaven also adds each right exact-match column named apart from its left column (V of `LV=V` / "
-            "`TsI=V`), before the right stamp column, when columns_to_add is given (V, RTsJ, W); tickwire adds only "
-            "the stamp column (RTsJ, W)")
-    KNOWN[f"{_kind}-exact_renamed-default_joins"] = (
-        "with columns_to_add empty, Deephaven adds the right exact-match column of `LV=V` first, then the stamp "
-        "column, then the rest (V, RTsJ, W); tickwire keeps the right table's order (RTsJ, V, W)")
 
 
 # ------------------------------------------------------------------------------------------------

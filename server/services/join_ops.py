@@ -128,6 +128,18 @@ def _cross(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) ->
     return lambda: left.join(right, on, joins, name=ops.name_for(left, "join"), reserve_bits=bits)
 
 
+def _multi(ops: TableOps, req, first: Table, sources: Optional[list] = None) -> Callable[[], Table]:
+    tables = list(sources or [first])
+    specs = []
+    for inp, t in zip(req.multi_join_inputs, tables):
+        on = _pairs(inp.columns_to_match, "columns_to_match")
+        joins = _pairs(inp.columns_to_add, "columns_to_add") if len(inp.columns_to_add) else None
+        specs.append((t, on, joins))
+    return lambda: first._derive("multi_join", ops.name_for(first, "multi_join"), specs)  # noqa: SLF001
+
+
+register("MultiJoinTables", "multi_join", _multi,
+         source_list=lambda req: [i.source_id for i in req.multi_join_inputs])
 register("CrossJoinTables", "cross_join", _cross, extra_sources=("right_id",), source_field="left_id")
 register("MergeTables", "merge", _merge, source_list=lambda req: list(req.source_ids))
 register("NaturalJoinTables", "natural_join", _natural, extra_sources=("right_id",), source_field="left_id")

@@ -91,6 +91,7 @@ class TableService:
             refs = listed(req)
             if not refs:
                 raise CallError("Cannot merge zero source tables." if kind == "merge"
+                                else "Cannot join zero source tables." if kind == "multi_join"
                                 else f"{kind}: no source tables supplied", "INVALID_ARGUMENT")
             return await self._source(refs[0], session, earlier)
         return await self._source(getattr(req, SOURCE_FIELDS.get(kind, "source_id")), session, earlier)

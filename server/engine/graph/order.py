@@ -210,6 +210,9 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.nda
     return vals, owner
 
 
+_U64_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
 class OrderIndex:
     """Elements (word tuples; the last word is a unique id) in order, with keys that follow the
     order. See the module docstring."""
@@ -369,6 +372,12 @@ class OrderIndex:
         # queries that tie on the first word with some slot: resolve on the next words
         amb = np.flatnonzero(res > 0)
         amb = amb[w0[res[amb] - 1] == q[0][amb]]
+        if amb.size and self.K > 1:
+            # a query whose next words are all the largest value sorts after every tie already
+            top = np.ones(amb.size, dtype=bool)
+            for w in q[1:]:
+                top &= w[amb] == _U64_TOP
+            amb = amb[~top]
         if amb.size and self.K > 1:
             left = np.searchsorted(w0, q[0][amb], side="left")
             # first index in [left, res) whose remaining words are greater than the query's

@@ -114,8 +114,8 @@ def column_pairs(specs: Optional[ColumnPairs]) -> list[tuple[str, str]]:
     for s in specs:
         if isinstance(s, tuple):
             a, b = str(s[0]), str(s[1])
-        elif "=" in s:
-            a, b = (x.strip() for x in s.split("=", 1))
+        elif "=" in s:  # "A==B" reads as "A=B", as Deephaven reads it
+            a, b = (x.strip() for x in (s.split("==", 1) if "==" in s else s.split("=", 1)))
         else:
             a = b = s.strip()
         if not a or not b:
@@ -374,6 +374,15 @@ class Table:
         stamp = column_pairs([last])[0]
         return self._derive("as_of_join", name, right, column_pairs(specs[:-1]), stamp, rule,
                             None if joins is None else column_pairs(joins))
+
+    def multi_join(self, inputs: Sequence[tuple["Table", ColumnPairs, Optional[ColumnPairs]]],
+                   name: Optional[str] = None) -> "Table":
+        """One row per key of several tables: `inputs` are (table, on ("Out=Own" or names), joins
+        (None: every column not a key)), this table first; each input has at most one row per key."""
+        specs = [(t, column_pairs(on), None if joins is None else column_pairs(joins)) for t, on, joins in inputs]
+        if not specs or specs[0][0] is not self:
+            raise InputTypeError("multi_join: the first input is the table it is called on")
+        return self._derive("multi_join", name, specs)
 
     def merge(self, others: Sequence["Table"], name: Optional[str] = None) -> "Table":
         """This table's rows, then each of `others`' (tables of the same columns)."""

@@ -128,12 +128,16 @@ class AsOfJoinTable(_Op):
         if not check_sortable(lt) or not check_hashable(lt):
             raise OperationError(f"table {name!r}: stamp column {ls!r} has type {lt}, which cannot be ordered")
         self.on, self.stamp, self.rule = on, (ls, rs), rule
-        # as Deephaven: a right stamp named unlike the left one is added too, first when joins are named
-        self.joins = right_columns(name, left, right, on + [(ls, ls)], joins)
-        if joins is not None and rs != ls:
-            self.joins = [(rs, rs)] + [(n, c) for n, c in self.joins if n != rs]
-            if rs in left.schema.names:
-                raise OperationError(f"Conflicting column names [{rs}]")
+        # as Deephaven: right match columns named unlike their left ones (exact-match columns, then
+        # the stamp) come first under their own names, unless the added columns rename them
+        base = right_columns(name, left, right, on + [(ls, ls)], joins)
+        sources = {c for _n, c in base}
+        matched = [b for a, b in on if a != b] + ([rs] if rs != ls else [])
+        front = [c for c in dict.fromkeys(matched) if (c, c) in base or c not in sources]
+        clash = [c for c in front if c in left.schema.names]
+        if clash:
+            raise OperationError(f"Conflicting column names [{', '.join(clash)}]")
+        self.joins = [(c, c) for c in front] + [(n, c) for n, c in base if not (n == c and c in front)]
         self.left, self.right = left, right
         self.left_names = set(left.schema.names)
         rfields = [right.schema.field(c).with_name(n) for n, c in self.joins]

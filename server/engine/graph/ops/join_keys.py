@@ -29,8 +29,8 @@ from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
 from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import Table
 
-__all__ = ["KeySpace", "JoinSide", "SideChange", "check_keys", "unknown_columns", "java_type", "group_members",
-           "group_edges"]
+__all__ = ["KeySpace", "JoinSide", "SideChange", "check_keys", "epoch_pair", "unknown_columns", "java_type",
+           "group_members", "group_edges"]
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -52,8 +52,14 @@ def java_type(t: pa.DataType) -> str:
     return f"class {name}" if "." in name else name
 
 
-def check_keys(name: str, left: Table, right: Table, on: Sequence[tuple[str, str]]) -> None:
-    """The key pairs exist on both sides with one type each, and can be hashed."""
+def epoch_pair(a: pa.DataType, b: pa.DataType) -> bool:
+    """An Instant against a long: Deephaven compares them as epoch nanoseconds in some joins."""
+    return (pa.types.is_timestamp(a) and b == pa.int64()) or (pa.types.is_timestamp(b) and a == pa.int64())
+
+
+def check_keys(name: str, left: Table, right: Table, on: Sequence[tuple[str, str]], epoch: bool = False) -> None:
+    """The key pairs exist on both sides with one type each (`epoch`: or an Instant and a long),
+    and can be hashed."""
     missing = [lc for lc, _rc in on if lc not in left.schema.names]
     if missing:
         raise unknown_columns(left, missing)
@@ -62,7 +68,7 @@ def check_keys(name: str, left: Table, right: Table, on: Sequence[tuple[str, str
         raise unknown_columns(right, missing)
     for lc, rc in on:
         lt, rt = left.schema.field(lc).type, right.schema.field(rc).type
-        if lt != rt:
+        if lt != rt and not (epoch and epoch_pair(lt, rt)):
             raise OperationError(f"Mismatched join types, {lc}={rc}: {java_type(lt)} != {java_type(rt)}")
         if not check_hashable(lt):
             raise OperationError(f"table {name!r}: key column {lc!r} has type {lt}, which cannot be a key")
@@ -192,7 +198,11 @@ class JoinSide:
     def _groups_for(self, keys: np.ndarray) -> np.ndarray:
         if not self.keys:
             return np.zeros(keys.size, dtype=np.int64)
-        g = self.space.groups(self.table.gather(self.keys, keys))
+        vals = self.table.gather(self.keys, keys)
+        if any(f.type != t for f, t in zip(vals.schema, self.space.schema.types)):  # an Instant as a long
+            vals = pa.Table.from_arrays([c.cast(t) for c, t in zip(vals.columns, self.space.schema.types)],
+                                        names=vals.column_names)
+        g = self.space.groups(vals)
         self._grow()
         return g
 

@@ -1,4 +1,5 @@
-"""merge: tables of one schema one after the other, each source's rows in its own region of row keys.
+"""merge: tables of one schema one after the other, each source's rows in its own region of row keys
+(the same columns by name, in the first table's order, as Deephaven merges them).
 
 Source i's row key k is the merged table's row key `k - base_i + i * 2**bits`, where `bits` leaves
 room for every source (62 bits shared among them: 61 for two sources, 60 for up to four, ...) and
@@ -68,8 +69,9 @@ class MergeTable(_Op):
         if not sources or sources[0] is not first:
             sources = [first] + sources
         schema = first.schema
-        for s in sources[1:]:
-            if s.schema.names != schema.names or any(a.type != b.type for a, b in zip(s.schema, schema)):
+        for s in sources[1:]:  # as Deephaven: the same columns by name, in any order
+            if sorted(s.schema.names) != sorted(schema.names) or any(
+                    s.schema.field(f.name).type != f.type for f in schema):
                 raise SchemaMismatchError(f"table {name!r}: merged tables must have the same columns: "
                                           f"{s.name!r} has {_describe(s.schema)}, {first.name!r} has "
                                           f"{_describe(schema)}")

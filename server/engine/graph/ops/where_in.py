@@ -18,7 +18,7 @@ from pyroaring import BitMap64
 
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.ops.base import _EMPTY, _bitmap, _Op, _unregistered_on_error
-from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys
+from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys, epoch_pair
 from tickwire.server.engine.graph.ops.where import WhereTable
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
@@ -37,13 +37,14 @@ class WhereInTable(WhereTable):
     def __init__(self, graph: "UpdateGraph", name: str, left: Table, right: Table,
                  on: Sequence[tuple[str, str]], inverted: bool = False):
         on = [(str(a), str(b)) for a, b in on]
-        check_keys(name, left, right, on)
+        check_keys(name, left, right, on, epoch=True)  # as Deephaven: an Instant key may meet a long one
         self.on = on
         self.inverted = bool(inverted)
         self.right = right
         self.predicate = self._passing
         self.columns = [a for a, _b in on] or None
-        self.space = KeySpace([left.schema.field(a).type for a, _b in on])
+        self.space = KeySpace([pa.int64() if epoch_pair(left.schema.field(a).type, right.schema.field(b).type)
+                               else left.schema.field(a).type for a, b in on])
         self.lside = JoinSide(self.space, left, [a for a, _b in on])
         self.rside = JoinSide(self.space, right, [b for _a, b in on], members=False)
         with graph.lock, _unregistered_on_error(graph, self):
