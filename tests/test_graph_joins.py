@@ -230,6 +230,87 @@ def test_random_joins_match_recomputation(seed):
         nodes.append(Checked(tbl, check))
         return tbl
 
+    def mj(inputs, name):
+        tbl = inputs[0][0].multi_join(inputs, name=name)
+        keys = [a.split("=")[0] for a in inputs[0][1]]
+        row_key_of: dict = {}
+
+        def check(tbl=tbl):
+            want: dict = {}
+            for t_in, on, joins in inputs:
+                own = [a.split("=")[-1] for a in on]
+                adds = [(j.split("=")[0], j.split("=")[-1]) for j in joins]
+                for r in rows(t_in):
+                    k = key_of(r, own)
+                    row = want.setdefault(k, {**dict(zip(keys, (r[c] for c in own))),
+                                              **{n: None for n in tbl.schema.names if n not in keys}})
+                    for new, col in adds:
+                        row[new] = r[col]
+            got = rows(tbl)
+            for r in got:  # a key keeps its row key for life
+                k = key_of(r, keys)
+                if row_key_of.setdefault(k, r[ROW_KEY]) != r[ROW_KEY]:
+                    return False
+            got_by = {key_of(r, keys): {c: v for c, v in r.items() if c != ROW_KEY} for r in got}
+            return set(got_by) == set(want) and all(rows_equal([got_by[k]], [want[k]]) for k in want)
+        nodes.append(Checked(tbl, check))
+        return tbl
+
+    def sw(base, trigger, stamps, name, key_cols, initial=False, incremental=False, history=False):
+        tbl = base.snapshot_when(trigger, stamps, initial, incremental, history, name=name)
+        pairs = [(a.split("=")[0], a.split("=")[-1]) for a in stamps] if stamps else \
+            [(c, c) for c in trigger.schema.names]
+        ups: list = []
+        trigger.add_listener(lambda t, up, step: ups.append(up))
+        ref: dict = {"rows": [], "stamp_of": {}}
+
+        def stamped(r, trow):
+            return {**{k: v for k, v in r.items() if k != ROW_KEY},
+                    **{n: (None if trow is None else trow[c]) for n, c in pairs}}
+
+        def take(trow):
+            brows = rows(base)
+            if not incremental:
+                ref["rows"] = [stamped(r, trow) for r in brows]
+                return
+            new_rows, stamp_of = [], {}
+            for r in brows:
+                k = key_of(r, key_cols)
+                old = ref["stamp_of"].get(k)
+                fresh = stamped(r, trow)
+                if old is not None and rows_equal([{c: v for c, v in old.items() if c in r}],
+                                                  [{c: v for c, v in fresh.items() if c in r}]):
+                    fresh = old
+                new_rows.append(fresh)
+                stamp_of[k] = fresh
+            ref["rows"], ref["stamp_of"] = new_rows, stamp_of
+
+        if history:
+            for r in rows(trigger):
+                ref["rows"] += [stamped(b, r) for b in rows(base)]
+        elif initial:
+            trows = rows(trigger)
+            take(trows[-1] if trows else None)
+
+        def check(tbl=tbl):
+            if ups:
+                trows = {r[ROW_KEY]: r for r in rows(trigger)}
+                if history:
+                    for up in ups:
+                        for k in up.added.keys().tolist():
+                            ref["rows"] += [stamped(b, trows[k]) for b in rows(base)]
+                else:
+                    last = rows(trigger)
+                    take(last[-1] if last else None)
+                ups.clear()
+            got = drop_key(rows(tbl))
+            want = ref["rows"]
+            if history:
+                want = [{**{n: r[n] for n, _c in pairs}, **{c: r[c] for c in base.schema.names}} for r in want]
+            return rows_equal(got, want)
+        nodes.append(Checked(tbl, check))
+        return tbl
+
     def mg(sources, name):
         tbl = sources[0].merge(sources[1:], name=name)
 
@@ -280,6 +361,20 @@ def test_random_joins_match_recomputation(seed):
                         columns=["qty"]), [], ["RSym=sym", "RTs=ts"], "c2", bits=1)
     cj(scripted, keyed, ["k"], ["KSym=sym", "KQty=qty"], "c3", bits=2)
     cj(refk.sort(["px"], name="refk_sorted"), trades, ["sym"], ["TTs=ts"], "c4")
+    # multi_join: inputs with unique keys (keyed tables, a last_by), keys renamed, inputs in one diamond
+    mj([(refk, ["k"], ["P0=px", "S0=sym"]), (keyed.last_by(["k"], name="keyed_last"), ["k"], ["P1=px"]),
+        (ring.last_by(["k"], name="ring_last_k"), ["k"], ["T2=ts", "Q2=qty"])], "mj1")
+    mj([(keyed, ["s=sym", "kk=k"], ["P0=px"]), (keyed.where(lambda v: np.asarray(v.column("flag").fill_null(False)
+                                                                              .to_numpy()), name="kflag",
+                                                        columns=["flag"]), ["s=sym", "kk=k"], ["Q1=qty"])], "mj2")
+    # snapshot_when: every mode; triggers that append, upsert and delete; base and trigger ticking together
+    sw(keyed, trades, ["TTs=ts", "TQty=qty"], "s1", ["sym", "k"])
+    sw(keyed, refk, ["RPx=px"], "s2", ["sym", "k"], initial=True)
+    sw(keyed, trades.where(lambda v: np.asarray(v.column("qty").fill_null(0).to_numpy()) == 0, name="t0",
+                           columns=["qty"]), ["TTs=ts"], "s3", ["sym", "k"], incremental=True)
+    sw(keyed, refk, ["RSym=sym", "RTs=ts"], "s4", ["sym", "k"], initial=True, incremental=True)
+    sw(refk, trades.where(lambda v: np.asarray(v.column("k").to_numpy()) == 3, name="t3", columns=["k"]),
+       ["TPx=px"], "s5", ["k"], history=True)
     skeys = np.zeros(0, dtype=np.int64)
     for cycle in range(CYCLES):
         try:
@@ -297,7 +392,7 @@ def test_random_joins_match_recomputation(seed):
     matched = [n.table.name for n in nodes if n.table.name.startswith("j")
                and n.table.to_arrow().column(n.table.schema.names[-1]).null_count < n.table.size]
     assert len(matched) >= 5, matched  # the joins found right rows
-    crossed = {n.table.name: n.table.size for n in nodes if n.table.name.startswith("c")}
+    crossed = {n.table.name: n.table.size for n in nodes if n.table.name[0] in "cs"}
     assert all(crossed.values()), crossed
     assert next(n.table for n in nodes if n.table.name == "c2").bits > 1  # its reserved bits were widened
 

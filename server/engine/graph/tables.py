@@ -384,6 +384,13 @@ class Table:
             raise InputTypeError("multi_join: the first input is the table it is called on")
         return self._derive("multi_join", name, specs)
 
+    def snapshot_when(self, trigger: "Table", stamps: Optional[ColumnPairs] = None, initial: bool = False,
+                      incremental: bool = False, history: bool = False, name: Optional[str] = None) -> "Table":
+        """This table as it was when `trigger` last changed, with the trigger's last row in the
+        columns `stamps` ("New=Old" or names; None: all of them); see the snapshot_when module."""
+        return self._derive("snapshot_when", name, trigger, None if stamps is None else column_pairs(stamps),
+                            initial, incremental, history)
+
     def merge(self, others: Sequence["Table"], name: Optional[str] = None) -> "Table":
         """This table's rows, then each of `others`' (tables of the same columns)."""
         return self._derive("merge", name, [self, *others])

@@ -31,6 +31,7 @@ from tickwire.server.engine.graph.ops.multi_join import MultiJoinTable
 from tickwire.server.engine.graph.ops.natural_join import NaturalJoinTable
 from tickwire.server.engine.graph.ops.project import ProjectTable
 from tickwire.server.engine.graph.ops.slice_flatten import FlattenTable, SliceTable
+from tickwire.server.engine.graph.ops.snapshot_when import SnapshotWhenTable
 from tickwire.server.engine.graph.ops.sort import SortTable
 from tickwire.server.engine.graph.ops.ungroup import UngroupTable
 from tickwire.server.engine.graph.ops.where import WhereTable
@@ -39,6 +40,6 @@ from tickwire.server.engine.graph.ops.where_in import WhereInTable
 __all__ = ["Agg", "AggregateTable",
            "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "HeadTailByTable", "LastByTable", "SliceTable",
            "FlattenTable", "UngroupTable", "NaturalJoinTable", "WhereInTable", "MergeTable", "AsOfJoinTable",
-           "CrossJoinTable", "MultiJoinTable",
+           "CrossJoinTable", "MultiJoinTable", "SnapshotWhenTable",
            "unique_name",
            "expression_columns", "shifted_rows"]
