@@ -138,6 +138,43 @@ def _multi(ops: TableOps, req, first: Table, sources: Optional[list] = None) -> 
     return lambda: first._derive("multi_join", ops.name_for(first, "multi_join"), specs)  # noqa: SLF001
 
 
+def _snapshot_when(ops: TableOps, req, base: Table, trigger_id: Optional[Table] = None) -> Callable[[], Table]:
+    if trigger_id is None:
+        raise CallError("SnapshotWhen: trigger_id not supplied", "INVALID_ARGUMENT")
+    trigger = trigger_id
+    if req.history and (req.initial or req.incremental):
+        raise CallError("snapshotWhen with history does not currently support incremental nor initial. "
+                        "See https://github.com/deephaven/deephaven-core/issues/3260.", "UNIMPLEMENTED")
+    stamps = _pairs(req.stamp_columns, "stamp_columns") if len(req.stamp_columns) else None
+    return lambda: base.snapshot_when(trigger, stamps, bool(req.initial), bool(req.incremental), bool(req.history),
+                                      name=ops.name_for(base, "snapshot_when"))
+
+
+# AsOfJoinTablesRequest.as_of_match_rule -> the rule as AjTables/RajTables write it
+_LEGACY_RULES = {0: ">=", 1: ">", 2: "<=", 3: "<"}
+
+
+def _legacy_as_of(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+    """Deephaven's older AsOfJoinTables: the stamp is the last match column ("Ts" or "Ts=RTs")."""
+    right = _right(req, right_id, "AsOfJoinTables")
+    match = [str(c) for c in req.columns_to_match]
+    if not match:
+        raise CallError("AsOfJoinTables: no columns to match (the last one is the stamp)", "INVALID_ARGUMENT")
+    for c in match:
+        if any(r in c for r in ("<", ">")):
+            raise CallError(f'Unable to parse expression: "{c}": {c}', "INVALID_ARGUMENT")
+    rule = _LEGACY_RULES.get(int(req.as_of_match_rule))
+    if rule is None:
+        raise CallError(f"AsOfJoinTables: unknown as_of_match_rule {int(req.as_of_match_rule)}", "INVALID_ARGUMENT")
+    pairs = _pairs(match, "columns_to_match")
+    joins = _joins(req)
+    kind = "aj" if rule in (">=", ">") else "raj"
+    return lambda: left._derive("as_of_join", ops.name_for(left, kind), right, pairs[:-1], pairs[-1],  # noqa: SLF001
+                                rule, joins)
+
+
+register("SnapshotWhen", "snapshot_when", _snapshot_when, extra_sources=("trigger_id",), source_field="base_id")
+register("AsOfJoinTables", "as_of_join", _legacy_as_of, extra_sources=("right_id",), source_field="left_id")
 register("MultiJoinTables", "multi_join", _multi,
          source_list=lambda req: [i.source_id for i in req.multi_join_inputs])
 register("CrossJoinTables", "cross_join", _cross, extra_sources=("right_id",), source_field="left_id")

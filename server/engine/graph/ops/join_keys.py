@@ -54,7 +54,7 @@ def java_type(t: pa.DataType) -> str:
 
 def epoch_pair(a: pa.DataType, b: pa.DataType) -> bool:
     """An Instant against a long: Deephaven compares them as epoch nanoseconds in some joins."""
-    return (pa.types.is_timestamp(a) and b == pa.int64()) or (pa.types.is_timestamp(b) and a == pa.int64())
+    return bool((pa.types.is_timestamp(a) and b == pa.int64()) or (pa.types.is_timestamp(b) and a == pa.int64()))
 
 
 def check_keys(name: str, left: Table, right: Table, on: Sequence[tuple[str, str]], epoch: bool = False) -> None:

@@ -86,18 +86,21 @@ class MultiJoinTable(_Op):
         parts_spec = []
         for i, (t, on, joins) in enumerate(inputs):
             on = [(str(a), str(b)) for a, b in on]
+            if not on:
+                raise OperationError(f"io.deephaven.proto.backplane.grpc.MultiJoinInput must have at least one "
+                                     f"columns_to_match ({i})")
             if [o for o, _c in on] != key_names:
-                raise OperationError(f"multi_join: input {i} has key columns {[o for o, _c in on]}, "
-                                     f"the first input {key_names}")
+                raise OperationError(f"Key column mismatch for table {i}, first table has key columns="
+                                     f"[{', '.join(key_names)}], this table has [{', '.join(o for o, _c in on)}]")
             missing = [c for _o, c in on if c not in t.schema.names]
             if missing:
                 raise unknown_columns(t, missing)
             if i == 0:
                 fields = [t.schema.field(c).with_name(o) for o, c in on]
-            for (o, c), f in zip(on, fields):
-                if t.schema.field(c).type != f.type:
-                    raise OperationError(f"Mismatched join types, {o}={c}: {java_type(f.type)} != "
-                                         f"{java_type(t.schema.field(c).type)}")
+            if any(t.schema.field(c).type != f.type for (_o, c), f in zip(on, fields)):
+                raise OperationError(f"Key column type mismatch for table {i}, first table has key column types="
+                                     f"[{', '.join(java_type(f.type) for f in fields)}], this table has "
+                                     f"[{', '.join(java_type(t.schema.field(c).type) for _o, c in on)}]")
             if joins is None:
                 own = {c for _o, c in on}
                 joins = [(c, c) for c in t.schema.names if c not in own]
@@ -107,12 +110,14 @@ class MultiJoinTable(_Op):
             if missing:
                 raise unknown_columns(t, missing)
             parts_spec.append((t, on, joins))
-        out = list(key_names)
-        for _t, _on, joins in parts_spec:
-            out += [n for n, _c in joins]
-        dup = [n for n in dict.fromkeys(out) if out.count(n) > 1]
-        if dup:
-            raise OperationError(f"Conflicting column names [{', '.join(dup)}]")
+        owner: dict[str, int] = {}
+        for i, (_t, _on, joins) in enumerate(parts_spec):
+            for n, _c in joins:
+                if n in key_names:
+                    raise OperationError(f"Conflicting column names [{n}]")
+                if n in owner:
+                    raise OperationError(f"Column {n} defined in table {owner[n]} and table {i}")
+                owner[n] = i
         self.key_names = key_names
         self.space = KeySpace([f.type for f in fields])
         self.parts = [_Part(self.space, t, on, joins) for t, on, joins in parts_spec]
