@@ -14,7 +14,9 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-from tickwire.server.engine import Table
+from tickwire.server.engine import OperationError, Table, TableSpec
+from tickwire.server.engine.graph.ops.join_keys import check_keys
+from tickwire.server.engine.graph.ops.range_join import range_join_values
 from tickwire.server.engine.graph.tables import column_pairs
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
@@ -173,6 +175,85 @@ def _legacy_as_of(ops: TableOps, req, left: Table, right_id: Optional[Table] = N
                                 rule, joins)
 
 
+_RANGE = re.compile(r"\A\s*(<-)?\s*([a-zA-Z_$][a-zA-Z0-9_$]*)\s*(<=?)\s*([a-zA-Z_$][a-zA-Z0-9_$]*)\s*(<=?)\s*"
+                    r"([a-zA-Z_$][a-zA-Z0-9_$]*)\s*(->)?\s*\Z")
+# RangeJoinTablesRequest's rules -> range_join's
+_START = {1: "<", 2: "<=", 3: "<-<="}
+_END = {1: "<", 2: "<=", 3: "<=->"}
+
+
+def _range_rules(req) -> tuple[str, str, str, str, str]:
+    """(left start column, start rule, right range column, end rule, left end column)."""
+    text = str(req.range_match)
+    if text:
+        m = _RANGE.match(text)
+        if m is None:
+            raise CallError(f"Input expression {text} does not match expected pattern {_RANGE.pattern}",
+                            "INVALID_ARGUMENT")
+        pre, ls, r1, rp, r2, le, post = m.groups()
+        if pre and r1 != "<=":
+            raise CallError(f'Error parsing expression {text}: <- operator for "allow preceding" may only be '
+                            f'combined with <= start match expression', "INVALID_ARGUMENT")
+        if post and r2 != "<=":
+            raise CallError(f'Error parsing expression {text}: -> operator for "allow following" may only be '
+                            f'combined with <= end match expression', "INVALID_ARGUMENT")
+        return ls, ("<-<=" if pre else r1), rp, ("<=->" if post else r2), le
+    start, end = _START.get(int(req.range_start_rule)), _END.get(int(req.range_end_rule))
+    if start is None or end is None:
+        raise CallError("RangeJoinTables: range_start_rule and range_end_rule are required", "INVALID_ARGUMENT")
+    return str(req.left_start_column), start, str(req.right_range_column), end, str(req.left_end_column)
+
+
+def _range_join(ops: TableOps, req, left: Table, right_id: Optional[Table] = None) -> Callable[[], Table]:
+    """Deephaven 42.7's range_join: static inputs, group aggregations only."""
+    right = _right(req, right_id, "RangeJoinTables")
+    on = _pairs(req.exact_match_columns, "exact_match_columns")
+    ls, start_rule, rp, end_rule, le = _range_rules(req)
+    if not len(req.aggregations):
+        raise CallError("io.deephaven.proto.backplane.grpc.RangeJoinTablesRequest must have at least one "
+                        "aggregations (10)", "INVALID_ARGUMENT")
+    groups: list[tuple[str, str]] = []
+    other: list[str] = []
+    for agg in req.aggregations:
+        which = agg.WhichOneof("type")
+        if which == "columns" and agg.columns.spec.WhichOneof("type") == "group":
+            groups += _pairs(agg.columns.match_pairs, "aggregations")
+        else:
+            other.append(str(which if which != "columns" else agg.columns.spec.WhichOneof("type")))
+    what = (f"rangeJoin[exactMatches=[{', '.join(a for a, _b in on)}], "
+            f"rangeMatch={ls} {start_rule} {rp} {end_rule} {le}]")
+    if other:
+        raise CallError(f'{what}: rangeJoin only supports the "group" aggregation at this time - unsupported '
+                        f"aggregations were requested: [{', '.join(other)}]", "INVALID_ARGUMENT")
+    if left.is_refreshing or right.is_refreshing:
+        state = (f"left table is {'refreshing' if left.is_refreshing else 'static'}, right table is "
+                 f"{'refreshing' if right.is_refreshing else 'static'}")
+        raise CallError(f"{what}: rangeJoin only supports static (not refreshing) inputs at this time: {state}",
+                        "INVALID_ARGUMENT")
+    missing_l = [c for c in [a for a, _b in on] + [ls, le] if c not in left.schema.names]
+    missing_r = [c for c in [b for _a, b in on] + [rp] + [c for _n, c in groups] if c not in right.schema.names]
+    for t, missing in ((left, missing_l), (right, missing_r)):
+        if missing:
+            raise CallError(f"Unknown column names [{', '.join(missing)}], available column names are "
+                            f"[{', '.join(t.schema.names)}]", "INVALID_ARGUMENT")
+    try:
+        check_keys("range_join", left, right, on)
+    except OperationError as exc:
+        raise CallError(str(exc), "INVALID_ARGUMENT") from None
+    for c in (ls, le):
+        if left.schema.field(c).type != right.schema.field(rp).type:
+            raise CallError(f"range_join: {c} ({left.schema.field(c).type}) and {rp} "
+                            f"({right.schema.field(rp).type}) have different types", "INVALID_ARGUMENT")
+
+    def make() -> Table:
+        data = range_join_values(left.gather(), right.gather(), on, ls, start_rule, rp, end_rule, le, groups)
+        table, _ = ops.engine.get_or_create(TableSpec(ops.name_for(left, "range_join"), "static", data=data,
+                                                      hidden=True))
+        return table
+    return make
+
+
+register("RangeJoinTables", "range_join", _range_join, extra_sources=("right_id",), source_field="left_id")
 register("SnapshotWhen", "snapshot_when", _snapshot_when, extra_sources=("trigger_id",), source_field="base_id")
 register("AsOfJoinTables", "as_of_join", _legacy_as_of, extra_sources=("right_id",), source_field="left_id")
 register("MultiJoinTables", "multi_join", _multi,
