@@ -29,9 +29,9 @@ from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
-from tickwire.server.engine.graph.ops.base import _EMPTY, _first_keys, _Op, _unregistered_on_error
+from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
 from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys, java_type, unknown_columns
-from tickwire.server.engine.graph.ops.natural_join import right_columns, take_two
+from tickwire.server.engine.graph.ops.natural_join import LeftRowsJoin, _JoinStore, right_columns, take_two
 from tickwire.server.engine.graph.order import check_sortable
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
@@ -82,28 +82,7 @@ def _ranks(values: pa.Array) -> np.ndarray:
     return ranks
 
 
-class _AsOfStore:
-    def __init__(self, join: "AsOfJoinTable"):
-        self.join = join
-
-    def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
-        j = self.join
-        names = list(columns) if columns is not None else j.schema.names
-        keys = np.asarray(slots, dtype=np.int64)
-        got: dict[str, pa.ChunkedArray] = {}
-        lnames = [n for n in names if n in j.left_names]
-        rnames = [n for n in names if n not in j.left_names]
-        if lnames:
-            got.update(zip(lnames, j.left.gather(lnames, keys).columns))
-        if rnames:
-            got.update(zip(rnames, j.slot_values(j.match.get(keys), rnames).columns))
-        return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema([j.schema.field(n) for n in names]))
-
-    def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
-        return self.gather(slots, [name]).column(0).combine_chunks()
-
-
-class AsOfJoinTable(_Op):
+class AsOfJoinTable(LeftRowsJoin):
     """`left` with the columns `joins` of the `right` row of its `on` key whose stamp (`stamp`:
     (left column, right column)) is the closest one allowed by `rule` (see the module docstring)."""
 
@@ -155,7 +134,7 @@ class AsOfJoinTable(_Op):
         self._pinfo: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]] = None
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, left, pa.schema(list(left.schema) + rfields), others=[right])
-            self.store = _AsOfStore(self)
+            self.store = _JoinStore(self)
             self.attributes = {k: v for k, v in left.attributes.items() if k in ("AddOnly", "AppendOnly")}
             radd = right.rowset.keys()
             self.rside.follow(TableUpdate(added=right.rowset))
@@ -164,31 +143,8 @@ class AsOfJoinTable(_Op):
             self._rematch(lc.added, lc.added_groups)
             self._update = None
 
-    # -- rows: the left table's (as natural_join) -------------------------------------------------
-    @property
-    def rowset(self) -> RowSet:
-        return self.left.rowset
-
-    @rowset.setter
-    def rowset(self, value: RowSet) -> None:
-        pass
-
-    @property
-    def prev_rowset(self) -> Optional[RowSet]:
-        if self._update is None:
-            return None
-        return self.left.prev_rowset if self._lup is not None else self.left.rowset
-
-    @prev_rowset.setter
-    def prev_rowset(self, value: Optional[RowSet]) -> None:
-        pass
-
-    @property
-    def size(self) -> int:
-        return self.left.size
-
-    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
-        return _first_keys(self.left, n, front)
+    def right_values(self, keys: np.ndarray, names: Sequence[str]) -> pa.Table:
+        return self.slot_values(self.match.get(keys), names)
 
     # -- right slots ------------------------------------------------------------------------------
     def slot_values(self, slots: np.ndarray, names: Sequence[str]) -> pa.Table:
@@ -356,14 +312,7 @@ class AsOfJoinTable(_Op):
         if k.size == 0:
             return now
         cols = dict(zip(names, now.columns))
-        lnames = [n for n in names if n in self.left_names]
-        lup = self._lup
-        if lnames and lup is not None and not lup.modified.is_empty():
-            inmod = lup.modified.contains(k)
-            if inmod.any():
-                prev = self.left.prev_gather(lnames, k[inmod])
-                mixed = take_two(self.left.gather(lnames, k), prev, inmod, np.arange(int(inmod.sum())))
-                cols.update(zip(lnames, mixed.columns))
+        self._left_prev(names, k, cols)
         rnames = [n for n in names if n not in self.left_names]
         if rnames and self._pinfo is not None:
             moved, moved_from, rewritten, old = self._pinfo

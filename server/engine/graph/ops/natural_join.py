@@ -31,7 +31,7 @@ from tickwire.server.engine.graph.tables import Rows, Table, register_operation
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
 
-__all__ = ["NaturalJoinTable", "MATCHES", "take_two", "right_columns"]
+__all__ = ["NaturalJoinTable", "LeftRowsJoin", "MATCHES", "take_two", "right_columns"]
 
 MATCHES = ("error", "first", "last", "exactly_one")
 
@@ -68,10 +68,10 @@ def right_columns(name: str, left: Table, right: Table, on: Sequence[tuple[str, 
 
 
 class _JoinStore:
-    """The join's values by row key: left columns from the left table, right columns from the
-    row's group."""
+    """A left-rows join's values by row key: left columns from the left table, the others from the
+    join (`right_values`)."""
 
-    def __init__(self, join: "NaturalJoinTable"):
+    def __init__(self, join: "LeftRowsJoin"):
         self.join = join
 
     def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
@@ -82,18 +82,67 @@ class _JoinStore:
         lnames = [n for n in names if n in j.left_names]
         rnames = [n for n in names if n not in j.left_names]
         if lnames:
-            vals = j.left.gather(lnames, keys)
-            got.update(zip(lnames, vals.columns))
+            got.update(zip(lnames, j.left.gather(lnames, keys).columns))
         if rnames:
-            vals = j.values.gather(j.lside.group_of.get(keys), rnames)
-            got.update(zip(rnames, vals.columns))
+            got.update(zip(rnames, j.right_values(keys, rnames).columns))
         return pa.Table.from_arrays([got[n] for n in names], schema=pa.schema([j.schema.field(n) for n in names]))
 
     def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
         return self.gather(slots, [name]).column(0).combine_chunks()
 
 
-class NaturalJoinTable(_Op):
+class LeftRowsJoin(_Op):
+    """A join whose rows are the left table's (its row set, row keys and shifts): natural_join,
+    exact_join, aj and raj. Subclasses set `left`, `left_names` and `_lup` (the left table's update
+    of the cycle) and give `right_values(keys, names)`."""
+
+    left: Table
+    left_names: set[str]
+    _lup: Optional[TableUpdate]
+
+    def right_values(self, keys: np.ndarray, names: Sequence[str]) -> pa.Table:
+        raise NotImplementedError
+
+    @property
+    def rowset(self) -> RowSet:
+        return self.left.rowset
+
+    @rowset.setter
+    def rowset(self, value: RowSet) -> None:
+        pass  # always the left table's
+
+    @property
+    def prev_rowset(self) -> Optional[RowSet]:
+        if self._update is None:
+            return None
+        return self.left.prev_rowset if self._lup is not None else self.left.rowset
+
+    @prev_rowset.setter
+    def prev_rowset(self, value: Optional[RowSet]) -> None:
+        pass
+
+    @property
+    def size(self) -> int:
+        return self.left.size
+
+    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
+        return _first_keys(self.left, n, front)
+
+    def _left_prev(self, names: Sequence[str], k: np.ndarray, cols: dict[str, pa.ChunkedArray]) -> None:
+        """Puts in `cols` the previous values of the left columns among `names` of rows `k`: the
+        left table's previous values where it modified them."""
+        lnames = [n for n in names if n in self.left_names]
+        lup = self._lup
+        if not lnames or lup is None or lup.modified.is_empty():
+            return
+        inmod = lup.modified.contains(k)
+        if inmod.any():
+            prev = self.left.prev_gather(lnames, k[inmod])
+            mixed = take_two(self.left.gather(lnames, k), prev, inmod, np.arange(int(inmod.sum())))
+            cols.update(zip(lnames, mixed.columns))
+
+
+class NaturalJoinTable(LeftRowsJoin):
     """`left` with the columns `joins` ((output name, right column) pairs; None: every right column
     that is not a key) of the `right` row whose `on` columns ((left, right) pairs) equal the left
     row's; see the module docstring for `match`."""
@@ -139,31 +188,8 @@ class NaturalJoinTable(_Op):
         self.values.write(groups, pa.Table.from_arrays([pa.nulls(groups.size, f.type) for f in self.values.schema],
                                                        schema=self.values.schema))
 
-    # -- rows: the left table's ---------------------------------------------------------------
-    @property
-    def rowset(self) -> RowSet:
-        return self.left.rowset
-
-    @rowset.setter
-    def rowset(self, value: RowSet) -> None:
-        pass  # always the left table's
-
-    @property
-    def prev_rowset(self) -> Optional[RowSet]:
-        if self._update is None:
-            return None
-        return self.left.prev_rowset if self._lup is not None else self.left.rowset
-
-    @prev_rowset.setter
-    def prev_rowset(self, value: Optional[RowSet]) -> None:
-        pass
-
-    @property
-    def size(self) -> int:
-        return self.left.size
-
-    def _edge_keys(self, n: int, front: bool) -> np.ndarray:
-        return _first_keys(self.left, n, front)
+    def right_values(self, keys: np.ndarray, names: Sequence[str]) -> pa.Table:
+        return self.values.gather(self.lside.group_of.get(keys), names)
 
     # -- the cycle ------------------------------------------------------------------------------
     def _refresh(self, groups: np.ndarray) -> tuple[np.ndarray, pa.Table]:
@@ -273,14 +299,7 @@ class NaturalJoinTable(_Op):
         if k.size == 0:
             return now
         cols = dict(zip(names, now.columns))
-        lnames = [n for n in names if n in self.left_names]
-        lup = self._lup
-        if lnames and lup is not None and not lup.modified.is_empty():
-            inmod = lup.modified.contains(k)
-            if inmod.any():
-                prev = self.left.prev_gather(lnames, k[inmod])
-                mixed = take_two(self.left.gather(lnames, k), prev, inmod, np.arange(int(inmod.sum())))
-                cols.update(zip(lnames, mixed.columns))
+        self._left_prev(names, k, cols)
         rnames = [n for n in names if n not in self.left_names]
         if rnames and self._pinfo is not None:
             moved, moved_from, changed, old = self._pinfo
