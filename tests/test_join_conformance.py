@@ -1388,8 +1388,26 @@ TRIGGER_REMOVAL_STORY = _Story(
     fails=dict.fromkeys(("snapshot_when-history", "snapshot_when-stamps_rename-history"), "trigger_row_removed"),
 )
 
+# a keyed base row added again with the same values: for Deephaven a modification (an incremental
+# snapshot restamps it)
+_swu_makes, _swu_models = _snapshot_tables("SUB", "SUT", {
+    "snapshot_when-incremental": (False, True, False, None, None),
+    "snapshot_when-plain": (False, False, False, None, None)})
+UNCHANGED_UPSERT_STORY = _Story(
+    inputs={"SUB": (_SW_BASE, ["K"]), "SUT": (_SW_TRIGGER, None)},
+    static={},
+    steps=[
+        ("initial", [("SUB", "add", _rows(_SW_BASE, ("a", 1), ("b", 2)))]),
+        ("trigger_adds_one", [("SUT", "add", _rows(_SW_TRIGGER, (1, "t1")))]),
+        ("base_row_added_again_unchanged", [("SUB", "add", _rows(_SW_BASE, ("b", 2)))]),
+        ("trigger_adds_another", [("SUT", "add", _rows(_SW_TRIGGER, (2, "t2")))]),
+    ],
+    tables=_swu_makes, snapshots=_swu_models,
+)
+
 STORIES = {"multi_join": MULTI_JOIN_STORY, "snapshot_when": SNAPSHOT_STORY,
-           "snapshot_when-keyed_trigger": KEYED_TRIGGER_STORY, "snapshot_when-trigger_removal": TRIGGER_REMOVAL_STORY}
+           "snapshot_when-keyed_trigger": KEYED_TRIGGER_STORY, "snapshot_when-trigger_removal": TRIGGER_REMOVAL_STORY,
+           "snapshot_when-unchanged_upsert": UNCHANGED_UPSERT_STORY}
 #: differences in the stories from Deephaven 42.7 that are known and not (yet) matched:
 #: (story, step, table) -> what differs
 KNOWN_STORY: dict[tuple[str, str, str], str] = {}
@@ -1400,6 +1418,9 @@ for _step in ("trigger_row_removed", "trigger_adds_after_removal"):
             "AssertionFailure 'asserted updateToSend.removed.empty().'; operations on it are refused with "
             "INVALID_ARGUMENT, a read gives the last rows), tickwire's keeps going (the removal is ignored, "
             "the next added trigger row appends a snapshot)")
+KNOWN_STORY[("snapshot_when-unchanged_upsert", "trigger_adds_another", "snapshot_when-incremental")] = (
+    "a keyed input table's row added again with the same values: Deephaven reports it modified (an incremental "
+    "snapshot_when restamps it: b gets Tick 2), tickwire's input table reports no change (b keeps Tick 1)")
 
 
 @pytest.fixture(scope="module")
