@@ -582,14 +582,6 @@ for _case_name in ("merge-order_by-string-nulls", "merge-order_by-nulls"):
     KNOWN[_case_name] = ("Deephaven refuses merge_tables with order_by when the ordering column holds a null "
                          "(INVALID_ARGUMENT; its log: NullPointerException in MergeSortedHelper); tickwire answers, "
                          "nulls first")
-for _flag in ("initial", "history"):
-    KNOWN[f"snapshot_when-stamps_twice-{_flag}"] = (
-        "snapshot_when with stamp_cols ['Tick', 'Tick']: Deephaven answers one stamp column Tick; tickwire makes "
-        "the table with two columns named Tick, and reading it fails (INTERNAL: KeyError 'Column Tick does not "
-        "exist in schema')")
-    KNOWN[f"snapshot_when-stamps_same_output_twice-{_flag}"] = (
-        "snapshot_when with stamp_cols ['X=Tick', 'X=Lbl']: Deephaven answers one column X, the last one (Lbl's "
-        "strings); tickwire refuses with INVALID_ARGUMENT (\"Failed to parse string: 's8' as a scalar of type int64\")")
 for _case_name in ("snapshot_when-stamp_collides-history",):  # renamed onto a base column: both refuse
     KNOWN[_case_name] = ("snapshot_when with history and a stamp column named like a base column: Deephaven accepts "
                          "it (columns K, Tick, V with the BASE's K values: a quirk), tickwire refuses it "
@@ -1411,13 +1403,6 @@ STORIES = {"multi_join": MULTI_JOIN_STORY, "snapshot_when": SNAPSHOT_STORY,
 #: differences in the stories from Deephaven 42.7 that are known and not (yet) matched:
 #: (story, step, table) -> what differs
 KNOWN_STORY: dict[tuple[str, str, str], str] = {}
-for _step in ("trigger_row_removed", "trigger_adds_after_removal"):
-    for _name in ("snapshot_when-history", "snapshot_when-stamps_rename-history"):
-        KNOWN_STORY[("snapshot_when-trigger_removal", _step, _name)] = (
-            "snapshot_when with history when a trigger row is removed: Deephaven's result fails (its log: "
-            "AssertionFailure 'asserted updateToSend.removed.empty().'; operations on it are refused with "
-            "INVALID_ARGUMENT, a read gives the last rows), tickwire's keeps going (the removal is ignored, "
-            "the next added trigger row appends a snapshot)")
 KNOWN_STORY[("snapshot_when-unchanged_upsert", "trigger_adds_another", "snapshot_when-incremental")] = (
     "a keyed input table's row added again with the same values: Deephaven reports it modified (an incremental "
     "snapshot_when restamps it: b gets Tick 2), tickwire's input table reports no change (b keeps Tick 1)")

@@ -13,8 +13,8 @@ of them) hold the trigger's last row at that moment (nulls when it has none).
   Before the first snapshot the result is empty, unless `initial` takes one at once. Columns: the
   base's, then the stamps.
 - With `history`: each trigger row added appends a whole copy of the base stamped with that row
-  (stamp columns first); the result only grows. A trigger row modified fails the table, as in
-  Deephaven.
+  (stamp columns first); the result only grows. A trigger row modified or removed fails the table,
+  as in Deephaven.
 """
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ class SnapshotWhenTable(_Op):
                  incremental: bool = False, history: bool = False):
         if stamps is None or not len(stamps):
             stamps = [(c, c) for c in trigger.schema.names]
-        stamps = [(str(a), str(b)) for a, b in stamps]
+        # as Deephaven: an output name given twice keeps its first place and its last column
+        stamps = list({str(a): str(b) for a, b in stamps}.items())
         missing = [c for _n, c in stamps if c not in trigger.schema.names]
         if missing:
             raise unknown_columns(trigger, missing)
@@ -208,10 +209,11 @@ class SnapshotWhenTable(_Op):
             self._pending = bup if self._pending is None else self._pending.coalesce(bup, self.rowset)
         if tup is None:
             return None
-        if self.history:
-            if not tup.modified.is_empty():
-                raise OperationError("Assertion failed: asserted updateToSend.modified.empty(): snapshot_when "
-                                     "with history cannot follow a trigger row that is modified")
+        if self.history:  # as Deephaven: a history follows a trigger that only grows
+            if not tup.modified.is_empty() or not tup.removed.is_empty():
+                what = "modified" if not tup.modified.is_empty() else "removed"
+                raise OperationError(f"Assertion failed: asserted updateToSend.{what}.empty(): snapshot_when with "
+                                     f"history cannot follow a trigger row that is {what}")
             added = tup.added.keys()
             return self._append(added) if added.size else None
         if not self._snapped:
