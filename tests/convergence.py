@@ -17,6 +17,17 @@ source after every step.
   tolerance) and each group must keep its row key for life; a sort must be its parent sorted.
   A derived table need not change every cycle: a client then holds the message of its last
   change (`last_change`), and pydeephaven-ticking gets one update per change.
+- The join-* configurations serve tables with several parents made from one or two sources
+  fed in the same cycles: diamonds (natural_join / exact_join of a table's where with its own
+  agg_by or last_by), joins of a table with filtered copies of itself (where_in, where_not_in,
+  natural_join match="last"), joins of joins (aj / raj of a natural_join against the second
+  source, every rule, stamps with ties, nulls and NaN), merges of a table with its own sorts,
+  cross joins and a multi_join. Each is checked after every cycle against the same operation
+  recomputed in plain Python (tests/test_graph_joins.py's references) from its parents' rows at
+  that step: values exactly, rows in the order the operation defines (the left table's for
+  natural_join, aj and where_in, with its row keys; the parts one after the other for merge;
+  left rows then right rows in row-key order for join; by key for multi_join, each key keeping
+  its row key).
 - Clients: `TickwireView` (tickwire's `BarrageClient`: full or viewport, columns, reverse,
   `set_view` mid-stream), `GrowingView` (a late full subscriber whose snapshot arrives in pieces:
   a consistent subset of the rows until the last piece, then the table), `RecordingView` (for
@@ -53,6 +64,7 @@ from tests import agg_reference
 from tests.interop import close_dh_session
 from tests.scripted import scripted_table
 from tests.soak import scaled, soak_factor
+from tests.test_graph_joins import key_of, ref_as_of, ref_cross_join, ref_natural_join, ref_where_in
 from tickwire.clients.client import BarrageClient, Subscription
 from tickwire.clock import ManualClock
 from tickwire.protocol import barrage
@@ -1360,10 +1372,10 @@ def _agg_check(src: Source, node, keys: Sequence[str], aggs: Sequence[Agg], wher
     return check
 
 
-def _sort_check(parent: Derived, columns: Sequence[str], descending: Sequence[bool]) -> Check:
+def _sort_check(parent: Source, columns: Sequence[str], descending: Sequence[bool]) -> Check:
     """The check of a sort of a derived table: the parent's rows at the step (checked before it)
     ordered by `columns` (nulls first, NaN last, as tests/test_graph_ops.py's reference), ties in
-    the parent's row order."""
+    the parent's row order (a source's or a derived table's)."""
     def check(step: int, _row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
         rows = parent.at(step)[1].to_pylist()  # in the parent's row order
         for c, d in reversed(list(zip(columns, descending))):  # stable, also when reversed
@@ -1477,6 +1489,406 @@ def config_agg_chain(h: Harness, steps: int) -> None:
     h.finish()
 
 
+# -- tables with several parents (joins, merges) -----------------------------------------------------------
+
+# a second source whose columns are named apart from AGG_SCHEMA's (so that joins add them), with
+# keys and stamps of the same values as the first's: rk as k, rq as q, rw as w
+RIGHT_SCHEMA = pa.schema([_field("rk", pa.int32(), levels=8), _field("rq", pa.int64(), levels=41, low=-20),
+                          _field("rw", pa.int32(), levels=10), _field("rx", pa.float64(), special=0.05),
+                          _field("rts", pa.timestamp("ns", "UTC"))])
+
+JOIN_SHAPES = {
+    "full": Shape("full"),
+    "header": Shape("header", viewport=((0, 9),)),
+    "footer": Shape("footer", viewport=((0, 14),), reverse=True),
+    "swiss": Shape("swiss", viewport=((0, 2), (7, 9), (30, 31), (60, 140))),
+    "floating": Shape("floating", viewport=((20, 44),)),
+}
+
+
+def _pairs(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """"New=Old" / "Name" column pairs as the reference functions take them."""
+    return [(s.split("=")[0], s.split("=")[-1]) for s in specs]
+
+
+def _pylist(t: pa.Table) -> list[dict]:
+    """The rows of `t` as dicts, timestamps as their int64 nanoseconds (exact, and much faster to
+    make than timezone-aware timestamp objects; the types are checked on the schemas)."""
+    cols = [pc.cast(c, pa.int64()) if pa.types.is_timestamp(c.type) else c for c in t.columns]
+    return pa.table(cols, names=t.column_names).to_pylist()
+
+
+_ROWS: dict = {}  # (id of a recorded table, step) -> (table, its rows): the checks of one step share them
+
+
+def _rows_at(t: Source, step: int) -> list[dict]:
+    """A recorded table's rows at `step` as dicts, in row-key order, each with its row key in
+    ROW_KEY (not to be changed: the checks of the step share them)."""
+    hit = _ROWS.get((id(t), step))
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    if any(s != step for _i, s in _ROWS):
+        _ROWS.clear()
+    keys, values = t.at(step)
+    rows = _pylist(values.append_column(ROW_KEY, pa.array(keys, pa.int64())))
+    _ROWS[(id(t), step)] = (t, rows)
+    return rows
+
+
+def _diff_rows(got: list[dict], want: list[dict], what: str) -> Optional[str]:
+    """None when the rows `got` (a table's, without row keys) are `want` (whose ROW_KEY, if any,
+    is left out) in order and value (NaN equal to NaN, -0.0 to 0.0: a join copies values, no
+    tolerance), else the first difference. Types are the tables' schemas' (`_expect_schema`)."""
+    if len(got) != len(want):
+        return f"{len(got)} rows, {what} has {len(want)}"
+    if got and list(got[0]) != [c for c in want[0] if c != ROW_KEY]:
+        return f"columns {list(got[0])}, {what} has {[c for c in want[0] if c != ROW_KEY]}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.items() <= w.items():  # the common case, without a Python loop over the values
+            continue
+        bad = next((c for c in g if not _same(g[c], w[c])), None)
+        if bad is not None:
+            return f"row {i}: {bad} is {g[bad]!r}, {what} has {w[bad]!r}"
+    return None
+
+
+def _expect_schema(node, left: pa.Schema, right: pa.Schema, joins: Sequence[tuple[str, str]]) -> None:
+    """A join's columns: the left table's, then `joins` (new name, right column) of the right's types."""
+    want = pa.schema([*left, *(right.field(c).with_name(n) for n, c in joins)])
+    if not node.schema.equals(want):
+        raise AssertionError(f"table {node.name!r} has the columns {node.schema}, expected {want}")
+
+
+def _left_rows_check(left: Source, right: Source, ref: Callable[[list[dict], list[dict]], list[dict]], what: str,
+                     stats: collections.Counter, matched: Optional[str] = None) -> Check:
+    """The check of a join whose rows are the left table's (natural_join, exact_join, aj, raj,
+    where_in): the rows and row keys `ref(left rows, right rows)` gives from the parents' recorded
+    states at the step, in the left table's order, values exactly. Counts the rows, the left's,
+    and those whose added column `matched` is not null (evidence that the run found right rows)."""
+    def check(step: int, row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+        lrows = _rows_at(left, step)
+        want = ref(lrows, _rows_at(right, step))
+        want_keys = np.array([r[ROW_KEY] for r in want], dtype=np.int64)
+        if not np.array_equal(row_keys, want_keys):
+            m = min(row_keys.size, want_keys.size)
+            bad = np.flatnonzero(row_keys[:m] != want_keys[:m])
+            return (f"row keys differ from {what}'s ({row_keys.size} rows, {want_keys.size} expected; first "
+                    f"difference at position {int(bad[0]) if bad.size else m})")
+        stats["rows"] += values.num_rows
+        stats["left_rows"] += len(lrows)
+        if matched is not None:
+            stats["matched"] += values.num_rows - values.column(matched).null_count
+        return _diff_rows(_pylist(values), want, what)
+    return check
+
+
+def _derive_checked(h: Harness, node, check_of: Callable[[collections.Counter], Check]) -> Derived:
+    stats: collections.Counter = collections.Counter()
+    d = h.derive(node, check_of(stats))
+    d.stats = stats
+    return d
+
+
+def natural_join_of(h: Harness, left: Source, right: Source, name: str, on: Sequence[str], joins: Sequence[str],
+                    match: str = "error", exact: bool = False) -> Derived:
+    """natural_join (or exact_join) of two recorded tables, checked against ref_natural_join."""
+    node = left.table.exact_join(right.table, list(on), list(joins), name=name) if exact else \
+        left.table.natural_join(right.table, list(on), list(joins), name=name, match=match)
+    on_p, joins_p = _pairs(on), _pairs(joins)
+    _expect_schema(node, left.schema, right.schema, joins_p)
+    return _derive_checked(h, node, lambda stats: _left_rows_check(
+        left, right, lambda lr, rr: ref_natural_join(lr, rr, on_p, joins_p, match),
+        "exact_join" if exact else f"natural_join(match={match!r})", stats, joins_p[0][0]))
+
+
+def where_in_of(h: Harness, left: Source, right: Source, name: str, on: Sequence[str],
+                inverted: bool = False) -> Derived:
+    """where_in (or where_not_in) of two recorded tables, checked against ref_where_in."""
+    node = left.table.where_in(right.table, list(on), name=name, inverted=inverted)
+    on_p = _pairs(on)
+    _expect_schema(node, left.schema, right.schema, [])
+    return _derive_checked(h, node, lambda stats: _left_rows_check(
+        left, right, lambda lr, rr: ref_where_in(lr, rr, on_p, inverted),
+        "where_not_in" if inverted else "where_in", stats))
+
+
+def as_of_of(h: Harness, left: Source, right: Source, name: str, on: Sequence[str], stamp: str, rule: str,
+             joins: Sequence[str]) -> Derived:
+    """aj (rules > and >=) or raj (< and <=) of two recorded tables on exact-match columns `on`
+    and `stamp` ("Left=Right"), checked against ref_as_of."""
+    op = left.table.aj if rule in (">=", ">") else left.table.raj
+    node = op(right.table, [*on, stamp], list(joins), name=name, rule=rule)
+    on_p, joins_p = _pairs(on), _pairs(joins)
+    st = _pairs([stamp])[0]
+    # as Deephaven: the right match columns named apart (exact-match columns, then the stamp) come
+    # first under their own names, unless the added columns rename them
+    renamed = {c for n, c in joins_p if n != c}
+    front = [c for c in dict.fromkeys([b for a, b in on_p if a != b] + ([st[1]] if st[0] != st[1] else []))
+             if c not in renamed]
+    joins_p = [(c, c) for c in front] + [(n, c) for n, c in joins_p if not (n == c and c in front)]
+    _expect_schema(node, left.schema, right.schema, joins_p)
+    return _derive_checked(h, node, lambda stats: _left_rows_check(
+        left, right, lambda lr, rr: ref_as_of(lr, rr, on_p, st, rule, joins_p),
+        f"{'aj' if rule[0] == '>' else 'raj'}({rule})", stats, joins_p[-1][0]))
+
+
+def cross_join_of(h: Harness, left: Source, right: Source, name: str, on: Sequence[str], joins: Sequence[str],
+                  reserve_bits: int = 10) -> Derived:
+    """join (cross join), checked against ref_cross_join: each left row (in order) once for each
+    right row of its key (in row-key order); its row keys ascend with that order (the recorded
+    values are in row-key order)."""
+    node = left.table.join(right.table, list(on), list(joins), name=name, reserve_bits=reserve_bits)
+    on_p, joins_p = _pairs(on), _pairs(joins)
+    _expect_schema(node, left.schema, right.schema, joins_p)
+
+    def check_of(stats: collections.Counter) -> Check:
+        def check(step: int, _row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+            stats["max_rows"] = max(stats["max_rows"], values.num_rows)
+            stats["max_bits"] = max(stats["max_bits"], int(node.bits))
+            want = ref_cross_join(_rows_at(left, step), _rows_at(right, step), on_p, joins_p)
+            return _diff_rows(_pylist(values), want, "the cross join")
+        return check
+    return _derive_checked(h, node, check_of)
+
+
+def merge_of(h: Harness, parts: Sequence[Source], name: str) -> Derived:
+    """merge, checked: each part's rows in its own order, the parts one after the other."""
+    node = parts[0].table.merge([p.table for p in parts[1:]], name=name)
+    _expect_schema(node, parts[0].schema, parts[0].schema, [])
+
+    def check_of(stats: collections.Counter) -> Check:
+        def check(step: int, _row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+            stats["max_rows"] = max(stats["max_rows"], values.num_rows)
+            want = [r for p in parts for r in _rows_at(p, step)]
+            return _diff_rows(_pylist(values), want, "the parts one after the other")
+        return check
+    return _derive_checked(h, node, check_of)
+
+
+def multi_join_of(h: Harness, inputs: Sequence[tuple[Source, Sequence[str], Sequence[str]]], name: str) -> Derived:
+    """multi_join of recorded tables with unique keys: one row per key of any input, with each
+    input's columns of its row of that key (nulls without one); a key keeps its row key for life."""
+    node = inputs[0][0].table.multi_join([(t.table, list(on), list(joins)) for t, on, joins in inputs], name=name)
+    keys = [a for a, _b in _pairs(inputs[0][1])]
+    first = inputs[0][0].schema
+    want = pa.schema([*(first.field(b).with_name(a) for a, b in _pairs(inputs[0][1])),
+                      *(t.schema.field(c).with_name(n) for t, _on, joins in inputs for n, c in _pairs(joins))])
+    if not node.schema.equals(want):
+        raise AssertionError(f"table {name!r} has the columns {node.schema}, expected {want}")
+    homes: dict = {}
+
+    def check_of(stats: collections.Counter) -> Check:
+        def check(step: int, row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+            want: dict = {}
+            for t, on, joins in inputs:
+                own = [b for _a, b in _pairs(on)]
+                for r in _rows_at(t, step):
+                    row = want.setdefault(key_of(r, own), {**dict(zip(keys, (r[c] for c in own))),
+                                                           **{n: None for n in values.column_names if n not in keys}})
+                    for new, col in _pairs(joins):
+                        row[new] = r[col]
+            got: dict = {}
+            for rk, r in zip(row_keys.tolist(), _pylist(values)):
+                g = key_of(r, keys)
+                if homes.setdefault(g, rk) != rk:
+                    return f"key {g} is at row key {rk}, it was at {homes[g]}"
+                if g in got:
+                    return f"two rows of key {g}"
+                got[g] = r
+            if set(got) != set(want):
+                return f"keys differ: extra {sorted(set(got) - set(want), key=repr)[:5]}, " \
+                       f"missing {sorted(set(want) - set(got), key=repr)[:5]}"
+            stats["max_rows"] = max(stats["max_rows"], len(got))
+            stats["partial_rows"] += sum(1 for r in got.values() if any(v is None for v in r.values()))
+            for g, w in want.items():
+                what = _diff_rows([got[g]], [w], f"key {g}: the inputs' rows")
+                if what is not None:
+                    return what
+            return None
+        return check
+    return _derive_checked(h, node, check_of)
+
+
+def where_of(h: Harness, parent: Source, name: str, predicate: pc.Expression) -> Derived:
+    """A where of a recorded table, checked: the parent's rows (and row keys) that pass."""
+    def check_of(stats: collections.Counter) -> Check:
+        def check(step: int, row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+            keys, full = parent.at(step)
+            want = full.append_column(ROW_KEY, pa.array(keys, pa.int64())).filter(predicate)
+            stats["rows"] += values.num_rows
+            if not np.array_equal(row_keys, want.column(ROW_KEY).to_numpy()):
+                return f"row keys differ from the parent's that pass ({row_keys.size} rows, {want.num_rows} expected)"
+            return compare(values, want.drop_columns([ROW_KEY]))
+        return check
+    return _derive_checked(h, parent.table.where(predicate, name=name), check_of)
+
+
+def last_by_of(h: Harness, parent: Source, name: str, keys: Sequence[str]) -> Derived:
+    """last_by of a recorded table, checked: per key, the parent's row with the largest row key."""
+    def check(step: int, _row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+        want = {key_of(r, keys): r for r in _rows_at(parent, step)}
+        got = {key_of(r, keys): r for r in _pylist(values)}
+        if len(got) != values.num_rows or set(got) != set(want):
+            return f"{values.num_rows} rows of keys {sorted(got, key=repr)[:5]}..., expected {len(want)}"
+        for g, w in want.items():
+            what = _diff_rows([got[g]], [w], f"key {g}: the parent's last row")
+            if what is not None:
+                return what
+        return None
+    return h.derive(parent.table.last_by(list(keys), name=name), check)
+
+
+def _evidence(h: Harness, steps: int, conditions: dict[str, bool]) -> None:
+    """Fails a run of at least 100 steps that did not go through what it is for."""
+    missed = [what for what, ok in conditions.items() if not ok]
+    if steps >= 100 and missed:
+        raise h.divergence(h.graph.step, f"the run never exercised: {', '.join(missed)}; "
+                                         f"tables {h.summary()['tables']}")
+
+
+def _join_views(h: Harness, d: Derived, shapes: Sequence[str], *, ticking: bool = False) -> None:
+    _agg_views(h, d, [JOIN_SHAPES[s] for s in shapes], ticking=ticking)
+
+
+def _drift(src: Source, targets: Sequence[int], every: int = 50) -> Callable[[Harness], None]:
+    """A before-cycle hook moving the source's target size through `targets` (to empty and back)."""
+    first = src.traffic.target
+
+    def drift(h: Harness) -> None:
+        if h.steps % every == every - 1:
+            src.traffic.target = ([first, *targets])[(h.steps // every + 1) % (len(targets) + 1)]
+    return drift
+
+
+def config_join_diamond(h: Harness, steps: int) -> None:
+    """Diamonds: a where of a source joined (natural_join, match="error") with an agg_by of the
+    same source by a low-cardinality key, and the source exact_joined with its own last_by; each
+    side changes in the same cycle as the other; the source's size drifts (to empty and back, and
+    to 150 rows) every 50 steps. Every table is checked after every cycle against
+    its recomputation from its parents' rows at that step (the joins with the reference of
+    tests/test_graph_joins.py), and every client against the table."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    h.warm(3)
+    pos = where_of(h, src, "s_pos", pc.field("q") > pc.scalar(0))
+    by_k = aggregate(h, src, "by_k", [Agg("count", name="N"), Agg("sum", "x", "SumX"), Agg("last", "g", "LastG"),
+                                      Agg("max", "ts", "MaxT")], ["k"])
+    last_g = last_by_of(h, src, "last_by_g", ["g"])
+    diamond = natural_join_of(h, pos, by_k, "diamond", ["k"], ["N", "SumX", "LastG", "MaxT"])
+    exact = natural_join_of(h, src, last_g, "exact_last", ["g"], ["LQ=q", "LX=x", "LTs=ts"], exact=True)
+    h.start()
+    _join_views(h, diamond, ["full"], ticking=True)
+    _join_views(h, exact, ["footer"])
+    h.verify()
+    h.before_cycle.append(_drift(src, (0, 10, 150)))
+    h.run(steps)
+    h.finish()
+    _evidence(h, steps, {"diamond matches": diamond.stats["matched"] > 0,
+                         "exact_join matches": exact.stats["matched"] > 0})
+
+
+def config_join_self(h: Harness, steps: int) -> None:
+    """A table joined with filtered copies of itself: where_in and where_not_in against a where of
+    it on a key of 41 values, where_in on a float key (NaN, infinities, -0.0 among the keys), and
+    natural_join with match="last" against a where of it on two keys (several right rows per key:
+    the one with the highest row key). Two updates per cycle."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=2, target=80)
+    h.warm(3)
+    w0 = where_of(h, src, "s_w0", pc.field("w") == pc.scalar(0))
+    w3 = where_of(h, src, "s_w3", pc.field("w") < pc.scalar(3))
+    flagged = where_of(h, src, "s_f", pc.field("f") == pc.scalar(True))
+    inside = where_in_of(h, src, w0, "in_w0", ["q"])
+    outside = where_in_of(h, src, w0, "not_in_w0", ["q"], inverted=True)
+    in_x = where_in_of(h, src, w3, "in_x", ["x"])
+    last = natural_join_of(h, src, flagged, "last_f", ["k", "g"], ["FQ=q", "FX=x", "FTs=ts"], match="last")
+    h.start()
+    _join_views(h, inside, ["full"])
+    _join_views(h, in_x, ["footer"])
+    _join_views(h, last, ["swiss"], ticking=True)
+    h.verify()
+    h.run(steps)
+    h.finish()
+    _evidence(h, steps, {
+        "where_in keeping some rows and dropping others":
+            0 < inside.stats["rows"] < inside.stats["left_rows"] and 0 < outside.stats["rows"],
+        "where_in on floats beyond the filter's own rows": in_x.stats["rows"] > w3.stats["rows"],
+        "natural_join matches": 0 < last.stats["matched"] < last.stats["rows"]})
+
+
+def config_join_chain(h: Harness, steps: int) -> None:
+    """Joins of joins over two sources fed in the same cycles: a source natural_joined with its own
+    last_by, that join as-of joined (aj >=, a stamp of ten values: ties take the last right row)
+    with the second source, that aj reverse-as-of joined (raj <=, ties take the first) and the
+    first join aj'ed strictly (>) on a float stamp (null first, NaN last) and raj'ed strictly (<)
+    on a timestamp; the right stamps are named apart, so each join adds them."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    right = h.source("r", schema=RIGHT_SCHEMA, per_cycle=1, target=40)
+    h.warm(3)
+    last_k = last_by_of(h, src, "s_last_k", ["k"])
+    nj = natural_join_of(h, src, last_k, "nj", ["k"], ["LW=w", "LTs=ts"])
+    aj_w = as_of_of(h, nj, right, "aj_w", ["k=rk"], "w=rw", ">=", ["RX=rx", "RTs=rts"])
+    raj_q = as_of_of(h, aj_w, right, "raj_q", ["k=rk"], "q=rq", "<=", ["R2K=rk", "R2X=rx"])
+    aj_x = as_of_of(h, nj, right, "aj_x", [], "x=rx", ">", ["RK=rk", "RQ=rq"])
+    raj_ts = as_of_of(h, nj, right, "raj_ts", ["w=rw"], "LTs=rts", "<", ["R4Q=rq"])
+    h.start()
+    _join_views(h, aj_w, ["full"])
+    _join_views(h, raj_q, ["header"], ticking=True)
+    _join_views(h, raj_ts, ["footer"])
+    h.verify()
+    h.run(steps)
+    h.finish()
+    _evidence(h, steps, {f"{d.name} matches": 0 < d.stats["matched"] < d.stats["rows"]
+                         for d in (aj_w, raj_q, aj_x, raj_ts)})
+
+
+def config_join_merge(h: Harness, steps: int) -> None:
+    """Merges of a table with its own sorts (every part changes in each cycle; a sort's row keys
+    live near 2**62): the source then its sort by a float column, and a sort by two columns then
+    the source then a where of it."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    h.warm(3)
+    by_x = h.derive(src.table.sort(["x"], name="s_by_x"), _sort_check(src, ["x"], [False]))
+    by_gq = h.derive(src.table.sort(["g", "q"], [True, False], name="s_by_gq"),
+                     _sort_check(src, ["g", "q"], [True, False]))
+    flagged = where_of(h, src, "s_f", pc.field("f") == pc.scalar(True))
+    m1 = merge_of(h, [src, by_x], "merge_sorted")
+    m3 = merge_of(h, [by_gq, src, flagged], "merge3")
+    h.start()
+    _join_views(h, m1, ["full", "swiss"], ticking=True)
+    _join_views(h, m3, ["footer"])
+    h.verify()
+    h.run(steps)
+    h.finish()
+
+
+def config_join_cross(h: Harness, steps: int) -> None:
+    """Cross joins and a multi_join over two sources fed in the same cycles: the first source
+    joined with a where of the second on a key of eight values, a where of the second joined with
+    every row of a where of the first (reserved bits widened from 1 as groups grow), and a
+    multi_join of an agg_by of each source by that key (keys that only one side has). The second
+    source's size drifts, to empty and back, every 50 steps."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=60)
+    right = h.source("r", schema=RIGHT_SCHEMA, per_cycle=1, target=40)
+    h.warm(3)
+    r3 = where_of(h, right, "r_w3", pc.field("rw") < pc.scalar(3))
+    s0 = where_of(h, src, "s_w0", pc.field("w") == pc.scalar(0))
+    cross = cross_join_of(h, src, r3, "cross", ["k=rk"], ["RQ=rq", "RX=rx"])
+    every = cross_join_of(h, r3, s0, "cross_all", [], ["SQ=q", "STs=ts"], reserve_bits=1)
+    s_by_k = aggregate(h, src, "s_by_k", [Agg("count", name="N"), Agg("sum", "x", "SumX")], ["k"])
+    r_by_k = aggregate(h, right, "r_by_k", [Agg("count", name="RN"), Agg("max", "rts", "RMaxT")], ["rk"])
+    multi = multi_join_of(h, [(s_by_k, ["k"], ["N", "SumX"]), (r_by_k, ["k=rk"], ["RN", "RMaxT"])], "multi")
+    h.start()
+    _join_views(h, cross, ["full"], ticking=True)
+    _join_views(h, every, ["footer"])
+    _join_views(h, multi, ["header"])
+    h.verify()
+    h.before_cycle.append(_drift(right, (0, 10)))  # no right rows: cross joins without rows, keys of one side
+    h.run(steps)
+    h.finish()
+    _evidence(h, steps, {"cross join rows": cross.stats["max_rows"] > 0 and every.stats["max_rows"] > 0,
+                         "reserved bits widened": every.stats["max_bits"] > 1,
+                         "multi_join keys of one side only": multi.stats["partial_rows"] > 0})
+
+
 @dataclass
 class Config:
     name: str
@@ -1497,6 +1909,11 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("growing", config_growing),
     Config("agg-keyed", config_agg_keyed),
     Config("agg-chain", config_agg_chain),
+    Config("join-diamond", config_join_diamond),
+    Config("join-self", config_join_self),
+    Config("join-chain", config_join_chain),
+    Config("join-merge", config_join_merge),
+    Config("join-cross", config_join_cross),
 ]}
 
 

@@ -45,8 +45,12 @@ from tickwire.server.engine.graph.ops.aggregate import KINDS as AGGREGATION_KIND
 SMOKE_STEPS = 20
 AGG_KEYED_STEPS = 540  # per seed; `make test` runs a third of it (see _soak_runs)
 AGG_CHAIN_STEPS = 420
+# per seed, for the join-* configurations (tables with several parents); `make test` runs a third
+# of each, 10,200 steps together
+JOIN_STEPS = {"join-diamond": 7200, "join-self": 5400, "join-chain": 5400, "join-merge": 6300, "join-cross": 6300}
 CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
-USES_TICKING = {"ticking", "blink-p1", "agg-keyed", "agg-chain"}  # configurations with pydeephaven-ticking clients
+# configurations with pydeephaven-ticking clients
+USES_TICKING = {"ticking", "blink-p1", "agg-keyed", "agg-chain", *JOIN_STEPS}
 
 # (config, seeds, steps per seed at TICKWIRE_SOAK=1); with the smoke runs, more than 10,000 steps
 SOAK = [
@@ -62,6 +66,7 @@ SOAK = [
     ("slow-reader", (1,), 700),
     ("agg-keyed", (1, 2, 3), AGG_KEYED_STEPS),
     ("agg-chain", (1, 2, 3), AGG_CHAIN_STEPS),
+    *((c, (1,), n) for c, n in JOIN_STEPS.items()),
 ]
 
 
