@@ -34,11 +34,11 @@ from tickwire.server.engine.errors import (
 from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.graph import TableFailedError
 from tickwire.server.engine.graph.sources import UpdateSourceTable
-from tickwire.server.engine.graph.tables import Table
+from tickwire.server.engine.graph.tables import Table, column_pairs
 from tickwire.server.engine.ingest import MODES, Destination
 
 __all__ = ["Agg", "Engine", "EngineConfig", "Durability", "StagingLimits", "PerfTablesConfig", "PublishingConfig",
-           "EncodeLimits", "TableSpec", "Destination", "MODES", "KINDS", "Table", "UpdateSourceTable",
+           "EncodeLimits", "TableSpec", "Destination", "MODES", "KINDS", "Table", "column_pairs", "UpdateSourceTable",
            "kind_of", "is_hidden", "is_system", "CatalogError", "TableMismatchError", "TableInUseError",
            "IngestError", "InputTypeError", "ModeError", "OperationError", "UnknownColumnError", "SchemaMismatchError",
            "WriteRefused", "WriteTimeout", "UpdateValidationError", "TableFailedError"]

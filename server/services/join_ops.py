@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-from tickwire.server.engine import OperationError, Table, TableSpec
+from tickwire.server.engine import OperationError, Table, TableSpec, column_pairs
 from tickwire.server.engine.graph.ops.join_keys import check_keys
 from tickwire.server.engine.graph.ops.range_join import range_join_values
-from tickwire.server.engine.graph.tables import column_pairs
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
 
