@@ -47,7 +47,7 @@ AGG_KEYED_STEPS = 540  # per seed; `make test` runs a third of it (see _soak_run
 AGG_CHAIN_STEPS = 420
 # per seed, for the join-* configurations (tables with several parents); `make test` runs a third
 # of each, 10,200 steps together
-JOIN_STEPS = {"join-diamond": 7200, "join-self": 5400, "join-chain": 5400, "join-merge": 6300, "join-cross": 6300}
+JOIN_STEPS = {"join-diamond": 7200, "join-self": 4500, "join-chain": 4500, "join-merge": 7200, "join-cross": 7200}
 CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
 # configurations with pydeephaven-ticking clients
 USES_TICKING = {"ticking", "blink-p1", "agg-keyed", "agg-chain", *JOIN_STEPS}
