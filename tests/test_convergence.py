@@ -45,8 +45,9 @@ from tickwire.server.engine.graph.ops.aggregate import KINDS as AGGREGATION_KIND
 SMOKE_STEPS = 20
 AGG_KEYED_STEPS = 540  # per seed; `make test` runs a third of it (see _soak_runs)
 AGG_CHAIN_STEPS = 420
-# per seed, for the join-* configurations (tables with several parents); `make test` runs a third
-# of each, 10,200 steps together
+# per seed, for the join-* configurations (tables with several parents), run by
+# tests/test_convergence_joins.py (a file of its own, so that its runs share the machine with the rest
+# of the suite); `make test` runs a third of each, 10,200 steps together
 JOIN_STEPS = {"join-diamond": 7200, "join-self": 4500, "join-chain": 4500, "join-merge": 7200, "join-cross": 7200}
 CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
 # configurations with pydeephaven-ticking clients
@@ -66,7 +67,6 @@ SOAK = [
     ("slow-reader", (1,), 700),
     ("agg-keyed", (1, 2, 3), AGG_KEYED_STEPS),
     ("agg-chain", (1, 2, 3), AGG_CHAIN_STEPS),
-    *((c, (1,), n) for c, n in JOIN_STEPS.items()),
 ]
 
 

@@ -1,0 +1,37 @@
+"""Convergence of tables with several parents (the join-* configurations of tests/convergence.py:
+diamonds, joins of a table with filtered copies of itself, joins of joins, merges with a table's own
+sorts, cross joins and a multi_join), served to full, viewport and pydeephaven-ticking clients and
+checked after every cycle against recomputations from their parents' rows.
+
+`make test` runs each configuration once for a third of its steps (10,200 steps together); `make
+soak` every seed for TICKWIRE_SOAK times its steps. A file of its own, so that these long runs share
+the machine with the rest of the suite.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.convergence import run_config, scaled, soak_factor
+from tests.test_convergence import CI_MIN_STEPS, JOIN_STEPS, _report
+
+SEEDS = (1, 2)
+
+
+def _runs() -> list:
+    if soak_factor() > 1:
+        runs = [(c, s, scaled(n)) for c, n in JOIN_STEPS.items() for s in SEEDS]
+    else:
+        runs = [(c, SEEDS[0], max(CI_MIN_STEPS, n // 3)) for c, n in JOIN_STEPS.items()]
+    return [pytest.param(c, s, n, marks=[pytest.mark.interop], id=f"{c}-seed{s}") for c, s, n in runs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,seed,n", _runs())
+def test_joins_converge(config, seed, n):
+    t0 = time.perf_counter()
+    h = run_config(config, seed, n)
+    _report(h, time.perf_counter() - t0)
+    assert h.steps == n + 1
+    assert h.checks >= h.steps
