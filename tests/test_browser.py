@@ -361,14 +361,13 @@ def test_an_operation_tickwire_does_not_serve_rejects_the_promise_with_its_messa
     settled. The server's messages to browsers are made readable for it, so the promise rejects
     with the message."""
     if served.kind != "tickwire":
-        pytest.skip("Deephaven serves trees and joins")
+        pytest.skip("Deephaven serves trees")
     js = JsApiPage(page, served.origin)
     js.login()
     info = js.open("ticking_keyed")
     column = next(c.split(":")[0] for c in info["columns"] if c.endswith(":java.lang.String"))
     cases = {  # what the page asks -> what the rejection's message must mention
         f"window.__tw.table.treeTable({{idColumn: {column!r}, parentColumn: {column!r}}})": "Tree",
-        f"window.__tw.table.naturalJoin(window.__tw.table, [{column!r}], [])": "NaturalJoin",
     }
     for ask, mention in cases.items():
         out = js.settle(ask, timeout_ms=60000)  # a generous bound: an answer takes milliseconds

@@ -139,7 +139,8 @@ def test_soak_converges(config, seed, n):
 def test_soak_budget_is_at_least_ten_thousand_steps():
     total = sum(len(seeds) * n for _c, seeds, n in SOAK) + SMOKE_STEPS * len(CONFIGS)
     assert total >= 10_000
-    assert {c for c, _s, _n in SOAK} == set(CONFIGS)
+    assert {c for c, _s, _n in SOAK} | set(JOIN_STEPS) == set(CONFIGS)  # joins: tests/test_convergence_joins.py
+    assert sum(n // 3 for n in JOIN_STEPS.values()) >= 10_000  # what `make test` runs of them
 
 
 # -- the harness's own pieces ------------------------------------------------------------------------------
