@@ -33,8 +33,7 @@ from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_
 from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys, java_type, unknown_columns
 from tickwire.server.engine.graph.ops.natural_join import LeftRowsJoin, _JoinStore, right_columns, take_two
 from tickwire.server.engine.graph.order import check_sortable
-from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
-from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
+from tickwire.server.engine.graph.table_update import TableUpdate, column_names
 from tickwire.server.engine.graph.tables import Rows, Table, register_operation
 
 if TYPE_CHECKING:
@@ -285,20 +284,10 @@ class AsOfJoinTable(LeftRowsJoin):
                 swap &= ~lup.added.contains(k_u)
             moved_k, moved_from = k_u[swap], old[swap]
         self._pinfo = (moved_k, moved_from, np.sort(rewritten), old_vals.take(pa.array(np.argsort(rewritten))))
-        mod = RowSet.from_keys(unique(np.concatenate(mods))) if mods else RowSet()
-        if lup is None and mod.is_empty():
-            return None
-        return TableUpdate(added=lup.added if lup is not None else RowSet(),
-                           removed=lup.removed if lup is not None else RowSet(),
-                           shifted=lup.shifted if lup is not None else RowSetShiftData(),
-                           modified=mod,
-                           modified_columns=ModifiedColumnSet([c for c in self.schema.names if c in cols]
-                                                              if not mod.is_empty() else ()))
+        return self._left_update(lup, mods, cols)
 
     def end_cycle(self) -> None:
-        _Op.end_cycle(self)
-        self._lup = None
-        self._pinfo = None
+        LeftRowsJoin.end_cycle(self)
         if self._dying.size:
             self._free = np.concatenate((self._free, self._dying))
             self._dying = _EMPTY.copy()

@@ -14,7 +14,7 @@ fails the join), "first" or "last" (the right row with the lowest or highest row
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -99,6 +99,7 @@ class LeftRowsJoin(_Op):
     left: Table
     left_names: set[str]
     _lup: Optional[TableUpdate]
+    _pinfo: Optional[tuple[Any, ...]]  # the subclass's previous-value bookkeeping of the cycle
 
     def right_values(self, keys: np.ndarray, names: Sequence[str]) -> pa.Table:
         raise NotImplementedError
@@ -127,6 +128,25 @@ class LeftRowsJoin(_Op):
 
     def _edge_keys(self, n: int, front: bool) -> np.ndarray:
         return _first_keys(self.left, n, front)
+
+    def _left_update(self, lup: Optional[TableUpdate], mods: list[np.ndarray], cols: set[str]
+                     ) -> Optional[TableUpdate]:
+        """The cycle's update: the left table's added, removed and shifted rows, and as modified its
+        modified rows with the rows `mods` the right side changed (under the columns `cols`)."""
+        mod = RowSet.from_keys(unique(np.concatenate(mods))) if mods else RowSet()
+        if lup is None and mod.is_empty():
+            return None
+        return TableUpdate(added=lup.added if lup is not None else RowSet(),
+                           removed=lup.removed if lup is not None else RowSet(),
+                           shifted=lup.shifted if lup is not None else RowSetShiftData(),
+                           modified=mod,
+                           modified_columns=ModifiedColumnSet([c for c in self.schema.names if c in cols]
+                                                              if not mod.is_empty() else ()))
+
+    def end_cycle(self) -> None:
+        _Op.end_cycle(self)
+        self._lup = None
+        self._pinfo = None
 
     def _left_prev(self, names: Sequence[str], k: np.ndarray, cols: dict[str, pa.ChunkedArray]) -> None:
         """Puts in `cols` the previous values of the left columns among `names` of rows `k`: the
@@ -275,20 +295,7 @@ class NaturalJoinTable(LeftRowsJoin):
         self._pinfo = (np.sort(moved_rows), lc.moved_from[np.argsort(moved_rows)] if lc is not None else _EMPTY,
                        changed, old)
         self._moves = (lc.shift_old, lc.shift_new) if lc is not None and lc.shift_old.size else None
-        mod = RowSet.from_keys(unique(np.concatenate(mods))) if mods else RowSet()
-        if lup is None and mod.is_empty():
-            return None
-        return TableUpdate(added=lup.added if lup is not None else RowSet(),
-                           removed=lup.removed if lup is not None else RowSet(),
-                           shifted=lup.shifted if lup is not None else RowSetShiftData(),
-                           modified=mod,
-                           modified_columns=ModifiedColumnSet([c for c in self.schema.names if c in cols]
-                                                              if not mod.is_empty() else ()))
-
-    def end_cycle(self) -> None:
-        _Op.end_cycle(self)
-        self._lup = None
-        self._pinfo = None
+        return self._left_update(lup, mods, cols)
 
     def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
         """Previous values of this cycle's modified rows: the left table's previous values of
