@@ -10,7 +10,10 @@ by aj on (Sym, Ts). Two kinds of traffic, each in its own phase:
 - right update: each cycle 10 keys get a new price and 10 keys a new quote (at a stamp among the
   left rows' stamps, so some of their left rows match it). A right key has about 100 left rows on
   the large table and 0.1 on the small one, so the large table reports about 1,000 rows modified
-  per join and the small one about 1.
+  per join and the small one about 1. The right phase also runs on a third, *dense* left table of
+  10,000 rows whose `Sym` take only 100 keys (as many rows per key as the large table), where the
+  same 10-key change touches as many left rows as on the large table: that ratio is the one that
+  compares equal changes on tables of different sizes.
 
 The per-cycle cost of a join is the time it spends following its parents' updates
 (`cycle_seconds`, median over the measured cycles after warm-up); the two left tables live in one
@@ -42,9 +45,9 @@ JOINS = ("natural_join", "aj")
 PHASES = ("left", "right")
 
 
-def left_rows(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+def left_rows(ids: np.ndarray, rng: np.random.Generator, keys: int = KEYS) -> pa.Table:
     n = ids.size
-    return pa.table({"id": ids, "Sym": rng.integers(0, KEYS, n), "Ts": rng.integers(0, STAMPS, n),
+    return pa.table({"id": ids, "Sym": rng.integers(0, keys, n), "Ts": rng.integers(0, STAMPS, n),
                      "Qty": rng.integers(0, 1000, n)}, schema=LEFT)
 
 
@@ -54,7 +57,8 @@ def quotes(syms: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 class Setup:
-    def __init__(self, table_rows: int, seed: int):
+    def __init__(self, table_rows: int, seed: int, left_keys: int = KEYS):
+        self.left_keys = left_keys  # the left rows' Sym are drawn from [0, left_keys)
         self.rng = rng = np.random.default_rng(seed)
         self.engine = engine = Engine()  # stepped here with run_cycle()
         self.left = left = engine.create(TableSpec("left", "keyed", LEFT, keys=("id",)))
@@ -66,7 +70,7 @@ class Setup:
         chunk = 1_000_000
         for start in range(0, table_rows, chunk):
             ids = np.arange(start, min(table_rows, start + chunk), dtype=np.int64)
-            engine.write(left, left_rows(ids, rng), wait=False)
+            engine.write(left, left_rows(ids, rng, left_keys), wait=False)
             engine.run_cycle()
         self.live = np.arange(table_rows, dtype=np.int64)
         self.next_id = table_rows
@@ -95,12 +99,12 @@ class Setup:
         changed, gone = self.live[pick[:400]], self.live[pick[400:]]
         new = np.arange(self.next_id, self.next_id + 300, dtype=np.int64)
         self.next_id += 300
-        upd = left_rows(changed, rng)
+        upd = left_rows(changed, rng, self.left_keys)
         keep_sym = rng.random(400) < 0.75  # three quarters keep their key
         old_sym = self.left.gather(["Sym"], changed)["Sym"].to_numpy()
         upd = upd.set_column(1, "Sym", pa.array(np.where(keep_sym, old_sym, upd["Sym"].to_numpy())))
         with self.engine.writes(wait=False) as w:
-            w.write(self.left, pa.concat_tables([upd, left_rows(new, rng)]))
+            w.write(self.left, pa.concat_tables([upd, left_rows(new, rng, self.left_keys)]))
             w.write(self.left, delete=pa.table({"id": gone}))
         mask = np.ones(self.live.size, dtype=bool)
         mask[pick[400:]] = False
@@ -108,10 +112,10 @@ class Setup:
 
     def right_change(self) -> None:
         rng = self.rng
-        syms = rng.choice(KEYS, 10, replace=False).astype(np.int64)
+        syms = rng.choice(self.left_keys, 10, replace=False).astype(np.int64)
         with self.engine.writes(wait=False) as w:
             w.write(self.prices, pa.table({"Sym": syms, "Px": rng.random(10) * 100}, schema=PRICES))
-            w.write(self.quotes, quotes(rng.choice(KEYS, 10, replace=False).astype(np.int64), rng))
+            w.write(self.quotes, quotes(rng.choice(self.left_keys, 10, replace=False).astype(np.int64), rng))
 
     def cycle(self, phase: str, record: bool) -> None:
         (self.left_change if phase == "left" else self.right_change)()
@@ -135,12 +139,14 @@ def main() -> None:
     t0 = time.perf_counter()
     big = Setup(big_rows, 1)
     small = Setup(10_000, 2)
+    # the same rows per key as the large table, so a 10-key right change touches as many left rows
+    dense = Setup(10_000, 3, left_keys=max(10, KEYS * 10_000 // big_rows))
     print(f"set up in {time.perf_counter() - t0:.1f} s; build on {big_rows:,} left rows: "
           f"natural_join {big.build['natural_join']:.2f} s, aj {big.build['aj']:.2f} s "
           f"(on 10,000: {small.build['natural_join'] * 1e3:.1f} ms, {small.build['aj'] * 1e3:.1f} ms)")
     for phase in PHASES:
         for i in range(args.warmup + args.cycles):
-            for s in (small, big):
+            for s in ((small, big, dense) if phase == "right" else (small, big)):
                 s.cycle(phase, record=i >= args.warmup)
     for phase in PHASES:
         for j in JOINS:
@@ -150,6 +156,12 @@ def main() -> None:
             print(f"{j} {phase} update: big {bg * 1e3:.2f} ms, small {sm * 1e3:.2f} ms, ratio {bg / sm:.2f} "
                   f"(target <= 1.2; {big_rows:,} vs 10,000 left rows, median rows modified {mods[0]:,.0f} vs "
                   f"{mods[1]:,.0f})")
+            if phase == "right":
+                dn = statistics.median(dense.stats[j, phase])
+                dm = statistics.median(dense.modified[j, phase])
+                print(f"{j} {phase} update, the same rows per key ({dense.left_keys:,} keys on 10,000 rows): "
+                      f"big {bg * 1e3:.2f} ms, small {dn * 1e3:.2f} ms, ratio {bg / dn:.2f} (target <= 1.2; "
+                      f"median rows modified {mods[0]:,.0f} vs {dm:,.0f})")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
