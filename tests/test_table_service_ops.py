@@ -140,15 +140,15 @@ def test_a_sorted_export_is_live_and_pydeephaven_ticking_follows_it(served):
 
 def test_unsupported_operations_are_unimplemented_with_their_name(svc):
     s = svc
-    req = table_pb2.UpdateByRequest()
+    req = table_pb2.RunChartDownsampleRequest()
     req.source_id.ticket.ticket = b"s/quotes"
-    code, details = s.status(lambda: s.call(TABLE_SERVICE, "UpdateBy", req))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "UpdateBy" in details
+    code, details = s.status(lambda: s.call(TABLE_SERVICE, "RunChartDownsample", req))
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "RunChartDownsample" in details
     batch = table_pb2.BatchTableRequest()
     batch.ops.add().sort.source_id.ticket.ticket = b"s/quotes"
-    batch.ops.add().update_by.source_id.batch_offset = 0
+    batch.ops.add().run_chart_downsample.source_id.batch_offset = 0
     code, details = s.status(lambda: list(s.stream(TABLE_SERVICE, "Batch", batch)))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "update_by" in details
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "run_chart_downsample" in details
     assert user_tables(s.engine) == {"quotes"}  # nothing was made
 
 

@@ -251,6 +251,7 @@ METHODS: dict[str, Method] = _table(
     (_T, "RangeJoinTables", UNARY, table.RangeJoinTablesRequest, _ETCR),
     (_T, "WhereIn", UNARY, table.WhereInRequest, _ETCR),
     (_T, "SnapshotWhen", UNARY, table.SnapshotWhenTableRequest, _ETCR),
+    (_T, "UpdateBy", UNARY, table.UpdateByRequest, _ETCR),
     (_T, "Flatten", UNARY, table.FlattenRequest, _ETCR),
     (_T, "Slice", UNARY, table.SliceRequest, _ETCR),
     (_T, "Snapshot", UNARY, table.SnapshotTableRequest, _ETCR),

@@ -19,6 +19,7 @@ from tickwire.server.services import (
     aggregations,  # noqa: F401  (registers Aggregate, AggregateAll, ...)
     group_ops,  # noqa: F401  (registers HeadBy, TailBy, Ungroup)
     join_ops,  # noqa: F401  (registers NaturalJoinTables, ExactJoinTables, WhereIn, ...)
+    update_by_ops,  # noqa: F401  (registers UpdateBy)
 )
 from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_sourceless, seek_row
 from tickwire.server.services.context import ServerContext

@@ -391,6 +391,13 @@ class Table:
         return self._derive("snapshot_when", name, trigger, None if stamps is None else column_pairs(stamps),
                             initial, incremental, history)
 
+    def update_by(self, ops: Any, by: Union[str, Sequence[str]] = (), name: Optional[str] = None) -> "Table":
+        """This table with cumulative, exponential and rolling operations per bucket of `by` (an
+        operation or a list of them, made by the functions of `tickwire.server.engine.updateby`:
+        ``t.update_by([cum_sum("Total=Qty"), ema_tick(10, "Ema=Px")], by="Sym")``)."""
+        ops = list(ops) if isinstance(ops, (list, tuple)) else [ops]
+        return self._derive("update_by", name, ops, [by] if isinstance(by, str) else list(by))
+
     def merge(self, others: Sequence["Table"], name: Optional[str] = None) -> "Table":
         """This table's rows, then each of `others`' (tables of the same columns)."""
         return self._derive("merge", name, [self, *others])

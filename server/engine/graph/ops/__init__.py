@@ -28,6 +28,7 @@ from tickwire.server.engine.graph.ops.head_tail_by import HeadTailByTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
 from tickwire.server.engine.graph.ops.merge import MergeTable
 from tickwire.server.engine.graph.ops.multi_join import MultiJoinTable
+from tickwire.server.engine.graph.ops.update_by import UpdateByOp, UpdateByTable
 from tickwire.server.engine.graph.ops.natural_join import NaturalJoinTable
 from tickwire.server.engine.graph.ops.project import ProjectTable
 from tickwire.server.engine.graph.ops.slice_flatten import FlattenTable, SliceTable
@@ -40,6 +41,6 @@ from tickwire.server.engine.graph.ops.where_in import WhereInTable
 __all__ = ["Agg", "AggregateTable",
            "SortTable", "WhereTable", "ProjectTable", "HeadTailTable", "HeadTailByTable", "LastByTable", "SliceTable",
            "FlattenTable", "UngroupTable", "NaturalJoinTable", "WhereInTable", "MergeTable", "AsOfJoinTable",
-           "CrossJoinTable", "MultiJoinTable", "SnapshotWhenTable",
+           "CrossJoinTable", "MultiJoinTable", "SnapshotWhenTable", "UpdateByOp", "UpdateByTable",
            "unique_name",
            "expression_columns", "shifted_rows"]

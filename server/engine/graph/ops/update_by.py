@@ -1,0 +1,923 @@
+"""update_by: cumulative, exponential and rolling operations per bucket, incrementally.
+
+The result has the parent's rows, row keys and shifts (a `LeftRowsJoin` over one parent): the
+parent's columns are read through, the operations' output columns live in the table's own store
+(one slot per row, `KeyMap` row key -> slot). Rows are bucketed by the `by` columns (`KeySpace`;
+one bucket without them), and each bucket's rows are kept in row-key order (`JoinSide.members`).
+
+What a cycle recomputes: in each bucket the cycle touched (rows added, removed, moved between
+buckets, or modified in a column some operation reads), the rows from the first touched position to
+the bucket's end. Scans (cumulative and exponential operations) start from the state the operation
+kept for the row just before (`_state`), so an append computes only the appended rows; windows
+(rolling operations) read the rows their windows reach back to. Every kernel runs over the rows of
+all touched buckets at once (`update_by_kernels`). A recomputed row is reported modified only in
+the columns whose value changed.
+
+Deephaven's rules are followed where they are known (result types, nulls skipped, NaN, the
+ordering requirement of time-based operations); see `OPS` and the README.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from tickwire.server.engine.errors import OperationError
+from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.column_store import ColumnStore, equal_mask
+from tickwire.server.engine.graph.keymap import KeyMap
+from tickwire.server.engine.graph.ops import update_by_kernels as K
+from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
+from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, java_type, unknown_columns
+from tickwire.server.engine.graph.ops.natural_join import LeftRowsJoin, _JoinStore, take_two
+from tickwire.server.engine.graph.order import NONE_HI, NONE_LO
+from tickwire.server.engine.graph.table_update import TableUpdate, column_names
+from tickwire.server.engine.graph.tables import Rows, Table, register_operation
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.graph.graph import UpdateGraph
+
+__all__ = ["UpdateByOp", "UpdateByTable", "OPS", "CONTROLS"]
+
+_U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+CUMULATIVE = ("cum_sum", "cum_prod", "cum_min", "cum_max", "fill", "delta", "cum_count_where")
+EXPONENTIAL = ("ema", "ems", "em_min", "em_max", "em_std")
+ROLLING = ("rolling_sum", "rolling_avg", "rolling_min", "rolling_max", "rolling_prod", "rolling_count",
+           "rolling_std", "rolling_wavg", "rolling_group", "rolling_count_where")
+OPS = CUMULATIVE + EXPONENTIAL + ROLLING
+# what an exponential operation does with a bad value or time: Deephaven's BadDataBehavior
+BEHAVIOURS = ("throw", "reset", "skip", "poison")
+CONTROLS = ("on_null", "on_nan", "on_null_time", "on_negative_time", "on_zero_time")
+DEFAULT_CONTROL = {"on_null": "skip", "on_nan": "skip", "on_null_time": "skip", "on_negative_time": "throw",
+                   "on_zero_time": "skip"}
+DELTAS = ("null_dominates", "value_dominates", "zero_dominates")
+
+
+@dataclass(frozen=True)
+class UpdateByOp:
+    """One operation of an update_by: `kind` (one of OPS) over `pairs` ((output, input) columns;
+    for the count_where kinds one pair (output, "")).
+
+    Exponential kinds decay over `decay_ticks` rows, or over `decay_time` nanoseconds of `time_col`;
+    rolling kinds look `rev` back and `fwd` ahead, in rows or (with `time_col`) in nanoseconds.
+    `control`: BadDataBehavior per CONTROLS key; `delta`: one of DELTAS; `weight`: the weight column
+    of rolling_wavg; `filters`: the predicate of the count_where kinds (a pyarrow Expression)."""
+
+    kind: str
+    pairs: tuple[tuple[str, str], ...]
+    time_col: Optional[str] = None
+    decay_ticks: float = 0.0
+    decay_time: int = 0
+    rev: int = 0
+    fwd: int = 0
+    control: tuple[tuple[str, str], ...] = ()
+    delta: str = "null_dominates"
+    weight: Optional[str] = None
+    filters: Any = None
+    filter_columns: tuple[str, ...] = ()
+
+    def behaviour(self, what: str) -> str:
+        return dict(self.control).get(what, DEFAULT_CONTROL[what])
+
+    @property
+    def windowed(self) -> bool:
+        return self.kind in ROLLING
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t))
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
+
+
+def _output_type(op: UpdateByOp, t: pa.DataType, name: str) -> pa.DataType:
+    """The result type Deephaven gives `op` on an input of type `t` (or raises its refusal)."""
+    k = op.kind
+    if k == "fill":
+        return t
+    if k in ("cum_count_where", "rolling_count_where"):
+        return pa.int64()
+    if k == "rolling_count":
+        return pa.int64()
+    if k == "rolling_group":
+        return pa.list_(t)
+    if not _numeric(t):
+        raise OperationError(f"{_op_title(op)} does not support column {name!r} of type {java_type(t)}")
+    if k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
+        return t
+    if k in ("cum_sum", "cum_prod", "rolling_sum", "rolling_prod"):
+        return pa.int64() if _is_int(t) else pa.float64()
+    if k == "delta":
+        return pa.int64() if _is_int(t) else t
+    return pa.float64()  # averages, deviations, exponential kinds
+
+
+def _op_title(op: UpdateByOp) -> str:
+    return op.kind
+
+
+def _values(a: pa.Array, t: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
+    """(values, valid) of a numeric or temporal array: integers as int64, floats as float64."""
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
+    valid = np.ones(len(a), dtype=bool) if a.null_count == 0 else \
+        np.asarray(a.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if pa.types.is_temporal(t):
+        a = a.cast(pa.int64())
+    if pa.types.is_boolean(t):
+        a = a.cast(pa.int8())
+    if pa.types.is_floating(t):
+        v = np.asarray(a.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+    else:
+        v = np.asarray(a.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return v, valid
+
+
+def _arrow(values: np.ndarray, ok: np.ndarray, t: pa.DataType) -> pa.Array:
+    mask = None if ok.all() else ~ok
+    if pa.types.is_floating(t):
+        return pa.array(values.astype(t.to_pandas_dtype()), mask=mask, type=t)
+    if pa.types.is_integer(t):
+        return pa.array(values.astype(t.to_pandas_dtype()), mask=mask, type=t)
+    return pa.array(values, mask=mask).cast(t)
+
+
+@dataclass
+class _Rows:
+    """Rows handed to the kernels: segments (one per bucket) in row order."""
+    keys: np.ndarray
+    seg: np.ndarray
+    pos: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pos = K.positions(self.seg)
+
+
+class UpdateByTable(LeftRowsJoin):
+    """`parent` with the output columns of `ops` (see UpdateByOp), computed per bucket of the `by`
+    columns in row order."""
+
+    def __init__(self, graph: "UpdateGraph", name: str, parent: Table, ops: Sequence[UpdateByOp],
+                 by: Sequence[str] = ()):
+        by = [str(c) for c in by]
+        missing = [c for c in by if c not in parent.schema.names]
+        if missing:
+            raise unknown_columns(parent, missing)
+        self.ops = list(ops)
+        if not self.ops:
+            raise OperationError("update_by needs at least one operation")
+        self.by = by
+        fields: dict[str, pa.Field] = {}
+        reads: set[str] = set()
+        for op in self.ops:
+            if op.kind not in OPS:
+                raise OperationError(f"unknown update_by operation {op.kind!r}")
+            need = [c for _o, c in op.pairs if c] + ([op.time_col] if op.time_col else []) + \
+                ([op.weight] if op.weight else []) + list(op.filter_columns)
+            missing = [c for c in need if c not in parent.schema.names]
+            if missing:
+                raise unknown_columns(parent, missing)
+            reads |= set(need)
+            if op.time_col is not None:
+                tt = parent.schema.field(op.time_col).type
+                if not (pa.types.is_timestamp(tt) or tt == pa.int64()):
+                    raise OperationError(f"time column {op.time_col!r} has type {java_type(tt)}: an Instant or a "
+                                         f"long is needed")
+            for out, col in op.pairs:
+                if out in by:
+                    raise OperationError(f"update_by output column {out!r} is a by column")
+                t = pa.bool_() if not col else parent.schema.field(col).type
+                if op.kind == "rolling_wavg":
+                    wt = parent.schema.field(op.weight).type if op.weight else None
+                    if not _numeric(t) or wt is None or not _numeric(wt):
+                        raise OperationError(f"rolling_wavg needs numeric value and weight columns ({col!r}: "
+                                             f"{java_type(t)})")
+                if out in fields:
+                    raise OperationError(f"update_by output column {out!r} is given twice")
+                fields[out] = pa.field(out, _output_type(op, t, col))
+        self.reads = reads
+        self.left = parent
+        self.left_names = set(parent.schema.names) - set(fields)
+        schema = pa.schema([fields.get(f.name, f) for f in parent.schema] +
+                           [f for n, f in fields.items() if n not in parent.schema.names])
+        self.out_schema = pa.schema(list(fields.values()))
+        self.space = KeySpace([parent.schema.field(c).type for c in by])
+        self.side = JoinSide(self.space, parent, by)
+        self.values = ColumnStore(self.out_schema)
+        self.slot_of = KeyMap()
+        self._state: dict[str, np.ndarray] = {}  # hidden scan state per slot, by "output/what"
+        self._nslots = 0
+        self._free = _EMPTY.copy()
+        self._dying = _EMPTY.copy()
+        self._lup: Optional[TableUpdate] = None
+        self._pinfo: Optional[tuple[np.ndarray, pa.Table]] = None  # rewritten slots (sorted), old values
+        with graph.lock, _unregistered_on_error(graph, self):
+            _Op.__init__(self, graph, name, parent, schema)
+            self.store = _JoinStore(self)
+            self.attributes: dict[str, Any] = {}
+            ch = self.side.follow(TableUpdate(added=parent.rowset))
+            self._new_slots(ch.added)
+            if ch.added.size:
+                G, first = np.unique(ch.added_groups, return_index=True)
+                start = np.zeros(G.size, dtype=np.int64)  # every row of each bucket
+                self._recompute(G, start, full=True)
+            self._update = None
+
+    # -- storage ----------------------------------------------------------------------------------
+    def right_values(self, keys: np.ndarray, names: Sequence[str]) -> pa.Table:
+        return self.values.gather(self.slot_of.get(keys), names)
+
+    def _new_slots(self, keys: np.ndarray) -> None:
+        if keys.size == 0:
+            return
+        take = min(keys.size, self._free.size)
+        slots = np.concatenate((self._free[self._free.size - take:],
+                                np.arange(self._nslots, self._nslots + keys.size - take, dtype=np.int64)))
+        self._free = self._free[:self._free.size - take]
+        self._nslots += keys.size - take
+        self.values.ensure(self._nslots)
+        for name, arr in list(self._state.items()):
+            if arr.size < self._nslots:
+                grown = np.zeros(max(self._nslots, 2 * arr.size), dtype=arr.dtype)
+                grown[:arr.size] = arr
+                self._state[name] = grown
+        self.slot_of.set(keys, slots)
+
+    def _get_state(self, name: str, slots: np.ndarray, dtype: Any) -> np.ndarray:
+        arr = self._state.get(name)
+        if arr is None:
+            arr = self._state[name] = np.zeros(max(self._nslots, 16), dtype=dtype)
+        out: np.ndarray = arr[slots]
+        return out
+
+    def _put_state(self, name: str, slots: np.ndarray, values: np.ndarray) -> None:
+        arr = self._state.get(name)
+        if arr is None or arr.size < self._nslots:
+            old = arr
+            arr = np.zeros(max(self._nslots, 16), dtype=values.dtype)
+            if old is not None:
+                arr[:old.size] = old
+            self._state[name] = arr
+        arr[slots] = values
+
+    # -- which rows -------------------------------------------------------------------------------
+    def _tails(self, G: np.ndarray, start: np.ndarray) -> tuple[_Rows, np.ndarray]:
+        """The rows of each bucket in `G` whose row key is at least `start` (in order, one segment
+        per bucket, segment id = index in G), and the row just before each tail (-1: none)."""
+        m = self.side.members
+        assert m is not None
+        g1 = (G + 1).astype(np.uint64)
+        q0 = np.where(start > 0, g1, G.astype(np.uint64))
+        q1 = np.where(start > 0, (start - 1).astype(np.uint64), _U64_MAX)
+        pred, succ = m.locate([q0, q1])
+        last, _s = m.locate([g1, np.full(G.size, _U64_MAX)])
+        before = np.full(G.size, -1, dtype=np.int64)
+        okp = pred != NONE_LO
+        if okp.any():
+            w = m.words_at(pred[okp])
+            same = w[0] == g1[okp]
+            idx = np.flatnonzero(okp)[same]
+            before[idx] = w[1][same].astype(np.int64)
+        ok = (succ != NONE_HI) & (last != NONE_LO)
+        if ok.any():
+            ok[ok] = succ[ok] <= last[ok]
+        if not ok.any():
+            return _Rows(_EMPTY.copy(), _EMPTY.copy()), before
+        keys, which = m.keys_between(np.where(ok, succ, 0), np.where(ok, last, -1))
+        rows = m.words_at(keys)[1].astype(np.int64)
+        return _Rows(rows, which), before
+
+    # -- the cycle ------------------------------------------------------------------------------
+    def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        up = updates.get(self.left.name)
+        if up is None:
+            return None
+        self._lup = up
+        ch = self.side.follow(up)
+        rem = up.removed.keys()
+        tg: list[np.ndarray] = []
+        tk: list[np.ndarray] = []
+        if rem.size:
+            self._dying = np.concatenate((self._dying, self.slot_of.get(rem)))
+            self.slot_of.delete(rem)
+            tg.append(ch.removed_groups)
+            tk.append(up.shifted.apply_to_keys(rem) if not up.shifted.is_empty() else rem)
+        if ch.shift_old.size:
+            self.slot_of.remap(ch.shift_old, ch.shift_new)
+        self._moves = (ch.shift_old, ch.shift_new) if ch.shift_old.size else None
+        self._new_slots(ch.added)
+        if ch.added.size:
+            tg.append(ch.added_groups)
+            tk.append(ch.added)
+        if ch.moved.size:
+            tg += [ch.moved_from, ch.moved_to]
+            tk += [ch.moved, ch.moved]
+        mods: list[np.ndarray] = []
+        cols: set[str] = set()
+        if not up.modified.is_empty():
+            mk = up.modified.keys()
+            mods.append(mk)
+            cols |= set(up.modified_columns) & self.left_names
+            if self.reads & up.modified_columns:
+                tg.append(self.side.group_of.get(mk))
+                tk.append(mk)
+        self._pinfo = None
+        if tg:
+            g_all, k_all = np.concatenate(tg), np.concatenate(tk)
+            order = np.lexsort((k_all, g_all))
+            g_all, k_all = g_all[order], k_all[order]
+            first = np.ones(g_all.size, dtype=bool)
+            first[1:] = g_all[1:] != g_all[:-1]
+            G, start = g_all[first], k_all[first]
+            keep = self.side.counts(G) > 0
+            changed_rows, changed_cols = self._recompute(G[keep], start[keep], full=False)
+            if changed_rows.size:
+                if not up.added.is_empty():
+                    changed_rows = changed_rows[~up.added.contains(changed_rows)]
+                mods.append(changed_rows)
+                cols |= changed_cols
+        return self._left_update(up, mods, cols)
+
+    def end_cycle(self) -> None:
+        LeftRowsJoin.end_cycle(self)
+        if self._dying.size:
+            self._free = np.concatenate((self._free, self._dying))
+            self._dying = _EMPTY.copy()
+
+    def prev_gather(self, columns: Optional[Sequence[str]] = None, keys: Optional[Rows] = None) -> pa.Table:
+        """Previous values of this cycle's modified rows: the parent's for its columns, the values
+        this table kept before it rewrote them for the others."""
+        k = self._prev_keys(keys)
+        names = column_names(self.schema, columns)
+        now = self.gather(names, k)
+        if k.size == 0:
+            return now
+        cols = dict(zip(names, now.columns))
+        self._left_prev(names, k, cols)
+        onames = [n for n in names if n not in self.left_names]
+        if onames and self._pinfo is not None:
+            rewritten, old = self._pinfo
+            slots = self.slot_of.get(k)
+            vals = self.values.gather(slots, onames)
+            if rewritten.size:
+                j = np.minimum(np.searchsorted(rewritten, slots), rewritten.size - 1)
+                hit = rewritten[j] == slots
+                vals = take_two(vals, old.select(onames), hit, j[hit])
+            cols.update(zip(onames, vals.columns))
+        return pa.Table.from_arrays([cols[n] for n in names], schema=pa.schema([self.schema.field(n) for n in names]))
+
+    # -- recomputation ----------------------------------------------------------------------------
+    def _recompute(self, G: np.ndarray, start: np.ndarray, full: bool) -> tuple[np.ndarray, set[str]]:
+        """Recomputes every operation for the rows of buckets `G` from row key `start` on; writes
+        the outputs that changed. Returns (rows whose outputs changed, sorted; their columns)."""
+        if G.size == 0:
+            return _EMPTY, set()
+        results: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
+        scans = [op for op in self.ops if not op.windowed]
+        windows = [op for op in self.ops if op.windowed]
+        if scans:
+            tail, before = self._tails(G, start)
+            if tail.keys.size:
+                results.append((tail.keys, self._run_scans(scans, tail, before)))
+        if windows:
+            results += self._run_windows(windows, G, start)
+        return self._write(results, full)
+
+    def _write(self, results: list[tuple[np.ndarray, dict[str, pa.Array]]], full: bool) -> tuple[np.ndarray, set[str]]:
+        changed: list[np.ndarray] = []
+        cols: set[str] = set()
+        old_parts: list[tuple[np.ndarray, pa.Table]] = []
+        for keys, outs in results:
+            if keys.size == 0:
+                continue
+            slots = self.slot_of.get(keys)
+            names = list(outs)
+            new = pa.Table.from_arrays([outs[n] for n in names],
+                                       schema=pa.schema([self.out_schema.field(n) for n in names]))
+            if full:
+                self._write_columns(slots, new)
+                continue
+            old = self.values.gather(slots, names)
+            diff = np.zeros(keys.size, dtype=bool)
+            for n in names:
+                d = ~equal_mask(old.column(n).combine_chunks(), new.column(n).combine_chunks())
+                if d.any():
+                    cols.add(n)
+                    diff |= d
+            if diff.any():
+                mask = pa.array(diff)
+                changed.append(keys[diff])
+                s = slots[diff]
+                old_parts.append((s, self.values.gather(s)))
+                self._write_columns(s, new.filter(mask))
+        if old_parts:
+            s_all = np.concatenate([s for s, _t in old_parts])
+            t_all = pa.concat_tables([t for _s, t in old_parts])
+            s_u, first = np.unique(s_all, return_index=True)  # a slot's value before the first write
+            self._pinfo = (s_u, t_all.take(pa.array(first)))
+        if not changed:
+            return _EMPTY, cols
+        return unique(np.concatenate(changed)), cols
+
+    def _write_columns(self, slots: np.ndarray, table: pa.Table) -> None:
+        for n in table.column_names:
+            self.values.columns[self.values.index[n]].write(slots, table.column(n).combine_chunks())
+
+    def _gather(self, names: Sequence[str], keys: np.ndarray) -> dict[str, pa.Array]:
+        names = list(dict.fromkeys(names))
+        got = self.left.gather(names, keys)
+        return {n: got.column(n).combine_chunks() for n in names}
+
+    def _check_times(self, op: UpdateByOp, seg: np.ndarray, ts: np.ndarray, ok: np.ndarray,
+                     order: Optional[np.ndarray] = None) -> None:
+        """Deephaven requires a time-based operation's stamps not to go backwards within a bucket
+        (rows without a stamp aside); `order`: the rows' order when they are not in it."""
+        if order is not None:
+            seg, ts, ok = seg[order], ts[order], ok[order]
+        idx = np.flatnonzero(ok)
+        if idx.size < 2:
+            return
+        s, t = seg[idx], ts[idx]
+        back = (s[1:] == s[:-1]) & (t[1:] < t[:-1])
+        if back.any():
+            raise OperationError(f"Timestamp values in UpdateBy operators must not decrease (column "
+                                 f"{op.time_col!r} goes from {int(t[:-1][back][0])} to {int(t[1:][back][0])} "
+                                 f"in a bucket)")
+
+    # -- scans ------------------------------------------------------------------------------------
+    def _run_scans(self, ops: list[UpdateByOp], rows: _Rows, before: np.ndarray) -> dict[str, pa.Array]:
+        need: list[str] = []
+        for op in ops:
+            need += [c for _o, c in op.pairs if c] + list(op.filter_columns) + ([op.time_col] if op.time_col else [])
+        data = self._gather(need, rows.keys) if need else {}
+        has_before = before >= 0
+        bslots = np.full(before.size, -1, dtype=np.int64)
+        if has_before.any():
+            bslots[has_before] = self.slot_of.get(before[has_before])
+        bdata: dict[str, pa.Array] = {}
+        if any(op.kind == "delta" for op in ops) and has_before.any():
+            bdata = self._gather([c for op in ops if op.kind == "delta" for _o, c in op.pairs], before[has_before])
+        out: dict[str, pa.Array] = {}
+        for op in ops:
+            if op.kind == "cum_count_where":
+                flag = _predicate(op, rows.keys.size, data)
+                seed = np.where(has_before, self._get_state(op.pairs[0][0] + "/n", np.maximum(bslots, 0), np.int64), 0)
+                n = K.seg_accumulate(np.add, flag.astype(np.int64), rows.pos) + seed[rows.seg]
+                self._put_state(op.pairs[0][0] + "/n", self.slot_of.get(rows.keys), n)
+                out[op.pairs[0][0]] = pa.array(n, type=pa.int64())
+                continue
+            ts = None
+            if op.time_col is not None:
+                tt = self.left.schema.field(op.time_col).type
+                tv, tok = _values(data[op.time_col], tt)
+                ts = (tv, tok)
+                if op.behaviour("on_negative_time") == "throw":
+                    pv, pok = np.zeros(before.size, dtype=np.int64), np.zeros(before.size, dtype=bool)
+                    if has_before.any():
+                        pv[has_before], pok[has_before] = _values(
+                            self._gather([op.time_col], before[has_before])[op.time_col], tt)
+                    # each tail after the stamp of the row before it
+                    self._check_times(op, np.concatenate((np.arange(before.size), rows.seg)),
+                                      np.concatenate((pv, tv)), np.concatenate((pok, tok)),
+                                      order=np.lexsort((np.concatenate((np.zeros(before.size), 1 + rows.pos)),
+                                                        np.concatenate((np.arange(before.size), rows.seg)))))
+            for name, col in op.pairs:
+                t = self.left.schema.field(col).type
+                x, xv = _values(data[col], t)
+                ft = self.out_schema.field(name).type
+                seed_slots = np.maximum(bslots, 0)
+                if op.kind == "delta":
+                    px = np.zeros(before.size, dtype=x.dtype)
+                    pv = np.zeros(before.size, dtype=bool)
+                    if has_before.any():
+                        bx, bv = _values(bdata[col], t)
+                        px[has_before], pv[has_before] = bx, bv
+                    out[name] = _delta(op, x, xv, rows, px, pv, ft)
+                    continue
+                if op.kind in CUMULATIVE:
+                    sv = self._get_state(name + "/v", seed_slots, x.dtype)
+                    so = self._get_state(name + "/ok", seed_slots, bool) & has_before
+                    v, ok = _cumulative(op.kind, x, xv, rows, sv, so)
+                    slots = self.slot_of.get(rows.keys)
+                    self._put_state(name + "/v", slots, v)
+                    self._put_state(name + "/ok", slots, ok)
+                    out[name] = _arrow(v, ok, ft)
+                    continue
+                st = {w: self._get_state(f"{name}/{w}", seed_slots, dt) for w, dt in _EM_STATE}
+                st["ok"] = st["ok"] & has_before
+                res, new_state = _exponential(op, x, xv, rows, ts, st)
+                slots = self.slot_of.get(rows.keys)
+                for w, arr in new_state.items():
+                    self._put_state(f"{name}/{w}", slots, arr)
+                out[name] = _arrow(res[0], res[1], ft)
+        return out
+
+    # -- windows ----------------------------------------------------------------------------------
+    def _run_windows(self, ops: list[UpdateByOp], G: np.ndarray, start: np.ndarray
+                     ) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
+        g, keys = self.side.rows_of(G)
+        if keys.size == 0:
+            return []
+        seg = np.searchsorted(G, g)
+        pos = K.positions(seg)
+        seg_start = np.flatnonzero(pos == 0)
+        seg_len = np.diff(np.concatenate((seg_start, [keys.size])))
+        # the first touched row of each bucket (flat index)
+        first_idx = _first_at_least(seg, keys, start, G.size)
+        results = []
+        for op in ops:
+            ts = ts_ok = None
+            if op.time_col is not None:
+                tv, tok = _values(self._gather([op.time_col], keys)[op.time_col],
+                                  self.left.schema.field(op.time_col).type)
+                ts, ts_ok = tv, tok
+                self._check_times(op, seg, tv, tok)
+            # rows whose output may change: from the first touched row back by the forward reach
+            if op.time_col is None:
+                out_from = np.maximum(first_idx - max(op.fwd, 0), seg_start)
+                ctx_from = np.maximum(out_from - max(op.rev - 1, 0), seg_start)
+            else:
+                assert ts is not None and ts_ok is not None
+                out_from, ctx_from = _time_reach(seg, ts, ts_ok, first_idx, seg_start, op.rev, op.fwd)
+            # the flat rows [ctx_from, end] of each segment
+            take = _ranges(ctx_from, seg_start + seg_len)
+            sub_keys = keys[take]
+            sub_seg = seg[take]
+            sub_pos = K.positions(sub_seg)
+            sub_len = np.bincount(sub_seg, minlength=G.size)[sub_seg]
+            outmask = take >= out_from[seg[take]]
+            if op.time_col is None:
+                lo, hi = K.tick_windows(sub_pos, sub_len, op.rev, op.fwd)
+            else:
+                assert ts is not None and ts_ok is not None
+                lo, hi = K.time_windows(sub_seg, ts[take], ts_ok[take], op.rev, op.fwd)
+            need = [c for _o, c in op.pairs if c] + ([op.weight] if op.weight else []) + list(op.filter_columns)
+            data = self._gather(need, sub_keys)
+            outs: dict[str, pa.Array] = {}
+            sel = np.flatnonzero(outmask)
+            for name, col in op.pairs:
+                ft = self.out_schema.field(name).type
+                outs[name] = _rolling(op, col, data, self.left.schema, lo[sel], hi[sel], ft,
+                                      sub_keys.size)
+            results.append((sub_keys[sel], outs))
+        return results
+
+
+_EM_STATE = (("v", np.float64), ("ok", bool), ("ts", np.int64), ("mean", np.float64), ("poison", bool),
+             ("two", bool))
+
+
+def _first_at_least(seg: np.ndarray, keys: np.ndarray, start: np.ndarray, nseg: int) -> np.ndarray:
+    """Flat index of the first row of each segment whose key is at least its segment's start
+    (the segment's end when none); keys ascend within a segment."""
+    for_s = np.arange(nseg)
+    lo = np.searchsorted(seg, for_s, side="left")
+    hi = np.searchsorted(seg, for_s, side="right")
+    while True:  # a binary search per segment, all segments at once
+        go = lo < hi
+        if not go.any():
+            return lo
+        mid = (lo + hi) // 2
+        less = go & (keys[np.minimum(mid, keys.size - 1)] < start)
+        lo = np.where(less, mid + 1, lo)
+        hi = np.where(go & ~less, mid, hi)
+
+
+def _ranges(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The concatenation of arange(a[i], b[i])."""
+    n = np.maximum(b - a, 0)
+    total = int(n.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(a - (np.cumsum(n) - n), n)
+    out: np.ndarray = starts + np.arange(total, dtype=np.int64)
+    return out
+
+
+def _time_reach(seg: np.ndarray, ts: np.ndarray, ok: np.ndarray, first_idx: np.ndarray, seg_start: np.ndarray,
+                rev: int, fwd: int) -> tuple[np.ndarray, np.ndarray]:
+    """For time windows: the first flat row of each segment whose output may change (a window
+    reaching the touched rows), and the first row those windows read."""
+    nseg = seg_start.size
+    out_from = seg_start.copy()
+    ctx_from = seg_start.copy()
+    # the stamp just before the first touched row (stamped rows only): outputs from there - fwd
+    have = np.flatnonzero(ok)
+    if have.size == 0:
+        return out_from, ctx_from
+    s_have = seg[have]
+    t_have = ts[have]
+    # last stamped row before first_idx in the same segment
+    j = np.searchsorted(have, first_idx, side="left") - 1
+    valid = (j >= 0)
+    valid[valid] = s_have[j[valid]] == np.arange(nseg)[valid]
+    bound = np.full(nseg, np.iinfo(np.int64).min, dtype=np.int64)
+    bound[valid] = t_have[j[valid]] - max(fwd, 0)
+    # first stamped row of the segment with stamp >= bound; unstamped rows before it are kept too
+    for_s = np.arange(nseg)
+    lo = np.searchsorted(s_have, for_s, side="left")
+    hi = np.searchsorted(s_have, for_s, side="right")
+    while True:
+        go = lo < hi
+        if not go.any():
+            break
+        mid = (lo + hi) // 2
+        less = go & (t_have[np.minimum(mid, have.size - 1)] < bound)
+        lo = np.where(less, mid + 1, lo)
+        hi = np.where(go & ~less, mid, hi)
+    first_out = np.where(lo < np.searchsorted(s_have, for_s, side="right"), have[np.minimum(lo, have.size - 1)],
+                         first_idx)
+    out_from = np.maximum(seg_start, np.minimum(first_out, first_idx))
+    # windows of those rows reach back to stamp - rev
+    lo2 = np.searchsorted(s_have, for_s, side="left")
+    hi2 = np.searchsorted(s_have, for_s, side="right")
+    tfirst = np.where(lo < hi2, t_have[np.minimum(lo, have.size - 1)], np.iinfo(np.int64).max)
+    bound2 = np.where(tfirst == np.iinfo(np.int64).max, tfirst, tfirst - max(rev, 0))
+    while True:
+        go = lo2 < hi2
+        if not go.any():
+            break
+        mid = (lo2 + hi2) // 2
+        less = go & (t_have[np.minimum(mid, have.size - 1)] < bound2)
+        lo2 = np.where(less, mid + 1, lo2)
+        hi2 = np.where(go & ~less, mid, hi2)
+    first_ctx = np.where(lo2 < np.searchsorted(s_have, for_s, side="right"), have[np.minimum(lo2, have.size - 1)],
+                         out_from)
+    ctx_from = np.maximum(seg_start, np.minimum(first_ctx, out_from))
+    return out_from, ctx_from
+
+
+def _predicate(op: UpdateByOp, n: int, data: dict[str, pa.Array]) -> np.ndarray:
+    """The count_where filter of each row (a null result counts as false)."""
+    if op.filters is None:
+        return np.ones(n, dtype=bool)
+    cols = {c: data[c] for c in op.filter_columns} if op.filter_columns else {"_": pa.nulls(n)}
+    got = ds.dataset(pa.table(cols)).to_table(columns={"_v": op.filters}).column("_v").combine_chunks()
+    return np.asarray(pc.fill_null(got, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _cumulative(kind: str, x: np.ndarray, xv: np.ndarray, rows: _Rows, seed: np.ndarray, seed_ok: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    pos, seg = rows.pos, rows.seg
+    isint = x.dtype.kind == "i"
+    anyv = K.seg_accumulate(np.logical_or, xv, pos) | seed_ok[seg]
+    if kind == "fill":
+        idx = K.last_index(xv, pos)
+        got = idx >= 0
+        v = np.where(got, x[np.maximum(idx, 0)], seed[seg])
+        return v, got | seed_ok[seg]
+    uf: np.ufunc
+    ident: float
+    if kind == "cum_sum":
+        uf, ident = np.add, 0
+    elif kind == "cum_prod":
+        uf, ident = np.multiply, 1
+    elif kind == "cum_min":
+        uf, ident = np.minimum, (np.iinfo(np.int64).max if isint else np.inf)
+    else:
+        uf, ident = np.maximum, (np.iinfo(np.int64).min if isint else -np.inf)
+    xi = np.where(xv, x, ident).astype(x.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = K.seg_accumulate(uf, xi, pos)
+        sd = np.where(seed_ok, seed, ident).astype(x.dtype)[seg]
+        acc = uf(sd, acc)
+    return acc, anyv
+
+
+def _delta(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows, px: np.ndarray, pv: np.ndarray,
+           t: pa.DataType) -> pa.Array:
+    """x minus the previous row's x in the bucket (the first row's previous: the row before the
+    tail, `px`/`pv` per segment)."""
+    pos, seg = rows.pos, rows.seg
+    prev = np.empty_like(x)
+    prev_ok = np.empty(x.size, dtype=bool)
+    inner = pos > 0
+    idx = np.flatnonzero(inner)
+    prev[idx], prev_ok[idx] = x[idx - 1], xv[idx - 1]
+    head = np.flatnonzero(~inner)
+    prev[head], prev_ok[head] = px[seg[head]], pv[seg[head]]
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = x - prev
+    ok = xv & prev_ok
+    mode = op.delta
+    if mode == "value_dominates":
+        d = np.where(xv & ~prev_ok, x, d)
+        ok = xv
+    elif mode == "zero_dominates":
+        d = np.where(xv & ~prev_ok, 0, d)
+        ok = xv
+    return _arrow(d, ok, t)
+
+
+def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
+                 ts: Optional[tuple[np.ndarray, np.ndarray]], st: dict[str, np.ndarray]
+                 ) -> tuple[tuple[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+    """ema, ems, em_min, em_max, em_std over the rows, each segment continuing from its seed state
+    `st` (per segment: v, ok, ts, mean, poison, two). As Deephaven: alpha = exp(-1/ticks) or
+    exp(-dt/decay) with dt from the last row used; ema = a*prev + (1-a)*x, ems = a*prev + x,
+    em_min/em_max = min/max(a*prev, x), em_std = sqrt(var) with var = a*(var + (1-a)*(x - ema)^2)
+    (NaN until two values); the first value starts the state. A row with a null or NaN value, a
+    null stamp or a stamp equal to the last used one is handled as its control says (skip: the
+    output keeps the last value; reset: null output and a fresh start; poison: NaN from there on;
+    throw: the table fails)."""
+    n = x.size
+    x = x.astype(np.float64)
+    seg = rows.seg
+    isnan = xv & np.isnan(x)
+    cls = {"on_null": ~xv, "on_nan": isnan}
+    if ts is not None:
+        tv, tok = ts
+        cls["on_null_time"] = ~tok
+    bad = np.zeros(n, dtype=bool)
+    reset = np.zeros(n, dtype=bool)
+    poison = np.zeros(n, dtype=bool)
+    for what, rows_bad in cls.items():
+        if not rows_bad.any():
+            continue
+        b = op.behaviour(what)
+        if b == "throw":
+            kind = {"on_null": "null value", "on_nan": "NaN value", "on_null_time": "null timestamp"}[what]
+            raise OperationError(f"{op.kind}: encountered a {kind} (column {op.pairs[0][1]!r}) and its control "
+                                 f"says to throw")
+        bad |= rows_bad
+        if b == "reset":
+            reset |= rows_bad
+        elif b == "poison" and what != "on_null":  # as Deephaven: a poisoned null is skipped
+            poison |= rows_bad
+    good = ~bad
+    # chains: a segment, cut at each reset row (which itself has no state)
+    cut = (rows.pos == 0) | reset
+    chain = np.cumsum(cut) - 1
+    cpos = K.positions(chain)
+    chain_start = np.flatnonzero(cpos == 0)
+    seeded_chain = (rows.pos[chain_start] == 0) & ~reset[chain_start]
+    seeded = seeded_chain[chain] & st["ok"][seg]
+    seed_ts = st["ts"][seg]
+    # rows used: good values, and for time-based ops a stamp after the last used one
+    if ts is not None:
+        tv = ts[0]
+        prev_good = K.last_index(good, cpos, inclusive=False)
+        none = np.iinfo(np.int64).min
+        last_t = np.where(prev_good >= 0, tv[np.maximum(prev_good, 0)], np.where(seeded, seed_ts, none))
+        has_t = (prev_good >= 0) | seeded
+        used = good & (~has_t | (tv > last_t))
+    else:
+        used = good
+    prev_used = K.last_index(used, cpos, inclusive=False)
+    has_prev = (prev_used >= 0) | seeded
+    if ts is not None:
+        tv = ts[0]
+        t_prev = np.where(prev_used >= 0, tv[np.maximum(prev_used, 0)], seed_ts)
+        dt = (tv - t_prev).astype(np.float64)
+        a = np.exp(-dt / float(op.decay_time))
+    else:
+        a = np.full(n, np.exp(-1.0 / op.decay_ticks))
+    start = used & ~has_prev
+    step = used & has_prev
+    y0 = np.where(seeded, st["v"][seg], 0.0)
+    kind = op.kind
+    with np.errstate(invalid="ignore", over="ignore"):
+        if kind in ("ema", "ems", "em_std"):
+            A = np.where(step, a, np.where(start, 0.0, 1.0))
+            if kind == "ems":
+                B = np.where(used, x, 0.0)
+            else:
+                B = np.where(step, (1 - a) * x, np.where(start, x, 0.0))
+            if kind == "em_std":
+                m0 = np.where(seeded, st["mean"][seg], 0.0)
+                AA, BB = K.linear_scan(A, B, cpos)
+                mean = AA * _chain_seed(m0, chain_start, chain, cpos) + BB
+                mean_before = np.where(prev_used >= 0, mean[np.maximum(prev_used, 0)], m0)
+                bv = np.where(step, a * (1 - a) * (x - mean_before) ** 2, 0.0)
+                Av = np.where(step, a, np.where(start, 0.0, 1.0))
+                AV, BV = K.linear_scan(Av, bv, cpos)
+                var = AV * _chain_seed(y0, chain_start, chain, cpos) + BV
+                v, extra_mean = var, mean
+            else:
+                AA, BB = K.linear_scan(A, B, cpos)
+                v = AA * _chain_seed(y0, chain_start, chain, cpos) + BB
+                extra_mean = np.zeros(n)
+        else:
+            big = np.inf if kind == "em_min" else -np.inf
+            C = np.where(step, a, np.where(start, 0.0, 1.0))
+            D = np.where(used, x, big)
+            CC, DD = _minmax_scan(C, D, cpos, np.minimum if kind == "em_min" else np.maximum)
+            base = _chain_seed(y0, chain_start, chain, cpos)
+            uf = np.minimum if kind == "em_min" else np.maximum
+            v = np.where(CC == 0, DD, uf(CC * base, DD))
+            extra_mean = np.zeros(n)
+    ok = K.seg_accumulate(np.logical_or, used, cpos) | seeded
+    ok &= ~reset
+    two_used = K.seg_accumulate(np.add, used.astype(np.int64), cpos) + np.where(seeded & st["two"][seg], 2,
+                                                                                np.where(seeded, 1, 0))
+    pois = K.seg_accumulate(np.logical_or, poison, cpos) | (seeded & st["poison"][seg])
+    last_used = K.last_index(used, cpos)
+    t_last = np.where(last_used >= 0, ts[0][np.maximum(last_used, 0)] if ts is not None else 0,
+                      np.where(seeded, seed_ts, 0))
+    state = {"v": v, "ok": ok, "ts": t_last.astype(np.int64), "mean": extra_mean, "poison": pois,
+             "two": two_used >= 2}
+    if kind == "em_std":
+        out = np.where(two_used >= 2, np.sqrt(np.maximum(v, 0.0)), np.nan)
+        out = np.where(pois, np.nan, out)
+        return (out, ~reset), state
+    out = np.where(pois, np.nan, v)
+    return (out, ok | (pois & ~reset)), state
+
+
+def _chain_seed(y0: np.ndarray, chain_start: np.ndarray, chain: np.ndarray, cpos: np.ndarray) -> np.ndarray:
+    """The seed of each row's chain (y0 is per row; a chain's seed is its first row's)."""
+    return y0[chain_start][chain]
+
+
+def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc) -> tuple[np.ndarray, np.ndarray]:
+    """For y[i] = uf(c[i] * y[i-1], d[i]) (c >= 0) within each segment: (C, D) with
+    y[i] = uf(C[i] * y0, D[i]) (C = 0: y[i] = D[i])."""
+    C, D = c.copy(), d.copy()
+    if C.size == 0:
+        return C, D
+    dd = 1
+    top = int(pos.max())
+    with np.errstate(invalid="ignore", over="ignore"):
+        while dd <= top:
+            i = np.flatnonzero(pos >= dd)
+            ci, di, cp, dp = C[i], D[i], C[i - dd], D[i - dd]
+            keep = ci == 0
+            C[i] = np.where(keep, 0.0, cp * ci)
+            D[i] = np.where(keep, di, uf(ci * dp, di))
+            dd *= 2
+    return C, D
+
+
+def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Schema, lo: np.ndarray,
+             hi: np.ndarray, t: pa.DataType, n: int) -> pa.Array:
+    kind = op.kind
+    if kind == "rolling_count_where":
+        flag = _predicate(op, n, data)
+        return pa.array(K.window_count(flag, lo, hi), type=pa.int64())
+    it = schema.field(col).type
+    arr = data[col]
+    if kind == "rolling_group":
+        ok = hi >= lo
+        lengths = np.where(ok, hi - lo + 1, 0)
+        take = _ranges(lo, lo + lengths)
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), arr.take(pa.array(take, type=pa.int64())), type=t)
+    x, xv = _values(arr, it)
+    cnt = K.window_count(xv, lo, hi)
+    if kind == "rolling_count":
+        return pa.array(cnt, type=pa.int64())
+    isint = x.dtype.kind == "i"
+    if kind in ("rolling_sum", "rolling_avg", "rolling_std"):
+        xf = np.where(xv, x, 0)
+        s = K.window_reduce(np.add, xf, lo, hi, 0)
+        if kind == "rolling_sum":
+            return _arrow(s, cnt > 0, t)
+        sf = K.window_reduce(np.add, np.where(xv, x.astype(np.float64), 0.0), lo, hi, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = sf / cnt
+            if kind == "rolling_avg":
+                return _arrow(mean, cnt > 0, t)
+            sq = K.window_reduce(np.add, np.where(xv, x.astype(np.float64) ** 2, 0.0), lo, hi, 0.0)
+            var = (sq - sf * mean) / (cnt - 1)
+            var = np.where(var < 0, 0.0, var)
+            std = np.sqrt(var)
+        return _arrow(std, cnt > 1, t)
+    if kind == "rolling_prod":
+        xf = np.where(xv, x, 1)
+        p = K.window_reduce(np.multiply, xf, lo, hi, 1)
+        return _arrow(p, cnt > 0, t)
+    if kind in ("rolling_min", "rolling_max"):
+        if kind == "rolling_min":
+            ident = np.iinfo(np.int64).max if isint else np.inf
+            r = K.window_reduce(np.minimum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
+        else:
+            ident = np.iinfo(np.int64).min if isint else -np.inf
+            r = K.window_reduce(np.maximum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
+        return _arrow(r, cnt > 0, t)
+    if kind == "rolling_wavg":
+        assert op.weight is not None
+        w, wv = _values(data[op.weight], schema.field(op.weight).type)
+        both = xv & wv
+        xw = np.where(both, x.astype(np.float64) * w.astype(np.float64), 0.0)
+        ws = np.where(both, w.astype(np.float64), 0.0)
+        num = K.window_reduce(np.add, xw, lo, hi, 0.0)
+        den = K.window_reduce(np.add, ws, lo, hi, 0.0)
+        c2 = K.window_count(both, lo, hi)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return _arrow(num / den, c2 > 0, t)
+    raise OperationError(f"unknown rolling operation {kind!r}")
+
+
+def _update_by(graph: "UpdateGraph", name: str, parent: Table, ops: Sequence[UpdateByOp],
+               by: Sequence[str] = ()) -> Table:
+    return UpdateByTable(graph, name, parent, ops, by)
+
+
+register_operation("update_by", _update_by)
