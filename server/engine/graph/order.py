@@ -325,6 +325,10 @@ class OrderIndex:
         real = self._is_real_slots(keys - self.base)
         return keys[real], which[real]
 
+    def after(self, keys: np.ndarray) -> np.ndarray:
+        """Key of the first element after each key (NONE_HI when none)."""
+        return self._nxt(np.asarray(keys, dtype=np.int64) + 1)
+
     # -- search ---------------------------------------------------------------------------------
     def _is_real_slots(self, slots: np.ndarray) -> np.ndarray:
         real: np.ndarray = self.src[slots] == slots + self.base

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["UpdateByOp", "UpdateByTable", "OPS", "CONTROLS"]
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+END = np.iinfo(np.int64).max // 2  # a start past every row of a bucket
 
 CUMULATIVE = ("cum_sum", "cum_prod", "cum_min", "cum_max", "fill", "delta", "cum_count_where")
 EXPONENTIAL = ("ema", "ems", "em_min", "em_max", "em_std")
@@ -300,15 +301,20 @@ class UpdateByTable(LeftRowsJoin):
         if up is None:
             return None
         self._lup = up
-        ch = self.side.follow(up)
         rem = up.removed.keys()
         tg: list[np.ndarray] = []
         tk: list[np.ndarray] = []
+        if rem.size:  # the rows after a removed row are recomputed from the first that stays
+            g_s, k_s = self._survivors_after(rem)
+            if not up.shifted.is_empty():
+                real = k_s != END
+                k_s[real] = up.shifted.apply_to_keys(k_s[real])
+            tg.append(g_s)
+            tk.append(k_s)
+        ch = self.side.follow(up)
         if rem.size:
             self._dying = np.concatenate((self._dying, self.slot_of.get(rem)))
             self.slot_of.delete(rem)
-            tg.append(ch.removed_groups)
-            tk.append(up.shifted.apply_to_keys(rem) if not up.shifted.is_empty() else rem)
         if ch.shift_old.size:
             self.slot_of.remap(ch.shift_old, ch.shift_new)
         self._moves = (ch.shift_old, ch.shift_new) if ch.shift_old.size else None
@@ -344,6 +350,29 @@ class UpdateByTable(LeftRowsJoin):
                 mods.append(changed_rows)
                 cols |= changed_cols
         return self._left_update(up, mods, cols)
+
+    def _survivors_after(self, rem: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Before the cycle's removals: for each removed row, its bucket and the first row after it
+        in that bucket that is not removed (row key before the cycle's shifts; END when the bucket
+        has none, so that only windows reaching forward recompute)."""
+        m = self.side.members
+        assert m is not None
+        e = np.sort(m.key_of(rem))
+        nxt = m.after(e)
+        # runs of removed elements next to each other end where the next element stays
+        ends = np.ones(e.size, dtype=bool)
+        ends[:-1] = nxt[:-1] != e[1:]
+        run = np.concatenate(([0], np.cumsum(ends)[:-1]))
+        surv = nxt[np.flatnonzero(ends)][run]
+        g = m.words_at(e)[0].astype(np.int64)
+        keys = np.full(e.size, END, dtype=np.int64)
+        ok = surv != NONE_HI
+        if ok.any():
+            w = m.words_at(surv[ok])
+            same = w[0].astype(np.int64) == g[ok]
+            idx = np.flatnonzero(ok)[same]
+            keys[idx] = w[1][same].astype(np.int64)
+        return g - 1, keys
 
     def end_cycle(self) -> None:
         LeftRowsJoin.end_cycle(self)
@@ -490,9 +519,18 @@ class UpdateByTable(LeftRowsJoin):
                                                         np.concatenate((np.arange(before.size), rows.seg)))))
             for name, col in op.pairs:
                 t = self.left.schema.field(col).type
-                x, xv = _values(data[col], t)
                 ft = self.out_schema.field(name).type
                 seed_slots = np.maximum(bslots, 0)
+                if op.kind == "fill":  # any type: the last non-null value, or the row before's output
+                    arr = data[col]
+                    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+                    idx = K.last_index(valid, rows.pos)
+                    seed = self.values.gather_column(name, seed_slots)
+                    seed = pc.if_else(pa.array(has_before), seed, pa.nulls(len(seed), ft))
+                    take = np.where(idx >= 0, idx, arr.__len__() + rows.seg)
+                    out[name] = pa.concat_arrays([arr.cast(ft), seed.cast(ft)]).take(pa.array(take))
+                    continue
+                x, xv = _values(data[col], t)
                 if op.kind == "delta":
                     px = np.zeros(before.size, dtype=x.dtype)
                     pv = np.zeros(before.size, dtype=bool)
@@ -512,6 +550,7 @@ class UpdateByTable(LeftRowsJoin):
                     continue
                 st = {w: self._get_state(f"{name}/{w}", seed_slots, dt) for w, dt in _EM_STATE}
                 st["ok"] = st["ok"] & has_before
+                st["poison"] = st["poison"] & has_before
                 res, new_state = _exponential(op, x, xv, rows, ts, st)
                 slots = self.slot_of.get(rows.keys)
                 for w, arr in new_state.items():
@@ -775,7 +814,7 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     if ts is not None:
         tv = ts[0]
         t_prev = np.where(prev_used >= 0, tv[np.maximum(prev_used, 0)], seed_ts)
-        dt = (tv - t_prev).astype(np.float64)
+        dt = np.where(used & has_prev, tv - t_prev, 0).astype(np.float64)
         a = np.exp(-dt / float(op.decay_time))
     else:
         a = np.full(n, np.exp(-1.0 / op.decay_ticks))
@@ -817,7 +856,7 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     ok &= ~reset
     two_used = K.seg_accumulate(np.add, used.astype(np.int64), cpos) + np.where(seeded & st["two"][seg], 2,
                                                                                 np.where(seeded, 1, 0))
-    pois = K.seg_accumulate(np.logical_or, poison, cpos) | (seeded & st["poison"][seg])
+    pois = K.seg_accumulate(np.logical_or, poison, cpos) | (seeded_chain[chain] & st["poison"][seg])
     last_used = K.last_index(used, cpos)
     t_last = np.where(last_used >= 0, ts[0][np.maximum(last_used, 0)] if ts is not None else 0,
                       np.where(seeded, seed_ts, 0))
