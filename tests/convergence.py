@@ -28,6 +28,13 @@ source after every step.
   natural_join, aj and where_in, with its row keys; the parts one after the other for merge;
   left rows then right rows in row-key order for join; by key for multi_join, each key keeping
   its row key).
+- The updateby-* configurations serve update_by tables: every cumulative and exponential kind and
+  rolling windows back and ahead, per bucket of an integer key, a string key or none, over a
+  random-traffic source (rows inserted, removed and moved between buckets); time-based ones over a
+  source whose stamps never go back (`RingTraffic`: appends, the oldest rows dropped, ties and
+  null stamps) and over a sort of a random-traffic source. Each is checked after every cycle
+  against update_by recomputed from scratch from its parent's rows at that step
+  (tests/update_by_reference.py, Deephaven's definitions; floats within a relative 1e-9).
 - Clients: `TickwireView` (tickwire's `BarrageClient`: full or viewport, columns, reverse,
   `set_view` mid-stream), `GrowingView` (a late full subscriber whose snapshot arrives in pieces:
   a consistent subset of the rows until the last piece, then the table), `RecordingView` (for
@@ -61,6 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tests import agg_reference
+from tests import update_by_reference as ubref
 from tests.interop import close_dh_session
 from tests.scripted import scripted_table
 from tests.soak import scaled, soak_factor
@@ -70,6 +78,7 @@ from tickwire.clock import ManualClock
 from tickwire.protocol import barrage
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine
+from tickwire.server.engine import updateby as ub
 from tickwire.server.engine.graph import RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.table_update import ROW_KEY
@@ -1887,6 +1896,218 @@ def config_join_cross(h: Harness, steps: int) -> None:
                          "multi_join keys of one side only": multi.stats["partial_rows"] > 0})
 
 
+# -- update_by ----------------------------------------------------------------------------------------------
+
+def tickwire_update_by_op(op: ubref.Op):
+    """tickwire's operation (tickwire.server.engine.updateby) for a reference operation."""
+    cols = [f"{o}={i}" for o, i in op.pairs]
+    k = op.kind
+    if k == "delta":
+        return ub.delta(cols, op.delta)
+    if k in ubref.CUMULATIVE:
+        return {"cum_sum": ub.cum_sum, "cum_prod": ub.cum_prod, "cum_min": ub.cum_min, "cum_max": ub.cum_max,
+                "forward_fill": ub.forward_fill}[k](cols)
+    if k in ubref.EXPONENTIAL:
+        fn = {"ema": "ema", "ems": "ems", "em_min": "emmin", "em_max": "emmax", "em_std": "emstd"}[k]
+        if op.time_col is None:
+            return getattr(ub, f"{fn}_tick")(op.ticks, cols)
+        return getattr(ub, f"{fn}_time")(op.time_col, op.decay, cols)
+    if op.time_col is None:
+        return getattr(ub, f"{k}_tick")(cols, op.rev, op.fwd)
+    return getattr(ub, f"{k}_time")(op.time_col, cols, op.rev, op.fwd)
+
+
+def update_by_of(h: Harness, parent: Source, name: str, ops: Sequence[ubref.Op], by: Sequence[str] = ()) -> Derived:
+    """update_by of a recorded table, checked after every cycle: the parent's rows, row keys and
+    columns, and each output column as tests/update_by_reference.py recomputes it from scratch
+    from the parent's rows at the step (floats within a relative 1e-9)."""
+    node = parent.table.update_by([tickwire_update_by_op(o) for o in ops], by=list(by), name=name)
+    outs = [n for o in ops for n, _c in o.pairs]
+    if node.schema.names != [*parent.schema.names, *outs]:
+        raise AssertionError(f"table {name!r} has the columns {node.schema.names}")
+
+    def check_of(stats: collections.Counter) -> Check:
+        def check(step: int, row_keys: np.ndarray, values: pa.Table) -> Optional[str]:
+            keys, full = parent.at(step)
+            if not np.array_equal(row_keys, keys):
+                return f"row keys differ from the parent's ({row_keys.size} rows, {keys.size} in the parent)"
+            what = compare(values.select(full.column_names), full)
+            if what is not None:
+                return f"the parent's columns: {what}"
+            want = ubref.update_by(_pylist(full), ops, by)
+            stats["rows"] += len(keys)
+            for n in outs:
+                col = values.column(n)
+                got = (pc.cast(col, pa.int64()) if pa.types.is_timestamp(col.type) else col).to_pylist()
+                exp = want[n]
+                if got == exp:
+                    stats["values"] += sum(v is not None for v in got)
+                    continue
+                for i, (g, e) in enumerate(zip(got, exp)):
+                    if not ubref.close(g, e):
+                        return f"column {n} row {i} (row key {int(keys[i])}): {g!r}, expected {e!r}"
+                stats["values"] += sum(v is not None for v in got)
+            return None
+        return check
+    return _derive_checked(h, node, check_of)
+
+
+class RingTraffic(Traffic):
+    """Traffic whose rows' stamps (column `stamp`) never go back in row order, so that time-based
+    update_by operations may read them: each update appends rows at the end (stamps moving on,
+    ties and nulls among them), removes the oldest rows beyond `target` (a ring) and sometimes
+    scattered rows, sometimes closes the gaps with a shift, and modifies any column but the stamp."""
+
+    def __init__(self, rng: np.random.Generator, *, stamp: str = "ts", **kw):
+        super().__init__(rng, **kw)
+        self.stamp = stamp
+        self.clock = int(np.datetime64("2024-01-01T00:00:00", "ns").astype(np.int64))
+
+    def next(self, prev: np.ndarray) -> tuple[TableUpdate, pa.Table, np.ndarray]:
+        rng = self.rng
+        n = prev.size
+        gone = np.zeros(n, dtype=bool)
+        if n > self.target:
+            gone[:n - self.target + int(rng.integers(0, self.max_batch + 1))] = True
+            self.kinds["ring"] += 1
+        if n and rng.random() < 0.2:
+            gone |= rng.random(n) < 0.1
+            self.kinds["remove"] += 1
+        kept = prev[~gone]
+        new_kept = kept
+        if kept.size and rng.random() < 0.15:
+            new_kept = int(rng.integers(0, 3)) + np.arange(kept.size, dtype=np.int64) * int(rng.integers(1, 3))
+            self.kinds["compact"] += 1
+        k = self._batch()
+        start = int(new_kept[-1]) + 1 + int(rng.integers(0, 3)) if new_kept.size else int(rng.integers(0, 5))
+        added = start + np.cumsum(rng.integers(1, 3, k)) - 1
+        self.kinds["append"] += 1
+        mod = np.empty(0, dtype=np.int64)
+        cols: set[str] = set()
+        if new_kept.size and rng.random() < self.mod_prob:
+            mod = new_kept[rng.random(new_kept.size) < rng.choice(self.mod_fracs)]
+            if mod.size == 0:
+                mod = new_kept[[int(rng.integers(0, new_kept.size))]]
+            names = [c for c in self.schema.names if c != self.stamp]
+            cols = {c for c in names if rng.random() < 0.4} or {str(rng.choice(names))}
+            self.kinds["modify"] += 1
+        update = TableUpdate(added=RowSet.from_keys(added), removed=RowSet.from_keys(prev[gone]),
+                             modified=RowSet.from_keys(mod), shifted=shifts_between(kept, new_kept),
+                             modified_columns=cols)
+        new_keys = np.union1d(new_kept, added).astype(np.int64)
+        update.validate(RowSet.from_keys(prev), RowSet.from_keys(new_keys))
+        values = self.pool.values(np.union1d(added, mod).astype(np.int64))
+        steps = np.where(rng.random(k) < 0.2, 0, rng.integers(1, 3 * 10**9, k))  # ties, and up to 3 s
+        stamps = self.clock + np.cumsum(steps)
+        self.clock = int(stamps[-1])
+        col = values.column(self.stamp).combine_chunks()
+        stamp = pa.array(stamps, col.type, mask=rng.random(k) < 0.1)
+        values = values.set_column(values.column_names.index(self.stamp), self.stamp,
+                                   pa.concat_arrays([col.slice(0, mod.size), stamp]))  # the added rows come last
+        return update, values, new_keys
+
+
+def _op(kind: str, *pairs: str, **kw) -> ubref.Op:
+    return ubref.Op(kind, tuple(tuple(p.split("=")) for p in pairs), **kw)  # type: ignore[misc]
+
+
+# per bucket of a random-traffic source: every cumulative and exponential kind, rolling windows back and ahead
+UB_BUCKET_OPS = [
+    _op("cum_sum", "CsQ=q", "CsX=x"), _op("cum_prod", "CpW=w", "CpX=x"), _op("cum_min", "CminQ=q", "CminX=x"),
+    _op("cum_max", "CmaxW=w", "CmaxX=x"), _op("forward_fill", "FfG=g", "FfX=x", "FfTs=ts"),
+    _op("delta", "DQ=q", "DX=x"), _op("delta", "DvW=w", delta="value_dominates"),
+    _op("delta", "DzX=x", delta="zero_dominates"),
+    _op("ema", "EmaX=x", "EmaQ=q", ticks=5), _op("ems", "EmsX=x", ticks=3), _op("em_min", "EminX=x", ticks=4),
+    _op("em_max", "EmaxQ=q", ticks=4), _op("em_std", "EstdX=x", "EstdW=w", ticks=6),
+    _op("rolling_sum", "RsQ=q", "RsX=x", rev=3), _op("rolling_avg", "RaX=x", rev=5, fwd=2),
+    _op("rolling_min", "RminQ=q", rev=4, fwd=1), _op("rolling_max", "RmaxW=w", rev=2, fwd=3),
+    _op("rolling_count", "RcX=x", rev=6), _op("rolling_std", "RstdX=x", "RstdQ=q", rev=4, fwd=2),
+]
+# over the whole table: longer windows, one reaching only ahead (rev 0)
+UB_TABLE_OPS = [
+    _op("cum_sum", "CsX=x"), _op("ema", "EmaX=x", ticks=10), _op("em_std", "EstdQ=q", ticks=3),
+    _op("rolling_sum", "RsQ=q", rev=10, fwd=5), _op("rolling_avg", "RaQ=q", rev=0, fwd=3),
+    _op("rolling_max", "RmaxQ=q", rev=1), _op("rolling_count", "RcW=w", rev=8, fwd=8),
+]
+UB_STRING_KEY_OPS = [
+    _op("cum_max", "CmaxQ=q"), _op("forward_fill", "FfK=k"), _op("ema", "EmaW=w", ticks=2),
+    _op("rolling_std", "RstdX=x", rev=3, fwd=3), _op("rolling_min", "RminW=w", rev=5),
+]
+
+
+def config_updateby_buckets(h: Harness, steps: int) -> None:
+    """update_by of a random-traffic source (rows inserted in the middle of buckets, removed,
+    moved by shifts, modified, moved to another bucket by a change of their key): every
+    cumulative and exponential kind over ticks and rolling windows back and ahead, by an integer
+    key (null a bucket), with no key, and by a string key. Each is checked after every cycle
+    against its recomputation from scratch from the source's rows (tests/update_by_reference.py)."""
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    h.warm(3)
+    by_k = update_by_of(h, src, "ub_k", UB_BUCKET_OPS, ["k"])
+    whole = update_by_of(h, src, "ub_all", UB_TABLE_OPS)
+    by_g = update_by_of(h, src, "ub_g", UB_STRING_KEY_OPS, ["g"])
+    h.start()
+    _join_views(h, by_k, ["full"])
+    _join_views(h, whole, ["footer"])
+    _join_views(h, by_g, ["swiss"], ticking=True)
+    h.verify()
+    h.before_cycle.append(_drift(src, (0, 10, 150)))
+    h.run(steps)
+    h.finish()
+    _evidence(h, steps, {f"{d.name} values": d.stats["values"] > 0 for d in (by_k, whole, by_g)})
+
+
+SECOND = 10**9
+# over the stamps of a ring source (a row about every 1.5 s, ties and nulls among them)
+UB_TIME_OPS = [
+    _op("ema", "EmaX=x", "EmaQ=q", time_col="ts", decay=5 * SECOND),
+    _op("ems", "EmsX=x", time_col="ts", decay=3 * SECOND), _op("em_min", "EminQ=q", time_col="ts", decay=4 * SECOND),
+    _op("em_max", "EmaxX=x", time_col="ts", decay=4 * SECOND),
+    _op("em_std", "EstdX=x", time_col="ts", decay=8 * SECOND),
+    _op("rolling_sum", "RsQ=q", "RsX=x", time_col="ts", rev=10 * SECOND),
+    _op("rolling_avg", "RaX=x", time_col="ts", rev=6 * SECOND, fwd=3 * SECOND),
+    _op("rolling_min", "RminQ=q", time_col="ts", rev=5 * SECOND, fwd=5 * SECOND),
+    _op("rolling_max", "RmaxW=w", time_col="ts", rev=0, fwd=4 * SECOND),
+    _op("rolling_count", "RcX=x", time_col="ts", rev=7 * SECOND),
+    _op("rolling_std", "RstdX=x", time_col="ts", rev=10 * SECOND, fwd=2 * SECOND),
+    _op("cum_sum", "CsQ=q"), _op("rolling_avg", "RaQ=q", rev=3, fwd=1),
+]
+DAY = 86_400 * SECOND
+# over a sort of a random-traffic source by its key and stamp (stamps over ~11 days)
+UB_SORTED_OPS = [
+    _op("ema", "EmaX=x", time_col="ts", decay=DAY), _op("em_std", "EstdQ=q", time_col="ts", decay=2 * DAY),
+    _op("rolling_sum", "RsQ=q", time_col="ts", rev=2 * DAY, fwd=DAY),
+    _op("rolling_count", "RcX=x", time_col="ts", rev=3 * DAY),
+    _op("rolling_max", "RmaxQ=q", time_col="ts", rev=DAY, fwd=DAY),
+    _op("cum_min", "CminX=x"), _op("delta", "DQ=q"), _op("rolling_std", "RstdX=x", rev=3, fwd=2),
+]
+
+
+def config_updateby_time(h: Harness, steps: int) -> None:
+    """Time-based update_by: over a ring source whose stamps never go back (appends at the end,
+    the oldest rows dropped, rows removed and moved, modifies of every column but the stamp), by
+    a key and over the whole table, with tick-based operations beside them; and by a key over a
+    sort of a random-traffic source by that key and its stamp (the update_by's parent moves its
+    rows as rows are inserted and removed in the middle). Each checked after every cycle against
+    its recomputation from scratch from its parent's rows (tests/update_by_reference.py)."""
+    ring = h.source("r", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    ring.traffic = RingTraffic(ring.traffic.rng, schema=AGG_SCHEMA, target=80, max_batch=8)
+    src = h.source("s", schema=AGG_SCHEMA, per_cycle=1, target=80)
+    h.warm(3)
+    by_k = update_by_of(h, ring, "ubt_k", UB_TIME_OPS, ["k"])
+    whole = update_by_of(h, ring, "ubt_all", UB_TIME_OPS[:7])
+    by_kt = h.derive(src.table.sort(["k", "ts"], name="s_by_k_ts"), _sort_check(src, ["k", "ts"], [False, False]))
+    sorted_k = update_by_of(h, by_kt, "ubt_sorted", UB_SORTED_OPS, ["k"])
+    h.start()
+    _join_views(h, by_k, ["full"])
+    _join_views(h, whole, ["header"])
+    _join_views(h, sorted_k, ["footer"], ticking=True)
+    h.verify()
+    h.run(steps)
+    h.finish()
+    _evidence(h, steps, {f"{d.name} values": d.stats["values"] > 0 for d in (by_k, whole, sorted_k)})
+
+
 @dataclass
 class Config:
     name: str
@@ -1912,6 +2133,8 @@ CONFIGS: dict[str, Config] = {c.name: c for c in [
     Config("join-chain", config_join_chain),
     Config("join-merge", config_join_merge),
     Config("join-cross", config_join_cross),
+    Config("updateby-buckets", config_updateby_buckets),
+    Config("updateby-time", config_updateby_time),
 ]}
 
 
