@@ -213,6 +213,7 @@ class UpdateByTable(LeftRowsJoin):
         self.side = JoinSide(self.space, parent, by)
         self.values = ColumnStore(self.out_schema)
         self.slot_of = KeyMap()
+        self.row_at = KeyMap()  # bucket * _POS + position in the bucket -> slot (state "#key": its row key)
         self._state: dict[str, np.ndarray] = {}  # hidden scan state per slot, by "output/what"
         self._nslots = 0
         self._free = _EMPTY.copy()
@@ -317,6 +318,7 @@ class UpdateByTable(LeftRowsJoin):
             self.slot_of.delete(rem)
         if ch.shift_old.size:
             self.slot_of.remap(ch.shift_old, ch.shift_new)
+            self._put_state("#key", self.slot_of.get(ch.shift_new), ch.shift_new)
         self._moves = (ch.shift_old, ch.shift_new) if ch.shift_old.size else None
         self._new_slots(ch.added)
         if ch.added.size:
@@ -342,7 +344,13 @@ class UpdateByTable(LeftRowsJoin):
             first = np.ones(g_all.size, dtype=bool)
             first[1:] = g_all[1:] != g_all[:-1]
             G, start = g_all[first], k_all[first]
-            keep = self.side.counts(G) > 0
+            now, was = self.side.counts(G), ch.counts_before(self.side, G)
+            shrunk = now < was
+            if shrunk.any():  # positions past a bucket's new end no longer have a row
+                n = (was - now)[shrunk]
+                at = _ranges(now[shrunk], was[shrunk])
+                self.row_at.delete(np.repeat(G[shrunk], n) * _POS + at)
+            keep = now > 0
             changed_rows, changed_cols = self._recompute(G[keep], start[keep], full=False)
             if changed_rows.size:
                 if not up.added.is_empty():
@@ -411,12 +419,29 @@ class UpdateByTable(LeftRowsJoin):
         results: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
         scans = [op for op in self.ops if not op.windowed]
         windows = [op for op in self.ops if op.windowed]
-        if scans:
-            tail, before = self._tails(G, start)
-            if tail.keys.size:
-                results.append((tail.keys, self._run_scans(scans, tail, before)))
-        if windows:
-            results += self._run_windows(windows, G, start)
+        tail, before = self._tails(G, start)
+        # positions in the bucket: the tail's follow the row before it
+        has_before = before >= 0
+        ppos = np.full(G.size, -1, dtype=np.int64)
+        if has_before.any():
+            ppos[has_before] = self._get_state("#pos", self.slot_of.get(before[has_before]), np.int64)
+        tpos = ppos[tail.seg] + 1 + tail.pos
+        if tail.keys.size:
+            tslots = self.slot_of.get(tail.keys)
+            self._put_state("#pos", tslots, tpos)
+            self._put_state("#key", tslots, tail.keys)
+            self.row_at.set(G[tail.seg] * _POS + tpos, tslots)
+        if scans and tail.keys.size:
+            results.append((tail.keys, self._run_scans(scans, tail, before)))
+        prefix = [op for op in windows if op.time_col is None and op.kind in PREFIX_KINDS]
+        if prefix:
+            results += self._run_prefix_windows(prefix, G, tail, tpos, ppos + 1)
+        ticks = [op for op in windows if op.time_col is None and op.kind not in PREFIX_KINDS]
+        if ticks:
+            results += self._run_tick_windows(ticks, G, start, tail)
+        times = [op for op in windows if op.time_col is not None]
+        if times:
+            results += self._run_windows(times, G, start)
         return self._write(results, full)
 
     def _write(self, results: list[tuple[np.ndarray, dict[str, pa.Array]]], full: bool) -> tuple[np.ndarray, set[str]]:
@@ -559,6 +584,150 @@ class UpdateByTable(LeftRowsJoin):
         return out
 
     # -- windows ----------------------------------------------------------------------------------
+    def _run_prefix_windows(self, ops: list[UpdateByOp], G: np.ndarray, tail: _Rows, tpos: np.ndarray,
+                            first_pos: np.ndarray) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
+        """Tick windows of sums and counts from per-row prefix sums within the bucket (kept as
+        state, double-double for floats): a window is the difference of two prefixes, each found
+        through its row's position (`row_at`), so an appended row costs O(1) whatever the window.
+        Recomputes the tail's prefixes (from the row before's) and the outputs of the tail and of
+        the `fwd` rows before it, whose windows reach into it."""
+        n_g = self.side.counts(G)
+        results = []
+        for op in ops:
+            fwd, rev = op.fwd, op.rev
+            # output rows: fwd rows before each tail, then the tail
+            back = np.minimum(max(fwd, 0), first_pos)
+            bpos = _ranges(first_pos - back, first_pos)
+            bseg = np.repeat(np.arange(G.size), back)
+            bkeys = self._get_state("#key", self.row_at.get(G[bseg] * _POS + bpos), np.int64)
+            okeys = np.concatenate((bkeys, tail.keys))
+            oseg = np.concatenate((bseg, tail.seg))
+            opos = np.concatenate((bpos, tpos))
+            need = [c for _o, c in op.pairs if c] + ([op.weight] if op.weight else []) + list(op.filter_columns)
+            data = self._gather(need, tail.keys)
+            hi_pos = np.minimum(opos + fwd, n_g[oseg] - 1)
+            lo_pos = np.maximum(opos - rev + 1, 0)
+            empty = lo_pos > hi_pos
+            outs: dict[str, pa.Array] = {}
+            for name, col in op.pairs:
+                parts = _prefix_parts(op, col, data, self.left.schema, tail.keys.size)
+                # prefixes of the tail rows, continuing from the row before each tail
+                bslot = self._pslots(G, first_pos - 1)
+                for part, (vals, kind) in parts.items():
+                    key = f"{name}/{part}"
+                    if kind == "i":
+                        seed = np.where(bslot >= 0, self._get_state(key, np.maximum(bslot, 0), np.int64), 0)
+                        pre = _seg_cumsum_int(vals, tail.pos) + seed[tail.seg]
+                        if tail.keys.size:
+                            self._put_state(key, self.slot_of.get(tail.keys), pre)
+                    else:
+                        sh = np.where(bslot >= 0, self._get_state(key + "h", np.maximum(bslot, 0), np.float64), 0.0)
+                        sl = np.where(bslot >= 0, self._get_state(key + "l", np.maximum(bslot, 0), np.float64), 0.0)
+                        ph, pl = _seg_cumsum_dd(vals, tail.pos, sh[tail.seg], sl[tail.seg])
+                        if tail.keys.size:
+                            slots = self.slot_of.get(tail.keys)
+                            self._put_state(key + "h", slots, ph)
+                            self._put_state(key + "l", slots, pl)
+                # window sums: prefix(hi) - prefix(lo - 1)
+                hs = self._pslots(G[oseg], hi_pos)
+                ls = self._pslots(G[oseg], lo_pos - 1)
+                sums = {}
+                for part, (_vals, kind) in parts.items():
+                    key = f"{name}/{part}"
+                    if kind == "i":
+                        a = np.where(hs >= 0, self._get_state(key, np.maximum(hs, 0), np.int64), 0)
+                        b = np.where(ls >= 0, self._get_state(key, np.maximum(ls, 0), np.int64), 0)
+                        with np.errstate(over="ignore"):
+                            sums[part] = np.where(empty, 0, a - b)
+                    else:
+                        ah = np.where(hs >= 0, self._get_state(key + "h", np.maximum(hs, 0), np.float64), 0.0)
+                        al = np.where(hs >= 0, self._get_state(key + "l", np.maximum(hs, 0), np.float64), 0.0)
+                        bh = np.where(ls >= 0, self._get_state(key + "h", np.maximum(ls, 0), np.float64), 0.0)
+                        bl = np.where(ls >= 0, self._get_state(key + "l", np.maximum(ls, 0), np.float64), 0.0)
+                        with np.errstate(invalid="ignore", over="ignore"):
+                            sums[part] = np.where(empty, 0.0, (ah - bh) + (al - bl))
+                outs[name] = _prefix_result(op, sums, self.out_schema.field(name).type)
+            results.append((okeys, outs))
+        return results
+
+    def _pslots(self, g: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """Slot of the row at position `pos` of bucket `g` (-1 for a negative position)."""
+        out = np.full(pos.size, -1, dtype=np.int64)
+        ok = pos >= 0
+        if ok.any():
+            out[ok] = self.row_at.get(g[ok] * _POS + pos[ok])
+        return out
+
+    def _rows_before(self, G: np.ndarray, start: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to `count` rows of each bucket of G just before row key `start`: (row keys, index in
+        G), in order. Reads about as many index slots as rows it returns (a window widened until it
+        holds `count` rows of the bucket or reaches the bucket's first row)."""
+        m = self.side.members
+        assert m is not None
+        if count <= 0 or G.size == 0 or len(m) == 0:
+            return _EMPTY, _EMPTY
+        g1 = (G + 1).astype(np.uint64)
+        q0 = np.where(start > 0, g1, G.astype(np.uint64))
+        q1 = np.where(start > 0, (start - 1).astype(np.uint64), _U64_MAX)
+        pred, _succ = m.locate([q0, q1])
+        _p, gfirst = m.locate([G.astype(np.uint64), np.full(G.size, _U64_MAX)])
+        live = (pred != NONE_LO) & (gfirst != NONE_HI)
+        live[live] = pred[live] >= gfirst[live]
+        q = np.flatnonzero(live)
+        width = np.full(q.size, 2 * max(m.spacing, 1) * count + 16, dtype=np.int64)
+        got_k: list[np.ndarray] = []
+        got_w: list[np.ndarray] = []
+        while q.size:
+            lo = np.maximum(pred[q] - width + 1, gfirst[q])
+            keys, which = m.keys_between(lo, pred[q])
+            n = np.bincount(which, minlength=q.size)
+            done = (n >= count) | (lo <= gfirst[q])
+            take = done[which]
+            got_k.append(keys[take])
+            got_w.append(q[which[take]])
+            q, width = q[~done], width[~done] * 4
+        if not got_k:
+            return _EMPTY, _EMPTY
+        keys = np.concatenate(got_k)
+        which = np.concatenate(got_w)
+        order = np.lexsort((keys, which))
+        keys, which = keys[order], which[order]
+        # the last `count` of each bucket
+        end = np.searchsorted(which, which, side="right")
+        keep = end - np.arange(keys.size) <= count
+        rows = m.words_at(keys[keep])[1].astype(np.int64)
+        return rows, which[keep]
+
+    def _run_tick_windows(self, ops: list[UpdateByOp], G: np.ndarray, start: np.ndarray, tail: _Rows
+                          ) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
+        """Tick windows: each bucket's rows from `start` on and the rows before them that the
+        windows reach (fwd rows whose windows reach forward to the change, rev - 1 rows those read)."""
+        reach_out = max(max(op.fwd, 0) for op in ops)
+        reach_in = max(max(op.rev - 1, 0) for op in ops)
+        bk, bseg = self._rows_before(G, start, reach_out + reach_in)
+        keys = np.concatenate((bk, tail.keys))
+        seg = np.concatenate((bseg, tail.seg))
+        order = np.argsort(seg, kind="stable")  # before-rows first within each bucket, both in order
+        keys, seg = keys[order], seg[order]
+        if keys.size == 0:
+            return []
+        nbefore = np.bincount(bseg, minlength=G.size)
+        pos = K.positions(seg)
+        seg_len = np.bincount(seg, minlength=G.size)
+        results = []
+        for op in ops:
+            out_from = np.maximum(nbefore[seg] - max(op.fwd, 0), 0)
+            lo, hi = K.tick_windows(pos, seg_len[seg], op.rev, op.fwd)
+            sel = np.flatnonzero(pos >= out_from)
+            need = [c for _o, c in op.pairs if c] + ([op.weight] if op.weight else []) + list(op.filter_columns)
+            data = self._gather(need, keys)
+            outs: dict[str, pa.Array] = {}
+            for name, col in op.pairs:
+                ft = self.out_schema.field(name).type
+                outs[name] = _rolling(op, col, data, self.left.schema, lo[sel], hi[sel], ft, keys.size)
+            results.append((keys[sel], outs))
+        return results
+
     def _run_windows(self, ops: list[UpdateByOp], G: np.ndarray, start: np.ndarray
                      ) -> list[tuple[np.ndarray, dict[str, pa.Array]]]:
         g, keys = self.side.rows_of(G)
@@ -611,6 +780,140 @@ class UpdateByTable(LeftRowsJoin):
 
 _EM_STATE = (("v", np.float64), ("ok", bool), ("ts", np.int64), ("mean", np.float64), ("poison", bool),
              ("two", bool))
+
+
+_POS = np.int64(1) << 32  # bucket * _POS + position: the key of `row_at`
+PREFIX_KINDS = ("rolling_sum", "rolling_avg", "rolling_count", "rolling_std", "rolling_wavg", "rolling_count_where")
+
+
+def _prefix_parts(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Schema, n: int
+                  ) -> dict[str, tuple[np.ndarray, str]]:
+    """The per-row quantities whose prefix sums a window operation needs: name -> (values, "i"
+    for exact int64 sums or "f" for double-double float sums). Floats: NaN and infinities are
+    counted apart (their sums would poison every later window)."""
+    kind = op.kind
+    if kind == "rolling_count_where":
+        return {"n": (_predicate(op, n, data).astype(np.int64), "i")}
+    t = schema.field(col).type
+    x, xv = _values(data[col], t)
+    parts: dict[str, tuple[np.ndarray, str]] = {"n": (xv.astype(np.int64), "i")}
+    if kind == "rolling_count":
+        return parts
+    if x.dtype.kind == "i":
+        if kind == "rolling_wavg":
+            assert op.weight is not None
+            w, wv = _values(data[op.weight], schema.field(op.weight).type)
+            both = xv & wv
+            xf, wf = x.astype(np.float64), w.astype(np.float64)
+            parts.update({"n": (both.astype(np.int64), "i"), "xw": (np.where(both, xf * wf, 0.0), "f"),
+                          "w": (np.where(both, wf, 0.0), "f")})
+            _special(parts, np.where(both, xf * wf, 0.0), "")
+            _special(parts, np.where(both, wf, 0.0), "w")
+            return parts
+        parts["s"] = (np.where(xv, x, 0), "i")
+        if kind == "rolling_std":
+            xf = x.astype(np.float64)
+            parts["q"] = (np.where(xv, xf * xf, 0.0), "f")
+            parts["sf"] = (np.where(xv, xf, 0.0), "f")
+        return parts
+    if kind == "rolling_wavg":
+        assert op.weight is not None
+        w, wv = _values(data[op.weight], schema.field(op.weight).type)
+        both = xv & wv
+        wf = w.astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            xw = np.where(both, x * wf, 0.0)
+        parts["n"] = (both.astype(np.int64), "i")
+        _special(parts, xw, "")
+        _special(parts, np.where(both, wf, 0.0), "w")
+        return parts
+    xs = np.where(xv, x, 0.0)
+    _special(parts, xs, "")
+    if kind == "rolling_std":
+        with np.errstate(over="ignore", invalid="ignore"):
+            _special(parts, np.where(np.isfinite(xs), xs * xs, 0.0), "q")
+    return parts
+
+
+def _special(parts: dict[str, tuple[np.ndarray, str]], v: np.ndarray, p: str) -> None:
+    """Prefix parts of a float quantity: its finite sum, and counts of NaN, +inf and -inf."""
+    parts[p + "nan"] = (np.isnan(v).astype(np.int64), "i")
+    parts[p + "pinf"] = (np.isposinf(v).astype(np.int64), "i")
+    parts[p + "ninf"] = (np.isneginf(v).astype(np.int64), "i")
+    parts[p + "f"] = (np.where(np.isfinite(v), v, 0.0), "f")
+
+
+def _with_special(sums: dict[str, np.ndarray], p: str) -> np.ndarray:
+    """A float window sum with its NaN and infinities: NaN wins, +inf and -inf together give NaN."""
+    s = sums[p + "f"].copy()
+    nan, pinf, ninf = sums[p + "nan"] > 0, sums[p + "pinf"] > 0, sums[p + "ninf"] > 0
+    s[pinf] = np.inf
+    s[ninf] = -np.inf
+    s[nan | (pinf & ninf)] = np.nan
+    return s
+
+
+def _prefix_result(op: UpdateByOp, sums: dict[str, np.ndarray], t: pa.DataType) -> pa.Array:
+    kind = op.kind
+    cnt = sums["n"]
+    if kind in ("rolling_count", "rolling_count_where"):
+        return pa.array(cnt, type=pa.int64())
+    if kind == "rolling_wavg":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return _arrow(_with_special(sums, "") / _with_special(sums, "w"), cnt > 0, t)
+    isint = "s" in sums
+    if kind == "rolling_sum":
+        return _arrow(sums["s"] if isint else _with_special(sums, ""), cnt > 0, t)
+    total = sums["s"].astype(np.float64) if isint else _with_special(sums, "")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = total / cnt
+        if kind == "rolling_avg":
+            return _arrow(mean, cnt > 0, t)
+        sf = sums["sf"] if isint else total
+        q = sums["q"] if isint else _with_special(sums, "q")
+        var = (q - sf * mean) / (cnt - 1)
+        var = np.where(var < 0, 0.0, var)
+        std = np.sqrt(var)
+        if not isint:
+            std = np.where(np.isfinite(total), std, np.nan)
+    return _arrow(std, cnt > 1, t)
+
+
+def _seg_cumsum_int(v: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Cumulative sums within segments, exact in int64 (wrapping as Java's long)."""
+    if v.size == 0:
+        return v.astype(np.int64)
+    with np.errstate(over="ignore"):
+        c = np.cumsum(v.astype(np.int64))
+        base = np.concatenate(([0], c[:-1]))[np.arange(v.size) - pos]
+        out: np.ndarray = c - base
+    return out
+
+
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _seg_cumsum_dd(v: np.ndarray, pos: np.ndarray, seed_hi: np.ndarray, seed_lo: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative sums within segments as double-doubles (hi, lo) continuing from each row's
+    segment seed: a sequential cumsum with its rounding errors summed beside it, so that the
+    difference of two prefixes is right even far from zero."""
+    if v.size == 0:
+        return v.astype(np.float64), v.astype(np.float64)
+    c = np.cumsum(v)
+    prev = np.concatenate(([0.0], c[:-1]))
+    _s, err = _two_sum(prev, v)
+    e = np.cumsum(err)
+    start = np.arange(v.size) - pos
+    cb = np.concatenate(([0.0], c))[start]
+    eb = np.concatenate(([0.0], e))[start]
+    hi, lo = _two_sum(c, -cb)
+    lo = lo + (e - eb)
+    hi2, err2 = _two_sum(seed_hi, hi)
+    return hi2, seed_lo + lo + err2
 
 
 def _first_at_least(seg: np.ndarray, keys: np.ndarray, start: np.ndarray, nseg: int) -> np.ndarray:
