@@ -52,15 +52,6 @@ JOIN_STEPS = {"join-diamond": 7200, "join-self": 4500, "join-chain": 4500, "join
 # per seed, for the updateby-* configurations, run by tests/test_convergence_update_by.py (a file of
 # its own, as the joins'); `make test` runs a third of each, 10,000 steps together
 UPDATE_BY_STEPS = {"updateby-buckets": 15000, "updateby-time": 15000}
-# where tickwire's update_by differs from Deephaven's: the updateby-* runs are expected to fail
-# (strictly) until this is empty
-UPDATE_BY_DIFFERENCES = (
-    "tickwire's update_by differs from Deephaven's: rolling_std of a window with one value is null "
-    "(Deephaven: NaN); cum_min/cum_max turn NaN for good after a NaN (Deephaven passes over a NaN "
-    "that is not the first value); rolling_count_time gives 0 on a row without a stamp (Deephaven: "
-    "null); time windows count rows without a stamp that lie between their rows (Deephaven: no "
-    "window holds them); emstd_time skips a value at the time of the last one (Deephaven applies "
-    "it with alpha 1)")
 CI_MIN_STEPS = 100  # the fewest steps a configuration runs in `make test`
 # configurations with pydeephaven-ticking clients
 USES_TICKING = {"ticking", "blink-p1", "agg-keyed", "agg-chain", *JOIN_STEPS, *UPDATE_BY_STEPS}
@@ -91,10 +82,7 @@ def _report(h: Harness, seconds: float) -> None:
 # -- the runs -------------------------------------------------------------------------------------------------
 
 def _marks(config: str) -> list:
-    marks = [pytest.mark.interop] if config in USES_TICKING else []
-    if config in UPDATE_BY_STEPS and UPDATE_BY_DIFFERENCES:
-        marks.append(pytest.mark.xfail(strict=True, reason=UPDATE_BY_DIFFERENCES))
-    return marks
+    return [pytest.mark.interop] if config in USES_TICKING else []
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=_marks(c)) for c in CONFIGS])

@@ -7,9 +7,6 @@ recomputed from scratch from their parents' rows (tests/update_by_reference.py).
 `make test` runs each configuration once for a third of its steps (10,000 steps together); `make
 soak` every seed for TICKWIRE_SOAK times its steps. A file of its own, so that these long runs
 share the machine with the rest of the suite.
-
-Both configurations are expected to fail (strictly: a run that passes fails, so that the marker is
-removed with the fix) while tickwire's update_by differs from Deephaven's in UPDATE_BY_DIFFERENCES.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import time
 import pytest
 
 from tests.convergence import run_config, scaled, soak_factor
-from tests.test_convergence import CI_MIN_STEPS, UPDATE_BY_DIFFERENCES, UPDATE_BY_STEPS, _report
+from tests.test_convergence import CI_MIN_STEPS, UPDATE_BY_STEPS, _report
 
 SEEDS = (1, 2)
 
@@ -28,9 +25,7 @@ def _runs() -> list:
         runs = [(c, s, scaled(n)) for c, n in UPDATE_BY_STEPS.items() for s in SEEDS]
     else:
         runs = [(c, SEEDS[0], max(CI_MIN_STEPS, n // 3)) for c, n in UPDATE_BY_STEPS.items()]
-    marks = [pytest.mark.interop] + ([pytest.mark.xfail(strict=True, reason=UPDATE_BY_DIFFERENCES)]
-                                     if UPDATE_BY_DIFFERENCES else [])
-    return [pytest.param(c, s, n, marks=marks, id=f"{c}-seed{s}") for c, s, n in runs]
+    return [pytest.param(c, s, n, marks=[pytest.mark.interop], id=f"{c}-seed{s}") for c, s, n in runs]
 
 
 @pytest.mark.slow

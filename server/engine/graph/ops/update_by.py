@@ -113,10 +113,10 @@ def _output_type(op: UpdateByOp, t: pa.DataType, name: str) -> pa.DataType:
         raise OperationError(f"{_op_title(op)} does not support column {name!r} of type {java_type(t)}")
     if k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
         return t
-    if k in ("cum_sum", "cum_prod", "rolling_sum", "rolling_prod"):
+    if k in ("cum_sum", "cum_prod", "rolling_sum"):
         return pa.int64() if _is_int(t) else pa.float64()
     if k == "delta":
-        return pa.int64() if _is_int(t) else t
+        return t  # as Deephaven: the input's type (integers wrap)
     return pa.float64()  # averages, deviations, exponential kinds
 
 
@@ -770,10 +770,11 @@ class UpdateByTable(LeftRowsJoin):
             data = self._gather(need, sub_keys)
             outs: dict[str, pa.Array] = {}
             sel = np.flatnonzero(outmask)
+            member = ts_ok[take] if ts_ok is not None else None
             for name, col in op.pairs:
                 ft = self.out_schema.field(name).type
                 outs[name] = _rolling(op, col, data, self.left.schema, lo[sel], hi[sel], ft,
-                                      sub_keys.size)
+                                      sub_keys.size, member, None if member is None else member[sel])
             results.append((sub_keys[sel], outs))
         return results
 
@@ -795,10 +796,13 @@ def _prefix_parts(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: p
     if kind == "rolling_count_where":
         return {"n": (_predicate(op, n, data).astype(np.int64), "i")}
     t = schema.field(col).type
+    if kind == "rolling_count":  # any type: the values that are not null
+        a = data[col]
+        valid = np.asarray(a.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if a.null_count else \
+            np.ones(len(a), dtype=bool)
+        return {"n": (valid.astype(np.int64), "i")}
     x, xv = _values(data[col], t)
     parts: dict[str, tuple[np.ndarray, str]] = {"n": (xv.astype(np.int64), "i")}
-    if kind == "rolling_count":
-        return parts
     if x.dtype.kind == "i":
         if kind == "rolling_wavg":
             assert op.weight is not None
@@ -873,10 +877,10 @@ def _prefix_result(op: UpdateByOp, sums: dict[str, np.ndarray], t: pa.DataType) 
         q = sums["q"] if isint else _with_special(sums, "q")
         var = (q - sf * mean) / (cnt - 1)
         var = np.where(var < 0, 0.0, var)
-        std = np.sqrt(var)
+        std = np.where(cnt > 1, np.sqrt(var), np.nan)  # as Deephaven: one value gives NaN
         if not isint:
             std = np.where(np.isfinite(total), std, np.nan)
-    return _arrow(std, cnt > 1, t)
+    return _arrow(std, cnt > 0, t)
 
 
 def _seg_cumsum_int(v: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -1025,12 +1029,24 @@ def _cumulative(kind: str, x: np.ndarray, xv: np.ndarray, rows: _Rows, seed: np.
         uf, ident = np.minimum, (np.iinfo(np.int64).max if isint else np.inf)
     else:
         uf, ident = np.maximum, (np.iinfo(np.int64).min if isint else -np.inf)
-    xi = np.where(xv, x, ident).astype(x.dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        acc = K.seg_accumulate(uf, xi, pos)
-        sd = np.where(seed_ok, seed, ident).astype(x.dtype)[seg]
-        acc = uf(sd, acc)
-    return acc, anyv
+    if isint or kind in ("cum_sum", "cum_prod"):
+        xi = np.where(xv, x, ident).astype(x.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = K.seg_accumulate(uf, xi, pos)
+            sd = np.where(seed_ok, seed, ident).astype(x.dtype)[seg]
+            return uf(sd, acc), anyv
+    # as Deephaven's comparisons: a NaN is passed over, unless it is the bucket's first value,
+    # which then stays (nothing compares below or above NaN)
+    nan = xv & np.isnan(x)
+    xi = np.where(xv & ~nan, x, ident)
+    acc = K.seg_accumulate(uf, xi, pos)
+    sd = np.where(seed_ok & ~np.isnan(seed), seed, ident)[seg]
+    acc = uf(sd, acc)
+    before = np.concatenate(([False], anyv[:-1])) & (pos > 0)
+    first = xv & ~before & ~seed_ok[seg]  # the bucket's first value
+    at = K.last_index(first, pos)
+    stuck = (seed_ok & np.isnan(seed))[seg] | ((at >= 0) & nan[np.maximum(at, 0)])
+    return np.where(stuck, np.nan, acc), anyv
 
 
 def _delta(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows, px: np.ndarray, pv: np.ndarray,
@@ -1110,8 +1126,12 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
         last_t = np.where(prev_good >= 0, tv[np.maximum(prev_good, 0)], np.where(seeded, seed_ts, none))
         has_t = (prev_good >= 0) | seeded
         used = good & (~has_t | (tv > last_t))
+        tie = good & has_t & (tv == last_t)
     else:
         used = good
+        tie = np.zeros(n, dtype=bool)
+    if op.kind == "em_std":  # as Deephaven: a value at the last one's time applies, with alpha 1
+        used = used | tie
     prev_used = K.last_index(used, cpos, inclusive=False)
     has_prev = (prev_used >= 0) | seeded
     if ts is not None:
@@ -1198,43 +1218,55 @@ def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc) ->
 
 
 def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Schema, lo: np.ndarray,
-             hi: np.ndarray, t: pa.DataType, n: int) -> pa.Array:
+             hi: np.ndarray, t: pa.DataType, n: int, member: Optional[np.ndarray] = None,
+             out_ok: Optional[np.ndarray] = None) -> pa.Array:
+    """A rolling operation over the windows [lo, hi] of the gathered rows; `member`: the rows that
+    may be in a window (time windows leave out rows without a stamp), `out_ok`: the output rows
+    that have a window at all (others are null)."""
     kind = op.kind
+    inwin = np.ones(n, dtype=bool) if member is None else member
+    has = np.ones(lo.size, dtype=bool) if out_ok is None else out_ok
     if kind == "rolling_count_where":
-        flag = _predicate(op, n, data)
-        return pa.array(K.window_count(flag, lo, hi), type=pa.int64())
+        flag = _predicate(op, n, data) & inwin
+        return pa.array(K.window_count(flag, lo, hi), mask=~has, type=pa.int64())
     it = schema.field(col).type
     arr = data[col]
     if kind == "rolling_group":
-        ok = hi >= lo
-        lengths = np.where(ok, hi - lo + 1, 0)
-        take = _ranges(lo, lo + lengths)
+        take = _ranges(lo, np.maximum(hi + 1, lo))
+        take = take[inwin[take]]
+        lengths = K.window_count(inwin, lo, hi)
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
-        return pa.ListArray.from_arrays(pa.array(offsets), arr.take(pa.array(take, type=pa.int64())), type=t)
-    x, xv = _values(arr, it)
-    cnt = K.window_count(xv, lo, hi)
+        lists = pa.ListArray.from_arrays(pa.array(offsets), arr.take(pa.array(take, type=pa.int64())), type=t)
+        return lists if out_ok is None else pc.if_else(pa.array(has), lists, pa.nulls(len(lists), t))
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else \
+        np.ones(len(arr), dtype=bool)
+    cnt = K.window_count(valid & inwin, lo, hi)
     if kind == "rolling_count":
-        return pa.array(cnt, type=pa.int64())
+        return pa.array(cnt, mask=~has, type=pa.int64())
+    x, xv = _values(arr, it)
+    xv = xv & inwin
+    cnt = K.window_count(xv, lo, hi)
     isint = x.dtype.kind == "i"
+    some = (cnt > 0) & has
     if kind in ("rolling_sum", "rolling_avg", "rolling_std"):
         xf = np.where(xv, x, 0)
         s = K.window_reduce(np.add, xf, lo, hi, 0)
         if kind == "rolling_sum":
-            return _arrow(s, cnt > 0, t)
+            return _arrow(s, some, t)
         sf = K.window_reduce(np.add, np.where(xv, x.astype(np.float64), 0.0), lo, hi, 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = sf / cnt
             if kind == "rolling_avg":
-                return _arrow(mean, cnt > 0, t)
+                return _arrow(mean, some, t)
             sq = K.window_reduce(np.add, np.where(xv, x.astype(np.float64) ** 2, 0.0), lo, hi, 0.0)
             var = (sq - sf * mean) / (cnt - 1)
             var = np.where(var < 0, 0.0, var)
-            std = np.sqrt(var)
-        return _arrow(std, cnt > 1, t)
+            std = np.where(cnt > 1, np.sqrt(var), np.nan)  # as Deephaven: one value gives NaN
+        return _arrow(std, some, t)
     if kind == "rolling_prod":
-        xf = np.where(xv, x, 1)
-        p = K.window_reduce(np.multiply, xf, lo, hi, 1)
-        return _arrow(p, cnt > 0, t)
+        xf = np.where(xv, x, 1).astype(np.float64)
+        p = K.window_reduce(np.multiply, xf, lo, hi, 1.0)
+        return _arrow(p, some, t)
     if kind in ("rolling_min", "rolling_max"):
         if kind == "rolling_min":
             ident = np.iinfo(np.int64).max if isint else np.inf
@@ -1242,7 +1274,7 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         else:
             ident = np.iinfo(np.int64).min if isint else -np.inf
             r = K.window_reduce(np.maximum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
-        return _arrow(r, cnt > 0, t)
+        return _arrow(r, some, t)
     if kind == "rolling_wavg":
         assert op.weight is not None
         w, wv = _values(data[op.weight], schema.field(op.weight).type)
@@ -1253,7 +1285,7 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         den = K.window_reduce(np.add, ws, lo, hi, 0.0)
         c2 = K.window_count(both, lo, hi)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return _arrow(num / den, c2 > 0, t)
+            return _arrow(num / den, (c2 > 0) & has, t)
     raise OperationError(f"unknown rolling operation {kind!r}")
 
 
