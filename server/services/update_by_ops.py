@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
+import pyarrow as pa
+
 from tickwire.server.engine import OperationError, Table, column_pairs
 from tickwire.server.engine.graph.ops import expression_columns
 from tickwire.server.engine.updateby import UpdateByOp, nanos
@@ -34,9 +36,16 @@ _FORMULA = {"sum": "rolling_sum", "avg": "rolling_avg", "min": "rolling_min", "m
             "prod": "rolling_prod", "count": "rolling_count", "std": "rolling_std"}
 
 
-def _pairs(specs, by: list[str], source: Table, what: str) -> tuple[tuple[str, str], ...]:
+#: the kinds that take a column of any type; the others take numbers (as Deephaven's applicableTo)
+_ANY_TYPE = ("fill", "rolling_group", "rolling_count")
+
+
+def _pairs(specs, by: list[str], source: Table, what: str, kind: str = "") -> tuple[tuple[str, str], ...]:
+    """The (output, input) pairs of "Out=In" specs; none: every column the operation applies to
+    that is not a `by` column (as Deephaven, other columns are passed over, not refused)."""
     if not len(specs):
-        return tuple((c, c) for c in source.schema.names if c not in by)
+        return tuple((f.name, f.name) for f in source.schema if f.name not in by and
+                     (kind in _ANY_TYPE or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)))
     try:
         return tuple(column_pairs([str(s) for s in specs]))
     except ValueError as exc:
@@ -86,9 +95,9 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
         raise CallError("UpdateBy: an operation without a spec", "INVALID_ARGUMENT")
     body = getattr(spec, which)
     if which in _CUMULATIVE:
-        return UpdateByOp(_CUMULATIVE[which], _pairs(op.column.match_pairs, by, source, what))
+        return UpdateByOp(_CUMULATIVE[which], _pairs(op.column.match_pairs, by, source, what, _CUMULATIVE[which]))
     if which == "delta":
-        return UpdateByOp("delta", _pairs(op.column.match_pairs, by, source, what),
+        return UpdateByOp("delta", _pairs(op.column.match_pairs, by, source, what, "delta"),
                           delta=_DELTA.get(int(body.options.null_behavior), "null_dominates"))
     if which == "count_where":
         expr, cols = _filters(body.filters, source, what)
@@ -96,7 +105,7 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
     if which in _EM:
         col, amount = _scale(body.window_scale, what)
         control = _control(body.options)
-        pairs = _pairs(op.column.match_pairs, by, source, what)
+        pairs = _pairs(op.column.match_pairs, by, source, what, _EM[which])
         if col is None:
             return UpdateByOp(_EM[which], pairs, decay_ticks=amount, control=control)
         return UpdateByOp(_EM[which], pairs, time_col=col, decay_time=int(amount), control=control)
@@ -105,6 +114,7 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
         fcol, fwd = _scale(body.forward_window_scale, what)
         col = rcol or fcol
         kind = _ROLLING.get(which, "")
+        _check_window(rev, fwd, timed=col is not None, empty_ok=kind == "rolling_group", what=what)
         extra: dict = {}
         if which == "rolling_wavg":
             extra["weight"] = str(body.weight_column)
@@ -114,9 +124,19 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
             expr, cols = _filters(body.filters, source, what)
             return UpdateByOp(kind, ((str(body.result_column), ""),), time_col=col, rev=int(rev), fwd=int(fwd),
                               filters=expr, filter_columns=cols)
-        return UpdateByOp(kind, _pairs(op.column.match_pairs, by, source, what), time_col=col, rev=int(rev),
+        return UpdateByOp(kind, _pairs(op.column.match_pairs, by, source, what, kind), time_col=col, rev=int(rev),
                           fwd=int(fwd), **extra)
     raise CallError(f"UpdateBy: operation {which!r} is not supported", "UNIMPLEMENTED")
+
+
+def _check_window(rev: float, fwd: float, timed: bool, empty_ok: bool, what: str) -> None:
+    """As Deephaven: a window of negative size (reverse + forward) is refused, and so is a tick
+    window of no rows, but for rolling_group (whose windows are then empty lists)."""
+    size = rev + fwd
+    if size < 0 or (size == 0 and not timed and not empty_ok):
+        unit = "nanoseconds" if timed else "ticks"
+        raise CallError(f"{what}: a window of {size:g} {unit} (reverse {rev:g} plus forward {fwd:g}) holds no "
+                        f"rows", "INVALID_ARGUMENT")
 
 
 def _formula_kind(formula: str, param: str) -> str:
