@@ -213,6 +213,9 @@ class UpdateByTable(LeftRowsJoin):
         self.side = JoinSide(self.space, parent, by)
         self.values = ColumnStore(self.out_schema)
         self.slot_of = KeyMap()
+        self._last = np.full(0, -1, dtype=np.int64)  # bucket -> slot of its last row (-1: unknown)
+        # the cycle's added rows, their buckets, rows per bucket before it, buckets rows moved into
+        self._appended: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = None
         self.row_at = KeyMap()  # bucket * _POS + position in the bucket -> slot (state "#key": its row key)
         self._state: dict[str, np.ndarray] = {}  # hidden scan state per slot, by "output/what"
         self._nslots = 0
@@ -270,6 +273,55 @@ class UpdateByTable(LeftRowsJoin):
         arr[slots] = values
 
     # -- which rows -------------------------------------------------------------------------------
+    def _last_slot(self, G: np.ndarray, slots: Optional[np.ndarray] = None) -> np.ndarray:
+        """The slot of each bucket's last row (-1: unknown); with `slots`, sets them."""
+        need = int(G.max()) + 1 if G.size else 0
+        if self._last.size < max(need, self.space.n):
+            grown = np.full(max(need, self.space.n, 2 * self._last.size), -1, dtype=np.int64)
+            grown[:self._last.size] = self._last
+            self._last = grown
+        if slots is not None:
+            self._last[G] = slots
+        out: np.ndarray = self._last[G]
+        return out
+
+    def _find_tails(self, G: np.ndarray, start: np.ndarray) -> tuple[_Rows, np.ndarray]:
+        """`_tails`, with a shortcut for buckets the cycle only appended to (every touched row
+        after the bucket's last row before the cycle, which is still there): their tails are their
+        added rows and the row before is that last row, found without searching the index."""
+        if self._appended is None:
+            return self._tails(G, start)
+        added, added_g, was, moved_to = self._appended
+        last = self._last_slot(G)
+        known = last >= 0
+        lkey = np.full(G.size, -1, dtype=np.int64)
+        if known.any():
+            lkey[known] = self._get_state("#key", last[known], np.int64)
+            live = self.slot_of.get(lkey[known]) == last[known]
+            known[np.flatnonzero(known)[~live]] = False
+        fresh = was == 0  # a bucket that had no rows: all of its rows are new
+        fast = (known & (start > lkey)) | fresh
+        if moved_to.size:  # a row that moved in is not among the added ones
+            fast &= ~np.isin(G, moved_to)
+        if not fast.any():
+            return self._tails(G, start)
+        slow = ~fast
+        tail_s, before_s = self._tails(G[slow], start[slow]) if slow.any() else \
+            (_Rows(_EMPTY.copy(), _EMPTY.copy()), _EMPTY)
+        fi = np.flatnonzero(fast)
+        gi = np.searchsorted(G[fi], added_g)
+        hit = gi < fi.size
+        hit[hit] = G[fi][gi[hit]] == added_g[hit]
+        fk, fs = added[hit], fi[gi[hit]]
+        o = np.lexsort((fk, fs))
+        keys = np.concatenate((tail_s.keys, fk[o]))
+        seg = np.concatenate((np.flatnonzero(slow)[tail_s.seg], fs[o]))
+        order = np.argsort(seg, kind="stable")
+        before = np.full(G.size, -1, dtype=np.int64)
+        before[slow] = before_s
+        before[fast & ~fresh] = lkey[fast & ~fresh]
+        return _Rows(keys[order], seg[order]), before
+
     def _tails(self, G: np.ndarray, start: np.ndarray) -> tuple[_Rows, np.ndarray]:
         """The rows of each bucket in `G` whose row key is at least `start` (in order, one segment
         per bucket, segment id = index in G), and the row just before each tail (-1: none)."""
@@ -351,7 +403,9 @@ class UpdateByTable(LeftRowsJoin):
                 at = _ranges(now[shrunk], was[shrunk])
                 self.row_at.delete(np.repeat(G[shrunk], n) * _POS + at)
             keep = now > 0
+            self._appended = (ch.added, ch.added_groups, was[keep], ch.moved_to)
             changed_rows, changed_cols = self._recompute(G[keep], start[keep], full=False)
+            self._appended = None
             if changed_rows.size:
                 if not up.added.is_empty():
                     changed_rows = changed_rows[~up.added.contains(changed_rows)]
@@ -419,7 +473,7 @@ class UpdateByTable(LeftRowsJoin):
         results: list[tuple[np.ndarray, dict[str, pa.Array]]] = []
         scans = [op for op in self.ops if not op.windowed]
         windows = [op for op in self.ops if op.windowed]
-        tail, before = self._tails(G, start)
+        tail, before = self._find_tails(G, start)
         # positions in the bucket: the tail's follow the row before it
         has_before = before >= 0
         ppos = np.full(G.size, -1, dtype=np.int64)
@@ -431,6 +485,12 @@ class UpdateByTable(LeftRowsJoin):
             self._put_state("#pos", tslots, tpos)
             self._put_state("#key", tslots, tail.keys)
             self.row_at.set(G[tail.seg] * _POS + tpos, tslots)
+        # each bucket's last row: its tail's last, or the row before an empty tail
+        last = np.where(has_before, self.slot_of.get(np.maximum(before, 0)), -1)
+        if tail.keys.size:
+            ends = np.flatnonzero(np.append(tail.seg[1:] != tail.seg[:-1], True))
+            last[tail.seg[ends]] = tslots[ends]
+        self._last_slot(G, last)
         if scans and tail.keys.size:
             results.append((tail.keys, self._run_scans(scans, tail, before)))
         prefix = [op for op in windows if op.time_col is None and op.kind in PREFIX_KINDS]
@@ -1140,7 +1200,8 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
         dt = np.where(used & has_prev, tv - t_prev, 0).astype(np.float64)
         a = np.exp(-dt / float(op.decay_time))
     else:
-        a = np.full(n, np.exp(-1.0 / op.decay_ticks))
+        with np.errstate(divide="ignore"):  # as Deephaven: 0 ticks give alpha exp(-inf) = 0
+            a = np.full(n, np.exp(np.float64(-1.0) / np.float64(op.decay_ticks)))
     start = used & ~has_prev
     step = used & has_prev
     y0 = np.where(seeded, st["v"][seg], 0.0)
@@ -1188,7 +1249,7 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     if kind == "em_std":
         out = np.where(two_used >= 2, np.sqrt(np.maximum(v, 0.0)), np.nan)
         out = np.where(pois, np.nan, out)
-        return (out, ~reset), state
+        return (np.where(reset, np.nan, out), np.ones(n, dtype=bool)), state  # as Deephaven: a reset row is NaN
     out = np.where(pois, np.nan, v)
     return (out, ok | (pois & ~reset)), state
 
