@@ -206,7 +206,10 @@ class JoinSide:
         self._grow()
         return g
 
-    def follow(self, up: TableUpdate) -> SideChange:
+    def follow(self, up: TableUpdate, before: Optional[Callable[[np.ndarray, np.ndarray], np.ndarray]] = None
+               ) -> SideChange:
+        """Follows one update of the input. `before(groups, keys)`, when given: the members key of
+        the element just before each added row (-1 where unknown), to spare the index's search."""
         ch = SideChange()
         touched = []
         rem = up.removed.keys()
@@ -248,7 +251,8 @@ class JoinSide:
             self.group_of.set(add, g)
             np.add.at(self.count, g, 1)
             if self.members is not None:
-                self.members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)])
+                hint = before(g, add) if before is not None else None
+                self.members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)], before=hint)
             ch.added, ch.added_groups = add, g
             touched.append(g)
         self._grow()

@@ -285,6 +285,38 @@ class UpdateByTable(LeftRowsJoin):
         out: np.ndarray = self._last[G]
         return out
 
+    def _append_hint(self, groups: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """For rows added after their bucket's last row: that row's element in the bucket index
+        (the element just before them), else -1."""
+        out = np.full(keys.size, -1, dtype=np.int64)
+        if self._last.size == 0:
+            return out
+        have = groups < self._last.size
+        last = np.full(keys.size, -1, dtype=np.int64)
+        last[have] = self._last[groups[have]]
+        ok = last >= 0
+        if not ok.any():
+            return out
+        lkey = self._get_state("#key", last[ok], np.int64)
+        # still that bucket's row (a slot is reused once its row is gone)
+        live = (self.slot_of.get(lkey) == last[ok]) & (self.side.group_of.get(lkey) == groups[ok]) & \
+            (lkey < keys[ok])
+        idx = np.flatnonzero(ok)[live]
+        if idx.size:
+            m = self.side.members
+            assert m is not None
+            e = m.key_of(lkey[live])
+            # only if it is the bucket's last element now (a row may have moved in behind it)
+            nxt = m.after(np.maximum(e, 0))
+            last_now = (e >= 0) & (nxt == NONE_HI)
+            if (~last_now & (e >= 0)).any():
+                w = m.words_at(nxt[~last_now & (e >= 0)])
+                other = np.ones(e.size, dtype=bool)
+                other[~last_now & (e >= 0)] = w[0].astype(np.int64) != groups[idx][~last_now & (e >= 0)] + 1
+                last_now |= (e >= 0) & other
+            out[idx] = np.where(last_now, e, -1)
+        return out
+
     def _find_tails(self, G: np.ndarray, start: np.ndarray) -> tuple[_Rows, np.ndarray]:
         """`_tails`, with a shortcut for buckets the cycle only appended to (every touched row
         after the bucket's last row before the cycle, which is still there): their tails are their
@@ -297,7 +329,8 @@ class UpdateByTable(LeftRowsJoin):
         lkey = np.full(G.size, -1, dtype=np.int64)
         if known.any():
             lkey[known] = self._get_state("#key", last[known], np.int64)
-            live = self.slot_of.get(lkey[known]) == last[known]
+            # still that bucket's row (a slot is reused once its row is gone)
+            live = (self.slot_of.get(lkey[known]) == last[known]) & (self.side.group_of.get(lkey[known]) == G[known])
             known[np.flatnonzero(known)[~live]] = False
         fresh = was == 0  # a bucket that had no rows: all of its rows are new
         fast = (known & (start > lkey)) | fresh
@@ -364,7 +397,7 @@ class UpdateByTable(LeftRowsJoin):
                 k_s[real] = up.shifted.apply_to_keys(k_s[real])
             tg.append(g_s)
             tk.append(k_s)
-        ch = self.side.follow(up)
+        ch = self.side.follow(up, self._append_hint if up.shifted.is_empty() else None)
         if rem.size:
             self._dying = np.concatenate((self._dying, self.slot_of.get(rem)))
             self.slot_of.delete(rem)
