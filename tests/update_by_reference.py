@@ -18,8 +18,9 @@ Deephaven's definitions (its UpdateBy operators, 42.x):
   it; em_std: NaN, and NaN before it too); then ema = a*prev + (1-a)*x, ems = a*prev + x,
   em_min = min(a*prev, x), em_max = max(a*prev, x), and em_std = sqrt(var) with
   var = a*(var + (1-a)*(x - ema)**2) and the ema moving as above. With a time column a value at
-  the same time as the last one taken (dt = 0) is skipped, except by em_std, which applies it with
-  a = 1 (so that a tie on the second value gives 0.0, and after an infinity 0 * inf gives NaN).
+  the same time as the last one taken (dt = 0) is skipped, except by em_std and for integer inputs,
+  where it applies with a = 1 (so that a tie on em_std's second value gives 0.0, after an infinity
+  0 * inf gives NaN, and ems of integers adds the value).
 - rolling, over a window of the bucket's rows: by ticks the `rev`-1 rows before the row to `fwd`
   rows after it; by time the rows whose stamp is in [t - rev, t + fwd] (rows without a stamp are
   in no window and get null). rolling_sum and rolling_prod (null when the window holds no
@@ -124,6 +125,7 @@ def _exponential(op: Op, xs: list, ts: Optional[list]) -> list:
         if _bad(x) or (ts is not None and ts[i] is None):
             out.append(cur)
             continue
+        integral = isinstance(x, int)
         x = float(x)
         started = (ema if op.kind == "em_std" else cur) is not None
         if not started:
@@ -141,7 +143,7 @@ def _exponential(op: Op, xs: list, ts: Optional[list]) -> list:
             dt = ts[i] - last_t
             if dt < 0:
                 raise ValueError(f"time goes back from {last_t} to {ts[i]}")
-            if dt == 0 and op.kind != "em_std":
+            if dt == 0 and op.kind != "em_std" and not integral:
                 out.append(cur)
                 continue
             a = math.exp(-dt / op.decay)

@@ -31,6 +31,7 @@ from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops import update_by_kernels as K
+from tickwire.server.engine.graph.ops.aggregate import _vector_type
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
 from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, java_type, unknown_columns
 from tickwire.server.engine.graph.ops.natural_join import LeftRowsJoin, _JoinStore, take_two
@@ -202,7 +203,10 @@ class UpdateByTable(LeftRowsJoin):
                                              f"{java_type(t)})")
                 if out in fields:
                     raise OperationError(f"update_by output column {out!r} is given twice")
-                fields[out] = pa.field(out, _output_type(op, t, col))
+                ot = _output_type(op, t, col)
+                # as Deephaven: a rolling group is a vector of the column's type
+                meta = {b"deephaven:type": _vector_type(t)} if op.kind == "rolling_group" else None
+                fields[out] = pa.field(out, ot, metadata=meta)
         self.reads = reads
         self.left = parent
         self.left_names = set(parent.schema.names) - set(fields)
@@ -1179,6 +1183,7 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     output keeps the last value; reset: null output and a fresh start; poison: NaN from there on;
     throw: the table fails)."""
     n = x.size
+    integral = x.dtype.kind == "i"
     x = x.astype(np.float64)
     seg = rows.seg
     isnan = xv & np.isnan(x)
@@ -1223,8 +1228,8 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     else:
         used = good
         tie = np.zeros(n, dtype=bool)
-    if op.kind == "em_std":  # as Deephaven: a value at the last one's time applies, with alpha 1
-        used = used | tie
+    if op.kind == "em_std" or integral:  # as Deephaven: a value at the last one's time applies, with
+        used = used | tie                   # alpha 1 (for integers and em_std; other floats skip it)
     prev_used = K.last_index(used, cpos, inclusive=False)
     has_prev = (prev_used >= 0) | seeded
     if ts is not None:
@@ -1358,8 +1363,13 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
             std = np.where(cnt > 1, np.sqrt(var), np.nan)  # as Deephaven: one value gives NaN
         return _arrow(std, some, t)
     if kind == "rolling_prod":
+        # as Deephaven: zeros are counted apart (a zero in the window gives +0.0, with an infinity NaN)
         xf = np.where(xv, x, 1).astype(np.float64)
-        p = K.window_reduce(np.multiply, xf, lo, hi, 1.0)
+        zero = xv & (xf == 0)
+        p = K.window_reduce(np.multiply, np.where(zero, 1.0, xf), lo, hi, 1.0)
+        zeros = K.window_count(zero, lo, hi) > 0
+        with np.errstate(invalid="ignore"):
+            p = np.where(zeros, np.where(np.isinf(p) | np.isnan(p), np.nan, 0.0), p)
         return _arrow(p, some, t)
     if kind in ("rolling_min", "rolling_max"):
         if kind == "rolling_min":
