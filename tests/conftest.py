@@ -63,6 +63,9 @@ MODULE_SECONDS = {
     "tests/test_barrage_publisher.py": 45, "tests/test_fuzz_requests.py": 40, "tests/test_graph_tables.py": 40,
     "tests/test_exports_lifecycle.py": 35, "tests/test_replica_deephaven.py": 35,
     "tests/test_interop_tickwire_java.py": 25, "tests/test_engine.py": 25, "tests/test_client_deephaven.py": 20,
+    "tests/test_convergence_joins.py": 900, "tests/test_convergence_update_by.py": 600,
+    "tests/test_convergence_update_by_time.py": 600, "tests/test_update_by_conformance.py": 200,
+    "tests/test_graph_update_by.py": 60, "tests/test_graph_joins.py": 120, "tests/test_join_conformance.py": 120,
 }
 
 

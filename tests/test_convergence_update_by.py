@@ -20,17 +20,23 @@ from tests.test_convergence import CI_MIN_STEPS, UPDATE_BY_STEPS, _report
 SEEDS = (1, 2)
 
 
-def _runs() -> list:
+def _runs(configs=("updateby-buckets",)) -> list:
+    """The runs of `configs` (this file: updateby-buckets; tests/test_convergence_update_by_time.py
+    the other, so that the two long runs go to different workers)."""
     if soak_factor() > 1:
-        runs = [(c, s, scaled(n)) for c, n in UPDATE_BY_STEPS.items() for s in SEEDS]
+        runs = [(c, s, scaled(n)) for c, n in UPDATE_BY_STEPS.items() for s in SEEDS if c in configs]
     else:
-        runs = [(c, SEEDS[0], max(CI_MIN_STEPS, n // 3)) for c, n in UPDATE_BY_STEPS.items()]
+        runs = [(c, SEEDS[0], max(CI_MIN_STEPS, n // 3)) for c, n in UPDATE_BY_STEPS.items() if c in configs]
     return [pytest.param(c, s, n, marks=[pytest.mark.interop], id=f"{c}-seed{s}") for c, s, n in runs]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config,seed,n", _runs())
 def test_update_by_converges(config, seed, n):
+    check_run(config, seed, n)
+
+
+def check_run(config: str, seed: int, n: int) -> None:
     t0 = time.perf_counter()
     h = run_config(config, seed, n)
     _report(h, time.perf_counter() - t0)
