@@ -303,29 +303,15 @@ _add("error-no_operations", [], [])
 #: differences from Deephaven 42.7 known and not (yet) matched: what differs -> the test ids
 #: ("case" or "case::column", regular expressions matched in full)
 KNOWN: dict[str, tuple[str, ...]] = {
-    ('tickwire refuses cum_min/cum_max/rolling_min/rolling_max of an Instant or a String and delta of '
-     'an Instant; Deephaven compares them (delta of Instants: long nanoseconds)'): (
-        'cum_min\\-Ts-(no_by|by_G)',
-        'cum_min\\-Ts-(no_by|by_G)::(cum_min_Ts)',
+    'tickwire refuses cum_min/cum_max/rolling_min/rolling_max of a String; Deephaven compares them': (
         'cum_min\\-S-(no_by|by_G)',
         'cum_min\\-S-(no_by|by_G)::(cum_min_S)',
-        'cum_max\\-Ts-(no_by|by_G)',
-        'cum_max\\-Ts-(no_by|by_G)::(cum_max_Ts)',
         'cum_max\\-S-(no_by|by_G)',
         'cum_max\\-S-(no_by|by_G)::(cum_max_S)',
-        'delta\\-Ts-(no_by|by_G)',
-        'delta\\-Ts-(no_by|by_G)::(delta_Ts)',
-        'rolling_min\\-tick_3_0\\-Ts-(no_by|by_G)',
-        'rolling_min\\-tick_3_0\\-Ts-(no_by|by_G)::(rmin_Ts)',
         'rolling_min\\-tick_3_0\\-S-(no_by|by_G)',
         'rolling_min\\-tick_3_0\\-S-(no_by|by_G)::(rmin_S)',
-        'rolling_max\\-tick_3_0\\-Ts-(no_by|by_G)',
-        'rolling_max\\-tick_3_0\\-Ts-(no_by|by_G)::(rmax_Ts)',
         'rolling_max\\-tick_3_0\\-S-(no_by|by_G)',
         'rolling_max\\-tick_3_0\\-S-(no_by|by_G)::(rmax_S)',
-    ),
-    'Deephaven refuses rolling_count of an Instant column; tickwire counts it': (
-        'rolling_count\\-tick_3_0\\-Ts-(no_by|by_G)',
     ),
     'Deephaven takes an output column named like the by column (the output replaces it); tickwire refuses': (
         'error\\-output_is_by_column-by_G',

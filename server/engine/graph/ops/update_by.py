@@ -107,9 +107,15 @@ def _output_type(op: UpdateByOp, t: pa.DataType, name: str) -> pa.DataType:
     if k in ("cum_count_where", "rolling_count_where"):
         return pa.int64()
     if k == "rolling_count":
+        if pa.types.is_temporal(t):  # as Deephaven 42.7, which counts strings but not Instants
+            raise OperationError(f"rolling_count does not support column {name!r} of type {java_type(t)}")
         return pa.int64()
     if k == "rolling_group":
         return pa.list_(t)
+    if pa.types.is_timestamp(t) and k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
+        return t  # Instants compare as their nanoseconds
+    if pa.types.is_timestamp(t) and k == "delta":
+        return pa.int64()  # as Deephaven: nanoseconds between the Instants
     if not _numeric(t):
         raise OperationError(f"{_op_title(op)} does not support column {name!r} of type {java_type(t)}")
     if k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
