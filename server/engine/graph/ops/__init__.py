@@ -28,13 +28,13 @@ from tickwire.server.engine.graph.ops.head_tail_by import HeadTailByTable
 from tickwire.server.engine.graph.ops.last_by import LastByTable
 from tickwire.server.engine.graph.ops.merge import MergeTable
 from tickwire.server.engine.graph.ops.multi_join import MultiJoinTable
-from tickwire.server.engine.graph.ops.update_by import UpdateByOp, UpdateByTable
 from tickwire.server.engine.graph.ops.natural_join import NaturalJoinTable
 from tickwire.server.engine.graph.ops.project import ProjectTable
 from tickwire.server.engine.graph.ops.slice_flatten import FlattenTable, SliceTable
 from tickwire.server.engine.graph.ops.snapshot_when import SnapshotWhenTable
 from tickwire.server.engine.graph.ops.sort import SortTable
 from tickwire.server.engine.graph.ops.ungroup import UngroupTable
+from tickwire.server.engine.graph.ops.update_by import UpdateByOp, UpdateByTable
 from tickwire.server.engine.graph.ops.where import WhereTable
 from tickwire.server.engine.graph.ops.where_in import WhereInTable
 

@@ -952,7 +952,7 @@ def _special(parts: dict[str, tuple[np.ndarray, str]], v: np.ndarray, p: str) ->
 
 def _with_special(sums: dict[str, np.ndarray], p: str) -> np.ndarray:
     """A float window sum with its NaN and infinities: NaN wins, +inf and -inf together give NaN."""
-    s = sums[p + "f"].copy()
+    s: np.ndarray = np.array(sums[p + "f"], dtype=np.float64, copy=True)
     nan, pinf, ninf = sums[p + "nan"] > 0, sums[p + "pinf"] > 0, sums[p + "ninf"] > 0
     s[pinf] = np.inf
     s[ninf] = -np.inf
@@ -1300,7 +1300,8 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
 
 def _chain_seed(y0: np.ndarray, chain_start: np.ndarray, chain: np.ndarray, cpos: np.ndarray) -> np.ndarray:
     """The seed of each row's chain (y0 is per row; a chain's seed is its first row's)."""
-    return y0[chain_start][chain]
+    out: np.ndarray = y0[chain_start][chain]
+    return out
 
 
 def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc) -> tuple[np.ndarray, np.ndarray]:

@@ -33,14 +33,12 @@ def positions(seg: np.ndarray) -> np.ndarray:
 
 def seg_accumulate(ufunc: np.ufunc, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """`ufunc.accumulate` within each segment."""
-    if x.size == 0:
-        return x.copy()
-    if not pos[1:].any() or pos.size == 1:
-        return x.copy()
+    y: np.ndarray = np.array(x, copy=True)
+    if x.size == 0 or pos.size == 1 or not pos[1:].any():
+        return y
     if np.all(pos == np.arange(pos.size)):  # one segment
         out: np.ndarray = ufunc.accumulate(x)
         return out
-    y = x.copy()
     d = 1
     top = int(pos.max())
     while d <= top:
