@@ -1023,20 +1023,25 @@ def _seg_cumsum_dd(v: np.ndarray, pos: np.ndarray, seed_hi: np.ndarray, seed_lo:
     return hi2, seed_lo + lo + err2
 
 
-def _first_at_least(seg: np.ndarray, keys: np.ndarray, start: np.ndarray, nseg: int) -> np.ndarray:
-    """Flat index of the first row of each segment whose key is at least its segment's start
-    (the segment's end when none); keys ascend within a segment."""
-    for_s = np.arange(nseg)
-    lo = np.searchsorted(seg, for_s, side="left")
-    hi = np.searchsorted(seg, for_s, side="right")
-    while True:  # a binary search per segment, all segments at once
+def _search(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """For each i, the first index in [lo[i], hi[i]) whose value is at least bound[i] (hi[i] when
+    none); values ascend within each range. A binary search per range, all ranges at once."""
+    lo, hi = lo.copy(), hi.copy()
+    while True:
         go = lo < hi
         if not go.any():
             return lo
         mid = (lo + hi) // 2
-        less = go & (keys[np.minimum(mid, keys.size - 1)] < start)
+        less = go & (values[np.minimum(mid, values.size - 1)] < bound)
         lo = np.where(less, mid + 1, lo)
         hi = np.where(go & ~less, mid, hi)
+
+
+def _first_at_least(seg: np.ndarray, keys: np.ndarray, start: np.ndarray, nseg: int) -> np.ndarray:
+    """Flat index of the first row of each segment whose key is at least its segment's start
+    (the segment's end when none); keys ascend within a segment."""
+    for_s = np.arange(nseg)
+    return _search(keys, np.searchsorted(seg, for_s, side="left"), np.searchsorted(seg, for_s, side="right"), start)
 
 
 def _ranges(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -1071,34 +1076,16 @@ def _time_reach(seg: np.ndarray, ts: np.ndarray, ok: np.ndarray, first_idx: np.n
     bound[valid] = t_have[j[valid]] - max(fwd, 0)
     # first stamped row of the segment with stamp >= bound; unstamped rows before it are kept too
     for_s = np.arange(nseg)
-    lo = np.searchsorted(s_have, for_s, side="left")
-    hi = np.searchsorted(s_have, for_s, side="right")
-    while True:
-        go = lo < hi
-        if not go.any():
-            break
-        mid = (lo + hi) // 2
-        less = go & (t_have[np.minimum(mid, have.size - 1)] < bound)
-        lo = np.where(less, mid + 1, lo)
-        hi = np.where(go & ~less, mid, hi)
-    first_out = np.where(lo < np.searchsorted(s_have, for_s, side="right"), have[np.minimum(lo, have.size - 1)],
-                         first_idx)
+    s_lo = np.searchsorted(s_have, for_s, side="left")
+    s_hi = np.searchsorted(s_have, for_s, side="right")
+    lo = _search(t_have, s_lo, s_hi, bound)
+    first_out = np.where(lo < s_hi, have[np.minimum(lo, have.size - 1)], first_idx)
     out_from = np.maximum(seg_start, np.minimum(first_out, first_idx))
     # windows of those rows reach back to stamp - rev
-    lo2 = np.searchsorted(s_have, for_s, side="left")
-    hi2 = np.searchsorted(s_have, for_s, side="right")
-    tfirst = np.where(lo < hi2, t_have[np.minimum(lo, have.size - 1)], np.iinfo(np.int64).max)
-    bound2 = np.where(tfirst == np.iinfo(np.int64).max, tfirst, tfirst - max(rev, 0))
-    while True:
-        go = lo2 < hi2
-        if not go.any():
-            break
-        mid = (lo2 + hi2) // 2
-        less = go & (t_have[np.minimum(mid, have.size - 1)] < bound2)
-        lo2 = np.where(less, mid + 1, lo2)
-        hi2 = np.where(go & ~less, mid, hi2)
-    first_ctx = np.where(lo2 < np.searchsorted(s_have, for_s, side="right"), have[np.minimum(lo2, have.size - 1)],
-                         out_from)
+    none = np.iinfo(np.int64).max
+    tfirst = np.where(lo < s_hi, t_have[np.minimum(lo, have.size - 1)], none)
+    lo2 = _search(t_have, s_lo, s_hi, np.where(tfirst == none, tfirst, tfirst - max(rev, 0)))
+    first_ctx = np.where(lo2 < s_hi, have[np.minimum(lo2, have.size - 1)], out_from)
     ctx_from = np.maximum(seg_start, np.minimum(first_ctx, out_from))
     return out_from, ctx_from
 
