@@ -135,10 +135,16 @@ def test_fetch_table_exports_release_and_batch(svc):
     op.fetch_table.result_id.ticket = export_ticket(4)
     (r,) = list(s.stream(TABLE_SERVICE, "Batch", batch, metadata=md))
     assert r.is_static and r.size == 50
-    op2 = batch.ops.add()
-    op2.update_by.source_id.batch_offset = 0
+    # the same result ticket again is refused as the export it would overwrite
     code, msg = s.status(lambda: list(s.stream(TABLE_SERVICE, "Batch", batch, metadata=md)))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "'update_by'" in msg
+    assert code == grpc.StatusCode.ALREADY_EXISTS
+    batch = table_pb2.BatchTableRequest()
+    op = batch.ops.add()
+    op.fetch_table.source_id.ticket.ticket = b"s/static"
+    op2 = batch.ops.add()
+    op2.run_chart_downsample.source_id.batch_offset = 0
+    code, msg = s.status(lambda: list(s.stream(TABLE_SERVICE, "Batch", batch, metadata=md)))
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "'run_chart_downsample'" in msg
 
 
 def test_psk_is_required_when_configured():
