@@ -11,6 +11,8 @@ incremental answer equals the answer from scratch. Replay a failure with TICKWIR
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -238,3 +240,32 @@ def test_bad_requests_are_refused_with_the_reason():
         src.update_by([U.cum_sum("S=sym")])
     with pytest.raises(OperationError, match="given twice"):
         src.update_by([U.cum_sum("x"), U.cum_max("x")])
+
+
+def test_rolling_std_keeps_the_digits_of_values_far_from_zero():
+    """A one-pass sum of squares in a double loses the spread of values far from zero and close
+    together; rolling_std keeps it (tick windows and time windows, built and appended to). As
+    Deephaven: a spread within one ulp of the sum of squares is 0 (so is a window of one repeated
+    value), and a sum of squares that is not a finite double gives NaN."""
+    engine = Engine()
+    sch = pa.schema([("g", pa.string()), ("ts", pa.timestamp("ns")), ("x", pa.float64())])
+    src = engine.create(TableSpec("src", "append", sch))
+    b = 1e4
+    xs = [b + 0.1, b + 0.3, b + 0.3, b + 0.3, 1e8 + 0.1, 1e8 + 0.3, 1.0, 1e200, 1.0]
+    gs = ["a"] * 6 + ["z"] * 3  # a value whose square is no double, in a bucket of its own
+    engine.write(src, pa.table({"g": gs, "ts": list(range(len(xs))), "x": xs}, schema=sch))
+    engine.run_cycle()
+    u = src.update_by([U.rolling_std_tick("T=x", rev_ticks=2), U.rolling_std_time("ts", "S=x", 1)], "g")
+    engine.write(src, pa.table({"g": ["a", "a"], "ts": [6, 7], "x": [b + 0.1, b + 0.3]}, schema=sch))
+    engine.run_cycle()  # the appended rows continue from the stored prefixes
+    spread = float(np.std(np.array([b + 0.1, b + 0.3]) - b, ddof=1))  # of what the doubles hold
+    for col in ("T", "S"):
+        got = u.gather().column(col).to_pylist()
+        assert math.isnan(got[0])  # one value
+        assert got[1] == pytest.approx(spread, rel=1e-12)  # a double sum of squares is ~1e-6 off
+        assert got[2] == 0.0 and got[3] == 0.0  # one repeated value
+        assert got[4] == pytest.approx((1e8 - b - 0.2) / math.sqrt(2), rel=1e-12)
+        assert got[5] == 0.0  # 0.2 apart at 1e8: within an ulp of the sum of squares (2e16)
+        assert math.isnan(got[6]) and math.isnan(got[7]) and math.isnan(got[8])  # (1e200)^2 is no double
+        assert got[9] == pytest.approx((1e8 + 0.3 - b - 0.1) / math.sqrt(2), rel=1e-12)
+        assert got[10] == pytest.approx(spread, rel=1e-12)

@@ -27,7 +27,7 @@ Deephaven's definitions (its UpdateBy operators, 42.x):
   value), rolling_avg (the sum over the count of values; null without one), rolling_min and
   rolling_max (null without a value), rolling_count (the values that are not null), rolling_std
   (the sample deviation; NaN with one value, null with none, NaN when a value is NaN or
-  infinite).
+  infinite or the sum of squares is; 0 when the spread is within one ulp of the sum of squares).
 
 Time columns are read as int64 nanoseconds. `close(got, want)` compares two results: nulls,
 NaN and infinities exactly, integers exactly, other floats within a relative 1e-9.
@@ -205,8 +205,14 @@ def _window_value(kind: str, vals: list) -> Any:
         f = [float(v) for v in have]
         if not all(math.isfinite(v) for v in f):
             return math.nan
+        squares = [v * v for v in f]
+        if not all(math.isfinite(v) for v in squares) or not math.isfinite(math.fsum(squares)):
+            return math.nan  # as Deephaven: a sum of squares too large for a double
         mean = math.fsum(f) / len(f)
-        return math.sqrt(math.fsum((v - mean) ** 2 for v in f) / (len(f) - 1))
+        delta = math.fsum((v - mean) ** 2 for v in f)
+        if delta <= math.ulp(math.fsum(squares)):
+            return 0.0  # as Deephaven: a spread within the rounding of the sum of squares is none
+        return math.sqrt(delta / (len(f) - 1))
     raise ValueError(f"not a rolling kind: {kind}")
 
 

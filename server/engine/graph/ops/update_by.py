@@ -735,6 +735,7 @@ class UpdateByTable(LeftRowsJoin):
                 hs = self._pslots(G[oseg], hi_pos)
                 ls = self._pslots(G[oseg], lo_pos - 1)
                 sums = {}
+                dd = {}
                 for part, (_vals, kind) in parts.items():
                     key = f"{name}/{part}"
                     if kind == "i":
@@ -748,8 +749,12 @@ class UpdateByTable(LeftRowsJoin):
                         bh = np.where(ls >= 0, self._get_state(key + "h", np.maximum(ls, 0), np.float64), 0.0)
                         bl = np.where(ls >= 0, self._get_state(key + "l", np.maximum(ls, 0), np.float64), 0.0)
                         with np.errstate(invalid="ignore", over="ignore"):
-                            sums[part] = np.where(empty, 0.0, (ah - bh) + (al - bl))
-                outs[name] = _prefix_result(op, sums, self.out_schema.field(name).type)
+                            dh, dl = _two_sum(ah, -bh)
+                            dh = np.where(empty, 0.0, dh)
+                            dl = np.where(empty, 0.0, dl + (al - bl))
+                            sums[part] = dh + dl
+                        dd[part] = (dh, dl)
+                outs[name] = _prefix_result(op, sums, self.out_schema.field(name).type, dd)
             results.append((okeys, outs))
         return results
 
@@ -919,9 +924,11 @@ def _prefix_parts(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: p
             return parts
         parts["s"] = (np.where(xv, x, 0), "i")
         if kind == "rolling_std":
-            xf = x.astype(np.float64)
-            parts["q"] = (np.where(xv, xf * xf, 0.0), "f")
-            parts["sf"] = (np.where(xv, xf, 0.0), "f")
+            xf = np.where(xv, x.astype(np.float64), 0.0)
+            qh, ql = _two_prod(xf, xf)  # the squares exactly, as two doubles
+            parts["q"] = (qh, "f")
+            parts["qe"] = (ql, "f")
+            parts["sf"] = (xf, "f")
         return parts
     if kind == "rolling_wavg":
         assert op.weight is not None
@@ -937,8 +944,11 @@ def _prefix_parts(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: p
     xs = np.where(xv, x, 0.0)
     _special(parts, xs, "")
     if kind == "rolling_std":
+        fin = np.where(np.isfinite(xs), xs, 0.0)
         with np.errstate(over="ignore", invalid="ignore"):
-            _special(parts, np.where(np.isfinite(xs), xs * xs, 0.0), "q")
+            qh, ql = _two_prod(fin, fin)
+        _special(parts, qh, "q")  # a square too large for a double counts as +inf
+        parts["qe"] = (np.where(np.isfinite(qh), ql, 0.0), "f")
     return parts
 
 
@@ -960,7 +970,10 @@ def _with_special(sums: dict[str, np.ndarray], p: str) -> np.ndarray:
     return s
 
 
-def _prefix_result(op: UpdateByOp, sums: dict[str, np.ndarray], t: pa.DataType) -> pa.Array:
+def _prefix_result(op: UpdateByOp, sums: dict[str, np.ndarray], t: pa.DataType,
+                   dd: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None) -> pa.Array:
+    """The window results from the window sums of the parts (`dd`: those sums as double-doubles,
+    which rolling_std needs)."""
     kind = op.kind
     cnt = sums["n"]
     if kind in ("rolling_count", "rolling_count_where"):
@@ -976,14 +989,60 @@ def _prefix_result(op: UpdateByOp, sums: dict[str, np.ndarray], t: pa.DataType) 
         mean = total / cnt
         if kind == "rolling_avg":
             return _arrow(mean, cnt > 0, t)
-        sf = sums["sf"] if isint else total
-        q = sums["q"] if isint else _with_special(sums, "q")
-        var = (q - sf * mean) / (cnt - 1)
-        var = np.where(var < 0, 0.0, var)
+        assert dd is not None
+        s1 = dd["sf"] if isint else dd["f"]
+        s2 = _dd_add(dd["q"] if isint else dd["qf"], dd["qe"])
+        var = _dd_var(cnt, s1, s2)
+        if not isint:
+            var = np.where(sums["qpinf"] > 0, np.nan, var)  # as Deephaven: an infinite sum of squares
         std = np.where(cnt > 1, np.sqrt(var), np.nan)  # as Deephaven: one value gives NaN
         if not isint:
             std = np.where(np.isfinite(total), std, np.nan)
     return _arrow(std, cnt > 0, t)
+
+
+_SPLIT = 134217729.0  # 2**27 + 1: Dekker's split of a double into two 26-bit halves
+_SPLIT_SAFE = 1e150   # beyond it the split overflows (and a square is not finite anyway)
+
+
+def _two_prod(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a*b as hi + lo exactly (Dekker); lo is 0 where a factor is too large to split."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = a * b
+    safe = (np.abs(a) < _SPLIT_SAFE) & (np.abs(b) < _SPLIT_SAFE)
+    a, b = np.where(safe, a, 0.0), np.where(safe, b, 0.0)
+    ca, cb = _SPLIT * a, _SPLIT * b
+    ah = ca - (ca - a)
+    bh = cb - (cb - b)
+    al, bl = a - ah, b - bh
+    err = ((ah * bh - a * b) + ah * bl + al * bh) + al * bl
+    return p, np.where(safe, err, 0.0)
+
+
+def _dd_add(x: tuple[np.ndarray, np.ndarray], y: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    h, e = _two_sum(x[0], y[0])
+    return h, e + x[1] + y[1]
+
+
+def _dd_var(cnt: np.ndarray, s1: tuple[np.ndarray, np.ndarray], s2: tuple[np.ndarray, np.ndarray]
+            ) -> np.ndarray:
+    """Sample variance (n*S2 - S1^2) / (n*(n-1)) of windows with n values, value sum S1 and sum of
+    squares S2, both double-doubles: the difference is taken in double-double, so that values far
+    from zero and close together keep their digits (a sum of squares in one double loses them).
+    As Deephaven, a difference S2 - S1^2/n within one ulp of S2 is taken as 0 (a window of one
+    repeated value has variance exactly 0)."""
+    n = cnt.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s1, s2 = _two_sum(*s1), _two_sum(*s2)  # normalised: a difference of prefixes may leave all in lo
+        ah, al = _two_prod(n, s2[0])
+        al = al + n * s2[1]
+        bh, bl = _two_prod(s1[0], s1[0])
+        bl = bl + 2.0 * s1[0] * s1[1]
+        dh, dl = _two_sum(ah, -bh)
+        num = dh + (dl + (al - bl))
+        var: np.ndarray = num / (n * (n - 1.0))
+        tiny = np.abs(num / n) <= np.spacing(np.abs(s2[0] + s2[1]))
+    return np.where(tiny | (var < 0), 0.0, var)
 
 
 def _seg_cumsum_int(v: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -998,9 +1057,11 @@ def _seg_cumsum_int(v: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 
 def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
+    """a+b as hi + lo exactly (Knuth); infinities give NaN in lo, which callers leave out."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = a + b
+        bb = s - a
+        return s, (a - (s - bb)) + (b - bb)
 
 
 def _seg_cumsum_dd(v: np.ndarray, pos: np.ndarray, seed_hi: np.ndarray, seed_lo: np.ndarray
@@ -1021,6 +1082,16 @@ def _seg_cumsum_dd(v: np.ndarray, pos: np.ndarray, seed_hi: np.ndarray, seed_lo:
     lo = lo + (e - eb)
     hi2, err2 = _two_sum(seed_hi, hi)
     return hi2, seed_lo + lo + err2
+
+
+def _window_dd(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of v[lo:hi+1] as double-doubles, from one double-double prefix of v (empty: 0)."""
+    ph, pl = _seg_cumsum_dd(v, np.arange(v.size), np.zeros(v.size), np.zeros(v.size))
+    ph, pl = np.concatenate(([0.0], ph)), np.concatenate(([0.0], pl))
+    ok = hi >= lo
+    b, a = np.where(ok, hi + 1, 0), np.where(ok, lo, 0)
+    h, e = _two_sum(ph[b], -ph[a])
+    return h, e + (pl[b] - pl[a])
 
 
 def _search(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, bound: np.ndarray) -> np.ndarray:
@@ -1351,10 +1422,17 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
             mean = sf / cnt
             if kind == "rolling_avg":
                 return _arrow(mean, some, t)
-            sq = K.window_reduce(np.add, np.where(xv, x.astype(np.float64) ** 2, 0.0), lo, hi, 0.0)
-            var = (sq - sf * mean) / (cnt - 1)
-            var = np.where(var < 0, 0.0, var)
+            # as the prefix path: sums and the sum of squares as double-doubles
+            fin = np.where(xv & np.isfinite(xf), xf, 0.0).astype(np.float64)
+            qh, ql = _two_prod(fin, fin)
+            big = np.isinf(qh)
+            s1 = _window_dd(fin, lo, hi)
+            s2 = _dd_add(_window_dd(np.where(big, 0.0, qh), lo, hi), _window_dd(np.where(big, 0.0, ql), lo, hi))
+            var = _dd_var(cnt, s1, s2)
+            var = np.where(K.window_count(big, lo, hi) > 0, np.nan, var)  # as Deephaven: an infinite sum
             std = np.where(cnt > 1, np.sqrt(var), np.nan)  # as Deephaven: one value gives NaN
+            if not isint:
+                std = np.where(np.isfinite(sf), std, np.nan)
         return _arrow(std, some, t)
     if kind == "rolling_prod":
         # as Deephaven: zeros are counted apart (a zero in the window gives +0.0, with an infinity NaN)
