@@ -88,6 +88,7 @@ def setup(seed):
     engine.run_cycle()
     t = {"keyed": keyed, "trades": trades, "ring": ring, "raw": raw,
          "sorted": keyed.sort(["px"], name="keyed_by_px", spacing=2),
+         "stamped": trades.where(pc.is_valid(pc.field("ts")), name="trades_stamped"),
          "scripted_k": raw.view(["a", "b", "c", ("k", pc.bit_wise_and(pc.field("a"), 3))], name="scripted_k")}
     return rng, engine, t
 
@@ -133,8 +134,10 @@ TIME_OPS = [U.ema_time("ts", "PT3s", ["EmaT=px", "EmaQ=qty"]), U.ems_time("ts", 
             U.emstd_time("ts", "PT5s", ["EmStdT=px"]), U.emmax_time("ts", "PT2s", ["EmMaxT=px"]),
             U.rolling_sum_time("ts", ["RSumT=qty"], "PT4s"), U.rolling_avg_time("ts", ["RAvgT=px"], "PT6s", "PT2s"),
             U.rolling_min_time("ts", ["RMinT=px"], "PT3s", "PT1s"), U.rolling_count_time("ts", ["RCntT=px"], "PT5s"),
-            U.rolling_group_time("ts", ["RGrpT=qty"], "PT2s", "PT1s"),
             U.rolling_sum_time("ts", ["RBack=qty"], "PT8s", "-PT2s")]
+# over rows that all have a stamp (as Deephaven, tickwire refuses a row without one before a stamped one)
+STAMPED_ONLY_OPS = [U.rolling_group_time("ts", ["RGrpT=qty"], "PT2s", "PT1s"),
+                    U.rolling_avg_time("ts", ["RAvgT=px"], "PT4s")]
 
 SCRIPTED_OPS = [U.cum_sum(["SA=a"]), U.ema_tick(2, ["EA=c"]), U.rolling_avg_tick(["RA=c"], rev_ticks=3, fwd_ticks=1),
                 U.forward_fill(["FB=b"]), U.cum_max(["MA=a"]), U.rolling_max_tick(["RC=c"], rev_ticks=2, fwd_ticks=2),
@@ -152,6 +155,7 @@ def test_random_update_by_matches_recomputation(seed):
         ("trades", TIME_OPS + [U.cum_sum(["CS=qty"])], ["sym"]),
         ("ring", TIME_OPS, ["sym"]),
         ("ring", TIME_OPS[:3] + TIME_OPS[4:7], []),
+        ("stamped", STAMPED_ONLY_OPS, ["sym"]),
         ("scripted_k", SCRIPTED_OPS, ["k"]),
     ]
     nodes = []
@@ -269,3 +273,41 @@ def test_rolling_std_keeps_the_digits_of_values_far_from_zero():
         assert math.isnan(got[6]) and math.isnan(got[7]) and math.isnan(got[8])  # (1e200)^2 is no double
         assert got[9] == pytest.approx((1e8 + 0.3 - b - 0.1) / math.sqrt(2), rel=1e-12)
         assert got[10] == pytest.approx(spread, rel=1e-12)
+
+
+def test_rolling_group_over_time_refuses_a_row_without_a_stamp_before_a_stamped_one():
+    """As Deephaven 42.7 (which fails with an internal error of its row sets there): refused when
+    made, and the table fails when such a row arrives; rows without a stamp at a bucket's end are
+    answered (they are in no window: null)."""
+    engine = Engine()
+    sch = pa.schema([("sym", pa.string()), ("ts", pa.timestamp("ns")), ("x", pa.int64())])
+    src = engine.create(TableSpec("src", "append", sch))
+    engine.write(src, pa.table({"sym": ["a", "a", "b"], "ts": [1, None, 2], "x": [1, 2, 3]}, schema=sch))
+    engine.run_cycle()
+    g = src.update_by([U.rolling_group_time("ts", "G=x", 5)], "sym")
+    assert g.gather().column("G").to_pylist() == [[1], None, [3]]
+    with pytest.raises(OperationError, match="without a stamp comes before a stamped row"):
+        src.update_by([U.rolling_group_time("ts", "G=x", 5)])  # no buckets: the null before b's stamp
+    engine.write(src, pa.table({"sym": ["a"], "ts": [3], "x": [4]}, schema=sch))
+    engine.run_cycle()
+    assert g.failure is not None and "without a stamp" in g.failure.message
+
+
+def test_an_output_named_like_a_by_column_replaces_it_and_the_buckets_stay_the_parents():
+    """As Deephaven: the output takes the by column's place (and type); rows are bucketed by the
+    parent's column, also when a row moves to another bucket."""
+    engine = Engine()
+    sch = pa.schema([("id", pa.int64()), ("G", pa.string()), ("I32", pa.int32())])
+    src = engine.create(TableSpec("src", "keyed", sch, keys=["id"]))
+    engine.write(src, pa.table({"id": [0, 1, 2, 3], "G": ["a", "b", "a", None], "I32": [1, 2, 3, 4]}, schema=sch))
+    engine.run_cycle()
+    u = src.update_by([U.cum_sum("G=I32")], ["G"])
+    assert u.schema.names == ["id", "G", "I32"] and u.schema.field("G").type == pa.int64()
+    assert u.gather().column("G").to_pylist() == [1, 2, 4, 4]
+    seen = []
+    u.add_listener(lambda tbl, up, step: seen.append(up))
+    engine.write(src, pa.table({"id": [1], "G": ["a"], "I32": [10]}, schema=sch))  # b -> a
+    engine.run_cycle()
+    assert u.gather().column("G").to_pylist() == [1, 11, 14, 4]
+    (up,) = seen
+    assert up.modified.keys().tolist() == [1, 2] and "G" in up.modified_columns

@@ -313,10 +313,6 @@ KNOWN: dict[str, tuple[str, ...]] = {
         'rolling_max\\-tick_3_0\\-S-(no_by|by_G)',
         'rolling_max\\-tick_3_0\\-S-(no_by|by_G)::(rmax_S)',
     ),
-    'Deephaven takes an output column named like the by column (the output replaces it); tickwire refuses': (
-        'error\\-output_is_by_column-by_G',
-        'error\\-output_is_by_column-by_G::(G)',
-    ),
     ('decay of 0 ticks or 0 ns: Deephaven computes with alpha 0 literally (0 times an infinite or NaN '
      'previous value gives NaN that stays); tickwire starts afresh'): (
         'ema\\-tick_zero-(no_by|by_G)::(ema_F64)',
@@ -339,16 +335,6 @@ KNOWN: dict[str, tuple[str, ...]] = {
         'em\\-time_PT2s\\-null_RESET\\-nan_POISON\\-floats-no_by',
         'em\\-time_PT2s\\-nan_RESET\\-floats-by_G::(ema_F64|ems_F64)',
         'em\\-time_PT2s\\-null_POISON\\-nan_RESET\\-floats-by_G::(ema_F64|ems_F64)',
-    ),
-    'Deephaven refuses a time-window rolling_group over rows with null stamps; tickwire answers': (
-        'rolling_group\\-time_PT2s_0-(no_by|by_G)',
-        'rolling_group\\-time_nanos_2s_2s-(no_by|by_G)',
-        'rolling_group\\-time_PT3s_PT1s-(no_by|by_G)',
-        'rolling_group\\-time_PT5s_\\-PT2s-(no_by|by_G)',
-        'rolling_group\\-time_\\-PT1s_PT3s-(no_by|by_G)',
-        'rolling_group\\-time_0_0-(no_by|by_G)',
-        'rolling_group\\-time_clock-(no_by|by_G)',
-        'rolling_group\\-time_0_PT0\\.5s-(no_by|by_G)',
     ),
     ("rolling_min/rolling_max over NaN: Deephaven's ring buffer sometimes passes a NaN over and "
      'sometimes keeps it after it left the window; tickwire passes it over'): (

@@ -199,8 +199,6 @@ class UpdateByTable(LeftRowsJoin):
                     raise OperationError(f"time column {op.time_col!r} has type {java_type(tt)}: an Instant or a "
                                          f"long is needed")
             for out, col in op.pairs:
-                if out in by:
-                    raise OperationError(f"update_by output column {out!r} is a by column")
                 t = pa.bool_() if not col else parent.schema.field(col).type
                 if op.kind == "rolling_wavg":
                     wt = parent.schema.field(op.weight).type if op.weight else None
@@ -598,6 +596,15 @@ class UpdateByTable(LeftRowsJoin):
         (rows without a stamp aside); `order`: the rows' order when they are not in it."""
         if order is not None:
             seg, ts, ok = seg[order], ts[order], ok[order]
+        if op.kind == "rolling_group" and not ok.all():
+            # Deephaven 42.7 fails (an internal error of its row sets) when a row without a stamp
+            # comes before a stamped row of its bucket; rows without one at a bucket's end are fine
+            last_ok = np.full(int(seg.max()) + 1 if seg.size else 0, -1, dtype=np.int64)
+            np.maximum.at(last_ok, seg[ok], np.flatnonzero(ok))
+            if (~ok & (np.arange(seg.size) < last_ok[seg])).any():
+                raise OperationError(f"rolling_group over time (column {op.time_col!r}): a row without a stamp "
+                                     f"comes before a stamped row of its bucket, which Deephaven 42.7 does "
+                                     f"not compute")
         idx = np.flatnonzero(ok)
         if idx.size < 2:
             return
