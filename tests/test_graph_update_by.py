@@ -135,6 +135,9 @@ TIME_OPS = [U.ema_time("ts", "PT3s", ["EmaT=px", "EmaQ=qty"]), U.ems_time("ts", 
             U.rolling_sum_time("ts", ["RSumT=qty"], "PT4s"), U.rolling_avg_time("ts", ["RAvgT=px"], "PT6s", "PT2s"),
             U.rolling_min_time("ts", ["RMinT=px"], "PT3s", "PT1s"), U.rolling_count_time("ts", ["RCntT=px"], "PT5s"),
             U.rolling_sum_time("ts", ["RBack=qty"], "PT8s", "-PT2s")]
+# strings compare (as Deephaven's String.compareTo, for these ASCII names)
+STRING_OPS = [U.cum_min(["MinSym=sym"]), U.cum_max(["MaxSym=sym"]), U.rolling_min_tick(["RMinSym=sym"], rev_ticks=3),
+              U.rolling_max_tick(["RMaxSym=sym"], rev_ticks=2, fwd_ticks=2)]
 # over rows that all have a stamp (as Deephaven, tickwire refuses a row without one before a stamped one)
 STAMPED_ONLY_OPS = [U.rolling_group_time("ts", ["RGrpT=qty"], "PT2s", "PT1s"),
                     U.rolling_avg_time("ts", ["RAvgT=px"], "PT4s")]
@@ -151,7 +154,7 @@ def test_random_update_by_matches_recomputation(seed):
     cases = [
         ("keyed", TICK_OPS, ["sym"]),
         ("keyed", TICK_OPS[:8] + TICK_OPS[14:20], []),
-        ("sorted", TICK_OPS[:12] + TICK_OPS[14:22], ["k"]),
+        ("sorted", TICK_OPS[:12] + TICK_OPS[14:22] + STRING_OPS, ["k"]),
         ("trades", TIME_OPS + [U.cum_sum(["CS=qty"])], ["sym"]),
         ("ring", TIME_OPS, ["sym"]),
         ("ring", TIME_OPS[:3] + TIME_OPS[4:7], []),
@@ -311,3 +314,24 @@ def test_an_output_named_like_a_by_column_replaces_it_and_the_buckets_stay_the_p
     assert u.gather().column("G").to_pylist() == [1, 11, 14, 4]
     (up,) = seen
     assert up.modified.keys().tolist() == [1, 2] and "G" in up.modified_columns
+
+
+def test_strings_have_a_min_and_a_max():
+    """cum_min, cum_max, rolling_min and rolling_max of a String column, as Deephaven compares
+    Strings; appended rows continue from the row before's output."""
+    engine = Engine()
+    sch = pa.schema([("id", pa.int64()), ("G", pa.string()), ("S", pa.string())])
+    src = engine.create(TableSpec("src", "keyed", sch, keys=["id"]))
+    engine.write(src, pa.table({"id": [0, 1, 2, 3, 4], "G": ["a", "b", "a", None, "a"],
+                                "S": ["m", None, "c", "q", None]}, schema=sch))
+    engine.run_cycle()
+    u = src.update_by([U.cum_min("Mn=S"), U.cum_max("Mx=S"), U.rolling_min_tick("Rn=S", rev_ticks=2),
+                       U.rolling_max_tick("Rx=S", rev_ticks=2)], ["G"])
+    assert u.schema.field("Mn").type == pa.string()
+    engine.write(src, pa.table({"id": [5, 6], "G": ["a", "b"], "S": ["a", "z"]}, schema=sch))
+    engine.run_cycle()
+    got = u.gather().to_pydict()
+    assert got["Mn"] == ["m", None, "c", "q", "c", "a", "z"]
+    assert got["Mx"] == ["m", None, "m", "q", "m", "m", "z"]
+    assert got["Rn"] == ["m", None, "c", "q", "c", "a", "z"]
+    assert got["Rx"] == ["m", None, "m", "q", "c", "a", "z"]

@@ -303,16 +303,6 @@ _add("error-no_operations", [], [])
 #: differences from Deephaven 42.7 known and not (yet) matched: what differs -> the test ids
 #: ("case" or "case::column", regular expressions matched in full)
 KNOWN: dict[str, tuple[str, ...]] = {
-    'tickwire refuses cum_min/cum_max/rolling_min/rolling_max of a String; Deephaven compares them': (
-        'cum_min\\-S-(no_by|by_G)',
-        'cum_min\\-S-(no_by|by_G)::(cum_min_S)',
-        'cum_max\\-S-(no_by|by_G)',
-        'cum_max\\-S-(no_by|by_G)::(cum_max_S)',
-        'rolling_min\\-tick_3_0\\-S-(no_by|by_G)',
-        'rolling_min\\-tick_3_0\\-S-(no_by|by_G)::(rmin_S)',
-        'rolling_max\\-tick_3_0\\-S-(no_by|by_G)',
-        'rolling_max\\-tick_3_0\\-S-(no_by|by_G)::(rmax_S)',
-    ),
     ('decay of 0 ticks or 0 ns: Deephaven computes with alpha 0 literally (0 times an infinite or NaN '
      'previous value gives NaN that stays); tickwire starts afresh'): (
         'ema\\-tick_zero-(no_by|by_G)::(ema_F64)',

@@ -114,6 +114,8 @@ def _output_type(op: UpdateByOp, t: pa.DataType, name: str) -> pa.DataType:
         return pa.list_(t)
     if pa.types.is_timestamp(t) and k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
         return t  # Instants compare as their nanoseconds
+    if _is_string(t) and k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
+        return t  # as Deephaven: Strings compare (see _string_codes)
     if pa.types.is_timestamp(t) and k == "delta":
         return pa.int64()  # as Deephaven: nanoseconds between the Instants
     if not _numeric(t):
@@ -125,6 +127,30 @@ def _output_type(op: UpdateByOp, t: pa.DataType, name: str) -> pa.DataType:
     if k == "delta":
         return t  # as Deephaven: the input's type (integers wrap)
     return pa.float64()  # averages, deviations, exponential kinds
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
+
+
+def _string_codes(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(code, valid) of each string: its rank among the distinct values of `a` (0 first), so that
+    min and max of strings are min and max of integers. Strings order by their bytes, which is the
+    order of their code points (Java's String.compareTo orders UTF-16 units: the two differ only
+    between characters U+E000..U+FFFF and those above U+FFFF)."""
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
+    codes = np.asarray(pc.rank(a, sort_keys="ascending", tiebreaker="dense"), dtype=np.int64) - 1
+    valid = np.ones(len(a), dtype=bool) if a.null_count == 0 else \
+        np.asarray(a.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    return codes, valid
+
+
+def _string_extreme(a: pa.Array, codes: np.ndarray, picked: np.ndarray, ok: np.ndarray) -> pa.Array:
+    """The strings of `a` whose codes are `picked` (null where not `ok`)."""
+    rep = np.zeros(int(codes.max()) + 1 if codes.size else 1, dtype=np.int64)
+    rep[codes] = np.arange(codes.size)  # a row holding each code
+    return a.take(pa.array(rep[np.where(ok, picked, 0)], mask=~ok))
 
 
 def _op_title(op: UpdateByOp) -> str:
@@ -664,6 +690,18 @@ class UpdateByTable(LeftRowsJoin):
                     seed = pc.if_else(pa.array(has_before), seed, pa.nulls(len(seed), ft))
                     take = np.where(idx >= 0, idx, arr.__len__() + rows.seg)
                     out[name] = pa.concat_arrays([arr.cast(ft), seed.cast(ft)]).take(pa.array(take))
+                    continue
+                if op.kind in ("cum_min", "cum_max") and _is_string(t):
+                    # from the row before's output (the extreme so far), over string codes
+                    seed = self.values.gather_column(name, seed_slots)
+                    both = pa.concat_arrays([data[col].cast(ft),
+                                             pc.if_else(pa.array(has_before), seed, pa.nulls(len(seed), ft))])
+                    codes, cv = _string_codes(both)
+                    n = rows.keys.size
+                    uf, ident = (np.minimum, codes.size) if op.kind == "cum_min" else (np.maximum, -1)
+                    acc = K.seg_accumulate(uf, np.where(cv[:n], codes[:n], ident), rows.pos)
+                    acc = uf(acc, np.where(cv[n:], codes[n:], ident)[rows.seg])
+                    out[name] = _string_extreme(both, codes, acc, acc != ident)
                     continue
                 x, xv = _values(data[col], t)
                 if op.kind == "delta":
@@ -1409,6 +1447,11 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
         lists = pa.ListArray.from_arrays(pa.array(offsets), arr.take(pa.array(take, type=pa.int64())), type=t)
         return lists if out_ok is None else pc.if_else(pa.array(has), lists, pa.nulls(len(lists), t))
+    if kind in ("rolling_min", "rolling_max") and _is_string(it):
+        codes, cv = _string_codes(arr)
+        uf, nothing = (np.minimum, codes.size) if kind == "rolling_min" else (np.maximum, -1)
+        got = K.window_reduce(uf, np.where(cv & inwin, codes, nothing), lo, hi, nothing)
+        return _string_extreme(arr, codes, got, (got != nothing) & has)
     valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool) if arr.null_count else \
         np.ones(len(arr), dtype=bool)
     cnt = K.window_count(valid & inwin, lo, hi)
