@@ -136,10 +136,14 @@ TIME_OPS = [U.ema_time("ts", "PT3s", ["EmaT=px", "EmaQ=qty"]), U.ems_time("ts", 
             U.rolling_min_time("ts", ["RMinT=px"], "PT3s", "PT1s"), U.rolling_count_time("ts", ["RCntT=px"], "PT5s"),
             U.rolling_sum_time("ts", ["RBack=qty"], "PT8s", "-PT2s")]
 # strings compare (as Deephaven's String.compareTo, for these ASCII names)
+FORMULA_OPS = [U.rolling_formula_tick("max(y) - min(y)", "y", ["RngQ=qty", "RngPx=px"], 3, 1),
+               U.rolling_formula_tick("sum(v) * 2 + count(v) / 4", "v", ["FQ=qty"], 4),
+               U.rolling_formula_tick("median(z)", "z", ["MedPx=px", "MedQ=qty"], 3, 2)]
 STRING_OPS = [U.cum_min(["MinSym=sym"]), U.cum_max(["MaxSym=sym"]), U.rolling_min_tick(["RMinSym=sym"], rev_ticks=3),
               U.rolling_max_tick(["RMaxSym=sym"], rev_ticks=2, fwd_ticks=2)]
 # over rows that all have a stamp (as Deephaven, tickwire refuses a row without one before a stamped one)
 STAMPED_ONLY_OPS = [U.rolling_group_time("ts", ["RGrpT=qty"], "PT2s", "PT1s"),
+                    U.rolling_formula_time("ts", "max(x) - min(x)", "x", ["RngT=px"], "PT3s"),
                     U.rolling_avg_time("ts", ["RAvgT=px"], "PT4s")]
 
 SCRIPTED_OPS = [U.cum_sum(["SA=a"]), U.ema_tick(2, ["EA=c"]), U.rolling_avg_tick(["RA=c"], rev_ticks=3, fwd_ticks=1),
@@ -154,7 +158,7 @@ def test_random_update_by_matches_recomputation(seed):
     cases = [
         ("keyed", TICK_OPS, ["sym"]),
         ("keyed", TICK_OPS[:8] + TICK_OPS[14:20], []),
-        ("sorted", TICK_OPS[:12] + TICK_OPS[14:22] + STRING_OPS, ["k"]),
+        ("sorted", TICK_OPS[:12] + TICK_OPS[14:22] + STRING_OPS + FORMULA_OPS, ["k"]),
         ("trades", TIME_OPS + [U.cum_sum(["CS=qty"])], ["sym"]),
         ("ring", TIME_OPS, ["sym"]),
         ("ring", TIME_OPS[:3] + TIME_OPS[4:7], []),
@@ -335,3 +339,29 @@ def test_strings_have_a_min_and_a_max():
     assert got["Mx"] == ["m", None, "m", "q", "m", "m", "z"]
     assert got["Rn"] == ["m", None, "c", "q", "c", "a", "z"]
     assert got["Rx"] == ["m", None, "m", "q", "c", "a", "z"]
+
+
+def test_rolling_formula_is_arithmetic_over_aggregations_typed_as_java():
+    """max(y) - min(y) of a byte column is an int (Java promotes byte arithmetic), sum(y) + 1 a long,
+    a division a double, median a double that is NaN when the window holds a NaN; a null operand
+    gives null; other formulas are refused naming the part tickwire does not read."""
+    engine = Engine()
+    sch = pa.schema([("I8", pa.int8()), ("F", pa.float64())])
+    src = engine.create(TableSpec("src", "append", sch))
+    engine.write(src, pa.table({"I8": [1, None, 3, 7], "F": [1.5, float("nan"), 3.0, None]}, schema=sch))
+    engine.run_cycle()
+    u = src.update_by([U.rolling_formula_tick("max(y) - min(y)", "y", ["R8=I8"], 2),
+                       U.rolling_formula_tick("sum(y) + 1", "y", ["S8=I8"], 2),
+                       U.rolling_formula_tick("-max(y) / 2", "y", ["D8=I8"], 1),
+                       U.rolling_formula_tick("median(y)", "y", ["M8=I8", "MF=F"], 3)])
+    assert [u.schema.field(c).type for c in ("R8", "S8", "D8", "M8", "MF")] == \
+        [pa.int32(), pa.int64(), pa.float64(), pa.float64(), pa.float64()]
+    got = u.gather().to_pydict()
+    assert got["R8"] == [0, 0, 0, 4]
+    assert got["S8"] == [2, 2, 4, 11]
+    assert got["D8"] == [-0.5, None, -1.5, -3.5]
+    assert got["M8"] == [1.0, 1.0, 2.0, 5.0]
+    assert got["MF"][0] == 1.5 and all(math.isnan(v) for v in got["MF"][1:3]) and math.isnan(got["MF"][3])
+    for bad in ("foo(y)", "max(y) % 2", "max(q)", "y.size()"):
+        with pytest.raises(OperationError, match="rolling_formula"):
+            U.rolling_formula_tick(bad, "y", ["X=I8"], 2)

@@ -12,6 +12,9 @@ from typing import Any, Optional, Sequence, Union
 
 from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.ops.update_by import BEHAVIOURS, CONTROLS, DELTAS, UpdateByOp
+from tickwire.server.engine.graph.ops.update_by_formula import AGGREGATIONS
+from tickwire.server.engine.graph.ops.update_by_formula import parse as formula_parse
+from tickwire.server.engine.graph.ops.update_by_formula import single as formula_single
 from tickwire.server.engine.graph.tables import column_pairs
 
 __all__ = ["UpdateByOp", "cum_sum", "cum_prod", "cum_min", "cum_max", "forward_fill", "delta", "cum_count_where",
@@ -20,7 +23,8 @@ __all__ = ["UpdateByOp", "cum_sum", "cum_prod", "cum_min", "cum_max", "forward_f
            "rolling_min_tick", "rolling_min_time", "rolling_max_tick", "rolling_max_time", "rolling_prod_tick",
            "rolling_prod_time", "rolling_count_tick", "rolling_count_time", "rolling_std_tick", "rolling_std_time",
            "rolling_wavg_tick", "rolling_wavg_time", "rolling_group_tick", "rolling_group_time",
-           "rolling_count_where_tick", "rolling_count_where_time", "nanos"]
+           "rolling_count_where_tick", "rolling_count_where_time", "rolling_formula_tick", "rolling_formula_time",
+           "formula_parse", "formula_single", "nanos"]
 
 Cols = Union[str, Sequence[str]]
 Time = Union[int, str]
@@ -159,6 +163,29 @@ def _tick(kind: str, cols: Cols, rev_ticks: int, fwd_ticks: int, **extra: Any) -
 def _time(kind: str, ts_col: str, cols: Cols, rev_time: Time, fwd_time: Time, **extra: Any) -> UpdateByOp:
     return UpdateByOp(kind, _pairs(cols) if cols else (), time_col=ts_col, rev=nanos(rev_time), fwd=nanos(fwd_time),
                       **extra)
+
+
+def _formula_op(formula: str, formula_param: str) -> tuple[str, dict[str, Any]]:
+    """One aggregation alone is that rolling operation; arithmetic over them is rolling_formula."""
+    tree = formula_parse(formula, formula_param)
+    agg = formula_single(tree)
+    if agg is not None and agg != "median":
+        return AGGREGATIONS[agg], {}
+    return "rolling_formula", {"formula": tree}
+
+
+def rolling_formula_tick(formula: str, formula_param: str, cols: Cols, rev_ticks: int,
+                         fwd_ticks: int = 0) -> UpdateByOp:
+    """`formula` over each window, `formula_param` standing for the window's values: +, -, *, / of
+    numbers and of sum, avg, min, max, count, std, prod and median of the parameter."""
+    kind, extra = _formula_op(formula, formula_param)
+    return _tick(kind, cols, rev_ticks, fwd_ticks, **extra)
+
+
+def rolling_formula_time(ts_col: str, formula: str, formula_param: str, cols: Cols, rev_time: Time,
+                         fwd_time: Time = 0) -> UpdateByOp:
+    kind, extra = _formula_op(formula, formula_param)
+    return _time(kind, ts_col, cols, rev_time, fwd_time, **extra)
 
 
 def rolling_sum_tick(cols: Cols, rev_ticks: int, fwd_ticks: int = 0) -> UpdateByOp:

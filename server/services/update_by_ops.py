@@ -10,14 +10,13 @@ strings (dh_expr).
 """
 from __future__ import annotations
 
-import re
 from typing import Callable, Optional
 
 import pyarrow as pa
 
 from tickwire.server.engine import OperationError, Table, column_pairs
 from tickwire.server.engine.graph.ops import expression_columns
-from tickwire.server.engine.updateby import UpdateByOp, nanos
+from tickwire.server.engine.updateby import UpdateByOp, formula_parse, formula_single, nanos
 from tickwire.server.services.dh_expr import ExpressionError, parse_filters
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
@@ -119,7 +118,9 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
         if which == "rolling_wavg":
             extra["weight"] = str(body.weight_column)
         if which == "rolling_formula":
-            kind = _formula_kind(str(body.formula), str(body.param_token))
+            kind, tree = _formula(str(body.formula), str(body.param_token))
+            if tree is not None:
+                extra["formula"] = tree
         if which == "rolling_count_where":
             expr, cols = _filters(body.filters, source, what)
             return UpdateByOp(kind, ((str(body.result_column), ""),), time_col=col, rev=int(rev), fwd=int(fwd),
@@ -139,13 +140,17 @@ def _check_window(rev: float, fwd: float, timed: bool, empty_ok: bool, what: str
                         f"rows", "INVALID_ARGUMENT")
 
 
-def _formula_kind(formula: str, param: str) -> str:
-    m = re.fullmatch(r"\s*(\w+)\s*\(\s*(\w+)\s*\)\s*", formula)
-    if not m or m.group(2) != param or m.group(1) not in _FORMULA:
-        raise CallError(f"UpdateBy rolling_formula {formula!r}: only one aggregation of the parameter "
-                        f"{param!r} is supported ({', '.join(f + '(' + param + ')' for f in _FORMULA)})",
-                        "UNIMPLEMENTED")
-    return _FORMULA[m.group(1)]
+def _formula(formula: str, param: str) -> tuple[str, Optional[tuple]]:
+    """(kind, tree): one aggregation alone is that rolling operation; arithmetic over aggregations
+    is rolling_formula with its tree. What tickwire does not read is UNIMPLEMENTED, named."""
+    try:
+        tree = formula_parse(formula, param)
+    except OperationError as exc:
+        raise CallError(f"UpdateBy {exc}", "UNIMPLEMENTED") from None
+    agg = formula_single(tree)
+    if agg in _FORMULA:
+        return _FORMULA[agg], None
+    return "rolling_formula", tree
 
 
 def _update_by(ops: TableOps, req, source: Table) -> Callable[[], Table]:

@@ -18,7 +18,7 @@ ordering requirement of time-based operations); see `OPS` and the README.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
@@ -30,6 +30,7 @@ from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
+from tickwire.server.engine.graph.ops import update_by_formula as F
 from tickwire.server.engine.graph.ops import update_by_kernels as K
 from tickwire.server.engine.graph.ops.aggregate import _vector_type
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
@@ -50,7 +51,7 @@ END = np.iinfo(np.int64).max // 2  # a start past every row of a bucket
 CUMULATIVE = ("cum_sum", "cum_prod", "cum_min", "cum_max", "fill", "delta", "cum_count_where")
 EXPONENTIAL = ("ema", "ems", "em_min", "em_max", "em_std")
 ROLLING = ("rolling_sum", "rolling_avg", "rolling_min", "rolling_max", "rolling_prod", "rolling_count",
-           "rolling_std", "rolling_wavg", "rolling_group", "rolling_count_where")
+           "rolling_std", "rolling_wavg", "rolling_group", "rolling_count_where", "rolling_formula")
 OPS = CUMULATIVE + EXPONENTIAL + ROLLING
 # what an exponential operation does with a bad value or time: Deephaven's BadDataBehavior
 BEHAVIOURS = ("throw", "reset", "skip", "poison")
@@ -68,7 +69,8 @@ class UpdateByOp:
     Exponential kinds decay over `decay_ticks` rows, or over `decay_time` nanoseconds of `time_col`;
     rolling kinds look `rev` back and `fwd` ahead, in rows or (with `time_col`) in nanoseconds.
     `control`: BadDataBehavior per CONTROLS key; `delta`: one of DELTAS; `weight`: the weight column
-    of rolling_wavg; `filters`: the predicate of the count_where kinds (a pyarrow Expression)."""
+    of rolling_wavg; `filters`: the predicate of the count_where kinds (a pyarrow Expression);
+    `formula`: rolling_formula's tree (see update_by_formula.parse)."""
 
     kind: str
     pairs: tuple[tuple[str, str], ...]
@@ -82,6 +84,7 @@ class UpdateByOp:
     weight: Optional[str] = None
     filters: Any = None
     filter_columns: tuple[str, ...] = ()
+    formula: Any = None
 
     def behaviour(self, what: str) -> str:
         return dict(self.control).get(what, DEFAULT_CONTROL[what])
@@ -112,6 +115,8 @@ def _output_type(op: UpdateByOp, t: pa.DataType, name: str) -> pa.DataType:
         return pa.int64()
     if k == "rolling_group":
         return pa.list_(t)
+    if k == "rolling_formula":
+        return F.result_type(op.formula, t)
     if pa.types.is_timestamp(t) and k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
         return t  # Instants compare as their nanoseconds
     if _is_string(t) and k in ("cum_min", "cum_max", "rolling_min", "rolling_max"):
@@ -1447,6 +1452,15 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
         lists = pa.ListArray.from_arrays(pa.array(offsets), arr.take(pa.array(take, type=pa.int64())), type=t)
         return lists if out_ok is None else pc.if_else(pa.array(has), lists, pa.nulls(len(lists), t))
+    if kind == "rolling_formula":
+        def leaf(agg: str) -> pa.Array:
+            if agg == "median":
+                x, xv = _values(arr, it)
+                med, ok = F.window_median(x, xv & inwin, lo, hi)
+                return pa.array(med, mask=~(ok & has), type=pa.float64())
+            sub = replace(op, kind=F.AGGREGATIONS[agg], formula=None)
+            return _rolling(sub, col, data, schema, lo, hi, F.leaf_type(agg, it), n, member, out_ok)
+        return F.evaluate(op.formula, it, lo.size, leaf)
     if kind in ("rolling_min", "rolling_max") and _is_string(it):
         codes, cv = _string_codes(arr)
         uf, nothing = (np.minimum, codes.size) if kind == "rolling_min" else (np.maximum, -1)
