@@ -365,3 +365,22 @@ def test_rolling_formula_is_arithmetic_over_aggregations_typed_as_java():
     for bad in ("foo(y)", "max(y) % 2", "max(q)", "y.size()"):
         with pytest.raises(OperationError, match="rolling_formula"):
             U.rolling_formula_tick(bad, "y", ["X=I8"], 2)
+
+
+def test_a_decay_of_zero_multiplies_the_previous_value_by_zero_and_a_reset_restarts_at_the_value():
+    """As Deephaven: alpha is exp(-1/0) = 0, applied literally (0 * inf is NaN, which stays); a
+    state reset starts again at the next value itself, -0.0 keeping its sign."""
+    engine = Engine()
+    sch = pa.schema([("x", pa.float64())])
+    src = engine.create(TableSpec("src", "append", sch))
+    engine.write(src, pa.table({"x": [1.0, math.inf, 2.0, 3.0]}, schema=sch))
+    engine.run_cycle()
+    u = src.update_by([U.ema_tick(0, "E=x"), U.ems_tick(0, "S=x")])
+    got = u.gather().to_pydict()
+    assert got["E"][:2] == [1.0, math.inf] and math.isnan(got["E"][2]) and math.isnan(got["E"][3])
+    assert got["S"][:2] == [1.0, math.inf] and math.isnan(got["S"][2])
+    src2 = engine.create(TableSpec("src2", "append", sch))
+    engine.write(src2, pa.table({"x": [1.0, math.nan, -0.0, 2.0]}, schema=sch))
+    engine.run_cycle()
+    r = src2.update_by([U.ema_tick(2, "E=x", op_control={"on_nan": "reset"})]).gather().column("E").to_pylist()
+    assert r[0] == 1.0 and r[1] is None and r[2] == 0.0 and math.copysign(1.0, r[2]) == -1.0

@@ -106,13 +106,13 @@ def cum_count_where(col: str, filters: Any, filter_columns: Sequence[str] = ()) 
 def _em(kind: str, cols: Cols, ticks: Optional[float] = None, ts_col: Optional[str] = None,
         decay_time: Optional[Time] = None, op_control: Optional[dict[str, str]] = None) -> UpdateByOp:
     if ts_col is None:
-        if ticks is None or not ticks > 0:
-            raise OperationError(f"{kind}: decay ticks must be positive (got {ticks!r})")
+        if ticks is None or not ticks >= 0:  # as Deephaven, 0 is taken (alpha 0)
+            raise OperationError(f"{kind}: decay ticks must not be negative (got {ticks!r})")
         return UpdateByOp(kind, _pairs(cols), decay_ticks=float(ticks), control=_control(op_control))
     assert decay_time is not None
     d = nanos(decay_time)
-    if d <= 0:
-        raise OperationError(f"{kind}: decay time must be positive (got {decay_time!r})")
+    if d < 0:
+        raise OperationError(f"{kind}: decay time must not be negative (got {decay_time!r})")
     return UpdateByOp(kind, _pairs(cols), time_col=ts_col, decay_time=d, control=_control(op_control))
 
 

@@ -1360,6 +1360,8 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     kind = op.kind
     with np.errstate(invalid="ignore", over="ignore"):
         if kind in ("ema", "ems", "em_std"):
+            # rows after a fresh start in their chain do not read the seed (0 * seed + -0.0 would be +0.0)
+            afresh = K.seg_accumulate(np.logical_or, start, cpos)
             A = np.where(step, a, np.where(start, 0.0, 1.0))
             if kind == "ems":
                 B = np.where(used, x, 0.0)
@@ -1367,26 +1369,26 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
                 B = np.where(step, (1 - a) * x, np.where(start, x, 0.0))
             if kind == "em_std":
                 m0 = np.where(seeded, st["mean"][seg], 0.0)
-                AA, BB = K.linear_scan(A, B, cpos)
-                mean = AA * _chain_seed(m0, chain_start, chain, cpos) + BB
+                AA, BB = K.linear_scan(A, B, cpos, start)
+                mean = np.where(afresh, BB, AA * _chain_seed(m0, chain_start, chain, cpos) + BB)
                 mean_before = np.where(prev_used >= 0, mean[np.maximum(prev_used, 0)], m0)
                 bv = np.where(step, a * (1 - a) * (x - mean_before) ** 2, 0.0)
                 Av = np.where(step, a, np.where(start, 0.0, 1.0))
-                AV, BV = K.linear_scan(Av, bv, cpos)
+                AV, BV = K.linear_scan(Av, bv, cpos, start)
                 var = AV * _chain_seed(y0, chain_start, chain, cpos) + BV
                 v, extra_mean = var, mean
             else:
-                AA, BB = K.linear_scan(A, B, cpos)
-                v = AA * _chain_seed(y0, chain_start, chain, cpos) + BB
+                AA, BB = K.linear_scan(A, B, cpos, start)
+                v = np.where(afresh, BB, AA * _chain_seed(y0, chain_start, chain, cpos) + BB)
                 extra_mean = np.zeros(n)
         else:
             big = np.inf if kind == "em_min" else -np.inf
             C = np.where(step, a, np.where(start, 0.0, 1.0))
             D = np.where(used, x, big)
-            CC, DD = _minmax_scan(C, D, cpos, np.minimum if kind == "em_min" else np.maximum)
+            CC, DD, FF = _minmax_scan(C, D, cpos, np.minimum if kind == "em_min" else np.maximum, start, used)
             base = _chain_seed(y0, chain_start, chain, cpos)
             uf = np.minimum if kind == "em_min" else np.maximum
-            v = np.where(CC == 0, DD, uf(CC * base, DD))
+            v = np.where(FF, DD, uf(CC * base, DD))
             extra_mean = np.zeros(n)
     ok = K.seg_accumulate(np.logical_or, used, cpos) | seeded
     ok &= ~reset
@@ -1412,23 +1414,27 @@ def _chain_seed(y0: np.ndarray, chain_start: np.ndarray, chain: np.ndarray, cpos
     return out
 
 
-def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc) -> tuple[np.ndarray, np.ndarray]:
-    """For y[i] = uf(c[i] * y[i-1], d[i]) (c >= 0) within each segment: (C, D) with
-    y[i] = uf(C[i] * y0, D[i]) (C = 0: y[i] = D[i])."""
-    C, D = c.copy(), d.copy()
+def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc, fresh: np.ndarray,
+                 used: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For y[i] = uf(c[i] * y[i-1], d[i]) (c >= 0) within each segment, rows not `used` leaving y
+    as it was: (C, D, F) with y[i] = D[i] where F (a fresh start at or before i) and y[i] =
+    uf(C[i] * y0, D[i]) elsewhere (D is the identity of uf where no row was used). A c of 0 on a
+    row that is not fresh multiplies literally, as Deephaven (0 * inf is NaN)."""
+    C, D, F, E = c.copy(), d.copy(), fresh.astype(bool, copy=True), ~used
     if C.size == 0:
-        return C, D
+        return C, D, F
     dd = 1
     top = int(pos.max())
     with np.errstate(invalid="ignore", over="ignore"):
         while dd <= top:
             i = np.flatnonzero(pos >= dd)
-            ci, di, cp, dp = C[i], D[i], C[i - dd], D[i - dd]
-            keep = ci == 0
-            C[i] = np.where(keep, 0.0, cp * ci)
-            D[i] = np.where(keep, di, uf(ci * dp, di))
+            ci, di, cp, dp, keep, fp, ei, ep = C[i], D[i], C[i - dd], D[i - dd], F[i], F[i - dd], E[i], E[i - dd]
+            C[i] = np.where(keep, ci, cp * ci)
+            D[i] = np.where(keep | ep, di, np.where(ei, ci * dp, uf(ci * dp, di)))
+            F[i] = keep | fp
+            E[i] = ei & (ep | keep)
             dd *= 2
-    return C, D
+    return C, D, F
 
 
 def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Schema, lo: np.ndarray,

@@ -12,6 +12,8 @@ This module knows nothing of tables: arrays in, arrays out.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 __all__ = ["positions", "seg_accumulate", "linear_scan", "last_index", "window_reduce", "window_count",
@@ -48,10 +50,14 @@ def seg_accumulate(ufunc: np.ufunc, x: np.ndarray, pos: np.ndarray) -> np.ndarra
     return y
 
 
-def linear_scan(a: np.ndarray, b: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def linear_scan(a: np.ndarray, b: np.ndarray, pos: np.ndarray, fresh: Optional[np.ndarray] = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """For y[i] = a[i] * y[i-1] + b[i] within each segment: (A, B) with y[i] = A[i] * y0 + B[i],
-    y0 being the value before the segment's first row."""
+    y0 being the value before the segment's first row. `fresh`: the rows that start afresh (y[i] =
+    b[i] whatever came before, even an infinity or NaN); by default those whose a is 0. A row
+    whose a is 0 and that is not fresh multiplies what came before by 0 literally (0 * inf = NaN)."""
     A, B = a.astype(np.float64, copy=True), b.astype(np.float64, copy=True)
+    F = (A == 0) if fresh is None else fresh.astype(bool, copy=True)
     if A.size == 0:
         return A, B
     d = 1
@@ -59,11 +65,10 @@ def linear_scan(a: np.ndarray, b: np.ndarray, pos: np.ndarray) -> tuple[np.ndarr
     with np.errstate(invalid="ignore", over="ignore"):
         while d <= top:
             i = np.flatnonzero(pos >= d)
-            ai, bi, ap, bp = A[i], B[i], A[i - d], B[i - d]
-            # an element whose a is 0 does not depend on what came before (0 * inf would be NaN)
-            keep = ai == 0
-            A[i] = np.where(keep, 0.0, ap * ai)
+            ai, bi, ap, bp, keep, fp = A[i], B[i], A[i - d], B[i - d], F[i], F[i - d]
+            A[i] = np.where(keep, ai, ap * ai)
             B[i] = np.where(keep, bi, ai * bp + bi)
+            F[i] = keep | fp
             d *= 2
     return A, B
 
