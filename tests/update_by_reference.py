@@ -277,8 +277,10 @@ def update_by(rows: Sequence[dict], ops: Sequence[Op], by: Sequence[str] = ()) -
     return out
 
 
-def close(got: Any, want: Any) -> bool:
-    """The same result: nulls, NaN, infinities and integers exactly, other floats within REL_TOL."""
+def close(got: Any, want: Any, abs_tol: float = 0.0) -> bool:
+    """The same result: nulls, NaN, infinities and integers exactly, other floats within REL_TOL
+    (or `abs_tol`: for a result that cancels to zero, such as em_std of equal values, where the
+    order of roundings leaves a few ulps of the values)."""
     if got is None or want is None:
         return got is None and want is None
     if isinstance(got, bool) or isinstance(want, bool) or isinstance(got, str) or isinstance(want, str):
@@ -290,4 +292,4 @@ def close(got: Any, want: Any) -> bool:
         return math.isnan(g) and math.isnan(w)
     if math.isinf(g) or math.isinf(w):
         return g == w
-    return math.isclose(g, w, rel_tol=REL_TOL, abs_tol=0.0)
+    return math.isclose(g, w, rel_tol=REL_TOL, abs_tol=abs_tol)
