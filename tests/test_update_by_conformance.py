@@ -345,11 +345,6 @@ KNOWN: dict[str, tuple[str, ...]] = {
         'rolling\\-time_clock-by_G::(rmin_D)',
         'rolling\\-time_0_PT0\\.5s-by_G::(rmin_D)',
     ),
-    'time-window float sums and averages over infinities and NaN: tickwire differs': (
-        'rolling\\-time_\\-PT1s_PT3s-by_G::(rsum_F32|rsum_F64|rsum_D|ravg_F32|ravg_F64|ravg_D|rwavg_F32)',
-        'rolling\\-time_0_0-by_G::(rsum_F32|rsum_F64|rsum_D|ravg_F32|ravg_F64|ravg_D|rwavg_F32)',
-        'rolling\\-time_0_PT0\\.5s-by_G::(rsum_F32|rsum_F64|rsum_D|ravg_F32|ravg_F64|ravg_D|rwavg_F32)',
-    ),
     ('Deephaven 42.7 refuses the rolling_formula max(x) with the parameter x (INVALID_ARGUMENT), not '
      'max(y); tickwire answers it'): (
         'rolling_formula\\-max_x\\-tick_3_0\\-ints-(no_by|by_G)',

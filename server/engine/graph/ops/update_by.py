@@ -1485,9 +1485,11 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
     if kind in ("rolling_sum", "rolling_avg", "rolling_std"):
         xf = np.where(xv, x, 0)
         s = K.window_reduce(np.add, xf, lo, hi, 0)
+        if not isint:
+            s = s + 0.0  # as Deephaven's sums, which start from +0.0: a window of -0.0 sums to 0.0
         if kind == "rolling_sum":
             return _arrow(s, some, t)
-        sf = K.window_reduce(np.add, np.where(xv, x.astype(np.float64), 0.0), lo, hi, 0.0)
+        sf = K.window_reduce(np.add, np.where(xv, x.astype(np.float64), 0.0), lo, hi, 0.0) + 0.0
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = sf / cnt
             if kind == "rolling_avg":
@@ -1527,8 +1529,8 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         both = xv & wv
         xw = np.where(both, x.astype(np.float64) * w.astype(np.float64), 0.0)
         ws = np.where(both, w.astype(np.float64), 0.0)
-        num = K.window_reduce(np.add, xw, lo, hi, 0.0)
-        den = K.window_reduce(np.add, ws, lo, hi, 0.0)
+        num = K.window_reduce(np.add, xw, lo, hi, 0.0) + 0.0  # from +0.0, as Deephaven's sums
+        den = K.window_reduce(np.add, ws, lo, hi, 0.0) + 0.0
         c2 = K.window_count(both, lo, hi)
         with np.errstate(invalid="ignore", divide="ignore"):
             return _arrow(num / den, (c2 > 0) & has, t)
