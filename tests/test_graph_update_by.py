@@ -384,3 +384,22 @@ def test_a_decay_of_zero_multiplies_the_previous_value_by_zero_and_a_reset_resta
     engine.run_cycle()
     r = src2.update_by([U.ema_tick(2, "E=x", op_control={"on_nan": "reset"})]).gather().column("E").to_pylist()
     assert r[0] == 1.0 and r[1] is None and r[2] == 0.0 and math.copysign(1.0, r[2]) == -1.0
+
+
+def test_rolling_min_of_infinities_answers_max_value_as_deephaven():
+    """Deephaven's rolling_min of doubles starts at Double.MAX_VALUE and its window buffer's
+    identity is MAX_VALUE: a window of +inf only answers MAX_VALUE, but +inf when the operator took
+    it as the first value after a window without values and nothing has left the window since."""
+    engine = Engine()
+    sch = pa.schema([("x", pa.float64()), ("f", pa.float32())])
+    src = engine.create(TableSpec("src", "append", sch))
+    engine.write(src, pa.table({"x": [math.inf, None, math.inf, math.inf, 2.0],
+                                "f": [math.inf, None, math.inf, math.inf, 2.0]}, schema=sch))
+    engine.run_cycle()
+    u = src.update_by([U.rolling_min_tick(["M=x", "F=f"], rev_ticks=1)])
+    big, big32 = float(np.finfo(np.float64).max), float(np.finfo(np.float32).max)
+    assert u.gather().column("M").to_pylist() == [big, None, math.inf, big, 2.0]
+    assert u.gather().column("F").to_pylist() == [big32, None, math.inf, big32, 2.0]
+    engine.write(src, pa.table({"x": [None, math.inf], "f": [None, math.inf]}, schema=sch))
+    engine.run_cycle()
+    assert u.gather().column("M").to_pylist()[5:] == [None, math.inf]

@@ -332,21 +332,6 @@ KNOWN: dict[str, tuple[str, ...]] = {
         'rolling\\-time_clock-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
         'rolling\\-time_0_PT0\\.5s-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
     ),
-    ('rolling_min of doubles over a window whose smallest value is +inf: Deephaven answers '
-     'Double.MAX_VALUE (its ring buffer\'s identity, and its operator\'s initial state) unless the state '
-     'took the +inf as the first value after an empty window; tickwire answers inf'): (
-        'rolling\\-tick_1_0-(no_by|by_G)::(rmin_D)',
-        'rolling\\-tick_0_2-by_G::(rmin_D)',
-        'rolling\\-tick_3_2-by_G::(rmin_D)',
-        'rolling\\-tick_\\-1_3-by_G::(rmin_D)',
-        'rolling\\-tick_1_1-by_G::(rmin_D)',
-        'rolling\\-time_PT2s_0-by_G::(rmin_D)',
-        'rolling\\-time_nanos_2s_2s-by_G::(rmin_D)',
-        'rolling\\-time_\\-PT1s_PT3s-by_G::(rmin_D)',
-        'rolling\\-time_0_0-by_G::(rmin_D)',
-        'rolling\\-time_clock-by_G::(rmin_D)',
-        'rolling\\-time_0_PT0\\.5s-by_G::(rmin_D)',
-    ),
     ('Deephaven 42.7 refuses the rolling_formula max(x) with the parameter x (INVALID_ARGUMENT), not '
      'max(y); tickwire answers it'): (
         'rolling_formula\\-max_x\\-tick_3_0\\-ints-(no_by|by_G)',

@@ -882,7 +882,8 @@ class UpdateByTable(LeftRowsJoin):
             outs: dict[str, pa.Array] = {}
             for name, col in op.pairs:
                 ft = self.out_schema.field(name).type
-                outs[name] = _rolling(op, col, data, self.left.schema, lo[sel], hi[sel], ft, keys.size)
+                outs[name] = _rolling(op, col, data, self.left.schema, lo[sel], hi[sel], ft, keys.size,
+                                      runs=seg[sel])
             results.append((keys[sel], outs))
         return results
 
@@ -932,7 +933,8 @@ class UpdateByTable(LeftRowsJoin):
             for name, col in op.pairs:
                 ft = self.out_schema.field(name).type
                 outs[name] = _rolling(op, col, data, self.left.schema, lo[sel], hi[sel], ft,
-                                      sub_keys.size, member, None if member is None else member[sel])
+                                      sub_keys.size, member, None if member is None else member[sel],
+                                      runs=sub_seg[sel])
             results.append((sub_keys[sel], outs))
         return results
 
@@ -1439,10 +1441,11 @@ def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc, fr
 
 def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Schema, lo: np.ndarray,
              hi: np.ndarray, t: pa.DataType, n: int, member: Optional[np.ndarray] = None,
-             out_ok: Optional[np.ndarray] = None) -> pa.Array:
+             out_ok: Optional[np.ndarray] = None, runs: Optional[np.ndarray] = None) -> pa.Array:
     """A rolling operation over the windows [lo, hi] of the gathered rows; `member`: the rows that
     may be in a window (time windows leave out rows without a stamp), `out_ok`: the output rows
-    that have a window at all (others are null)."""
+    that have a window at all (others are null); `runs`: the bucket of each output row (a bucket's
+    first output row is where this cycle's computation of it starts)."""
     kind = op.kind
     inwin = np.ones(n, dtype=bool) if member is None else member
     has = np.ones(lo.size, dtype=bool) if out_ok is None else out_ok
@@ -1465,7 +1468,7 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
                 med, ok = F.window_median(x, xv & inwin, lo, hi)
                 return pa.array(med, mask=~(ok & has), type=pa.float64())
             sub = replace(op, kind=F.AGGREGATIONS[agg], formula=None)
-            return _rolling(sub, col, data, schema, lo, hi, F.leaf_type(agg, it), n, member, out_ok)
+            return _rolling(sub, col, data, schema, lo, hi, F.leaf_type(agg, it), n, member, out_ok, runs)
         return F.evaluate(op.formula, it, lo.size, leaf)
     if kind in ("rolling_min", "rolling_max") and _is_string(it):
         codes, cv = _string_codes(arr)
@@ -1519,6 +1522,8 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         if kind == "rolling_min":
             ident = np.iinfo(np.int64).max if isint else np.inf
             r = K.window_reduce(np.minimum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
+            if not isint and runs is not None:
+                r = _dh_min_of_infinities(r, xv, cnt, lo, hi, has, runs, t)
         else:
             ident = np.iinfo(np.int64).min if isint else -np.inf
             r = K.window_reduce(np.maximum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
@@ -1535,6 +1540,40 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         with np.errstate(invalid="ignore", divide="ignore"):
             return _arrow(num / den, (c2 > 0) & has, t)
     raise OperationError(f"unknown rolling operation {kind!r}")
+
+
+def _dh_min_of_infinities(r: np.ndarray, valid: np.ndarray, cnt: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                          has: np.ndarray, runs: np.ndarray, t: pa.DataType) -> np.ndarray:
+    """As Deephaven's rolling_min of floats, whose operator starts each computation at the type's
+    MAX_VALUE and whose window buffer's identity is MAX_VALUE: a window whose values are all +inf
+    answers MAX_VALUE, unless the operator took the +inf as the first value after a window without
+    values (its state is then null, and takes what comes) and no value has left the window since."""
+    allinf = has & (cnt > 0) & np.isposinf(r)
+    if not allinf.any():
+        return r
+    q = np.flatnonzero(has)
+    rq, lq, hq = runs[q], lo[q], hi[q]
+    first = np.ones(q.size, dtype=bool)
+    first[1:] = rq[1:] != rq[:-1]
+    pre = np.concatenate(([0], np.cumsum(valid.astype(np.int64))))
+    # values that left the window since the output row before (of the same bucket)
+    popped = np.zeros(q.size, dtype=np.int64)
+    if q.size > 1:
+        a, b = lq[:-1], np.minimum(lq[1:], hq[:-1] + 1)
+        popped[1:] = np.where(b > a, pre[np.maximum(b, 0)] - pre[np.maximum(a, 0)], 0)
+    popped[first] = 0
+    inf_q, empty_q = allinf[q], (cnt[q] == 0)
+    # stretches of consecutive all-+inf rows within a bucket; each one's first row
+    start = inf_q & (first | ~np.concatenate(([False], inf_q[:-1])))
+    sidx = np.maximum.accumulate(np.where(start, np.arange(q.size), 0))
+    after_empty = np.zeros(q.size, dtype=bool)
+    after_empty[1:] = empty_q[:-1]
+    took_inf = start & ~first & after_empty  # the stretch began right after an empty window
+    cp = np.cumsum(popped)
+    kept = inf_q & took_inf[sidx] & (cp - cp[sidx] == 0)
+    out: np.ndarray = r.copy()
+    out[q[inf_q & ~kept]] = float(np.finfo(np.float32 if t == pa.float32() else np.float64).max)
+    return out
 
 
 def _update_by(graph: "UpdateGraph", name: str, parent: Table, ops: Sequence[UpdateByOp],
