@@ -314,24 +314,6 @@ KNOWN: dict[str, tuple[str, ...]] = {
      'and null stamps: tickwire differs'): (
         'em\\-time_PT2s\\-null_RESET\\-nan_POISON\\-floats-no_by',
     ),
-    ("rolling_min/rolling_max over NaN: Deephaven's ring buffer sometimes passes a NaN over and "
-     'sometimes keeps it after it left the window; tickwire passes it over'): (
-        'rolling\\-tick_3_0-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-tick_1_0-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-tick_0_2-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-tick_3_2-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-tick_5_\\-2-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-tick_\\-1_3-no_by::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-tick_1_1-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_PT2s_0-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_nanos_2s_2s-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_PT3s_PT1s-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_PT5s_\\-PT2s-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_\\-PT1s_PT3s-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_0_0-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_clock-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-        'rolling\\-time_0_PT0\\.5s-(no_by|by_G)::(rmin_F32|rmin_F64|rmax_F32|rmax_F64)',
-    ),
     ('Deephaven 42.7 refuses the rolling_formula max(x) with the parameter x (INVALID_ARGUMENT), not '
      'max(y); tickwire answers it'): (
         'rolling_formula\\-max_x\\-tick_3_0\\-ints-(no_by|by_G)',

@@ -169,7 +169,7 @@ def _formula_op(formula: str, formula_param: str) -> tuple[str, dict[str, Any]]:
     """One aggregation alone is that rolling operation; arithmetic over them is rolling_formula."""
     tree = formula_parse(formula, formula_param)
     agg = formula_single(tree)
-    if agg is not None and agg != "median":
+    if agg is not None and agg not in ("median", "min", "max"):  # see update_by_ops._formula
         return AGGREGATIONS[agg], {}
     return "rolling_formula", {"formula": tree}
 

@@ -148,7 +148,9 @@ def _formula(formula: str, param: str) -> tuple[str, Optional[tuple]]:
     except OperationError as exc:
         raise CallError(f"UpdateBy {exc}", "UNIMPLEMENTED") from None
     agg = formula_single(tree)
-    if agg in _FORMULA:
+    # min and max stay formulas: Deephaven's Numeric min/max over the window, whose NaN rules are
+    # not its rolling_min/rolling_max operator's
+    if agg in _FORMULA and agg not in ("min", "max"):
         return _FORMULA[agg], None
     return "rolling_formula", tree
 

@@ -32,6 +32,7 @@ from tickwire.server.engine.graph.column_store import ColumnStore, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops import update_by_formula as F
 from tickwire.server.engine.graph.ops import update_by_kernels as K
+from tickwire.server.engine.graph.ops import update_by_minmax as MM
 from tickwire.server.engine.graph.ops.aggregate import _vector_type
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
 from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, java_type, unknown_columns
@@ -1468,7 +1469,10 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
                 med, ok = F.window_median(x, xv & inwin, lo, hi)
                 return pa.array(med, mask=~(ok & has), type=pa.float64())
             sub = replace(op, kind=F.AGGREGATIONS[agg], formula=None)
-            return _rolling(sub, col, data, schema, lo, hi, F.leaf_type(agg, it), n, member, out_ok, runs)
+            # a formula's min and max are Deephaven's Numeric functions over the window, not the
+            # rolling operator's walk (no runs)
+            return _rolling(sub, col, data, schema, lo, hi, F.leaf_type(agg, it), n, member, out_ok,
+                            None if agg in ("min", "max") else runs)
         return F.evaluate(op.formula, it, lo.size, leaf)
     if kind in ("rolling_min", "rolling_max") and _is_string(it):
         codes, cv = _string_codes(arr)
@@ -1519,11 +1523,13 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
             p = np.where(zeros, np.where(np.isinf(p) | np.isnan(p), np.nan, 0.0), p)
         return _arrow(p, some, t)
     if kind in ("rolling_min", "rolling_max"):
+        if not isint and runs is not None:  # floats: Deephaven's operator, NaN and MAX_VALUE as it has them
+            big = float(np.finfo(np.float32 if t == pa.float32() else np.float64).max)
+            vals, got = MM.float_extreme(kind == "rolling_min", x, xv, lo, hi, has, runs, big)
+            return _arrow(vals, got, t)
         if kind == "rolling_min":
             ident = np.iinfo(np.int64).max if isint else np.inf
             r = K.window_reduce(np.minimum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
-            if not isint and runs is not None:
-                r = _dh_min_of_infinities(r, xv, cnt, lo, hi, has, runs, t)
         else:
             ident = np.iinfo(np.int64).min if isint else -np.inf
             r = K.window_reduce(np.maximum, np.where(xv, x, ident).astype(x.dtype), lo, hi, ident)
@@ -1540,40 +1546,6 @@ def _rolling(op: UpdateByOp, col: str, data: dict[str, pa.Array], schema: pa.Sch
         with np.errstate(invalid="ignore", divide="ignore"):
             return _arrow(num / den, (c2 > 0) & has, t)
     raise OperationError(f"unknown rolling operation {kind!r}")
-
-
-def _dh_min_of_infinities(r: np.ndarray, valid: np.ndarray, cnt: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                          has: np.ndarray, runs: np.ndarray, t: pa.DataType) -> np.ndarray:
-    """As Deephaven's rolling_min of floats, whose operator starts each computation at the type's
-    MAX_VALUE and whose window buffer's identity is MAX_VALUE: a window whose values are all +inf
-    answers MAX_VALUE, unless the operator took the +inf as the first value after a window without
-    values (its state is then null, and takes what comes) and no value has left the window since."""
-    allinf = has & (cnt > 0) & np.isposinf(r)
-    if not allinf.any():
-        return r
-    q = np.flatnonzero(has)
-    rq, lq, hq = runs[q], lo[q], hi[q]
-    first = np.ones(q.size, dtype=bool)
-    first[1:] = rq[1:] != rq[:-1]
-    pre = np.concatenate(([0], np.cumsum(valid.astype(np.int64))))
-    # values that left the window since the output row before (of the same bucket)
-    popped = np.zeros(q.size, dtype=np.int64)
-    if q.size > 1:
-        a, b = lq[:-1], np.minimum(lq[1:], hq[:-1] + 1)
-        popped[1:] = np.where(b > a, pre[np.maximum(b, 0)] - pre[np.maximum(a, 0)], 0)
-    popped[first] = 0
-    inf_q, empty_q = allinf[q], (cnt[q] == 0)
-    # stretches of consecutive all-+inf rows within a bucket; each one's first row
-    start = inf_q & (first | ~np.concatenate(([False], inf_q[:-1])))
-    sidx = np.maximum.accumulate(np.where(start, np.arange(q.size), 0))
-    after_empty = np.zeros(q.size, dtype=bool)
-    after_empty[1:] = empty_q[:-1]
-    took_inf = start & ~first & after_empty  # the stretch began right after an empty window
-    cp = np.cumsum(popped)
-    kept = inf_q & took_inf[sidx] & (cp - cp[sidx] == 0)
-    out: np.ndarray = r.copy()
-    out[q[inf_q & ~kept]] = float(np.finfo(np.float32 if t == pa.float32() else np.float64).max)
-    return out
 
 
 def _update_by(graph: "UpdateGraph", name: str, parent: Table, ops: Sequence[UpdateByOp],
