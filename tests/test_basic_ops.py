@@ -302,3 +302,25 @@ def test_time_table_slice_and_flatten_step_by_step():
             assert s.engine.snapshot(tt)[1]["Timestamp"].cast(pa.int64()).to_pylist() == want
             assert s.engine.snapshot(last3)[1]["Timestamp"].cast(pa.int64()).to_pylist() == want[-3:]
             assert s.engine.snapshot(flat)[1]["Timestamp"].cast(pa.int64()).to_pylist() == want
+
+
+def test_update_by_rolling_formula_is_served_or_refused_naming_what_is_not_read(svc):
+    c = Calls(svc)
+
+    def formula(text: str) -> table_pb2.UpdateByRequest:
+        req = table_pb2.UpdateByRequest()
+        op = req.operations.add()
+        op.column.match_pairs.append("R=I")
+        op.column.spec.rolling_formula.formula = text
+        op.column.spec.rolling_formula.param_token = "x"
+        op.column.spec.rolling_formula.reverse_window_scale.ticks.ticks = 2
+        return req
+
+    t, r = c.op("UpdateBy", formula("max(x) - min(x)"), b"s/static")
+    got = c.get(t)
+    assert r.success and got.column_names == ["I", "S", "D", "R"] and got.schema.field("R").type == pa.int32()
+    assert got.column("R").to_pylist() == [0, 0, 0, 8, 2]
+    t, _ = c.op("UpdateBy", formula("sum(x)"), b"s/static")  # one aggregation alone: rolling_sum
+    assert c.get(t).schema.field("R").type == pa.int64()
+    code, msg = c.status("UpdateBy", formula("x.size()"), b"s/static")
+    assert code == grpc.StatusCode.UNIMPLEMENTED and "'x.size()'" in msg

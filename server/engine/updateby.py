@@ -24,7 +24,7 @@ __all__ = ["UpdateByOp", "cum_sum", "cum_prod", "cum_min", "cum_max", "forward_f
            "rolling_prod_time", "rolling_count_tick", "rolling_count_time", "rolling_std_tick", "rolling_std_time",
            "rolling_wavg_tick", "rolling_wavg_time", "rolling_group_tick", "rolling_group_time",
            "rolling_count_where_tick", "rolling_count_where_time", "rolling_formula_tick", "rolling_formula_time",
-           "formula_parse", "formula_single", "nanos"]
+           "formula_op", "nanos"]
 
 Cols = Union[str, Sequence[str]]
 Time = Union[int, str]
@@ -165,11 +165,14 @@ def _time(kind: str, ts_col: str, cols: Cols, rev_time: Time, fwd_time: Time, **
                       **extra)
 
 
-def _formula_op(formula: str, formula_param: str) -> tuple[str, dict[str, Any]]:
-    """One aggregation alone is that rolling operation; arithmetic over them is rolling_formula."""
+def formula_op(formula: str, formula_param: str) -> tuple[str, dict[str, Any]]:
+    """(kind, extra UpdateByOp fields) of a rolling formula: one aggregation alone is that rolling
+    operation; arithmetic over them is rolling_formula with its tree. min and max stay formulas:
+    Deephaven's Numeric min/max over the window, whose NaN rules are not its rolling_min/rolling_max
+    operator's. OperationError names what is not served."""
     tree = formula_parse(formula, formula_param)
     agg = formula_single(tree)
-    if agg is not None and agg not in ("median", "min", "max"):  # see update_by_ops._formula
+    if agg is not None and agg not in ("median", "min", "max"):
         return AGGREGATIONS[agg], {}
     return "rolling_formula", {"formula": tree}
 
@@ -178,13 +181,13 @@ def rolling_formula_tick(formula: str, formula_param: str, cols: Cols, rev_ticks
                          fwd_ticks: int = 0) -> UpdateByOp:
     """`formula` over each window, `formula_param` standing for the window's values: +, -, *, / of
     numbers and of sum, avg, min, max, count, std, prod and median of the parameter."""
-    kind, extra = _formula_op(formula, formula_param)
+    kind, extra = formula_op(formula, formula_param)
     return _tick(kind, cols, rev_ticks, fwd_ticks, **extra)
 
 
 def rolling_formula_time(ts_col: str, formula: str, formula_param: str, cols: Cols, rev_time: Time,
                          fwd_time: Time = 0) -> UpdateByOp:
-    kind, extra = _formula_op(formula, formula_param)
+    kind, extra = formula_op(formula, formula_param)
     return _time(kind, ts_col, cols, rev_time, fwd_time, **extra)
 
 

@@ -3,10 +3,9 @@ update_by table of the engine (tickwire.server.engine.graph.ops.update_by).
 
 Each UpdateByOperation is a column operation (its spec and "Out=In" match pairs, none meaning every
 column that is not a `group_by_columns` column); windows and decays come as ticks or as a time
-column with nanoseconds or an ISO-8601 duration. rolling_formula is served for formulas that are one
-aggregation of the parameter (``sum(x)``, ``avg(x)``, ``min(x)``, ``max(x)``, ``prod(x)``,
-``count(x)``, ``std(x)``), others are refused by name. count_where filters are Deephaven filter
-strings (dh_expr).
+column with nanoseconds or an ISO-8601 duration. rolling_formula is served for arithmetic over
+aggregations of the parameter (the engine's updateby.formula_op), others are refused (UNIMPLEMENTED)
+naming the part not read. count_where filters are Deephaven filter strings (dh_expr).
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import pyarrow as pa
 
 from tickwire.server.engine import OperationError, Table, column_pairs
 from tickwire.server.engine.graph.ops import expression_columns
-from tickwire.server.engine.updateby import UpdateByOp, formula_parse, formula_single, nanos
+from tickwire.server.engine.updateby import UpdateByOp, formula_op, nanos
 from tickwire.server.services.dh_expr import ExpressionError, parse_filters
 from tickwire.server.services.rpc import CallError
 from tickwire.server.services.table_ops import TableOps, register
@@ -31,9 +30,6 @@ _ROLLING = {"rolling_sum": "rolling_sum", "rolling_avg": "rolling_avg", "rolling
             "rolling_std": "rolling_std", "rolling_wavg": "rolling_wavg", "rolling_group": "rolling_group",
             "rolling_count_where": "rolling_count_where"}
 _CUMULATIVE = {"sum": "cum_sum", "min": "cum_min", "max": "cum_max", "product": "cum_prod", "fill": "fill"}
-_FORMULA = {"sum": "rolling_sum", "avg": "rolling_avg", "min": "rolling_min", "max": "rolling_max",
-            "prod": "rolling_prod", "count": "rolling_count", "std": "rolling_std"}
-
 
 #: the kinds that take a column of any type; the others take numbers (as Deephaven's applicableTo)
 _ANY_TYPE = ("fill", "rolling_group", "rolling_count")
@@ -118,9 +114,11 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
         if which == "rolling_wavg":
             extra["weight"] = str(body.weight_column)
         if which == "rolling_formula":
-            kind, tree = _formula(str(body.formula), str(body.param_token))
-            if tree is not None:
-                extra["formula"] = tree
+            try:
+                kind, formula = formula_op(str(body.formula), str(body.param_token))
+            except OperationError as exc:
+                raise CallError(f"UpdateBy {exc}", "UNIMPLEMENTED") from None
+            extra.update(formula)
         if which == "rolling_count_where":
             expr, cols = _filters(body.filters, source, what)
             return UpdateByOp(kind, ((str(body.result_column), ""),), time_col=col, rev=int(rev), fwd=int(fwd),
@@ -138,21 +136,6 @@ def _check_window(rev: float, fwd: float, timed: bool, empty_ok: bool, what: str
         unit = "nanoseconds" if timed else "ticks"
         raise CallError(f"{what}: a window of {size:g} {unit} (reverse {rev:g} plus forward {fwd:g}) holds no "
                         f"rows", "INVALID_ARGUMENT")
-
-
-def _formula(formula: str, param: str) -> tuple[str, Optional[tuple]]:
-    """(kind, tree): one aggregation alone is that rolling operation; arithmetic over aggregations
-    is rolling_formula with its tree. What tickwire does not read is UNIMPLEMENTED, named."""
-    try:
-        tree = formula_parse(formula, param)
-    except OperationError as exc:
-        raise CallError(f"UpdateBy {exc}", "UNIMPLEMENTED") from None
-    agg = formula_single(tree)
-    # min and max stay formulas: Deephaven's Numeric min/max over the window, whose NaN rules are
-    # not its rolling_min/rolling_max operator's
-    if agg in _FORMULA and agg not in ("min", "max"):
-        return _FORMULA[agg], None
-    return "rolling_formula", tree
 
 
 def _update_by(ops: TableOps, req, source: Table) -> Callable[[], Table]:
