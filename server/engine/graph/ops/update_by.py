@@ -1363,8 +1363,6 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
     kind = op.kind
     with np.errstate(invalid="ignore", over="ignore"):
         if kind in ("ema", "ems", "em_std"):
-            # rows after a fresh start in their chain do not read the seed (0 * seed + -0.0 would be +0.0)
-            afresh = K.seg_accumulate(np.logical_or, start, cpos)
             A = np.where(step, a, np.where(start, 0.0, 1.0))
             if kind == "ems":
                 B = np.where(used, x, 0.0)
@@ -1372,17 +1370,18 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
                 B = np.where(step, (1 - a) * x, np.where(start, x, 0.0))
             if kind == "em_std":
                 m0 = np.where(seeded, st["mean"][seg], 0.0)
-                AA, BB = K.linear_scan(A, B, cpos, start)
-                mean = np.where(afresh, BB, AA * _chain_seed(m0, chain_start, chain, cpos) + BB)
+                # rows after a fresh start do not read the seed (0 * seed + -0.0 would be +0.0)
+                AA, BB, FF = K.linear_scan(A, B, cpos, start)
+                mean = np.where(FF, BB, AA * _chain_seed(m0, chain_start, chain, cpos) + BB)
                 mean_before = np.where(prev_used >= 0, mean[np.maximum(prev_used, 0)], m0)
                 bv = np.where(step, a * (1 - a) * (x - mean_before) ** 2, 0.0)
                 Av = np.where(step, a, np.where(start, 0.0, 1.0))
-                AV, BV = K.linear_scan(Av, bv, cpos, start)
+                AV, BV, _f = K.linear_scan(Av, bv, cpos, start)
                 var = AV * _chain_seed(y0, chain_start, chain, cpos) + BV
                 v, extra_mean = var, mean
             else:
-                AA, BB = K.linear_scan(A, B, cpos, start)
-                v = np.where(afresh, BB, AA * _chain_seed(y0, chain_start, chain, cpos) + BB)
+                AA, BB, FF = K.linear_scan(A, B, cpos, start)
+                v = np.where(FF, BB, AA * _chain_seed(y0, chain_start, chain, cpos) + BB)
                 extra_mean = np.zeros(n)
         else:
             big = np.inf if kind == "em_min" else -np.inf

@@ -12,8 +12,6 @@ This module knows nothing of tables: arrays in, arrays out.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 __all__ = ["positions", "seg_accumulate", "linear_scan", "last_index", "window_reduce", "window_count",
@@ -50,16 +48,17 @@ def seg_accumulate(ufunc: np.ufunc, x: np.ndarray, pos: np.ndarray) -> np.ndarra
     return y
 
 
-def linear_scan(a: np.ndarray, b: np.ndarray, pos: np.ndarray, fresh: Optional[np.ndarray] = None
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """For y[i] = a[i] * y[i-1] + b[i] within each segment: (A, B) with y[i] = A[i] * y0 + B[i],
-    y0 being the value before the segment's first row. `fresh`: the rows that start afresh (y[i] =
-    b[i] whatever came before, even an infinity or NaN); by default those whose a is 0. A row
-    whose a is 0 and that is not fresh multiplies what came before by 0 literally (0 * inf = NaN)."""
+def linear_scan(a: np.ndarray, b: np.ndarray, pos: np.ndarray, fresh: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For y[i] = a[i] * y[i-1] + b[i] within each segment: (A, B, F) with y[i] = B[i] where F (a
+    fresh start at or before i in its segment) and y[i] = A[i] * y0 + B[i] elsewhere, y0 being the
+    value before the segment's first row. `fresh`: the rows that start afresh (y[i] = b[i] whatever
+    came before, even an infinity or NaN); a row whose a is 0 and that is not fresh multiplies what
+    came before by 0 literally (0 * inf = NaN)."""
     A, B = a.astype(np.float64, copy=True), b.astype(np.float64, copy=True)
-    F = (A == 0) if fresh is None else fresh.astype(bool, copy=True)
+    F = fresh.astype(bool, copy=True)
     if A.size == 0:
-        return A, B
+        return A, B, F
     d = 1
     top = int(pos.max())
     with np.errstate(invalid="ignore", over="ignore"):
@@ -70,7 +69,7 @@ def linear_scan(a: np.ndarray, b: np.ndarray, pos: np.ndarray, fresh: Optional[n
             B[i] = np.where(keep, bi, ai * bp + bi)
             F[i] = keep | fp
             d *= 2
-    return A, B
+    return A, B, F
 
 
 def last_index(flag: np.ndarray, pos: np.ndarray, inclusive: bool = True) -> np.ndarray:
