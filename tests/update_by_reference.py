@@ -206,11 +206,12 @@ def _window_value(kind: str, vals: list) -> Any:
         if not all(math.isfinite(v) for v in f):
             return math.nan
         squares = [v * v for v in f]
-        if not all(math.isfinite(v) for v in squares) or not math.isfinite(math.fsum(squares)):
+        s2 = math.fsum(squares) if all(math.isfinite(v) for v in squares) else math.inf
+        if not math.isfinite(s2):
             return math.nan  # as Deephaven: a sum of squares too large for a double
         mean = math.fsum(f) / len(f)
         delta = math.fsum((v - mean) ** 2 for v in f)
-        if delta <= math.ulp(math.fsum(squares)):
+        if delta <= math.ulp(s2):
             return 0.0  # as Deephaven: a spread within the rounding of the sum of squares is none
         return math.sqrt(delta / (len(f) - 1))
     raise ValueError(f"not a rolling kind: {kind}")
