@@ -76,6 +76,8 @@ __all__ = [
 DH_TYPE = b"deephaven:type"
 DH_COMPONENT_TYPE = b"deephaven:componentType"
 DH_IS_SORTABLE = b"deephaven:isSortable"
+#: a partitioning column of a table read from partitioned storage (kept from the field's own metadata)
+DH_IS_PARTITIONING = b"deephaven:isPartitioning"
 _TRUE = b"true"
 
 ROW_STYLE_COLUMN = "__ROW__TABLE_STYLE_FORMAT"
@@ -361,6 +363,8 @@ def _field_metadata(f: pa.Field, names: set[str]) -> dict[bytes, bytes]:
     explicit = user.get(DH_TYPE)
     dh = explicit.decode() if explicit else deephaven_type_for(f.type)
     md: dict[bytes, bytes] = {}
+    if user.get(DH_IS_PARTITIONING) == _TRUE:
+        md[DH_IS_PARTITIONING] = _TRUE
     if is_sortable_type(dh):
         md[DH_IS_SORTABLE] = _TRUE
     md[DH_TYPE] = dh.encode()

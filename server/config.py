@@ -33,6 +33,8 @@ class ServerConfig:
       instead of the installed deephaven-server package's.
     - `metrics_port`: serve /metrics and /healthz on a port of their own (0 picks a free one).
     - `show_system_tables`: list the performance tables with the others.
+    - `history`: (NAME, URI) pairs: Hive-partitioned Parquet datasets served as history-plus-live
+      tables (Engine.history) once the data directory is open;
     - `replicate`: tables of other Barrage servers to follow as local tables ("HOST:PORT/TABLE"),
       with `upstream_psk` and `upstream_tls`.
 
@@ -66,6 +68,7 @@ class ServerConfig:
     metrics_port: Optional[int] = None
     show_system_tables: bool = False
     replicate: tuple[str, ...] = ()
+    history: tuple[tuple[str, str], ...] = ()
     upstream_psk: Optional[str] = None
     upstream_tls: bool = False
     workers: int = 4
@@ -91,6 +94,7 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "history", tuple((str(n), str(u)) for n, u in self.history))
         if isinstance(self.replicate, str):
             object.__setattr__(self, "replicate", tuple(p.strip() for p in self.replicate.split(",") if p.strip()))
         else:

@@ -102,6 +102,9 @@ OPTIONS: tuple[Option, ...] = (
     # serve only
     Option("replicate", "str", None, "follow these tables of other Barrage servers (tickwire or Deephaven) as "
                                      "local tables", commands=("serve",), metavar="HOST:PORT/TABLE[,...]"),
+    Option("history", "str", None, "serve Hive-partitioned Parquet datasets (a path, file://... or s3://bucket/prefix; "
+                                   "S3 endpoint and credentials from AWS_*) as tables NAME, history plus the rows "
+                                   "written to NAME afterwards", commands=("serve",), metavar="NAME=URI[,...]"),
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
            secret=True),
     Option("upstream-tls", "bool", False, "connect to the --replicate servers with TLS", commands=("serve",)),
@@ -428,6 +431,22 @@ def durability(words):
     raise ConfigError(f"--fsync {' '.join(words)}: use 'cycle', 'interval MS' (a positive number) or 'off'")
 
 
+def parse_history(text: str) -> list[tuple[str, str]]:
+    """`--history NAME=URI[,NAME=URI...]` as (name, uri) pairs; ConfigError names a malformed one."""
+    out = []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, eq, uri = item.partition("=")
+        if not eq or not name.strip() or not uri.strip():
+            raise ConfigError(f"--history {item!r}: use NAME=URI (a path, file://... or s3://bucket/prefix)")
+        out.append((name.strip(), uri.strip()))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--history names a table twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+    return out
+
+
 def server_config(s: Settings):
     """The ServerConfig (tickwire.server.config) of a command's effective options: the one place
     where options become a server's configuration. Options the command does not have keep their
@@ -448,6 +467,9 @@ def server_config(s: Settings):
             replicate = tuple(f"{target}/{table}" for target, table in parse_replicate(v["replicate"]))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    history: tuple[tuple[str, str], ...] = ()
+    if v.get("history"):
+        history = tuple(parse_history(v["history"]))
     engine = EngineConfig(interval_ms=v["interval_ms"], data_dir=v["data_dir"], durability=durability(v["fsync"]),
                           staging=staging)
     try:
@@ -456,6 +478,6 @@ def server_config(s: Settings):
                             metrics_port=v["metrics_port"], show_system_tables=v["show_system_tables"],
                             max_inbound_message_size=v["max_inbound_message_size"], replicate=replicate,
                             upstream_psk=v.get("upstream_psk"), upstream_tls=bool(v.get("upstream_tls")),
-                            engine=engine)
+                            history=history, engine=engine)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -28,7 +28,11 @@ CLASSES: dict[str, type] = {"append": AppendOnlyTable, "keyed": KeyedTable, "rin
 
 
 def kind_of(table: Table) -> str:
-    """"append", "keyed", "ring", "blink", "static", or "derived" (any other table)."""
+    """"append", "keyed", "ring", "blink", "static", or "derived" (any other table). A table class
+    written as one of those kinds says so with `catalog_kind` (a history table is an append table)."""
+    said = getattr(type(table), "catalog_kind", None)
+    if said is not None:
+        return str(said)
     for kind, cls in CLASSES.items():
         if type(table) is cls:
             return kind

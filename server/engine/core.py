@@ -296,6 +296,31 @@ class Engine:
                 raise
         return table
 
+    def history(self, name: str, uri: str, *, cache_bytes: Optional[int] = None,
+                options: Optional[dict[str, str]] = None, index_path: Optional[str] = None) -> Table:
+        """A table of history plus live (storage/history.py): the Hive-partitioned Parquet dataset
+        at `uri` (a path, file://... or s3://bucket/prefix, see storage.parquet.open_uri), followed
+        by the rows written to `name` from now on. Only the locations' metadata is read here. The
+        location index is kept at `index_path`, else under the data directory (history/<name>.json)
+        when there is one, else in memory. CatalogError when the name is taken."""
+        from tickwire.server.engine.storage.history import HistoryTable
+        from tickwire.server.engine.storage.parquet import DEFAULT_CACHE_BYTES, LocationIndex, ParquetRows, open_uri
+
+        storage = self.storage
+        if index_path is None and storage is not None:
+            index_path = str(Path(storage.root) / "history" / f"{name}.json")
+        fs, root = open_uri(uri, options)
+        schema, locations, _read = LocationIndex(index_path).open(fs, root)
+        check_schema(name, schema)
+        rows = ParquetRows(fs, schema, locations, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
+
+        def check(existing: Table) -> None:
+            raise CatalogError(f"a table named {name!r} already exists", "ALREADY_EXISTS")
+
+        with self.graph.lock:
+            table, _ = self._get_or_make(name, check, lambda: HistoryTable(self.graph, name, rows))
+        return table
+
     def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
         """(table, created) for an update source of class `cls` (an UpdateSourceTable): an
         existing table of that name must be of that class with that schema."""

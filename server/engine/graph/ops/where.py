@@ -69,8 +69,13 @@ class WhereTable(_Op):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
             self.attributes = {k: v for k, v in parent.attributes.items() if k in ("AddOnly", "BlinkTable")}
-            keys = parent.rowset.keys()
-            self._bm = _bitmap(keys[self._passes(keys)]) if keys.size else BitMap64()
+            # a parent that can tell which of its rows pass without reading them (a history
+            # table's locations, by their partition values) leaves only the rest to evaluate
+            prune = getattr(parent, "prune", None)
+            pruned = prune(predicate) if prune is not None and isinstance(predicate, pc.Expression) else None
+            kept = pruned[0].bitmap() | BitMap64() if pruned is not None else BitMap64()
+            keys = pruned[1].keys() if pruned is not None else parent.rowset.keys()
+            self._bm = kept | _bitmap(keys[self._passes(keys)]) if keys.size else kept
             self._rs = None
 
     def slots(self, keys: np.ndarray) -> np.ndarray:

@@ -1,0 +1,132 @@
+"""History plus live as one table: a dataset's Parquet locations (static) followed by the rows
+written to the table since (intraday, ticking).
+
+Row keys: location i holds `[i << REGION_BITS, ...)` (`parquet.py`); intraday rows are appended
+from INTRADAY_BASE on, after every location, so history never shifts and the live tail appends
+(the table stays append-only). Column data of the history is read per row group when a snapshot,
+viewport or operation gathers those rows; intraday rows live in memory as an append table's do.
+
+A `where` whose predicate reads only partition columns asks `prune` which locations pass: their
+rows are taken by key range, and no Parquet data is read (WhereTable does that for any parent with
+a `prune`).
+
+This module must not touch the engine's lock or the update graph's private state: the table is
+made under the graph's lock by the engine (`Engine.history`) and updated by cycles like any
+source table.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tickwire.server.engine.graph.column_store import ColumnStore
+from tickwire.server.engine.graph.ops.base import _evaluate, expression_columns
+from tickwire.server.engine.graph.row_set import RowSet
+from tickwire.server.engine.graph.sources import AppendOnlyTable, _concat, _Input
+from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.storage.parquet import REGION_BITS, ParquetRows
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.graph.graph import UpdateGraph
+
+__all__ = ["HistoryTable", "INTRADAY_BASE"]
+
+#: the first row key of the intraday rows (far above any location's region)
+INTRADAY_BASE = 1 << 62
+assert INTRADAY_BASE >> REGION_BITS > 1 << 20  # room for a million locations below it
+
+
+class _Rows:
+    """Reads by row key: history keys from the Parquet locations, intraday keys from memory."""
+
+    def __init__(self, history: ParquetRows, intraday: ColumnStore):
+        self.history = history
+        self.intraday = intraday
+
+    def gather(self, slots: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        live = slots >= INTRADAY_BASE
+        if not live.any():
+            return self.history.gather(slots, columns)
+        if live.all():
+            return self.intraday.gather(slots - INTRADAY_BASE, columns)
+        old = self.history.gather(slots[~live], columns)
+        new = self.intraday.gather(slots[live] - INTRADAY_BASE, columns)
+        both = pa.concat_tables([old, new])
+        # back to the asked order: history rows first in `both`, intraday rows after them
+        where = np.empty(slots.size, dtype=np.int64)
+        where[~live] = np.arange(old.num_rows)
+        where[live] = old.num_rows + np.arange(new.num_rows)
+        return both.take(pa.array(where, type=pa.int64()))
+
+    def gather_column(self, name: str, slots: np.ndarray) -> pa.Array:
+        return self.gather(slots, [name]).column(0).combine_chunks()
+
+
+class HistoryTable(AppendOnlyTable):
+    """A table whose rows are a Parquet dataset's locations (in partition-value order) followed by
+    the rows written to it (the intraday part, which has the same columns, partition columns
+    included)."""
+
+    catalog_kind = "append"  # written, and checked by DoPut, as an append table
+
+    def __init__(self, graph: "UpdateGraph", name: str, history: ParquetRows):
+        super().__init__(graph, name, history.schema)
+        self.history = history
+        self.intraday = self.store
+        assert isinstance(self.intraday, ColumnStore)
+        self.store = _Rows(history, self.intraday)  # type: ignore[assignment]
+        self._history_rows = RowSet.from_ranges(history.key_ranges())
+        self._live = 0
+        self.rowset = self._history_rows
+        self.prev_rowset = self.rowset
+
+    @property
+    def partition_columns(self) -> list[str]:
+        return list(self.history.partition_names)
+
+    @property
+    def intraday_rows(self) -> int:
+        return self._live
+
+    @property
+    def next_key(self) -> int:
+        return INTRADAY_BASE + self._live
+
+    def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
+        data = _concat(ops)
+        if data is None or data.num_rows == 0:
+            return None
+        n = data.num_rows
+        first = self._live
+        self.intraday.ensure(first + n)
+        self.intraday.write(np.arange(first, first + n, dtype=np.int64), data)
+        self._live = first + n
+        added = RowSet.range(INTRADAY_BASE + first, INTRADAY_BASE + first + n - 1)
+        self.prev_rowset = self.rowset
+        self.rowset = self._history_rows.union(RowSet.range(INTRADAY_BASE, INTRADAY_BASE + self._live - 1))
+        return TableUpdate(added=added)
+
+    def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
+        raise ValueError(f"table {self.name!r}: the intraday rows of a history table are not checkpointed")
+
+    def prune(self, predicate: pc.Expression) -> Optional[tuple[RowSet, RowSet]]:
+        """For a predicate that reads only partition columns: (the history rows of the locations
+        for which it holds, the intraday rows, which the caller filters itself); None otherwise."""
+        if not isinstance(predicate, pc.Expression):
+            return None
+        used = expression_columns(predicate, self.schema)
+        parts = set(self.history.partition_names)
+        if not used or not set(used) <= parts:
+            return None
+        values = self.history.partition_values()
+        if values.num_rows == 0:
+            kept = RowSet()
+        else:
+            passes = _evaluate(values, [predicate], ["_"]).column(0).combine_chunks()
+            mask = np.asarray(pc.fill_null(passes, False).to_numpy(zero_copy_only=False), dtype=bool)
+            kept = RowSet.from_ranges(self.history.key_ranges(np.flatnonzero(mask)))
+        live = self.rowset.subset_by_key_range(INTRADAY_BASE, INTRADAY_BASE + max(self._live, 1) - 1)
+        return kept, live

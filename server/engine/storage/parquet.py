@@ -1,0 +1,371 @@
+"""Historical data on Parquet: locations found with pyarrow.dataset, column data read per row group
+on demand through a bounded cache.
+
+A historical dataset is a Hive-partitioned Parquet tree (`Date=2026-11-20/part-0.parquet`), local
+or on an object store (`pyarrow.fs`). Each Parquet file is a *location*: its partition values (the
+directory names) and its row groups' row counts (its footer) are all that opening it reads. A
+location index (`LocationIndex`, a JSON file) keeps those per file with the file's size and
+modification time, so that a restart reads no footer of a file that did not change; it is rebuilt
+from the files whenever they differ from it.
+
+Row keys: location i (locations in partition-value order, then path) holds the keys
+`[i << REGION_BITS, (i << REGION_BITS) + rows)`, so a location never moves when another comes or
+goes. `ParquetRows.gather` reads the row groups that hold the asked keys (and only the asked
+columns), keeping recently read column chunks in an LRU cache bounded in bytes.
+
+This module must not touch the update graph or the engine's lock: it reads files and returns Arrow
+data; the history table (`history.py`) puts it in the graph.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import urllib.parse
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from tickwire.protocol.schema import DH_IS_PARTITIONING
+from tickwire.server.engine.errors import TickwireError
+
+__all__ = ["REGION_BITS", "Location", "HistoryError", "open_uri", "discover", "LocationIndex", "ParquetRows",
+           "partition_table", "ReadStats"]
+
+log = logging.getLogger(__name__)
+
+#: each location's row keys start at a multiple of 2**REGION_BITS (a trillion rows per location)
+REGION_BITS = 40
+#: the cache of column chunks read from Parquet, in bytes, unless the table says otherwise
+DEFAULT_CACHE_BYTES = 256 << 20
+
+
+class HistoryError(TickwireError):
+    """A historical dataset that cannot be opened or read, with what was wrong."""
+
+    code = "FAILED_PRECONDITION"
+
+
+@dataclass(frozen=True)
+class Location:
+    """One Parquet file of a dataset: where it is, its partition values, its row groups' sizes."""
+
+    path: str
+    partition: tuple[tuple[str, Any], ...]  # (column, value) in partitioning order
+    row_groups: tuple[int, ...]  # rows per row group
+    size: int = -1  # bytes, -1 unknown
+    mtime_ns: int = -1
+
+    @property
+    def num_rows(self) -> int:
+        return int(sum(self.row_groups))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "partition": [list(p) for p in self.partition],
+                "row_groups": list(self.row_groups), "size": self.size, "mtime_ns": self.mtime_ns}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Location":
+        return cls(str(d["path"]), tuple((str(k), v) for k, v in d["partition"]),
+                   tuple(int(n) for n in d["row_groups"]), int(d.get("size", -1)), int(d.get("mtime_ns", -1)))
+
+
+def open_uri(uri: str, options: Optional[dict[str, str]] = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path) of a dataset's root: a local path, `file://...`, or `s3://bucket/prefix`
+    (pyarrow's S3 options as query parameters, e.g. `?endpoint_override=127.0.0.1:9000&scheme=http`;
+    without an endpoint in the URI, AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL is used, and the
+    credentials and region come from the usual AWS_* variables). `options` adds query parameters."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    parsed = urllib.parse.urlsplit(uri)
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    query.update(options or {})
+    if parsed.scheme == "s3":
+        endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or \
+            os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint and "endpoint_override" not in query:
+            ep = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+            query["endpoint_override"] = ep.netloc
+            query.setdefault("scheme", ep.scheme)
+        query.setdefault("region", os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+    uri = urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, parsed.path, urllib.parse.urlencode(query), ""))
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowException, ValueError, OSError) as exc:
+        raise HistoryError(f"cannot open {uri!r}: {exc}") from None
+    return fs, path.rstrip("/")
+
+
+def _listing(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
+    """The Parquet files under `root` (hidden and underscore files left out, as Spark and
+    pyarrow.dataset leave them out), sorted by path."""
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=False))
+    except (OSError, pa.ArrowException) as exc:
+        raise HistoryError(f"cannot list {root!r}: {exc}") from None
+    out = []
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        rel = info.path[len(root):].lstrip("/")
+        if any(part.startswith((".", "_")) for part in rel.split("/")):
+            continue
+        out.append(info)
+    return sorted(out, key=lambda i: i.path)
+
+
+def _mtime_ns(info: pafs.FileInfo) -> int:
+    m = info.mtime_ns
+    return int(m) if m is not None else -1
+
+
+def discover(fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]] = None
+             ) -> tuple[pa.Schema, list[Location], int]:
+    """(schema with the partition columns first, locations in partition-value order, footers
+    read) of the Hive-partitioned Parquet dataset at `root`; `known` locations (by path) whose
+    size and modification time did not change are taken as they are, without reading their footer."""
+    infos = _listing(fs, root)
+    if not infos:
+        raise HistoryError(f"no Parquet files under {root!r}")
+    try:
+        dataset = ds.dataset([i.path for i in infos], filesystem=fs, format="parquet",
+                             partitioning=ds.HivePartitioning.discover(infer_dictionary=False), partition_base_dir=root)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise HistoryError(f"cannot read the dataset at {root!r}: {exc}") from None
+    schema = dataset.schema
+    part_names = [n for n in schema.names if n in set(dataset.partitioning.schema.names)] \
+        if dataset.partitioning is not None else []
+    # partition columns first, in directory order, marked as Deephaven marks them
+    data_names = [n for n in schema.names if n not in part_names]
+    schema = pa.schema([schema.field(n).with_metadata({DH_IS_PARTITIONING: b"true"}) for n in part_names]
+                       + [schema.field(n) for n in data_names])
+    by_path = {i.path: i for i in infos}
+    locations = []
+    read = 0
+    for frag in dataset.get_fragments():
+        info = by_path[frag.path]
+        keys = ds.get_partition_keys(frag.partition_expression)
+        partition = tuple((n, keys.get(n)) for n in part_names)
+        old = (known or {}).get(frag.path)
+        if old is not None and old.size == info.size and old.mtime_ns == _mtime_ns(info) and old.partition == partition:
+            locations.append(old)
+            continue
+        try:
+            frag.ensure_complete_metadata()
+            rgs = tuple(int(rg.num_rows) for rg in frag.row_groups)
+        except (pa.ArrowException, OSError) as exc:
+            raise HistoryError(f"cannot read the footer of {frag.path!r}: {exc}") from None
+        read += 1
+        locations.append(Location(frag.path, partition, rgs, int(info.size), _mtime_ns(info)))
+    locations.sort(key=lambda loc: (tuple(_order_key(v) for _, v in loc.partition), loc.path))
+    return schema, locations, read
+
+
+def _order_key(v: Any) -> tuple[int, Any]:
+    return (0, "") if v is None else (1, v)
+
+
+class LocationIndex:
+    """The locations of a dataset kept in a JSON file (`path`), with the dataset's schema: what a
+    restart reads instead of the footers. `load` gives the locations recorded, `open` brings them
+    up to date with the files (reading only the footers of files that changed) and rewrites the
+    index atomically when anything changed."""
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+
+    def load(self) -> tuple[Optional[pa.Schema], dict[str, Location]]:
+        if self.path is None or not os.path.exists(self.path):
+            return None, {}
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                d = json.load(f)
+            schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(d["schema"])))
+            return schema, {loc["path"]: Location.from_json(loc) for loc in d["locations"]}
+        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+            log.warning("location index %s is unreadable (%s): rebuilt from the files", self.path, exc)
+            return None, {}
+
+    def save(self, schema: pa.Schema, locations: Sequence[Location]) -> None:
+        if self.path is None:
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"schema": schema.serialize().to_pybytes().hex(),
+                       "locations": [loc.to_json() for loc in locations]}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def open(self, fs: pafs.FileSystem, root: str) -> tuple[pa.Schema, list[Location], int]:
+        """(schema, locations, footers read) of the dataset at `root`, the index brought up to date."""
+        old_schema, known = self.load()
+        schema, locations, read = discover(fs, root, known)
+        if old_schema is not None and not old_schema.equals(schema):
+            raise HistoryError(f"the dataset at {root!r} changed its schema from {old_schema} to {schema}; "
+                               f"remove {self.path} to serve the new one")
+        if read or set(known) != {loc.path for loc in locations}:
+            self.save(schema, locations)
+        return schema, locations, read
+
+
+def partition_table(schema: pa.Schema, locations: Sequence[Location]) -> pa.Table:
+    """One row per location: its partition values, typed as the schema's partition columns."""
+    names = [n for n, _ in locations[0].partition] if locations else []
+    return pa.table({n: pa.array([dict(loc.partition)[n] for loc in locations], type=schema.field(n).type)
+                     for n in names}, schema=pa.schema([schema.field(n) for n in names]))
+
+
+@dataclass
+class ReadStats:
+    """What a ParquetRows read: column chunks read from storage (one column of one row group),
+    their bytes, chunks found in the cache, and the (location, row group) pairs the last gather
+    touched."""
+
+    chunks_read: int = 0
+    bytes_read: int = 0
+    cache_hits: int = 0
+    reads: list[tuple[int, int]] = field(default_factory=list)
+
+
+class ParquetRows:
+    """The rows of a dataset's locations, read by row key. `gather(keys, columns)` reads, for each
+    row group holding some of the keys, only the asked columns, through an LRU cache of at most
+    `cache_bytes` of column chunks (a chunk bigger than the whole cache is read and not kept)."""
+
+    def __init__(self, fs: pafs.FileSystem, schema: pa.Schema, locations: Sequence[Location],
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+        self.fs = fs
+        self.schema = schema
+        self.locations = list(locations)
+        self.partition_names = [n for n, _ in self.locations[0].partition] if self.locations else []
+        self.data_names = [n for n in schema.names if n not in set(self.partition_names)]
+        self.cache_bytes = int(cache_bytes)
+        # per location: the first row of each row group (and the total at the end)
+        self._rg_starts = [np.concatenate(([0], np.cumsum(loc.row_groups, dtype=np.int64)))
+                           for loc in self.locations]
+        self._parts = partition_table(schema, self.locations)
+        self._cache: "OrderedDict[tuple[int, int, str], pa.Array]" = OrderedDict()
+        self._cached = 0
+        self._files: "OrderedDict[int, pq.ParquetFile]" = OrderedDict()
+        self._lock = threading.Lock()
+        self.stats = ReadStats()
+
+    @property
+    def num_rows(self) -> int:
+        return int(sum(loc.num_rows for loc in self.locations))
+
+    def key_ranges(self, which: Optional[np.ndarray] = None) -> np.ndarray:
+        """The closed key ranges of the non-empty locations (all, or those indexed by `which`),
+        shape (n, 2)."""
+        idx = range(len(self.locations)) if which is None else np.asarray(which, dtype=np.int64).tolist()
+        rows = [(i << REGION_BITS, (i << REGION_BITS) + self.locations[i].num_rows - 1) for i in idx
+                if self.locations[i].num_rows]
+        return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+    def partition_values(self) -> pa.Table:
+        """One row per location: its partition values."""
+        return self._parts
+
+    def cached_bytes(self) -> int:
+        return self._cached
+
+    # -- reading ------------------------------------------------------------------------------
+    def _file(self, li: int) -> pq.ParquetFile:
+        f = self._files.get(li)
+        if f is None:
+            loc = self.locations[li]
+            try:
+                f = pq.ParquetFile(self.fs.open_input_file(loc.path))
+            except (OSError, pa.ArrowException) as exc:
+                raise HistoryError(f"cannot open {loc.path!r}: {exc}") from None
+            self._files[li] = f
+            while len(self._files) > 64:
+                self._files.popitem(last=False)
+        else:
+            self._files.move_to_end(li)
+        return f
+
+    def _chunk(self, li: int, rg: int, name: str) -> pa.Array:
+        key = (li, rg, name)
+        got = self._cache.get(key)
+        if got is not None:
+            self._cache.move_to_end(key)
+            self.stats.cache_hits += 1
+            return got
+        try:
+            t = self._file(li).read_row_group(rg, columns=[name])
+        except (OSError, pa.ArrowException) as exc:
+            raise HistoryError(f"cannot read row group {rg} of {self.locations[li].path!r}: {exc}") from None
+        arr = t.column(0).combine_chunks()
+        want = self.schema.field(name).type
+        if arr.type != want:
+            arr = arr.cast(want)
+        self.stats.chunks_read += 1
+        self.stats.bytes_read += arr.nbytes
+        size = arr.nbytes
+        if size <= self.cache_bytes:
+            self._cache[key] = arr
+            self._cached += size
+            while self._cached > self.cache_bytes:
+                _, old = self._cache.popitem(last=False)
+                self._cached -= old.nbytes
+        return arr
+
+    def gather(self, keys: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
+        """The values of row keys `keys` (in that order) as a table of `columns` (default: all)."""
+        names = list(columns) if columns is not None else list(self.schema.names)
+        keys = np.asarray(keys, dtype=np.int64)
+        out_schema = pa.schema([self.schema.field(n) for n in names])
+        if keys.size == 0:
+            return out_schema.empty_table()
+        li = keys >> REGION_BITS
+        local = keys - (li << REGION_BITS)
+        if li.min() < 0 or li.max() >= len(self.locations):
+            raise IndexError("row key outside every location")
+        # the row group of each key: one search per location that the keys touch
+        rg = np.empty(keys.size, dtype=np.int64)
+        for loc_i in np.unique(li).tolist():
+            at = li == loc_i
+            starts = self._rg_starts[loc_i]
+            if local[at].max() >= starts[-1]:
+                raise IndexError(f"row key beyond the rows of location {self.locations[loc_i].path!r}")
+            rg[at] = np.searchsorted(starts, local[at], side="right") - 1
+        group = (li << 24) | rg  # a row group's id; row groups per file stay far below 2**24
+        order = np.argsort(group, kind="stable")
+        sorted_group = group[order]
+        bounds = np.flatnonzero(np.diff(sorted_group)) + 1
+        starts_i = np.concatenate(([0], bounds))
+        ends_i = np.concatenate((bounds, [keys.size]))
+        arrays = []
+        with self._lock:
+            reads = []
+            for name in names:
+                if name in self.partition_names:
+                    values = self._parts.column(name).combine_chunks()
+                    arrays.append(values.take(pa.array(li, type=pa.int64())))
+                    continue
+                pieces = []
+                for s, e in zip(starts_i.tolist(), ends_i.tolist()):
+                    g = int(sorted_group[s])
+                    loc_i, g_rg = g >> 24, g & ((1 << 24) - 1)
+                    rows = local[order[s:e]] - self._rg_starts[loc_i][g_rg]
+                    chunk = self._chunk(loc_i, g_rg, name)
+                    pieces.append(chunk.take(pa.array(rows, type=pa.int64())))
+                    reads.append((loc_i, g_rg))
+                col = pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+                if not np.array_equal(order, np.arange(keys.size)):
+                    inverse = np.empty_like(order)
+                    inverse[order] = np.arange(keys.size)
+                    col = col.take(pa.array(inverse, type=pa.int64()))
+                arrays.append(col)
+            self.stats.reads = sorted(set(reads))
+        return pa.Table.from_arrays(arrays, schema=out_schema)

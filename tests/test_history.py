@@ -1,0 +1,258 @@
+"""History plus live (tickwire.server.engine.storage.history, .parquet): a Hive-partitioned Parquet
+dataset served as one table with the rows written after it, read per row group on demand; local
+and on an S3-compatible store (moto's server, started here on loopback)."""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from tests.harness import Services
+from tickwire.server.engine import Engine
+from tickwire.server.engine.storage.history import INTRADAY_BASE, HistoryTable
+from tickwire.server.engine.storage.parquet import REGION_BITS, HistoryError, LocationIndex, open_uri
+
+DATES = ["2026-11-18", "2026-11-19", "2026-11-20"]
+ROWS_PER_DATE = 1000
+ROW_GROUP = 100
+DATA_SCHEMA = pa.schema([("Sym", pa.string()), ("Px", pa.float64()), ("Qty", pa.int64())])
+
+
+def day(i: int) -> pa.Table:
+    """The rows of date i: Qty numbers every row of the dataset."""
+    q = np.arange(i * ROWS_PER_DATE, (i + 1) * ROWS_PER_DATE, dtype=np.int64)
+    return pa.table({"Sym": pa.array(np.array(["A", "B", "C", "D"])[q % 4]), "Px": q * 0.5, "Qty": q},
+                    schema=DATA_SCHEMA)
+
+
+def write_dataset(root: str, fs: pafs.FileSystem = None, dates=DATES) -> None:
+    """Date=.../part-0.parquet per date (as Spark's partitionBy("Date") lays it out), 100-row row groups,
+    written in reverse date order (the table orders locations by partition value)."""
+    fs = fs or pafs.LocalFileSystem()
+    for i in reversed(range(len(dates))):
+        folder = f"{root}/Date={dates[i]}"
+        fs.create_dir(folder, recursive=True)
+        with fs.open_output_stream(f"{folder}/part-0.parquet") as out:
+            pq.write_table(day(i), out, row_group_size=ROW_GROUP)
+    with fs.open_output_stream(f"{root}/_SUCCESS") as out:  # what Spark leaves: not a location
+        out.write(b"")
+
+
+def expected_history() -> pa.Table:
+    parts = [day(i).add_column(0, "Date", pa.array([d] * ROWS_PER_DATE)) for i, d in enumerate(DATES)]
+    return pa.concat_tables(parts)
+
+
+@pytest.fixture()
+def dataset(tmp_path) -> str:
+    root = str(tmp_path / "trades")
+    write_dataset(root)
+    return root
+
+
+def test_history_is_one_table_in_partition_order_with_a_key_region_per_location(dataset):
+    engine = Engine()
+    t = engine.history("trades", dataset)
+    assert isinstance(t, HistoryTable)
+    # as Deephaven's parquet.read of the same files: the partition column first, a string, marked
+    assert t.schema.names == ["Date", "Sym", "Px", "Qty"] and t.schema.field("Date").type == pa.string()
+    assert t.schema.field("Date").metadata == {b"deephaven:isPartitioning": b"true"}
+    assert t.size == 3 * ROWS_PER_DATE
+    ranges = t.rowset.ranges().tolist()
+    assert ranges == [[i << REGION_BITS, (i << REGION_BITS) + ROWS_PER_DATE - 1] for i in range(3)]
+    # opening reads metadata only
+    assert t.history.stats.chunks_read == 0
+    assert t.gather().equals(expected_history())
+
+
+def test_a_middle_viewport_reads_only_the_row_groups_and_columns_it_shows(dataset):
+    engine = Engine()
+    t = engine.history("trades", dataset)
+    keys = t.rowset.select(np.arange(1450, 1460))  # date 1, rows 450..459: one row group
+    got = t.gather(["Qty", "Date"], keys)
+    assert got.column("Qty").to_pylist() == list(range(1450, 1460))
+    assert got.column("Date").to_pylist() == [DATES[1]] * 10
+    assert t.history.stats.reads == [(1, 4)] and t.history.stats.chunks_read == 1  # Qty of one row group
+    keys = t.rowset.select(np.arange(995, 1005))  # across two locations
+    got = t.gather(["Qty"], keys)
+    assert got.column("Qty").to_pylist() == list(range(995, 1005))
+    assert t.history.stats.reads == [(0, 9), (1, 0)]
+    again = t.history.stats.chunks_read
+    t.gather(["Qty"], keys)
+    assert t.history.stats.chunks_read == again  # the cache answered
+    # keys in any order come back in that order
+    shuffled = keys[::-1].copy()
+    assert t.gather(["Qty"], shuffled).column("Qty").to_pylist() == list(range(1004, 994, -1))
+
+
+def test_the_cache_stays_within_its_bound(dataset):
+    engine = Engine()
+    t = engine.history("trades", dataset, cache_bytes=4000)  # about five 100-row int64 chunks
+    for start in range(0, 3000, 100):
+        t.gather(["Qty"], t.rowset.select(np.arange(start, start + 10)))
+        assert t.history.cached_bytes() <= 4000
+    assert t.history.stats.chunks_read == 30
+    assert t.gather(["Qty"]).column("Qty").to_pylist() == list(range(3000))  # still all readable
+
+
+def test_rows_written_afterwards_are_the_live_tail(dataset):
+    engine = Engine()
+    t = engine.history("trades", dataset)
+    seen = []
+    t.listeners.append(lambda table, up, step: seen.append(up))
+    live = day(3).slice(0, 5).append_column("Date", pa.array(["2026-11-21"] * 5))
+    engine.write(t, live)
+    engine.run_cycle()
+    assert t.size == 3 * ROWS_PER_DATE + 5
+    assert seen and seen[-1].added.ranges().tolist() == [[INTRADAY_BASE, INTRADAY_BASE + 4]]
+    assert seen[-1].removed.is_empty() and seen[-1].shifted.is_empty()
+    assert t.gather().equals(pa.concat_tables([expected_history(), live.select(t.schema.names)]))
+    tail = t.gather(["Qty", "Date"], t.rowset.select(np.arange(2998, 3002)))
+    assert tail.column("Qty").to_pylist() == [2998, 2999, 3000, 3001]
+    assert tail.column("Date").to_pylist() == [DATES[2]] * 2 + ["2026-11-21"] * 2
+
+
+def test_a_where_on_the_partition_column_reads_no_parquet_data_and_follows_the_live_rows(dataset):
+    engine = Engine()
+    t = engine.history("trades", dataset)
+    w = t.where(pc.field("Date") >= "2026-11-19")
+    assert t.history.stats.chunks_read == 0  # pruned by the locations' partition values
+    assert w.size == 2 * ROWS_PER_DATE
+    assert w.rowset.ranges().tolist()[0] == [1 << REGION_BITS, (1 << REGION_BITS) + ROWS_PER_DATE - 1]
+    live = day(3).slice(0, 4).append_column("Date", pa.array(["2026-11-17", "2026-11-21", "2026-11-21", "2026-11-10"]))
+    engine.write(t, live)
+    engine.run_cycle()
+    assert w.size == 2 * ROWS_PER_DATE + 2
+    got = w.gather(["Qty", "Date"])
+    assert got.column("Qty").to_pylist() == list(range(1000, 3000)) + [3001, 3002]
+    # a filter on another column reads that column (every row group of it), and only it
+    before = t.history.stats.chunks_read
+    v = t.where(pc.field("Qty") < 3)
+    assert v.gather(["Qty"]).column("Qty").to_pylist() == [0, 1, 2]
+    assert t.history.stats.chunks_read - before == 10  # date 0's Qty chunks; the rest were cached
+    # an empty selection of locations
+    assert t.where(pc.field("Date") == "1999-01-01").size == 0
+
+
+def test_the_location_index_spares_footers_and_follows_the_files(dataset, tmp_path):
+    index = LocationIndex(str(tmp_path / "index.json"))
+    fs, root = open_uri(dataset)
+    schema, locations, read = index.open(fs, root)
+    assert read == 3 and [dict(loc.partition)["Date"] for loc in locations] == DATES
+    assert [loc.row_groups for loc in locations] == [(ROW_GROUP,) * 10] * 3
+    _, again, read = index.open(fs, root)
+    assert read == 0 and again == locations
+    # a new date: only its footer is read; the index is rebuilt from the files when lost
+    folder = Path(dataset) / "Date=2026-11-21"
+    folder.mkdir()
+    pq.write_table(day(3).slice(0, 250), folder / "part-0.parquet", row_group_size=ROW_GROUP)
+    _, locs, read = index.open(fs, root)
+    assert read == 1 and [loc.num_rows for loc in locs] == [1000, 1000, 1000, 250]
+    os.remove(index.path)
+    _, rebuilt, read = index.open(fs, root)
+    assert read == 4 and rebuilt == locs
+    engine = Engine()
+    with pytest.raises(HistoryError, match="cannot list|no Parquet files"):
+        engine.history("empty", str(tmp_path / "nothing-here"))
+
+
+def test_clients_snapshot_and_subscribe_to_a_viewport_of_history_plus_live(dataset):
+    with Services() as s:
+        t = s.engine.history("trades", dataset)
+        c = s.client()
+        assert "trades" in c.tables()
+        whole = c.snapshot("trades")
+        assert whole.num_rows == 3000 and whole.column("Qty").to_pylist() == list(range(3000))
+        t.history.stats.reads = []
+        part = c.snapshot("trades", columns=["Qty", "Date"], viewport=[(1500, 1509)])
+        assert part.column("Qty").to_pylist() == list(range(1500, 1510))
+        sub = c.subscribe("trades", viewport=[(0, 4)], reverse=True, columns=["Qty", "Date"])
+        it = sub.updates(timeout=30)
+        assert next(it).is_snapshot
+        assert sub.table.column("Qty").to_pylist() == list(range(2995, 3000))
+        s.engine.write(t, day(3).slice(0, 3).append_column("Date", pa.array(["2026-11-21"] * 3)))
+        s.cycle()
+        next(it)
+        assert sub.size == 3003
+        assert sub.table.column("Qty").to_pylist() == [2998, 2999, 3000, 3001, 3002]
+
+
+def _free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+@pytest.fixture()
+def s3(monkeypatch):
+    """moto's S3-compatible server on loopback, with the AWS_* variables pointing at it."""
+    moto_server = pytest.importorskip("moto.server")
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
+        monkeypatch.setenv(k, v)
+    fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing",
+                           secret_key="testing", region="us-east-1", allow_bucket_creation=True)
+    fs.create_dir("history")  # the bucket
+    try:
+        yield fs
+    finally:
+        server.stop()
+
+
+def test_history_on_an_s3_compatible_store(s3):
+    write_dataset("history/trades", s3)
+    engine = Engine()
+    t = engine.history("trades", "s3://history/trades")  # endpoint and credentials from AWS_*
+    assert t.size == 3000 and t.history.stats.chunks_read == 0
+    got = t.gather(["Qty", "Date"], t.rowset.select(np.arange(2100, 2105)))
+    assert got.column("Qty").to_pylist() == list(range(2100, 2105))
+    assert got.column("Date").to_pylist() == [DATES[2]] * 5
+    assert t.history.stats.reads == [(2, 1)]
+    assert t.where(pc.field("Date") == DATES[0]).gather(["Qty"]).column("Qty").to_pylist() == list(range(1000))
+
+
+def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset):
+    import time
+
+    import pyarrow.flight as fl
+
+    from tests.serving import serve_process
+
+    anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
+    with serve_process("--no-web", "--history", f"trades={dataset}") as port:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+        assert got.num_rows == 3000 and got.column("Qty").to_pylist() == list(range(3000))
+        live = day(3).slice(0, 7).append_column("Date", pa.array(["2026-11-21"] * 7))
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "trades"), live.schema, anon)
+        writer.write_table(live)
+        writer.close()
+        deadline = time.monotonic() + 30  # the bound only stops a hang
+        while True:
+            got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+            if got.num_rows == 3007 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert got.column("Qty").to_pylist() == list(range(3007))
+        assert got.column("Date").to_pylist()[-1] == "2026-11-21"
+        client.close()
+
+
+def test_history_flags_are_checked():
+    from tickwire.options import ConfigError, parse_history
+
+    assert parse_history("a=/x, b=s3://bkt/p?scheme=http") == [("a", "/x"), ("b", "s3://bkt/p?scheme=http")]
+    with pytest.raises(ConfigError, match="NAME=URI"):
+        parse_history("nothing")
+    with pytest.raises(ConfigError, match="twice: a"):
+        parse_history("a=/x,a=/y")
