@@ -443,7 +443,8 @@ def parse_history(text: str) -> list[tuple[str, str]]:
         out.append((name.strip(), uri.strip()))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):
-        raise ConfigError(f"--history names a table twice: {', '.join(sorted({n for n in names if names.count(n) > 1}))}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigError(f"--history names a table twice: {', '.join(twice)}")
     return out
 
 
