@@ -762,3 +762,43 @@ def test_spark_demo_tables_fill_and_stop(spark, tmp_path):
     assert set(latest.column("Sym").to_pylist()) <= {f"SYM{i:03d}" for i in range(300)}
     assert latest.column("Sym").unique().to_pylist() == latest.column("Sym").to_pylist()  # one row a symbol
     assert engine.resolve("spark_totals").schema.names == ["Sym", "VWAP", "Volume"]
+
+
+def test_history_written_by_a_spark_batch_job_and_live_rows_from_a_stream_are_one_table(spark, tmp_path):
+    """Last days' trades as a Spark batch job writes them (partitionBy("Date")), served with
+    --history's Engine.history; today's arrive through a streaming query's sink into the same
+    table, after the history, and a subscriber sees one table."""
+    from pyspark.sql import functions as F
+
+    from tickwire.clients.client import BarrageClient
+    from tickwire.server.app import TickwireServer
+
+    history_dir = tmp_path / "history"
+    old = spark.createDataFrame(pa.concat_tables([trades(0, 30), trades(30, 20)]).to_pandas())
+    old = old.withColumn("Date", F.when(F.col("Seq") < 30, F.lit("2026-11-25")).otherwise(F.lit("2026-11-26")))
+    old.repartition(2).write.partitionBy("Date").parquet(str(history_dir))  # Spark's files, _SUCCESS and .crc files
+    engine = Engine(interval_ms=20)
+    table = engine.history("trades", str(history_dir))
+    assert table.size == 50 and table.schema.names[0] == "Date"
+    server = TickwireServer(engine, port=0).start()
+    feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
+    today = feed.stream(spark).withColumn("Date", F.lit("2026-11-27"))
+    q = start(today, sink(server, "trades", "append"), tmp_path / "ck")
+    try:
+        with BarrageClient(server.target) as client:
+            sub = client.subscribe("trades")
+            assert sub.wait_for(lambda x: x.size == 50, 30)
+            for b in range(3):
+                feed.push(trades(50 + 10 * b, 10))
+                q.processAllAvailable()
+            assert sub.wait_for(lambda x: x.size == 80, 30)
+            got = sub.table
+            assert sorted(got.column("Seq").to_pylist()[:50]) == list(range(50))  # history first
+            assert got.column("Seq").to_pylist()[50:] == list(range(50, 80))  # then the stream, in order
+            assert got.column("Date").to_pylist()[:30] == ["2026-11-25"] * 30
+            assert got.column("Date").to_pylist()[-1] == "2026-11-27"
+            sub.close()
+    finally:
+        q.stop()
+        server.stop()
+        engine.stop()
