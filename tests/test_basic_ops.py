@@ -307,16 +307,16 @@ def test_time_table_slice_and_flatten_step_by_step():
 def test_update_by_rolling_formula_is_served_or_refused_naming_what_is_not_read(svc):
     c = Calls(svc)
 
-    def formula(text: str) -> table_pb2.UpdateByRequest:
+    def formula(text: str, param: str = "x") -> table_pb2.UpdateByRequest:
         req = table_pb2.UpdateByRequest()
         op = req.operations.add()
         op.column.match_pairs.append("R=I")
         op.column.spec.rolling_formula.formula = text
-        op.column.spec.rolling_formula.param_token = "x"
+        op.column.spec.rolling_formula.param_token = param
         op.column.spec.rolling_formula.reverse_window_scale.ticks.ticks = 2
         return req
 
-    t, r = c.op("UpdateBy", formula("max(x) - min(x)"), b"s/static")
+    t, r = c.op("UpdateBy", formula("max(v) - min(v)", "v"), b"s/static")
     got = c.get(t)
     assert r.success and got.column_names == ["I", "S", "D", "R"] and got.schema.field("R").type == pa.int32()
     assert got.column("R").to_pylist() == [0, 0, 0, 8, 2]
@@ -324,3 +324,6 @@ def test_update_by_rolling_formula_is_served_or_refused_naming_what_is_not_read(
     assert c.get(t).schema.field("R").type == pa.int64()
     code, msg = c.status("UpdateBy", formula("x.size()"), b"s/static")
     assert code == grpc.StatusCode.UNIMPLEMENTED and "'x.size()'" in msg
+    # as Deephaven's service, every occurrence of the parameter is replaced, inside `max` too
+    code, msg = c.status("UpdateBy", formula("max(x) - min(x)"), b"s/static")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "'ma__PARAM_COLUMN__(__PARAM_COLUMN__)" in msg

@@ -394,6 +394,60 @@ def test_a_decay_of_zero_multiplies_the_previous_value_by_zero_and_a_reset_resta
     assert r[0] == 1.0 and r[1] is None and r[2] == 0.0 and math.copysign(1.0, r[2]) == -1.0
 
 
+def test_em_min_and_max_with_a_decay_of_zero_read_zero_times_the_previous_value_row_by_row():
+    """As Deephaven: min/max(0.0 * previous, x): -0.0 after a negative value, NaN after an
+    infinity (and it stays), continued from the state across cycles."""
+    engine = Engine()
+    sch = pa.schema([("x", pa.float64())])
+    src = engine.create(TableSpec("src", "append", sch))
+    engine.write(src, pa.table({"x": [-1.0, 2.0, -math.inf, math.inf, 5.0]}, schema=sch))
+    engine.run_cycle()
+    got = src.update_by([U.emmax_tick(0, "M=x")]).gather().column("M").to_pylist()
+    assert got[:3] == [-1.0, 2.0, 0.0] and math.copysign(1.0, got[2]) == 1.0
+    assert got[3] == math.inf and math.isnan(got[4])
+    src2 = engine.create(TableSpec("src2", "append", sch))
+    engine.write(src2, pa.table({"x": [2.0, 3.0, -math.inf, 4.0]}, schema=sch))
+    engine.run_cycle()
+    got = src2.update_by([U.emmin_tick(0, "M=x")]).gather().column("M").to_pylist()
+    assert got[:3] == [2.0, 0.0, -math.inf] and math.isnan(got[3])
+    src3 = engine.create(TableSpec("src3", "append", sch))
+    engine.write(src3, pa.table({"x": [-1.0]}, schema=sch))
+    engine.run_cycle()
+    m = src3.update_by([U.emmin_tick(0, "M=x")])
+    engine.write(src3, pa.table({"x": [3.0]}, schema=sch))
+    engine.run_cycle()
+    got = m.gather().column("M").to_pylist()
+    assert got == [-1.0, 0.0] and math.copysign(1.0, got[1]) == -1.0  # min(-0.0, 3.0) from the state
+
+
+def test_a_time_decay_poisoned_before_any_stamped_value_refuses_the_next_stamped_value():
+    """As Deephaven 42.7: the poisoned state has no last stamp (Long.MIN_VALUE), and the next
+    stamped value's time delta from it overflows; Deephaven fails as for a decreasing stamp. A
+    reset in between starts afresh."""
+    engine = Engine()
+    sch = pa.schema([("ts", pa.timestamp("ns")), ("x", pa.float64())])
+    src = engine.create(TableSpec("src", "append", sch))
+    engine.write(src, pa.table({"ts": [1, 2], "x": [math.nan, 4.0]}, schema=sch))
+    engine.run_cycle()
+    with pytest.raises(OperationError, match="must not decrease"):
+        src.update_by([U.ema_time("ts", 10, "E=x", op_control={"on_nan": "poison"})])
+    ok = src.update_by([U.ema_time("ts", 10, "E=x")])  # NaN skipped: answered
+    assert ok.gather().column("E").to_pylist() == [None, 4.0]
+    src2 = engine.create(TableSpec("src2", "append", sch))
+    engine.write(src2, pa.table({"ts": [1, 2, 3], "x": [math.nan, None, 4.0]}, schema=sch))
+    engine.run_cycle()
+    reset = src2.update_by([U.ema_time("ts", 10, "E=x", op_control={"on_nan": "poison", "on_null": "reset"})])
+    assert reset.gather().column("E").to_pylist()[1:] == [None, 4.0]
+    src3 = engine.create(TableSpec("src3", "append", sch))
+    engine.write(src3, pa.table({"ts": [1], "x": [math.nan]}, schema=sch))
+    engine.run_cycle()
+    g = src3.update_by([U.ems_time("ts", 10, "E=x", op_control={"on_nan": "poison"})])
+    assert math.isnan(g.gather().column("E").to_pylist()[0])
+    engine.write(src3, pa.table({"ts": [2], "x": [4.0]}, schema=sch))
+    engine.run_cycle()
+    assert g.failure is not None and "must not decrease" in g.failure.message
+
+
 def test_rolling_min_of_infinities_answers_max_value_as_deephaven():
     """Deephaven's rolling_min of doubles starts at Double.MAX_VALUE and its window buffer's
     identity is MAX_VALUE: a window of +inf only answers MAX_VALUE, but +inf when the operator took

@@ -279,7 +279,8 @@ for _k in _ROLLING_KINDS:  # other types, one request per kind and type
         _family(f"rolling_{_k}-tick_3_0-{_col}", [(_rolling(_k, _WINDOWS["tick_3_0"]), f"r{_k}")], [_col])
     _family(f"rolling_{_k}-time-stamps_back", [(_rolling(_k, _WINDOWS["time_PT2s_0"]), f"r{_k}")], ["I32"],
             source="back")
-#: name -> "parameter:formula" (Deephaven 42.7 refuses max(x) with the parameter x, but not max(y))
+#: name -> "parameter:formula" (Deephaven 42.7's service refuses max(x) with the parameter x: it replaces
+#: every x, the one in `max` too; not max(y))
 _FORMULAS = {"sum": "y:sum(y)", "avg": "y:avg(y)", "min": "y:min(y)", "max": "y:max(y)", "count": "y:count(y)",
              "std": "y:std(y)", "range": "y:max(y) - min(y)", "sum_plus": "y:sum(y) + 1", "max_x": "x:max(x)",
              "median": "each:median(each)"}
@@ -303,28 +304,6 @@ _add("error-no_operations", [], [])
 #: differences from Deephaven 42.7 known and not (yet) matched: what differs -> the test ids
 #: ("case" or "case::column", regular expressions matched in full)
 KNOWN: dict[str, tuple[str, ...]] = {
-    ('em_min/em_max with a decay of 0 next to infinities: Deephaven multiplies the previous value by '
-     'alpha 0 row by row (0 * inf is NaN, and -0.0 keeps its sign); tickwire\'s scan composes rows and '
-     'differs there'): (
-        'emmin\\-tick_zero-(no_by|by_G)::(emmin_F64)',
-        'emmax\\-tick_zero-by_G::(emmax_F64)',
-        'emmax\\-time_zero-(no_by|by_G)::(emmax_F64)',
-    ),
-    ('time-decay ems/emmin/emmax of integers, and emstd after a reset or an infinity, over repeated '
-     'and null stamps: tickwire differs'): (
-        'em\\-time_PT2s\\-null_RESET\\-nan_POISON\\-floats-no_by',
-    ),
-    ('Deephaven 42.7 refuses the rolling_formula max(x) with the parameter x (INVALID_ARGUMENT), not '
-     'max(y); tickwire answers it'): (
-        'rolling_formula\\-max_x\\-tick_3_0\\-ints-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-tick_3_0\\-floats-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-tick_\\-1_3\\-ints-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-tick_\\-1_3\\-floats-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-time_PT2s_0\\-ints-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-time_PT2s_0\\-floats-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-time_PT5s_\\-PT2s\\-ints-(no_by|by_G)',
-        'rolling_formula\\-max_x\\-time_PT5s_\\-PT2s\\-floats-(no_by|by_G)',
-    ),
 }
 
 

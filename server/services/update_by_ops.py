@@ -114,10 +114,7 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
         if which == "rolling_wavg":
             extra["weight"] = str(body.weight_column)
         if which == "rolling_formula":
-            try:
-                kind, formula = formula_op(str(body.formula), str(body.param_token))
-            except OperationError as exc:
-                raise CallError(f"UpdateBy {exc}", "UNIMPLEMENTED") from None
+            kind, formula = _formula(str(body.formula), str(body.param_token))
             extra.update(formula)
         if which == "rolling_count_where":
             expr, cols = _filters(body.filters, source, what)
@@ -126,6 +123,31 @@ def _operation(op, by: list[str], source: Table) -> UpdateByOp:
         return UpdateByOp(kind, _pairs(op.column.match_pairs, by, source, what, kind), time_col=col, rev=int(rev),
                           fwd=int(fwd), **extra)
     raise CallError(f"UpdateBy: operation {which!r} is not supported", "UNIMPLEMENTED")
+
+
+#: what Deephaven's UpdateBy service puts for a rolling formula's parameter
+_PARAM = "__PARAM_COLUMN__"
+
+
+def _formula(formula: str, token: str) -> tuple[str, dict]:
+    """formula_op of a rolling_formula request. As Deephaven 42.7's UpdateBy service, the parameter
+    is replaced as plain text, every occurrence, inside other names too: with the parameter `x`,
+    `max(x)` becomes `ma__PARAM_COLUMN__(__PARAM_COLUMN__)` and is refused (its scripts do not do
+    this; Table.update_by does not either)."""
+    try:
+        if token and token in formula:
+            replaced = formula.replace(token, _PARAM)
+            try:
+                return formula_op(replaced, _PARAM)
+            except OperationError:
+                formula_op(formula, token)  # served but for the replacement: say so
+                raise CallError(f"UpdateBy: rolling_formula {formula!r}: its parameter {token!r} also occurs inside "
+                                f"another name, and every occurrence is replaced, as Deephaven replaces it "
+                                f"(giving {replaced!r}); name the parameter so that it occurs only as itself",
+                                "INVALID_ARGUMENT") from None
+        return formula_op(formula, token)
+    except OperationError as exc:
+        raise CallError(f"UpdateBy {exc}", "UNIMPLEMENTED") from None
 
 
 def _check_window(rev: float, fwd: float, timed: bool, empty_ok: bool, what: str) -> None:

@@ -1347,6 +1347,9 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
         tie = np.zeros(n, dtype=bool)
     if op.kind == "em_std" or integral:  # as Deephaven: a value at the last one's time applies, with
         used = used | tie                   # alpha 1 (for integers and em_std; other floats skip it)
+    if ts is not None and (poison.any() or (seeded_chain[chain] & st["poison"][seg]).any()):
+        _refuse_unstamped_poison(op, ts[0], good, used, poison, seeded, cpos,
+                                 seeded_chain[chain] & st["poison"][seg] & ~st["ok"][seg])
     prev_used = K.last_index(used, cpos, inclusive=False)
     has_prev = (prev_used >= 0) | seeded
     if ts is not None:
@@ -1383,6 +1386,12 @@ def _exponential(op: UpdateByOp, x: np.ndarray, xv: np.ndarray, rows: _Rows,
                 AA, BB, FF = K.linear_scan(A, B, cpos, start)
                 v = np.where(FF, BB, AA * _chain_seed(y0, chain_start, chain, cpos) + BB)
                 extra_mean = np.zeros(n)
+        elif step.any() and not (step & (a != 0) & ~np.isnan(a)).any():
+            # em_min/em_max with a decay of 0: what a step reads of the previous value is 0.0, -0.0 or
+            # NaN (0 * an infinity), taken row by row as Deephaven does
+            base = _chain_seed(y0, chain_start, chain, cpos)
+            v = MM.zero_decay_extreme(kind == "em_min", x, a, start, step, cpos, base)
+            extra_mean = np.zeros(n)
         else:
             big = np.inf if kind == "em_min" else -np.inf
             C = np.where(step, a, np.where(start, 0.0, 1.0))
@@ -1414,6 +1423,21 @@ def _chain_seed(y0: np.ndarray, chain_start: np.ndarray, chain: np.ndarray, cpos
     """The seed of each row's chain (y0 is per row; a chain's seed is its first row's)."""
     out: np.ndarray = y0[chain_start][chain]
     return out
+
+
+def _refuse_unstamped_poison(op: UpdateByOp, tv: np.ndarray, good: np.ndarray, used: np.ndarray,
+                             poison: np.ndarray, seeded: np.ndarray, cpos: np.ndarray,
+                             seed_unstamped: np.ndarray) -> None:
+    """As Deephaven 42.7: a time-decay state poisoned before its chain used any stamped value has no
+    last stamp (Long.MIN_VALUE), and the next stamped value's time delta from it overflows to a
+    negative one, which Deephaven refuses as a decreasing stamp (a stamp before 1970 does not
+    overflow). OperationError there."""
+    unstamped = poison & ~(K.seg_accumulate(np.logical_or, used, cpos) | seeded)
+    after = (K.seg_accumulate(np.logical_or, unstamped, cpos) & ~unstamped) | seed_unstamped
+    if (after & good & (tv >= 0)).any():
+        raise OperationError(f"{op.kind}: Timestamp values in UpdateBy operators must not decrease (as Deephaven "
+                             f"42.7 answers a NaN poisoning a bucket before any stamped value of it, followed by a "
+                             f"stamped value; column {op.pairs[0][1]!r})")
 
 
 def _minmax_scan(c: np.ndarray, d: np.ndarray, pos: np.ndarray, uf: np.ufunc, fresh: np.ndarray,

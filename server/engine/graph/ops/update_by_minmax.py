@@ -113,3 +113,59 @@ def float_extreme(is_min: bool, x: np.ndarray, valid: np.ndarray, lo: np.ndarray
     out[q] = res
     ok[q] = state != NULL
     return out, ok
+
+
+# em_min / em_max with a decay of 0: alpha is 0 and Deephaven takes min/max(0.0 * previous, x) row by
+# row, so what a row reads of the previous value is one of three: 0.0, -0.0 or NaN (0 * an infinity
+# or NaN). A finite automaton over those three classes again, composed by a doubling scan.
+PZERO, NZERO, NOTHING = 0, 1, 2
+_CLASS_VALUE = np.array([0.0, -0.0, np.nan])
+
+
+def java_extreme(is_min: bool, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Java's Math.min / Math.max, element-wise: NaN when either is NaN, and -0.0 below 0.0."""
+    with np.errstate(invalid="ignore"):
+        pick_a = (a < b) if is_min else (a > b)
+        tie = np.where(np.signbit(a) == is_min, a, b)  # equal: zeros of two signs, or the same value
+        out = np.where(pick_a, a, np.where(a == b, tie, b))
+    out = np.where(np.isnan(a) | np.isnan(b), np.nan, out)
+    return np.asarray(out, dtype=np.float64)
+
+
+def _zero_class(y: np.ndarray) -> np.ndarray:
+    """The class of 0.0 * y."""
+    return np.where(~np.isfinite(y), NOTHING, np.where(np.signbit(y), NZERO, PZERO)).astype(np.int8)
+
+
+def zero_decay_extreme(is_min: bool, x: np.ndarray, a: np.ndarray, start: np.ndarray, step: np.ndarray,
+                       pos: np.ndarray, seed: np.ndarray) -> np.ndarray:
+    """em_min (`is_min`) or em_max where every step's alpha is 0 or NaN: y = x at a fresh start,
+    min/max(alpha * y before, x) at a step, y unchanged on other rows; per chain (`pos`: each row's
+    position in its chain), from the chain's `seed` value (per row) before its first row."""
+    n = x.size
+    if n == 0:
+        return np.zeros(0)
+    nan_a = step & np.isnan(a)
+    T = np.tile(np.arange(3, dtype=np.int8), (n, 1))  # rows that are neither: the class stays
+    for k in range(3):
+        yk = java_extreme(is_min, np.full(n, _CLASS_VALUE[k]), x)
+        T[step, k] = _zero_class(yk)[step]
+    T[nan_a, :] = NOTHING
+    T[start, :] = _zero_class(x)[start][:, None]
+    d = 1
+    top = int(pos.max())
+    while d <= top:
+        i = np.flatnonzero(pos >= d)
+        T[i] = np.take_along_axis(T[i], T[i - d].astype(np.int64), axis=1)
+        d *= 2
+    first = _zero_class(seed)
+    before = np.where(pos > 0, T[np.maximum(np.arange(n) - 1, 0), first], first).astype(np.int64)
+    before = np.where(nan_a, NOTHING, before)
+    y = np.where(start, x, java_extreme(is_min, _CLASS_VALUE[before], x))
+    # rows that are neither keep the value of the chain's last row that was
+    touched = start | step
+    last = np.maximum.accumulate(np.where(touched, np.arange(n), -1))
+    chain_start = np.maximum.accumulate(np.where(pos == 0, np.arange(n), 0))
+    # a row before its chain's first touched row reads the seed, not an earlier chain's row
+    out: np.ndarray = np.where(last >= chain_start, y[np.maximum(last, 0)], seed)
+    return out
