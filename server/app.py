@@ -257,6 +257,9 @@ class TickwireServer:
 
         try:
             engine = self.engine
+            for name, uri in self.config.history:
+                # before the data directory opens: its intraday rows come back into the history table
+                engine.history(name, uri)
             if engine.storage is None and engine.config.data_dir is not None:
                 # before anything is served: a client never sees a table that is still coming back
                 engine.open()
@@ -264,8 +267,6 @@ class TickwireServer:
                 errors: dict[str, str] = engine.storage.errors if engine.storage is not None else {}
                 log.info("data directory %s: %d table(s) recovered%s", engine.config.data_dir, len(self.recovered),
                          "".join(f"; {n!r} NOT recovered: {e}" for n, e in errors.items()))
-            for name, uri in self.config.history:  # before anything is served, as recovered tables
-                engine.history(name, uri)
             if self.perf is not None:  # the performance tables exist before anything is served
                 self.perf.attach(self.registry)
         except BaseException:

@@ -221,7 +221,7 @@ def test_history_on_an_s3_compatible_store(s3):
     assert t.where(pc.field("Date") == DATES[0]).gather(["Qty"]).column("Qty").to_pylist() == list(range(1000))
 
 
-def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset):
+def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset, tmp_path):
     import time
 
     import pyarrow.flight as fl
@@ -229,7 +229,8 @@ def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset):
     from tests.serving import serve_process
 
     anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
-    with serve_process("--no-web", "--history", f"trades={dataset}") as port:
+    args = ("--no-web", "--history", f"trades={dataset}", "--data-dir", str(tmp_path / "data"))
+    with serve_process(*args) as port:
         client = fl.connect(f"grpc://127.0.0.1:{port}")
         got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
         assert got.num_rows == 3000 and got.column("Qty").to_pylist() == list(range(3000))
@@ -246,6 +247,11 @@ def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset):
         assert got.column("Qty").to_pylist() == list(range(3007))
         assert got.column("Date").to_pylist()[-1] == "2026-11-21"
         client.close()
+    with serve_process(*args) as port:  # the same command again: the written rows are back after the history
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        again = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+        assert again.equals(got)
+        client.close()
 
 
 def test_history_flags_are_checked():
@@ -256,3 +262,42 @@ def test_history_flags_are_checked():
         parse_history("nothing")
     with pytest.raises(ConfigError, match="twice: a"):
         parse_history("a=/x,a=/y")
+
+
+@pytest.mark.parametrize("checkpoint_cycles", [10_000, 3])
+def test_intraday_rows_of_a_history_table_survive_a_restart(dataset, tmp_path, checkpoint_cycles):
+    """With a data directory the live tail is journaled (and checkpointed without the history) and
+    comes back into the history table when it is made again before the directory opens."""
+    from tickwire.server.engine import Durability, EngineConfig
+
+    data_dir = tmp_path / "data"
+    config = EngineConfig(interval_ms=3_600_000, data_dir=data_dir,
+                          durability=Durability(checkpoint_cycles=checkpoint_cycles))
+    engine = Engine(config)
+    t = engine.history("trades", dataset)
+    engine.open()  # as `tickwire serve --data-dir D --history trades=...` starts
+    assert t.journaled
+    for c in range(7):
+        rows = day(3).slice(10 * c, 10).append_column("Date", pa.array(["2026-11-21"] * 10))
+        engine.write(t, rows, batch_id=("b", c), wait=False)
+        engine.run_cycle()
+    engine.storage.wait_checkpoints()
+    checkpoints = sorted((engine.storage.table_dir("trades") / "checkpoints").glob("*.parquet"))
+    assert bool(checkpoints) == (checkpoint_cycles == 3)
+    for path in checkpoints:
+        assert pq.read_metadata(path).num_rows <= 70  # intraday rows only, never the history
+    before = t.gather()
+    engine.close_storage()
+    assert (data_dir / "history" / "trades.json").is_file()  # the location index lives in the data directory
+
+    engine2 = Engine(config)
+    t2 = engine2.history("trades", dataset)
+    recovered = engine2.open().recovered
+    assert [x.name for x in recovered] == ["trades"] and recovered[0] is t2
+    assert t2.size == 3070 and t2.gather().equals(before)
+    assert t2.has_batch(("b", 6))
+    engine2.write(t2, day(3).slice(70, 5).append_column("Date", pa.array(["2026-11-21"] * 5)), wait=False)
+    engine2.run_cycle()
+    assert t2.gather(["Qty"], t2.rowset.select(np.arange(3068, 3075))).column("Qty").to_pylist() == \
+        list(range(3068, 3075))
+    engine2.close_storage()

@@ -222,6 +222,7 @@ class Engine:
             raise CatalogError("this engine already has a data directory", "FAILED_PRECONDITION")
         storage = Storage(self, Path(data_dir), durability, clock=self.clock)
         tables = storage.recover()
+        self._journal_history(storage)
         self.storage = storage
         storage.on_durable = self._waiter.notify
         self._waiter.durable = storage.durable_through  # a write is acknowledged once it is on disk
@@ -307,8 +308,9 @@ class Engine:
         from tickwire.server.engine.storage.parquet import DEFAULT_CACHE_BYTES, LocationIndex, ParquetRows, open_uri
 
         storage = self.storage
-        if index_path is None and storage is not None:
-            index_path = str(Path(storage.root) / "history" / f"{name}.json")
+        data_dir = storage.root if storage is not None else self.config.data_dir
+        if index_path is None and data_dir is not None:
+            index_path = str(Path(data_dir) / "history" / f"{name}.json")
         fs, root = open_uri(uri, options)
         schema, locations, _read = LocationIndex(index_path).open(fs, root)
         check_schema(name, schema)
@@ -319,7 +321,18 @@ class Engine:
 
         with self.graph.lock:
             table, _ = self._get_or_make(name, check, lambda: HistoryTable(self.graph, name, rows))
+        if storage is not None:  # made after the data directory was opened: journaled from now on
+            self._journal_history(storage)
         return table
+
+    def _journal_history(self, storage: Storage) -> None:
+        """Journals the intraday rows of every history table not journaled yet (made before the data
+        directory was opened and not found in it, or made after)."""
+        from tickwire.server.engine.storage.history import HistoryTable
+
+        for t in list(self.graph.tables.values()):
+            if isinstance(t, HistoryTable) and not t.journaled:
+                storage.attach(t, TableSpec(t.name, "append", t.schema))
 
     def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
         """(table, created) for an update source of class `cls` (an UpdateSourceTable): an

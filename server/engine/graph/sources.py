@@ -136,6 +136,10 @@ class SourceTable(Table):
         """The row key the next new row gets."""
         return len(self.rowset)
 
+    def checkpoint_rows(self) -> RowSet:
+        """The rows a checkpoint of this table keeps (all; a history table's intraday rows only)."""
+        return self.rowset
+
     def has_batch(self, batch_id: Hashable) -> bool:
         """True when input with this batch id was accepted."""
         with self._pending_lock:

@@ -12,7 +12,9 @@ a `prune`).
 
 This module must not touch the engine's lock or the update graph's private state: the table is
 made under the graph's lock by the engine (`Engine.history`) and updated by cycles like any
-source table.
+source table. With a data directory its intraday rows are journaled and checkpointed as an append
+table's (a checkpoint keeps the intraday rows only), and come back when the server starts with
+the same history table again.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tickwire.server.engine.graph.ops.base import _evaluate, expression_columns
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.sources import AppendOnlyTable, _concat, _Input
 from tickwire.server.engine.graph.table_update import TableUpdate
+from tickwire.server.engine.graph.tables import conform
 from tickwire.server.engine.storage.parquet import REGION_BITS, ParquetRows
 
 if TYPE_CHECKING:
@@ -109,8 +112,32 @@ class HistoryTable(AppendOnlyTable):
         self.rowset = self._history_rows.union(RowSet.range(INTRADAY_BASE, INTRADAY_BASE + self._live - 1))
         return TableUpdate(added=added)
 
+    def restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
+        """As SourceTable.restore, into a table whose history is there already (no intraday rows yet)."""
+        if self._live or self.pending_rows():
+            raise ValueError(f"table {self.name!r}: restore needs a history table without intraday rows")
+        row_keys = np.asarray(row_keys, dtype=np.int64)
+        if row_keys.size != data.num_rows:
+            raise ValueError(f"table {self.name!r}: {row_keys.size} row keys for {data.num_rows} rows")
+        self._restore(row_keys, conform(self.name, self.schema, data), int(next_key))
+        self.prev_rowset = self.rowset
+
+    def checkpoint_rows(self) -> RowSet:
+        """A checkpoint keeps the intraday rows; the history is the dataset's."""
+        return RowSet.range(INTRADAY_BASE, INTRADAY_BASE + self._live - 1)
+
     def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
-        raise ValueError(f"table {self.name!r}: the intraday rows of a history table are not checkpointed")
+        """A checkpoint's intraday rows (keys from INTRADAY_BASE on, or 0.. when an append table of
+        the same name wrote it: the same rows in the same order)."""
+        n = data.num_rows
+        base = INTRADAY_BASE if n and int(row_keys[0]) >= INTRADAY_BASE else 0
+        if n and not np.array_equal(row_keys, base + np.arange(n, dtype=np.int64)):
+            raise ValueError(f"table {self.name!r}: a history table's intraday rows have consecutive keys")
+        if n:
+            self.intraday.ensure(n)
+            self.intraday.write(np.arange(n, dtype=np.int64), data)
+        self._live = n
+        self.rowset = self._history_rows.union(RowSet.range(INTRADAY_BASE, INTRADAY_BASE + n - 1))
 
     def prune(self, predicate: pc.Expression) -> Optional[tuple[RowSet, RowSet]]:
         """For a predicate that reads only partition columns: (the history rows of the locations

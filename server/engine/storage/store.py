@@ -462,7 +462,8 @@ class Storage:
         the journal's rotation: the writer starts a new journal there, and the old ones are deleted
         once the checkpoint, written in the background, is on disk."""
         files.checkpointing = True
-        snapshot: _Snapshot = (table.gather(None), table.rowset.keys().copy(),
+        rows = table.checkpoint_rows()
+        snapshot: _Snapshot = (table.gather(None, rows), rows.keys().copy(),
                     {"step": step - 1, "next_key": int(table.next_key), "batches": table.applied_batch_state(),
                      "format": FORMAT})
         files.cycles = 0
