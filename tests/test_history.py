@@ -252,6 +252,22 @@ def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset, 
         again = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
         assert again.equals(got)
         client.close()
+    # the merge, with no server running: the written rows become a location of the dataset
+    import subprocess
+    import sys
+    merged = subprocess.run([sys.executable, "-m", "tickwire", "merge", "--data-dir", str(tmp_path / "data"),
+                             "--table", "trades", "--date", "2026-11-21"], capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert merged.stdout.startswith("merged 7 rows of trades with 2026-11-21 into ")
+    assert list(Path(dataset, "Date=2026-11-21").glob("part-merged-*.parquet"))
+    with serve_process(*args) as port:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        after = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+        assert after.equals(got)
+        client.close()
+    again = subprocess.run([sys.executable, "-m", "tickwire", "merge", "--data-dir", str(tmp_path / "data"),
+                            "--table", "trades", "--date", "2026-11-21"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "no intraday rows with Date=2026-11-21" in again.stderr
 
 
 def test_history_flags_are_checked():
@@ -301,3 +317,138 @@ def test_intraday_rows_of_a_history_table_survive_a_restart(dataset, tmp_path, c
     assert t2.gather(["Qty"], t2.rowset.select(np.arange(3068, 3075))).column("Qty").to_pylist() == \
         list(range(3068, 3075))
     engine2.close_storage()
+
+
+# -- the merge --------------------------------------------------------------------------------------------
+def _durable(dataset, data_dir):
+    from tickwire.server.engine import Durability, EngineConfig
+
+    engine = Engine(EngineConfig(interval_ms=3_600_000, data_dir=data_dir, durability=Durability()))
+    table = engine.history("trades", dataset)
+    engine.open()
+    return engine, table
+
+
+def _live(first: int, n: int, date: str) -> pa.Table:
+    return day(3).slice(first, n).append_column("Date", pa.array([date] * n))
+
+
+def test_a_merge_turns_a_dates_intraday_rows_into_a_location_with_one_update(dataset, tmp_path):
+    from tickwire.server.engine.storage.merge import MergeError
+
+    engine, t = _durable(dataset, tmp_path / "data")
+    engine.write(t, _live(0, 40, "2026-11-21"), wait=False)
+    engine.write(t, _live(40, 10, "2026-11-22"), wait=False)
+    engine.run_cycle()
+    engine.write(t, _live(50, 5, "2026-11-21"), wait=False)
+    engine.run_cycle()
+    before = t.gather()
+    seen = []
+    t.listeners.append(lambda table, up, step: seen.append(up))
+    steps = []
+    result = engine.merge("trades", "2026-11-21", on_step=steps.append)
+    assert steps == ["selected", "writing", "written", "validated", "renamed", "indexed", "adopted", "done"]
+    assert result.rows == 45 and os.path.basename(result.path).startswith("part-merged-")
+    assert len(seen) == 1 and len(seen[0].removed) == 45 and len(seen[0].added) == 45
+    # the same rows: the merged date now comes before the other intraday rows
+    assert t.size == 3055 and sorted(t.gather(["Qty"]).column("Qty").to_pylist()) == \
+        sorted(before.column("Qty").to_pylist())
+    assert t.gather(["Date"]).column("Date").to_pylist()[3000:3046] == ["2026-11-21"] * 45 + ["2026-11-22"]
+    assert len(t.history.locations) == 4 and t.intraday_rows.size == 10
+    # the location is a Parquet file of the dataset, as any reader sees it
+    assert pq.read_table(result.path).column("Qty").to_pylist() == list(range(3000, 3040)) + list(range(3050, 3055))
+    with pytest.raises(MergeError, match="no intraday rows"):
+        engine.merge("trades", "2026-11-21")
+    with pytest.raises(MergeError, match="comes before the last historical location"):
+        engine.merge("trades", "2026-11-20")
+    engine.close_storage()
+    # after a restart: the location from the files, the rest of the intraday rows from the checkpoint
+    engine2, t2 = _durable(dataset, tmp_path / "data")
+    assert t2.size == 3055 and len(t2.history.locations) == 4 and t2.intraday_rows.size == 10
+    assert sorted(t2.gather(["Qty"]).column("Qty").to_pylist()) == list(range(3055))
+    engine2.close_storage()
+
+
+def test_a_merge_that_fails_leaves_the_intraday_rows_served_and_says_why(dataset, tmp_path, monkeypatch):
+    from tickwire.server.engine.storage import merge as M
+
+    engine, t = _durable(dataset, tmp_path / "data")
+    engine.write(t, _live(0, 20, "2026-11-21"), wait=False)
+    engine.run_cycle()
+    real = M.checksum
+    calls = []
+
+    def corrupt(table):  # the read-back differs from what was written
+        calls.append(1)
+        return real(table) if len(calls) == 1 else "0" * 64
+
+    monkeypatch.setattr(M, "checksum", corrupt)
+    with pytest.raises(M.MergeError, match="reads back"):
+        engine.merge("trades", "2026-11-21")
+    assert t.size == 3020 and len(t.history.locations) == 3
+    assert not os.path.exists(M.record_path(t))
+    assert not list(Path(dataset, "Date=2026-11-21").glob("*"))  # the temporary file is gone
+    monkeypatch.setattr(M, "checksum", real)
+    assert engine.merge("trades", "2026-11-21").rows == 20
+    engine.close_storage()
+
+
+class _Crash(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("at", ["selected", "writing", "written", "validated", "renamed", "indexed", "adopted"])
+def test_a_merge_cut_short_at_any_step_serves_every_row_exactly_once_after_a_restart(dataset, tmp_path, at):
+    """The process's state is what is on disk when a crash stops the merge at `at` (the in-process
+    engine is dropped without closing its journals, as SIGKILL leaves them; test_history_crash.py
+    kills a real server)."""
+    engine, t = _durable(dataset, tmp_path / "data")
+    engine.write(t, _live(0, 30, "2026-11-21"), wait=False)
+    engine.write(t, _live(30, 5, "2026-11-22"), wait=False)
+    engine.run_cycle()
+    assert engine.storage.wait_durable()  # acknowledged: on disk
+
+    def crash(step):
+        if step == at:
+            raise _Crash(step)
+
+    with pytest.raises(_Crash):
+        engine.merge("trades", "2026-11-21", on_step=crash)
+    engine2, t2 = _durable(dataset, tmp_path / "data")
+    qty = t2.gather(["Qty"]).column("Qty").to_pylist()
+    assert sorted(qty) == list(range(3035)), at  # every row once
+    merged = at in ("renamed", "indexed", "adopted")
+    assert len(t2.history.locations) == (4 if merged else 3)
+    assert t2.intraday_rows.size == (5 if merged else 35)
+    assert not list(Path(dataset).rglob(".merging-*"))
+    engine2.close_storage()
+
+
+@pytest.mark.parametrize("at", ["selected", "writing", "renamed", "indexed"])
+def test_sigkill_during_a_merge_then_a_restarted_server_serves_every_row_once(dataset, tmp_path, at):
+    """Before the write, mid-write, after the write before the index, after the index before the
+    intraday rows are dropped: a real process killed there, then `tickwire serve` on its data
+    directory, read by DoGet as a reconnecting client would."""
+    import subprocess
+    import sys
+
+    import pyarrow.flight as fl
+
+    from tests.serving import serve_process
+
+    data_dir = tmp_path / "data"
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "tests.history_merge_child", dataset, str(data_dir), at],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert proc.returncode == -9 and f"AT {at}" in proc.stdout, proc.stdout + proc.stderr
+    anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
+    with serve_process("--no-web", "--history", f"trades={dataset}", "--data-dir", str(data_dir)) as port:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+        client.close()
+    assert sorted(got.column("Qty").to_pylist()) == list(range(3035))
+    merged = at in ("renamed", "indexed")
+    dates = got.column("Date").to_pylist()
+    assert dates[3000:3030] == ["2026-11-21"] * 30 and dates[3030:] == ["2026-11-22"] * 5
+    assert bool(list(Path(dataset, "Date=2026-11-21").glob("part-merged-*"))) == merged
+    assert not list(Path(dataset).rglob(".merging-*"))

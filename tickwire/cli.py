@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Optional
 
 from tickwire.options import (
@@ -47,7 +48,38 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Run a server; tables arrive by DoPut, from Python or by --replicate. "
                                        "Options: flags > TICKWIRE_* environment > --config file > defaults.")
     add_options(serve, "serve")
+    merge = sub.add_parser("merge", help="turn a date's intraday rows of a history table into a historical location",
+                           description="Merge the intraday rows of a history table (served with --history and "
+                                       "--data-dir) whose partition column holds DATE into a new Parquet location "
+                                       "of its dataset, with no server running on the data directory.")
+    merge.add_argument("--data-dir", required=True, metavar="DIR", help="the server's data directory")
+    merge.add_argument("--table", required=True, metavar="NAME", help="the history table")
+    merge.add_argument("--date", required=True, metavar="VALUE", help="the partition value (usually a date)")
+    merge.add_argument("--history", metavar="URI", help="the dataset (default: the one the data directory recorded)")
     return parser
+
+
+def _merge(args) -> int:
+    from tickwire.server.engine import Engine, EngineConfig
+    from tickwire.server.engine.storage.parquet import LocationIndex
+
+    data_dir = Path(args.data_dir)
+    uri = args.history or LocationIndex(str(data_dir / "history" / f"{args.table}.json")).uri()
+    if uri is None:
+        return _fail(f"--data-dir {data_dir}: no history table {args.table!r} recorded there (give --history URI)",
+                     2, False)
+    engine = Engine(EngineConfig(data_dir=data_dir))
+    try:
+        engine.history(args.table, uri)
+        engine.open()
+        result = engine.merge(args.table, args.date)
+    except Exception as exc:  # noqa: BLE001 - one line, as the other commands' mistakes
+        return _fail(describe_error(exc), 1, False)
+    finally:
+        engine.stop()
+    print(f"merged {result.rows} rows of {args.table} with {result.value} into {result.path} "
+          f"(sha256 {result.checksum[:16]}...)", flush=True)
+    return 0
 
 
 def _ports(config) -> dict[str, Optional[int]]:
@@ -135,6 +167,8 @@ def _main(argv: list[str] | None) -> int:
 
         print(__version__)
         return 0
+    if args.command == "merge":
+        return _merge(args)
     if args.command not in ("demo", "serve"):
         parser.print_help(sys.stderr)
         return 2

@@ -32,6 +32,7 @@ nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -73,7 +74,7 @@ from tickwire.server.engine.ingest import Destination, ReplaceState, prepare_ops
 from tickwire.server.engine.perf_tables import PerfTables
 from tickwire.server.engine.publishing.publisher import PublisherRegistry
 from tickwire.server.engine.staging import Staging
-from tickwire.server.engine.storage.store import Storage
+from tickwire.server.engine.storage.store import Storage, StorageError
 
 __all__ = ["Engine", "TableSpec", "Destination", "UpdateSourceTable", "CatalogError", "TableMismatchError",
            "TableInUseError", "IngestError", "KINDS", "kind_of", "is_hidden", "is_system"]
@@ -305,34 +306,86 @@ class Engine:
         location index is kept at `index_path`, else under the data directory (history/<name>.json)
         when there is one, else in memory. CatalogError when the name is taken."""
         from tickwire.server.engine.storage.history import HistoryTable
-        from tickwire.server.engine.storage.parquet import DEFAULT_CACHE_BYTES, LocationIndex, ParquetRows, open_uri
+        from tickwire.server.engine.storage.parquet import (
+            DEFAULT_CACHE_BYTES,
+            Dataset,
+            LocationIndex,
+            ParquetRows,
+            open_uri,
+        )
 
         storage = self.storage
         data_dir = storage.root if storage is not None else self.config.data_dir
         if index_path is None and data_dir is not None:
             index_path = str(Path(data_dir) / "history" / f"{name}.json")
         fs, root = open_uri(uri, options)
-        schema, locations, _read = LocationIndex(index_path).open(fs, root)
+        index = LocationIndex(index_path)
+        schema, locations, _read = index.open(fs, root, uri)
         check_schema(name, schema)
         rows = ParquetRows(fs, schema, locations, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
 
         def check(existing: Table) -> None:
             raise CatalogError(f"a table named {name!r} already exists", "ALREADY_EXISTS")
 
+        def make() -> Table:
+            t = HistoryTable(self.graph, name, rows)
+            t.dataset = Dataset(uri, fs, root, index)
+            return t
+
         with self.graph.lock:
-            table, _ = self._get_or_make(name, check, lambda: HistoryTable(self.graph, name, rows))
+            table, _ = self._get_or_make(name, check, make)
         if storage is not None:  # made after the data directory was opened: journaled from now on
             self._journal_history(storage)
         return table
+
+    def merge(self, name: str, value: object, *, on_step: Optional[Callable[[str], None]] = None,
+              timeout: float = 60.0) -> Any:
+        """Merges the intraday rows of history table `name` whose partition column (its first) holds
+        `value` into a new historical location (storage/merge.py); returns a MergeResult. Online (the
+        engine's cycles adopt it, subscribers see its rows removed and added once) or offline (this
+        call runs the cycle). Needs the data directory. MergeError says why nothing was merged."""
+        from tickwire.server.engine.storage.history import HistoryTable
+        from tickwire.server.engine.storage.merge import MergeError, merge
+
+        table = self.resolve(name)
+        storage = self.storage
+        if not isinstance(table, HistoryTable):
+            raise MergeError(f"no history table named {name!r}")
+        if storage is None:
+            raise MergeError(f"table {name!r}: the merge needs a data directory")
+        hist: HistoryTable = table
+
+        def adopt() -> None:
+            if self.running:
+                if not hist.adopted.wait(timeout):
+                    raise MergeError(f"table {name!r}: no cycle adopted the merged location in {timeout} s")
+            else:
+                self.run_cycle()
+
+        return merge(hist, value, reading=self.reading, adopt=adopt,
+                     checkpoint=lambda: self._checkpoint_now(storage, hist), on_step=on_step)
+
+    @staticmethod
+    def _checkpoint_now(storage: Storage, table: SourceTable) -> None:
+        """A checkpoint of `table` at the current cycle boundary, on disk when this returns."""
+        storage.wait_checkpoints()  # one under way would refuse a new one
+        if not storage.checkpoint(table):
+            raise StorageError(f"table {table.name!r}: no checkpoint could be taken")
+        storage.wait_checkpoints()
 
     def _journal_history(self, storage: Storage) -> None:
         """Journals the intraday rows of every history table not journaled yet (made before the data
         directory was opened and not found in it, or made after)."""
         from tickwire.server.engine.storage.history import HistoryTable
+        from tickwire.server.engine.storage.merge import finish_merge
 
         for t in list(self.graph.tables.values()):
             if isinstance(t, HistoryTable) and not t.journaled:
                 storage.attach(t, TableSpec(t.name, "append", t.schema))
+            if isinstance(t, HistoryTable):  # a merge a crash cut short: finished or dropped, before serving
+                done = finish_merge(t, functools.partial(self._checkpoint_now, storage, t))
+                if done:
+                    log.warning("table %r: %s", t.name, done)
 
     def get_or_create_source(self, cls: type, name: str, schema: pa.Schema) -> tuple[Table, bool]:
         """(table, created) for an update source of class `cls` (an UpdateSourceTable): an

@@ -18,6 +18,7 @@ the same history table again.
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
@@ -30,7 +31,7 @@ from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.sources import AppendOnlyTable, _concat, _Input
 from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import conform
-from tickwire.server.engine.storage.parquet import REGION_BITS, ParquetRows
+from tickwire.server.engine.storage.parquet import REGION_BITS, Dataset, ParquetRows
 
 if TYPE_CHECKING:
     from tickwire.server.engine.graph.graph import UpdateGraph
@@ -82,7 +83,12 @@ class HistoryTable(AppendOnlyTable):
         assert isinstance(self.intraday, ColumnStore)
         self.store = _Rows(history, self.intraday)  # type: ignore[assignment]
         self._history_rows = RowSet.from_ranges(history.key_ranges())
-        self._live = 0
+        self._live = 0  # intraday slots used (a merged row's slot is not reused)
+        self._intraday_rows = RowSet()
+        # a location to adopt at the next cycle: (its index, the intraday keys it replaces)
+        self._adopt: Optional[tuple[int, RowSet]] = None
+        self.adopted = threading.Event()  # set by the cycle that adopted a location
+        self.dataset: Optional[Dataset] = None  # set by Engine.history
         self.rowset = self._history_rows
         self.prev_rowset = self.rowset
 
@@ -91,26 +97,57 @@ class HistoryTable(AppendOnlyTable):
         return list(self.history.partition_names)
 
     @property
-    def intraday_rows(self) -> int:
-        return self._live
+    def intraday_rows(self) -> RowSet:
+        return self._intraday_rows
 
     @property
     def next_key(self) -> int:
         return INTRADAY_BASE + self._live
 
+    def _set_rows(self) -> None:
+        self.rowset = self._history_rows.union(self._intraday_rows)
+
     def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
+        adopt, self._adopt = self._adopt, None
         data = _concat(ops)
-        if data is None or data.num_rows == 0:
+        if (data is None or data.num_rows == 0) and adopt is None:
             return None
-        n = data.num_rows
-        first = self._live
-        self.intraday.ensure(first + n)
-        self.intraday.write(np.arange(first, first + n, dtype=np.int64), data)
-        self._live = first + n
-        added = RowSet.range(INTRADAY_BASE + first, INTRADAY_BASE + first + n - 1)
         self.prev_rowset = self.rowset
-        self.rowset = self._history_rows.union(RowSet.range(INTRADAY_BASE, INTRADAY_BASE + self._live - 1))
-        return TableUpdate(added=added)
+        added = RowSet()
+        removed = RowSet()
+        if adopt is not None:  # a merged location replaces the intraday rows it was written from
+            index, replaced = adopt
+            region = RowSet.from_ranges(self.history.key_ranges(np.array([index])))
+            self._history_rows = self._history_rows.union(region)
+            self._intraday_rows = self._intraday_rows.minus(replaced)
+            added, removed = region, replaced
+            self.adopted.set()
+        if data is not None and data.num_rows:
+            n = data.num_rows
+            first = self._live
+            self.intraday.ensure(first + n)
+            self.intraday.write(np.arange(first, first + n, dtype=np.int64), data)
+            self._live = first + n
+            new = RowSet.range(INTRADAY_BASE + first, INTRADAY_BASE + first + n - 1)
+            self._intraday_rows = self._intraday_rows.union(new)
+            added = added.union(new)
+        self._set_rows()
+        return TableUpdate(added=added, removed=removed)
+
+    def adopt_location(self, index: int, replaced: RowSet) -> None:
+        """At the next cycle, location `index` (just added to the history) comes in and the
+        intraday rows `replaced` go: one update, removed and added rows (engine-internal: the merge)."""
+        with self._pending_lock:
+            self.adopted.clear()
+            self._adopt = (index, replaced)
+
+    def drop_intraday(self, keys: RowSet) -> None:
+        """Removes intraday rows outside any cycle: only before the table is served (a merge
+        finished at start)."""
+        self._intraday_rows = self._intraday_rows.minus(keys)
+        self._history_rows = RowSet.from_ranges(self.history.key_ranges())
+        self._set_rows()
+        self.prev_rowset = self.rowset
 
     def restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
         """As SourceTable.restore, into a table whose history is there already (no intraday rows yet)."""
@@ -124,20 +161,35 @@ class HistoryTable(AppendOnlyTable):
 
     def checkpoint_rows(self) -> RowSet:
         """A checkpoint keeps the intraday rows; the history is the dataset's."""
-        return RowSet.range(INTRADAY_BASE, INTRADAY_BASE + self._live - 1)
+        return self._intraday_rows
 
     def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
-        """A checkpoint's intraday rows (keys from INTRADAY_BASE on, or 0.. when an append table of
-        the same name wrote it: the same rows in the same order)."""
+        """A checkpoint's intraday rows with their keys (from INTRADAY_BASE on; keys from 0 when an
+        append table of the same name wrote it: the same rows in the same order)."""
         n = data.num_rows
-        base = INTRADAY_BASE if n and int(row_keys[0]) >= INTRADAY_BASE else 0
-        if n and not np.array_equal(row_keys, base + np.arange(n, dtype=np.int64)):
-            raise ValueError(f"table {self.name!r}: a history table's intraday rows have consecutive keys")
+        if n and int(row_keys[0]) < INTRADAY_BASE:
+            if not np.array_equal(row_keys, np.arange(n, dtype=np.int64)):
+                raise ValueError(f"table {self.name!r}: an append table's row keys are 0..n-1")
+            row_keys = row_keys + INTRADAY_BASE
+            next_key = INTRADAY_BASE + n
+        slots = row_keys - INTRADAY_BASE
+        self._live = max(int(next_key) - INTRADAY_BASE, int(slots[-1]) + 1 if n else 0)
         if n:
-            self.intraday.ensure(n)
-            self.intraday.write(np.arange(n, dtype=np.int64), data)
-        self._live = n
-        self.rowset = self._history_rows.union(RowSet.range(INTRADAY_BASE, INTRADAY_BASE + n - 1))
+            self.intraday.ensure(self._live)
+            self.intraday.write(slots, data)
+        self._intraday_rows = RowSet.from_keys(row_keys)
+        self._set_rows()
+
+    def rows_of_partition(self, value: object) -> RowSet:
+        """The intraday rows whose first partition column holds `value`."""
+        col = self.history.partition_names[0]
+        keys = self._intraday_rows.keys()
+        if keys.size == 0:
+            return RowSet()
+        have = self.gather([col], keys).column(0)
+        want = pa.scalar(value).cast(self.schema.field(col).type)
+        mask = np.asarray(pc.fill_null(pc.equal(have, want), False).to_numpy(zero_copy_only=False), dtype=bool)
+        return RowSet.from_keys(keys[mask])
 
     def prune(self, predicate: pc.Expression) -> Optional[tuple[RowSet, RowSet]]:
         """For a predicate that reads only partition columns: (the history rows of the locations
@@ -155,5 +207,4 @@ class HistoryTable(AppendOnlyTable):
             passes = _evaluate(values, [predicate], ["_"]).column(0).combine_chunks()
             mask = np.asarray(pc.fill_null(passes, False).to_numpy(zero_copy_only=False), dtype=bool)
             kept = RowSet.from_ranges(self.history.key_ranges(np.flatnonzero(mask)))
-        live = self.rowset.subset_by_key_range(INTRADAY_BASE, INTRADAY_BASE + max(self._live, 1) - 1)
-        return kept, live
+        return kept, self._intraday_rows

@@ -37,7 +37,7 @@ from tickwire.protocol.schema import DH_IS_PARTITIONING
 from tickwire.server.engine.errors import TickwireError
 
 __all__ = ["REGION_BITS", "Location", "HistoryError", "open_uri", "discover", "LocationIndex", "ParquetRows",
-           "partition_table", "ReadStats"]
+           "partition_table", "ReadStats", "Dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,17 @@ def _order_key(v: Any) -> tuple[int, Any]:
     return (0, "") if v is None else (1, v)
 
 
+@dataclass
+class Dataset:
+    """Where a history table's locations are: its URI, the filesystem and root path it names, and
+    the location index kept for it (its path None without a data directory)."""
+
+    uri: str
+    fs: pafs.FileSystem
+    root: str
+    index: "LocationIndex"
+
+
 class LocationIndex:
     """The locations of a dataset kept in a JSON file (`path`), with the dataset's schema: what a
     restart reads instead of the footers. `load` gives the locations recorded, `open` brings them
@@ -193,27 +204,41 @@ class LocationIndex:
             log.warning("location index %s is unreadable (%s): rebuilt from the files", self.path, exc)
             return None, {}
 
-    def save(self, schema: pa.Schema, locations: Sequence[Location]) -> None:
+    def uri(self) -> Optional[str]:
+        """The dataset's URI as the index recorded it (None without one)."""
+        if self.path is None or not os.path.exists(self.path):
+            return None
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                got = json.load(f).get("uri")
+            return str(got) if got else None
+        except (OSError, ValueError):
+            return None
+
+    def save(self, schema: pa.Schema, locations: Sequence[Location], uri: Optional[str] = None) -> None:
         if self.path is None:
             return
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"schema": schema.serialize().to_pybytes().hex(),
+            json.dump({"schema": schema.serialize().to_pybytes().hex(), "uri": uri or self.uri(),
                        "locations": [loc.to_json() for loc in locations]}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def open(self, fs: pafs.FileSystem, root: str) -> tuple[pa.Schema, list[Location], int]:
+    def open(self, fs: pafs.FileSystem, root: str, uri: Optional[str] = None) -> tuple[pa.Schema, list[Location], int]:
         """(schema, locations, footers read) of the dataset at `root`, the index brought up to date."""
+        if uri is not None and self.uri() not in (None, uri):
+            raise HistoryError(f"the location index {self.path} is of {self.uri()!r}, not {uri!r}; remove it to "
+                               f"serve another dataset under this name")
         old_schema, known = self.load()
         schema, locations, read = discover(fs, root, known)
         if old_schema is not None and not old_schema.equals(schema):
             raise HistoryError(f"the dataset at {root!r} changed its schema from {old_schema} to {schema}; "
                                f"remove {self.path} to serve the new one")
-        if read or set(known) != {loc.path for loc in locations}:
-            self.save(schema, locations)
+        if read or set(known) != {loc.path for loc in locations} or (uri is not None and self.uri() != uri):
+            self.save(schema, locations, uri)
         return schema, locations, read
 
 
@@ -262,6 +287,14 @@ class ParquetRows:
     @property
     def num_rows(self) -> int:
         return int(sum(loc.num_rows for loc in self.locations))
+
+    def add_location(self, location: Location) -> int:
+        """Adds a location after the others (a merge's); returns its index."""
+        with self._lock:
+            self.locations.append(location)
+            self._rg_starts.append(np.concatenate(([0], np.cumsum(location.row_groups, dtype=np.int64))))
+            self._parts = partition_table(self.schema, self.locations)
+            return len(self.locations) - 1
 
     def key_ranges(self, which: Optional[np.ndarray] = None) -> np.ndarray:
         """The closed key ranges of the non-empty locations (all, or those indexed by `which`),
