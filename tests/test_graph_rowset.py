@@ -33,7 +33,8 @@ keysets = st.one_of(
 
 
 # how a multi-range set is held: the sorted keys from_keys keeps, a bitmap, or keys whose bitmap was built
-FORMS = ("keys", "bitmap", "both")
+#: how a set is held: its keys, a bitmap, both, or the ranges it was made from (beside its bitmap)
+FORMS = ("keys", "bitmap", "both", "ranges")
 forms = st.sampled_from(FORMS)
 
 
@@ -45,6 +46,9 @@ def rs(keys, form: str = "keys") -> RowSet:
         assert r.bitmap() is bm  # held as that bitmap
     elif form == "both" and not r.is_single_range:
         r.bitmap()  # builds the bitmap of a set made from keys
+    elif form == "ranges" and not r.is_single_range:
+        r = RowSet.from_ranges(r.ranges()[::-1])  # in any order
+        assert r._r is not None  # positions found by searching the ranges
     return r
 
 
@@ -126,6 +130,23 @@ def test_position_ranges_and_positions_of(a, pranges, form):
     assert got.keys().tolist() == want
     # positions_of is the inverse: the positions of a subset of keys
     assert r.positions_of(got).keys().tolist() == sorted(int(np.searchsorted(keys, k)) for k in want)
+
+
+def test_a_set_of_a_few_long_ranges_finds_positions_without_the_bitmap(monkeypatch):
+    """A history table's row set: a billion keys in a few ranges; its positions, ranks and ranges
+    come from the ranges it was made from (the bitmap's select costs per key)."""
+    big = RowSet.from_ranges([[i << 40, (i << 40) + 10**7 - 1] for i in range(100)])
+
+    def no_select(*args):
+        raise AssertionError("the bitmap was searched")
+
+    monkeypatch.setattr("tickwire.server.engine.graph.row_set._bitmap_ranges", no_select)
+    assert len(big) == 10**9 and big.ranges().shape == (100, 2)
+    assert big.select([0, 10**7, 10**9 - 1]).tolist() == [0, 1 << 40, (99 << 40) + 10**7 - 1]
+    assert big.rank([1 << 40, (1 << 40) + 5, (2 << 40) - 1]).tolist() == [10**7, 10**7 + 5, 2 * 10**7]
+    view = big.subset_by_position_ranges([[10**7 - 2, 10**7 + 1], [5 * 10**7, 5 * 10**7]])
+    assert view.keys().tolist() == [10**7 - 2, 10**7 - 1, 1 << 40, (1 << 40) + 1, 5 << 40]
+    assert big.find([(3 << 40) + 7, (3 << 40) + 10**7]).tolist() == [3 * 10**7 + 7, -1]
 
 
 def test_from_ranges_accepts_unsorted_overlapping_and_long_ranges():

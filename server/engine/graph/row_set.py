@@ -55,6 +55,21 @@ def _find_sorted(all_keys: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.where(hit, pos, -1).astype(np.int64)
 
 
+#: a set made from at most this many ranges keeps them (RowSet._r)
+_KEPT_RANGES = 4096
+
+
+def _merge_ranges(r: np.ndarray) -> np.ndarray:
+    """Closed ranges (any order, overlapping or touching) as maximal ascending ones."""
+    r = r[np.argsort(r[:, 0], kind="stable")]
+    ends = np.maximum.accumulate(r[:, 1])
+    starts_new = np.ones(r.shape[0], dtype=bool)
+    starts_new[1:] = r[1:, 0] > ends[:-1] + 1
+    first = np.flatnonzero(starts_new)
+    last = np.concatenate((first[1:] - 1, [r.shape[0] - 1]))
+    return np.stack((r[first, 0], ends[last]), axis=1).astype(np.int64)
+
+
 def _bitmap_ranges(bm: BitMap64) -> np.ndarray:
     """Maximal ranges of a bitmap. Fragmented stretches are expanded window by window (cost per
     key); a window that is one run is extended by galloping over positions (cost per range), so
@@ -98,12 +113,16 @@ def _bitmap_ranges(bm: BitMap64) -> np.ndarray:
 class RowSet:
     """An immutable ordered set of non-negative row keys. Every operation returns a new RowSet."""
 
-    __slots__ = ("_lo", "_hi", "_b", "_k")
+    __slots__ = ("_lo", "_hi", "_b", "_k", "_r")
 
     def __init__(self, lo: int = 0, hi: int = -1, bm: Optional[BitMap64] = None, keys: Optional[np.ndarray] = None):
         # one range [lo, hi] when there is neither a bitmap nor keys (empty when hi < lo); otherwise
         # the bitmap, or the keys (sorted, unique, not one range) from which it is built on first use
         self._lo, self._hi, self._b, self._k = lo, hi, bm, keys
+        # a set made from ranges keeps them (maximal, ascending, shape (n, 2)) beside its bitmap:
+        # positions and ranges of a few long ranges are then found by search, not by the bitmap's
+        # select (whose cost grows with the keys: a history table's billion rows)
+        self._r: Optional[np.ndarray] = None
 
     @property
     def _bm(self) -> Optional[BitMap64]:
@@ -177,7 +196,10 @@ class RowSet:
         bm = keys_to_bitmap(ranges_to_keys(short)) if short.shape[0] else BitMap64()
         for s, e in r[long_].tolist():  # one C call per long range
             bm.add_range(s, e + 1)
-        return cls.from_bitmap(bm)
+        out = cls.from_bitmap(bm)
+        if not out.is_single_range and n <= _KEPT_RANGES:
+            out._r = _merge_ranges(r)
+        return out
 
     @classmethod
     def from_bitmap(cls, bm: BitMap64) -> "RowSet":
@@ -285,6 +307,9 @@ class RowSet:
 
     def ranges(self) -> np.ndarray:
         """Maximal closed ranges, shape (n, 2), int64."""
+        if self._r is not None:
+            kept: np.ndarray = self._r.copy()
+            return kept
         if self._k is not None:
             return keys_to_ranges(self._k)
         if self.is_single_range:
@@ -400,6 +425,11 @@ class RowSet:
             return self._k[p]
         if self.is_single_range:
             return p + self._lo
+        if self._r is not None:
+            r, starts = self._r, self._range_positions()
+            i = np.searchsorted(starts, p, side="right") - 1
+            out: np.ndarray = r[i, 0] + (p - starts[i])
+            return out
         bm = self._multi
         if p.size * _PER_CALL_KEYS < n:
             return np.fromiter(map(bm.__getitem__, p.tolist()), dtype=np.int64, count=p.size)
@@ -417,6 +447,13 @@ class RowSet:
             return np.searchsorted(self._k, k, side="left").astype(np.int64)
         if self.is_single_range:
             return np.clip(k - self._lo, 0, len(self))
+        if self._r is not None:
+            r, starts = self._r, self._range_positions()
+            i = np.searchsorted(r[:, 0], k, side="right") - 1
+            j = np.maximum(i, 0)
+            within = np.clip(k - r[j, 0], 0, r[j, 1] - r[j, 0] + 1)
+            ranked: np.ndarray = np.where(i >= 0, starts[j] + within, 0).astype(np.int64)
+            return ranked
         bm = self._multi
         if k.size * _PER_CALL_KEYS < len(bm):
             # pyroaring's rank counts keys <= k; k - 1 gives keys < k (k = 0 has none)
@@ -437,6 +474,12 @@ class RowSet:
             return pos
         if self._k is not None:
             return _find_sorted(self._k, k)
+        if self._r is not None:
+            r = self._r
+            i = np.searchsorted(r[:, 0], k, side="right") - 1
+            j = np.maximum(i, 0)
+            inside = (i >= 0) & (k <= r[j, 1])
+            return np.where(inside, self.rank(k), -1)
         bm = self._multi
         if k.size * _PER_CALL_KEYS < len(bm):
             kl = np.maximum(k, 0).tolist()
@@ -469,7 +512,27 @@ class RowSet:
             return RowSet(self._lo + first, self._lo + last)
         if self._k is not None:
             return RowSet.from_keys(self._k[first:last + 1])
+        if self._r is not None:
+            return RowSet.from_ranges(self._position_slice(first, last))
         return RowSet.from_bitmap(self._multi[first:last + 1])
+
+    def _range_positions(self) -> np.ndarray:
+        """The position of each kept range's first key."""
+        assert self._r is not None
+        lengths = self._r[:, 1] - self._r[:, 0] + 1
+        out: np.ndarray = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        return out
+
+    def _position_slice(self, first: int, last: int) -> np.ndarray:
+        """The key ranges of positions first..last (within the set) of a set that keeps ranges."""
+        assert self._r is not None
+        r, starts = self._r, self._range_positions()
+        a = int(np.searchsorted(starts, first, side="right") - 1)
+        b = int(np.searchsorted(starts, last, side="right") - 1)
+        out = r[a:b + 1].copy()
+        out[0, 0] = r[a, 0] + (first - starts[a])
+        out[-1, 1] = r[b, 0] + (last - starts[b])
+        return out
 
     def subset_by_position_ranges(self, ranges: npt.ArrayLike) -> "RowSet":
         """The keys at the positions of closed position ranges (n, 2) (e.g. a viewport)."""
@@ -482,6 +545,9 @@ class RowSet:
         r = r[(r[:, 0] < n) & (r[:, 1] >= 0)]
         if self.is_single_range:
             return RowSet.from_ranges(np.clip(r, 0, n - 1) + self._lo)
+        if self._r is not None:
+            parts = [self._position_slice(max(s, 0), min(e, n - 1)) for s, e in r.tolist()]
+            return RowSet.from_ranges(np.concatenate(parts)) if parts else RowSet()
         out = BitMap64()
         for s, e in r.tolist():  # one positional slice per range
             out |= self._multi[max(s, 0):min(e, n - 1) + 1]

@@ -105,7 +105,9 @@ class HistoryTable(AppendOnlyTable):
         return INTRADAY_BASE + self._live
 
     def _set_rows(self) -> None:
-        self.rowset = self._history_rows.union(self._intraday_rows)
+        # made from ranges, so that positions are found by searching them (a billion keys of
+        # history in a few ranges: the bitmap's own select would cost per key)
+        self.rowset = RowSet.from_ranges(np.concatenate((self._history_rows.ranges(), self._intraday_rows.ranges())))
 
     def apply_pending(self, step: int, ops: list[_Input]) -> Optional[TableUpdate]:
         adopt, self._adopt = self._adopt, None

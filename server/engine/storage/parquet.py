@@ -364,20 +364,26 @@ class ParquetRows:
         local = keys - (li << REGION_BITS)
         if li.min() < 0 or li.max() >= len(self.locations):
             raise IndexError("row key outside every location")
+        ascending = keys.size < 2 or bool(np.all(keys[1:] > keys[:-1]))  # the usual case: a row set's order
         # the row group of each key: one search per location that the keys touch
         rg = np.empty(keys.size, dtype=np.int64)
-        for loc_i in np.unique(li).tolist():
-            at = li == loc_i
+        if ascending:
+            cut = np.flatnonzero(li[1:] != li[:-1]) + 1
+            seg_bounds = list(zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [keys.size])).tolist()))
+            segments = [(int(li[a]), slice(a, b)) for a, b in seg_bounds]
+        else:
+            segments = [(loc_i, li == loc_i) for loc_i in np.unique(li).tolist()]
+        for loc_i, at in segments:
             starts = self._rg_starts[loc_i]
             if local[at].max() >= starts[-1]:
                 raise IndexError(f"row key beyond the rows of location {self.locations[loc_i].path!r}")
             rg[at] = np.searchsorted(starts, local[at], side="right") - 1
         group = (li << 24) | rg  # a row group's id; row groups per file stay far below 2**24
-        order = np.argsort(group, kind="stable")
-        sorted_group = group[order]
+        order = np.arange(keys.size) if ascending else np.argsort(group, kind="stable")
+        sorted_group = group if ascending else group[order]
         bounds = np.flatnonzero(np.diff(sorted_group)) + 1
-        starts_i = np.concatenate(([0], bounds))
-        ends_i = np.concatenate((bounds, [keys.size]))
+        starts_i = np.concatenate(([0], bounds)).tolist()
+        ends_i = np.concatenate((bounds, [keys.size])).tolist()
         arrays = []
         with self._lock:
             reads = []
@@ -387,15 +393,19 @@ class ParquetRows:
                     arrays.append(values.take(pa.array(li, type=pa.int64())))
                     continue
                 pieces = []
-                for s, e in zip(starts_i.tolist(), ends_i.tolist()):
+                for s, e in zip(starts_i, ends_i):
                     g = int(sorted_group[s])
                     loc_i, g_rg = g >> 24, g & ((1 << 24) - 1)
                     rows = local[order[s:e]] - self._rg_starts[loc_i][g_rg]
                     chunk = self._chunk(loc_i, g_rg, name)
-                    pieces.append(chunk.take(pa.array(rows, type=pa.int64())))
+                    first, count = int(rows[0]), e - s
+                    if ascending and int(rows[-1]) - first == count - 1:  # a run of the row group: a slice
+                        pieces.append(chunk.slice(first, count))
+                    else:
+                        pieces.append(chunk.take(pa.array(rows, type=pa.int64())))
                     reads.append((loc_i, g_rg))
-                col = pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
-                if not np.array_equal(order, np.arange(keys.size)):
+                col = pa.chunked_array(pieces, type=self.schema.field(name).type)
+                if not ascending:
                     inverse = np.empty_like(order)
                     inverse[order] = np.arange(keys.size)
                     col = col.take(pa.array(inverse, type=pa.int64()))

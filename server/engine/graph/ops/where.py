@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["WhereTable"]
 
 Predicate = Union[pc.Expression, Callable[[pa.Table], object]]
+#: rows a where evaluates at once when it is made
+_PIECE = 1 << 22
 
 
 def _mask(result: Any, n: int) -> np.ndarray:
@@ -74,8 +76,12 @@ class WhereTable(_Op):
             prune = getattr(parent, "prune", None)
             pruned = prune(predicate) if prune is not None and isinstance(predicate, pc.Expression) else None
             kept = pruned[0].bitmap() | BitMap64() if pruned is not None else BitMap64()
-            keys = pruned[1].keys() if pruned is not None else parent.rowset.keys()
-            self._bm = kept | _bitmap(keys[self._passes(keys)]) if keys.size else kept
+            rest = pruned[1] if pruned is not None else parent.rowset
+            # evaluated in pieces: memory follows a piece, not the parent (a history's billion rows)
+            for first in range(0, len(rest), _PIECE):
+                keys = rest.subset_by_positions(first, first + _PIECE - 1).keys()
+                kept |= _bitmap(keys[self._passes(keys)])
+            self._bm = kept
             self._rs = None
 
     def slots(self, keys: np.ndarray) -> np.ndarray:
