@@ -529,7 +529,7 @@ class RowSet:
         r, starts = self._r, self._range_positions()
         a = int(np.searchsorted(starts, first, side="right") - 1)
         b = int(np.searchsorted(starts, last, side="right") - 1)
-        out = r[a:b + 1].copy()
+        out: np.ndarray = r[a:b + 1].copy()
         out[0, 0] = r[a, 0] + (first - starts[a])
         out[-1, 1] = r[b, 0] + (last - starts[b])
         return out
