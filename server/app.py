@@ -125,6 +125,8 @@ class TickwireServer:
         self.replicas: list[Replicator] = []  # Replicators feeding this server's engine
         self.upstreams = parse_replicate(",".join(cfg.replicate)) if cfg.replicate else []
         self.recovered: list = []  # tables brought back from the data directory at start
+        self._refresh_stop = threading.Event()
+        self._refresher: Optional[threading.Thread] = None
         self.web_enabled = bool(cfg.web)
         self.requested_web_port = cfg.web_port
         self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
@@ -284,6 +286,10 @@ class TickwireServer:
         self.observability.attach()  # before the engine starts: its first cycle turns the health SERVING
         if (self.start_engine or self.owns_engine) and not self.engine.running:
             self.engine.start()
+        if self.config.history and self.config.history_refresh_s:
+            self._refresher = threading.Thread(target=self._refresh_history, name="tickwire-history-refresh",
+                                               daemon=True)
+            self._refresher.start()
         for target, table in self.upstreams:
             # not waiting: an upstream that is down now is retried in the background
             self.replicate(target, table, psk=self.config.upstream_psk, tls=self.config.upstream_tls, wait=False)
@@ -308,7 +314,24 @@ class TickwireServer:
         options: see tickwire.server.adapters.spark.sink."""
         return spark_sink(self.engine, table, mode, **options)
 
+    def _refresh_history(self) -> None:
+        """Every history_refresh_s: the --history datasets' new files become locations."""
+        interval = float(self.config.history_refresh_s or 0)
+        while not self.engine.clock.wait(self._refresh_stop, interval):
+            for name, _uri in self.config.history:
+                try:
+                    added = self.engine.refresh_history(name)
+                except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
+                    log.warning("history table %r: looking for new files failed: %s", name, exc)
+                    continue
+                if added:
+                    log.info("history table %r: %d new location(s): %s", name, len(added), ", ".join(added))
+
     def stop(self, grace: float = 1.0) -> None:
+        self._refresh_stop.set()
+        if self._refresher is not None:
+            self._refresher.join(10)
+            self._refresher = None
         self.observability.health.shutdown_from_thread()  # NOT_SERVING first, while everything still runs
         for rep in self.replicas:
             rep.stop()

@@ -34,7 +34,8 @@ class ServerConfig:
     - `metrics_port`: serve /metrics and /healthz on a port of their own (0 picks a free one).
     - `show_system_tables`: list the performance tables with the others.
     - `history`: (NAME, URI) pairs: Hive-partitioned Parquet datasets served as history-plus-live
-      tables (Engine.history) once the data directory is open;
+      tables (Engine.history) once the data directory is open; `history_refresh_s`: how often their
+      datasets are looked at for new files (Engine.refresh_history; None: only at start);
     - `replicate`: tables of other Barrage servers to follow as local tables ("HOST:PORT/TABLE"),
       with `upstream_psk` and `upstream_tls`.
 
@@ -69,6 +70,7 @@ class ServerConfig:
     show_system_tables: bool = False
     replicate: tuple[str, ...] = ()
     history: tuple[tuple[str, str], ...] = ()
+    history_refresh_s: Optional[float] = None
     upstream_psk: Optional[str] = None
     upstream_tls: bool = False
     workers: int = 4
@@ -105,6 +107,8 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= int(value) <= 65535:
                 raise ValueError(f"{name} must be 0-65535, got {value}")
+        if self.history_refresh_s is not None and not self.history_refresh_s > 0:
+            raise ValueError(f"history_refresh_s must be positive, got {self.history_refresh_s}")
         for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s", "export_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

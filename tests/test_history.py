@@ -452,3 +452,47 @@ def test_sigkill_during_a_merge_then_a_restarted_server_serves_every_row_once(da
     assert dates[3000:3030] == ["2026-11-21"] * 30 and dates[3030:] == ["2026-11-22"] * 5
     assert bool(list(Path(dataset, "Date=2026-11-21").glob("part-merged-*"))) == merged
     assert not list(Path(dataset).rglob(".merging-*"))
+
+
+def test_refresh_adds_the_dates_a_batch_job_wrote_since_as_locations_after_the_others(dataset):
+    engine = Engine()
+    t = engine.history("trades", dataset)
+    seen = []
+    t.listeners.append(lambda table, up, step: seen.append(up))
+    assert engine.refresh_history("trades") == []
+    for date, i in (("2026-11-21", 3), ("2026-11-10", 4)):  # a new date, and a late one for an old date
+        folder = Path(dataset) / f"Date={date}"
+        folder.mkdir()
+        pq.write_table(day(i).slice(0, 100), folder / "part-0.parquet", row_group_size=ROW_GROUP)
+    added = engine.refresh_history("trades")
+    assert [Path(p).parent.name for p in added] == ["Date=2026-11-21"]
+    assert len(seen) == 1 and len(seen[-1].added) == 100 and seen[-1].removed.is_empty()
+    assert t.size == 3100 and t.gather(["Qty"]).column("Qty").to_pylist()[-100:] == list(range(3000, 3100))
+    assert engine.refresh_history("trades") == []  # nothing new (the late one waits for a restart)
+    again = Engine().history("trades", dataset)
+    assert again.size == 3200 and again.gather(["Date"]).column("Date").to_pylist()[0] == "2026-11-10"
+
+
+def test_serve_history_refresh_serves_a_new_date_while_it_runs(dataset):
+    import time
+
+    import pyarrow.flight as fl
+
+    from tests.serving import serve_process
+
+    anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
+    with serve_process("--no-web", "--history", f"trades={dataset}", "--history-refresh", "0.2") as port:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        assert client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all().num_rows == 3000
+        folder = Path(dataset) / "Date=2026-11-21"
+        folder.mkdir()
+        pq.write_table(day(3).slice(0, 50), folder / ".part-0.tmp", row_group_size=ROW_GROUP)
+        os.replace(folder / ".part-0.tmp", folder / "part-0.parquet")  # whole, as a batch job commits it
+        deadline = time.monotonic() + 30  # the bound only stops a hang
+        while time.monotonic() < deadline:
+            got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+            if got.num_rows == 3050:
+                break
+            time.sleep(0.1)
+        assert got.column("Qty").to_pylist() == list(range(3050))
+        client.close()

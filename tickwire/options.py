@@ -105,6 +105,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("history", "str", None, "serve Hive-partitioned Parquet datasets (a path, file://... or s3://bucket/prefix; "
                                    "S3 endpoint and credentials from AWS_*) as tables NAME, history plus the rows "
                                    "written to NAME afterwards", commands=("serve",), metavar="NAME=URI[,...]"),
+    Option("history-refresh", "float", None, "look for new files in the --history datasets every SECONDS (default: "
+                                             "only at start)", commands=("serve",), metavar="SECONDS"),
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
            secret=True),
     Option("upstream-tls", "bool", False, "connect to the --replicate servers with TLS", commands=("serve",)),
@@ -479,6 +481,6 @@ def server_config(s: Settings):
                             metrics_port=v["metrics_port"], show_system_tables=v["show_system_tables"],
                             max_inbound_message_size=v["max_inbound_message_size"], replicate=replicate,
                             upstream_psk=v.get("upstream_psk"), upstream_tls=bool(v.get("upstream_tls")),
-                            history=history, engine=engine)
+                            history=history, history_refresh_s=v.get("history_refresh"), engine=engine)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

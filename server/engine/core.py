@@ -67,6 +67,7 @@ from tickwire.server.engine.errors import (
 )
 from tickwire.server.engine.graph.column_store import check_hashable
 from tickwire.server.engine.graph.graph import CycleErrorRecord, TableFailure, UpdateGraph
+from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.sources import KeyedTable, SourceTable, UpdateSourceTable
 from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import Table, TableInput, as_table
@@ -364,6 +365,48 @@ class Engine:
 
         return merge(hist, value, reading=self.reading, adopt=adopt,
                      checkpoint=lambda: self._checkpoint_now(storage, hist), on_step=on_step)
+
+    def refresh_history(self, name: str, timeout: float = 60.0) -> list[str]:
+        """Adds the Parquet files that appeared in history table `name`'s dataset since it was
+        opened (a batch job's new dates) as locations after the others, in one cycle (their rows
+        added); returns their paths. A new file whose partition value sorts before the last
+        location's is left for the next start (it would not come after the others) and logged."""
+        from tickwire.server.engine.storage.history import HistoryTable
+        from tickwire.server.engine.storage.merge import MergeError
+        from tickwire.server.engine.storage.parquet import discover
+
+        table = self.resolve(name)
+        if not isinstance(table, HistoryTable) or table.dataset is None:
+            raise MergeError(f"no history table named {name!r}")
+        hist: HistoryTable = table
+        ds = hist.dataset
+        assert ds is not None
+        have = {loc.path: loc for loc in hist.history.locations}
+        schema, found, _read = discover(ds.fs, ds.root, have)
+        if not schema.equals(hist.schema):
+            raise MergeError(f"table {name!r}: the dataset's schema changed to {schema}; restart to serve it")
+        col = hist.history.partition_names[0] if hist.history.partition_names else None
+        last = dict(hist.history.locations[-1].partition).get(col) if col and hist.history.locations else None
+        added: list[int] = []
+        for loc in found:
+            if loc.path in have:
+                continue
+            value = dict(loc.partition).get(col) if col else None
+            if last is not None and value is not None and value < last:
+                log.warning("table %r: %s (%s=%s) comes before the last location; served after a restart",
+                            name, loc.path, col, value)
+                continue
+            added.append(hist.history.add_location(loc))
+        if not added:
+            return []
+        ds.index.save(hist.schema, hist.history.locations)
+        hist.adopt_locations(added, RowSet())
+        if self.running:
+            if not hist.adopted.wait(timeout):
+                raise MergeError(f"table {name!r}: no cycle adopted the new locations in {timeout} s")
+        else:
+            self.run_cycle()
+        return [hist.history.locations[i].path for i in added]
 
     @staticmethod
     def _checkpoint_now(storage: Storage, table: SourceTable) -> None:

@@ -86,7 +86,7 @@ class HistoryTable(AppendOnlyTable):
         self._live = 0  # intraday slots used (a merged row's slot is not reused)
         self._intraday_rows = RowSet()
         # a location to adopt at the next cycle: (its index, the intraday keys it replaces)
-        self._adopt: Optional[tuple[int, RowSet]] = None
+        self._adopt: Optional[tuple[list[int], RowSet]] = None
         self.adopted = threading.Event()  # set by the cycle that adopted a location
         self.dataset: Optional[Dataset] = None  # set by Engine.history
         self.rowset = self._history_rows
@@ -118,8 +118,8 @@ class HistoryTable(AppendOnlyTable):
         added = RowSet()
         removed = RowSet()
         if adopt is not None:  # a merged location replaces the intraday rows it was written from
-            index, replaced = adopt
-            region = RowSet.from_ranges(self.history.key_ranges(np.array([index])))
+            indexes, replaced = adopt
+            region = RowSet.from_ranges(self.history.key_ranges(np.array(indexes, dtype=np.int64)))
             self._history_rows = self._history_rows.union(region)
             self._intraday_rows = self._intraday_rows.minus(replaced)
             added, removed = region, replaced
@@ -139,9 +139,12 @@ class HistoryTable(AppendOnlyTable):
     def adopt_location(self, index: int, replaced: RowSet) -> None:
         """At the next cycle, location `index` (just added to the history) comes in and the
         intraday rows `replaced` go: one update, removed and added rows (engine-internal: the merge)."""
+        self.adopt_locations([index], replaced)
+
+    def adopt_locations(self, indexes: Sequence[int], replaced: RowSet) -> None:
         with self._pending_lock:
             self.adopted.clear()
-            self._adopt = (index, replaced)
+            self._adopt = (list(indexes), replaced)
 
     def drop_intraday(self, keys: RowSet) -> None:
         """Removes intraday rows outside any cycle: only before the table is served (a merge
