@@ -496,3 +496,26 @@ def test_serve_history_refresh_serves_a_new_date_while_it_runs(dataset):
             time.sleep(0.1)
         assert got.column("Qty").to_pylist() == list(range(3050))
         client.close()
+
+
+def test_a_namespaced_table_is_an_application_field_of_its_namespace(dataset, tmp_path):
+    """"Market/trades": a field `trades` of application `Market` (ticket a/Market/f/trades), as
+    Deephaven's clients reach an application's tables; the scope ticket s/Market/trades works too."""
+    from tickwire.server.services.application_service import ApplicationService
+
+    with Services() as s:
+        s.engine.history("Market/trades", dataset)
+        c = s.client()
+        via_app = c.snapshot(b"a/Market/f/trades", viewport=[(0, 2)])
+        via_scope = c.snapshot(b"s/Market/trades", viewport=[(0, 2)])
+        assert via_app.column("Qty").to_pylist() == via_scope.column("Qty").to_pylist() == [0, 1, 2]
+        with pytest.raises(Exception, match="no application 'Market'"):
+            c.snapshot(b"a/Market/f/nothing")
+    f = ApplicationService._field("Market/trades")
+    assert (f.application_id, f.application_name, f.field_name) == ("Market", "Market", "trades")
+    assert f.typed_ticket.ticket.ticket == b"a/Market/f/trades" and f.typed_ticket.type == "Table"
+    plain = ApplicationService._field("trades")
+    assert (plain.application_id, plain.typed_ticket.ticket.ticket) == ("scope", b"s/trades")
+    # its location index in a data directory: one file, the name quoted
+    from tickwire.server.engine.core import history_index_path
+    assert history_index_path(tmp_path, "Market/trades").name == "Market%2Ftrades.json"

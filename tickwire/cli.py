@@ -61,10 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _merge(args) -> int:
     from tickwire.server.engine import Engine, EngineConfig
+    from tickwire.server.engine.core import history_index_path
     from tickwire.server.engine.storage.parquet import LocationIndex
 
     data_dir = Path(args.data_dir)
-    uri = args.history or LocationIndex(str(data_dir / "history" / f"{args.table}.json")).uri()
+    uri = args.history or LocationIndex(str(history_index_path(data_dir, args.table))).uri()
     if uri is None:
         return _fail(f"--data-dir {data_dir}: no history table {args.table!r} recorded there (give --history URI)",
                      2, False)

@@ -39,6 +39,7 @@ import threading
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Iterator, Mapping, Optional, Sequence, Union
 
@@ -81,6 +82,11 @@ __all__ = ["Engine", "TableSpec", "Destination", "UpdateSourceTable", "CatalogEr
            "TableInUseError", "IngestError", "KINDS", "kind_of", "is_hidden", "is_system"]
 
 log = logging.getLogger(__name__)
+
+
+def history_index_path(data_dir: Union[str, os.PathLike[str]], name: str) -> Path:
+    """Where the location index of history table `name` lives in a data directory."""
+    return Path(data_dir) / "history" / f"{quote(name, safe='')}.json"
 
 Target = Union[Table, TableSpec, Destination]
 
@@ -318,7 +324,7 @@ class Engine:
         storage = self.storage
         data_dir = storage.root if storage is not None else self.config.data_dir
         if index_path is None and data_dir is not None:
-            index_path = str(Path(data_dir) / "history" / f"{name}.json")
+            index_path = str(history_index_path(data_dir, name))
         fs, root = open_uri(uri, options)
         index = LocationIndex(index_path)
         schema, locations, _read = index.open(fs, root, uri)

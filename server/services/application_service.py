@@ -107,6 +107,13 @@ class ApplicationService:
 
     @staticmethod
     def _field(name: str) -> application_pb2.FieldInfo:
+        namespace, slash, table = name.partition("/")
+        if slash and namespace and table:  # a namespace's table: a field of the application NAMESPACE
+            f = application_pb2.FieldInfo(field_name=table, field_description=f"table of namespace {namespace}",
+                                          application_id=namespace, application_name=namespace)
+            f.typed_ticket.ticket.ticket = f"a/{namespace}/f/{table}".encode()
+            f.typed_ticket.type = "Table"
+            return f
         f = application_pb2.FieldInfo(field_name=name, field_description="query scope variable",
                                       application_id="scope")
         f.typed_ticket.ticket.ticket = b"s/" + name.encode()

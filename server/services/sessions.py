@@ -766,7 +766,11 @@ class Scope:
         if isinstance(t, AppTicket):
             if t.app_id == "scope":
                 return self.get(t.field)
-            raise ResolveError(f"no application {t.app_id!r} (field {t.field!r})", "NOT_FOUND")
+            # a namespace's table: "NAMESPACE/TABLE" in the catalog, a field of application NAMESPACE
+            table = self.engine.resolve(f"{t.app_id}/{t.field}")
+            if table is None:
+                raise ResolveError(f"no application {t.app_id!r} (field {t.field!r})", "NOT_FOUND")
+            return table
         if isinstance(t, SharedTicket):
             if session is None:  # as Deephaven: only a session is handed a shared export
                 raise ResolveError(f"Could not resolve shared ticket '{t.shared_id.hex()}': no session to "
