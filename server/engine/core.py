@@ -39,9 +39,9 @@ import threading
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import quote
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Iterator, Mapping, Optional, Sequence, Union
+from urllib.parse import quote
 
 import pyarrow as pa
 
