@@ -327,31 +327,41 @@ class ParquetRows:
             self._files.move_to_end(li)
         return f
 
-    def _chunk(self, li: int, rg: int, name: str) -> pa.Array:
-        key = (li, rg, name)
-        got = self._cache.get(key)
-        if got is not None:
-            self._cache.move_to_end(key)
+    def _chunks(self, li: int, rg: int, names: Sequence[str]) -> dict[str, pa.Array]:
+        """Columns `names` of row group `rg` of location `li`: from the cache, the others read in
+        one call (pyarrow decodes them on its threads) and kept while the cache's bound allows."""
+        out: dict[str, pa.Array] = {}
+        missing = []
+        for name in names:
+            got = self._cache.get((li, rg, name))
+            if got is None:
+                missing.append(name)
+                continue
+            self._cache.move_to_end((li, rg, name))
             self.stats.cache_hits += 1
-            return got
+            out[name] = got
+        if not missing:
+            return out
         try:
-            t = self._file(li).read_row_group(rg, columns=[name])
+            t = self._file(li).read_row_group(rg, columns=missing, use_threads=True)
         except (OSError, pa.ArrowException) as exc:
             raise HistoryError(f"cannot read row group {rg} of {self.locations[li].path!r}: {exc}") from None
-        arr = t.column(0).combine_chunks()
-        want = self.schema.field(name).type
-        if arr.type != want:
-            arr = arr.cast(want)
-        self.stats.chunks_read += 1
-        self.stats.bytes_read += arr.nbytes
-        size = arr.nbytes
-        if size <= self.cache_bytes:
-            self._cache[key] = arr
-            self._cached += size
-            while self._cached > self.cache_bytes:
-                _, old = self._cache.popitem(last=False)
-                self._cached -= old.nbytes
-        return arr
+        for name in missing:
+            arr = t.column(name).combine_chunks()
+            want = self.schema.field(name).type
+            if arr.type != want:
+                arr = arr.cast(want)
+            self.stats.chunks_read += 1
+            self.stats.bytes_read += arr.nbytes
+            out[name] = arr
+            size = arr.nbytes
+            if size <= self.cache_bytes:
+                self._cache[(li, rg, name)] = arr
+                self._cached += size
+                while self._cached > self.cache_bytes:
+                    _, old = self._cache.popitem(last=False)
+                    self._cached -= old.nbytes
+        return out
 
     def gather(self, keys: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
         """The values of row keys `keys` (in that order) as a table of `columns` (default: all)."""
@@ -384,31 +394,36 @@ class ParquetRows:
         bounds = np.flatnonzero(np.diff(sorted_group)) + 1
         starts_i = np.concatenate(([0], bounds)).tolist()
         ends_i = np.concatenate((bounds, [keys.size])).tolist()
-        arrays = []
+        data_names = [n for n in names if n not in set(self.partition_names)]
+        pieces: dict[str, list[pa.Array]] = {n: [] for n in data_names}
         with self._lock:
             reads = []
-            for name in names:
-                if name in self.partition_names:
-                    values = self._parts.column(name).combine_chunks()
-                    arrays.append(values.take(pa.array(li, type=pa.int64())))
-                    continue
-                pieces = []
+            if data_names:
                 for s, e in zip(starts_i, ends_i):
                     g = int(sorted_group[s])
                     loc_i, g_rg = g >> 24, g & ((1 << 24) - 1)
                     rows = local[order[s:e]] - self._rg_starts[loc_i][g_rg]
-                    chunk = self._chunk(loc_i, g_rg, name)
+                    chunks = self._chunks(loc_i, g_rg, data_names)
                     first, count = int(rows[0]), e - s
-                    if ascending and int(rows[-1]) - first == count - 1:  # a run of the row group: a slice
-                        pieces.append(chunk.slice(first, count))
-                    else:
-                        pieces.append(chunk.take(pa.array(rows, type=pa.int64())))
+                    run = ascending and int(rows[-1]) - first == count - 1  # a run of the row group: a slice
+                    taken = None if run else pa.array(rows, type=pa.int64())
+                    for name in data_names:
+                        chunk = chunks[name]
+                        pieces[name].append(chunk.slice(first, count) if taken is None else chunk.take(taken))
                     reads.append((loc_i, g_rg))
-                col = pa.chunked_array(pieces, type=self.schema.field(name).type)
-                if not ascending:
-                    inverse = np.empty_like(order)
-                    inverse[order] = np.arange(keys.size)
-                    col = col.take(pa.array(inverse, type=pa.int64()))
-                arrays.append(col)
             self.stats.reads = sorted(set(reads))
+        inverse = None
+        if not ascending:
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(keys.size)
+        arrays = []
+        for name in names:
+            if name in self.partition_names:
+                values = self._parts.column(name).combine_chunks()
+                arrays.append(values.take(pa.array(li, type=pa.int64())))
+                continue
+            col = pa.chunked_array(pieces[name], type=self.schema.field(name).type)
+            if inverse is not None:
+                col = col.take(pa.array(inverse, type=pa.int64()))
+            arrays.append(col)
         return pa.Table.from_arrays(arrays, schema=out_schema)
