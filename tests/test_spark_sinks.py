@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -784,6 +785,15 @@ def test_history_written_by_a_spark_batch_job_and_live_rows_from_a_stream_are_on
     feed = ParquetFeed(tmp_path / "in", TRADES, TRADES_DDL)
     today = feed.stream(spark).withColumn("Date", F.lit("2026-11-27"))
     q = start(today, sink(server, "trades", "append"), tmp_path / "ck")
+    from pydeephaven import Session
+    from pydeephaven_ticking.table_listener import listen
+
+    from tests.test_interop_clients import _current
+
+    dh = Session(host="127.0.0.1", port=server.port)  # Deephaven's Python clients, the same table
+    seen, errors = [], []
+    handle = listen(dh.open_table("trades"), lambda u: seen.append(_current(u)), errors.append)
+    handle.start()
     try:
         with BarrageClient(server.target) as client:
             sub = client.subscribe("trades")
@@ -792,6 +802,12 @@ def test_history_written_by_a_spark_batch_job_and_live_rows_from_a_stream_are_on
                 feed.push(trades(50 + 10 * b, 10))
                 q.processAllAvailable()
             assert sub.wait_for(lambda x: x.size == 80, 30)
+            deadline = time.monotonic() + 30  # the bound only stops a hang
+            while not (seen and seen[-1].num_rows == 80) and not errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not errors, errors
+            assert seen[-1].column("Seq").to_pylist() == sub.table.column("Seq").to_pylist()
+            assert dh.open_table("trades").to_arrow().column("Seq").to_pylist() == sub.table.column("Seq").to_pylist()
             got = sub.table
             assert sorted(got.column("Seq").to_pylist()[:50]) == list(range(50))  # history first
             assert got.column("Seq").to_pylist()[50:] == list(range(50, 80))  # then the stream, in order
@@ -799,6 +815,8 @@ def test_history_written_by_a_spark_batch_job_and_live_rows_from_a_stream_are_on
             assert got.column("Date").to_pylist()[-1] == "2026-11-27"
             sub.close()
     finally:
+        handle.stop()
+        dh.close()
         q.stop()
         server.stop()
         engine.stop()
