@@ -193,9 +193,10 @@ def _free_port() -> int:
 @pytest.fixture()
 def s3(monkeypatch):
     """moto's S3-compatible server on loopback, with the AWS_* variables pointing at it."""
-    moto_server = pytest.importorskip("moto.server")
+    from moto.server import ThreadedMotoServer  # the test extra's moto[server]
+
     port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
                  "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}.items():
