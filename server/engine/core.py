@@ -40,7 +40,7 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Hashable, Iterator, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterator, Mapping, Optional, Sequence, Union
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -80,6 +80,9 @@ from tickwire.server.engine.storage.store import Storage, StorageError
 
 __all__ = ["Engine", "TableSpec", "Destination", "UpdateSourceTable", "CatalogError", "TableMismatchError",
            "TableInUseError", "IngestError", "KINDS", "kind_of", "is_hidden", "is_system"]
+
+if TYPE_CHECKING:
+    from tickwire.server.engine.storage.history import HistoryTable
 
 log = logging.getLogger(__name__)
 
@@ -360,17 +363,8 @@ class Engine:
             raise MergeError(f"no history table named {name!r}")
         if storage is None:
             raise MergeError(f"table {name!r}: the merge needs a data directory")
-        hist: HistoryTable = table
-
-        def adopt() -> None:
-            if self.running:
-                if not hist.adopted.wait(timeout):
-                    raise MergeError(f"table {name!r}: no cycle adopted the merged location in {timeout} s")
-            else:
-                self.run_cycle()
-
-        return merge(hist, value, reading=self.reading, adopt=adopt,
-                     checkpoint=lambda: self._checkpoint_now(storage, hist), on_step=on_step)
+        return merge(table, value, reading=self.reading, adopt=functools.partial(self._adopted, table, timeout),
+                     checkpoint=functools.partial(self._checkpoint_now, storage, table), on_step=on_step)
 
     def refresh_history(self, name: str, timeout: float = 60.0) -> list[str]:
         """Adds the Parquet files that appeared in history table `name`'s dataset since it was
@@ -407,12 +401,18 @@ class Engine:
             return []
         ds.index.save(hist.schema, hist.history.locations)
         hist.adopt_locations(added, RowSet())
-        if self.running:
-            if not hist.adopted.wait(timeout):
-                raise MergeError(f"table {name!r}: no cycle adopted the new locations in {timeout} s")
-        else:
-            self.run_cycle()
+        self._adopted(hist, timeout)
         return [hist.history.locations[i].path for i in added]
+
+    def _adopted(self, table: "HistoryTable", timeout: float) -> None:
+        """Returns once a cycle adopted the locations `table` (a HistoryTable) was handed: the
+        engine's next cycle when it runs, else one run here. MergeError after `timeout` seconds."""
+        from tickwire.server.engine.storage.merge import MergeError
+
+        if not self.running:
+            self.run_cycle()
+        elif not table.adopted.wait(timeout):
+            raise MergeError(f"table {table.name!r}: no cycle adopted its new locations in {timeout} s")
 
     @staticmethod
     def _checkpoint_now(storage: Storage, table: SourceTable) -> None:

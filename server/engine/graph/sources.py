@@ -118,9 +118,10 @@ class SourceTable(Table):
             self._seen_batches = BatchIds.from_state(state, self._seen_batches.keep)
 
     def restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
-        """Puts back a checkpoint's rows with their row keys (an empty table only, under the
-        graph's lock, before anyone reads it); `next_key` is the next new row's key."""
-        if len(self.rowset) or self._pending:
+        """Puts back a checkpoint's rows with their row keys (into a table without any of the rows
+        a checkpoint keeps, under the graph's lock, before anyone reads it); `next_key` is the next
+        new row's key."""
+        if len(self.checkpoint_rows()) or self._pending:
             raise ValueError(f"table {self.name!r}: restore needs an empty table")
         row_keys = np.asarray(row_keys, dtype=np.int64)
         if row_keys.size != data.num_rows:

@@ -30,7 +30,6 @@ from tickwire.server.engine.graph.ops.base import _evaluate, expression_columns
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.sources import AppendOnlyTable, _concat, _Input
 from tickwire.server.engine.graph.table_update import TableUpdate
-from tickwire.server.engine.graph.tables import conform
 from tickwire.server.engine.storage.parquet import REGION_BITS, Dataset, ParquetRows
 
 if TYPE_CHECKING:
@@ -85,16 +84,12 @@ class HistoryTable(AppendOnlyTable):
         self._history_rows = RowSet.from_ranges(history.key_ranges())
         self._live = 0  # intraday slots used (a merged row's slot is not reused)
         self._intraday_rows = RowSet()
-        # a location to adopt at the next cycle: (its index, the intraday keys it replaces)
+        # locations to adopt at the next cycle: (their indexes, the intraday keys they replace)
         self._adopt: Optional[tuple[list[int], RowSet]] = None
         self.adopted = threading.Event()  # set by the cycle that adopted a location
         self.dataset: Optional[Dataset] = None  # set by Engine.history
         self.rowset = self._history_rows
         self.prev_rowset = self.rowset
-
-    @property
-    def partition_columns(self) -> list[str]:
-        return list(self.history.partition_names)
 
     @property
     def intraday_rows(self) -> RowSet:
@@ -136,12 +131,10 @@ class HistoryTable(AppendOnlyTable):
         self._set_rows()
         return TableUpdate(added=added, removed=removed)
 
-    def adopt_location(self, index: int, replaced: RowSet) -> None:
-        """At the next cycle, location `index` (just added to the history) comes in and the
-        intraday rows `replaced` go: one update, removed and added rows (engine-internal: the merge)."""
-        self.adopt_locations([index], replaced)
-
     def adopt_locations(self, indexes: Sequence[int], replaced: RowSet) -> None:
+        """At the next cycle, locations `indexes` (just added to the history) come in and the
+        intraday rows `replaced` go: one update, removed and added rows (engine-internal: a merge,
+        a refresh)."""
         with self._pending_lock:
             self.adopted.clear()
             self._adopt = (list(indexes), replaced)
@@ -152,16 +145,6 @@ class HistoryTable(AppendOnlyTable):
         self._intraday_rows = self._intraday_rows.minus(keys)
         self._history_rows = RowSet.from_ranges(self.history.key_ranges())
         self._set_rows()
-        self.prev_rowset = self.rowset
-
-    def restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
-        """As SourceTable.restore, into a table whose history is there already (no intraday rows yet)."""
-        if self._live or self.pending_rows():
-            raise ValueError(f"table {self.name!r}: restore needs a history table without intraday rows")
-        row_keys = np.asarray(row_keys, dtype=np.int64)
-        if row_keys.size != data.num_rows:
-            raise ValueError(f"table {self.name!r}: {row_keys.size} row keys for {data.num_rows} rows")
-        self._restore(row_keys, conform(self.name, self.schema, data), int(next_key))
         self.prev_rowset = self.rowset
 
     def checkpoint_rows(self) -> RowSet:

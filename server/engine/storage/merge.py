@@ -162,7 +162,6 @@ def merge(table: HistoryTable, value: object, *, reading: Callable[[], ContextMa
                              f"{got.num_rows} rows, not the {rows.num_rows} written, or other values; nothing "
                              f"was merged")
         step("validated")
-        info = ds.fs.get_file_info(temp)
         ds.fs.move(temp, final)
     except BaseException:
         _abandon(ds, temp, rec_path)
@@ -176,7 +175,7 @@ def merge(table: HistoryTable, value: object, *, reading: Callable[[], ContextMa
     index = table.history.add_location(location)
     ds.index.save(table.schema, table.history.locations)
     step("indexed")
-    table.adopt_location(index, keys)
+    table.adopt_locations([index], keys)
     adopt()
     step("adopted")
     checkpoint()

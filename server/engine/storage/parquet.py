@@ -191,54 +191,67 @@ class LocationIndex:
 
     def __init__(self, path: Optional[str]):
         self.path = path
+        self._uri: Optional[str] = None  # the dataset's, once opened or read
 
-    def load(self) -> tuple[Optional[pa.Schema], dict[str, Location]]:
+    def _read(self) -> Optional[dict[str, Any]]:
+        """The index file's content (None when there is none, or it cannot be read: rebuilt)."""
         if self.path is None or not os.path.exists(self.path):
-            return None, {}
+            return None
         try:
             with open(self.path, encoding="utf-8") as f:
-                d = json.load(f)
+                got = json.load(f)
+            return got if isinstance(got, dict) else None
+        except (OSError, ValueError) as exc:
+            log.warning("location index %s is unreadable (%s): rebuilt from the files", self.path, exc)
+            return None
+
+    def _parse(self, d: Optional[dict[str, Any]]) -> tuple[Optional[pa.Schema], dict[str, Location]]:
+        if d is None:
+            return None, {}
+        try:
             schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(d["schema"])))
             return schema, {loc["path"]: Location.from_json(loc) for loc in d["locations"]}
-        except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             log.warning("location index %s is unreadable (%s): rebuilt from the files", self.path, exc)
             return None, {}
 
+    def load(self) -> tuple[Optional[pa.Schema], dict[str, Location]]:
+        return self._parse(self._read())
+
     def uri(self) -> Optional[str]:
         """The dataset's URI as the index recorded it (None without one)."""
-        if self.path is None or not os.path.exists(self.path):
-            return None
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                got = json.load(f).get("uri")
-            return str(got) if got else None
-        except (OSError, ValueError):
-            return None
+        d = self._read()
+        got = d.get("uri") if d is not None else None
+        return str(got) if got else None
 
-    def save(self, schema: pa.Schema, locations: Sequence[Location], uri: Optional[str] = None) -> None:
+    def save(self, schema: pa.Schema, locations: Sequence[Location]) -> None:
         if self.path is None:
             return
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         tmp = f"{self.path}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"schema": schema.serialize().to_pybytes().hex(), "uri": uri or self.uri(),
+            json.dump({"schema": schema.serialize().to_pybytes().hex(), "uri": self._uri,
                        "locations": [loc.to_json() for loc in locations]}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
     def open(self, fs: pafs.FileSystem, root: str, uri: Optional[str] = None) -> tuple[pa.Schema, list[Location], int]:
-        """(schema, locations, footers read) of the dataset at `root`, the index brought up to date."""
-        if uri is not None and self.uri() not in (None, uri):
-            raise HistoryError(f"the location index {self.path} is of {self.uri()!r}, not {uri!r}; remove it to "
+        """(schema, locations, footers read) of the dataset at `root`, the index brought up to date
+        (the file read once, written when anything changed)."""
+        d = self._read()
+        recorded = str(d["uri"]) if d is not None and d.get("uri") else None
+        if uri is not None and recorded not in (None, uri):
+            raise HistoryError(f"the location index {self.path} is of {recorded!r}, not {uri!r}; remove it to "
                                f"serve another dataset under this name")
-        old_schema, known = self.load()
+        old_schema, known = self._parse(d)
         schema, locations, read = discover(fs, root, known)
         if old_schema is not None and not old_schema.equals(schema):
             raise HistoryError(f"the dataset at {root!r} changed its schema from {old_schema} to {schema}; "
                                f"remove {self.path} to serve the new one")
-        if read or set(known) != {loc.path for loc in locations} or (uri is not None and self.uri() != uri):
-            self.save(schema, locations, uri)
+        self._uri = uri or recorded
+        if read or set(known) != {loc.path for loc in locations} or self._uri != recorded:
+            self.save(schema, locations)
         return schema, locations, read
 
 
@@ -272,7 +285,6 @@ class ParquetRows:
         self.schema = schema
         self.locations = list(locations)
         self.partition_names = [n for n, _ in self.locations[0].partition] if self.locations else []
-        self.data_names = [n for n in schema.names if n not in set(self.partition_names)]
         self.cache_bytes = int(cache_bytes)
         # per location: the first row of each row group (and the total at the end)
         self._rg_starts = [np.concatenate(([0], np.cumsum(loc.row_groups, dtype=np.int64)))
