@@ -29,6 +29,17 @@ from tickwire.server.engine.graph.ops.update_by_kernels import positions, window
 NULL, NORMAL, CLAMPED, STICKY = 0, 1, 2, 3
 
 
+def _compose_runs(T: np.ndarray, pos: np.ndarray) -> None:
+    """In place: each row's transition map `T[k]` (states before -> after) becomes the composition
+    of the maps of its run up to it (`pos`: each row's position in its run), by doubling."""
+    d = 1
+    top = int(pos.max())
+    while d <= top:
+        i = np.flatnonzero(pos >= d)
+        T[i] = np.take_along_axis(T[i], T[i - d].astype(np.int64), axis=1)
+        d *= 2
+
+
 def _next_index(flag: np.ndarray) -> np.ndarray:
     """For each i (and len), the smallest index >= i whose flag is set (len when none)."""
     n = flag.size
@@ -86,12 +97,7 @@ def float_extreme(is_min: bool, x: np.ndarray, valid: np.ndarray, lo: np.ndarray
     T[cnt == 0, :] = NULL
     # the walk: states are the prefix compositions within each run, from its start state
     pos = positions(np.cumsum(first) - 1)
-    d = 1
-    top = int(pos.max())
-    while d <= top:
-        i = np.flatnonzero(pos >= d)
-        T[i] = np.take_along_axis(T[i], T[i - d].astype(np.int64), axis=1)
-        d *= 2
+    _compose_runs(T, pos)
     state = T[:, CLAMPED if is_min else NULL]
     # the sign of a zero extreme: from the step that last set the value
     prev_state = np.concatenate(([NULL], state[:-1]))
@@ -152,12 +158,7 @@ def zero_decay_extreme(is_min: bool, x: np.ndarray, a: np.ndarray, start: np.nda
         T[step, k] = _zero_class(yk)[step]
     T[nan_a, :] = NOTHING
     T[start, :] = _zero_class(x)[start][:, None]
-    d = 1
-    top = int(pos.max())
-    while d <= top:
-        i = np.flatnonzero(pos >= d)
-        T[i] = np.take_along_axis(T[i], T[i - d].astype(np.int64), axis=1)
-        d *= 2
+    _compose_runs(T, pos)
     first = _zero_class(seed)
     before = np.where(pos > 0, T[np.maximum(np.arange(n) - 1, 0), first], first).astype(np.int64)
     before = np.where(nan_a, NOTHING, before)
