@@ -106,3 +106,20 @@ def deephaven_psk_server() -> Iterator[DhServer]:
     """A real Deephaven 42.7 that accepts only the pre-shared key DH_PSK, shared by the run."""
     yield from _start(DH_PSK)
 
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium for a module's browser tests (skipped when none can be found or installed)."""
+    from tests.browser.cdp import launch_chromium
+
+    with launch_chromium() as b:
+        yield b
+
+
+@pytest.fixture()
+def page(browser):
+    """A fresh page of the module's browser, closed after the test."""
+    p = browser.new_page()
+    yield p
+    p.close()

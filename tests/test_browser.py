@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from .browser.cdp import JsError, Page, launch_chromium
+from .browser.cdp import JsError, Page
 from .browser.jsapi import JsApiPage, normalize_arrow, normalize_js
 from .interop.dh_server import DH_PSK, deephaven_server_available
 
@@ -164,19 +164,6 @@ def served(request):
 def served_psk(request):
     with serve(request, request.param, psk=PSK) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with launch_chromium() as b:
-        yield b
-
-
-@pytest.fixture()
-def page(browser):
-    p = browser.new_page()
-    yield p
-    p.close()
 
 
 # -- helpers -------------------------------------------------------------------------------------

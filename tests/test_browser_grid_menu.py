@@ -23,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from .browser.cdp import launch_chromium
 from .browser.grid_menu import GridMenu
 from .browser.jsapi import JsApiPage
 from .interop.dh_server import deephaven_server_available
@@ -152,12 +151,6 @@ def deephaven_tables(dh) -> Iterator[str]:
 def origins(deephaven_server) -> Iterator[dict[str, str]]:
     with deephaven_tables(deephaven_server) as dh_origin, tickwire_server() as tw_origin:
         yield {"deephaven": dh_origin, "tickwire": tw_origin}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with launch_chromium() as b:
-        yield b
 
 
 @pytest.fixture()

@@ -8,7 +8,6 @@ import time
 import pyarrow as pa
 import pytest
 
-from .browser.cdp import launch_chromium
 from .browser.jsapi import JsApiPage, normalize_arrow, normalize_js
 from .test_browser import GRID_HOOK, Served, _skip_unless, wait_grid_cells
 from .test_history import day, write_dataset
@@ -30,19 +29,6 @@ def served(tmp_path_factory):
     finally:
         server.stop()
         engine.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with launch_chromium() as b:
-        yield b
-
-
-@pytest.fixture()
-def page(browser):
-    p = browser.new_page()
-    yield p
-    p.close()
 
 
 def test_jsapi_viewports_of_history_and_of_the_live_tail(served, page):
