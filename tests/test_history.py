@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.flight as fl
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 from tests.harness import Services
+from tests.serving import serve_process
 from tickwire.server.engine import Engine
 from tickwire.server.engine.storage.history import INTRADAY_BASE, HistoryTable
 from tickwire.server.engine.storage.parquet import REGION_BITS, HistoryError, LocationIndex, open_uri
@@ -222,52 +227,56 @@ def test_history_on_an_s3_compatible_store(s3):
     assert t.where(pc.field("Date") == DATES[0]).gather(["Qty"]).column("Qty").to_pylist() == list(range(1000))
 
 
+ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
+
+
+def doget_until(client: fl.FlightClient, done=lambda t: True) -> pa.Table:
+    """A DoGet of s/trades, again until `done(table)` (30 s only stop a hang); the last one."""
+    deadline = time.monotonic() + 30
+    while True:
+        got = client.do_get(fl.Ticket(b"s/trades"), options=ANON).read_all()
+        if done(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def doget_once(port: int) -> pa.Table:
+    client = fl.connect(f"grpc://127.0.0.1:{port}")
+    try:
+        return doget_until(client)
+    finally:
+        client.close()
+
+
+def merge_command(data_dir: Path, date: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tickwire", "merge", "--data-dir", str(data_dir), "--table", "trades",
+                           "--date", date], capture_output=True, text=True, timeout=120)
+
+
 def test_serve_history_flag_serves_the_dataset_and_doput_appends_to_it(dataset, tmp_path):
-    import time
-
-    import pyarrow.flight as fl
-
-    from tests.serving import serve_process
-
-    anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
     args = ("--no-web", "--history", f"trades={dataset}", "--data-dir", str(tmp_path / "data"))
     with serve_process(*args) as port:
         client = fl.connect(f"grpc://127.0.0.1:{port}")
-        got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
+        got = doget_until(client)
         assert got.num_rows == 3000 and got.column("Qty").to_pylist() == list(range(3000))
         live = day(3).slice(0, 7).append_column("Date", pa.array(["2026-11-21"] * 7))
-        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "trades"), live.schema, anon)
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "trades"), live.schema, ANON)
         writer.write_table(live)
         writer.close()
-        deadline = time.monotonic() + 30  # the bound only stops a hang
-        while True:
-            got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
-            if got.num_rows == 3007 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        got = doget_until(client, lambda t: t.num_rows == 3007)
         assert got.column("Qty").to_pylist() == list(range(3007))
         assert got.column("Date").to_pylist()[-1] == "2026-11-21"
         client.close()
     with serve_process(*args) as port:  # the same command again: the written rows are back after the history
-        client = fl.connect(f"grpc://127.0.0.1:{port}")
-        again = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
-        assert again.equals(got)
-        client.close()
+        assert doget_once(port).equals(got)
     # the merge, with no server running: the written rows become a location of the dataset
-    import subprocess
-    import sys
-    merged = subprocess.run([sys.executable, "-m", "tickwire", "merge", "--data-dir", str(tmp_path / "data"),
-                             "--table", "trades", "--date", "2026-11-21"], capture_output=True, text=True, timeout=120)
+    merged = merge_command(tmp_path / "data", "2026-11-21")
     assert merged.returncode == 0, merged.stderr
     assert merged.stdout.startswith("merged 7 rows of trades with 2026-11-21 into ")
     assert list(Path(dataset, "Date=2026-11-21").glob("part-merged-*.parquet"))
     with serve_process(*args) as port:
-        client = fl.connect(f"grpc://127.0.0.1:{port}")
-        after = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
-        assert after.equals(got)
-        client.close()
-    again = subprocess.run([sys.executable, "-m", "tickwire", "merge", "--data-dir", str(tmp_path / "data"),
-                            "--table", "trades", "--date", "2026-11-21"], capture_output=True, text=True, timeout=120)
+        assert doget_once(port).equals(got)
+    again = merge_command(tmp_path / "data", "2026-11-21")
     assert again.returncode == 1 and "no intraday rows with Date=2026-11-21" in again.stderr
 
 
@@ -430,23 +439,13 @@ def test_sigkill_during_a_merge_then_a_restarted_server_serves_every_row_once(da
     """Before the write, mid-write, after the write before the index, after the index before the
     intraday rows are dropped: a real process killed there, then `tickwire serve` on its data
     directory, read by DoGet as a reconnecting client would."""
-    import subprocess
-    import sys
-
-    import pyarrow.flight as fl
-
-    from tests.serving import serve_process
-
     data_dir = tmp_path / "data"
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-m", "tests.history_merge_child", dataset, str(data_dir), at],
                           capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode == -9 and f"AT {at}" in proc.stdout, proc.stdout + proc.stderr
-    anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
     with serve_process("--no-web", "--history", f"trades={dataset}", "--data-dir", str(data_dir)) as port:
-        client = fl.connect(f"grpc://127.0.0.1:{port}")
-        got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
-        client.close()
+        got = doget_once(port)
     assert sorted(got.column("Qty").to_pylist()) == list(range(3035))
     merged = at in ("renamed", "indexed")
     dates = got.column("Date").to_pylist()
@@ -475,26 +474,14 @@ def test_refresh_adds_the_dates_a_batch_job_wrote_since_as_locations_after_the_o
 
 
 def test_serve_history_refresh_serves_a_new_date_while_it_runs(dataset):
-    import time
-
-    import pyarrow.flight as fl
-
-    from tests.serving import serve_process
-
-    anon = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
     with serve_process("--no-web", "--history", f"trades={dataset}", "--history-refresh", "0.2") as port:
         client = fl.connect(f"grpc://127.0.0.1:{port}")
-        assert client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all().num_rows == 3000
+        assert doget_until(client).num_rows == 3000
         folder = Path(dataset) / "Date=2026-11-21"
         folder.mkdir()
         pq.write_table(day(3).slice(0, 50), folder / ".part-0.tmp", row_group_size=ROW_GROUP)
         os.replace(folder / ".part-0.tmp", folder / "part-0.parquet")  # whole, as a batch job commits it
-        deadline = time.monotonic() + 30  # the bound only stops a hang
-        while time.monotonic() < deadline:
-            got = client.do_get(fl.Ticket(b"s/trades"), options=anon).read_all()
-            if got.num_rows == 3050:
-                break
-            time.sleep(0.1)
+        got = doget_until(client, lambda t: t.num_rows == 3050)
         assert got.column("Qty").to_pylist() == list(range(3050))
         client.close()
 
