@@ -189,8 +189,10 @@ def merge(table: HistoryTable, value: object, *, reading: Callable[[], ContextMa
 def _abandon(ds: Dataset, temp: str, rec_path: str) -> None:
     try:
         ds.fs.delete_file(temp)
-    except (OSError, pa.ArrowException):
-        pass
+    except FileNotFoundError:
+        pass  # never written (a crash before the first byte)
+    except (OSError, pa.ArrowException) as exc:  # a hidden name: never served, only left behind
+        log.warning("the temporary file %s of an abandoned merge could not be removed: %s", temp, exc)
     _remove(rec_path)
 
 
