@@ -75,6 +75,9 @@ def test_a_sequence_number_used_twice_is_refused():
             nxt(msgs[2], metadata=_md(token, 9, 4))
         assert err.value.code() in (grpc.StatusCode.ABORTED, grpc.StatusCode.OUT_OF_RANGE)
         opened.result(timeout=30)
+        with pytest.raises(grpc.RpcError) as err:  # after the stream has ended
+            nxt(msgs[2], metadata=_md(token, 9, 5))
+        assert err.value.code() == grpc.StatusCode.ABORTED
         with pytest.raises(grpc.RpcError) as err:  # no stream headers
             ch.unary_unary(NEXT)(b"", metadata=(("authorization", f"Bearer {token}"),))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

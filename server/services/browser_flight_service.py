@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from typing import Optional
 
 from tickwire.protocol.proto.methods import SERVER_STREAM, UNARY
@@ -35,6 +36,7 @@ TICKET_HEADER = "x-deephaven-stream-ticket"
 SEQUENCE_HEADER = "x-deephaven-stream-sequence"
 HALF_CLOSE_HEADER = "x-deephaven-stream-halfclose"
 _END = object()
+FINISHED_KEPT = 4096
 
 
 class _Stream:
@@ -92,6 +94,9 @@ class BrowserFlightService:
         self.flight = FlightService(ctx)
         self._streams: dict[tuple[int, int], _Stream] = {}
         self._sessions: set[int] = set()  # sessions whose end forgets their streams
+        # streams that have ended, so a late call naming one is refused instead of opening it again;
+        # the most recent FINISHED_KEPT of them (tickets are export ids, never reused by a client)
+        self._finished: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._lock = threading.Lock()
 
     def handlers(self) -> dict:
@@ -114,6 +119,8 @@ class BrowserFlightService:
     def _stream(self, session: Session, ticket: int) -> _Stream:
         key = (session.id, ticket)
         with self._lock:
+            if key in self._finished:
+                raise CallError(f"browser stream {ticket} has ended", "ABORTED")
             stream = self._streams.get(key)
             if stream is None:
                 stream = self._streams[key] = _Stream()
@@ -129,6 +136,13 @@ class BrowserFlightService:
                 self._sessions.discard(session_id)
             for key in [k for k in self._streams if k[0] == session_id and (ticket is None or k[1] == ticket)]:
                 del self._streams[key]
+            if ticket is not None and not ended:
+                self._finished[(session_id, ticket)] = None
+                while len(self._finished) > FINISHED_KEPT:
+                    self._finished.popitem(last=False)
+            if ended:
+                for key in [k for k in self._finished if k[0] == session_id]:
+                    del self._finished[key]
 
     async def open_do_put(self, request: bytes, context):
         session = self.ctx.session_of(context)
