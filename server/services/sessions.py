@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "ExportClaim", "SharedTickets",
            "failure_status", "PSK_SCHEME", "ANONYMOUS", "CLOSED", "EXPIRED", "SHUTDOWN", "REMEMBERED_ENDS",
-           "REMEMBERED_SHARES"]
+           "REMEMBERED_SHARES", "AUTH_COOKIE", "AUTH_COOKIE_REQUEST"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ PSK_SCHEME = "io.deephaven.authentication.psk.PskAuthenticationHandler"
 ANONYMOUS = "Anonymous"
 BEARER = "Bearer"
 BASIC = "Basic"
+#: the cookie Deephaven sets when a call asks for it (header AUTH_COOKIE_REQUEST: true) and reads
+#: a session from: "deephaven-auth-cookie=<token>" (Flight SQL's JDBC and ADBC drivers keep cookies)
+AUTH_COOKIE = "deephaven-auth-cookie"
+AUTH_COOKIE_REQUEST = "x-deephaven-auth-cookie-request"
 
 
 class AuthError(TickwireError):
@@ -582,7 +586,15 @@ class SessionManager:
 
     def _authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str]) -> Session:
         now = self.clock.monotonic()
-        values = [v.decode() if isinstance(v, bytes) else str(v) for k, v in metadata if k.lower() == "authorization"]
+        texts = [(k.lower(), v.decode() if isinstance(v, bytes) else str(v)) for k, v in metadata]
+        for k, v in texts:  # Deephaven's auth cookie (Flight SQL clients), looked at first as Deephaven does
+            if k == "cookie":
+                name, eq, token = v.strip().partition("=")
+                if eq and name == AUTH_COOKIE and "=" not in token:
+                    found = self._by_token(token, now)
+                    if found is not None:
+                        return found
+        values = [v for k, v in texts if k == "authorization"]
         if not values:
             raise AuthError("no authorization header; send 'authorization: Anonymous'"
                             + (" or the pre-shared key" if self.psk is not None else ""))
@@ -590,16 +602,15 @@ class SessionManager:
         scheme, _, rest = header.partition(" ")
         rest = rest.strip()
         if scheme == BEARER:
-            with self._lock:
-                s = self._sessions.get(rest)
-                if s is None or s.expires < now or s.closed:
-                    raise AuthError("unknown or expired session token")
-                s.expires = now + self.duration_ms / 1000.0
-                first_reuse = not s.announced
-                s.announced = True
-            if first_reuse:
-                _log_open(s, logging.INFO)
-            return s
+            found = self._by_token(rest, now)
+            if found is not None:
+                return found
+            # not a session: Deephaven reads a bearer value as "<auth type> <credentials>" too (how
+            # Flight SQL clients, which only send bearer tokens, log in)
+            inner, _, inner_rest = rest.partition(" ")
+            if inner not in (ANONYMOUS, PSK_SCHEME, BASIC):
+                raise AuthError("unknown or expired session token")
+            scheme, rest = inner, inner_rest.strip()
         if scheme == ANONYMOUS and not rest:
             if self.psk is not None:
                 raise AuthError("anonymous access is disabled; this server requires a pre-shared key")
@@ -613,6 +624,19 @@ class SessionManager:
         if scheme == BASIC and self.psk is None:
             return self._new("basic (unchecked)", peer)
         raise AuthError(f"unsupported authorization scheme {scheme!r}")
+
+    def _by_token(self, token: str, now: float) -> Optional[Session]:
+        """The live session of a bearer token (its lease renewed), or None."""
+        with self._lock:
+            s = self._sessions.get(token)
+            if s is None or s.expires < now or s.closed:
+                return None
+            s.expires = now + self.duration_ms / 1000.0
+            first_reuse = not s.announced
+            s.announced = True
+        if first_reuse:
+            _log_open(s, logging.INFO)
+        return s
 
     def shorten_lease(self, session: Session, until: float) -> None:
         """Lets `session` expire at `until` (the clock's monotonic()) unless used before then: a closed
