@@ -49,6 +49,13 @@ from tickwire.server.engine.publishing.views import requested, requested_columns
 from tickwire.server.engine.staging import StagedPart
 from tickwire.server.observability.metrics import TransferCounters
 from tickwire.server.services.context import ServerContext
+from tickwire.server.services.flight_sql import (
+    ACTION_CLOSE,
+    ACTION_CREATE,
+    TICKET_ROUTE,
+    FlightSql,
+    is_flight_sql_command,
+)
 from tickwire.server.services.rpc import RAW, CallError, service_handlers
 from tickwire.server.services.sessions import ExportClaim, ResolveError, Session
 
@@ -80,6 +87,7 @@ class FlightService:
         self._waker = Waker()
         self.counters = TransferCounters()  # calls, rows and bytes, for the server's metrics
         self.staging = ctx.engine.staging
+        self.sql = FlightSql(ctx)  # Flight SQL's commands, 'q' tickets and actions
 
     def handlers(self) -> dict:
         return service_handlers(FLIGHT_SERVICE, {
@@ -143,6 +151,8 @@ class FlightService:
 
     async def get_flight_info(self, desc, context):
         session = await self.ctx.authenticate(context)
+        if is_flight_sql_command(desc):
+            return await self.sql.flight_info(desc, session)
         table, path = await self._resolve_descriptor(desc, session)
         return self._flight_info(table, path)
 
@@ -156,7 +166,21 @@ class FlightService:
         counters = self.counters
         counters.doget_requests += 1
         session = await self.ctx.authenticate(context)
+        if ticket.ticket[:1] == TICKET_ROUTE:  # a Flight SQL result or catalog: read once, then released
+            table, release = await self.sql.open(ticket.ticket, session)
+            try:
+                async for p in self._snapshot(table):
+                    yield p
+            finally:
+                await self.ctx.run(release)
+            return
         table = await self._resolve(ticket.ticket, session)
+        async for p in self._snapshot(table):
+            yield p
+
+    async def _snapshot(self, table: Table):
+        """A DoGet's messages for `table`: its schema, then its rows."""
+        counters = self.counters
         wire = TableWire(table)
         started = time.perf_counter()
         # a failed table raises its status
@@ -539,7 +563,11 @@ class FlightService:
                ACTION_STAGING: "JSON status of the staging area: bytes staged, limits, staged batches and parts"}
 
     async def do_action(self, action, context):
-        await self.ctx.authenticate(context)
+        session = await self.ctx.authenticate(context)
+        if action.type in (ACTION_CREATE, ACTION_CLOSE):
+            for body in self.sql.do_action(action, session):
+                yield flight_pb2.Result(body=body)
+            return
         if action.type == "list-tables":
             yield flight_pb2.Result(body=json.dumps(await self.ctx.run(self._list_tables)).encode())
             return
@@ -547,7 +575,8 @@ class FlightService:
             yield flight_pb2.Result(body=json.dumps(await self.ctx.run(self._staging_action, action.type,
                                                                        action.body)).encode())
             return
-        raise CallError(f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)}", "UNIMPLEMENTED")
+        raise CallError(f"unknown action {action.type!r}; known: {sorted(self.ACTIONS)} and Flight SQL's "
+                        f"{ACTION_CREATE} and {ACTION_CLOSE}", "UNIMPLEMENTED")
 
     def _staging_action(self, kind: str, body: bytes) -> dict:
         if kind == ACTION_STAGING:
