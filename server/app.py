@@ -261,7 +261,8 @@ class TickwireServer:
             engine = self.engine
             for name, uri in self.config.history:
                 # before the data directory opens: its intraday rows come back into the history table
-                engine.history(name, uri)
+                # (a NAME alone: its own locations, Systems/<namespace>/ in the data directory)
+                engine.history(name, uri or None)
             if engine.storage is None and engine.config.data_dir is not None:
                 # before anything is served: a client never sees a table that is still coming back
                 engine.open()
@@ -319,6 +320,8 @@ class TickwireServer:
         interval = float(self.config.history_refresh_s or 0)
         while not self.engine.clock.wait(self._refresh_stop, interval):
             for name, _uri in self.config.history:
+                if self.engine.resolve(name) is None:
+                    continue  # an own-location history table its first write has not made yet
                 try:
                     added = self.engine.refresh_history(name)
                 except Exception as exc:  # noqa: BLE001 - logged; the next look tries again

@@ -284,8 +284,10 @@ def test_history_flags_are_checked():
     from tickwire.options import ConfigError, parse_history
 
     assert parse_history("a=/x, b=s3://bkt/p?scheme=http") == [("a", "/x"), ("b", "s3://bkt/p?scheme=http")]
-    with pytest.raises(ConfigError, match="NAME=URI"):
-        parse_history("nothing")
+    assert parse_history("Market/trades") == [("Market/trades", "")]  # its own locations
+    for bad in ("a=", "=/x"):
+        with pytest.raises(ConfigError, match="NAME=URI"):
+            parse_history(bad)
     with pytest.raises(ConfigError, match="twice: a"):
         parse_history("a=/x,a=/y")
 
@@ -507,3 +509,98 @@ def test_a_namespaced_table_is_an_application_field_of_its_namespace(dataset, tm
     # its location index in a data directory: one file, the name quoted
     from tickwire.server.engine.core import history_index_path
     assert history_index_path(tmp_path, "Market/trades").name == "Market%2Ftrades.json"
+
+
+# -- tickwire's own locations: the Systems tree of the data directory --------------------------------------
+def _rows(date: str, first: int, n: int) -> pa.Table:
+    return pa.table({"Qty": pa.array(range(first, first + n), pa.int64()), "Date": [date] * n})
+
+
+def _own(data_dir: Path):
+    from tickwire.server.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(interval_ms=3_600_000, data_dir=data_dir))
+    table = engine.history("Market/trades")  # before the data directory opens, as the server does
+    engine.open()
+    return engine, table
+
+
+def test_own_locations_live_in_the_seeds_systems_tree_and_come_back(tmp_path):
+    """A history table named without a URI keeps its locations under the data directory's
+    Systems/<namespace>: Partitions/<internal partition>/<Date>/<table>/table.parquet, the writable
+    partition linked from WritablePartitions, the location index in MetadataIndex/<table>.tlmi.
+    Its first write makes it (the Date column first, a partitioning column); a merge moves a date's
+    rows into a location; a restart, and a lost index, bring back the same rows; every internal
+    partition is read."""
+    from tickwire.server.engine.ingest import Destination
+    from tickwire.server.engine.storage.merge import MergeError
+
+    data_dir = tmp_path / "data"
+    engine, table = _own(data_dir)
+    assert table is None  # nothing yet: made by the first write
+    table = engine.destination_table(Destination("Market/trades", "append"), _rows("x", 0, 1).schema)
+    assert table.schema.names == ["Date", "Qty"]
+    assert table.schema.field("Date").metadata == {b"deephaven:isPartitioning": b"true"}
+    engine.write(table, _rows("2026-11-20", 0, 5))
+    engine.write(table, _rows("2026-11-21", 5, 3))
+    engine.run_cycle()
+    result = engine.merge("Market/trades", "2026-11-20")
+    root = data_dir / "Systems" / "Market"
+    location = root / "Partitions" / "0" / "2026-11-20" / "trades" / "table.parquet"
+    assert result.rows == 5 and Path(result.path) == location and location.is_file()
+    assert (root / "WritablePartitions" / "0").resolve() == (root / "Partitions" / "0").resolve()
+    assert (root / "MetadataIndex" / "trades.tlmi").is_file()
+    assert pq.read_table(location).column("Qty").to_pylist() == [0, 1, 2, 3, 4]
+    want = engine.snapshot(table)[1]
+    assert want.column("Qty").to_pylist() == list(range(8))
+    assert len(table.intraday_rows) == 3  # the merged rows left the intraday part
+    engine.write(table, _rows("2026-11-20", 8, 1))
+    engine.run_cycle()
+    with pytest.raises(MergeError, match="exists already"):
+        engine.merge("Market/trades", "2026-11-20")
+    engine.stop()
+
+    engine, table = _own(data_dir)
+    assert engine.snapshot(table)[1].column("Qty").to_pylist() == list(range(9))
+    engine.stop()
+    (root / "MetadataIndex" / "trades.tlmi").unlink()  # rebuilt from the files
+    # another internal partition (a second disk, say) holding an older date
+    other = root / "Partitions" / "1" / "2026-11-19" / "trades"
+    other.mkdir(parents=True)
+    pq.write_table(pa.table({"Qty": pa.array([-2, -1], pa.int64())}), other / "table.parquet")
+    engine, table = _own(data_dir)
+    got = engine.snapshot(table)[1]
+    assert got.column("Qty").to_pylist() == [-2, -1] + list(range(9))
+    assert got.column("Date").to_pylist()[:3] == ["2026-11-19", "2026-11-19", "2026-11-20"]
+    assert (root / "MetadataIndex" / "trades.tlmi").is_file()
+    engine.stop()
+
+
+def test_serve_history_name_alone_then_merge_by_namespace(tmp_path):
+    data_dir = tmp_path / "data"
+    args = ("--no-web", "--history", "Market/trades", "--data-dir", str(data_dir))
+    live = _rows("2026-11-21", 0, 4)
+    with serve_process(*args) as port:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        writer, _ = client.do_put(fl.FlightDescriptor.for_path("scope", "Market/trades"), live.schema, ANON)
+        writer.write_table(live)
+        writer.close()
+        deadline = time.monotonic() + 30
+        while True:
+            got = client.do_get(fl.Ticket(b"s/Market/trades"), options=ANON).read_all()
+            if got.num_rows == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        client.close()
+    assert got.column("Qty").to_pylist() == [0, 1, 2, 3] and got.schema.names == ["Date", "Qty"]
+    merged = subprocess.run([sys.executable, "-m", "tickwire", "merge", "--data-dir", str(data_dir), "--namespace",
+                             "Market", "--table", "trades", "--date", "2026-11-21"],
+                            capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert merged.stdout.startswith("merged 4 rows of Market/trades with 2026-11-21 into ")
+    assert (data_dir / "Systems/Market/Partitions/0/2026-11-21/trades/table.parquet").is_file()
+    with serve_process(*args) as port:
+        client = fl.connect(f"grpc://127.0.0.1:{port}")
+        again = client.do_get(fl.Ticket(b"s/Market/trades"), options=ANON).read_all()
+        client.close()
+    assert again.column("Qty").to_pylist() == [0, 1, 2, 3]

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "of its dataset, with no server running on the data directory.")
     merge.add_argument("--data-dir", required=True, metavar="DIR", help="the server's data directory")
     merge.add_argument("--table", required=True, metavar="NAME", help="the history table")
+    merge.add_argument("--namespace", metavar="NS", help="the table's namespace (the same as --table NS/NAME)")
     merge.add_argument("--date", required=True, metavar="VALUE", help="the partition value (usually a date)")
     merge.add_argument("--history", metavar="URI", help="the dataset (default: the one the data directory recorded)")
     return parser
@@ -61,24 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _merge(args) -> int:
     from tickwire.server.engine import Engine, EngineConfig
-    from tickwire.server.engine.core import history_index_path
+    from tickwire.server.engine.core import history_index_path, system_index_path
     from tickwire.server.engine.storage.parquet import LocationIndex
 
     data_dir = Path(args.data_dir)
-    uri = args.history or LocationIndex(str(history_index_path(data_dir, args.table))).uri()
-    if uri is None:
-        return _fail(f"--data-dir {data_dir}: no history table {args.table!r} recorded there (give --history URI)",
+    name = f"{args.namespace}/{args.table}" if args.namespace else args.table
+    uri = args.history or LocationIndex(str(history_index_path(data_dir, name))).uri()
+    if uri is None and not system_index_path(data_dir, name).exists():
+        return _fail(f"--data-dir {data_dir}: no history table {name!r} recorded there (give --history URI)",
                      2, False)
     engine = Engine(EngineConfig(data_dir=data_dir))
     try:
-        engine.history(args.table, uri)
+        engine.history(name, uri)
         engine.open()
-        result = engine.merge(args.table, args.date)
+        result = engine.merge(name, args.date)
     except Exception as exc:  # noqa: BLE001 - one line, as the other commands' mistakes
         return _fail(describe_error(exc), 1, False)
     finally:
         engine.stop()
-    print(f"merged {result.rows} rows of {args.table} with {result.value} into {result.path} "
+    print(f"merged {result.rows} rows of {name} with {result.value} into {result.path} "
           f"(sha256 {result.checksum[:16]}...)", flush=True)
     return 0
 

@@ -104,7 +104,8 @@ OPTIONS: tuple[Option, ...] = (
                                      "local tables", commands=("serve",), metavar="HOST:PORT/TABLE[,...]"),
     Option("history", "str", None, "serve Hive-partitioned Parquet datasets (a path, file://... or s3://bucket/prefix; "
                                    "S3 endpoint and credentials from AWS_*) as tables NAME, history plus the rows "
-                                   "written to NAME afterwards", commands=("serve",), metavar="NAME=URI[,...]"),
+                                   "written to NAME afterwards; a NAME alone: its own locations, merged under "
+                                   "--data-dir's Systems/", commands=("serve",), metavar="NAME[=URI][,...]"),
     Option("history-refresh", "float", None, "look for new files in the --history datasets every SECONDS (default: "
                                              "only at start)", commands=("serve",), metavar="SECONDS"),
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
@@ -434,14 +435,16 @@ def durability(words):
 
 
 def parse_history(text: str) -> list[tuple[str, str]]:
-    """`--history NAME=URI[,NAME=URI...]` as (name, uri) pairs; ConfigError names a malformed one."""
+    """`--history NAME=URI[,NAME...]` as (name, uri) pairs, the URI "" for a NAME alone (the table's
+    own locations in the data directory's Systems tree); ConfigError names a malformed one."""
     out = []
     for item in (p.strip() for p in text.split(",")):
         if not item:
             continue
         name, eq, uri = item.partition("=")
-        if not eq or not name.strip() or not uri.strip():
-            raise ConfigError(f"--history {item!r}: use NAME=URI (a path, file://... or s3://bucket/prefix)")
+        if not name.strip() or (eq and not uri.strip()):
+            raise ConfigError(f"--history {item!r}: use NAME=URI (a path, file://... or s3://bucket/prefix), or NAME "
+                              f"alone for its own locations under --data-dir")
         out.append((name.strip(), uri.strip()))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterator, Mapping, Op
 from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from tickwire.clock import SYSTEM_CLOCK, Clock
 from tickwire.server.engine.catalog import (
@@ -85,6 +86,27 @@ if TYPE_CHECKING:
     from tickwire.server.engine.storage.history import HistoryTable
 
 log = logging.getLogger(__name__)
+
+
+#: the namespace of tables named without one, in the data directory's Systems tree
+DEFAULT_NAMESPACE = "Default"
+
+
+def with_partition_column(schema: pa.Schema, column: str) -> pa.Schema:
+    """`schema` with `column` (a string) first, marked as Deephaven marks partitioning columns."""
+    from tickwire.protocol.schema import DH_IS_PARTITIONING
+
+    if column in schema.names and not pa.types.is_string(schema.field(column).type):
+        raise CatalogError(f"the partitioning column {column!r} must be a string, not {schema.field(column).type}",
+                           "INVALID_ARGUMENT")
+    part = pa.field(column, pa.string()).with_metadata({DH_IS_PARTITIONING: b"true"})
+    return pa.schema([part] + [f for f in schema if f.name != column], metadata=schema.metadata)
+
+
+def system_index_path(data_dir: Union[str, os.PathLike[str]], name: str) -> Path:
+    """Where the location index of history table `name` of its own locations lives."""
+    namespace, _, table = name.rpartition("/")
+    return Path(data_dir) / "Systems" / (namespace or DEFAULT_NAMESPACE) / "MetadataIndex" / f"{table}.tlmi"
 
 
 def history_index_path(data_dir: Union[str, os.PathLike[str]], name: str) -> Path:
@@ -139,6 +161,7 @@ class Engine:
         # the update graph: engine-internal; nothing outside tickwire.server.engine reads it
         self.graph = UpdateGraph(self.config.interval_ms, self.config.max_errors, clock=self.clock)
         self._create = threading.RLock()
+        self._pending_history: dict[str, str] = {}  # own-location history tables made by their first write: column
         self._waiter = _CycleWaiter(self.graph, self.clock)
         self.storage: Optional[Storage] = None
         self.recovered: list[SourceTable] = []  # tables the data directory brought back (`open`)
@@ -266,6 +289,19 @@ class Engine:
         if storage is not None and spec.name in storage.errors:
             raise CatalogError(f"table {spec.name!r} was not recovered from the data directory: "
                                f"{storage.errors[spec.name]}", "FAILED_PRECONDITION")
+        with self._create:
+            column = self._pending_history.get(spec.name)
+            if column is not None and self.resolve(spec.name, hidden=True) is None:
+                # a history table of its own locations, made by its first write
+                if spec.kind != "append":
+                    raise CatalogError(f"table {spec.name!r} is a history table (--history): its rows are "
+                                       f"appended, not {spec.kind}", "FAILED_PRECONDITION")
+                if column not in schema.names:
+                    raise CatalogError(f"history table {spec.name!r} is partitioned by {column!r}, a column its "
+                                       f"rows must have", "INVALID_ARGUMENT")
+                made = self.history(spec.name, schema=schema, column=column)
+                assert made is not None
+                return made, True
 
         def check(existing: Table) -> None:
             check_table(existing, spec.kind, schema, keys=spec.keys, capacity=spec.capacity)
@@ -308,42 +344,75 @@ class Engine:
                 raise
         return table
 
-    def history(self, name: str, uri: str, *, cache_bytes: Optional[int] = None,
-                options: Optional[dict[str, str]] = None, index_path: Optional[str] = None) -> Table:
-        """A table of history plus live (storage/history.py): the Hive-partitioned Parquet dataset
-        at `uri` (a path, file://... or s3://bucket/prefix, see storage.parquet.open_uri), followed
-        by the rows written to `name` from now on. Only the locations' metadata is read here. The
-        location index is kept at `index_path`, else under the data directory (history/<name>.json)
-        when there is one, else in memory. CatalogError when the name is taken."""
+    def history(self, name: str, uri: Optional[str] = None, *, cache_bytes: Optional[int] = None,
+                options: Optional[dict[str, str]] = None, index_path: Optional[str] = None,
+                schema: Optional[pa.Schema] = None, column: str = "Date") -> Optional[Table]:
+        """A table of history plus live (storage/history.py): its historical locations, followed
+        by the rows written to `name` from now on. Only the locations' metadata is read here.
+
+        With `uri` (a path, file://... or s3://bucket/prefix, see storage.parquet.open_uri), the
+        locations are a Hive-partitioned Parquet dataset there, its location index kept at
+        `index_path`, else under the data directory (history/<name>.json) when there is one, else
+        in memory. Without, they are the table's own, in the data directory's `Systems` tree
+        (storage.parquet.SystemsLayout; `namespace/table` names its namespace, else "Default"),
+        partitioned by `column`; a table with no location and no index yet takes `schema`, or, when
+        that is None too, is made by the first write to `name` (its columns, `column` among them):
+        None is returned then. CatalogError when the name is taken."""
         from tickwire.server.engine.storage.history import HistoryTable
         from tickwire.server.engine.storage.parquet import (
             DEFAULT_CACHE_BYTES,
             Dataset,
+            HistoryError,
             LocationIndex,
             ParquetRows,
+            SystemsLayout,
             open_uri,
         )
 
         storage = self.storage
         data_dir = storage.root if storage is not None else self.config.data_dir
-        if index_path is None and data_dir is not None:
-            index_path = str(history_index_path(data_dir, name))
-        fs, root = open_uri(uri, options)
-        index = LocationIndex(index_path)
-        schema, locations, _read = index.open(fs, root, uri)
-        check_schema(name, schema)
-        rows = ParquetRows(fs, schema, locations, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
+        layout: Optional[SystemsLayout] = None
+        if uri is None:
+            if data_dir is None:
+                raise HistoryError(f"history table {name!r}: its own locations need a data directory (or give a URI)")
+            namespace, _, table_name = name.rpartition("/")
+            layout = SystemsLayout(table_name, column)
+            root = str(Path(data_dir) / "Systems" / (namespace or DEFAULT_NAMESPACE))
+            layout.prepare(root)
+            fs: Any = pafs.LocalFileSystem()
+            index_path = layout.index_path(root)
+            uri = root
+            index = LocationIndex(index_path)
+            if schema is None and index.load()[0] is None:
+                try:
+                    layout.discover(fs, root)
+                except HistoryError:  # nothing yet: made by the first write
+                    with self._create:
+                        self._pending_history[name] = column
+                    return None
+            if schema is not None:
+                schema = with_partition_column(schema, column)
+        else:
+            if index_path is None and data_dir is not None:
+                index_path = str(history_index_path(data_dir, name))
+            fs, root = open_uri(uri, options)
+            index = LocationIndex(index_path)
+        found, locations, _read = index.open(fs, root, uri, layout=layout, schema=schema)
+        check_schema(name, found)
+        rows = ParquetRows(fs, found, locations, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
 
         def check(existing: Table) -> None:
             raise CatalogError(f"a table named {name!r} already exists", "ALREADY_EXISTS")
 
         def make() -> Table:
             t = HistoryTable(self.graph, name, rows)
-            t.dataset = Dataset(uri, fs, root, index)
+            t.dataset = Dataset(uri, fs, root, index, layout)
             return t
 
         with self.graph.lock:
             table, _ = self._get_or_make(name, check, make)
+        with self._create:
+            self._pending_history.pop(name, None)
         if storage is not None:  # made after the data directory was opened: journaled from now on
             self._journal_history(storage)
         return table
@@ -373,7 +442,7 @@ class Engine:
         location's is left for the next start (it would not come after the others) and logged."""
         from tickwire.server.engine.storage.history import HistoryTable
         from tickwire.server.engine.storage.merge import MergeError
-        from tickwire.server.engine.storage.parquet import discover
+        from tickwire.server.engine.storage.parquet import discover_dataset
 
         table = self.resolve(name)
         if not isinstance(table, HistoryTable) or table.dataset is None:
@@ -382,7 +451,7 @@ class Engine:
         ds = hist.dataset
         assert ds is not None
         have = {loc.path: loc for loc in hist.history.locations}
-        schema, found, _read = discover(ds.fs, ds.root, have)
+        schema, found, _read = discover_dataset(ds, have, hist.schema)
         if not schema.equals(hist.schema):
             raise MergeError(f"table {name!r}: the dataset's schema changed to {schema}; restart to serve it")
         col = hist.history.partition_names[0] if hist.history.partition_names else None

@@ -36,6 +36,7 @@ from typing import Any, Callable, ContextManager, Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs  # noqa: F401 - pa.fs.FileType
 import pyarrow.parquet as pq
 
 from tickwire.server.engine.graph.row_set import RowSet
@@ -135,10 +136,19 @@ def merge(table: HistoryTable, value: object, *, reading: Callable[[], ContextMa
         if keys.is_empty():
             raise MergeError(f"table {table.name!r}: no intraday rows with {col}={typed.as_py()}")
         rows = table.gather(data_cols, keys)
-    folder = f"{ds.root}/{col}={typed.as_py()}"
     token = uuid.uuid4().hex[:12]
+    if ds.layout is not None:  # tickwire's own Systems tree: one file per location folder
+        text = str(typed.as_py())
+        if not text or "/" in text or text.startswith((".", "_")):
+            raise MergeError(f"table {table.name!r}: {col}={text!r} cannot name a location folder")
+        folder = ds.layout.folder(ds.root, text)
+        final = f"{folder}/table.parquet"
+        if ds.fs.get_file_info(final).type != pa.fs.FileType.NotFound:
+            raise MergeError(f"table {table.name!r}: the location {final} exists already; a location is merged once")
+    else:
+        folder = f"{ds.root}/{col}={typed.as_py()}"
+        final = f"{folder}/part-merged-{token}.parquet"
     temp = f"{folder}/.merging-{token}.parquet"
-    final = f"{folder}/part-merged-{token}.parquet"
     record = {"table": table.name, "column": col, "value": typed.as_py(), "keys": keys.ranges().tolist(),
               "temp": temp, "final": final}
     _write_json(rec_path, record)

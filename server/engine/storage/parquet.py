@@ -25,7 +25,7 @@ import threading
 import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +37,7 @@ from tickwire.protocol.schema import DH_IS_PARTITIONING
 from tickwire.server.engine.errors import TickwireError
 
 __all__ = ["REGION_BITS", "Location", "HistoryError", "open_uri", "discover", "LocationIndex", "ParquetRows",
-           "partition_table", "ReadStats", "Dataset"]
+           "partition_table", "ReadStats", "Dataset", "SystemsLayout", "discover_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +146,28 @@ def discover(fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]
     data_names = [n for n in schema.names if n not in part_names]
     schema = pa.schema([schema.field(n).with_metadata({DH_IS_PARTITIONING: b"true"}) for n in part_names]
                        + [schema.field(n) for n in data_names])
+
+    def partition_of(frag: ds.Fragment) -> tuple[tuple[str, Any], ...]:
+        keys = ds.get_partition_keys(frag.partition_expression)
+        return tuple((n, keys.get(n)) for n in part_names)
+
+    locations, read = _locations(dataset, infos, partition_of, known)
+    return schema, locations, read
+
+
+Partition = tuple[tuple[str, Any], ...]  # a location's (column, value) pairs
+
+
+def _locations(dataset: ds.Dataset, infos: Sequence[pafs.FileInfo], partition_of: Callable[[Any], Partition],
+               known: Optional[dict[str, Location]]) -> tuple[list[Location], int]:
+    """The locations of a dataset's files in partition-value order (then path), and how many
+    footers were read: a `known` location whose file kept its size and time is taken as it is."""
     by_path = {i.path: i for i in infos}
     locations = []
     read = 0
     for frag in dataset.get_fragments():
         info = by_path[frag.path]
-        keys = ds.get_partition_keys(frag.partition_expression)
-        partition = tuple((n, keys.get(n)) for n in part_names)
+        partition = partition_of(frag)
         old = (known or {}).get(frag.path)
         if old is not None and old.size == info.size and old.mtime_ns == _mtime_ns(info) and old.partition == partition:
             locations.append(old)
@@ -165,7 +180,74 @@ def discover(fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]
         read += 1
         locations.append(Location(frag.path, partition, rgs, int(info.size), _mtime_ns(info)))
     locations.sort(key=lambda loc: (tuple(_order_key(v) for _, v in loc.partition), loc.path))
-    return schema, locations, read
+    return locations, read
+
+
+@dataclass(frozen=True)
+class SystemsLayout:
+    """tickwire's own historical layout for one table, the seed's `Systems` tree of a namespace
+    (`root` is `<data dir>/Systems/<namespace>`):
+
+        <root>/Partitions/<internal partition>/<Date value>/<table>/table.parquet   a location
+        <root>/WritablePartitions/<internal partition>   -> ../Partitions/<internal partition>
+        <root>/MetadataIndex/<table>.tlmi                the table's location index
+
+    The internal partition is hidden; the date directory is the partitioning column (`column`,
+    strings), first in the schema. Merges write into the `writable` internal partition; reads take
+    every internal partition."""
+
+    table: str
+    column: str = "Date"
+    writable: str = "0"
+
+    def index_path(self, root: str) -> str:
+        return f"{root}/MetadataIndex/{self.table}.tlmi"
+
+    def folder(self, root: str, value: object) -> str:
+        """The location folder a merge of `value` writes (through the internal partition's real path)."""
+        return f"{root}/Partitions/{self.writable}/{value}/{self.table}"
+
+    def prepare(self, root: str) -> None:
+        """The layout's directories on local disk, the writable partition linked as the seed has it."""
+        os.makedirs(f"{root}/Partitions/{self.writable}", exist_ok=True)
+        os.makedirs(f"{root}/MetadataIndex", exist_ok=True)
+        os.makedirs(f"{root}/WritablePartitions", exist_ok=True)
+        link = f"{root}/WritablePartitions/{self.writable}"
+        if not os.path.lexists(link):
+            os.symlink(f"../Partitions/{self.writable}", link)
+
+    def discover(self, fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]] = None,
+                 schema: Optional[pa.Schema] = None) -> tuple[pa.Schema, list[Location], int]:
+        """(schema, locations, footers read) of the table's locations; with none yet, `schema` (the
+        index's) or HistoryError."""
+        base = f"{root}/Partitions"
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise HistoryError(f"cannot list {base!r}: {exc}") from None
+        files = []
+        for info in infos:
+            parts = info.path[len(base):].lstrip("/").split("/")
+            if (info.type == pafs.FileType.File and len(parts) == 4 and parts[2] == self.table
+                    and parts[3].endswith(".parquet") and not any(p.startswith((".", "_")) for p in parts)):
+                files.append(info)
+        files.sort(key=lambda i: i.path)
+        if not files:
+            if schema is None:
+                raise HistoryError(f"no locations of table {self.table!r} under {base!r} and no schema for it")
+            return schema, [], 0
+        try:
+            dataset = ds.dataset([i.path for i in files], filesystem=fs, format="parquet")
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise HistoryError(f"cannot read the locations of table {self.table!r} under {base!r}: {exc}") from None
+        found = pa.schema([pa.field(self.column, pa.string()).with_metadata({DH_IS_PARTITIONING: b"true"})]
+                          + [f for f in dataset.schema if f.name != self.column])
+
+        def partition_of(frag: ds.Fragment) -> tuple[tuple[str, Any], ...]:
+            return ((self.column, frag.path[len(base):].lstrip("/").split("/")[1]),)
+
+        locations, read = _locations(dataset, files, partition_of, known)
+        return found, locations, read
 
 
 def _order_key(v: Any) -> tuple[int, Any]:
@@ -181,6 +263,15 @@ class Dataset:
     fs: pafs.FileSystem
     root: str
     index: "LocationIndex"
+    layout: Optional[SystemsLayout] = None  # None: a Hive-partitioned tree
+
+
+def discover_dataset(d: Dataset, known: Optional[dict[str, Location]] = None,
+                     schema: Optional[pa.Schema] = None) -> tuple[pa.Schema, list[Location], int]:
+    """`discover` for a dataset of either layout."""
+    if d.layout is not None:
+        return d.layout.discover(d.fs, d.root, known, schema)
+    return discover(d.fs, d.root, known)
 
 
 class LocationIndex:
@@ -236,28 +327,41 @@ class LocationIndex:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def open(self, fs: pafs.FileSystem, root: str, uri: Optional[str] = None) -> tuple[pa.Schema, list[Location], int]:
-        """(schema, locations, footers read) of the dataset at `root`, the index brought up to date
-        (the file read once, written when anything changed)."""
+    def open(self, fs: pafs.FileSystem, root: str, uri: Optional[str] = None, *,
+             layout: Optional[SystemsLayout] = None, schema: Optional[pa.Schema] = None
+             ) -> tuple[pa.Schema, list[Location], int]:
+        """(schema, locations, footers read) of the dataset at `root` (Hive-partitioned, or of a
+        SystemsLayout: then `schema` is the table's when it has no location and no index yet), the
+        index brought up to date (the file read once, written when anything changed)."""
         d = self._read()
         recorded = str(d["uri"]) if d is not None and d.get("uri") else None
         if uri is not None and recorded not in (None, uri):
             raise HistoryError(f"the location index {self.path} is of {recorded!r}, not {uri!r}; remove it to "
                                f"serve another dataset under this name")
         old_schema, known = self._parse(d)
-        schema, locations, read = discover(fs, root, known)
+        if layout is not None:
+            if schema is not None and old_schema is not None and not old_schema.equals(schema):
+                raise HistoryError(f"table {layout.table!r} has the schema {old_schema} in {self.path}, not {schema}")
+            schema, locations, read = layout.discover(fs, root, known, old_schema if old_schema is not None else schema)
+        else:
+            schema, locations, read = discover(fs, root, known)
         if old_schema is not None and not old_schema.equals(schema):
             raise HistoryError(f"the dataset at {root!r} changed its schema from {old_schema} to {schema}; "
                                f"remove {self.path} to serve the new one")
         self._uri = uri or recorded
-        if read or set(known) != {loc.path for loc in locations} or self._uri != recorded:
+        if read or set(known) != {loc.path for loc in locations} or self._uri != recorded or old_schema is None:
             self.save(schema, locations)
         return schema, locations, read
 
 
+def partition_names(schema: pa.Schema) -> list[str]:
+    """The partition columns of a dataset's schema (marked isPartitioning), in order."""
+    return [f.name for f in schema if (f.metadata or {}).get(DH_IS_PARTITIONING) == b"true"]
+
+
 def partition_table(schema: pa.Schema, locations: Sequence[Location]) -> pa.Table:
     """One row per location: its partition values, typed as the schema's partition columns."""
-    names = [n for n, _ in locations[0].partition] if locations else []
+    names = partition_names(schema)
     return pa.table({n: pa.array([dict(loc.partition)[n] for loc in locations], type=schema.field(n).type)
                      for n in names}, schema=pa.schema([schema.field(n) for n in names]))
 
@@ -284,7 +388,7 @@ class ParquetRows:
         self.fs = fs
         self.schema = schema
         self.locations = list(locations)
-        self.partition_names = [n for n, _ in self.locations[0].partition] if self.locations else []
+        self.partition_names = partition_names(schema)
         self.cache_bytes = int(cache_bytes)
         # per location: the first row of each row group (and the total at the end)
         self._rg_starts = [np.concatenate(([0], np.cumsum(loc.row_groups, dtype=np.int64)))
