@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import logging
 import socket
 import ssl
@@ -30,7 +31,7 @@ import grpc
 
 from tickwire.server.adapters.replica import Replicator, parse_replicate
 from tickwire.server.adapters.spark.sinks import sink as spark_sink
-from tickwire.server.config import ServerConfig
+from tickwire.server.config import ServerConfig, merge_time, seconds_until
 from tickwire.server.engine import Engine, EngineConfig
 from tickwire.server.observability import Observability
 from tickwire.server.services import handlers as service_handlers
@@ -125,7 +126,8 @@ class TickwireServer:
         self.replicas: list[Replicator] = []  # Replicators feeding this server's engine
         self.upstreams = parse_replicate(",".join(cfg.replicate)) if cfg.replicate else []
         self.recovered: list = []  # tables brought back from the data directory at start
-        self._refresh_stop = threading.Event()
+        self._refresh_stop = threading.Event()  # ends the history refresher and the daily merge
+        self.daily_merges = 0  # daily merges run (each may merge nothing)
         self._refresher: Optional[threading.Thread] = None
         self.web_enabled = bool(cfg.web)
         self.requested_web_port = cfg.web_port
@@ -287,6 +289,9 @@ class TickwireServer:
         self.observability.attach()  # before the engine starts: its first cycle turns the health SERVING
         if (self.start_engine or self.owns_engine) and not self.engine.running:
             self.engine.start()
+        if self.config.merge_at is not None:
+            self._merger = threading.Thread(target=self._daily_merge, name="tickwire-daily-merge", daemon=True)
+            self._merger.start()
         if self.config.history and self.config.history_refresh_s:
             self._refresher = threading.Thread(target=self._refresh_history, name="tickwire-history-refresh",
                                                daemon=True)
@@ -314,6 +319,22 @@ class TickwireServer:
         `df.writeStream.foreachBatch(server.sink("trades", mode="append")).start()`. Modes and
         options: see tickwire.server.adapters.spark.sink."""
         return spark_sink(self.engine, table, mode, **options)
+
+    def _daily_merge(self) -> None:
+        """Each day at merge_at (UTC, on the engine's clock): every history table's intraday dates
+        before the day's become locations (Engine.merge_before)."""
+        hour, minute = merge_time(str(self.config.merge_at))
+        clock = self.engine.clock
+        while not clock.wait(self._refresh_stop, seconds_until(clock.now(), hour, minute)):
+            today = datetime.datetime.fromtimestamp(clock.now(), datetime.timezone.utc).date().isoformat()
+            try:
+                results = self.engine.merge_before(today)
+            except Exception:  # noqa: BLE001 - logged; tomorrow's merge tries again
+                log.exception("the daily merge failed")
+                continue
+            for r in results:
+                log.info("daily merge: %d rows of %r with %s into %s", r.rows, r.table, r.value, r.path)
+            self.daily_merges += 1
 
     def _refresh_history(self) -> None:
         """Every history_refresh_s: the --history datasets' new files become locations."""

@@ -14,10 +14,27 @@ from typing import Optional
 
 from tickwire.server.engine.config import EncodeLimits, EngineConfig, PublishingConfig
 
-__all__ = ["ServerConfig", "EncodeLimits", "EngineConfig", "PublishingConfig", "DEFAULT_MAX_INBOUND_MESSAGE_SIZE"]
+__all__ = ["ServerConfig", "merge_time", "seconds_until", "EncodeLimits", "EngineConfig", "PublishingConfig",
+           "DEFAULT_MAX_INBOUND_MESSAGE_SIZE"]
 
 #: Deephaven's default limit on one inbound gRPC message (a DoPut batch, a Barrage request)
 DEFAULT_MAX_INBOUND_MESSAGE_SIZE = 100 * 1024 * 1024
+
+
+def merge_time(text: str) -> tuple[int, int]:
+    """(hour, minute) of a daily merge time "HH:MM" (UTC); ValueError otherwise."""
+    hh, sep, mm = text.strip().partition(":")
+    if sep and hh.isdigit() and mm.isdigit() and len(mm) == 2 and 0 <= int(hh) <= 23 and 0 <= int(mm) <= 59:
+        return int(hh), int(mm)
+    raise ValueError(f"merge_at {text!r}: use HH:MM (UTC), for example 18:30")
+
+
+def seconds_until(now_s: float, hour: int, minute: int) -> float:
+    """Seconds from `now_s` (Unix time) to the next HH:MM UTC strictly after it."""
+    day = 86_400.0
+    at = hour * 3600 + minute * 60
+    delta = (at - now_s % day) % day
+    return delta if delta > 0 else day
 
 
 @dataclass(frozen=True)
@@ -36,6 +53,8 @@ class ServerConfig:
     - `history`: (NAME, URI) pairs: Hive-partitioned Parquet datasets served as history-plus-live
       tables (Engine.history) once the data directory is open; `history_refresh_s`: how often their
       datasets are looked at for new files (Engine.refresh_history; None: only at start);
+      `merge_at`: "HH:MM" (UTC) at which, each day, every history table merges its intraday dates
+      before the day's (Engine.merge_before; None: merges only when asked);
     - `replicate`: tables of other Barrage servers to follow as local tables ("HOST:PORT/TABLE"),
       with `upstream_psk` and `upstream_tls`.
 
@@ -71,6 +90,7 @@ class ServerConfig:
     replicate: tuple[str, ...] = ()
     history: tuple[tuple[str, str], ...] = ()
     history_refresh_s: Optional[float] = None
+    merge_at: Optional[str] = None
     upstream_psk: Optional[str] = None
     upstream_tls: bool = False
     workers: int = 4
@@ -109,6 +129,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be 0-65535, got {value}")
         if self.history_refresh_s is not None and not self.history_refresh_s > 0:
             raise ValueError(f"history_refresh_s must be positive, got {self.history_refresh_s}")
+        if self.merge_at is not None:
+            merge_time(self.merge_at)  # ValueError names a malformed one
         for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s", "export_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

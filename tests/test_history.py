@@ -604,3 +604,50 @@ def test_serve_history_name_alone_then_merge_by_namespace(tmp_path):
         again = client.do_get(fl.Ticket(b"s/Market/trades"), options=ANON).read_all()
         client.close()
     assert again.column("Qty").to_pylist() == [0, 1, 2, 3]
+
+
+def test_the_daily_merge_moves_the_dates_before_today_at_its_time(tmp_path):
+    """--merge-at HH:MM (UTC, on the engine's clock): each day then, every history table's intraday
+    dates before the day's become locations; today's rows stay intraday."""
+    from tickwire.clock import ManualClock
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.config import ServerConfig, merge_time, seconds_until
+    from tickwire.server.engine import EngineConfig
+
+    assert merge_time("18:05") == (18, 5)
+    for bad in ("25:00", "7", "07:5", "ab:cd"):
+        with pytest.raises(ValueError, match="HH:MM"):
+            merge_time(bad)
+    midnight = 1_704_067_200.0  # 2024-01-01T00:00:00Z
+    assert seconds_until(midnight, 0, 30) == 1800 and seconds_until(midnight + 1800, 0, 30) == 86_400
+    assert seconds_until(midnight + 3600, 0, 30) == 86_400 - 1800
+
+    clock = ManualClock(wall=midnight)  # the server starts at midnight UTC, 2024-01-01
+    engine = Engine(EngineConfig(interval_ms=10, data_dir=tmp_path / "data"), clock=clock)
+    assert engine.history("Market/trades") is None
+    server = TickwireServer(engine, ServerConfig(merge_at="00:30", web=False), port=0).start()
+    try:
+        from tickwire.server.engine import TableSpec
+
+        table, _ = engine.get_or_create(TableSpec("Market/trades", "append", _rows("x", 0, 1).schema))
+        engine.write(table, _rows("2023-12-30", 0, 2), wait=False)
+        engine.write(table, _rows("2023-12-31", 2, 3), wait=False)
+        engine.write(table, _rows("2024-01-01", 5, 1), wait=False)
+
+        def advance_until(done, step: float) -> bool:
+            deadline = time.monotonic() + 60
+            while not done() and time.monotonic() < deadline:
+                clock.advance(step)
+                time.sleep(0.002)
+            return bool(done())
+
+        assert advance_until(lambda: table.size == 6, 0.01)
+        assert server.daily_merges == 0 and len(table.intraday_rows) == 6
+        assert advance_until(lambda: server.daily_merges == 1, 60.0)  # 00:30 passes: the merge runs
+        root = tmp_path / "data" / "Systems" / "Market" / "Partitions" / "0"
+        assert sorted(p.name for p in root.iterdir()) == ["2023-12-30", "2023-12-31"]
+        assert len(table.intraday_rows) == 1  # today's row stays
+        assert engine.snapshot(table)[1].column("Qty").to_pylist() == list(range(6))
+    finally:
+        server.stop()
+        engine.stop()

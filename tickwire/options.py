@@ -106,6 +106,8 @@ OPTIONS: tuple[Option, ...] = (
                                    "S3 endpoint and credentials from AWS_*) as tables NAME, history plus the rows "
                                    "written to NAME afterwards; a NAME alone: its own locations, merged under "
                                    "--data-dir's Systems/", commands=("serve",), metavar="NAME[=URI][,...]"),
+    Option("merge-at", "str", None, "each day at HH:MM (UTC), merge every history table's intraday dates before the "
+                                    "day's into locations (needs --data-dir)", commands=("serve",), metavar="HH:MM"),
     Option("history-refresh", "float", None, "look for new files in the --history datasets every SECONDS (default: "
                                              "only at start)", commands=("serve",), metavar="SECONDS"),
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
@@ -484,6 +486,7 @@ def server_config(s: Settings):
                             metrics_port=v["metrics_port"], show_system_tables=v["show_system_tables"],
                             max_inbound_message_size=v["max_inbound_message_size"], replicate=replicate,
                             upstream_psk=v.get("upstream_psk"), upstream_tls=bool(v.get("upstream_tls")),
-                            history=history, history_refresh_s=v.get("history_refresh"), engine=engine)
+                            history=history, history_refresh_s=v.get("history_refresh"),
+                            merge_at=v.get("merge_at"), engine=engine)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

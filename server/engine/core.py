@@ -435,6 +435,30 @@ class Engine:
         return merge(table, value, reading=self.reading, adopt=functools.partial(self._adopted, table, timeout),
                      checkpoint=functools.partial(self._checkpoint_now, storage, table), on_step=on_step)
 
+    def merge_before(self, value: object, *, timeout: float = 60.0) -> list[Any]:
+        """Merges, in every history table that has a data directory, each intraday partition value
+        before `value` (in order; the daily merge passes today's date), as `merge` does; returns
+        the MergeResults. A table whose merge fails is logged and left as it is; the others go on."""
+        from tickwire.server.engine.storage.history import HistoryTable
+        from tickwire.server.engine.storage.merge import MergeError
+
+        done = []
+        for table in [t for t in self.graph.tables.values() if isinstance(t, HistoryTable) and t.dataset is not None]:
+            if not table.history.partition_names:
+                continue
+            with self.reading():
+                values = table.intraday_partition_values()
+            for v in values:
+                if not v < value:
+                    break
+                try:
+                    done.append(self.merge(table.name, v, timeout=timeout))
+                except (MergeError, TickwireError, OSError) as exc:
+                    log.warning("table %r: the daily merge of %s failed, its rows stay intraday: %s", table.name, v,
+                                exc)
+                    break
+        return done
+
     def refresh_history(self, name: str, timeout: float = 60.0) -> list[str]:
         """Adds the Parquet files that appeared in history table `name`'s dataset since it was
         opened (a batch job's new dates) as locations after the others, in one cycle (their rows

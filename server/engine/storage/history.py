@@ -19,7 +19,7 @@ the same history table again.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -178,6 +178,15 @@ class HistoryTable(AppendOnlyTable):
         want = pa.scalar(value).cast(self.schema.field(col).type)
         mask = np.asarray(pc.fill_null(pc.equal(have, want), False).to_numpy(zero_copy_only=False), dtype=bool)
         return RowSet.from_keys(keys[mask])
+
+    def intraday_partition_values(self) -> list[Any]:
+        """The distinct values of the first partition column among the intraday rows, ascending (nulls left out)."""
+        col = self.history.partition_names[0]
+        keys = self._intraday_rows.keys()
+        if keys.size == 0:
+            return []
+        values = pc.unique(self.gather([col], keys).column(0)).drop_null()
+        return sorted(values.to_pylist())
 
     def prune(self, predicate: pc.Expression) -> Optional[tuple[RowSet, RowSet]]:
         """For a predicate that reads only partition columns: (the history rows of the locations
