@@ -231,7 +231,8 @@ def grid_texts(page: Page, seconds: float = 2.0) -> set[str]:
 
 def wait_grid_cells(page: Page, served: Served, name: str, *, timeout: float = 60.0) -> set[str]:
     """Waits until the grid canvas shows the table's column names and values that a DoGet of the
-    table holds; returns the strings drawn."""
+    table holds; returns the strings drawn. Every string drawn since the page loaded counts: a grid
+    of a table at rest draws once and then stops, so a window of the last seconds may hold none."""
     page.wait_for("document.querySelector('canvas.grid-canvas') !== null && window.__twGrid.calls > 0",
                   timeout=timeout, what="the grid canvas to be drawn")
     table = served.doget(name)
@@ -240,7 +241,7 @@ def wait_grid_cells(page: Page, served: Served, name: str, *, timeout: float = 6
     while True:
         values = {str(v) for n in table.column_names if pa.types.is_string(table.schema.field(n).type)
                   for v in table.column(n).to_pylist() if v is not None}
-        drawn = grid_texts(page)
+        drawn = grid_texts(page, seconds=1e9)
         cells = drawn & values
         if headers <= drawn and len(cells) >= min(5, len(values)):
             return drawn
