@@ -97,6 +97,23 @@ def test_a_middle_viewport_reads_only_the_row_groups_and_columns_it_shows(datase
     assert t.gather(["Qty"], shuffled).column("Qty").to_pylist() == list(range(1004, 994, -1))
 
 
+def test_text_is_decoded_only_for_the_rows_gathered_until_most_of_a_row_group_is(dataset):
+    """Text columns are read dictionary-encoded: a viewport's few rows are decoded alone; a gather
+    of most of a row group (a DoGet) decodes it once and the cache keeps it decoded."""
+    engine = Engine()
+    t = engine.history("trades", dataset)
+    few = t.gather(["Sym"], t.rowset.select(np.arange(1450, 1455)))
+    assert few.schema.field("Sym").type == pa.string()
+    assert few.column("Sym").to_pylist() == ["C", "D", "A", "B", "C"]
+    cached = t.history._cache[(1, 4, "Sym")]  # noqa: SLF001 - what the cache holds is the point
+    assert pa.types.is_dictionary(cached.type)
+    most = t.gather(["Sym"], t.rowset.select(np.arange(1400, 1500)))
+    assert most.column("Sym").to_pylist() == ["A", "B", "C", "D"] * 25
+    assert t.history._cache[(1, 4, "Sym")].type == pa.string()  # noqa: SLF001
+    assert t.history.stats.chunks_read == 1  # read once
+    assert t.gather().equals(expected_history().cast(t.schema))
+
+
 def test_the_cache_stays_within_its_bound(dataset):
     engine = Engine()
     t = engine.history("trades", dataset, cache_bytes=4000)  # about five 100-row int64 chunks

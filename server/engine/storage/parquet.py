@@ -103,11 +103,11 @@ def open_uri(uri: str, options: Optional[dict[str, str]] = None) -> tuple[pafs.F
     return fs, path.rstrip("/")
 
 
-def _listing(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
+def _listing(fs: pafs.FileSystem, root: str, allow_not_found: bool = False) -> list[pafs.FileInfo]:
     """The Parquet files under `root` (hidden and underscore files left out, as Spark and
     pyarrow.dataset leave them out), sorted by path."""
     try:
-        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=False))
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=allow_not_found))
     except (OSError, pa.ArrowException) as exc:
         raise HistoryError(f"cannot list {root!r}: {exc}") from None
     out = []
@@ -221,17 +221,12 @@ class SystemsLayout:
         """(schema, locations, footers read) of the table's locations; with none yet, `schema` (the
         index's) or HistoryError."""
         base = f"{root}/Partitions"
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        except (OSError, pa.ArrowException) as exc:
-            raise HistoryError(f"cannot list {base!r}: {exc}") from None
-        files = []
-        for info in infos:
-            parts = info.path[len(base):].lstrip("/").split("/")
-            if (info.type == pafs.FileType.File and len(parts) == 4 and parts[2] == self.table
-                    and parts[3].endswith(".parquet") and not any(p.startswith((".", "_")) for p in parts)):
-                files.append(info)
-        files.sort(key=lambda i: i.path)
+
+        def is_location(path: str) -> bool:  # <internal partition>/<value>/<table>/<file>.parquet
+            parts = path[len(base):].lstrip("/").split("/")
+            return len(parts) == 4 and parts[2] == self.table and parts[3].endswith(".parquet")
+
+        files = [i for i in _listing(fs, base, allow_not_found=True) if is_location(i.path)]
         if not files:
             if schema is None:
                 raise HistoryError(f"no locations of table {self.table!r} under {base!r} and no schema for it")
@@ -394,6 +389,12 @@ class ParquetRows:
         self._rg_starts = [np.concatenate(([0], np.cumsum(loc.row_groups, dtype=np.int64)))
                            for loc in self.locations]
         self._parts = partition_table(schema, self.locations)
+        # text columns are read dictionary-encoded (Parquet stores them so, mostly): decoding a row
+        # group's strings costs several times its numbers, and only the rows gathered are decoded
+        parts = set(self.partition_names)
+        self._dictionary_columns = [f.name for f in schema if f.name not in parts and (
+            pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_binary(f.type)
+            or pa.types.is_large_binary(f.type))]
         self._cache: "OrderedDict[tuple[int, int, str], pa.Array]" = OrderedDict()
         self._cached = 0
         self._files: "OrderedDict[int, pq.ParquetFile]" = OrderedDict()
@@ -433,7 +434,7 @@ class ParquetRows:
         if f is None:
             loc = self.locations[li]
             try:
-                f = pq.ParquetFile(self.fs.open_input_file(loc.path))
+                f = pq.ParquetFile(self.fs.open_input_file(loc.path), read_dictionary=self._dictionary_columns)
             except (OSError, pa.ArrowException) as exc:
                 raise HistoryError(f"cannot open {loc.path!r}: {exc}") from None
             self._files[li] = f
@@ -465,19 +466,32 @@ class ParquetRows:
         for name in missing:
             arr = t.column(name).combine_chunks()
             want = self.schema.field(name).type
-            if arr.type != want:
+            if arr.type != want and not pa.types.is_dictionary(arr.type):  # text stays dictionary-encoded
                 arr = arr.cast(want)
             self.stats.chunks_read += 1
             self.stats.bytes_read += arr.nbytes
             out[name] = arr
-            size = arr.nbytes
-            if size <= self.cache_bytes:
-                self._cache[(li, rg, name)] = arr
-                self._cached += size
-                while self._cached > self.cache_bytes:
-                    _, old = self._cache.popitem(last=False)
-                    self._cached -= old.nbytes
+            self._keep((li, rg, name), arr)
         return out
+
+    def _keep(self, key: tuple[int, int, str], arr: pa.Array) -> None:
+        """Caches `arr` under `key` (in place of what was there), the least recently used chunks
+        leaving past the bound; a chunk bigger than the whole cache is not kept."""
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cached -= old.nbytes
+        if arr.nbytes <= self.cache_bytes:
+            self._cache[key] = arr
+            self._cached += arr.nbytes
+            while self._cached > self.cache_bytes:
+                _, gone = self._cache.popitem(last=False)
+                self._cached -= gone.nbytes
+
+    def _decoded(self, li: int, rg: int, name: str, chunk: pa.Array, want: pa.DataType) -> pa.Array:
+        """A dictionary-encoded chunk decoded to its column's type, in the cache in its place."""
+        arr = chunk.cast(want)
+        self._keep((li, rg, name), arr)
+        return arr
 
     def gather(self, keys: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
         """The values of row keys `keys` (in that order) as a table of `columns` (default: all)."""
@@ -525,7 +539,11 @@ class ParquetRows:
                     taken = None if run else pa.array(rows, type=pa.int64())
                     for name in data_names:
                         chunk = chunks[name]
-                        pieces[name].append(chunk.slice(first, count) if taken is None else chunk.take(taken))
+                        want = self.schema.field(name).type
+                        if chunk.type != want and count * 4 >= len(chunk):  # most of it: decoded once, kept so
+                            chunk = self._decoded(loc_i, g_rg, name, chunk, want)
+                        piece = chunk.slice(first, count) if taken is None else chunk.take(taken)
+                        pieces[name].append(piece if piece.type == want else piece.cast(want))
                     reads.append((loc_i, g_rg))
             self.stats.reads = sorted(set(reads))
         inverse = None
