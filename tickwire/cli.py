@@ -62,13 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _merge(args) -> int:
     from tickwire.server.engine import Engine, EngineConfig
-    from tickwire.server.engine.core import history_index_path, system_index_path
-    from tickwire.server.engine.storage.parquet import LocationIndex
+    from tickwire.server.engine.core import history_index_path
+    from tickwire.server.engine.storage.parquet import LocationIndex, SystemsLayout
 
     data_dir = Path(args.data_dir)
     name = f"{args.namespace}/{args.table}" if args.namespace else args.table
     uri = args.history or LocationIndex(str(history_index_path(data_dir, name))).uri()
-    if uri is None and not system_index_path(data_dir, name).exists():
+    layout, root = SystemsLayout.of(data_dir, name)
+    if uri is None and not Path(layout.index_path(root)).exists():
         return _fail(f"--data-dir {data_dir}: no history table {name!r} recorded there (give --history URI)",
                      2, False)
     engine = Engine(EngineConfig(data_dir=data_dir))

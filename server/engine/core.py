@@ -88,27 +88,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-#: the namespace of tables named without one, in the data directory's Systems tree
-DEFAULT_NAMESPACE = "Default"
-
-
-def with_partition_column(schema: pa.Schema, column: str) -> pa.Schema:
-    """`schema` with `column` (a string) first, marked as Deephaven marks partitioning columns."""
-    from tickwire.protocol.schema import DH_IS_PARTITIONING
-
-    if column in schema.names and not pa.types.is_string(schema.field(column).type):
-        raise CatalogError(f"the partitioning column {column!r} must be a string, not {schema.field(column).type}",
-                           "INVALID_ARGUMENT")
-    part = pa.field(column, pa.string()).with_metadata({DH_IS_PARTITIONING: b"true"})
-    return pa.schema([part] + [f for f in schema if f.name != column], metadata=schema.metadata)
-
-
-def system_index_path(data_dir: Union[str, os.PathLike[str]], name: str) -> Path:
-    """Where the location index of history table `name` of its own locations lives."""
-    namespace, _, table = name.rpartition("/")
-    return Path(data_dir) / "Systems" / (namespace or DEFAULT_NAMESPACE) / "MetadataIndex" / f"{table}.tlmi"
-
-
 def history_index_path(data_dir: Union[str, os.PathLike[str]], name: str) -> Path:
     """Where the location index of history table `name` lives in a data directory."""
     return Path(data_dir) / "history" / f"{quote(name, safe='')}.json"
@@ -364,6 +343,7 @@ class Engine:
             Dataset,
             HistoryError,
             LocationIndex,
+            NoLocations,
             ParquetRows,
             SystemsLayout,
             open_uri,
@@ -375,29 +355,27 @@ class Engine:
         if uri is None:
             if data_dir is None:
                 raise HistoryError(f"history table {name!r}: its own locations need a data directory (or give a URI)")
-            namespace, _, table_name = name.rpartition("/")
-            layout = SystemsLayout(table_name, column)
-            root = str(Path(data_dir) / "Systems" / (namespace or DEFAULT_NAMESPACE))
+            layout, root = SystemsLayout.of(data_dir, name, column)
             layout.prepare(root)
             fs: Any = pafs.LocalFileSystem()
-            index_path = layout.index_path(root)
             uri = root
-            index = LocationIndex(index_path)
-            if schema is None and index.load()[0] is None:
-                try:
-                    layout.discover(fs, root)
-                except HistoryError:  # nothing yet: made by the first write
-                    with self._create:
-                        self._pending_history[name] = column
-                    return None
+            index = LocationIndex(layout.index_path(root))
             if schema is not None:
-                schema = with_partition_column(schema, column)
+                if column in schema.names and not pa.types.is_string(schema.field(column).type):
+                    raise CatalogError(f"the partitioning column {column!r} must be a string, not "
+                                       f"{schema.field(column).type}", "INVALID_ARGUMENT")
+                schema = layout.table_schema(schema)
         else:
             if index_path is None and data_dir is not None:
                 index_path = str(history_index_path(data_dir, name))
             fs, root = open_uri(uri, options)
             index = LocationIndex(index_path)
-        found, locations, _read = index.open(fs, root, uri, layout=layout, schema=schema)
+        try:
+            found, locations, _read = index.open(fs, root, uri, layout=layout, schema=schema)
+        except NoLocations:  # nothing yet: made by the first write
+            with self._create:
+                self._pending_history[name] = column
+            return None
         check_schema(name, found)
         rows = ParquetRows(fs, found, locations, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
 
@@ -440,7 +418,6 @@ class Engine:
         before `value` (in order; the daily merge passes today's date), as `merge` does; returns
         the MergeResults. A table whose merge fails is logged and left as it is; the others go on."""
         from tickwire.server.engine.storage.history import HistoryTable
-        from tickwire.server.engine.storage.merge import MergeError
 
         done = []
         for table in [t for t in self.graph.tables.values() if isinstance(t, HistoryTable) and t.dataset is not None]:
@@ -453,7 +430,7 @@ class Engine:
                     break
                 try:
                     done.append(self.merge(table.name, v, timeout=timeout))
-                except (MergeError, TickwireError, OSError) as exc:
+                except (TickwireError, OSError) as exc:  # a MergeError among them
                     log.warning("table %r: the daily merge of %s failed, its rows stay intraday: %s", table.name, v,
                                 exc)
                     break

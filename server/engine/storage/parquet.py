@@ -25,7 +25,8 @@ import threading
 import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -36,13 +37,16 @@ import pyarrow.parquet as pq
 from tickwire.protocol.schema import DH_IS_PARTITIONING
 from tickwire.server.engine.errors import TickwireError
 
-__all__ = ["REGION_BITS", "Location", "HistoryError", "open_uri", "discover", "LocationIndex", "ParquetRows",
-           "partition_table", "ReadStats", "Dataset", "SystemsLayout", "discover_dataset"]
+__all__ = ["REGION_BITS", "Location", "HistoryError", "NoLocations", "DEFAULT_NAMESPACE", "open_uri", "discover",
+           "LocationIndex", "ParquetRows", "partition_table", "ReadStats", "Dataset", "SystemsLayout",
+           "discover_dataset"]
 
 log = logging.getLogger(__name__)
 
 #: each location's row keys start at a multiple of 2**REGION_BITS (a trillion rows per location)
 REGION_BITS = 40
+#: the namespace of tables named without one, in the data directory's Systems tree
+DEFAULT_NAMESPACE = "Default"
 #: the cache of column chunks read from Parquet, in bytes, unless the table says otherwise
 DEFAULT_CACHE_BYTES = 256 << 20
 
@@ -51,6 +55,10 @@ class HistoryError(TickwireError):
     """A historical dataset that cannot be opened or read, with what was wrong."""
 
     code = "FAILED_PRECONDITION"
+
+
+class NoLocations(HistoryError):
+    """A table of its own locations that has none yet, and no schema recorded or given."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,9 @@ def _mtime_ns(info: pafs.FileInfo) -> int:
     return int(m) if m is not None else -1
 
 
+Partition = tuple[tuple[str, Any], ...]  # a location's (column, value) pairs
+
+
 def discover(fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]] = None
              ) -> tuple[pa.Schema, list[Location], int]:
     """(schema with the partition columns first, locations in partition-value order, footers
@@ -147,15 +158,12 @@ def discover(fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]
     schema = pa.schema([schema.field(n).with_metadata({DH_IS_PARTITIONING: b"true"}) for n in part_names]
                        + [schema.field(n) for n in data_names])
 
-    def partition_of(frag: ds.Fragment) -> tuple[tuple[str, Any], ...]:
+    def partition_of(frag: ds.Fragment) -> Partition:
         keys = ds.get_partition_keys(frag.partition_expression)
         return tuple((n, keys.get(n)) for n in part_names)
 
     locations, read = _locations(dataset, infos, partition_of, known)
     return schema, locations, read
-
-
-Partition = tuple[tuple[str, Any], ...]  # a location's (column, value) pairs
 
 
 def _locations(dataset: ds.Dataset, infos: Sequence[pafs.FileInfo], partition_of: Callable[[Any], Partition],
@@ -200,6 +208,19 @@ class SystemsLayout:
     column: str = "Date"
     writable: str = "0"
 
+    @classmethod
+    def of(cls, data_dir: Union[str, os.PathLike[str]], name: str, column: str = "Date"
+           ) -> tuple["SystemsLayout", str]:
+        """The layout of table `name` ("namespace/table", or a table of DEFAULT_NAMESPACE) in a
+        data directory, and its root (`<data dir>/Systems/<namespace>`)."""
+        namespace, _, table = name.rpartition("/")
+        return cls(table, column), str(Path(data_dir) / "Systems" / (namespace or DEFAULT_NAMESPACE))
+
+    def table_schema(self, schema: pa.Schema) -> pa.Schema:
+        """`schema` with the partitioning column (a string) first, marked as Deephaven marks one."""
+        part = pa.field(self.column, pa.string()).with_metadata({DH_IS_PARTITIONING: b"true"})
+        return pa.schema([part] + [f for f in schema if f.name != self.column], metadata=schema.metadata)
+
     def index_path(self, root: str) -> str:
         return f"{root}/MetadataIndex/{self.table}.tlmi"
 
@@ -219,27 +240,26 @@ class SystemsLayout:
     def discover(self, fs: pafs.FileSystem, root: str, known: Optional[dict[str, Location]] = None,
                  schema: Optional[pa.Schema] = None) -> tuple[pa.Schema, list[Location], int]:
         """(schema, locations, footers read) of the table's locations; with none yet, `schema` (the
-        index's) or HistoryError."""
+        index's) or NoLocations."""
         base = f"{root}/Partitions"
 
-        def is_location(path: str) -> bool:  # <internal partition>/<value>/<table>/<file>.parquet
-            parts = path[len(base):].lstrip("/").split("/")
-            return len(parts) == 4 and parts[2] == self.table and parts[3].endswith(".parquet")
+        def parts(path: str) -> list[str]:  # a location's: <internal partition>/<value>/<table>/<file>.parquet
+            return path[len(base):].lstrip("/").split("/")
 
-        files = [i for i in _listing(fs, base, allow_not_found=True) if is_location(i.path)]
+        files = [i for i in _listing(fs, base, allow_not_found=True)
+                 if len(p := parts(i.path)) == 4 and p[2] == self.table and p[3].endswith(".parquet")]
         if not files:
             if schema is None:
-                raise HistoryError(f"no locations of table {self.table!r} under {base!r} and no schema for it")
+                raise NoLocations(f"no locations of table {self.table!r} under {base!r} and no schema for it")
             return schema, [], 0
         try:
             dataset = ds.dataset([i.path for i in files], filesystem=fs, format="parquet")
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise HistoryError(f"cannot read the locations of table {self.table!r} under {base!r}: {exc}") from None
-        found = pa.schema([pa.field(self.column, pa.string()).with_metadata({DH_IS_PARTITIONING: b"true"})]
-                          + [f for f in dataset.schema if f.name != self.column])
+        found = self.table_schema(dataset.schema.remove_metadata())
 
-        def partition_of(frag: ds.Fragment) -> tuple[tuple[str, Any], ...]:
-            return ((self.column, frag.path[len(base):].lstrip("/").split("/")[1]),)
+        def partition_of(frag: ds.Fragment) -> Partition:
+            return ((self.column, parts(frag.path)[1]),)
 
         locations, read = _locations(dataset, files, partition_of, known)
         return found, locations, read
@@ -300,9 +320,6 @@ class LocationIndex:
         except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
             log.warning("location index %s is unreadable (%s): rebuilt from the files", self.path, exc)
             return None, {}
-
-    def load(self) -> tuple[Optional[pa.Schema], dict[str, Location]]:
-        return self._parse(self._read())
 
     def uri(self) -> Optional[str]:
         """The dataset's URI as the index recorded it (None without one)."""
@@ -489,12 +506,6 @@ class ParquetRows:
                 _, gone = self._cache.popitem(last=False)
                 self._cached -= gone.nbytes
 
-    def _decoded(self, li: int, rg: int, name: str, chunk: pa.Array, want: pa.DataType) -> pa.Array:
-        """A dictionary-encoded chunk decoded to its column's type, in the cache in its place."""
-        arr = chunk.cast(want)
-        self._keep((li, rg, name), arr)
-        return arr
-
     def gather(self, keys: np.ndarray, columns: Optional[Sequence[str]] = None) -> pa.Table:
         """The values of row keys `keys` (in that order) as a table of `columns` (default: all)."""
         names = list(columns) if columns is not None else list(self.schema.names)
@@ -543,7 +554,8 @@ class ParquetRows:
                         chunk = chunks[name]
                         want = self.schema.field(name).type
                         if chunk.type != want and count * 4 >= len(chunk):  # most of it: decoded once, kept so
-                            chunk = self._decoded(loc_i, g_rg, name, chunk, want)
+                            chunk = chunk.cast(want)
+                            self._keep((loc_i, g_rg, name), chunk)
                         piece = chunk.slice(first, count) if taken is None else chunk.take(taken)
                         pieces[name].append(piece if piece.type == want else piece.cast(want))
                     reads.append((loc_i, g_rg))
