@@ -13,14 +13,10 @@ from tickwire.server.config import ServerConfig
 from tickwire.server.engine import Engine, Table
 from tickwire.server.engine.publishing import PublisherRegistry
 from tickwire.server.services.rpc import call_session
-from tickwire.server.services.sessions import AUTH_COOKIE, AUTH_COOKIE_REQUEST, Scope, Session, SessionManager
+from tickwire.server.services.sessions import Scope, Session, SessionManager, session_headers
 from tickwire.server.services.table_ops import TableOps
 
 __all__ = ["ServerContext"]
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ServerContext:
@@ -61,11 +57,7 @@ class ServerContext:
     async def send_session_header(context, session: Session) -> None:
         """The response header that tells the client its session's bearer token, and the auth
         cookie too when the call asked for it (`x-deephaven-auth-cookie-request: true`)."""
-        headers: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {session.token}"),)
-        if any(str(k).lower() == AUTH_COOKIE_REQUEST and _text(v).strip().lower() == "true"
-               for k, v in context.invocation_metadata() or ()):
-            headers += (("set-cookie", f"{AUTH_COOKIE}={session.token}"),)
-        await context.send_initial_metadata(headers)
+        await context.send_initial_metadata(session_headers(session, context.invocation_metadata() or ()))
 
     async def authenticate(self, context, *, send_header: bool = True) -> Session:
         """The call's session (`session_of`), its header sent unless `send_header` is False."""

@@ -55,6 +55,7 @@ from tickwire.server.services.flight_sql import (
     TICKET_ROUTE,
     FlightSql,
     is_flight_sql_command,
+    table_flight_info,
 )
 from tickwire.server.services.rpc import RAW, CallError, service_handlers
 from tickwire.server.services.sessions import ExportClaim, ResolveError, Session
@@ -120,17 +121,10 @@ class FlightService:
         t = ticket_from_path(path)
         return await self.ctx.resolve_parsed(t, session), path
 
-    def _flight_info(self, table: Table, path: list[str]) -> flight_pb2.FlightInfo:
-        wire = TableWire(table)
-        info = flight_pb2.FlightInfo()
-        info.schema = ipc_encapsulated_schema(wire.schema)
-        info.flight_descriptor.type = flight_pb2.FlightDescriptor.PATH
-        info.flight_descriptor.path.extend(path)
-        ep = info.endpoint.add()
-        ep.ticket.ticket = ticket_from_path(path).to_bytes()
-        info.total_records = -1 if table.is_refreshing else table.size
-        info.total_bytes = -1
-        return info
+    @staticmethod
+    def _flight_info(table: Table, path: list[str]) -> flight_pb2.FlightInfo:
+        desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=path)
+        return table_flight_info(table, desc, ticket_from_path(path).to_bytes())
 
     # -- discovery ----------------------------------------------------------------------------------
     async def handshake(self, request_iterator, context):

@@ -57,7 +57,8 @@ from tickwire.server.services.sql import (
     parse_select,
 )
 
-__all__ = ["FlightSql", "TICKET_ROUTE", "QUERY_TIMEOUT_S", "ACTION_CREATE", "ACTION_CLOSE", "TYPE_PREFIX"]
+__all__ = ["FlightSql", "table_flight_info", "TICKET_ROUTE", "QUERY_TIMEOUT_S", "ACTION_CREATE", "ACTION_CLOSE",
+           "TYPE_PREFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,19 @@ def _parse(cls, raw: bytes, what: str):
         return cls.FromString(raw)
     except DecodeError:
         raise _error(f"{what} cannot be parsed", "INVALID_ARGUMENT") from None
+
+
+def table_flight_info(table: Table, desc, ticket: bytes) -> flight_pb2.FlightInfo:
+    """The FlightInfo of `table`, asked for by FlightDescriptor `desc` and read with `ticket`: its
+    Deephaven schema, and its size unless it ticks (Flight's and Flight SQL's GetFlightInfo)."""
+    info = flight_pb2.FlightInfo()
+    info.schema = ipc_encapsulated_schema(TableWire(table).schema)
+    info.flight_descriptor.CopyFrom(desc)
+    ep = info.endpoint.add()
+    ep.ticket.ticket = ticket
+    info.total_records = -1 if table.is_refreshing else table.size
+    info.total_bytes = -1
+    return info
 
 
 def is_flight_sql_command(desc) -> bool:
@@ -210,23 +224,13 @@ class FlightSql:
             command = _parse(getattr(flight_sql_pb2, name), raw, name)
             table = await self.ctx.run(self._catalog_table, name, command)
             try:
-                return self._info(table, desc, TICKET_ROUTE + _pack(command, name))
+                return table_flight_info(table, desc, TICKET_ROUTE + _pack(command, name))
             finally:  # the ticket makes it again when read
                 await self.ctx.run(self.ctx.ops.drop, table)
         full = f"arrow.flight.protocol.sql.{name}"
         if name in _KNOWN_COMMANDS:
             raise _error(f"command '{full}' is unimplemented", "UNIMPLEMENTED")
         raise _error(f"command '{full}' is unknown", "INVALID_ARGUMENT")
-
-    def _info(self, table: Table, desc, ticket: bytes) -> flight_pb2.FlightInfo:
-        info = flight_pb2.FlightInfo()
-        info.schema = ipc_encapsulated_schema(TableWire(table).schema)
-        info.flight_descriptor.CopyFrom(desc)
-        ep = info.endpoint.add()
-        ep.ticket.ticket = ticket
-        info.total_records = -1 if table.is_refreshing else table.size
-        info.total_bytes = -1
-        return info
 
     async def _run(self, sql: str, desc, session: Session) -> flight_pb2.FlightInfo:
         try:
@@ -245,7 +249,7 @@ class FlightSql:
         if stale:
             await self.ctx.run(self._drop, stale)
         ticket = flight_sql_pb2.TicketStatementQuery(statement_handle=handle)
-        return self._info(table, desc, TICKET_ROUTE + _pack(ticket, "TicketStatementQuery"))
+        return table_flight_info(table, desc, TICKET_ROUTE + _pack(ticket, "TicketStatementQuery"))
 
     # -- DoGet ------------------------------------------------------------------------------------------------
     async def open(self, ticket: bytes, session: Session) -> tuple[Table, Callable[[], None]]:

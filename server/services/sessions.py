@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AuthError", "Session", "SessionManager", "ResolveError", "Scope", "ExportClaim", "SharedTickets",
            "failure_status", "PSK_SCHEME", "ANONYMOUS", "CLOSED", "EXPIRED", "SHUTDOWN", "REMEMBERED_ENDS",
-           "REMEMBERED_SHARES", "AUTH_COOKIE", "AUTH_COOKIE_REQUEST"]
+           "REMEMBERED_SHARES", "AUTH_COOKIE", "AUTH_COOKIE_REQUEST", "metadata_texts", "session_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,20 @@ BASIC = "Basic"
 #: a session from: "deephaven-auth-cookie=<token>" (Flight SQL's JDBC and ADBC drivers keep cookies)
 AUTH_COOKIE = "deephaven-auth-cookie"
 AUTH_COOKIE_REQUEST = "x-deephaven-auth-cookie-request"
+
+
+def metadata_texts(metadata: Sequence[tuple[str, object]]) -> list[tuple[str, str]]:
+    """A call's metadata as (lower-case key, text) pairs."""
+    return [(str(k).lower(), v.decode() if isinstance(v, bytes) else str(v)) for k, v in metadata]
+
+
+def session_headers(session: "Session", metadata: Sequence[tuple[str, object]]) -> tuple[tuple[str, str], ...]:
+    """The response headers that tell a client its session: the bearer token, and the auth cookie
+    too when the call's `metadata` asked for it (AUTH_COOKIE_REQUEST: true)."""
+    headers: tuple[tuple[str, str], ...] = (("authorization", f"{BEARER} {session.token}"),)
+    if any(k == AUTH_COOKIE_REQUEST and v.strip().lower() == "true" for k, v in metadata_texts(metadata)):
+        headers += (("set-cookie", f"{AUTH_COOKIE}={session.token}"),)
+    return headers
 
 
 class AuthError(TickwireError):
@@ -586,7 +600,7 @@ class SessionManager:
 
     def _authenticate(self, metadata: Sequence[tuple[str, object]], peer: Optional[str]) -> Session:
         now = self.clock.monotonic()
-        texts = [(k.lower(), v.decode() if isinstance(v, bytes) else str(v)) for k, v in metadata]
+        texts = metadata_texts(metadata)
         for k, v in texts:  # Deephaven's auth cookie (Flight SQL clients), looked at first as Deephaven does
             if k == "cookie":
                 name, eq, token = v.strip().partition("=")
