@@ -420,7 +420,8 @@ class Engine:
         from tickwire.server.engine.storage.history import HistoryTable
 
         done = []
-        for table in [t for t in self.graph.tables.values() if isinstance(t, HistoryTable) and t.dataset is not None]:
+        # taken at a cycle boundary: the graph's tables change while others are made and dropped
+        for table in [t for t in self.tables(hidden=True) if isinstance(t, HistoryTable) and t.dataset is not None]:
             if not table.history.partition_names:
                 continue
             with self.reading():
