@@ -97,11 +97,8 @@ def _answer(client, sql: str):
     """("ok", schema, rows) or ("error", status class name, message)."""
     try:
         info = client.execute(sql)
-        table = client.do_get(info.endpoint[0].ticket if hasattr(info, "endpoint") else info.endpoints[0].ticket
-                              ).read_all()
-    except flight.FlightError as exc:
-        return ("error", type(exc).__name__, str(exc))
-    except pa.ArrowException as exc:
+        table = client.do_get(info.endpoints[0].ticket).read_all()
+    except (flight.FlightError, pa.ArrowException) as exc:
         return ("error", type(exc).__name__, str(exc))
     return ("ok", table.schema, table.to_pydict())
 
