@@ -233,8 +233,8 @@ class FlightSql:
         raise _error(f"command '{full}' is unknown", "INVALID_ARGUMENT")
 
     async def _run(self, sql: str, desc, session: Session) -> flight_pb2.FlightInfo:
-        try:
-            plan = parse_select(sql)
+        try:  # off the event loop: a query's text is as long as a message may be
+            plan = await self.ctx.run(parse_select, sql)
         except SqlError as exc:
             raise _error(str(exc), exc.code) from None
         table = await self.ctx.run(self._build, plan)
