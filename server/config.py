@@ -101,6 +101,7 @@ class ServerConfig:
     inline_request_bytes: int = 4_096
     list_fields_poll_s: float = 1.0
     export_wait_s: float = 30.0
+    doget_piece_rows: int = 1 << 18
     # the publishing options, with PublishingConfig's defaults (`publishing` below builds it)
     outbox: int = PublishingConfig.outbox
     max_viewport_ranges: int = PublishingConfig.max_viewport_ranges
@@ -131,7 +132,8 @@ class ServerConfig:
             raise ValueError(f"history_refresh_s must be positive, got {self.history_refresh_s}")
         if self.merge_at is not None:
             merge_time(self.merge_at)  # ValueError names a malformed one
-        for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s", "export_wait_s"):
+        for name in ("workers", "session_duration_ms", "payloads_per_hop", "list_fields_poll_s", "export_wait_s",
+                     "doget_piece_rows"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("inline_cells", "inline_request_bytes"):

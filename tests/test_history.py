@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from tests.harness import Services
 from tests.serving import serve_process
 from tickwire.server.engine import Engine
 from tickwire.server.engine.storage.history import INTRADAY_BASE, HistoryTable
-from tickwire.server.engine.storage.parquet import REGION_BITS, HistoryError, LocationIndex, open_uri
+from tickwire.server.engine.storage.parquet import REGION_BITS, HistoryError, LocationIndex, ParquetRows, open_uri
 
 DATES = ["2026-11-18", "2026-11-19", "2026-11-20"]
 ROWS_PER_DATE = 1000
@@ -204,6 +205,61 @@ def test_clients_snapshot_and_subscribe_to_a_viewport_of_history_plus_live(datas
         next(it)
         assert sub.size == 3003
         assert sub.table.column("Qty").to_pylist() == [2998, 2999, 3000, 3001, 3002]
+
+
+def _lock_is_free(lock) -> bool:
+    """Whether another thread could take `lock` now (an RLock held by the caller's own thread counts as held)."""
+    got = []
+
+    def probe():
+        ok = lock.acquire(blocking=False)
+        got.append(ok)
+        if ok:
+            lock.release()
+
+    th = threading.Thread(target=probe)
+    th.start()
+    th.join()
+    return got[0]
+
+
+def test_a_doget_of_a_whole_history_reads_it_a_piece_at_a_time_outside_the_lock(dataset, monkeypatch):
+    """Memory follows a piece, not the table; the graph's lock is not held while Parquet is read;
+    rows written after the DoGet began are not in it (its rows are those of one step)."""
+    with Services(doget_piece_rows=700) as s:
+        t = s.engine.history("trades", dataset)
+        s.engine.write(t, day(3).slice(0, 5).append_column("Date", pa.array(["2026-11-21"] * 5)))
+        s.cycle()
+        sizes, free = [], []
+        real = ParquetRows.gather
+
+        def spy(self, keys, columns=None):
+            sizes.append(len(keys))
+            free.append(_lock_is_free(s.engine.graph.lock))
+            if len(sizes) == 2:  # mid-DoGet: a write and a cycle go through
+                s.engine.write(t, day(3).slice(5, 5).append_column("Date", pa.array(["2026-11-21"] * 5)))
+                s.cycle()
+            return real(self, keys, columns)
+
+        monkeypatch.setattr(ParquetRows, "gather", spy)
+        got = s.doget(b"s/trades")
+        assert sizes == [700, 700, 700, 700, 200]
+        assert free == [True] * 5
+        assert got.num_rows == 3005 and got.column("Qty").to_pylist() == list(range(3005))
+        assert got.slice(0, 3000).equals(expected_history())
+        assert t.size == 3010
+        # a where on the partition column streams its locations the same way, its live rows after them
+        t.where(pc.field("Date") >= "2026-11-19", name="recent")
+        sizes.clear()
+        got = s.doget(b"s/recent")
+        assert sizes == [700, 700, 600]
+        assert got.column("Qty").to_pylist() == list(range(1000, 3010))
+        # a small table is read under the lock in one piece, as before
+        t.where(pc.field("Qty") < 500, name="first")
+        sizes.clear()
+        free.clear()
+        got = s.doget(b"s/first")
+        assert got.column("Qty").to_pylist() == list(range(500)) and sizes == [500] and free == [False]
 
 
 def _free_port() -> int:

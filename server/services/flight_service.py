@@ -37,7 +37,7 @@ from tickwire.protocol.txn import (
 from tickwire.protocol.upload import KEYS_METADATA, Batch, Destination, UploadDecoder, UploadError
 from tickwire.server.engine import Table, TableSpec, is_system, kind_of
 from tickwire.server.engine.hierarchical import RollupHandle
-from tickwire.server.engine.publishing import EncodeOptions, TableWire, snapshot_message
+from tickwire.server.engine.publishing import DogetSnapshot, EncodeOptions, TableWire, snapshot_message
 from tickwire.server.engine.publishing.handle import (
     SubscriptionHandle,
     Waker,
@@ -173,12 +173,18 @@ class FlightService:
             yield p
 
     async def _snapshot(self, table: Table):
-        """A DoGet's messages for `table`: its schema, then its rows."""
+        """A DoGet's messages for `table`: its schema, then its rows (a table of mostly stable rows,
+        such as a history, read and sent a piece at a time: see DogetSnapshot)."""
         counters = self.counters
         wire = TableWire(table)
         started = time.perf_counter()
+        cfg = self.ctx.config
         # a failed table raises its status
-        msg, n = await self.ctx.run(functools.partial(snapshot_message, wire, limits=self.ctx.config.encode))
+        snap = await self.ctx.run(functools.partial(DogetSnapshot.take, wire, limits=cfg.encode,
+                                                    piece_rows=cfg.doget_piece_rows))
+        n = snap.num_rows
+        pieces = snap.messages()
+        first = await self.ctx.run(next, pieces, None)
         read = time.perf_counter()
         counters.doget_rows += n
         counters.rows_out(table.name, n)
@@ -187,13 +193,16 @@ class FlightService:
         sent, messages = len(schema), 1
         yield schema
         if n or table.is_refreshing:  # an empty static table: the schema only (docs/flows.md#doget)
-            async for p in self._payloads(msg, EncodeOptions()):
-                counters.doget_bytes += len(p)
-                sent += len(p)
-                messages += 1
-                yield p
+            msg = first
+            while msg is not None:
+                async for p in self._payloads(msg, EncodeOptions()):
+                    counters.doget_bytes += len(p)
+                    sent += len(p)
+                    messages += 1
+                    yield p
+                msg = await self.ctx.run(next, pieces, None)
         self.ctx.record_snapshot(table, "doget", rows=n, columns=len(wire.names), nbytes=sent, messages=messages,
-                        snapshot_s=read - started, write_s=time.perf_counter() - read, step=msg.step)
+                                 snapshot_s=read - started, write_s=time.perf_counter() - read, step=snap.step)
 
     async def _payloads(self, msg, opts: EncodeOptions):
         async for p in encoded_payloads(msg, opts, self.ctx.executor, self.ctx.config.payloads_per_hop):

@@ -166,6 +166,12 @@ class Table:
         graph.add_table(self)
 
     # -- reading ----------------------------------------------------------------------------------
+    def stable_rows(self, rows: RowSet) -> RowSet:
+        """Those of `rows` (the table's rows now, read under the graph's lock) whose values no
+        cycle will change and that `gather` may read without the lock: a long DoGet reads them in
+        pieces after releasing it. None here; see StaticTable, HistoryTable, WhereTable."""
+        return RowSet()
+
     @property
     def size(self) -> int:
         return len(self.rowset)
@@ -438,6 +444,9 @@ class StaticTable(Table):
         self.rowset = RowSet.range(0, n - 1)
         self.attributes = {"IsFlat": True}  # row keys are positions, as Deephaven marks its flat tables
         self.data = data
+
+    def stable_rows(self, rows: RowSet) -> RowSet:
+        return rows  # its data is immutable
 
     def gather(self, columns: Optional[Sequence[str]] = None, rowset: Optional[Rows] = None) -> pa.Table:
         """Contiguous row ranges are zero-copy slices of the table's data; other row sets a take."""

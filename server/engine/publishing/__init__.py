@@ -2,6 +2,7 @@
 from tickwire.server.engine.publishing.handle import SubscriptionHandle, Waker, encoded_payloads
 from tickwire.server.engine.publishing.messages import EncodeOptions, Message, TableWire, metadata_bytes
 from tickwire.server.engine.publishing.publisher import (
+    DogetSnapshot,
     Publisher,
     PublisherRegistry,
     Subscriber,
@@ -19,7 +20,7 @@ from tickwire.server.engine.publishing.views import (
 
 __all__ = [
     "EncodeOptions", "Message", "TableWire", "metadata_bytes",
-    "Publisher", "PublisherRegistry", "Subscriber", "SubscriptionError", "snapshot_message",
+    "DogetSnapshot", "Publisher", "PublisherRegistry", "Subscriber", "SubscriptionError", "snapshot_message",
     "Plan", "View", "Viewport", "plan_full", "plan_viewport", "window_keys",
     "SubscriptionHandle", "Waker", "encoded_payloads",
 ]

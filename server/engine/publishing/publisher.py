@@ -24,7 +24,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from tickwire.server.engine.publishing.views import (
 if TYPE_CHECKING:
     from tickwire.server.engine.core import Engine
 
-__all__ = ["Publisher", "Subscriber", "PublisherRegistry", "snapshot_message"]
+__all__ = ["DogetSnapshot", "Publisher", "Subscriber", "PublisherRegistry", "snapshot_message"]
 
 log = logging.getLogger(__name__)
 
@@ -687,3 +687,68 @@ def snapshot_message(wire: TableWire, *, columns: Optional[tuple[int, ...]] = No
     return Message(md, wire.types, added, None, step=step, limits=limits or EncodeLimits(),
                    added_rows=len(keys)), len(keys)
 
+
+
+class DogetSnapshot:
+    """A DoGet of a whole table as a series of messages, for tables whose rows are mostly
+    `stable_rows` (a history's Parquet locations, a static table): the row set, the step and the
+    other rows' values are read under the graph's lock; the stable rows are read afterwards,
+    `piece_rows` at a time, so that memory follows a piece and not the table, and the lock is
+    not held while a billion rows are read. The first message carries the metadata (every row
+    added, at the step the rows were read); the others carry record batches only.
+
+        snap = DogetSnapshot.take(wire, limits=..., piece_rows=...)
+        for msg in snap.messages():    # each gathered when asked for (call off the event loop)
+            ...
+    """
+
+    def __init__(self, wire: TableWire, rows: RowSet, step: int, stable: RowSet,
+                 tail: list[Optional[Any]], tail_rows: int, limits: EncodeLimits, piece_rows: int):
+        self.wire = wire
+        self.rows = rows
+        self.step = step
+        self.stable = stable
+        self._tail = tail
+        self._tail_rows = tail_rows
+        self.limits = limits
+        self.piece_rows = piece_rows
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def take(cls, wire: TableWire, *, limits: Optional[EncodeLimits] = None,
+             piece_rows: int = 1 << 20) -> "DogetSnapshot":
+        table = wire.table
+        graph = table.graph
+        cols = tuple(range(len(wire.names)))
+        with graph.lock:
+            if table.failure is not None:
+                raise _failed(table.failure)
+            rows = table.rowset
+            step = graph.step if table.is_refreshing else -1
+            stable = table.stable_rows(rows) if len(rows) > piece_rows else RowSet()
+            # the stable rows are sent first: only when they all come before the others
+            if not stable.is_empty() and len(stable) < len(rows) and rows.minus(stable).first() < stable.last():
+                stable = RowSet()
+            tail = rows.minus(stable) if not stable.is_empty() else rows
+            try:
+                values = wire.gather(tail, cols)
+            except TableFailedError as exc:  # a view's formula raised on these rows
+                raise _failed(exc.failure) from None
+        return cls(wire, rows, step, stable, values, len(tail), limits or EncodeLimits(), piece_rows)
+
+    def messages(self) -> Iterator[Message]:
+        md = metadata_bytes(first_seq=self.step, last_seq=self.step, is_snapshot=True, added_rows=self.rows,
+                            shift_data=_EMPTY_SHIFTS, added_rows_included=self.rows)
+        wire, types, cols = self.wire, self.wire.types, tuple(range(len(self.wire.names)))
+        n = len(self.stable)
+        for first in range(0, n, self.piece_rows):
+            keys = self.stable.subset_by_positions(first, min(n, first + self.piece_rows) - 1)
+            yield Message(md, types, wire.gather(keys, cols), None, step=self.step, limits=self.limits,
+                          added_rows=len(keys))
+            md = b""
+        if self._tail_rows or md:  # the rows read under the lock (or, for an empty table, the metadata)
+            yield Message(md, types, self._tail, None, step=self.step, limits=self.limits,
+                          added_rows=self._tail_rows)

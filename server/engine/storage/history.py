@@ -147,6 +147,11 @@ class HistoryTable(AppendOnlyTable):
         self._set_rows()
         self.prev_rowset = self.rowset
 
+    def stable_rows(self, rows: RowSet) -> RowSet:
+        """The history rows: a location's Parquet never changes once served (a merge adds
+        locations; the read cache has its own lock)."""
+        return rows.subset_by_key_range(0, INTRADAY_BASE - 1)
+
     def checkpoint_rows(self) -> RowSet:
         """A checkpoint keeps the intraday rows; the history is the dataset's."""
         return self._intraday_rows

@@ -483,7 +483,10 @@ class ParquetRows:
         except (OSError, pa.ArrowException) as exc:
             raise HistoryError(f"cannot read row group {rg} of {self.locations[li].path!r}: {exc}") from None
         for name in missing:
-            arr = t.column(name).combine_chunks()
+            col = t.column(name)
+            # one chunk (the usual row group) is used as is: combining would copy it (tens of ms
+            # for a row group of a million numbers, most of a cold viewport's time)
+            arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             want = self.schema.field(name).type
             if arr.type != want and not pa.types.is_dictionary(arr.type):  # text stays dictionary-encoded
                 arr = arr.cast(want)

@@ -87,6 +87,10 @@ class WhereTable(_Op):
     def slots(self, keys: np.ndarray) -> np.ndarray:
         return self.parent.slots(keys)
 
+    def stable_rows(self, rows: RowSet) -> RowSet:
+        # read through the parent's storage under its keys: the parent's stable rows stay so here
+        return self.parent.stable_rows(rows) if self.store is self.parent.store else RowSet()
+
     def _passes(self, keys: np.ndarray, extra: Optional[pa.Table] = None) -> np.ndarray:
         """Whether the parent's rows `keys` (then the rows of `extra`, values of the same columns) pass."""
         if keys.size == 0 and extra is None:
