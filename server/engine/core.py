@@ -150,6 +150,9 @@ class Engine:
             self.perf = PerfTables(self, self.config.perf_tables)
         self._replace: "weakref.WeakKeyDictionary[Table, ReplaceState]" = weakref.WeakKeyDictionary()
         self._opened = False
+        self._data_dir: Optional[Path] = None  # the data directory being opened (open_storage)
+        self.user_tables: dict[str, Any] = {}  # name -> storage.users.Definition, of the tables served
+        self.user_errors: list[str] = []  # user tables that could not be served, and why
 
     def __repr__(self) -> str:
         return f"Engine(step={self.step}, tables={len(self.graph.tables)}, running={self.running})"
@@ -234,6 +237,8 @@ class Engine:
         if self.storage is not None:
             raise CatalogError("this engine already has a data directory", "FAILED_PRECONDITION")
         storage = Storage(self, Path(data_dir), durability, clock=self.clock)
+        self._data_dir = Path(data_dir)
+        self._open_user_tables()  # before recovery: a partitioned one's intraday rows come back into it
         tables = storage.recover()
         self._journal_history(storage)
         self.storage = storage
@@ -325,7 +330,7 @@ class Engine:
 
     def history(self, name: str, uri: Optional[str] = None, *, cache_bytes: Optional[int] = None,
                 options: Optional[dict[str, str]] = None, index_path: Optional[str] = None,
-                schema: Optional[pa.Schema] = None, column: str = "Date") -> Optional[Table]:
+                schema: Optional[pa.Schema] = None, column: str = "Date", tree: str = "Systems") -> Optional[Table]:
         """A table of history plus live (storage/history.py): its historical locations, followed
         by the rows written to `name` from now on. Only the locations' metadata is read here.
 
@@ -336,7 +341,9 @@ class Engine:
         (storage.parquet.SystemsLayout; `namespace/table` names its namespace, else "Default"),
         partitioned by `column`; a table with no location and no index yet takes `schema`, or, when
         that is None too, is made by the first write to `name` (its columns, `column` among them):
-        None is returned then. CatalogError when the name is taken."""
+        None is returned then. `tree="Users"`: the `Users` tree instead (a user namespace's
+        partitioned table, storage/users.py: no location index, the files are listed at start).
+        CatalogError when the name is taken."""
         from tickwire.server.engine.storage.history import HistoryTable
         from tickwire.server.engine.storage.parquet import (
             DEFAULT_CACHE_BYTES,
@@ -350,16 +357,16 @@ class Engine:
         )
 
         storage = self.storage
-        data_dir = storage.root if storage is not None else self.config.data_dir
+        data_dir = storage.root if storage is not None else (self._data_dir or self.config.data_dir)
         layout: Optional[SystemsLayout] = None
         if uri is None:
             if data_dir is None:
                 raise HistoryError(f"history table {name!r}: its own locations need a data directory (or give a URI)")
-            layout, root = SystemsLayout.of(data_dir, name, column)
+            layout, root = SystemsLayout.of(data_dir, name, column, tree)
             layout.prepare(root)
             fs: Any = pafs.LocalFileSystem()
             uri = root
-            index = LocationIndex(layout.index_path(root))
+            index = LocationIndex(layout.index_path(root) if tree == "Systems" else None)
             if schema is not None:
                 if column in schema.names and not pa.types.is_string(schema.field(column).type):
                     raise CatalogError(f"the partitioning column {column!r} must be a string, not "
@@ -474,6 +481,135 @@ class Engine:
         hist.adopt_locations(added, RowSet())
         self._adopted(hist, timeout)
         return [hist.history.locations[i].path for i in added]
+
+    # -- user namespaces (storage/users.py) ---------------------------------------------------------
+    def _user_tree(self) -> Any:
+        from tickwire.server.engine.storage.users import UserTree
+
+        data_dir = self.storage.root if self.storage is not None else (self._data_dir or self.config.data_dir)
+        if data_dir is None:
+            raise CatalogError("user tables live in the data directory: this engine has none", "FAILED_PRECONDITION")
+        return UserTree(data_dir)
+
+    def _open_user_tables(self) -> None:
+        """Serves every table defined in the data directory's Users tree."""
+        tree = self._user_tree()
+        defs, self.user_errors = tree.definitions()
+        for d in defs:
+            try:
+                self._serve_user_table(tree, d)
+            except (TickwireError, OSError, pa.ArrowException) as exc:
+                self.user_errors.append(f"user table {d.name!r}: {exc}")
+        for e in self.user_errors:
+            log.error("not served: %s", e)
+
+    def _serve_user_table(self, tree: Any, d: Any) -> Table:
+        from tickwire.server.engine.graph.tables import StaticTable
+
+        if d.column is not None:
+            t = self.history(d.name, schema=d.schema, column=d.column, tree="Users")
+            assert t is not None  # a schema is given: made even without a location
+        else:
+            data = tree.read_table(d)
+
+            def check(existing: Table) -> None:
+                raise CatalogError(f"a table named {d.name!r} already exists", "ALREADY_EXISTS")
+
+            with self.graph.lock:
+                t, _ = self._get_or_make(d.name, check, lambda: StaticTable(self.graph, d.name, data))
+        self.user_tables[d.name] = d
+        return t
+
+    def add_user_table(self, name: str, data: TableInput, *, replace: bool = False) -> Table:
+        """Saves `data` as user table `name` ("namespace/table") in the data directory's Users tree
+        (storage/users.py) and serves it (a static table), as Deephaven's `db.add_table` does;
+        `replace` replaces a user table of that name (`db.replace_table`), which must not be held
+        by derived tables or subscribers. It comes back when the server starts again."""
+        from tickwire.server.engine.storage.users import Definition, split_user_name
+
+        split_user_name(name)
+        data = as_table(data)
+        tree = self._user_tree()
+        with self._create:
+            existing = self.resolve(name, hidden=True)
+            if existing is not None:
+                if name not in self.user_tables:
+                    raise CatalogError(f"a table named {name!r} already exists", "ALREADY_EXISTS")
+                if not replace:
+                    raise CatalogError(f"user table {name!r} already exists (replace=True replaces it)",
+                                       "ALREADY_EXISTS")
+                if self.user_tables[name].column is not None:
+                    raise CatalogError(f"user table {name!r} is partitioned: add partitions to it, or remove it "
+                                       f"first", "FAILED_PRECONDITION")
+                self.drop(name)  # refused while held; nothing written yet then
+                del self.user_tables[name]
+            d = Definition(name, data.schema.remove_metadata() if data.schema.metadata else data.schema)
+            tree.define(d)
+            tree.write_table(name, data)
+            return self._serve_user_table(tree, d)
+
+    def add_user_table_partition(self, name: str, value: str, data: TableInput, *, column: str = "Date") -> Table:
+        """Saves `data` as partition `value` of partitioned user table `name` ("namespace/table",
+        partitioned by `column`, a string column first in its schema: Deephaven's
+        `db.add_table_partition`), in the Users tree, defining the table with the first partition.
+        A served table takes the new partition as a location after the others, in one cycle, so
+        partitions are added in increasing order (a value before the last one is refused). `data`
+        may hold `column` (every row equal to `value`) or not."""
+        from tickwire.server.engine.storage.history import HistoryTable
+        from tickwire.server.engine.storage.parquet import SystemsLayout
+        from tickwire.server.engine.storage.users import Definition, check_partition_value, split_user_name
+
+        split_user_name(name)
+        data = as_table(data)
+        if not isinstance(value, str):
+            raise CatalogError(f"a partition value is a string, not {type(value).__name__}", "INVALID_ARGUMENT")
+        check_partition_value(value)
+        if column in data.schema.names:
+            have = data.column(column)
+            if have.null_count or (len(have) and have.unique().to_pylist() != [value]):
+                raise CatalogError(f"partition {value!r} of {name!r}: its rows' {column!r} must all be {value!r}",
+                                   "INVALID_ARGUMENT")
+            data = data.drop_columns([column])
+        data = data.replace_schema_metadata(None)
+        tree = self._user_tree()
+        with self._create:
+            d = self.user_tables.get(name)
+            table = self.resolve(name, hidden=True)
+            if d is None:
+                if table is not None:
+                    raise CatalogError(f"a table named {name!r} already exists", "ALREADY_EXISTS")
+                layout = SystemsLayout(name.partition("/")[2], column, tree="Users")
+                d = Definition(name, layout.table_schema(data.schema), column)
+                tree.define(d)
+                table = self._serve_user_table(tree, d)
+            elif d.column is None:
+                raise CatalogError(f"user table {name!r} has no partitions", "FAILED_PRECONDITION")
+            else:
+                column = d.column
+            assert isinstance(table, HistoryTable)
+            want = pa.schema([f for f in d.schema if f.name != d.column])
+            if not data.schema.equals(want):
+                raise CatalogError(f"partition {value!r} of {name!r}: columns {data.schema} are not the table's "
+                                   f"{want}", "INVALID_ARGUMENT")
+            locs = table.history.locations
+            last = dict(locs[-1].partition).get(column) if locs else None
+            if last is not None and not value > last:
+                raise CatalogError(f"partition {value!r} of {name!r} does not come after its last one, {last!r}: "
+                                   f"partitions of a served table are added in increasing order",
+                                   "FAILED_PRECONDITION")
+            tree.write_partition(name, value, data)
+            self.refresh_history(name)
+            return table
+
+    def remove_user_table(self, name: str) -> None:
+        """Stops serving user table `name` and deletes its files (Deephaven's `db.remove_table`);
+        refused while derived tables or subscribers hold it."""
+        with self._create:
+            if name not in self.user_tables:
+                raise CatalogError(f"no user table named {name!r}", "NOT_FOUND")
+            self.drop(name)
+            del self.user_tables[name]
+            self._user_tree().remove(name)
 
     def _adopted(self, table: "HistoryTable", timeout: float) -> None:
         """Returns once a cycle adopted the locations `table` (a HistoryTable) was handed: the

@@ -207,14 +207,15 @@ class SystemsLayout:
     table: str
     column: str = "Date"
     writable: str = "0"
+    tree: str = "Systems"  # or "Users": the same, without WritablePartitions (storage/users.py)
 
     @classmethod
-    def of(cls, data_dir: Union[str, os.PathLike[str]], name: str, column: str = "Date"
+    def of(cls, data_dir: Union[str, os.PathLike[str]], name: str, column: str = "Date", tree: str = "Systems"
            ) -> tuple["SystemsLayout", str]:
         """The layout of table `name` ("namespace/table", or a table of DEFAULT_NAMESPACE) in a
-        data directory, and its root (`<data dir>/Systems/<namespace>`)."""
+        data directory, and its root (`<data dir>/<tree>/<namespace>`)."""
         namespace, _, table = name.rpartition("/")
-        return cls(table, column), str(Path(data_dir) / "Systems" / (namespace or DEFAULT_NAMESPACE))
+        return cls(table, column, tree=tree), str(Path(data_dir) / tree / (namespace or DEFAULT_NAMESPACE))
 
     def table_schema(self, schema: pa.Schema) -> pa.Schema:
         """`schema` with the partitioning column (a string) first, marked as Deephaven marks one."""
@@ -231,6 +232,8 @@ class SystemsLayout:
     def prepare(self, root: str) -> None:
         """The layout's directories on local disk, the writable partition linked as the seed has it."""
         os.makedirs(f"{root}/Partitions/{self.writable}", exist_ok=True)
+        if self.tree != "Systems":  # the seed's Users tree: no WritablePartitions, no location index
+            return
         os.makedirs(f"{root}/MetadataIndex", exist_ok=True)
         os.makedirs(f"{root}/WritablePartitions", exist_ok=True)
         link = f"{root}/WritablePartitions/{self.writable}"
