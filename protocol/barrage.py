@@ -457,10 +457,25 @@ class UpdateMetadata(_Message):
     def from_bytes(cls, data: BytesLike) -> "UpdateMetadata":
         w = "BarrageUpdateMetadata"
         t = _root(data, w)
+        # the same row set is often sent several times in one message (added_rows and
+        # added_rows_included; every modified column's rows): decoded once, shared read-only
+        seen: dict[bytes, np.ndarray] = {}
+
+        def rows(raw: Optional[bytes], what: str) -> Optional[np.ndarray]:
+            if raw is None:
+                return None
+            got = seen.get(raw)
+            if got is None:
+                got = _rows(raw, what)
+                assert got is not None
+                got.flags.writeable = False
+                seen[raw] = got
+            return got
+
         mod_tables = t.tables(10, "mod_column_nodes")
         mods: Optional[list[Optional[np.ndarray]]] = None
         if mod_tables is not None:
-            mods = [_rows(mt.bytes_field(0, "modified_rows"), f"{w}.mod_column_nodes[{i}].modified_rows")
+            mods = [rows(mt.bytes_field(0, "modified_rows"), f"{w}.mod_column_nodes[{i}].modified_rows")
                     for i, mt in enumerate(mod_tables)]
         return cls(
             first_seq=t.scalar(0, "<q", 0, "first_seq"),
@@ -469,10 +484,10 @@ class UpdateMetadata(_Message):
             effective_viewport=_rows(t.bytes_field(3, "effective_viewport"), f"{w}.effective_viewport"),
             effective_reverse_viewport=bool(t.scalar(4, "<B", 0, "effective_reverse_viewport")),
             effective_column_set=_cols(t.bytes_field(5, "effective_column_set"), f"{w}.effective_column_set"),
-            added_rows=_rows(t.bytes_field(6, "added_rows"), f"{w}.added_rows"),
-            removed_rows=_rows(t.bytes_field(7, "removed_rows"), f"{w}.removed_rows"),
+            added_rows=rows(t.bytes_field(6, "added_rows"), f"{w}.added_rows"),
+            removed_rows=rows(t.bytes_field(7, "removed_rows"), f"{w}.removed_rows"),
             shift_data=_decode(rs.decode_shifts, t.bytes_field(8, "shift_data"), f"{w}.shift_data"),
-            added_rows_included=_rows(t.bytes_field(9, "added_rows_included"), f"{w}.added_rows_included"),
+            added_rows_included=rows(t.bytes_field(9, "added_rows_included"), f"{w}.added_rows_included"),
             mod_column_nodes=mods,
             table_size=t.scalar(11, "<q", 0, "table_size"),
         )

@@ -446,3 +446,47 @@ def test_merge_ranges_sorts_and_joins_overlapping_and_adjacent_ranges():
         r = np.stack([starts, starts + rng.integers(0, 15, 12)], axis=1)
         keys = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in r]))
         assert merge_ranges(r).tolist() == keys_to_ranges(keys).tolist()
+
+
+def test_the_three_command_scanners_and_both_delta_paths_agree_on_random_and_corrupted_row_sets():
+    """decode_rowset picks a scanner by input size (direct, header scan, pointer doubling) and
+    reads deltas by a fast path when nothing is unusual: every choice gives the same values, and
+    each refuses what the others refuse."""
+    from tickwire.protocol import rowset as r
+
+    rng = np.random.default_rng(11)
+    for _ in range(1500):
+        space = int(rng.choice([100, 10**4, 10**7, 2**40, 2**62]))
+        keys = np.unique(rng.integers(0, space, int(rng.integers(1, 400))))
+        ranges, last = [], -2
+        for a, w in zip(keys.tolist(), (rng.integers(0, 3, keys.size) * (rng.random(keys.size) < 0.3)).tolist()):
+            if a > last + 1:
+                ranges.append((a, min(a + w, 2**62)))
+                last = ranges[-1][1]
+        want = r.normalize_ranges(np.array(ranges, dtype=np.int64).reshape(-1, 2))
+        raw = r.encode_rowset(want)
+        buf = np.frombuffer(raw, dtype=np.uint8)
+        outs = [fn(buf, 0) for fn in (r._scan_commands, r._scan_headers, r._decode_commands_vectorized)]
+        assert all(np.array_equal(o[0], outs[0][0]) and o[1] == len(raw) for o in outs)
+        assert np.array_equal(r._deltas_to_ranges(outs[0][0]), want)
+        assert np.array_equal(r.decode_rowset(raw), want)
+        deltas = rng.integers(-50, 50, int(rng.integers(1, 30)))
+        got = []
+        for fn in (r._deltas_to_ranges, r._deltas_to_ranges_checked):
+            try:
+                got.append(fn(deltas))
+            except ProtocolError as exc:
+                got.append(str(exc))
+        assert (isinstance(got[0], str) and got[0] == got[1]) or np.array_equal(got[0], got[1])
+        bad = bytearray(raw)
+        bad[int(rng.integers(0, len(bad)))] = int(rng.integers(0, 256))
+        bad_buf = np.frombuffer(bytes(bad), dtype=np.uint8)
+        results = []
+        for fn in (r._scan_commands, r._scan_headers):
+            try:
+                results.append(fn(bad_buf, 0))
+            except ProtocolError:
+                results.append(None)
+        assert (results[0] is None) == (results[1] is None)
+        if results[0] is not None:
+            assert np.array_equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
