@@ -102,6 +102,7 @@ class ServerConfig:
     list_fields_poll_s: float = 1.0
     export_wait_s: float = 30.0
     doget_piece_rows: int = 1 << 18
+    doget_cache_bytes: int = 256 << 20
     # the publishing options, with PublishingConfig's defaults (`publishing` below builds it)
     outbox: int = PublishingConfig.outbox
     max_viewport_ranges: int = PublishingConfig.max_viewport_ranges
@@ -136,7 +137,7 @@ class ServerConfig:
                      "doget_piece_rows"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("inline_cells", "inline_request_bytes"):
+        for name in ("inline_cells", "inline_request_bytes", "doget_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be zero or more, got {getattr(self, name)}")
         if not 0 < self.max_inbound_message_size <= 2**31 - 1:

@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import time
+import weakref
 from typing import Optional
 
 import pyarrow as pa
@@ -49,6 +50,7 @@ from tickwire.server.engine.publishing.views import requested, requested_columns
 from tickwire.server.engine.staging import StagedPart
 from tickwire.server.observability.metrics import TransferCounters
 from tickwire.server.services.context import ServerContext
+from tickwire.server.services.doget_cache import DogetCache
 from tickwire.server.services.flight_sql import (
     ACTION_CLOSE,
     ACTION_CREATE,
@@ -89,6 +91,8 @@ class FlightService:
         self.counters = TransferCounters()  # calls, rows and bytes, for the server's metrics
         self.staging = ctx.engine.staging
         self.sql = FlightSql(ctx)  # Flight SQL's commands, 'q' tickets and actions
+        self._doget_caches: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DogetCache]" = \
+            weakref.WeakKeyDictionary()
 
     def handlers(self) -> dict:
         return service_handlers(FLIGHT_SERVICE, {
@@ -172,37 +176,61 @@ class FlightService:
         async for p in self._snapshot(table):
             yield p
 
+    def _doget_cache(self) -> DogetCache:
+        """This event loop's cache of encoded DoGets (the gRPC side and the web side may run on
+        loops of their own)."""
+        loop = asyncio.get_running_loop()
+        cache = self._doget_caches.get(loop)
+        if cache is None:
+            cache = self._doget_caches[loop] = DogetCache(self.ctx.config.doget_cache_bytes)
+        return cache
+
     async def _snapshot(self, table: Table):
-        """A DoGet's messages for `table`: its schema, then its rows (a table of mostly stable rows,
-        such as a history, read and sent a piece at a time: see DogetSnapshot)."""
+        """A DoGet's messages for `table`: its schema, then its rows. DoGets of a table that has
+        not changed share one encoding (doget_cache.py); a table of mostly stable rows, such as a
+        history, is read and sent a piece at a time (see DogetSnapshot)."""
         counters = self.counters
-        wire = TableWire(table)
         started = time.perf_counter()
-        cfg = self.ctx.config
-        # a failed table raises its status
-        snap = await self.ctx.run(functools.partial(DogetSnapshot.take, wire, limits=cfg.encode,
-                                                    piece_rows=cfg.doget_piece_rows))
-        n = snap.num_rows
-        pieces = snap.messages()
-        first = await self.ctx.run(next, pieces, None)
-        read = time.perf_counter()
+        cache = self._doget_cache()
+        version = await self.ctx.run(DogetSnapshot.table_version, table)  # a failed table raises its status
+        entry = cache.lookup(table, version)
+        if entry is None and cache.shareable(table.schema, table.size):
+            entry = cache.produce(table, version, functools.partial(self._doget_payloads, table))
+        figures: dict = entry.figures if entry is not None else {}
+        source = entry.follow() if entry is not None else self._doget_payloads(table, figures)
+        sent = messages = 0
+        first_at = None
+        async for p in source:
+            if first_at is None:
+                first_at = time.perf_counter()
+            counters.doget_bytes += len(p)
+            sent += len(p)
+            messages += 1
+            yield p
+        n = figures.get("rows", 0)
         counters.doget_rows += n
         counters.rows_out(table.name, n)
-        schema = wire.schema_payload(False)
-        counters.doget_bytes += len(schema)
-        sent, messages = len(schema), 1
-        yield schema
-        if n or table.is_refreshing:  # an empty static table: the schema only (docs/flows.md#doget)
-            msg = first
+        read = first_at or time.perf_counter()
+        self.ctx.record_snapshot(table, "doget", rows=n, columns=len(table.schema), nbytes=sent, messages=messages,
+                                 snapshot_s=read - started, write_s=time.perf_counter() - read,
+                                 step=figures.get("step", -1))
+
+    async def _doget_payloads(self, table: Table, figures: dict):
+        """The FlightData of a DoGet of `table`: its schema, then its rows, read a piece at a time
+        when most of them are stable (DogetSnapshot); `figures` gets the rows and the step."""
+        wire = TableWire(table)
+        cfg = self.ctx.config
+        snap = await self.ctx.run(functools.partial(DogetSnapshot.take, wire, limits=cfg.encode,
+                                                    piece_rows=cfg.doget_piece_rows))
+        figures["rows"], figures["step"], figures["version"] = snap.num_rows, snap.step, snap.version
+        pieces = snap.messages()
+        yield wire.schema_payload(False)
+        if snap.num_rows or table.is_refreshing:  # an empty static table: the schema only (docs/flows.md#doget)
+            msg = await self.ctx.run(next, pieces, None)
             while msg is not None:
                 async for p in self._payloads(msg, EncodeOptions()):
-                    counters.doget_bytes += len(p)
-                    sent += len(p)
-                    messages += 1
                     yield p
                 msg = await self.ctx.run(next, pieces, None)
-        self.ctx.record_snapshot(table, "doget", rows=n, columns=len(wire.names), nbytes=sent, messages=messages,
-                                 snapshot_s=read - started, write_s=time.perf_counter() - read, step=snap.step)
 
     async def _payloads(self, msg, opts: EncodeOptions):
         async for p in encoded_payloads(msg, opts, self.ctx.executor, self.ctx.config.payloads_per_hop):

@@ -703,10 +703,12 @@ class DogetSnapshot:
     """
 
     def __init__(self, wire: TableWire, rows: RowSet, step: int, stable: RowSet,
-                 tail: list[Optional[Any]], tail_rows: int, limits: EncodeLimits, piece_rows: int):
+                 tail: list[Optional[Any]], tail_rows: int, limits: EncodeLimits, piece_rows: int,
+                 version: int = -1):
         self.wire = wire
         self.rows = rows
         self.step = step
+        self.version = version  # table_version's, read with the rows
         self.stable = stable
         self._tail = tail
         self._tail_rows = tail_rows
@@ -728,6 +730,7 @@ class DogetSnapshot:
                 raise _failed(table.failure)
             rows = table.rowset
             step = graph.step if table.is_refreshing else -1
+            version = _version(table)
             stable = table.stable_rows(rows) if len(rows) > piece_rows else RowSet()
             # the stable rows are sent first: only when they all come before the others
             if not stable.is_empty() and len(stable) < len(rows) and rows.minus(stable).first() < stable.last():
@@ -737,7 +740,16 @@ class DogetSnapshot:
                 values = wire.gather(tail, cols)
             except TableFailedError as exc:  # a view's formula raised on these rows
                 raise _failed(exc.failure) from None
-        return cls(wire, rows, step, stable, values, len(tail), limits or EncodeLimits(), piece_rows)
+        return cls(wire, rows, step, stable, values, len(tail), limits or EncodeLimits(), piece_rows, version)
+
+    @staticmethod
+    def table_version(table: Table) -> int:
+        """What changes whenever `table`'s content may have: the step of its last update (-1 for a
+        static table). Read under the graph's lock; a failed table raises its status."""
+        with table.graph.lock:
+            if table.failure is not None:
+                raise _failed(table.failure)
+            return _version(table)
 
     def messages(self) -> Iterator[Message]:
         md = metadata_bytes(first_seq=self.step, last_seq=self.step, is_snapshot=True, added_rows=self.rows,
@@ -752,3 +764,7 @@ class DogetSnapshot:
         if self._tail_rows or md:  # the rows read under the lock (or, for an empty table, the metadata)
             yield Message(md, types, self._tail, None, step=self.step, limits=self.limits,
                           added_rows=self._tail_rows)
+
+
+def _version(table: Table) -> int:
+    return table.last_step if table.is_refreshing else -1
