@@ -26,3 +26,47 @@ def has_duplicates(a: npt.ArrayLike) -> bool:
     """True when some value of `a` occurs twice."""
     s = np.sort(np.asarray(a).ravel())
     return bool(s.size > 1 and np.any(s[1:] == s[:-1]))
+
+
+def union_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of two sorted arrays of distinct values: their concatenation is
+    two ascending runs, which a stable sort (timsort) merges in linear time, where np.union1d sorts
+    from scratch."""
+    out: np.ndarray
+    if a.size == 0:
+        out = b.copy()
+        return out
+    if b.size == 0:
+        out = a.copy()
+        return out
+    if a[-1] < b[0]:
+        out = np.concatenate((a, b))
+        return out
+    if b[-1] < a[0]:
+        out = np.concatenate((b, a))
+        return out
+    s = np.concatenate((a, b))
+    s.sort(kind="stable")
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def _in_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """For each value of `a`, whether sorted array `b` holds it."""
+    if b.size == 0:
+        return np.zeros(a.size, dtype=bool)
+    pos = np.searchsorted(b, a)
+    pos[pos == b.size] = b.size - 1
+    found: np.ndarray = b[pos] == a
+    return found
+
+
+def intersect_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The values two sorted arrays of distinct values share, sorted (searched, not re-sorted)."""
+    if a.size > b.size:
+        a, b = b, a
+    out: np.ndarray = a[_in_sorted(a, b)]
+    return out
+

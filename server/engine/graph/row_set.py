@@ -20,7 +20,7 @@ import numpy.typing as npt
 from pyroaring import BitMap64
 
 from tickwire.protocol.rowset import EMPTY_RANGES, keys_to_ranges, ranges_to_keys
-from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.arrays import intersect_sorted, union_sorted, unique
 
 __all__ = ["RowSet", "RowSetShiftData", "RowSetShiftDataBuilder"]
 
@@ -330,7 +330,7 @@ class RowSet:
         if self.is_empty():
             return other
         if self._k is not None and other._k is not None:  # both kept keys: per key, no bitmaps
-            return RowSet.from_keys(np.union1d(self._k, other._k))
+            return RowSet.from_keys(union_sorted(self._k, other._k))
         if self.is_single_range and other.is_single_range and other._lo <= self._hi + 1 and self._lo <= other._hi + 1:
             return RowSet(min(self._lo, other._lo), max(self._hi, other._hi))
         return RowSet.from_bitmap(self.bitmap() | other.bitmap())
@@ -339,7 +339,7 @@ class RowSet:
         if self.is_empty() or other.is_empty():
             return RowSet()
         if self._k is not None and other._k is not None:  # both kept keys: per key, no bitmaps
-            return RowSet.from_keys(np.intersect1d(self._k, other._k, assume_unique=True))
+            return RowSet.from_keys(intersect_sorted(self._k, other._k))
         if other.is_single_range:
             return self.subset_by_key_range(other._lo, other._hi)
         if self.is_single_range:
