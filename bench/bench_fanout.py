@@ -49,7 +49,7 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float) -> None:
     def produce():
         while not stop.wait(interval_ms / 1000.0):
             k = rng.choice(keys, rows_per_tick, replace=False).astype(np.int64)
-            # queued, not waited for: the producer keeps its own 100 ms pace
+            # queued, not waited for: the producer keeps its own pace (one write per cycle)
             engine.write(table, pa.table({"Key": k, "Value": rng.random(rows_per_tick),
                                           "Ts": np.full(rows_per_tick, time.time_ns(), dtype=np.int64)},
                                          schema=schema), wait=False)
@@ -211,6 +211,7 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=50)
     ap.add_argument("--pages", type=int, default=20)
     ap.add_argument("--procs", type=int, default=2, help="client processes")
+    ap.add_argument("--interval-ms", type=float, default=100.0, help="the engine's cycle and the producer's tick")
     ap.add_argument("--quick", action="store_true", help="10 full + 100 viewport subscribers for 5 s")
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--client", type=int)
@@ -218,7 +219,7 @@ def main() -> int:
     ap.add_argument("--client-viewports", default="[]")
     args = ap.parse_args()
     if args.serve:
-        serve(args.keys, args.rows_per_tick, 100.0)
+        serve(args.keys, args.rows_per_tick, args.interval_ms)
         return 0
     if args.client is not None:
         client(args.client, args.client_full, [tuple(v) for v in json.loads(args.client_viewports)],
@@ -228,7 +229,7 @@ def main() -> int:
         args.full, args.viewport, args.seconds = 10, 100, 5.0
 
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--keys", str(args.keys),
-                               "--rows-per-tick", str(args.rows_per_tick)],
+                               "--rows-per-tick", str(args.rows_per_tick), "--interval-ms", str(args.interval_ms)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
@@ -243,7 +244,7 @@ def main() -> int:
             server.wait(10)
         except subprocess.TimeoutExpired:
             server.kill()
-    print(f"table: {args.keys:,} keyed rows, {args.rows_per_tick} upserts per 100 ms cycle; "
+    print(f"table: {args.keys:,} keyed rows, {args.rows_per_tick} upserts per {args.interval_ms:g} ms cycle; "
           f"{args.full} full + {args.viewport} viewport subscribers ({args.window}-row windows on {args.pages} pages), "
           f"{args.procs} client processes, {args.seconds:.0f} s")
     print("  " + describe("full", res["full"], args.seconds))
