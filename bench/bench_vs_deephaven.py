@@ -24,6 +24,7 @@ at the end; then the ratios tickwire / Deephaven, all measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -187,6 +188,16 @@ def measure(port: int, pid: int, subscribers: int, warmup: float, seconds: float
             "rss_mb": rss}
 
 
+def end_child(proc: subprocess.Popen) -> None:
+    """Ends a server child: its stdin closed is its signal to stop; killed if it has not in 10 s."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -218,6 +229,7 @@ def main() -> int:
                                 stdout=subprocess.PIPE, text=True)
         try:
             port = int(proc.stdout.readline())
+
             def go() -> None:
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
@@ -225,11 +237,7 @@ def main() -> int:
 
             results["tickwire"] = measure(port, proc.pid, args.subscribers, args.warmup, args.seconds, rate, go)
         finally:
-            proc.stdin.close()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            end_child(proc)
     if args.only in (None, "deephaven"):
         from tests.interop.dh_server import start_dh_server
 
