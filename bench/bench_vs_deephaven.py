@@ -6,7 +6,8 @@ the wall-clock time of the write: in tickwire an engine write per cycle, in Deep
 `table_publisher` batch per cycle through `blink_to_append_only` (the interop extra's
 deephaven-server, with `PeriodicUpdateGraph.targetCycleDurationMillis` and
 `barrage.minUpdateInterval` set to the cycle). The client is Deephaven's own pydeephaven-ticking
-(`listen`), `--subscribers` subscriptions of the whole table in this process. The producers start
+(`listen`), `--subscribers` subscriptions of the whole table spread over `--client-procs` client
+processes (the server's CPU is measured alone, from /proc). The producers start
 once the subscriptions are in, so both tables start empty.
 
 Seen here: against Deephaven 42.7 at a 10 ms cycle, pydeephaven-ticking 42.7 gives up with
@@ -131,10 +132,10 @@ def tree_rss_mb(pid: int) -> float:
     return kb / 1024 + sum(tree_rss_mb(int(c)) for c in children)
 
 
-def measure(port: int, pid: int, subscribers: int, warmup: float, seconds: float, rate: float,
-            go: Callable[[], None]) -> dict:
-    """Latencies of `subscribers` pydeephaven-ticking listeners of `t`, the server's CPU per
-    million rows produced, its RSS. `go()` starts the server's producer once they subscribed."""
+def client(port: int, subscribers: int, warmup: float, seconds: float) -> None:
+    """A client process: `subscribers` pydeephaven-ticking listeners of `t`. Prints "ready" once
+    they are in, waits for "go" on stdin, then records latencies for `seconds` after `warmup` and
+    prints them (JSON): {"lat": [...ms], "error": first listener error or None}."""
     from pydeephaven import Session
     from pydeephaven_ticking.table_listener import listen
 
@@ -161,15 +162,12 @@ def measure(port: int, pid: int, subscribers: int, warmup: float, seconds: float
             h = listen(s.open_table("t"), on_update, errors.append)
             h.start()
             handles.append(h)
-        go()
+        print("ready", flush=True)
+        sys.stdin.readline()
         time.sleep(warmup)
         state["from"] = time.time_ns()
-        cpu0, t0 = tree_cpu(pid), time.monotonic()
         time.sleep(seconds)
-        cpu = tree_cpu(pid) - cpu0
-        elapsed = time.monotonic() - t0
         state["from"] = time.time_ns() + 10**15
-        rss = tree_rss_mb(pid)
     finally:
         for h in handles:
             try:
@@ -178,10 +176,54 @@ def measure(port: int, pid: int, subscribers: int, warmup: float, seconds: float
                 pass
         for s in sessions:
             s.close()
-    if errors:  # the client gave up on the stream: said, not measured
-        return {"error": str(errors[0]).split(":")[0] + f" ({len(errors)} error(s) from the client's listener)"}
     with lock:
-        a = np.array(lat)
+        out = list(lat)
+    print(json.dumps({"lat": out, "error": str(errors[0]).split(":")[0] if errors else None}), flush=True)
+
+
+def measure(port: int, pid: int, subscribers: int, procs: int, warmup: float, seconds: float, rate: float,
+            go: Callable[[], None]) -> dict:
+    """Latencies of `subscribers` listeners of `t` spread over `procs` client processes, the
+    server's CPU per million rows produced, its RSS. `go()` starts the server's producer once
+    every subscription is in."""
+    shares = [subscribers * (i + 1) // procs - subscribers * i // procs for i in range(procs)]
+    children = [subprocess.Popen([sys.executable, __file__, "--client", str(port), "--client-subscribers", str(n),
+                                  "--warmup", str(warmup), "--seconds", str(seconds)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                for n in shares if n]
+    try:
+        for ch in children:
+            assert ch.stdout is not None
+            if ch.stdout.readline().strip() != "ready":
+                raise RuntimeError("a client process failed to subscribe")
+        go()
+        for ch in children:
+            assert ch.stdin is not None
+            ch.stdin.write("go\n")
+            ch.stdin.flush()
+        time.sleep(warmup)
+        cpu0, t0 = tree_cpu(pid), time.monotonic()
+        time.sleep(seconds)
+        cpu = tree_cpu(pid) - cpu0
+        elapsed = time.monotonic() - t0
+        rss = tree_rss_mb(pid)
+        lat: list[float] = []
+        errors = []
+        for ch in children:
+            assert ch.stdout is not None
+            line = ch.stdout.readline()
+            if not line:
+                raise RuntimeError("a client process died")
+            r = json.loads(line)
+            lat += r["lat"]
+            if r["error"]:
+                errors.append(r["error"])
+    finally:
+        for ch in children:
+            end_child(ch)
+    if errors:  # the client gave up on the stream: said, not measured
+        return {"error": f"{errors[0]} ({len(errors)} client process(es) saw their listener fail)"}
+    a = np.array(lat)
     return {"p50": float(np.percentile(a, 50)) if a.size else float("nan"),
             "p99": float(np.percentile(a, 99)) if a.size else float("nan"),
             "updates": int(a.size), "cpu_per_mrow": cpu / (rate * elapsed / 1e6), "cpu_share": cpu / elapsed,
@@ -211,7 +253,11 @@ def main() -> int:
     ap.add_argument("--subscribers", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--client-procs", type=int, default=0,
+                    help="client processes the subscribers are spread over (default: one per 10, at most 4)")
     ap.add_argument("--only", choices=["tickwire", "deephaven"], help="run one server only")
+    ap.add_argument("--client", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--client-subscribers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows-per-tick", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -219,9 +265,14 @@ def main() -> int:
     if args.serve:
         serve_tickwire(args.interval_ms, args.rows_per_tick)
         return 0
+    if args.client is not None:
+        client(args.client, args.client_subscribers, args.warmup, args.seconds)
+        return 0
+    procs = args.client_procs or max(1, min(4, args.subscribers // 10))
     rate = rows_per_tick * 1000.0 / args.interval_ms
     print(f"append {rate:,.0f} rows/s ({rows_per_tick:,} per {args.interval_ms:g} ms cycle), {args.subscribers} "
-          f"pydeephaven-ticking subscriber(s), {args.seconds:g} s after {args.warmup:g} s of warm-up")
+          f"pydeephaven-ticking subscriber(s) in {procs} client process(es), {args.seconds:g} s after "
+          f"{args.warmup:g} s of warm-up")
     results: dict[str, dict] = {}
     if args.only in (None, "tickwire"):
         proc = subprocess.Popen([sys.executable, __file__, "--serve", "--interval-ms", str(args.interval_ms),
@@ -235,7 +286,8 @@ def main() -> int:
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
 
-            results["tickwire"] = measure(port, proc.pid, args.subscribers, args.warmup, args.seconds, rate, go)
+            results["tickwire"] = measure(port, proc.pid, args.subscribers, procs, args.warmup, args.seconds, rate,
+                                          go)
         finally:
             end_child(proc)
     if args.only in (None, "deephaven"):
@@ -250,8 +302,8 @@ def main() -> int:
                                              # the JIT's every tier, as a Deephaven server runs (the
                                              # test helper stops at C1 to start faster)
                                              "-XX:TieredStopAtLevel=4"]) as dh:
-            results["deephaven"] = measure(dh.port, dh.proc.pid, args.subscribers, args.warmup, args.seconds, rate,
-                                           lambda: dh.run_script("_go.set()"))
+            results["deephaven"] = measure(dh.port, dh.proc.pid, args.subscribers, procs, args.warmup, args.seconds,
+                                           rate, lambda: dh.run_script("_go.set()"))
     for k, r in list(results.items()):
         if "error" in r:
             print(f"  {k:9s}: pydeephaven-ticking failed: {r['error']}")
