@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.storage.history import HistoryTable
 from tickwire.server.engine.storage.parquet import Dataset, HistoryError, Location
+from tickwire.server.engine.storage.store import fsync_dir
 
 __all__ = ["MergeError", "MergeResult", "merge", "finish_merge", "record_path", "checksum"]
 
@@ -89,11 +90,7 @@ def _write_json(path: str, obj: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path) or ".")
 
 
 def _remove(path: str) -> None:

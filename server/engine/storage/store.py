@@ -86,7 +86,8 @@ def _dir_name(name: str) -> str:
     return quote(name, safe="") if name not in (".", "..") else quote(name.replace(".", "%2E"), safe="%")
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Union[str, os.PathLike[str]]) -> None:
+    """Flushes a folder's entries (a file just renamed into it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -150,7 +151,7 @@ class _TableFiles:
         self.close_journal()
         self.fd, self.path, self.seq, self.size = fd, path, seq, os.fstat(fd).st_size
         if self.storage.config.fsync != "off":
-            _fsync_dir(folder)
+            fsync_dir(folder)
 
     def close_journal(self) -> None:
         if self.fd is not None:
@@ -286,7 +287,7 @@ class Storage:
             tmp.write_text(json.dumps(meta, indent=1))
             os.replace(tmp, root / "table.json")
             if self.config.fsync != "off":
-                _fsync_dir(root)
+                fsync_dir(root)
             files = _TableFiles(self, table, root)
             existing = files.journal_files()
             files.open_journal((existing[-1][0] + 1) if existing else 1)
@@ -504,7 +505,7 @@ class Storage:
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
-            _fsync_dir(folder)
+            fsync_dir(folder)
             for seq, path in files.journal_files():  # what the checkpoint covers
                 if seq <= covered:
                     path.unlink(missing_ok=True)

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tickwire.server.engine.errors import CatalogError
+from tickwire.server.engine.storage.store import fsync_dir
 
 __all__ = ["UserTree", "Definition", "split_user_name", "check_partition_value"]
 
@@ -87,11 +88,7 @@ def _write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 class UserTree:
@@ -99,9 +96,6 @@ class UserTree:
 
     def __init__(self, data_dir: Union[str, os.PathLike[str]]):
         self.root = Path(data_dir) / "Users"
-
-    def namespace_root(self, namespace: str) -> Path:
-        return self.root / namespace
 
     def definition_path(self, namespace: str, table: str) -> Path:
         return self.root / namespace / "Definitions" / f"{table}.tbl"
@@ -132,13 +126,6 @@ class UserTree:
                 except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
                     errors.append(f"{f}: {exc}")
         return found, errors
-
-    def definition(self, name: str) -> Optional[Definition]:
-        namespace, table = split_user_name(name)
-        path = self.definition_path(namespace, table)
-        if not path.exists():
-            return None
-        return Definition.from_json(path.read_text(encoding="utf-8"))
 
     def define(self, d: Definition) -> None:
         namespace, table = split_user_name(d.name)
