@@ -41,13 +41,13 @@ def estimated_bytes(schema: pa.Schema, rows: int) -> int:
 class _Entry:
     def __init__(self, table: Any, version: int):
         self.table = weakref.ref(table)
-        self.version = version
         self.payloads: list[bytes] = []
         self.nbytes = 0
         self.done = False
         self.error: Optional[BaseException] = None
-        # what the production learns: "rows", "step" and "version" (the table's, read with its rows)
-        self.figures: dict[str, Any] = {}
+        # "version": the table's, as looked up, then as the production read it with the rows; and
+        # what else the production learns: "rows", "step"
+        self.figures: dict[str, Any] = {"version": version}
         self._changed = asyncio.Event()
 
     def add(self, payload: bytes) -> None:
@@ -83,9 +83,7 @@ class DogetCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
         self._entries: "collections.OrderedDict[int, _Entry]" = collections.OrderedDict()
-        self._tasks: set[asyncio.Task] = set()
-        self.hits = 0
-        self.misses = 0
+        self._tasks: set[asyncio.Task] = set()  # productions under way (kept from the collector)
 
     def _bytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
@@ -93,11 +91,9 @@ class DogetCache:
     def lookup(self, table: Any, version: int) -> Optional[_Entry]:
         """The entry of `table` at `version` (finished or being produced), or None."""
         e = self._entries.get(id(table))
-        if (e is None or e.table() is not table or e.figures.get("version", e.version) != version
-                or (e.done and e.error is not None)):
+        if e is None or e.table() is not table or e.figures["version"] != version or (e.done and e.error is not None):
             return None
         self._entries.move_to_end(id(table))
-        self.hits += 1
         return e
 
     def shareable(self, schema: pa.Schema, rows: int) -> bool:
@@ -106,7 +102,6 @@ class DogetCache:
     def produce(self, table: Any, version: int, payloads: Callable[[dict], AsyncIterator[bytes]]) -> _Entry:
         """A new entry for `table` at `version`, filled from `payloads(entry.figures)` by a task of
         its own (which sets the figures' "version" to the one it read the rows at)."""
-        self.misses += 1
         e = _Entry(table, version)
         self._entries[id(table)] = e
         self._entries.move_to_end(id(table))
@@ -143,8 +138,3 @@ class DogetCache:
             if e.done:
                 total -= e.nbytes
                 del self._entries[key]
-
-    def close(self) -> None:
-        for t in list(self._tasks):
-            t.cancel()
-        self._entries.clear()

@@ -732,10 +732,10 @@ class DogetSnapshot:
             step = graph.step if table.is_refreshing else -1
             version = _version(table)
             stable = table.stable_rows(rows) if len(rows) > piece_rows else RowSet()
-            # the stable rows are sent first: only when they all come before the others
-            if not stable.is_empty() and len(stable) < len(rows) and rows.minus(stable).first() < stable.last():
-                stable = RowSet()
             tail = rows.minus(stable) if not stable.is_empty() else rows
+            # the stable rows are sent first: only when they all come before the others
+            if not stable.is_empty() and not tail.is_empty() and tail.first() < stable.last():
+                stable, tail = RowSet(), rows
             try:
                 values = wire.gather(tail, cols)
             except TableFailedError as exc:  # a view's formula raised on these rows
@@ -745,11 +745,12 @@ class DogetSnapshot:
     @staticmethod
     def table_version(table: Table) -> int:
         """What changes whenever `table`'s content may have: the step of its last update (-1 for a
-        static table). Read under the graph's lock; a failed table raises its status."""
-        with table.graph.lock:
-            if table.failure is not None:
-                raise _failed(table.failure)
-            return _version(table)
+        static table); a failed table raises its status. Two attribute reads, without the lock
+        (a cheap call on the event loop): a cycle under way may have changed the rows before it
+        sets the step, and a reader then sees the previous version, whose content it gets."""
+        if table.failure is not None:
+            raise _failed(table.failure)
+        return _version(table)
 
     def messages(self) -> Iterator[Message]:
         md = metadata_bytes(first_seq=self.step, last_seq=self.step, is_snapshot=True, added_rows=self.rows,
