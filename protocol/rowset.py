@@ -307,9 +307,6 @@ def decode_rowset_at(data: BytesLike, pos: int = 0) -> tuple[np.ndarray, int]:
     return _deltas_to_ranges(values), end
 
 
-_WIDTHS = (0, 2, 4, 8, 1, 0, 0, 0)  # _WIDTH_BYTES as a tuple, for the header scan
-
-
 def _command_info() -> tuple[Optional[tuple[int, int]], ...]:
     """Per command byte: (element size, 0 for OFFSET; value width in bytes), None when invalid."""
     out: list[Optional[tuple[int, int]]] = []
@@ -361,27 +358,8 @@ def _scan_headers(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
         append((elem, q, v))
         p = q + v * elem
     end = p + 1
-    if not cmds:
-        return np.zeros(0, dtype=np.int64), end
     table = np.array(cmds, dtype=np.int64)
-    k, first, cnt = table[0::3], table[1::3], table[2::3]
-    total = int(cnt.sum())
-    values = np.empty(total, dtype=np.int64)
-    starts = np.cumsum(cnt) - cnt  # each command's first value
-    off = k == 0
-    values[starts[off]] = first[off]
-    for elem, dt in ((1, "i1"), (2, "<i2")):
-        sel = (k == elem) & (cnt > 0)
-        if not sel.any():
-            continue
-        c = cnt[sel]
-        m = int(c.sum())
-        within = np.arange(m, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
-        dest = np.repeat(starts[sel], c) + within
-        pos_b = np.repeat(first[sel], c) + within * elem
-        raw = buf[pos_b[:, None] + np.arange(elem, dtype=np.int64)] if elem > 1 else buf[pos_b]
-        values[dest] = np.ascontiguousarray(raw).view(dt).ravel()
-    return values, end
+    return _command_values(buf, table[0::3], table[1::3], table[2::3]), end
 
 
 def _read_le(buf: np.ndarray, p: int, nbytes: int) -> int:
@@ -418,6 +396,28 @@ def _scan_commands(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
         dt = "<i2" if elem == 2 else "i1"
         out.append(np.frombuffer(buf[p:p + v * elem].tobytes(), dtype=dt).astype(np.int64))
         p += v * elem
+
+
+def _command_values(buf: np.ndarray, elem: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The values of a row set's commands, in command order: for an OFFSET (`elem` 0) its value
+    `first`; for an array, `count` little-endian values of `elem` bytes (1 or 2) from byte `first`
+    of `buf` (one gather for all of them)."""
+    is_off = elem == 0
+    per_cmd = np.where(is_off, 1, count)
+    cmd_first = np.cumsum(per_cmd) - per_cmd
+    values = np.empty(int(per_cmd.sum()), dtype=np.int64)
+    values[cmd_first[is_off]] = first[is_off]
+    arr = ~is_off & (count > 0)
+    if arr.any():
+        c, e = count[arr], elem[arr]
+        within = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
+        dest = np.repeat(cmd_first[arr], c) + within
+        each = np.repeat(e, c)
+        at = np.repeat(first[arr], c) + within * each
+        short = each == 2
+        values[dest[short]] = _gather_le(buf, at[short], 2)
+        values[dest[~short]] = _gather_le(buf, at[~short], 1)
+    return values
 
 
 def _gather_le(buf_padded: np.ndarray, positions: np.ndarray, nbytes: int) -> np.ndarray:
@@ -480,28 +480,8 @@ def _decode_commands_vectorized(buf: np.ndarray, pos: int) -> tuple[np.ndarray, 
     if body.size and int(body[-1] + size[body[-1]]) > n:
         raise ProtocolError(f"row set: truncated command at offset {int(body[-1])}")
     is_off = kind[body] == OFFSET
-    # OFFSET values
-    offs = body[is_off]
-    off_vals = val[offs]
-    # array elements
-    arr = body[~is_off]
-    arr_count = count[arr]
-    arr_elem = elem[arr]
-    arr_data = arr + 1 + wbytes[arr]
-    total = int(arr_count.sum())
-    # order of values = order of commands; build per-command value counts and fill
-    per_cmd = np.where(is_off, 1, count[body])
-    cmd_first = np.concatenate(([0], np.cumsum(per_cmd)))[:-1]
-    values = np.empty(int(per_cmd.sum()), dtype=np.int64)
-    values[cmd_first[is_off]] = off_vals
-    if total:
-        owner = np.repeat(np.arange(arr.size), arr_count)
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(arr_count) - arr_count, arr_count)
-        vpos = arr_data[owner] + within * arr_elem[owner]
-        dest = cmd_first[~is_off][owner] + within
-        short = arr_elem[owner] == 2
-        values[dest[short]] = _gather_le(padded, vpos[short], 2)
-        values[dest[~short]] = _gather_le(padded, vpos[~short], 1)
+    first = np.where(is_off, val[body], body + 1 + wbytes[body])
+    values = _command_values(padded, elem[body], first, count[body])
     return values, last + 1
 
 
