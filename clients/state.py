@@ -145,12 +145,10 @@ class TableState:
             # held keys without gaps (a table that only appended, or upserted new keys): a key's
             # position is its distance from the first, without searching 10M keys per lookup
             pos = keys - held[0]
-            if pos[0] < 0 or pos[-1] >= n or (keys.size > 1 and np.any(np.diff(keys) <= 0)):
-                pos = np.searchsorted(held, keys)  # out of range or unsorted: the checks below say which
-            else:
+            if pos[0] >= 0 and pos[-1] < n and (keys.size < 2 or bool(np.all(np.diff(keys) > 0))):
                 return pos
-        else:
-            pos = np.searchsorted(held, keys)
+        # searched (out of range or unsorted keys too: the checks below say which)
+        pos = np.searchsorted(held, keys)
         ok = pos < held.size
         ok[ok] = held[pos[ok]] == keys[ok]
         if not ok.all():
