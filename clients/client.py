@@ -105,6 +105,16 @@ def _row_ids(state: NaturalTableState) -> np.ndarray:
     return np.arange(len(state), dtype=np.int64) if state.viewport else state.keys.copy()
 
 
+def _state_update(state: NaturalTableState) -> Update:
+    """`state` as one snapshot update: every row it holds added (what `updates()` starts with when
+    the subscription's own snapshot, and maybe more, arrived before it was called)."""
+    shown = state.table(state.selected)
+    return Update(is_snapshot=True, first_seq=state.last_seq, last_seq=state.last_seq,
+                  table_size=state.table_size if state.viewport else len(state),
+                  added_rows=keys_to_ranges(_row_ids(state)), removed_rows=keys_to_ranges(np.empty(0, np.int64)),
+                  modified_rows={}, added=shown, removed=shown.slice(0, 0))
+
+
 def _reconnect_update(old: NaturalTableState, new: NaturalTableState) -> Update:
     """The one update that takes `old` (the state shown before a reconnection) to `new` (the
     new stream's snapshot). A full subscription compares rows by row key; a viewport
@@ -405,6 +415,7 @@ class Subscription:
         self.last_seq = 0
         self._names: Optional[list[str]] = None
         self._iterating = False
+        self._iterate_after = 0  # updates counted before updates() was first called are in its first item
         self._delivering = False
         self._pending_columns: collections.deque = collections.deque()  # column lists of view changes in flight
         self._call: Any = None  # the gRPC call of the current stream (set by _open)
@@ -598,7 +609,8 @@ class Subscription:
                 removed_vals = state.values_at(_ranges(md.removed_rows))
             self._apply_to(state, u)
             callbacks = self._applied(state)
-        self._deliver(lambda: self._update(u, names, removed_vals, state), callbacks)
+            count = self.update_count
+        self._deliver(lambda: self._update(u, names, removed_vals, state), callbacks, count)
         return True
 
     def _apply_to(self, state: NaturalTableState, u: BarrageUpdate) -> None:
@@ -642,12 +654,14 @@ class Subscription:
             assert old is not None  # a resync replaces the state shown
             self._adopt(new)
             callbacks = self._applied(new)
-        self._deliver(lambda: _reconnect_update(old, new), callbacks)
+            count = self.update_count
+        self._deliver(lambda: _reconnect_update(old, new), callbacks, count)
         return True
 
-    def _deliver(self, make: Callable[[], "Update"], callbacks: list) -> None:
+    def _deliver(self, make: Callable[[], "Update"], callbacks: list, count: int) -> None:
         """Builds the update (only when someone takes it), calls the callbacks, then queues it
-        for `updates()` (waiting while the queue is full)."""
+        for `updates()` (waiting while the queue is full) unless it is the `count`th update or
+        an earlier one and `updates()`'s first item, the state then, already holds it."""
         if not callbacks and not self._iterating:
             return
         try:
@@ -663,7 +677,7 @@ class Subscription:
                 with self._lock:
                     self._delivering = False
                     self._changed.notify_all()
-        while self._iterating and not self._closed.is_set():
+        while self._iterating and count > self._iterate_after and not self._closed.is_set():
             try:
                 self._queue.put(upd, timeout=0.1)
                 break
@@ -778,10 +792,20 @@ class Subscription:
                 self._changed.wait(min(left, 0.5))
 
     def updates(self, timeout: Optional[float] = None) -> Iterator[Update]:
-        """Applied updates, in order, from the first call on, until the subscription ends (or
-        `timeout` passes between updates). While iterating, an update not yet consumed makes the
-        reader wait once `queue_size` are pending (the server then coalesces)."""
-        self._iterating = True
+        """Applied updates, in order, until the subscription ends (or `timeout` passes between
+        updates). The first call's iterator starts with the subscription's snapshot: the
+        server's own, or, when updates arrived before the call, one snapshot update of the state
+        then, followed by every later update. While iterating, an update not yet consumed makes
+        the reader wait once `queue_size` are pending (the server then coalesces)."""
+        with self._lock:
+            if not self._iterating:
+                self._iterate_after = self.update_count
+                if self.state is not None and self.update_count and not self._closed.is_set():
+                    self._queue.put_nowait(_state_update(self.state))  # nothing was queued before
+                self._iterating = True
+        return self._iterate(timeout)
+
+    def _iterate(self, timeout: Optional[float]) -> Iterator[Update]:
         while True:
             try:
                 item = self._queue.get(timeout=timeout)

@@ -13,6 +13,7 @@ import pytest
 
 from tests.harness import Services, until
 from tickwire.clients.client import BarrageClient, ClientError
+from tickwire.protocol.rowset import keys_to_ranges
 from tickwire.server.adapters.demo import DemoTicker, static_mixed
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine, TableSpec
@@ -90,6 +91,42 @@ def test_viewport_subscription_reverse_columns_and_view_changes(served):
     assert sub.table.column("Seq").to_pylist() == [0, 1, 10, 11]
     with pytest.raises(ClientError, match="full subscription"):
         c.subscribe("blink").set_view(viewport=[(0, 1)])
+
+
+def test_updates_called_late_starts_with_the_state_then_and_misses_nothing(served):
+    s, ticker = served
+    c = s.client()
+    sub = c.subscribe("ticking_keyed", columns=["Sym", "Seq"])
+    assert s.wait_for(sub, lambda x: x.update_count >= 1)
+    ticker.tick()
+    s.cycle()
+    assert s.wait_for(sub, lambda x: x.last_seq == s.engine.step)  # two updates before the call
+    it = sub.updates(timeout=30)
+    first = next(it)
+    assert first.is_snapshot and first.last_seq == s.engine.step and first.removed.num_rows == 0
+    assert first.added.equals(sub.table) and first.table_size == sub.size
+    assert np.array_equal(first.added_rows, keys_to_ranges(sub.state.keys))
+    held = {r["Sym"]: r["Seq"] for r in first.added.to_pylist()}
+    for _ in range(3):
+        ticker.tick()
+        s.cycle()
+        u = next(it)
+        assert not u.is_snapshot and u.last_seq == s.engine.step  # each later step, none twice
+        for r in u.removed.to_pylist():
+            del held[r["Sym"]]
+        for r in u.added.to_pylist():
+            held[r["Sym"]] = r["Seq"]
+        for col, rows in u.modified_rows.items():
+            if col == "Seq":
+                pos = np.searchsorted(sub.state.keys, np.concatenate([np.arange(a, b + 1) for a, b in rows]))
+                syms = sub.table.column("Sym").take(pa.array(pos)).to_pylist()
+                held.update(zip(syms, u.modified["Seq"].to_pylist()))
+    assert held == {r["Sym"]: r["Seq"] for r in sub.table.to_pylist()}
+    sub.close()
+    late = c.subscribe("ticking_keyed")
+    assert s.wait_for(late, lambda x: x.update_count >= 1)
+    late.close()
+    assert list(late.updates(timeout=1)) == []  # an ended subscription's iterator is empty
 
 
 def test_errors_reach_the_subscriber(served):
