@@ -441,3 +441,35 @@ def test_natural_join_fails_on_a_duplicate_right_key_and_exact_join_on_a_missing
     engine.write(left, pa.table({"k": [9], "x": [90]}))
     engine.run_cycle()
     assert ok.failure is not None and "duplicate right key for 9" in ok.failure.message
+
+
+@pytest.mark.parametrize("kind", ["int64", "int32", "uint64", "timestamp", "float64", "float32", "nulls"])
+def test_as_of_ranks_of_left_stamps_against_right_ones_order_as_the_joint_ranking(kind):
+    """The rematch ranks only the right stamps when stamps have order keys; every left-right and
+    right-right comparison must come out as with both sides ranked together."""
+    from tickwire.server.engine.graph.ops.as_of_join import _joint_ranks, _ranks
+
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        nl, nr = int(rng.integers(1, 60)), int(rng.integers(1, 12))
+        if kind.startswith("float"):
+            pool = np.array([-np.inf, -2.5, -0.0, 0.0, 1e-300, 3.0, 7.25, np.inf, np.nan])
+            lv, rv = rng.choice(pool, nl), rng.choice(pool, nr)
+            t = pa.float64() if kind == "float64" else pa.float32()
+            left, right = pa.array(lv, type=t), pa.array(rv, type=t)
+        elif kind == "uint64":
+            pool = np.array([0, 1, 5, 2**63, 2**64 - 1], dtype=np.uint64)
+            left, right = pa.array(rng.choice(pool, nl)), pa.array(rng.choice(pool, nr))
+        else:
+            pool = np.array([np.iinfo(np.int64).min + 1, -9, 0, 4, 5, np.iinfo(np.int64).max])
+            if kind == "int32":
+                pool = np.array([-2**31, -9, 0, 4, 5, 2**31 - 1])
+            lv, rv = rng.choice(pool, nl), rng.choice(pool, nr)
+            t = {"int32": pa.int32(), "timestamp": pa.timestamp("ns", "UTC")}.get(kind, pa.int64())
+            lmask = rng.random(nl) < 0.2 if kind == "nulls" else None
+            left, right = pa.array(lv, type=t, mask=lmask), pa.array(rv, type=t)
+        lr, rr = _joint_ranks(left, right)
+        both = _ranks(pa.concat_arrays([left, right]))
+        bl, br = both[:nl], both[nl:]
+        assert np.array_equal(np.sign(lr[:, None] - rr[None, :]), np.sign(bl[:, None] - br[None, :]))
+        assert np.array_equal(np.sign(rr[:, None] - rr[None, :]), np.sign(br[:, None] - br[None, :]))

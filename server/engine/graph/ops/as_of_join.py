@@ -81,6 +81,44 @@ def _ranks(values: pa.Array) -> np.ndarray:
     return ranks
 
 
+_SIGN = np.uint64(1 << 63)
+
+
+def _order_keys(values: pa.Array) -> Optional[np.ndarray]:
+    """Unsigned keys in the stamps' order (-0.0 as 0.0, NaN last) for integer, Instant and float
+    stamps without nulls; None for other types or when a null is present (ranked by `_ranks`)."""
+    t = values.type
+    if values.null_count or not (pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_floating(t)):
+        return None
+    if pa.types.is_floating(t):
+        v = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64) + 0.0  # -0.0 -> 0.0
+        v[np.isnan(v)] = np.nan  # one NaN, above +inf once its bits are mapped
+        bits = v.view(np.uint64)
+        return np.where(bits & _SIGN, ~bits, bits | _SIGN)
+    if pa.types.is_unsigned_integer(t):
+        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+    ints = values.cast(pa.int64()) if pa.types.is_timestamp(t) else values
+    return np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64).view(np.uint64) ^ _SIGN
+
+
+def _joint_ranks(left: pa.Array, right: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks of the left and right stamps in one order (equal stamps, equal ranks). With order
+    keys only the right stamps are sorted (a cycle rematches many left rows against the few
+    right rows of their groups): right stamps rank 2, 4, ... by their distinct values, a left
+    stamp equal to one takes its rank and one between two takes the odd rank between them."""
+    lk = _order_keys(left)
+    rk = _order_keys(right) if lk is not None else None
+    if lk is None or rk is None:
+        ranks = _ranks(pa.concat_arrays([left, right]))
+        return ranks[:len(left)], ranks[len(left):]
+    u = np.unique(rk)
+    rrank = 2 * (np.searchsorted(u, rk) + 1)
+    i = np.searchsorted(u, lk)
+    eq = u[np.minimum(i, u.size - 1)] == lk if u.size else np.zeros(lk.size, dtype=bool)
+    lrank = 2 * i + 1 + eq
+    return lrank.astype(np.int64), rrank.astype(np.int64)
+
+
 class AsOfJoinTable(LeftRowsJoin):
     """`left` with the columns `joins` of the `right` row of its `on` key whose stamp (`stamp`:
     (left column, right column)) is the closest one allowed by `rule` (see the module docstring)."""
@@ -188,18 +226,19 @@ class AsOfJoinTable(LeftRowsJoin):
             rstamp = self.right.gather([rs], rk).column(0).combine_chunks()
             if self._epoch:
                 lstamp, rstamp = lstamp.cast(pa.int64()), rstamp.cast(pa.int64())
-            ranks = _ranks(pa.concat_arrays([lstamp, rstamp]))
-            lrank, rrank = ranks[:keys.size], ranks[keys.size:]
-            width = int(ranks.max()) + 2
+            lrank, rrank = _joint_ranks(lstamp, rstamp)
+            width = int(max(lrank.max(), rrank.max())) + 2
             order = np.lexsort((rk, rrank, rg))
-            rcomp = rg[order] * width + rrank[order]
+            rg_sorted = rg[order]
+            rcomp = rg_sorted * width + rrank[order]
             lcomp = groups * width + lrank
             pos = np.searchsorted(rcomp, lcomp, side="right" if self.rule in (">=", "<") else "left")
             if self.rule in (">=", ">"):
                 pos = pos - 1
             ok = (pos >= 0) & (pos < rcomp.size)
-            ok[ok] = rg[order][pos[ok]] == groups[ok]
-            new[ok] = self._slot_of.get(rk[order][pos[ok]])
+            ok[ok] = rg_sorted[pos[ok]] == groups[ok]
+            slots = self._slot_of.get(rk[order])  # once per right row, however many left rows match it
+            new[ok] = slots[pos[ok]]
         self.match.set(keys, new)
         return old, new
 
