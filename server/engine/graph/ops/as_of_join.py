@@ -98,7 +98,8 @@ def _order_keys(values: pa.Array) -> Optional[np.ndarray]:
     if pa.types.is_unsigned_integer(t):
         return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.uint64)
     ints = values.cast(pa.int64()) if pa.types.is_timestamp(t) else values
-    return np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64).view(np.uint64) ^ _SIGN
+    keys: np.ndarray = np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64).view(np.uint64) ^ _SIGN
+    return keys
 
 
 def _joint_ranks(left: pa.Array, right: pa.Array) -> tuple[np.ndarray, np.ndarray]:
