@@ -109,7 +109,7 @@ class TickwireServer:
     client can DoGet or subscribe to by name; they are listed (ListFlights, ListFields,
     list-tables, the browser's table list) only with `show_system_tables`.
 
-    `replicate` ("HOST:PORT/TABLE", ...) follows tables of other Barrage servers once started."""
+    `replicate` ("HOST:PORT/TABLE[=LOCAL]", ...) follows tables of other Barrage servers once started."""
 
     def __init__(self, engine: Optional[Engine] = None, config: Optional[ServerConfig] = None, *,
                  start_engine: bool = True, **options):
@@ -320,9 +320,10 @@ class TickwireServer:
             self._refresher = threading.Thread(target=self._refresh_history, name="tickwire-history-refresh",
                                                daemon=True)
             self._refresher.start()
-        for target, table in self.upstreams:
+        for up in self.upstreams:
             # not waiting: an upstream that is down now is retried in the background
-            self.replicate(target, table, psk=self.config.upstream_psk, tls=self.config.upstream_tls, wait=False)
+            self.replicate(up.target, up.table, local_name=up.local, psk=self.config.upstream_psk,
+                           tls=self.config.upstream_tls, wait=False)
         log.info("tickwire serving on %s%s%s", self.target, " (TLS)" if self.tls else "",
                  f"; browsers at {self.web_url}" if self.web_url else "")
         return self
@@ -335,8 +336,9 @@ class TickwireServer:
         if (self.start_engine or self.owns_engine) and not self.engine.running:
             self.engine.start()
         rep = Replicator(self.engine, target, table, local_name=local_name, psk=psk, tls=tls, root_certs=root_certs)
+        rep.start(wait=False)  # refused here when another replica is served under the same name
         self.replicas.append(rep)
-        return rep.start(wait=wait)
+        return rep.wait_ready() if wait else rep
 
     def sink(self, table: str, mode: str = "append", **options):
         """A Spark `foreachBatch` function writing each micro-batch into `table`:

@@ -55,7 +55,8 @@ class ServerConfig:
       datasets are looked at for new files (Engine.refresh_history; None: only at start);
       `merge_at`: "HH:MM" (UTC) at which, each day, every history table merges its intraday dates
       before the day's (Engine.merge_before; None: merges only when asked);
-    - `replicate`: tables of other Barrage servers to follow as local tables ("HOST:PORT/TABLE"),
+    - `replicate`: tables of other Barrage servers to follow as local tables ("HOST:PORT/TABLE", or
+      "HOST:PORT/TABLE=LOCAL" to serve one under another name),
       with `upstream_psk` and `upstream_tls`.
 
     How it serves:

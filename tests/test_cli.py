@@ -85,6 +85,15 @@ def test_flags_turn_off_what_the_environment_or_the_file_turned_on(tmp_path, tls
     assert settings("serve", "--no-web", "--web").no_web is False
 
 
+def test_replicate_under_local_names_and_its_refusal():
+    from tickwire.options import server_config
+
+    cfg = server_config(settings("serve", "--replicate", "a:1/trades=trades_a, b:2/trades=trades_b"))
+    assert cfg.replicate == ("a:1/trades=trades_a", "b:2/trades=trades_b")
+    with pytest.raises(ConfigError, match="would both be served as 'trades'"):
+        server_config(settings("serve", "--replicate", "a:1/trades,b:2/trades"))
+
+
 @pytest.mark.parametrize("command", ["serve", "demo"])
 def test_every_switch_and_every_unset_by_default_option_has_a_flag_that_turns_it_off(command):
     from tickwire.options import opposite, options_for

@@ -56,10 +56,61 @@ def _traffic(engine, table, rng, keys, steps: int, *, pause: float = 0.0):
 
 
 def test_parse_replicate():
-    assert parse_replicate("h:1/a, h2:2/b") == [("h:1", "a"), ("h2:2", "b")]
-    for bad in ("h:1", "/t", "nohost/t", ""):
-        with pytest.raises(ValueError):
+    assert parse_replicate("h:1/a, h2:2/b") == [("h:1", "a", "a"), ("h2:2", "b", "b")]
+    both = parse_replicate("a:1/trades=trades_a,b:2/trades = trades_b")
+    assert both == [("a:1", "trades", "trades_a"), ("b:2", "trades", "trades_b")]
+    assert [str(u) for u in both] == ["a:1/trades=trades_a", "b:2/trades=trades_b"]
+    assert parse_replicate(",".join(map(str, both))) == both  # what the CLI hands the server reads back
+    for bad in ("h:1", "/t", "nohost/t", "h:1/t=", "h:1/=x"):
+        with pytest.raises(ValueError, match="HOST:PORT/TABLE"):
             parse_replicate(bad)
+    with pytest.raises(ValueError, match="names no table"):
+        parse_replicate(" , ")
+    for clash in ("a:1/trades,b:2/trades", "a:1/x=t,b:2/t", "a:1/t=u,b:2/v=u"):
+        with pytest.raises(ValueError, match="would both be served as"):
+            parse_replicate(clash)
+
+
+def test_a_replica_follows_two_upstream_tables_of_one_name_under_local_names():
+    ups = []
+    try:
+        for seed in (5, 6):
+            engine = Engine(interval_ms=20)
+            table = scripted_table(engine, "trades")
+            ups.append((engine, table, TickwireServer(engine, port=0).start(), np.random.default_rng(seed)))
+        keys = [_traffic(e, t, rng, np.empty(0, dtype=np.int64), 5) for e, t, _s, rng in ups]
+        (ea, ta, sa, ra), (eb, tb, sb, rb) = ups
+        with pytest.raises(ValueError, match="would both be served as 'trades'"):
+            TickwireServer(port=0, replicate=(f"{sa.target}/trades", f"{sb.target}/trades"))
+        local = TickwireServer(port=0, replicate=(f"{sa.target}/trades=trades_a", f"{sb.target}/trades=trades_b"))
+        local.start()
+        try:
+            assert wait_until(lambda: len(local.replicas) == 2 and all(r.table is not None for r in local.replicas), 20)
+            rep_a, rep_b = local.replicas
+            le = local.engine
+            for round_ in range(3):
+                keys = [_traffic(ea, ta, ra, keys[0], 8, pause=0.002), _traffic(eb, tb, rb, keys[1], 8, pause=0.002)]
+                assert wait_until(lambda: _same(ea, ta, le, rep_a.table) and _same(eb, tb, le, rep_b.table), 20), \
+                    f"round {round_}: the two local tables did not each converge to their upstream"
+            assert not _same(ea, ta, le, rep_b.table)  # two tables, not one fed twice
+            assert {"trades_a", "trades_b"} <= set(BarrageClient(local.target).tables())
+            assert le.resolve("trades") is None
+            # the same refusals from Python
+            with pytest.raises(ValueError, match=r"already replicated as 'trades_a'.*another local name"):
+                local.replicate(sb.target, "trades", local_name="trades_a")
+            le.create(TableSpec("mine", "append", pa.schema([("x", pa.int64())])))
+            with pytest.raises(ValueError, match="'mine' that is not a replica exists"):
+                local.replicate(sb.target, "trades", local_name="mine")
+            assert len(local.replicas) == 2  # nothing refused was started
+            rep_a.stop()  # a stopped replica's name is free again
+            again = local.replicate(sb.target, "trades", local_name="trades_a")
+            assert wait_until(lambda: _same(eb, tb, le, again.table), 20)
+        finally:
+            local.stop()
+    finally:
+        for e, _t, srv, _r in ups:
+            srv.stop()
+            e.stop()
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -113,8 +113,8 @@ def _serve(s: Settings) -> int:
         if config.engine.data_dir is not None:
             names = ", ".join(t.name for t in server.recovered) or "none"
             print(f"data directory {s.data_dir}: tables recovered: {names}", flush=True)  # as given
-        for target, table in server.upstreams:
-            print(f"replicating {target}/{table} as {table!r}", flush=True)
+        for up in server.upstreams:
+            print(f"replicating {up.target}/{up.table} as {up.local!r}", flush=True)
         signal.signal(signal.SIGINT, lambda *_: done.set())
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         tables = server.ctx.scope.names()

@@ -101,7 +101,8 @@ OPTIONS: tuple[Option, ...] = (
            commands=("demo",), metavar="SECONDS"),
     # serve only
     Option("replicate", "str", None, "follow these tables of other Barrage servers (tickwire or Deephaven) as "
-                                     "local tables", commands=("serve",), metavar="HOST:PORT/TABLE[,...]"),
+                                     "local tables (=LOCAL: under another name)", commands=("serve",),
+           metavar="HOST:PORT/TABLE[=LOCAL][,...]"),
     Option("history", "str", None, "serve Hive-partitioned Parquet datasets (a path, file://... or s3://bucket/prefix; "
                                    "S3 endpoint and credentials from AWS_*) as tables NAME, history plus the rows "
                                    "written to NAME afterwards; a NAME alone: its own locations, merged under "
@@ -472,7 +473,7 @@ def server_config(s: Settings):
     replicate: tuple[str, ...] = ()
     if v.get("replicate"):
         try:
-            replicate = tuple(f"{target}/{table}" for target, table in parse_replicate(v["replicate"]))
+            replicate = tuple(str(up) for up in parse_replicate(v["replicate"]))
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     history: tuple[tuple[str, str], ...] = ()

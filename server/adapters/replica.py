@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional
+import weakref
+from typing import NamedTuple, Optional
 
 import grpc
 import numpy as np
@@ -42,7 +43,7 @@ from tickwire.server.engine import CatalogError, Engine, UpdateSourceTable
 from tickwire.server.engine.graph import ModifiedColumnSet, RowSet, RowSetShiftData, TableUpdate
 from tickwire.server.engine.graph.keyindex import KeyIndex, mix
 
-__all__ = ["ReplicaTable", "Replicator", "parse_replicate"]
+__all__ = ["ReplicaTable", "Replicator", "Upstream", "parse_replicate"]
 
 log = logging.getLogger(__name__)
 
@@ -200,16 +201,29 @@ class Replicator:
 
     def start(self, wait: bool = True) -> "Replicator":
         """Starts following; with `wait`, returns once the first snapshot is queued for the graph
-        (raises TimeoutError after `connect_timeout`)."""
+        (raises TimeoutError after `connect_timeout`). Refused (ValueError) while another running
+        replicator of the engine follows a table into the same local name."""
+        held = self.engine.resolve(self.name, hidden=True)
+        if held is not None and not isinstance(held, ReplicaTable):
+            raise ValueError(f"replica {self.name!r}: a table named {self.name!r} that is not a replica exists; "
+                             f"follow {self.target}/{self.remote} under another local name")
+        _claim(self)
         self._thread = threading.Thread(target=self._run, name=f"tickwire-replica-{self.name}", daemon=True)
         self._thread.start()
-        if wait and not self._ready.wait(self.connect_timeout):
+        return self.wait_ready() if wait else self
+
+    def wait_ready(self) -> "Replicator":
+        """Returns once the first snapshot is queued for the graph (TimeoutError after `connect_timeout`)."""
+        if not self._ready.wait(self.connect_timeout):
             raise TimeoutError(f"replica {self.name!r}: no snapshot from {self.target}/{self.remote} "
                                f"within {self.connect_timeout} s (status: {self.status})")
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        _release(self)
+        if self.table is not None:
+            self.table.status = "stopped"
         call = self._call
         if call is not None:
             call.cancel()
@@ -299,6 +313,8 @@ class Replicator:
         assert isinstance(table, ReplicaTable)  # get_or_create_source checks the class
         if created:
             table.attributes.update(attributes_from_schema(wire_schema))
+        else:
+            table.status = "syncing"  # left by a replicator now stopped: its rows are replaced by a resync
         self.table = table
 
     def _sync(self, state: NaturalTableState) -> None:
@@ -335,16 +351,56 @@ class Replicator:
                           wait=False)
 
 
-def parse_replicate(spec: str) -> list[tuple[str, str]]:
-    """"host:port/table[,host:port/table...]" -> [(target, table), ...]."""
-    out = []
+# engine -> local name -> the running replicator that follows a table into it
+_claims: "weakref.WeakKeyDictionary[Engine, dict[str, Replicator]]" = weakref.WeakKeyDictionary()
+_claims_lock = threading.Lock()
+
+
+def _claim(rep: Replicator) -> None:
+    with _claims_lock:
+        names = _claims.setdefault(rep.engine, {})
+        other = names.get(rep.name)
+        if other is not None and other is not rep:
+            raise ValueError(f"replica {rep.name!r}: {other.target}/{other.remote} is already replicated as "
+                             f"{rep.name!r}; follow {rep.target}/{rep.remote} under another local name "
+                             f"(HOST:PORT/TABLE=LOCAL, or local_name=...)")
+        names[rep.name] = rep
+
+
+def _release(rep: Replicator) -> None:
+    with _claims_lock:
+        names = _claims.get(rep.engine, {})
+        if names.get(rep.name) is rep:
+            del names[rep.name]
+
+
+class Upstream(NamedTuple):
+    """One table to follow: `table` of the server at `target`, served here as `local`."""
+    target: str
+    table: str
+    local: str
+
+    def __str__(self) -> str:
+        return f"{self.target}/{self.table}" + (f"={self.local}" if self.local != self.table else "")
+
+
+def parse_replicate(spec: str) -> list[Upstream]:
+    """"host:port/table[=local][,...]" -> [Upstream, ...]; refuses two tables served under one name."""
+    out: list[Upstream] = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        target, sep, table = part.rpartition("/")
-        if not sep or not target or not table or ":" not in target:
-            raise ValueError(f"--replicate wants HOST:PORT/TABLE, got {part!r}")
-        out.append((target, table))
+        target, sep, rest = part.rpartition("/")
+        table, eq, local = rest.partition("=")
+        table, local = table.strip(), local.strip()
+        if not sep or not target or not table or ":" not in target or (eq and not local):
+            raise ValueError(f"--replicate wants HOST:PORT/TABLE or HOST:PORT/TABLE=LOCAL, got {part!r}")
+        up = Upstream(target, table, local or table)
+        same = next((u for u in out if u.local == up.local), None)
+        if same is not None:
+            raise ValueError(f"--replicate: {same.target}/{same.table} and {up.target}/{up.table} would both be "
+                             f"served as {up.local!r}; name one HOST:PORT/TABLE=LOCAL")
+        out.append(up)
     if not out:
         raise ValueError("--replicate names no table")
     return out
