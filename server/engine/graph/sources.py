@@ -14,7 +14,11 @@ Row keys:
 - ring: keys keep growing; the last `capacity` keys are live and older ones are removed; key k is
   stored in slot k mod capacity;
 - keyed: a new key gets the next row key (it is appended at the end) and keeps it for the life of
-  the key; a deleted key that comes back is a new row with a new row key;
+  the key; a deleted key that comes back is a new row with a new row key. Row keys (and the slots
+  of their values) of deleted rows are reused once many are free (`_REUSE_MIN`, or an eighth of
+  the live rows): from then on new keys take the lowest freed ones, so a table that churns keys
+  holds memory for its live rows, not for every key it has seen. A key freed in one cycle is
+  reused at the earliest in the next, after the update that removed it went out;
 - blink: each cycle's rows are [0, N) and the previous cycle's rows [0, M) are removed.
 """
 from __future__ import annotations
@@ -52,6 +56,9 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 #: queued input: ("add", rows) or ("delete", key values)
 _Input = tuple[str, pa.Table]
+
+#: freed row keys a keyed table holds before new keys take them (or an eighth of its live rows)
+_REUSE_MIN = 1024
 
 
 class SourceTable(Table):
@@ -298,6 +305,11 @@ class KeyedTable(SourceTable):
         self.value_columns = [n for n in schema.names if n not in keys]
         self._index = KeyIndex()
         self._next_key = 0
+        self._free = _EMPTY            # freed row keys, ascending; new keys take them from `_head` on
+        self._head = 0
+        self._spare: list[np.ndarray] = []  # freed since `_free` was sorted (merged when keys are taken)
+        self._dying: list[np.ndarray] = []  # removed this cycle: free from the next one
+        self.reused_keys = 0  # row keys taken again by new keys, in all
         kt = schema.field(keys[0]).type
         self._injective = len(keys) == 1 and (pa.types.is_integer(kt) or pa.types.is_boolean(kt) or (
             pa.types.is_temporal(kt) and kt.bit_width <= 64))
@@ -335,6 +347,7 @@ class KeyedTable(SourceTable):
         return self._next_key
 
     def _restore(self, row_keys: np.ndarray, data: pa.Table, next_key: int) -> None:
+        h = _EMPTY.astype(np.uint64)
         if row_keys.size:
             increasing = bool(np.all(row_keys[1:] > row_keys[:-1]))  # a checkpoint writes them in order
             if row_keys[0 if increasing else row_keys.argmin()] < 0 or row_keys.max() >= next_key \
@@ -343,13 +356,53 @@ class KeyedTable(SourceTable):
             h = hash_columns([data.column(k) for k in self.keys])
             if has_duplicates(h) and data.select(self.keys).group_by(self.keys).aggregate([]).num_rows != data.num_rows:
                 raise ValueError(f"table {self.name!r}: a key appears twice in the checkpoint")
+            if not increasing:
+                order = np.argsort(row_keys)
+                row_keys, data, h = row_keys[order], data.take(pa.array(order)), h[order]
+        if next_key > 2 * row_keys.size + _REUSE_MIN:
+            # a sparse key space (a table that shrank): its rows, in their order, from key 0 on
+            row_keys, next_key = np.arange(row_keys.size, dtype=np.int64), row_keys.size
+        if row_keys.size:
             self.store.ensure(next_key)
             self.store.write(row_keys, data)
             self._index.insert(h, row_keys)
             if any(data.column(k).null_count for k in self.keys):
                 self._null_keys = True
         self._next_key = next_key
+        held = np.zeros(next_key, dtype=bool)
+        held[row_keys] = True
+        self._free, self._head, self._spare, self._dying = np.flatnonzero(~held).astype(np.int64), 0, [], []
         self.rowset = RowSet.from_keys(row_keys)
+
+    # -- row keys ---------------------------------------------------------------------------------
+    @property
+    def free_keys(self) -> int:
+        """Row keys freed and not yet taken again (those freed this cycle included)."""
+        return self._free.size - self._head + sum(a.size for a in self._spare) + sum(a.size for a in self._dying)
+
+    def _new_keys(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row keys for `n` new rows: (reused, fresh), the lowest freed keys first once enough are
+        free, then the next keys of the key space. The keys chosen depend only on which keys are
+        free, so a restart from a checkpoint (whose free keys are the gaps of its key space) goes on
+        as the process it replaces would have."""
+        spare = sum(a.size for a in self._spare)
+        have = self._free.size - self._head + spare
+        if n == 0 or have < max(_REUSE_MIN, len(self.rowset) // 8):
+            reused = _EMPTY
+        else:
+            if spare:  # two ascending runs: a stable sort merges them in one pass
+                added = np.sort(np.concatenate(self._spare))
+                self._free = np.sort(np.concatenate((self._free[self._head:], added)), kind="stable")
+                self._head, self._spare = 0, []
+            take = min(n, self._free.size - self._head)
+            reused = self._free[self._head:self._head + take]
+            self._head += take
+            self.reused_keys += take
+            if self._head == self._free.size:
+                self._free, self._head = _EMPTY, 0
+        fresh = np.arange(self._next_key, self._next_key + n - reused.size, dtype=np.int64)
+        self._next_key += fresh.size
+        return reused, fresh
 
     # -- cycle ----------------------------------------------------------------------------------
     def _find(self, t: pa.Table, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -375,7 +428,17 @@ class KeyedTable(SourceTable):
         if not ops:
             return None
         ops = _merge_runs(ops)
-        start_next = self._next_key  # row keys below it existed before this cycle
+        if self._dying:  # removed by an earlier cycle, whose update has gone out: free now
+            self._spare.extend(self._dying)
+            self._dying = []
+        start_next = self._next_key  # row keys below it existed before this cycle, unless reused in it
+        reused_now: list[np.ndarray] = []
+
+        def existed(rows: np.ndarray) -> np.ndarray:
+            pre = rows < start_next
+            if reused_now:
+                pre &= ~np.isin(rows, np.concatenate(reused_now))
+            return pre
         removed_pre: list[np.ndarray] = []
         dropped_new: list[np.ndarray] = []
         new_rows: list[np.ndarray] = []
@@ -391,7 +454,7 @@ class KeyedTable(SourceTable):
                 where, first = np.unique(where[hit], return_index=True)
                 rows = rows[hit][first]
                 self._index.delete(where)
-                pre = rows < start_next
+                pre = existed(rows)
                 removed_pre.append(rows[pre])
                 dropped_new.append(rows[~pre])
                 continue
@@ -401,7 +464,7 @@ class KeyedTable(SourceTable):
             if found.any():
                 at = np.flatnonzero(found)
                 rk = rows[at]
-                pre = rk < start_next
+                pre = existed(rk)
                 rewrites += bool(pre.any())
                 first_touch = pre & ~np.isin(rk, touched) if touched.size else pre
                 new_vals = t.take(pa.array(at))
@@ -414,14 +477,17 @@ class KeyedTable(SourceTable):
                 self.store.write(rk, new_vals)
             if not found.all():
                 at = np.flatnonzero(~found)
-                rk = np.arange(self._next_key, self._next_key + at.size, dtype=np.int64)
-                self._next_key += at.size
+                reused, fresh = self._new_keys(at.size)
+                if reused.size:
+                    reused_now.append(reused)
+                rk = np.concatenate((reused, fresh)) if reused.size else fresh
                 self.store.ensure(self._next_key)
                 self.store.write(rk, t.take(pa.array(at)))
                 self._index.insert(h[at], rk)
                 if not self._null_keys and any(t.column(k).null_count for k in self.keys):
                     self._null_keys = True
                 new_rows.append(rk)
+        self._dying.extend(a for a in (*removed_pre, *dropped_new) if a.size)
         prev = self.rowset
         removed = RowSet.from_keys(np.concatenate(removed_pre)) if removed_pre else RowSet()
         added = RowSet.from_keys(np.concatenate(new_rows)) if new_rows else RowSet()

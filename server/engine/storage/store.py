@@ -50,7 +50,7 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.schema import BARRAGE_SCHEMA
 from tickwire.server.engine.catalog import TableSpec
 from tickwire.server.engine.config import Durability
-from tickwire.server.engine.graph.sources import SourceTable
+from tickwire.server.engine.graph.sources import KeyedTable, SourceTable
 from tickwire.server.engine.storage.journal import JournalCorrupt, decode_data, encode_record, scan
 
 if TYPE_CHECKING:
@@ -626,9 +626,19 @@ class Storage:
                 self.stats["recovered_rows"] += ckpt_data.num_rows
             last = ckpt_meta["step"] if ckpt_meta else 0
             pending_ops: list[_Op] = []
+            # once a keyed table has freed row keys, its cycles are replayed one by one: which freed
+            # keys new rows take depends on the cycle (and the live rows before it), as when the
+            # journal was written
+            by_cycle = isinstance(table, KeyedTable)
+            freed = isinstance(table, KeyedTable) and table.free_keys > 0
             for meta, data in records:
+                if freed and pending_ops and meta["step"] != last:
+                    self._replay(table, last, pending_ops)
+                    pending_ops = []
                 if data is not None:
-                    pending_ops.extend(_split_ops(data, spec.keys, table.schema))
+                    ops = _split_ops(data, spec.keys, table.schema)
+                    freed = freed or (by_cycle and any(kind == "delete" for kind, _t in ops))
+                    pending_ops.extend(ops)
                     self.stats["recovered_rows"] += data.num_rows
                 for b in meta.get("batches", ()):
                     table.batch_memory().add(_batch_id_from_json(b))
