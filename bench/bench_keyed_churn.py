@@ -109,8 +109,11 @@ def main() -> None:
     ap.add_argument("--per-cycle", type=int, default=10_000)
     ap.add_argument("--child", choices=("fresh", "churned", "restarted"))
     ap.add_argument("--data-dir")
+    ap.add_argument("--quick", action="store_true", help="1,000,000 inserts and deletes instead of --ops")
     ap.add_argument("--no-reuse", action="store_true", help="never reuse deleted rows' keys (what it was without)")
     args = ap.parse_args()
+    if args.quick:
+        args.ops = min(args.ops, 1_000_000)
     if args.child:
         print(json.dumps(child(args.child, args.live, args.ops, args.per_cycle, args.data_dir, not args.no_reuse)))
         return
