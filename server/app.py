@@ -39,6 +39,7 @@ from tickwire.server.services.context import ServerContext
 from tickwire.server.services.rpc import build_handlers, guarded_methods, with_stubs
 from tickwire.server.web import PortSplitter, WebSide
 from tickwire.server.web.assets import locate_assets
+from tickwire.server.web.https import HttpsFront
 
 __all__ = ["TickwireServer"]
 
@@ -157,6 +158,7 @@ class TickwireServer:
         self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
         self.web: Optional[WebSide] = None  # the web side once started
         self.splitter: Optional[PortSplitter] = None
+        self.https: Optional[HttpsFront] = None  # the web port with TLS (HTTP/2 and HTTP/1.1)
         self.web_assets = None
         if self.web_enabled:
             self.web_assets = locate_assets(cfg.web_assets)  # a bad path fails here, before anything starts
@@ -244,11 +246,16 @@ class TickwireServer:
             self.splitter.start()
             self.web_port = port
         elif self.web is not None and self.requested_web_port is not None:
-            ssl_context = None
             if self.tls is not None:
+                # https: HTTP/2 for the JS API's grpc-web calls, HTTP/1.1 for the rest (tickwire.server.web.https)
                 ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
                 ssl_context.load_cert_chain(str(self.config.tls_cert), str(self.config.tls_key))
-            self.web_port = await self.web.listen(self.host, self.requested_web_port, ssl_context)
+                relay = await self.web.listen("127.0.0.1", 0)
+                self.https = HttpsFront(self.web.methods, self.web.protocol_factory, relay,
+                                        max_message_size=self.config.max_inbound_message_size)
+                self.web_port = await self.https.listen(self.host, self.requested_web_port, ssl_context)
+            else:
+                self.web_port = await self.web.listen(self.host, self.requested_web_port)
         elif self.web is not None:
             log.info("the web side needs --web-port with TLS; browsers cannot connect")
             await self.web.close()
@@ -396,6 +403,12 @@ class TickwireServer:
             asyncio.run_coroutine_threadsafe(asyncio.sleep(0.1), loop).result(5)
         except Exception:
             log.debug("waiting for session listeners", exc_info=True)
+        if self.https is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self.https.close(), loop).result(grace + 5)
+            except Exception:
+                log.debug("https front stop", exc_info=True)
+            self.https = None
         if self.web is not None:  # go-away to every browser first, while the loop still runs
             try:
                 asyncio.run_coroutine_threadsafe(self.web.close(), loop).result(grace + 5)
