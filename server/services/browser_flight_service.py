@@ -1,6 +1,10 @@
-"""Deephaven's BrowserFlightService uploads: OpenDoPut and NextDoPut, the form in which Deephaven's
-JS API sends every upload (`connection.newTable`, and the key tables of a rollup's expansions),
-whatever its transport.
+"""Deephaven's BrowserFlightService: DoPut and DoExchange for clients that cannot stream requests.
+
+OpenDoPut and NextDoPut are the form in which Deephaven's JS API sends every upload
+(`connection.newTable`, and the key tables of a rollup's expansions), whatever its transport; on an
+https page, where its calls are gRPC-Web `fetch`es, it follows tables through OpenDoExchange and
+NextDoExchange the same way (a subscription's later requests, such as a new viewport, are
+NextDoExchange calls).
 
 The JS API turns one DoPut stream into calls that each carry one FlightData: OpenDoPut with the
 first (its answer is the DoPut's stream of PutResults), NextDoPut with each later one (answered at
@@ -10,15 +14,17 @@ header `x-deephaven-stream-ticket` (an int the client chose, unique in its sessi
 true`. The calls may arrive in any order: each stream keeps the messages it has not used yet, and
 feeds them in sequence order into FlightService's DoPut, which runs under the OpenDoPut call. A
 sequence number used twice, or a message after the half-close, is refused (OUT_OF_RANGE,
-ABORTED, as Deephaven answers); a session's streams go with it.
+ABORTED, as Deephaven answers); a session's streams go with it. DoExchange streams work alike, fed
+into FlightService's DoExchange under the OpenDoExchange call; ending that call (the browser aborts
+its fetch) ends the exchange and releases its subscription.
 
 The service is outside the method table (its messages are Flight's): its methods take and give raw
-bytes. OpenHandshake, NextHandshake, OpenDoExchange and NextDoExchange are not served (the JS API
-uses DoExchange over its websocket).
+bytes. OpenHandshake and NextHandshake are not served (the JS API does not use them).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import OrderedDict
 from typing import Optional
@@ -102,7 +108,9 @@ class BrowserFlightService:
     def handlers(self) -> dict:
         base = f"/{BROWSER_FLIGHT_SERVICE}/"
         return {base + "OpenDoPut": (self.open_do_put, RAW, RAW, SERVER_STREAM),
-                base + "NextDoPut": (self.next_do_put, RAW, RAW, UNARY)}
+                base + "NextDoPut": (self.next_do_put, RAW, RAW, UNARY),
+                base + "OpenDoExchange": (self.open_do_exchange, RAW, RAW, SERVER_STREAM),
+                base + "NextDoExchange": (self.next_do_put, RAW, RAW, UNARY)}
 
     @staticmethod
     def _headers(context) -> tuple[int, int, bool]:
@@ -145,6 +153,18 @@ class BrowserFlightService:
                     del self._finished[key]
 
     async def open_do_put(self, request: bytes, context):
+        async with contextlib.aclosing(self._open(request, context, self.flight.do_put)) as results:
+            async for result in results:
+                yield result.SerializeToString()
+
+    async def open_do_exchange(self, request: bytes, context):
+        async with contextlib.aclosing(self._open(request, context, self.flight.do_exchange)) as messages:
+            async for message in messages:
+                yield message
+
+    async def _open(self, request: bytes, context, call):
+        """Opens the stream the call's headers name with its first message, and runs `call`
+        (FlightService's DoPut or DoExchange) over the stream's messages in sequence order."""
         session = self.ctx.session_of(context)
         ticket, seq, half = self._headers(context)
         stream = self._stream(session, ticket)
@@ -154,8 +174,10 @@ class BrowserFlightService:
             stream.opened = True
         try:
             stream.offer(seq, _END if half else request)
-            async for result in self.flight.do_put(stream.messages(), context):
-                yield result.SerializeToString()
+            # closed here, not when collected: a DoExchange holds a subscription
+            async with contextlib.aclosing(call(stream.messages(), context)) as results:
+                async for result in results:
+                    yield result
         finally:
             self._forget(session.id, ticket)
 

@@ -1,0 +1,144 @@
+"""Deephaven's JS API and grid page over https, in headless Chromium with a self-signed certificate
+(`--ignore-certificate-errors`): on an https page the JS API makes gRPC-Web calls over HTTP/2 and
+follows tables through BrowserFlightService, not the websocket. The same checks as
+tests/test_browser.py's (a viewport that converges to DoGet and follows the ticking table, a grid
+that draws its cells and keeps drawing), against a real Deephaven 42.7 with TLS (its own
+`ssl.identity.*` settings, the same certificate) and against tickwire with `--tls-cert` and
+`--web-port`."""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+
+from .browser.jsapi import JsApiPage, normalize_arrow
+from .certs import self_signed
+from .interop.dh_server import start_dh_server
+from .test_browser import (
+    GRID_HOOK,
+    KINDS,
+    PausableTicker,
+    Served,
+    _skip_unless,
+    converge_with_doget,
+    grid_texts,
+    rows_set,
+    wait_grid_cells,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.interop]
+
+HTTPS_SHOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "grid-https.png"
+
+
+@dataclass
+class HttpsServed(Served):
+    cert: str = ""
+
+    @property
+    def origin(self) -> str:
+        return f"https://localhost:{self.web_port}"
+
+    def doget(self, name: str) -> pa.Table:
+        with open(self.cert, "rb") as fh:
+            root = fh.read()
+        client = fl.FlightClient(f"grpc+tls://localhost:{self.port}", tls_root_certs=root)
+        try:
+            return client.do_get(fl.Ticket(b"s/" + name.encode()), self.options).read_all()
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="module")
+def tls_browser():
+    from tests.browser.cdp import launch_chromium
+
+    with launch_chromium(extra_args=("--ignore-certificate-errors",)) as b:
+        yield b
+
+
+@pytest.fixture()
+def tls_page(tls_browser):
+    p = tls_browser.new_page()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def served_https(request, tmp_path_factory):
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine
+
+    _skip_unless(request.param)
+    cert, key = self_signed(tmp_path_factory.mktemp("tls"))
+    if request.param == "deephaven":  # a server of its own: the run's shared one speaks plain http
+        dh = start_dh_server(extra_jvm_args=["-Dssl.identity.type=privatekey", f"-Dssl.identity.certChainPath={cert}",
+                                             f"-Dssl.identity.privateKeyPath={key}"])
+        try:
+            yield HttpsServed("deephaven", dh.port, None, dh, None, dh.port, cert=str(cert))
+        finally:
+            dh.stop()
+        return
+    engine = Engine(interval_ms=100)
+    ticker = PausableTicker(engine)
+    server = TickwireServer(engine, host="localhost", port=0, tls_cert=cert, tls_key=key, web_port=0).start()
+    ticker.start()
+    try:
+        yield HttpsServed("tickwire", server.port, None, server, ticker, server.web_port, cert=str(cert))
+    finally:
+        ticker.stop()
+        server.stop()
+        engine.stop()
+
+
+def test_jsapi_over_https_follows_a_ticking_viewport_over_http2(served_https, tls_page):
+    js = JsApiPage(tls_page, served_https.origin)
+    js.login()
+    info = js.open("ticking_keyed")
+    size = int(info["size"])
+    assert size > 0, info
+    js.viewport(0, size + 50)
+    js.wait_rows(lambda s: len(s["rows"]) == s["size"] and s["size"] > 0, what="the whole table in the viewport")
+    snap = converge_with_doget(js, served_https, "ticking_keyed")
+    js.wait_rows(lambda s: s["updates"] > snap["updates"] + 1, what="more updates of a ticking table")
+    if served_https.kind == "tickwire":
+        with served_https.paused():  # at rest, the page must hold exactly the DoGet
+            want = set(normalize_arrow(served_https.doget("ticking_keyed"), snap["columns"]))
+            js.wait_rows(lambda s: rows_set(s["rows"]) == want, timeout=15, what="the page at rest to equal DoGet")
+        server = served_https.server
+        # it went over HTTP/2 gRPC-Web: the https front holds the page's connection, no websocket was opened
+        assert server.https.connections and server.web.stats["sockets_opened"] == 0
+    assert not tls_page.exceptions(), tls_page.diagnostics()
+
+
+def test_grid_page_renders_and_updates_over_https(served_https, tls_page, tmp_path):
+    page = tls_page
+    page.set_viewport(720, 440)
+    page.add_init_script(GRID_HOOK)
+    page.navigate(f"{served_https.origin}/iframe/widget/?name=ticking_sorted")
+    wait_grid_cells(page, served_https, "ticking_sorted")
+    time.sleep(1.0)
+    calls = page.evaluate("window.__twGrid.calls")
+    first = page.screenshot(tmp_path / "grid-https-1.png")
+    drawn_before = grid_texts(page, 1.5)
+
+    def changed():
+        png = page.screenshot()
+        redrawn = page.evaluate("window.__twGrid.calls") > calls
+        return png if redrawn and hashlib.sha256(png).digest() != hashlib.sha256(first).digest() else None
+
+    second = wait_until(changed, 20, "the grid to draw again over https (a ticking table)", page.diagnostics)
+    (tmp_path / "grid-https-2.png").write_bytes(second)
+    if served_https.kind == "tickwire" and not HTTPS_SHOT.exists():  # the README's picture, written once
+        HTTPS_SHOT.parent.mkdir(parents=True, exist_ok=True)
+        HTTPS_SHOT.write_bytes(second)
+    wait_until(lambda: grid_texts(page, 1.5) - drawn_before, 20, "new values drawn on the grid", page.diagnostics)
+    if served_https.kind == "tickwire":
+        assert served_https.server.web.stats["sockets_opened"] == 0
+    assert not page.exceptions(), page.diagnostics()
