@@ -142,3 +142,36 @@ def test_grid_page_renders_and_updates_over_https(served_https, tls_page, tmp_pa
     if served_https.kind == "tickwire":
         assert served_https.server.web.stats["sockets_opened"] == 0
     assert not page.exceptions(), page.diagnostics()
+
+
+def test_closing_the_https_page_ends_its_subscriptions(served_https, tls_browser):
+    """The page's fetches are aborted when it closes (HTTP/2 stream resets): each OpenDoExchange
+    handler is cancelled and its subscription ends. (Its session and exports stay until the session
+    expires or is closed: over HTTP/2 no socket stands for the page. A page only navigated away may
+    be kept by Chromium's back-forward cache, its fetches open.)"""
+    from .test_browser import server_counts
+
+    if served_https.kind != "tickwire":
+        pytest.skip("server-side subscription counts are only read from tickwire")
+    server = served_https.server
+    wait_until(lambda: server_counts(server)["subscriptions"] == 0, 30, "earlier pages' subscriptions to end",
+               lambda: f": {server_counts(server)}")
+    page = tls_browser.new_page()
+    closed = False
+    try:
+        js = JsApiPage(page, served_https.origin)
+        js.login()
+        js.open("ticking_keyed")
+        js.viewport(0, 9)
+        js.wait_rows(lambda s: len(s["rows"]) > 0)
+        assert server_counts(server)["subscriptions"] > 0
+        streams = sum(len(c.calls) for c in server.https.connections)
+        page.close()
+        closed = True
+        wait_until(lambda: server_counts(server)["subscriptions"] == 0, 30,
+                   "the page's subscriptions to end once it closed", lambda: f": {server_counts(server)}")
+        wait_until(lambda: sum(len(c.calls) for c in server.https.connections) < streams, 30,
+                   "the page's streams to end", lambda: f": {streams} before")
+    finally:
+        if not closed:
+            page.close()
