@@ -139,6 +139,8 @@ class Engine:
         self.clock: Clock = clock or SYSTEM_CLOCK
         # the update graph: engine-internal; nothing outside tickwire.server.engine reads it
         self.graph = UpdateGraph(self.config.interval_ms, self.config.max_errors, clock=self.clock)
+        # the catalog's lock: taken only inside the graph's (`_catalog`), because code that holds the
+        # graph's lock (a block of writes) makes tables, and making a table takes the graph's lock
         self._create = threading.RLock()
         self._pending_history: dict[str, str] = {}  # own-location history tables made by their first write: column
         self._waiter = _CycleWaiter(self.graph, self.clock)
@@ -256,6 +258,14 @@ class Engine:
             self._waiter.notify()
 
     # -- catalog ------------------------------------------------------------------------------------
+    @contextmanager
+    def _catalog(self) -> Iterator[None]:
+        """The catalog's lock, taken after the graph's: always in that order, so that a block of
+        writes (the graph's lock held) that makes a table cannot wait for a thread that holds the
+        catalog and waits for the graph."""
+        with self.graph.lock, self._create:
+            yield
+
     def get_or_create(self, spec: TableSpec) -> tuple[Table, bool]:
         """(table, created): the table named `spec.name`, made from `spec` unless it exists; an
         existing table must be of the spec's kind, keys and capacity and hold the spec's columns."""
@@ -273,7 +283,7 @@ class Engine:
         if storage is not None and spec.name in storage.errors:
             raise CatalogError(f"table {spec.name!r} was not recovered from the data directory: "
                                f"{storage.errors[spec.name]}", "FAILED_PRECONDITION")
-        with self._create:
+        with self._catalog():
             column = self._pending_history.get(spec.name)
             if column is not None and self.resolve(spec.name, hidden=True) is None:
                 # a history table of its own locations, made by its first write
@@ -530,7 +540,7 @@ class Engine:
         split_user_name(name)
         data = as_table(data)
         tree = self._user_tree()
-        with self._create:
+        with self._catalog():
             existing = self.resolve(name, hidden=True)
             if existing is not None:
                 if name not in self.user_tables:
@@ -572,7 +582,7 @@ class Engine:
             data = data.drop_columns([column])
         data = data.replace_schema_metadata(None)
         tree = self._user_tree()
-        with self._create:
+        with self._catalog():
             d = self.user_tables.get(name)
             table = self.resolve(name, hidden=True)
             if d is None:
@@ -598,13 +608,13 @@ class Engine:
                                    f"partitions of a served table are added in increasing order",
                                    "FAILED_PRECONDITION")
             tree.write_partition(name, value, data)
-            self.refresh_history(name)
-            return table
+        self.refresh_history(name)  # outside the catalog's lock: it waits for a cycle to adopt the location
+        return table
 
     def remove_user_table(self, name: str) -> None:
         """Stops serving user table `name` and deletes its files (Deephaven's `db.remove_table`);
         refused while derived tables or subscribers hold it."""
-        with self._create:
+        with self._catalog():
             if name not in self.user_tables:
                 raise CatalogError(f"no user table named {name!r}", "NOT_FOUND")
             self.drop(name)
@@ -660,7 +670,7 @@ class Engine:
                      make: Callable[[], Table]) -> tuple[Table, bool]:
         """The existing table `name` once `check(table)` accepts it, else `make()` under the
         catalog's lock."""
-        with self._create:
+        with self._catalog():
             existing = self.graph.tables.get(name)
             if existing is not None:
                 check(existing)
@@ -806,7 +816,7 @@ class Engine:
         """The table `dest` writes for batches of `schema` (the table's columns): made unless it
         exists (or, with `create=False`, None when it does not), and checked when it does
         (ModeError names what differs)."""
-        with self._create:
+        with self._catalog():
             table = self.resolve(dest.name, hidden=True)
             if table is not None:
                 dest.check_existing(table, schema)
