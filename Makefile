@@ -67,12 +67,14 @@ test-slow: $(STAMP) java-check browser-deps
 
 ## soak: the long random runs `make test` runs briefly: the randomized convergence suite with 20x
 ## the steps and every seed, the request fuzzer for 10x its budget, every seed of the random graph
-## tests and the twelve-kill crash test (nightly; about an hour and a half in all)
+## tests and the twelve-kill crash test, then the demo under every kind of client for an hour
+## (bench/soak_demo.py, SOAK_MINUTES=N for longer; its report in soak-report.json)
 soak: $(STAMP)
 	TICKWIRE_SOAK=20 $(PY) -m pytest -m slow tests/test_convergence.py $(PYTEST_ARGS)
 	TICKWIRE_SOAK=10 $(PY) -m pytest -m slow -s tests/test_fuzz_requests.py $(PYTEST_ARGS)
 	TICKWIRE_SOAK=2 $(PY) -m pytest tests/test_graph_tables.py tests/test_graph_cycles.py tests/test_graph_ops.py \
 		tests/test_durability_crash.py $(PYTEST_ARGS)
+	$(PY) bench/soak_demo.py --minutes $(or $(SOAK_MINUTES),60) --report soak-report.json
 
 ## demo: the demo server; `make demo PORT=10001 HOST=0.0.0.0 ARGS="--psk KEY"` (or TICKWIRE_* variables)
 demo: $(STAMP) java-check

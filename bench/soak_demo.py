@@ -1,0 +1,456 @@
+"""The demo under everything a long-running server meets, for an hour (--minutes), sampled every
+--sample seconds: does anything grow that should not?
+
+The server is `tickwire demo` (Spark feeding it unless --no-spark) in a process of its own, with a
+durable data directory (--checkpoint-cycles) and its web side. This process drives, in threads:
+
+- churn: a keyed input table (pydeephaven, as Deephaven's clients make one) of --live keys whose
+  keys are replaced at --churn keys a second (inserts and deletes), each row stamped with the time
+  it was written;
+- followers: tickwire clients subscribing to the demo tables and the churned table, full and
+  viewport, each kept a few seconds to a minute, then closed; one reconnecting subscriber follows
+  the churned table all along and measures latency (its rows' stamps against their arrival);
+- browsers: websocket clients (the JS API's transport on http) that log in, subscribe over the
+  websocket a while and go;
+- uploads and operations: DoPuts of small tables and pydeephaven table operations (where, sort,
+  agg_by) made and released;
+- abandoned sessions: sessions opened with an export and never used again, left to expire
+  (`session_duration_ms`, Deephaven's five minutes by default).
+
+Every --sample seconds: the server's RSS, open file descriptors and threads (from /proc), the
+data directory's bytes, latency p50/p99 of the last period, and the counts of the clients' work.
+At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
+last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
+stated), the disk's peak, latency at the end against the start, every follower's state against
+the server's, and the churned table against what the driver acknowledged. Printed, and written
+as JSON (--report).
+
+`--quick` (5 minutes, 20 s samples, no Spark) is the short form tests/test_soak_demo.py runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_stats(pid: int) -> dict:
+    out = {"rss_mb": float("nan"), "fds": -1, "threads": -1}
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    out["rss_mb"] = int(line.split()[1]) / 1024
+                elif line.startswith("Threads:"):
+                    out["threads"] = int(line.split()[1])
+        out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        pass
+    return out
+
+
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and its descendants (Spark's JVM is a child of the demo)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as fh:
+                todo += [int(c) for c in fh.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def slope_per_hour(ts: list[float], ys: list[float]) -> tuple[float, float]:
+    """(least-squares slope per hour, as a share of the mean; the residuals' spread, same units)."""
+    t = np.asarray(ts, dtype=float) / 3600.0
+    y = np.asarray(ys, dtype=float)
+    if t.size < 3 or not np.isfinite(y).all() or y.mean() == 0:
+        return float("nan"), float("nan")
+    a, b = np.polyfit(t, y, 1)
+    resid = y - (a * t + b)
+    return float(a / y.mean()), float(resid.std() / y.mean())
+
+
+class Soak:
+    def __init__(self, args):
+        self.args = args
+        self.stop = threading.Event()
+        self.port = free_port()
+        self.web_port = free_port()
+        self.data = Path(tempfile.mkdtemp(prefix="tw_soak_"))
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []
+        self.counts = {"churn_batches": 0, "followers": 0, "browsers": 0, "uploads": 0, "operations": 0,
+                       "abandoned_sessions": 0, "errors": 0}
+        self.errors: list[str] = []
+        self.acked: dict[int, int] = {}  # churned key -> the value acknowledged last (live keys)
+        self.samples: list[dict] = []
+        self.converged: list[bool] = []
+
+    # -- the server ------------------------------------------------------------------------------
+    def start_server(self) -> None:
+        cmd = [sys.executable, "-m", "tickwire", "demo", "--port", str(self.port), "--web-port", str(self.web_port),
+               "--data-dir", str(self.data), "--host", "127.0.0.1"]
+        if self.args.no_spark:
+            cmd.append("--no-spark")
+        self.log = open(self.data.parent / (self.data.name + ".log"), "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        from tickwire.clients.client import BarrageClient
+
+        end = time.monotonic() + 300
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the demo exited with {self.proc.returncode}")
+            try:
+                with BarrageClient(f"127.0.0.1:{self.port}") as c:
+                    if "ticking_keyed" in c.tables():
+                        return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(1)
+        raise RuntimeError("the demo did not come up in 300 s")
+
+    def stop_server(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+        except Exception:  # noqa: BLE001
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+    # -- load ------------------------------------------------------------------------------------
+    def _error(self, where: str, exc: BaseException) -> None:
+        with self.lock:
+            self.counts["errors"] += 1
+            if len(self.errors) < 50:
+                self.errors.append(f"{where}: {type(exc).__name__}: {exc}"[:300])
+
+    def churn(self) -> None:
+        from pydeephaven import Session
+
+        live, rate = self.args.live, self.args.churn
+        session = Session(host="127.0.0.1", port=self.port)
+        schema = pa.schema([("Key", pa.int64()), ("Value", pa.int64()), ("Stamp", pa.int64())])
+        from pydeephaven.ticket import SharedTicket
+
+        table = session.input_table(schema=schema, key_cols=["Key"])
+        shared = SharedTicket.random_ticket()
+        session.publish_table(shared, table)  # the other clients' sessions reach it by this ticket
+        self.churn_session, self.churn_table = session, table  # held: a collected Table releases its export
+        self.churned = shared.bytes
+        keys = np.arange(live, dtype=np.int64)
+        nxt = live
+        batch = max(1, rate // 10)  # ten batches a second
+        for start in range(0, live, 50_000):
+            part = keys[start:start + 50_000]
+            stamps = np.full(part.size, time.time_ns())
+            t = session.import_table(pa.table({"Key": part, "Value": part, "Stamp": stamps}, schema=schema))
+            table.add(t)
+        with self.lock:
+            self.acked = {int(k): int(k) for k in keys}
+        rng = np.random.default_rng(7)
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                pick = rng.choice(keys.size, batch, replace=False)
+                gone = keys[pick]
+                new = np.arange(nxt, nxt + batch, dtype=np.int64)
+                nxt += batch
+                dt = session.import_table(pa.table({"Key": gone}))
+                table.delete(dt)
+                stamps = np.full(batch, time.time_ns())
+                at = session.import_table(pa.table({"Key": new, "Value": new * 2, "Stamp": stamps}, schema=schema))
+                table.add(at)
+                keys[pick] = new
+                with self.lock:
+                    for k in gone.tolist():
+                        self.acked.pop(k, None)
+                    for k in new.tolist():
+                        self.acked[k] = k * 2
+                    self.counts["churn_batches"] += 1
+                session.release(dt)
+                session.release(at)
+            except Exception as exc:  # noqa: BLE001 - counted, the soak goes on
+                self._error("churn", exc)
+            self.stop.wait(max(0.0, 0.1 - (time.monotonic() - t0)))
+
+    def latency_follower(self) -> None:
+        """A reconnecting full subscription to the churned table: each update's added rows' stamps
+        against the time it arrived."""
+        from tickwire.clients.client import BarrageClient
+
+        while not self.stop.is_set() and getattr(self, "churned", None) is None:
+            time.sleep(0.2)
+        def on_update(u) -> None:
+            if u.is_snapshot or u.added.num_rows == 0:
+                return
+            now = time.time_ns()
+            stamps = u.added.column("Stamp").to_numpy()
+            with self.lock:
+                self.latencies.extend(((now - stamps) / 1e6).tolist())
+
+        client = BarrageClient(f"127.0.0.1:{self.port}")
+        self.follower_client = client
+        self.follower = client.subscribe(self.churned, on_update=on_update, reconnect=True)
+        self.stop.wait()
+
+    def followers(self) -> None:
+        from tickwire.clients.client import BarrageClient
+
+        rng = random.Random(3)
+        tables = ["ticking_append", "ticking_keyed", "ticking_ring", "ticking_sorted", "blink"]
+        with BarrageClient(f"127.0.0.1:{self.port}") as client:
+            while not self.stop.is_set():
+                name = rng.choice(tables)
+                try:
+                    if rng.random() < 0.5:
+                        sub = client.subscribe(name)
+                    else:
+                        first = rng.randrange(0, 50)
+                        sub = client.subscribe(name, viewport=[(first, first + 20)])
+                    self.stop.wait(rng.uniform(2, 20))
+                    sub.close()
+                    with self.lock:
+                        self.counts["followers"] += 1
+                except Exception as exc:  # noqa: BLE001
+                    self._error("follower", exc)
+
+    def browsers(self) -> None:
+        import asyncio
+
+        from tickwire.clients.websocket import WebsocketChannel
+        from tickwire.protocol.opening import exchange_opening, subscription_request
+
+        rng = random.Random(5)
+        flight = "/arrow.flight.protocol.FlightService/"
+        anon = {"authorization": "Anonymous"}
+
+        async def one() -> None:
+            async with await WebsocketChannel.connect(f"http://127.0.0.1:{self.web_port}") as ch:
+                await ch.unary("/io.deephaven.proto.backplane.grpc.ConfigService/GetConfigurationConstants", b"", anon)
+                opening = list(exchange_opening(subscription_request(b"s/ticking_keyed")))
+                stream = await ch.open(flight + "DoExchange", anon)
+                for m in opening:
+                    await stream.send(m)
+                got = 0
+                end = time.monotonic() + rng.uniform(2, 15)
+                while time.monotonic() < end and not self.stop.is_set():
+                    try:
+                        await asyncio.wait_for(stream.__anext__(), 2)
+                        got += 1
+                    except asyncio.TimeoutError:
+                        pass
+
+        while not self.stop.is_set():
+            try:
+                asyncio.run(one())
+                with self.lock:
+                    self.counts["browsers"] += 1
+            except Exception as exc:  # noqa: BLE001
+                self._error("browser", exc)
+                self.stop.wait(1)
+
+    def uploads_and_operations(self) -> None:
+        from pydeephaven import Session, agg
+
+        rng = random.Random(9)
+        while not self.stop.is_set():
+            try:
+                session = Session(host="127.0.0.1", port=self.port)
+                try:
+                    for _ in range(10):
+                        if self.stop.is_set():
+                            break
+                        n = rng.randrange(10, 2000)
+                        data = pa.table({"x": np.arange(n), "y": np.random.default_rng(n).random(n)})
+                        up = session.import_table(data)
+                        with self.lock:
+                            self.counts["uploads"] += 1
+                        src = session.open_table("ticking_append")
+                        derived = src.where(["Price > 100"]).sort(["Size"]).agg_by([agg.avg(["Price"])], by=["Sym"])
+                        derived.to_arrow()
+                        session.release(derived)
+                        session.release(src)
+                        session.release(up)
+                        with self.lock:
+                            self.counts["operations"] += 1
+                        self.stop.wait(rng.uniform(0.5, 3))
+                finally:
+                    session.close()
+            except Exception as exc:  # noqa: BLE001
+                self._error("operations", exc)
+                self.stop.wait(1)
+
+    def abandoned_sessions(self) -> None:
+        """A session with an export, never used again: it must expire and take its export along."""
+        import grpc
+
+        from tickwire.protocol.proto import session_pb2, table_pb2, ticket_pb2
+
+        while not self.stop.is_set():
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{self.port}") as ch:
+                    new = ch.unary_unary("/io.deephaven.proto.backplane.grpc.SessionService/NewSession",
+                                         request_serializer=session_pb2.HandshakeRequest.SerializeToString,
+                                         response_deserializer=session_pb2.HandshakeResponse.FromString)
+                    resp = new(session_pb2.HandshakeRequest(), metadata=(("authorization", "Anonymous"),), timeout=10)
+                    token = resp.session_token.decode()
+                    fetch = ch.unary_unary("/io.deephaven.proto.backplane.grpc.TableService/FetchTable",
+                                           request_serializer=table_pb2.FetchTableRequest.SerializeToString,
+                                           response_deserializer=table_pb2.ExportedTableCreationResponse.FromString)
+                    req = table_pb2.FetchTableRequest(
+                        source_id=table_pb2.TableReference(ticket=ticket_pb2.Ticket(ticket=b"s/ticking_keyed")),
+                        result_id=ticket_pb2.Ticket(ticket=b"e\x01\x00\x00\x00"))
+                    fetch(req, metadata=(("authorization", f"Bearer {token}"),), timeout=10)
+                with self.lock:
+                    self.counts["abandoned_sessions"] += 1
+            except Exception as exc:  # noqa: BLE001
+                self._error("abandoned", exc)
+            self.stop.wait(5)
+
+    # -- sampling --------------------------------------------------------------------------------
+    def sample(self, t: float) -> None:
+        pids = tree_pids(self.proc.pid)
+        server = proc_stats(self.proc.pid)
+        rest = [proc_stats(p) for p in pids[1:]]
+        with self.lock:
+            lat, self.latencies = self.latencies, []
+            counts = dict(self.counts)
+        row = {"t": t, **server, "children_rss_mb": sum(r["rss_mb"] for r in rest if r["rss_mb"] == r["rss_mb"]),
+               "disk_mb": dir_bytes(self.data) / 2**20,
+               "lat_p50_ms": float(np.percentile(lat, 50)) if lat else float("nan"),
+               "lat_p99_ms": float(np.percentile(lat, 99)) if lat else float("nan"), "lat_n": len(lat), **counts}
+        self.samples.append(row)
+        print(f"{t / 60:6.1f} min  RSS {row['rss_mb']:7.1f} MB  fds {row['fds']:4d}  threads {row['threads']:3d}  "
+              f"disk {row['disk_mb']:7.1f} MB  latency p50 {row['lat_p50_ms']:6.1f} p99 {row['lat_p99_ms']:6.1f} ms  "
+              f"{counts}", flush=True)
+
+    def check_converged(self) -> dict:
+        """The churn stops; the reconnecting follower and a fresh snapshot must equal what was acknowledged."""
+        time.sleep(3)
+        from tickwire.clients.client import BarrageClient
+
+        want = dict(self.acked)
+        out = {}
+        with BarrageClient(f"127.0.0.1:{self.port}") as c:
+            snap = c.snapshot(self.churned)
+        got = dict(zip(snap.column("Key").to_pylist(), snap.column("Value").to_pylist()))
+        out["snapshot_equals_acknowledged"] = got == want
+        out["acknowledged_keys"] = len(want)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            t = self.follower.table
+            if dict(zip(t.column("Key").to_pylist(), t.column("Value").to_pylist())) == want:
+                break
+            time.sleep(0.5)
+        t = self.follower.table
+        held = dict(zip(t.column("Key").to_pylist(), t.column("Value").to_pylist()))
+        out["follower_equals_acknowledged"] = held == want
+        out["follower_reconnects"] = self.follower.reconnects
+        return out
+
+    def run(self) -> dict:
+        self.start_server()
+        threads = [threading.Thread(target=f, daemon=True, name=f.__name__) for f in
+                   (self.churn, self.latency_follower, self.followers, self.browsers, self.uploads_and_operations,
+                    self.abandoned_sessions)]
+        for th in threads:
+            th.start()
+        t0 = time.monotonic()
+        total = self.args.minutes * 60
+        try:
+            while True:
+                left = t0 + total - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(self.args.sample, left))
+                self.sample(time.monotonic() - t0)
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the server exited with {self.proc.returncode}")
+            self.stop.set()
+            for th in threads:
+                if th.name != "latency_follower":
+                    th.join(60)
+            result = self.check_converged()
+        finally:
+            self.stop.set()
+            self.stop_server()
+        return self.report(result)
+
+    def report(self, converged: dict) -> dict:
+        s = self.samples
+        # the slopes: over the last 40 minutes of a run that long, else over its last two thirds
+        start = s[-1]["t"] - 40 * 60 if s and s[-1]["t"] > 45 * 60 else (s[-1]["t"] / 3 if s else 0)
+        tail = [r for r in s if r["t"] >= start] if len(s) >= 6 else s
+        ts = [r["t"] for r in tail]
+        out: dict = {"minutes": self.args.minutes, "samples": len(s), "counts": dict(self.counts),
+                     "errors": self.errors[:20], **converged}
+        for key in ("rss_mb", "fds", "threads"):
+            slope, noise = slope_per_hour(ts, [r[key] for r in tail])
+            out[f"{key}_slope_per_hour"] = slope
+            out[f"{key}_noise"] = noise
+        out["disk_peak_mb"] = max((r["disk_mb"] for r in s), default=float("nan"))
+        first = [r["lat_p99_ms"] for r in s[:3] if r["lat_n"]]
+        last = [r["lat_p99_ms"] for r in s[-3:] if r["lat_n"]]
+        if first and last:
+            out["latency_p99_end_over_start"] = statistics.median(last) / statistics.median(first)
+        out["series"] = s
+        print(json.dumps({k: v for k, v in out.items() if k != "series"}, indent=1, default=str))
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=60.0)
+    ap.add_argument("--sample", type=float, default=60.0, help="seconds between samples")
+    ap.add_argument("--live", type=int, default=100_000, help="live keys of the churned table")
+    ap.add_argument("--churn", type=int, default=10_000, help="keys replaced a second")
+    ap.add_argument("--no-spark", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="5 minutes, 20 s samples, no Spark")
+    ap.add_argument("--report", help="write the report (with every sample) as JSON here")
+    args = ap.parse_args()
+    if args.quick:
+        args.minutes, args.sample, args.no_spark = min(args.minutes, 5.0), min(args.sample, 20.0), True
+    out = Soak(args).run()
+    if args.report:
+        Path(args.report).write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
