@@ -66,6 +66,7 @@ MODULE_SECONDS = {
     "tests/test_convergence_joins.py": 900, "tests/test_convergence_update_by.py": 600,
     "tests/test_convergence_update_by_time.py": 600, "tests/test_update_by_conformance.py": 200,
     "tests/test_graph_update_by.py": 60, "tests/test_graph_joins.py": 120, "tests/test_join_conformance.py": 120,
+    "tests/test_soak_demo.py": 320, "tests/test_browser_https.py": 40,
 }
 
 
