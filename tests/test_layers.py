@@ -273,14 +273,14 @@ def _context_uses_beyond(members: set[str], modules) -> dict[str, list[str]]:
 
 
 def test_handlers_use_only_what_every_transport_s_call_context_has():
-    """The websocket and in-process transports stand in for grpc.aio's ServicerContext: each has
-    every method of `CallContext`, and the handlers call no other (a method one transport lacked
-    once made every DoPut over the websocket answer INTERNAL)."""
+    """The browser (websocket and gRPC-Web) and in-process transports stand in for grpc.aio's
+    ServicerContext: each has every method of `CallContext`, and the handlers call no other (a
+    method one transport lacked once made every DoPut over the websocket answer INTERNAL)."""
     import grpc.aio
 
     from tests.test_engine import _FakeContext
     from tickwire.server.services.inprocess import _Context
-    from tickwire.server.web.multiplex import _CallContext
+    from tickwire.server.web.calls import CallContext as _CallContext
 
     members = _context_members()
     assert {"peer", "abort", "time_remaining", "send_initial_metadata", "invocation_metadata"} <= members

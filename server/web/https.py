@@ -38,18 +38,15 @@ import h2.settings
 
 from tickwire.errors import ProtocolError
 from tickwire.protocol.grpc_web import is_grpc_web, message_frame, request_messages, trailer_frame
-from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM, UNARY
+from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM
 from tickwire.server.services.rpc import GuardedMethod, short
+from tickwire.server.web.calls import CallContext, run_call
 
 __all__ = ["HttpsFront"]
 
 log = logging.getLogger(__name__)
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "proxy-connection", "te", "trailer"}
-
-
-class _Aborted(grpc.aio.AbortError):
-    pass
 
 
 def _cancel(task: asyncio.Task) -> None:
@@ -62,31 +59,6 @@ def _cancel(task: asyncio.Task) -> None:
             if not task.done():
                 log.warning("https %s still running after its cancellation", task.get_name())
     asyncio.get_running_loop().create_task(again())
-
-
-class _Context:
-    """What handlers use of a grpc.aio ServicerContext, for one gRPC-Web call."""
-
-    def __init__(self, call: "_Call"):
-        self._call = call
-        self.code: Optional[grpc.StatusCode] = None
-        self.details = ""
-
-    def invocation_metadata(self):
-        return self._call.metadata
-
-    async def send_initial_metadata(self, metadata) -> None:
-        await self._call.start(tuple((str(k).lower(), str(v)) for k, v in metadata))
-
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
-        self.code, self.details = code, details
-        raise _Aborted()
-
-    def peer(self) -> str:
-        return self._call.conn.peer
-
-    def time_remaining(self) -> Optional[float]:
-        return None
 
 
 class _Call:
@@ -286,28 +258,15 @@ class _H2Protocol(asyncio.Protocol):
             await self._finish(call, grpc.StatusCode.INVALID_ARGUMENT,
                                f"a call of {path} takes one request message, got {len(messages)}")
             return
-        context = _Context(call)
-        ser = gm.serialize
-        try:
-            if gm.kind == UNARY:
-                response = await gm.fn(messages[0], context)
-                await call.start()
-                await self.send_data(call.sid, message_frame(ser(response) if ser else response))
-            else:
-                responses = gm.fn(messages[0], context)
-                try:
-                    async for item in responses:
-                        await call.start()
-                        await self.send_data(call.sid, message_frame(ser(item) if ser else item))
-                finally:
-                    await responses.aclose()  # now, not when collected: it may hold a subscription
-        except grpc.aio.AbortError:
-            await self._finish(call, context.code or grpc.StatusCode.UNKNOWN, context.details)
-            return
-        except ProtocolError as err:
-            await self._finish(call, grpc.StatusCode[err.code], str(err))
-            return
-        await self._finish(call, grpc.StatusCode.OK)
+        async def start(headers: tuple) -> None:
+            await call.start(tuple((k.lower(), v) for k, v in headers))
+
+        async def send(payload: bytes) -> None:
+            await call.start()
+            await self.send_data(call.sid, message_frame(payload))
+
+        context = CallContext(call.metadata, lambda: self.peer, start)
+        await run_call(gm, messages[0], context, send, lambda code, message: self._finish(call, code, message))
 
     async def _relay(self, call: _Call) -> None:
         """Any other request: answered by the web side's routes on its loopback listener."""

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import grpc
 
 from tickwire.errors import ProtocolError
-from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM, UNARY
+from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM
 from tickwire.protocol.ws_multiplex import (
     GoAwayAcknowledged,
     HalfClosed,
@@ -46,6 +46,7 @@ from tickwire.protocol.ws_multiplex import (
     close_reason,
 )
 from tickwire.server.services.rpc import GuardedMethod, short
+from tickwire.server.web.calls import CallContext, run_call
 
 __all__ = ["MultiplexSocket", "CURRENT_SOCKET"]
 
@@ -57,36 +58,6 @@ CURRENT_SOCKET: contextvars.ContextVar = contextvars.ContextVar("tickwire_ws_soc
 
 _EOF = object()
 RESPONSE_HEADERS = (("content-type", "application/grpc-web+proto"),)
-
-
-class _Aborted(grpc.aio.AbortError):
-    pass
-
-
-class _CallContext:
-    """What handlers use of a grpc.aio ServicerContext, for one websocket stream."""
-
-    def __init__(self, stream: "_Stream"):
-        self._stream = stream
-        self.code: Optional[grpc.StatusCode] = None
-        self.details = ""
-
-    def invocation_metadata(self):
-        return self._stream.headers
-
-    async def send_initial_metadata(self, metadata) -> None:
-        await self._stream.start(tuple((str(k), str(v)) for k, v in metadata))
-
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
-        self.code, self.details = code, details
-        raise _Aborted()
-
-    def peer(self) -> str:
-        return self._stream.socket.peer
-
-    def time_remaining(self) -> Optional[float]:
-        """None: the browsers' streams carry no deadline."""
-        return None
 
 
 class _Stream:
@@ -254,30 +225,18 @@ class MultiplexSocket:
                                    f"Method not found: {stream.path}")
                 return
             gm = stream.method
-            context = _CallContext(stream)
-            streaming_in = gm.kind in (CLIENT_STREAM, BIDI)
+            context = CallContext(stream.headers, lambda: self.peer, stream.start)
             try:
-                request = stream.request_stream() if streaming_in else await stream.first_request()
-                ser = gm.serialize
-                if gm.kind in (UNARY, CLIENT_STREAM):
-                    response = await gm.fn(request, context)
-                    await stream.start()
-                    await self.send(self.conn.send_message(stream.sid, ser(response) if ser else response))
-                else:
-                    responses = gm.fn(request, context)
-                    try:
-                        async for item in responses:
-                            await stream.start()
-                            await self.send(self.conn.send_message(stream.sid, ser(item) if ser else item))
-                    finally:
-                        await responses.aclose()  # now, not when collected: it holds a subscription
-            except grpc.aio.AbortError:
-                await self._finish(stream, context.code or grpc.StatusCode.UNKNOWN, context.details)
-                return
+                request = stream.request_stream() if gm.kind in (CLIENT_STREAM, BIDI) else await stream.first_request()
             except ProtocolError as err:
                 await self._finish(stream, grpc.StatusCode[err.code], str(err))
                 return
-            await self._finish(stream, grpc.StatusCode.OK)
+
+            async def send(payload: bytes) -> None:
+                await stream.start()
+                await self.send(self.conn.send_message(stream.sid, payload))
+
+            await run_call(gm, request, context, send, lambda code, message: self._finish(stream, code, message))
         except asyncio.CancelledError:
             pass  # the socket closed (or the server stops): the handler's generator was closed
         except ConnectionResetError:
