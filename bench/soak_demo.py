@@ -426,6 +426,8 @@ class Soak:
             out[f"{key}_slope_per_hour"] = slope
             out[f"{key}_noise"] = noise
         out["disk_peak_mb"] = max((r["disk_mb"] for r in s), default=float("nan"))
+        if s:  # what the churn driver achieved (it writes ten batches a second at most)
+            out["churn_keys_per_s"] = s[-1]["churn_batches"] * max(1, self.args.churn // 10) / s[-1]["t"]
         first = [r["lat_p99_ms"] for r in s[:3] if r["lat_n"]]
         last = [r["lat_p99_ms"] for r in s[-3:] if r["lat_n"]]
         if first and last:
