@@ -7,7 +7,9 @@ Must not touch: the engine or its lock (handlers reach it through the guarded me
 """
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Optional
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Iterable, Optional
 
 import grpc
 
@@ -15,7 +17,9 @@ from tickwire.errors import ProtocolError
 from tickwire.protocol.proto.methods import CLIENT_STREAM, UNARY
 from tickwire.server.services.rpc import GuardedMethod
 
-__all__ = ["CallContext", "run_call"]
+__all__ = ["CallContext", "run_call", "cancel_until_done"]
+
+log = logging.getLogger(__name__)
 
 
 class _Aborted(grpc.aio.AbortError):
@@ -49,6 +53,20 @@ class CallContext:
     def time_remaining(self) -> Optional[float]:
         """None: the browsers' calls carry no deadline."""
         return None
+
+
+async def cancel_until_done(tasks: Iterable[asyncio.Task], what: str) -> None:
+    """Cancels `tasks` (calls whose client went) and waits for them. A task still running a moment
+    after its cancellation (one that let it pass, as asyncio.wait_for can before Python 3.12) is
+    cancelled again, and named in the log, until it ends: a call nobody reads must not run on."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=1.0)
+        if pending:
+            log.warning("%s: %d call(s) still running after their cancellation: %s", what, len(pending),
+                        sorted(t.get_name() for t in pending))
 
 
 async def run_call(gm: GuardedMethod, request: Any, context: CallContext,

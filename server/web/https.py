@@ -40,25 +40,13 @@ from tickwire.errors import ProtocolError
 from tickwire.protocol.grpc_web import is_grpc_web, message_frame, request_messages, trailer_frame
 from tickwire.protocol.proto.methods import BIDI, CLIENT_STREAM
 from tickwire.server.services.rpc import GuardedMethod, short
-from tickwire.server.web.calls import CallContext, run_call
+from tickwire.server.web.calls import CallContext, cancel_until_done, run_call
 
 __all__ = ["HttpsFront"]
 
 log = logging.getLogger(__name__)
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "upgrade", "proxy-connection", "te", "trailer"}
-
-
-def _cancel(task: asyncio.Task) -> None:
-    """Cancels `task` until it ends: a handler inside asyncio.wait_for may let one cancellation
-    pass (before Python 3.12), and a call the browser gave up must not run on."""
-    async def again() -> None:
-        while not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=1.0)
-            if not task.done():
-                log.warning("https %s still running after its cancellation", task.get_name())
-    asyncio.get_running_loop().create_task(again())
 
 
 class _Call:
@@ -111,9 +99,7 @@ class _H2Protocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.closed = True
         self.front.connections.discard(self)
-        for call in list(self.calls.values()):
-            if call.task is not None:
-                _cancel(call.task)
+        self.front.cancel([c.task for c in self.calls.values() if c.task is not None], f"https from {self.peer}")
         self._window.set()
         self._drained.set()
 
@@ -124,15 +110,13 @@ class _H2Protocol(asyncio.Protocol):
         self._drained.set()
 
     def go_away(self) -> None:
-        """The server stops: every stream's handler is cancelled, then go-away and close."""
-        for call in list(self.calls.values()):
-            if call.task is not None:
-                _cancel(call.task)
+        """The server stops: go-away, then the connection closes (and `connection_lost` cancels
+        every stream's handler)."""
         try:
             self.h2.close_connection()
             self._flush()
-        except h2.exceptions.H2Error:
-            pass
+        except h2.exceptions.H2Error as exc:  # a connection already broken: closed below all the same
+            log.debug("https go-away to %s: %s", self.peer, exc)
         if self.transport is not None:
             self.transport.close()
 
@@ -167,7 +151,7 @@ class _H2Protocol(asyncio.Protocol):
             elif isinstance(ev, h2.events.StreamReset):
                 call = self.calls.get(ev.stream_id)
                 if call is not None and call.task is not None:
-                    _cancel(call.task)
+                    self.front.cancel([call.task], f"https stream {ev.stream_id} reset by {self.peer}")
             elif isinstance(ev, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
                 self._window.set()
             elif isinstance(ev, h2.events.ConnectionTerminated):
@@ -226,8 +210,8 @@ class _H2Protocol(asyncio.Protocol):
                 try:
                     self.h2.reset_stream(call.sid, h2.errors.ErrorCodes.INTERNAL_ERROR)
                     self._flush()
-                except h2.exceptions.H2Error:
-                    pass
+                except h2.exceptions.H2Error as exc:  # the stream or connection already ended
+                    log.debug("https stream %d: no reset sent: %s", call.sid, exc)
         finally:
             self.calls.pop(call.sid, None)
 
@@ -313,6 +297,14 @@ class HttpsFront:
         self.connections: "set[_H2Protocol]" = set()
         self._server: Optional[asyncio.base_events.Server] = None
         self._session: Optional[aiohttp.ClientSession] = None
+        self._cancelling: set[asyncio.Task] = set()  # held: the loop keeps only weak references to tasks
+
+    def cancel(self, tasks: list[asyncio.Task], what: str) -> None:
+        """Cancels the handlers of streams whose client went, until they end (in the background)."""
+        if tasks:
+            task = asyncio.get_running_loop().create_task(cancel_until_done(tasks, what))
+            self._cancelling.add(task)
+            task.add_done_callback(self._cancelling.discard)
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None:

@@ -46,7 +46,7 @@ from tickwire.protocol.ws_multiplex import (
     close_reason,
 )
 from tickwire.server.services.rpc import GuardedMethod, short
-from tickwire.server.web.calls import CallContext, run_call
+from tickwire.server.web.calls import CallContext, cancel_until_done, run_call
 
 __all__ = ["MultiplexSocket", "CURRENT_SOCKET"]
 
@@ -270,20 +270,12 @@ class MultiplexSocket:
 
     async def closed_by_peer(self) -> None:
         """The websocket ended: its sessions get their short lease (`on_closed`) at once, then every
-        stream it opened is cancelled and waited for. A task that is still running a moment after
-        its cancellation (one that let it pass, as asyncio.wait_for can before Python 3.12) is
-        cancelled again, and named in the log, until it ends."""
+        stream it opened is cancelled and waited for (`cancel_until_done`)."""
         self.closed = True
         if self.on_closed is not None:
             self.on_closed(self)
-        pending = {s.task for s in self.streams.values() if s.task is not None}
-        while pending:
-            for t in pending:
-                t.cancel()
-            _done, pending = await asyncio.wait(pending, timeout=1.0)
-            if pending:
-                log.warning("websocket from %s: %d stream(s) still running after their cancellation: %s",
-                            self.peer, len(pending), sorted(t.get_name() for t in pending))
+        await cancel_until_done([s.task for s in self.streams.values() if s.task is not None],
+                                f"websocket from {self.peer}")
         if self._writer is not None:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
