@@ -375,22 +375,24 @@ class KeyedTable(SourceTable):
         self.rowset = RowSet.from_keys(row_keys)
 
     # -- row keys ---------------------------------------------------------------------------------
+    def _takeable(self) -> int:
+        """Freed row keys new rows may take now (not those freed this cycle)."""
+        return self._free.size - self._head + sum(a.size for a in self._spare)
+
     @property
     def free_keys(self) -> int:
         """Row keys freed and not yet taken again (those freed this cycle included)."""
-        return self._free.size - self._head + sum(a.size for a in self._spare) + sum(a.size for a in self._dying)
+        return self._takeable() + sum(a.size for a in self._dying)
 
     def _new_keys(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Row keys for `n` new rows: (reused, fresh), the lowest freed keys first once enough are
         free, then the next keys of the key space. The keys chosen depend only on which keys are
         free, so a restart from a checkpoint (whose free keys are the gaps of its key space) goes on
         as the process it replaces would have."""
-        spare = sum(a.size for a in self._spare)
-        have = self._free.size - self._head + spare
-        if n == 0 or have < max(_REUSE_MIN, len(self.rowset) // 8):
+        if n == 0 or self._takeable() < max(_REUSE_MIN, len(self.rowset) // 8):
             reused = _EMPTY
         else:
-            if spare:  # two ascending runs: a stable sort merges them in one pass
+            if self._spare:  # two ascending runs: a stable sort merges them in one pass
                 added = np.sort(np.concatenate(self._spare))
                 self._free = np.sort(np.concatenate((self._free[self._head:], added)), kind="stable")
                 self._head, self._spare = 0, []

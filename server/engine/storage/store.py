@@ -629,15 +629,15 @@ class Storage:
             # once a keyed table has freed row keys, its cycles are replayed one by one: which freed
             # keys new rows take depends on the cycle (and the live rows before it), as when the
             # journal was written
-            by_cycle = isinstance(table, KeyedTable)
-            freed = isinstance(table, KeyedTable) and table.free_keys > 0
+            keyed = table if isinstance(table, KeyedTable) else None
+            freed = keyed is not None and keyed.free_keys > 0
             for meta, data in records:
                 if freed and pending_ops and meta["step"] != last:
                     self._replay(table, last, pending_ops)
                     pending_ops = []
                 if data is not None:
                     ops = _split_ops(data, spec.keys, table.schema)
-                    freed = freed or (by_cycle and any(kind == "delete" for kind, _t in ops))
+                    freed = freed or (keyed is not None and any(kind == "delete" for kind, _t in ops))
                     pending_ops.extend(ops)
                     self.stats["recovered_rows"] += data.num_rows
                 for b in meta.get("batches", ()):
