@@ -278,6 +278,12 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, detail: Calla
 # -- a. the JS API's viewport equals a DoGet --------------------------------------------------------
 
 def test_jsapi_viewport_equals_doget(served, page):
+    viewport_follows_doget(served, page)
+
+
+def viewport_follows_doget(served: Served, page: Page) -> None:
+    """The JS API's viewport over all of ticking_keyed converges to DoGet, keeps updating, and (on
+    a server the test can pause) holds exactly DoGet at rest; the page raised nothing."""
     js = JsApiPage(page, served.origin)
     js.login()
     info = js.open("ticking_keyed")
@@ -368,6 +374,18 @@ def test_an_operation_tickwire_does_not_serve_rejects_the_promise_with_its_messa
 # -- b. the stock grid page renders and keeps updating ---------------------------------------------
 
 def test_grid_page_renders_and_updates(served, page, tmp_path):
+    second = grid_renders_and_updates(served, page, tmp_path, served.kind)
+    # the README's picture: tickwire's grid, written when missing or asked for (not on every run, so
+    # that running the tests leaves the work tree clean)
+    if served.kind == "tickwire" and (not README_SHOT.exists() or os.environ.get("TICKWIRE_UPDATE_SCREENSHOT")):
+        README_SHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(second, README_SHOT)
+    assert not page.exceptions(), page.diagnostics()
+
+
+def grid_renders_and_updates(served: Served, page: Page, tmp_path: Path, label: str) -> Path:
+    """Deephaven's grid page on ticking_sorted draws the table's cells, then draws again with new
+    values (its screenshots change); returns the second screenshot (tmp_path/grid-LABEL-2.png)."""
     page.set_viewport(720, 440)  # about 20 rows: the README's picture without a sea of empty grid
     page.add_init_script(GRID_HOOK)
     page.navigate(f"{served.origin}/iframe/widget/?name=ticking_sorted")
@@ -376,7 +394,7 @@ def test_grid_page_renders_and_updates(served, page, tmp_path):
     # the count is read before the picture: a frame drawn just before the first screenshot may be
     # presented only after it, so a changed picture alone does not prove the page drew again
     calls = page.evaluate("window.__twGrid.calls")
-    first = page.screenshot(tmp_path / f"grid-{served.kind}-1.png")
+    first = page.screenshot(tmp_path / f"grid-{label}-1.png")
     drawn_before = grid_texts(page, 1.5)
 
     def changed():
@@ -386,14 +404,10 @@ def test_grid_page_renders_and_updates(served, page, tmp_path):
 
     second = wait_until(changed, 20, "the grid to draw again and its screenshot to change (a ticking table)",
                         page.diagnostics)
-    (tmp_path / f"grid-{served.kind}-2.png").write_bytes(second)
+    shot = tmp_path / f"grid-{label}-2.png"
+    shot.write_bytes(second)
     wait_until(lambda: grid_texts(page, 1.5) - drawn_before, 20, "new values drawn on the grid", page.diagnostics)
-    # the README's picture: tickwire's grid, written when missing or asked for (not on every run, so
-    # that running the tests leaves the work tree clean)
-    if served.kind == "tickwire" and (not README_SHOT.exists() or os.environ.get("TICKWIRE_UPDATE_SCREENSHOT")):
-        README_SHOT.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(tmp_path / f"grid-{served.kind}-2.png", README_SHOT)
-    assert not page.exceptions(), page.diagnostics()
+    return shot
 
 
 # -- c. closing the page releases everything --------------------------------------------------------

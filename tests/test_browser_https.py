@@ -7,8 +7,6 @@ that draws its cells and keeps drawing), against a real Deephaven 42.7 with TLS 
 `--web-port`."""
 from __future__ import annotations
 
-import hashlib
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,19 +14,16 @@ import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
-from .browser.jsapi import JsApiPage, normalize_arrow
+from .browser.jsapi import JsApiPage
 from .certs import self_signed
 from .interop.dh_server import start_dh_server
 from .test_browser import (
-    GRID_HOOK,
     KINDS,
     PausableTicker,
     Served,
     _skip_unless,
-    converge_with_doget,
-    grid_texts,
-    rows_set,
-    wait_grid_cells,
+    grid_renders_and_updates,
+    viewport_follows_doget,
     wait_until,
 )
 
@@ -98,50 +93,21 @@ def served_https(request, tmp_path_factory):
 
 
 def test_jsapi_over_https_follows_a_ticking_viewport_over_http2(served_https, tls_page):
-    js = JsApiPage(tls_page, served_https.origin)
-    js.login()
-    info = js.open("ticking_keyed")
-    size = int(info["size"])
-    assert size > 0, info
-    js.viewport(0, size + 50)
-    js.wait_rows(lambda s: len(s["rows"]) == s["size"] and s["size"] > 0, what="the whole table in the viewport")
-    snap = converge_with_doget(js, served_https, "ticking_keyed")
-    js.wait_rows(lambda s: s["updates"] > snap["updates"] + 1, what="more updates of a ticking table")
+    viewport_follows_doget(served_https, tls_page)
     if served_https.kind == "tickwire":
-        with served_https.paused():  # at rest, the page must hold exactly the DoGet
-            want = set(normalize_arrow(served_https.doget("ticking_keyed"), snap["columns"]))
-            js.wait_rows(lambda s: rows_set(s["rows"]) == want, timeout=15, what="the page at rest to equal DoGet")
         server = served_https.server
         # it went over HTTP/2 gRPC-Web: the https front holds the page's connection, no websocket was opened
         assert server.https.connections and server.web.stats["sockets_opened"] == 0
-    assert not tls_page.exceptions(), tls_page.diagnostics()
 
 
 def test_grid_page_renders_and_updates_over_https(served_https, tls_page, tmp_path):
-    page = tls_page
-    page.set_viewport(720, 440)
-    page.add_init_script(GRID_HOOK)
-    page.navigate(f"{served_https.origin}/iframe/widget/?name=ticking_sorted")
-    wait_grid_cells(page, served_https, "ticking_sorted")
-    time.sleep(1.0)
-    calls = page.evaluate("window.__twGrid.calls")
-    first = page.screenshot(tmp_path / "grid-https-1.png")
-    drawn_before = grid_texts(page, 1.5)
-
-    def changed():
-        png = page.screenshot()
-        redrawn = page.evaluate("window.__twGrid.calls") > calls
-        return png if redrawn and hashlib.sha256(png).digest() != hashlib.sha256(first).digest() else None
-
-    second = wait_until(changed, 20, "the grid to draw again over https (a ticking table)", page.diagnostics)
-    (tmp_path / "grid-https-2.png").write_bytes(second)
-    if served_https.kind == "tickwire" and not HTTPS_SHOT.exists():  # the README's picture, written once
-        HTTPS_SHOT.parent.mkdir(parents=True, exist_ok=True)
-        HTTPS_SHOT.write_bytes(second)
-    wait_until(lambda: grid_texts(page, 1.5) - drawn_before, 20, "new values drawn on the grid", page.diagnostics)
+    second = grid_renders_and_updates(served_https, tls_page, tmp_path, f"https-{served_https.kind}")
     if served_https.kind == "tickwire":
+        if not HTTPS_SHOT.exists():  # the README's picture, written once
+            HTTPS_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            HTTPS_SHOT.write_bytes(second.read_bytes())
         assert served_https.server.web.stats["sockets_opened"] == 0
-    assert not page.exceptions(), page.diagnostics()
+    assert not tls_page.exceptions(), tls_page.diagnostics()
 
 
 def test_closing_the_https_page_ends_its_subscriptions(served_https, tls_browser):
