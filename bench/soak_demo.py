@@ -329,7 +329,7 @@ class Soak:
                     new = ch.unary_unary("/io.deephaven.proto.backplane.grpc.SessionService/NewSession",
                                          request_serializer=session_pb2.HandshakeRequest.SerializeToString,
                                          response_deserializer=session_pb2.HandshakeResponse.FromString)
-                    resp = new(session_pb2.HandshakeRequest(), metadata=(("authorization", "Anonymous"),), timeout=10)
+                    resp = new(session_pb2.HandshakeRequest(), metadata=(("authorization", "Anonymous"),), timeout=60)
                     token = resp.session_token.decode()
                     fetch = ch.unary_unary("/io.deephaven.proto.backplane.grpc.TableService/FetchTable",
                                            request_serializer=table_pb2.FetchTableRequest.SerializeToString,
@@ -337,7 +337,7 @@ class Soak:
                     req = table_pb2.FetchTableRequest(
                         source_id=table_pb2.TableReference(ticket=ticket_pb2.Ticket(ticket=b"s/ticking_keyed")),
                         result_id=ticket_pb2.Ticket(ticket=b"e\x01\x00\x00\x00"))
-                    fetch(req, metadata=(("authorization", f"Bearer {token}"),), timeout=10)
+                    fetch(req, metadata=(("authorization", f"Bearer {token}"),), timeout=60)
                 with self.lock:
                     self.counts["abandoned_sessions"] += 1
             except Exception as exc:  # noqa: BLE001
