@@ -5,8 +5,8 @@ The server is `tickwire demo` (Spark feeding it unless --no-spark) in a process 
 durable data directory (--checkpoint-cycles) and its web side. This process drives, in threads:
 
 - churn: a keyed input table (pydeephaven, as Deephaven's clients make one) of --live keys whose
-  keys are replaced at --churn keys a second (inserts and deletes), each row stamped with the time
-  it was written;
+  keys are replaced at --churn keys a second (inserts and deletes; the batch grows when a round
+  trip takes longer than a tenth of a second), each row stamped with the time it was written;
 - followers: tickwire clients subscribing to the demo tables and the churned table, full and
   viewport, each kept a few seconds to a minute, then closed; one reconnecting subscriber follows
   the churned table all along and measures latency (its rows' stamps against their arrival);
@@ -17,13 +17,17 @@ durable data directory (--checkpoint-cycles) and its web side. This process driv
 - abandoned sessions: sessions opened with an export and never used again, left to expire
   (`session_duration_ms`, Deephaven's five minutes by default).
 
-Every --sample seconds: the server's RSS, open file descriptors and threads (from /proc), the
-data directory's bytes, latency p50/p99 of the last period, and the counts of the clients' work.
+Every --sample seconds: the server's RSS, open file descriptors and threads (from /proc), Arrow's
+and Python's allocations (from its /metrics), the data directory's bytes, latency p50/p99 of the
+last period, and the counts of the clients' work.
 At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
 last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
-stated), the disk's peak, latency at the end against the start, every follower's state against
+stated; Arrow's and Python's slopes tell a kept object from the allocator's fragmentation), the
+disk's peak, latency at the end against the start, every follower's state against
 the server's, and the churned table against what the driver acknowledged. Printed, and written
 as JSON (--report).
+
+`--memtrace FILE`: the server also writes where its memory grew (server/observability/memtrace.py).
 
 `--quick` (5 minutes, 20 s samples, no Spark) is the short form tests/test_soak_demo.py runs.
 """
@@ -42,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -116,8 +121,8 @@ class Soak:
         self.data = Path(tempfile.mkdtemp(prefix="tw_soak_"))
         self.lock = threading.Lock()
         self.latencies: list[float] = []
-        self.counts = {"churn_batches": 0, "followers": 0, "browsers": 0, "uploads": 0, "operations": 0,
-                       "abandoned_sessions": 0, "errors": 0}
+        self.counts = {"churn_batches": 0, "churn_keys": 0, "followers": 0, "browsers": 0, "uploads": 0,
+                       "operations": 0, "abandoned_sessions": 0, "errors": 0}
         self.errors: list[str] = []
         self.acked: dict[int, int] = {}  # churned key -> the value acknowledged last (live keys)
         self.samples: list[dict] = []
@@ -130,7 +135,12 @@ class Soak:
         if self.args.no_spark:
             cmd.append("--no-spark")
         self.log = open(self.data.parent / (self.data.name + ".log"), "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        env = dict(os.environ)
+        if self.args.memtrace:  # the server traces its memory (server/observability/memtrace.py)
+            env["TICKWIRE_MEMTRACE"] = str(Path(self.args.memtrace).resolve())
+            env["TICKWIRE_MEMTRACE_SECONDS"] = str(self.args.sample)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                     env=env)
         from tickwire.clients.client import BarrageClient
 
         end = time.monotonic() + 300
@@ -185,8 +195,19 @@ class Soak:
         with self.lock:
             self.acked = {int(k): int(k) for k in keys}
         rng = np.random.default_rng(7)
+        # the rate is kept by the batch size: each round replaces the keys due since the start (at
+        # most a second's worth), so round trips that take longer than 0.1 s make bigger batches
+        t_start, done = time.monotonic(), 0
         while not self.stop.is_set():
             t0 = time.monotonic()
+            due = int(rate * (t0 - t_start)) - done
+            if due > 2 * rate:  # after a stall: no burst to catch up, the rate goes on from here
+                done += due - rate
+                due = rate
+            if due < max(1, rate // 10):
+                self.stop.wait(0.02)
+                continue
+            batch = min(due, rate, live // 4)
             try:
                 pick = rng.choice(keys.size, batch, replace=False)
                 gone = keys[pick]
@@ -204,11 +225,12 @@ class Soak:
                     for k in new.tolist():
                         self.acked[k] = k * 2
                     self.counts["churn_batches"] += 1
+                    self.counts["churn_keys"] += batch
                 session.release(dt)
                 session.release(at)
             except Exception as exc:  # noqa: BLE001 - counted, the soak goes on
                 self._error("churn", exc)
-            self.stop.wait(max(0.0, 0.1 - (time.monotonic() - t0)))
+            done += batch
 
     def latency_follower(self) -> None:
         """A reconnecting full subscription to the churned table: each update's added rows' stamps
@@ -352,14 +374,30 @@ class Soak:
         with self.lock:
             lat, self.latencies = self.latencies, []
             counts = dict(self.counts)
-        row = {"t": t, **server, "children_rss_mb": sum(r["rss_mb"] for r in rest if r["rss_mb"] == r["rss_mb"]),
+        row = {"t": t, **server, **self.scrape_memory(),
+               "children_rss_mb": sum(r["rss_mb"] for r in rest if r["rss_mb"] == r["rss_mb"]),
                "disk_mb": dir_bytes(self.data) / 2**20,
                "lat_p50_ms": float(np.percentile(lat, 50)) if lat else float("nan"),
                "lat_p99_ms": float(np.percentile(lat, 99)) if lat else float("nan"), "lat_n": len(lat), **counts}
         self.samples.append(row)
         print(f"{t / 60:6.1f} min  RSS {row['rss_mb']:7.1f} MB  fds {row['fds']:4d}  threads {row['threads']:3d}  "
+              f"arrow {row['arrow_mb']:6.1f} MB  py blocks {row['py_blocks']:9.0f}  "
               f"disk {row['disk_mb']:7.1f} MB  latency p50 {row['lat_p50_ms']:6.1f} p99 {row['lat_p99_ms']:6.1f} ms  "
               f"{counts}", flush=True)
+
+    def scrape_memory(self) -> dict:
+        """Arrow's and Python's share of the server's memory, from its /metrics."""
+        out = {"arrow_mb": float("nan"), "py_blocks": float("nan")}
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=30) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith("tickwire_arrow_allocated_bytes "):
+                        out["arrow_mb"] = float(line.split()[1]) / 2**20
+                    elif line.startswith("tickwire_python_allocated_blocks "):
+                        out["py_blocks"] = float(line.split()[1])
+        except Exception as exc:  # noqa: BLE001
+            self._error("metrics", exc)
+        return out
 
     def check_converged(self) -> dict:
         """The churn stops; the reconnecting follower and a fresh snapshot must equal what was acknowledged."""
@@ -421,13 +459,13 @@ class Soak:
         ts = [r["t"] for r in tail]
         out: dict = {"minutes": self.args.minutes, "samples": len(s), "counts": dict(self.counts),
                      "errors": self.errors[:20], **converged}
-        for key in ("rss_mb", "fds", "threads"):
+        for key in ("rss_mb", "fds", "threads", "arrow_mb", "py_blocks"):
             slope, noise = slope_per_hour(ts, [r[key] for r in tail])
             out[f"{key}_slope_per_hour"] = slope
             out[f"{key}_noise"] = noise
         out["disk_peak_mb"] = max((r["disk_mb"] for r in s), default=float("nan"))
-        if s:  # what the churn driver achieved (it writes ten batches a second at most)
-            out["churn_keys_per_s"] = s[-1]["churn_batches"] * max(1, self.args.churn // 10) / s[-1]["t"]
+        if s:  # what the churn driver achieved (keys deleted and as many inserted, a second)
+            out["churn_keys_per_s"] = s[-1]["churn_keys"] / s[-1]["t"]
         first = [r["lat_p99_ms"] for r in s[:3] if r["lat_n"]]
         last = [r["lat_p99_ms"] for r in s[-3:] if r["lat_n"]]
         if first and last:
@@ -445,6 +483,8 @@ def main() -> None:
     ap.add_argument("--churn", type=int, default=10_000, help="keys replaced a second")
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--quick", action="store_true", help="5 minutes, 20 s samples, no Spark")
+    ap.add_argument("--memtrace", help="the server writes a memory trace (JSON lines, one a sample) here; "
+                    "tracemalloc slows it down: for finding a leak, not for the latency figures")
     ap.add_argument("--report", help="write the report (with every sample) as JSON here")
     args = ap.parse_args()
     if args.quick:

@@ -280,6 +280,9 @@ class TickwireServer:
         if self._thread is not None:
             return self
         prefer_memory_pool()
+        from .observability.memtrace import start_from_environment
+
+        start_from_environment()
         loop = asyncio.new_event_loop()
         self._loop = loop
         ready = threading.Event()

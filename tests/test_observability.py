@@ -218,6 +218,8 @@ def test_metrics_move_with_traffic():
         before = scrape(url)
         assert before["tickwire_cycles_total"] >= 1 and before["tickwire_cycle_duration_seconds_count"] >= 0
         assert before["tickwire_table_rows{table=src}"] == 1000
+        assert before["tickwire_resident_bytes"] > 0 and before["tickwire_python_allocated_blocks"] > 0
+        assert before["tickwire_arrow_allocated_bytes"] >= 0
 
         # DoGet: count, rows and bytes
         assert client.snapshot("src").num_rows == 1000

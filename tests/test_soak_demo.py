@@ -29,6 +29,8 @@ def test_five_minutes_of_everything_lose_nothing(tmp_path):
                                                "abandoned_sessions")), out["counts"]
     assert out["snapshot_equals_acknowledged"] and out["follower_equals_acknowledged"], out
     assert out["acknowledged_keys"] == 100_000
+    # every sample read the server's memory figures from its /metrics
+    assert all(s["arrow_mb"] >= 0 and s["py_blocks"] > 0 for s in out["series"]), out["series"]
     # the follower measured latency on updates it received (how many fall in each sample's period
     # depends on the machine's load, so it is not asserted per period)
     assert out["samples"] >= 10 and sum(s["lat_n"] for s in out["series"]) > 0, [s["lat_n"] for s in out["series"]]

@@ -24,7 +24,10 @@ counted once per call, per FlightData message or per cycle, never per row:
   `tickwire_exchange_messages_sent`, `tickwire_exchange_bytes_sent` (DoExchange FlightData:
   subscriptions and snapshot requests, gRPC and browser websockets alike);
 * `tickwire_grpc_errors{code}`: calls ended with an error status, by status code;
-* `tickwire_sessions`, `tickwire_exports`, `tickwire_web_sockets`.
+* `tickwire_sessions`, `tickwire_exports`, `tickwire_web_sockets`;
+* memory: `tickwire_resident_bytes`, `tickwire_arrow_allocated_bytes` (Arrow's default pool),
+  `tickwire_python_allocated_blocks`: growth of the first with neither of the others is the
+  allocators' fragmentation, not a table or a Python object that is kept.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ from typing import Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .memtrace import memory_figures
 
 __all__ = ["Metrics", "TransferCounters", "ErrorCounts", "CYCLE_BUCKETS"]
 
@@ -220,6 +225,7 @@ class _Collector:
         yield from self._subscriptions(m, server)
         yield from self._calls(m)
         yield from self._sessions(server)
+        yield from self._memory()
 
     @staticmethod
     def _graph(m: Metrics, server):
@@ -317,6 +323,17 @@ class _Collector:
         yield _gauge("tickwire_exports", "Exports held by the open sessions", sessions.exports_held())
         web = server.web
         yield _gauge("tickwire_web_sockets", "Open browser websockets", web.open_sockets if web is not None else 0)
+
+
+    @staticmethod
+    def _memory():
+        mem = memory_figures()
+        yield _gauge("tickwire_arrow_allocated_bytes", "Bytes held by Arrow's default memory pool",
+                     int(mem["arrow_mb"] * 2**20))
+        yield _gauge("tickwire_python_allocated_blocks", "Memory blocks Python's allocator holds",
+                     mem["py_blocks"])
+        if mem["rss_mb"] == mem["rss_mb"]:
+            yield _gauge("tickwire_resident_bytes", "The process's resident set size", int(mem["rss_mb"] * 2**20))
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
