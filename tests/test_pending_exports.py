@@ -359,3 +359,28 @@ def test_pending_exports_and_release_are_answered_like_deephaven(deephaven_serve
                    "released": (grpc.StatusCode.FAILED_PRECONDITION, CANCELLED_WAIT.format(20)),
                    "release_again": (grpc.StatusCode.OK, ""),
                    "release_never_named": (grpc.StatusCode.UNAVAILABLE, "Export not yet defined")}
+
+
+def test_the_wait_counts_from_the_call_not_from_when_its_timer_first_runs():
+    # the clock moves between the call starting to wait and its timer task's first step (as a
+    # loaded machine may let happen): the wait still ends `timeout` after the call began
+    import asyncio
+
+    from tickwire.clock import ManualClock
+    from tickwire.server.services.sessions import ResolveError, Session
+
+    clock = ManualClock()
+    session = Session(token="t", expires=float("inf"))
+
+    async def main() -> str:
+        call = asyncio.ensure_future(session.wait_for(9, 30.0, clock))
+        await asyncio.sleep(0)  # the call is waiting; its timer task has not run yet
+        assert session.waiting(9) == 1
+        clock.advance(30.0)
+        try:
+            await asyncio.wait_for(call, 30)
+        except ResolveError as exc:
+            return exc.code
+        return "answered"
+
+    assert asyncio.run(main()) == "NOT_FOUND"

@@ -321,12 +321,15 @@ class Session:
                     pending = self._pending[export_id] = _Pending()
                 fut = loop.create_future()
                 pending.waiters.append((loop, fut))
+                # the wait counts from now, not from when the timer task first runs (a moment
+                # later, or much later on a loaded machine)
+                deadline = clock.monotonic() + timeout
         if ended is not None:
             raise ResolveError(ended.message, ended.code)
         # not asyncio.wait_for: before Python 3.12 it can swallow the call's cancellation when the
         # export is settled at the same moment
         async def give_up() -> None:
-            await clock.sleep(timeout)
+            await clock.sleep(deadline - clock.monotonic())
             _settle(fut, None, ("NOT_FOUND", f"export {export_id} does not exist in this session "
                                              f"(no call made it within {timeout:g} s)"))
 
