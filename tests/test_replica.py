@@ -7,6 +7,7 @@ mid-stream leaves the replica serving its last state; when the upstream comes ba
 resynchronises to it."""
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -202,3 +203,41 @@ def test_resynchronising_emits_only_the_net_difference():
         upstream.stop()
         local.stop()
         engine.stop()
+
+
+def test_stop_waits_for_a_sync_in_progress_then_marks_the_table_stopped_and_frees_its_name(origin, monkeypatch):
+    engine, table, server = origin
+    _traffic(engine, table, np.random.default_rng(9), np.empty(0, dtype=np.int64), 3)
+    local = Engine(interval_ms=20)
+    local.start()
+    inside, go_on = threading.Event(), threading.Event()
+    real_write = local.write
+
+    def slow_write(t, data, **kw):  # the replicator's snapshot write, held until the test lets it go
+        if isinstance(data, tuple) and data and data[0] == "sync":
+            inside.set()
+            go_on.wait(30)
+        return real_write(t, data, **kw)
+
+    monkeypatch.setattr(local, "write", slow_write)
+    rep = Replicator(local, server.target, "src", local_name="copy").start(wait=False)
+    try:
+        assert inside.wait(30)  # the replicator is writing its first snapshot
+
+        stopped = threading.Event()
+        stopper = threading.Thread(target=lambda: (rep.stop(), stopped.set()))
+        stopper.start()
+        time.sleep(0.2)
+        assert not stopped.is_set()  # stop() waits for the write in progress
+        with pytest.raises(ValueError, match="already replicated as 'copy'"):
+            Replicator(local, server.target, "src", local_name="copy").start(wait=False)
+        go_on.set()
+        stopper.join(30)
+        assert stopped.is_set()
+        assert rep.table.status == "stopped"  # not "connected": the sync ended before stop() marked it
+        again = Replicator(local, server.target, "src", local_name="copy").start(wait=False)  # the name is free
+        again.stop()
+    finally:
+        go_on.set()
+        rep.stop()
+        local.stop()

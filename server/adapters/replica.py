@@ -220,17 +220,22 @@ class Replicator:
         return self
 
     def stop(self) -> None:
+        """Stops following. Its thread ends first (a snapshot or an update it was writing is
+        written whole), then the table is marked "stopped" and its name is free for another
+        replicator: nothing of this one reaches the table after stop() returns."""
         self._stop.set()
-        _release(self)
-        if self.table is not None:
-            self.table.status = "stopped"
         call = self._call
         if call is not None:
             call.cancel()
         if self._thread is not None:
             self._thread.join(10)
+            if self._thread.is_alive():
+                log.warning("replica %r: its thread did not end within 10 s of stop()", self.name)
         if self._client is not None:
             self._client.close()
+        if self.table is not None:
+            self.table.status = "stopped"
+        _release(self)
 
     # -- the replicator's thread ------------------------------------------------------------------
     def _run(self) -> None:
