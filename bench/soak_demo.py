@@ -425,9 +425,11 @@ class Soak:
 
     def run(self) -> dict:
         self.start_server()
-        threads = [threading.Thread(target=f, daemon=True, name=f.__name__) for f in
-                   (self.churn, self.latency_follower, self.followers, self.browsers, self.uploads_and_operations,
-                    self.abandoned_sessions)]
+        drivers = {"churn": (self.churn, self.latency_follower), "followers": (self.followers,),
+                   "browsers": (self.browsers,), "uploads": (self.uploads_and_operations,),
+                   "abandoned": (self.abandoned_sessions,)}
+        chosen = [d for d in drivers if d in self.args.drivers.split(",")]
+        threads = [threading.Thread(target=f, daemon=True, name=f.__name__) for d in chosen for f in drivers[d]]
         for th in threads:
             th.start()
         t0 = time.monotonic()
@@ -445,7 +447,7 @@ class Soak:
             for th in threads:
                 if th.name != "latency_follower":
                     th.join(60)
-            result = self.check_converged()
+            result = self.check_converged() if "churn" in chosen else {}
         finally:
             self.stop.set()
             self.stop_server()
@@ -483,6 +485,9 @@ def main() -> None:
     ap.add_argument("--churn", type=int, default=10_000, help="keys replaced a second")
     ap.add_argument("--no-spark", action="store_true")
     ap.add_argument("--quick", action="store_true", help="5 minutes, 20 s samples, no Spark")
+    ap.add_argument("--drivers", default="churn,followers,browsers,uploads,abandoned",
+                    help="which kinds of load run (comma-separated; all by default): to find which one a "
+                    "growth follows")
     ap.add_argument("--memtrace", help="the server writes a memory trace (JSON lines, one a sample) here; "
                     "tracemalloc slows it down: for finding a leak, not for the latency figures")
     ap.add_argument("--report", help="write the report (with every sample) as JSON here")

@@ -187,6 +187,10 @@ def _main(argv: list[str] | None) -> int:
     if settings.print_config:
         print(render(settings), flush=True)
         return 0
+    from tickwire.server.process_memory import MallocTrimmer, limit_malloc_arenas
+
+    limit_malloc_arenas()  # before the server's threads start (see tickwire.server.process_memory)
+    trimmer = MallocTrimmer().start()
     try:
         return _serve(settings) if args.command == "serve" else _demo(settings)
     except ConfigError as exc:
@@ -197,6 +201,8 @@ def _main(argv: list[str] | None) -> int:
         raise
     except Exception as exc:  # noqa: BLE001 - every startup mistake is one line (a traceback with debug)
         return _fail(_startup_message(exc, settings), 1, debug)
+    finally:
+        trimmer.stop()
 
 
 def _startup_message(exc: BaseException, s: Settings) -> str:
