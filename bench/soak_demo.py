@@ -22,7 +22,8 @@ and Python's allocations (from its /metrics), the data directory's bytes, latenc
 last period, and the counts of the clients' work.
 At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
 last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
-stated; Arrow's and Python's slopes tell a kept object from the allocator's fragmentation), the
+stated; Arrow's and Python's slopes are reported too, though the engine's numpy arrays are in
+neither), the
 disk's peak, latency at the end against the start, every follower's state against
 the server's, and the churned table against what the driver acknowledged. Printed, and written
 as JSON (--report).

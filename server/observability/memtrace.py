@@ -11,8 +11,10 @@ With `TICKWIRE_MEMTRACE=<file>` in the environment, a server started in this pro
 * `sites`: the 20 allocation sites (file:line, 4 frames deep) whose held bytes grew most since the
   first line.
 
-It answers "is the growth Arrow's, Python's, or neither (the allocator's fragmentation)?" and, if it
-is Python's, where. tracemalloc slows allocation down, so this is for diagnosis runs (the soak's
+It says whether Python objects or Arrow's pool grow and, for Python objects, where. It does not
+see every numpy array the engine grows (a soak's server grew its tables' numpy arrays while this
+trace's total stayed flat): for native and numpy memory, attach a native profiler (memray attach
+--native). tracemalloc slows allocation down, so this is for diagnosis runs (the soak's
 `--memtrace`), never for measuring latency.
 
 Touches nothing of the engine: it reads process-wide figures only.

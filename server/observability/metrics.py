@@ -26,8 +26,9 @@ counted once per call, per FlightData message or per cycle, never per row:
 * `tickwire_grpc_errors{code}`: calls ended with an error status, by status code;
 * `tickwire_sessions`, `tickwire_exports`, `tickwire_web_sockets`;
 * memory: `tickwire_resident_bytes`, `tickwire_arrow_allocated_bytes` (Arrow's default pool),
-  `tickwire_python_allocated_blocks`: growth of the first with neither of the others is the
-  allocators' fragmentation, not a table or a Python object that is kept.
+  `tickwire_python_allocated_blocks` (pymalloc's). numpy arrays, where the engine keeps its
+  columns, are in neither of the last two: resident growth alone does not tell a growing table
+  from the allocators' fragmentation.
 """
 from __future__ import annotations
 
