@@ -2,10 +2,11 @@
 
 Why: glibc gives each thread that meets contention an arena of its own (up to eight per core) and
 an arena returns memory to the system only from its top. gRPC's, the web side's and the engine's
-threads allocate and free native and Python buffers of every size in all of them, so RSS creeps up
-over hours with nothing kept: in the demo soak (bench/soak_demo.py) RSS grew by about 4-5 MB a
-minute while what Python holds (tracemalloc) and Arrow's pool stayed flat, the growth in the
-threads' arenas, and one `malloc_trim(0)` gave 28 MB of it back at once.
+threads allocate and free native, numpy and Python buffers of every size in all of them, and what
+they free stays resident. In the demo soak (bench/soak_demo.py) the growth sat in the threads'
+arenas and one `malloc_trim(0)` gave 28 MB back at once; with the cap and the trims the hour's RSS
+slope fell from +59 % to +33 % of its mean, the rest being the demo's tables growing (its append
+tables and what is derived from them, by design).
 
 `tickwire serve` and `tickwire demo` cap the arenas (before the server's threads start) and trim
 every minute; a server embedded in another program leaves its allocator to that program (which may

@@ -227,8 +227,8 @@ def test_stop_waits_for_a_sync_in_progress_then_marks_the_table_stopped_and_free
         stopped = threading.Event()
         stopper = threading.Thread(target=lambda: (rep.stop(), stopped.set()))
         stopper.start()
-        time.sleep(0.2)
-        assert not stopped.is_set()  # stop() waits for the write in progress
+        assert wait_until(rep._stop.is_set, 30)  # stop() has begun
+        assert not stopped.is_set()  # and waits for the write in progress (held until go_on)
         with pytest.raises(ValueError, match="already replicated as 'copy'"):
             Replicator(local, server.target, "src", local_name="copy").start(wait=False)
         go_on.set()

@@ -222,7 +222,8 @@ class Replicator:
     def stop(self) -> None:
         """Stops following. Its thread ends first (a snapshot or an update it was writing is
         written whole), then the table is marked "stopped" and its name is free for another
-        replicator: nothing of this one reaches the table after stop() returns."""
+        replicator: nothing of this one reaches the table after stop() returns, unless its thread
+        did not end within 10 s (logged as a warning)."""
         self._stop.set()
         call = self._call
         if call is not None:

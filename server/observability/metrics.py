@@ -325,7 +325,6 @@ class _Collector:
         web = server.web
         yield _gauge("tickwire_web_sockets", "Open browser websockets", web.open_sockets if web is not None else 0)
 
-
     @staticmethod
     def _memory():
         mem = memory_figures()
