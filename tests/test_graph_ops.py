@@ -616,3 +616,61 @@ def test_sort_on_strings_longer_than_the_encoding_with_modifications_in_the_same
     assert s.to_arrow()["sym"].to_pylist() == ["b-" + "x" * 30, "bc", "c", "d", "e"]
     assert f.updates == 1
     s.index.check()
+
+
+def _latest_by(rows: list[dict], key: str) -> dict:
+    out: dict = {}
+    for r in rows:  # rows in row-key order: the last one of a key wins
+        out[r[key]] = {k: v for k, v in r.items() if k != ROW_KEY}
+    return out
+
+
+def test_last_by_of_an_append_table_keeps_state_per_group_not_per_row():
+    engine = Engine()
+    trades = engine.create(TableSpec("trades", "append", QUOTES))
+    lb = trades.last_by("sym")
+    f = Follower(lb)
+    rng = np.random.default_rng(3)
+    for step in range(30):
+        n = int(rng.integers(1, 200))
+        engine.write(trades, quotes([(f"s{int(s)}", float(p), int(v), "X") for s, p, v in
+                                     zip(rng.integers(0, 12, n), rng.random(n), rng.integers(0, 1000, n))]))
+        engine.run_cycle()
+        got = {r["sym"]: r for r in lb.to_arrow().to_pylist()}
+        assert got == _latest_by(_rows(trades), "sym"), f"step {step}"
+    assert f.updates == 30
+    # nothing per parent row: the parent holds thousands of rows, the table a dozen groups
+    assert len(trades.rowset) > 1000
+    assert lb._lean and lb._members.n == 0 and lb._gid_of.get(trades.rowset.keys()).max() < 0
+
+
+def test_last_by_of_an_add_only_join_that_moves_rows_between_groups_builds_its_row_state_once():
+    # a natural_join of an append table is AddOnly, yet a right-side change modifies its joined
+    # column: a last_by on that column sees rows change group and must still be right
+    engine = Engine()
+    trades = engine.create(TableSpec("trades", "append", QUOTES))
+    refs = engine.create(TableSpec("refs", "keyed", pa.schema([("sym", pa.string()), ("desk", pa.string())]),
+                                   keys=["sym"]))
+    joined = trades.natural_join(refs, on="sym", joins="desk")
+    assert joined.attributes.get("AddOnly")
+    lb = joined.last_by("desk")
+    f = Follower(lb)
+    rng = np.random.default_rng(11)
+    syms = [f"s{i}" for i in range(8)]
+    engine.write(refs, pa.table({"sym": syms, "desk": [f"d{i % 3}" for i in range(8)]}))
+    lean_steps = 0
+    for step in range(40):
+        n = int(rng.integers(0, 30))
+        if n:
+            engine.write(trades, quotes([(syms[int(s)], float(p), int(v), "X") for s, p, v in
+                                         zip(rng.integers(0, 8, n), rng.random(n), rng.integers(0, 1000, n))]))
+        if step >= 20 and rng.random() < 0.5:  # desks change from step 20 on
+            k = rng.choice(8, int(rng.integers(1, 4)), replace=False)
+            engine.write(refs, pa.table({"sym": [syms[int(i)] for i in k],
+                                         "desk": [f"d{int(d)}" for d in rng.integers(0, 5, k.size)]}))
+        engine.run_cycle()
+        lean_steps += lb._lean
+        got = {r["desk"]: r for r in lb.to_arrow().to_pylist()}
+        assert got == _latest_by(_rows(joined), "desk"), f"step {step}"
+    assert lean_steps >= 20 and not lb._lean  # lean until the first desk change, general after
+    assert f.updates > 0

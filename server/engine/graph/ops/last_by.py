@@ -32,7 +32,13 @@ class LastByTable(_Op):
     Deephaven orders groups by first appearance) and keeps it while it has rows; a group that
     empties is removed, and one that comes back is a new
     row. The group's row is modified when its latest row changes (every non-key column is then
-    reported modified) or when the parent modifies that row (its modified columns)."""
+    reported modified) or when the parent modifies that row (its modified columns).
+
+    Over a parent marked AddOnly (an append table, and what keeps that attribute) the table keeps
+    state per group only (its latest row is the largest key added), so its memory follows its
+    groups, not its parent's rows. Should such a parent still remove, shift, or move a row to
+    another group, the table builds its per-row state from the parent's rows once and goes on
+    from there."""
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, keys: Union[str, Sequence[str]]):
         keys = [keys] if isinstance(keys, str) else list(keys)
@@ -54,6 +60,7 @@ class LastByTable(_Op):
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
         self._gid_at = np.full(1024, -1, dtype=np.int64)  # output row key -> group
         self._next_okey = 0
+        self._lean = bool(parent.attributes.get("AddOnly"))   # no per-row state (see the class)
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
             self.store = parent.store
@@ -116,6 +123,11 @@ class LastByTable(_Op):
         return self._cycle(up)
 
     def _cycle(self, up: TableUpdate) -> Optional[TableUpdate]:
+        if self._lean:
+            mod_keys = bool(up.modified.keys().size and set(self.keys) & up.modified_columns)
+            if up.removed.keys().size or not up.shifted.is_empty() or mod_keys:
+                return self._leave_lean(up)
+            return self._lean_cycle(up)
         parent, members, gid_of = self.parent, self._members, self._gid_of
         rec_g: list[np.ndarray] = []       # touched groups, with their latest row before the cycle
         rec_rep: list[np.ndarray] = []     # (post-shift key; -2 when that row left)
@@ -180,6 +192,47 @@ class LastByTable(_Op):
         if not rec_g:
             mod_o = self._modified_reps(mod_p)
             return self._emit(_EMPTY, _EMPTY, mod_o, up, False)
+        return self._finish(rec_g, rec_rep, in_p, in_g, mod_p, up)
+
+    def _lean_cycle(self, up: TableUpdate) -> Optional[TableUpdate]:
+        """A cycle of an AddOnly parent: added rows, and rows modified in place."""
+        add_p, mod_p = up.added.keys(), up.modified.keys()
+        if add_p.size == 0:
+            return self._emit(_EMPTY, _EMPTY, self._modified_reps(mod_p), up, False)
+        add_g = self._group_of(self.parent.gather(self.keys, add_p))
+        rep_b = self._rep[add_g]
+        np.add.at(self._count, add_g, 1)
+        np.maximum.at(self._rep, add_g, add_p)
+        return self._finish([add_g], [rep_b], add_p, add_g, mod_p, up)
+
+    def _leave_lean(self, up: TableUpdate) -> Optional[TableUpdate]:
+        """The AddOnly parent did what an AddOnly table does not: the per-row state is built
+        from its current rows, and the output follows from each group's latest row before and
+        after (a row that left counts as a changed latest row)."""
+        self._lean = False
+        parent = self.parent
+        old_g = np.flatnonzero(self._okey[:self._ngroups] >= 0)
+        rep_b = self._rep[old_g]
+        rep_b = np.where(np.isin(rep_b, up.removed.keys()), -2, up.shifted.apply_to_keys(rep_b))
+        now_p = parent.rowset.keys()
+        now_g = self._group_of(parent.gather(self.keys, now_p))
+        self._gid_of = KeyMap()
+        self._members = OrderIndex(2)
+        self._gid_of.set(now_p, now_g)
+        self._members.insert([now_g.astype(np.uint64), now_p.astype(np.uint64)])
+        self._count[:] = 0
+        np.add.at(self._count, now_g, 1)
+        self._rep[:] = -1
+        np.maximum.at(self._rep, now_g, now_p)
+        # groups that had a row come first, so that their latest row before is the one recorded
+        return self._finish([old_g, now_g], [rep_b, np.full(now_g.size, -1, dtype=np.int64)],
+                            now_p, now_g, up.modified.keys(), up)
+
+    def _finish(self, rec_g: list[np.ndarray], rec_rep: list[np.ndarray], in_p: np.ndarray,
+                in_g: np.ndarray, mod_p: np.ndarray, up: TableUpdate) -> Optional[TableUpdate]:
+        """The cycle's update from the touched groups (`rec_g`, with their latest rows before the
+        cycle in `rec_rep`), the rows that joined groups (`in_p`, `in_g`) and the parent's
+        modified rows."""
         # 6. what each touched group's output row does
         allg = np.concatenate(rec_g)
         allrep = np.concatenate(rec_rep)
@@ -220,7 +273,10 @@ class LastByTable(_Op):
         """Output keys of groups whose latest row the parent modified in place."""
         if mod_p.size == 0:
             return _EMPTY
-        g = self._gid_of.get(mod_p)
+        if self._lean:
+            g = self._group_of(self.parent.gather(self.keys, mod_p))
+        else:
+            g = self._gid_of.get(mod_p)
         ok = g >= 0
         g, p = g[ok], mod_p[ok]
         is_rep = self._rep[g] == p
