@@ -674,3 +674,52 @@ def test_last_by_of_an_add_only_join_that_moves_rows_between_groups_builds_its_r
         assert got == _latest_by(_rows(joined), "desk"), f"step {step}"
     assert lean_steps >= 20 and not lb._lean  # lean until the first desk change, general after
     assert f.updates > 0
+
+
+def test_last_by_reuses_the_ids_and_row_keys_of_groups_that_emptied():
+    # orders come and go, one group per order id: the table's groups and row keys follow the live
+    # orders (a few thousand), not the 60,000 ids seen, and every update still applies
+    engine = Engine()
+    orders = engine.create(TableSpec("orders", "keyed", QUOTES, keys=["sym"]))
+    lb = orders.last_by("venue")   # "venue" holds the order id below: one group per order
+    f = Follower(lb)
+    live: list[int] = []
+    nxt = 0
+    removed_keys: set[int] = set()
+    reused = 0
+    for step in range(60):
+        new = list(range(nxt, nxt + 1000))
+        nxt += 1000
+        engine.write(orders, quotes([(f"o{i}", float(i), i, f"id{i}") for i in new]))
+        if len(live) >= 3000:
+            gone, live = live[:1000], live[1000:]
+            engine.write(orders, delete=pa.table({"sym": [f"o{i}" for i in gone]}))
+        live += new
+        up = engine.run_cycle()[lb.name]
+        added = set(up.added.keys().tolist())
+        reused += len(added & removed_keys)
+        assert not added & set(up.removed.keys().tolist())  # never reused in the cycle that frees it
+        removed_keys |= set(up.removed.keys().tolist())
+        removed_keys -= added
+        got = sorted(r["venue"] for r in lb.to_arrow().to_pylist())
+        assert got == sorted(f"id{i}" for i in live), f"step {step}"
+    assert f.updates == 60 and reused > 20_000
+    assert lb._ngroups <= 4000 + 2 * 1024 and lb._next_okey <= 4000 + 2 * 1024
+    assert len(lb._groups) == len(live) + sum(a.size for a in lb._dead_g)
+    # a key seen before, gone and back, is a new row with its own values
+    engine.write(orders, quotes([("o0", -1.0, -1, "id0")]))
+    engine.run_cycle()
+    assert [r["px"] for r in lb.to_arrow().to_pylist() if r["venue"] == "id0"] == [-1.0]
+
+
+def test_last_by_gives_new_groups_row_keys_after_every_other_while_few_are_free():
+    engine = Engine()
+    k = engine.create(TableSpec("k", "keyed", QUOTES, keys=["sym"]))
+    engine.write(k, quotes([(f"s{i}", 1.0, i, f"v{i}") for i in range(10)]))
+    engine.run_cycle()
+    lb = k.last_by("venue")
+    engine.write(k, delete=pa.table({"sym": ["s2", "s3"]}))
+    engine.run_cycle()
+    engine.write(k, quotes([("s20", 1.0, 20, "v20")]))
+    up = engine.run_cycle()[lb.name]
+    assert up.added.keys().tolist() == [10]   # not 2: two free keys are too few to reuse

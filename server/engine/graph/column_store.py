@@ -421,6 +421,20 @@ def groups_of(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], values
     return out
 
 
+def forget_groups(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], gids: np.ndarray) -> None:
+    """Takes groups `gids` (their key values stored at their ids in `store`) out of `index`, so
+    that their ids can be given to other keys; a key of theirs seen again becomes a new group."""
+    if not keys or gids.size == 0:
+        return
+    stored = store.gather(gids, list(keys))
+    cols = [stored.column(k).combine_chunks() for k in keys]
+    h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+    found, where = index.lookup(h, lambda qi, g: g == gids[qi])
+    if np.any(found != gids):
+        raise RuntimeError("forget_groups: a group is not in its index")
+    index.delete(where)
+
+
 # ----------------------------------------------------------------------------------------------
 # hashing of key columns
 # ----------------------------------------------------------------------------------------------

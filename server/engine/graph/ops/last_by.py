@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
-from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, forget_groups, groups_of
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["LastByTable"]
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+_REUSE_MIN = 1024   # freed output row keys and group ids are reused once this many (or 1/8) are free
 
 
 class LastByTable(_Op):
@@ -38,7 +39,13 @@ class LastByTable(_Op):
     state per group only (its latest row is the largest key added), so its memory follows its
     groups, not its parent's rows. Should such a parent still remove, shift, or move a row to
     another group, the table builds its per-row state from the parent's rows once and goes on
-    from there."""
+    from there.
+
+    Memory follows the live groups: once many groups have emptied (`_REUSE_MIN`, or an eighth of
+    the live ones), their ids are given to new keys, and output row keys freed by removed groups
+    are given to new groups (lowest first), at the earliest in the cycle after the one that removed
+    them, so that no subscriber takes a new group for an old one. Until then new groups get row
+    keys after every other, which is the order Deephaven gives them."""
 
     def __init__(self, graph: "UpdateGraph", name: str, parent: Table, keys: Union[str, Sequence[str]]):
         keys = [keys] if isinstance(keys, str) else list(keys)
@@ -60,6 +67,10 @@ class LastByTable(_Op):
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
         self._gid_at = np.full(1024, -1, dtype=np.int64)  # output row key -> group
         self._next_okey = 0
+        self._dying_o: list[np.ndarray] = []     # output keys removed by the last cycle
+        self._free_o = _EMPTY                     # output keys free for new groups, ascending
+        self._dead_g: list[np.ndarray] = []      # groups that emptied (and may have come back)
+        self._free_g = _EMPTY                     # group ids free for new keys
         self._lean = bool(parent.attributes.get("AddOnly"))   # no per-row state (see the class)
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
@@ -97,8 +108,11 @@ class LastByTable(_Op):
     def _group_of(self, values: pa.Table) -> np.ndarray:
         """Group of each row of key values, creating groups for new keys."""
         def make(key_vals: pa.Table) -> np.ndarray:
-            new = np.arange(self._ngroups, self._ngroups + key_vals.num_rows, dtype=np.int64)
-            self._ngroups += key_vals.num_rows
+            k = key_vals.num_rows
+            reused, self._free_g = self._free_g[:k], self._free_g[k:]
+            fresh = np.arange(self._ngroups, self._ngroups + k - reused.size, dtype=np.int64)
+            new = np.concatenate((reused, fresh))
+            self._ngroups += fresh.size
             self._grow(self._ngroups)
             self._group_keys.ensure(self._ngroups)
             self._group_keys.write(new, key_vals)
@@ -122,7 +136,34 @@ class LastByTable(_Op):
     def _follow(self, step: int, up: TableUpdate) -> Optional[TableUpdate]:
         return self._cycle(up)
 
+    def _release(self) -> None:
+        """Frees what earlier cycles left: their removed output keys (that update has gone out),
+        and, once many groups have emptied, those groups' ids."""
+        if self._dying_o:
+            self._free_o = np.sort(np.concatenate([self._free_o, *self._dying_o]))
+            self._dying_o = []
+        if self._dead_g and sum(a.size for a in self._dead_g) >= self._reuse_threshold():
+            dead = unique(np.concatenate(self._dead_g))
+            self._dead_g = []
+            dead = dead[(self._count[dead] == 0) & (self._okey[dead] < 0)]   # not come back since
+            forget_groups(self._groups, self._group_keys, self.keys, dead)
+            self._rep[dead] = -1
+            self._free_g = np.concatenate((self._free_g, dead))
+
+    def _reuse_threshold(self) -> int:
+        return max(_REUSE_MIN, (self._next_okey - self._free_o.size) // 8)
+
+    def _output_keys(self, n: int) -> np.ndarray:
+        """Row keys for n new groups: freed ones (lowest first) while many are free, else new."""
+        reused = _EMPTY
+        if n and self._free_o.size >= self._reuse_threshold():
+            reused, self._free_o = self._free_o[:n], self._free_o[n:]
+        fresh = np.arange(self._next_okey, self._next_okey + n - reused.size, dtype=np.int64)
+        self._next_okey += fresh.size
+        return np.concatenate((reused, fresh))
+
     def _cycle(self, up: TableUpdate) -> Optional[TableUpdate]:
+        self._release()
         if self._lean:
             mod_keys = bool(up.modified.keys().size and set(self.keys) & up.modified_columns)
             if up.removed.keys().size or not up.shifted.is_empty() or mod_keys:
@@ -243,6 +284,11 @@ class LastByTable(_Op):
         gone_o = self._okey[G[existed & ~now]]
         self._gid_at[gone_o] = -1
         self._okey[G[existed & ~now]] = -1
+        if gone_o.size:
+            self._dying_o.append(gone_o)
+        emptied = G[~now]
+        if emptied.size and self.keys:
+            self._dead_g.append(emptied)
         born = G[~existed & now]
         if born.size:
             # new groups in the order of their first rows (all their rows came in this cycle)
@@ -251,8 +297,7 @@ class LastByTable(_Op):
             first_row = np.full(self._ngroups, np.iinfo(np.int64).max, dtype=np.int64)
             first_row[firsts_g] = in_p[o][firsts_i]
             born = born[np.argsort(first_row[born], kind="stable")]
-        new_o = np.arange(self._next_okey, self._next_okey + born.size, dtype=np.int64)
-        self._next_okey += born.size
+        new_o = self._output_keys(born.size)
         if new_o.size:
             size = self._gid_at.size
             while size < self._next_okey:
