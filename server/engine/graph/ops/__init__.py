@@ -13,7 +13,9 @@ Row keys:
   column that keeps the row between its neighbours stays a modification; one that moves the row is
   a remove plus an add;
 - `last_by` gives each group a row key when the group first appears (in the order of its first
-  row) and keeps it while the group has rows; groups are never shifted.
+  row) and keeps it while the group has rows; groups are never shifted. Once many groups have
+  emptied, their ids and row keys go to new groups (a cycle after their removal), so its memory
+  follows the live groups; over an AddOnly parent it keeps nothing per parent row.
 
 The row set of an operation lives in a private roaring bitmap changed in place each cycle; the
 immutable `rowset` is built from it only when read (and the previous one is kept or rebuilt from
