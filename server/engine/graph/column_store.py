@@ -391,6 +391,12 @@ def key_verifier(store: "ColumnStore", names: Sequence[str], cols: Sequence[pa.A
     return verify
 
 
+def _group_hashes(cols: Sequence[pa.Array]) -> np.ndarray:
+    """Hashes of group keys; booleans hash as int8 (hash_columns cannot read a boolean column
+    with nulls)."""
+    return hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+
+
 def groups_of(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], values: pa.Table,
               make: Callable[[pa.Table], np.ndarray]) -> np.ndarray:
     """The group of each row of `values` (its columns `keys`), found in `index` (key hash -> group,
@@ -402,8 +408,7 @@ def groups_of(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], values
         zeros: np.ndarray = np.zeros(values.num_rows, dtype=np.int64)
         return zeros
     cols = [values.column(k).combine_chunks() for k in keys]
-    # booleans hash as int8 (hash_columns cannot read a boolean column with nulls)
-    h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+    h = _group_hashes(cols)
     same = key_verifier(store, keys, cols)
     gids, _ = index.lookup(h, same)
     missing = np.flatnonzero(gids < 0)
@@ -428,7 +433,7 @@ def forget_groups(index: KeyIndex, store: "ColumnStore", keys: Sequence[str], gi
         return
     stored = store.gather(gids, list(keys))
     cols = [stored.column(k).combine_chunks() for k in keys]
-    h = hash_columns([c.cast(pa.int8()) if pa.types.is_boolean(c.type) else c for c in cols])
+    h = _group_hashes(cols)
     found, where = index.lookup(h, lambda qi, g: g == gids[qi])
     if np.any(found != gids):
         raise RuntimeError("forget_groups: a group is not in its index")

@@ -69,6 +69,7 @@ class LastByTable(_Op):
         self._next_okey = 0
         self._dying_o: list[np.ndarray] = []     # output keys removed by the last cycle
         self._free_o = _EMPTY                     # output keys free for new groups, ascending
+        self._spare_o: list[np.ndarray] = []     # freed since `_free_o` was sorted (merged on taking)
         self._dead_g: list[np.ndarray] = []      # groups that emptied (and may have come back)
         self._free_g = _EMPTY                     # group ids free for new keys
         self._lean = bool(parent.attributes.get("AddOnly"))   # no per-row state (see the class)
@@ -139,9 +140,8 @@ class LastByTable(_Op):
     def _release(self) -> None:
         """Frees what earlier cycles left: their removed output keys (that update has gone out),
         and, once many groups have emptied, those groups' ids."""
-        if self._dying_o:
-            self._free_o = np.sort(np.concatenate([self._free_o, *self._dying_o]))
-            self._dying_o = []
+        self._spare_o += self._dying_o
+        self._dying_o = []
         if self._dead_g and sum(a.size for a in self._dead_g) >= self._reuse_threshold():
             dead = unique(np.concatenate(self._dead_g))
             self._dead_g = []
@@ -150,13 +150,20 @@ class LastByTable(_Op):
             self._rep[dead] = -1
             self._free_g = np.concatenate((self._free_g, dead))
 
+    def _free_count(self) -> int:
+        return self._free_o.size + sum(a.size for a in self._spare_o)
+
     def _reuse_threshold(self) -> int:
-        return max(_REUSE_MIN, (self._next_okey - self._free_o.size) // 8)
+        return max(_REUSE_MIN, (self._next_okey - self._free_count()) // 8)
 
     def _output_keys(self, n: int) -> np.ndarray:
-        """Row keys for n new groups: freed ones (lowest first) while many are free, else new."""
+        """Row keys for n new groups: freed ones (lowest first) while many are free, else new.
+        Keys freed since the last time some were taken are sorted in only then."""
         reused = _EMPTY
-        if n and self._free_o.size >= self._reuse_threshold():
+        if n and self._free_count() >= self._reuse_threshold():
+            if self._spare_o:
+                self._free_o = np.sort(np.concatenate([self._free_o, *self._spare_o]))
+                self._spare_o = []
             reused, self._free_o = self._free_o[:n], self._free_o[n:]
         fresh = np.arange(self._next_okey, self._next_okey + n - reused.size, dtype=np.int64)
         self._next_okey += fresh.size
