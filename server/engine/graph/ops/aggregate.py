@@ -2,10 +2,13 @@
 
 One output row per group. Groups are found by hashing the key columns in bulk (`hash_columns`,
 `KeyIndex`); a group gets its row key when it is first seen (groups first seen in one cycle in the
-order of their first rows, groups of `initial_groups` first) and keeps it for the table's life, so
+order of their first rows, groups of `initial_groups` first) and keeps it while it lives, so
 the output never shifts: a group that empties is removed (unless `preserve_empty`) and one that
-comes back is added at its old row key. With no key columns there is one group, which (as in
-Deephaven) has a row only while the table has rows, unless `preserve_empty`.
+comes back soon is added at its old row key, as in Deephaven. Once many groups have emptied
+(`GroupIds`: 1,024, or an eighth of the live ones) their ids and row keys go to new keys, lowest
+first, from the cycle after the one that removed them, so that memory follows the live groups.
+With no key columns there is one group, which (as in Deephaven) has a row only while the table
+has rows, unless `preserve_empty`.
 
 State (all numpy, indexed by group or by member slot):
 - every parent row is a *member* with a slot; the slot holds the row's group and the values of the
@@ -36,6 +39,7 @@ from tickwire.server.engine.errors import OperationError, UnknownColumnError
 from tickwire.server.engine.graph.aggspec import Agg
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask, groups_of
+from tickwire.server.engine.graph.group_ids import GroupIds
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import (
@@ -786,7 +790,6 @@ class AggregateTable(_Op):
         self.in_schema = pa.schema([ps.field(c) for c in inputs])
         cap = 1024
         self._groups = KeyIndex()
-        self._ngroups = 0
         self._count = np.zeros(cap, dtype=np.int64)        # group -> rows
         self._live = np.zeros(cap, dtype=bool)             # group -> has an output row
         self._linear = [_Linear(a, ps.field(a.column).type if a.column else pa.int64(),
@@ -819,6 +822,9 @@ class AggregateTable(_Op):
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, pa.schema(fields))
             self.store = ColumnStore(self.schema)
+            # emptied groups' ids (their row keys) go to new keys once many have emptied; not
+            # when empty groups keep their rows, nor over a blink table (its groups never empty)
+            self._ids = GroupIds(self._groups, self.store, keys, reuse=not (self.preserve_empty or self.blink))
             if not keys:
                 self._new_groups(1)
             elif initial_groups is not None:
@@ -846,9 +852,12 @@ class AggregateTable(_Op):
             lin.grow(size)
         self.store.ensure(size)
 
+    @property
+    def _ngroups(self) -> int:
+        return self._ids.made
+
     def _new_groups(self, m: int) -> np.ndarray:
-        new = np.arange(self._ngroups, self._ngroups + m, dtype=np.int64)
-        self._ngroups += m
+        new = self._ids.take(m)
         self._grow_groups(self._ngroups)
         return new
 
@@ -897,6 +906,7 @@ class AggregateTable(_Op):
 
     def _cycle(self, up: TableUpdate, extra: np.ndarray = _EMPTY) -> Optional[TableUpdate]:
         parent, slot_of, members = self.parent, self._slot_of, self._members
+        self._ids.release(lambda g: (self._count[g] == 0) & ~self._live[g])
         touched: list[np.ndarray] = [extra]  # groups whose values may have changed
         left: list[tuple[np.ndarray, pa.Table]] = []   # (groups, old values) of rows leaving groups
         came: list[tuple[np.ndarray, pa.Table]] = []   # (groups, values) of rows joining groups
@@ -1002,6 +1012,7 @@ class AggregateTable(_Op):
         born, gone, stay = G[now & ~was], G[was & ~now], G[was & now]
         self._live[born] = True
         self._live[gone] = False
+        self._ids.emptied(gone)
         # the new values of every touched group that has a row now
         out_g = G[now]
         new_cols: dict[str, pa.Array] = {}

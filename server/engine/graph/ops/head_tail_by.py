@@ -3,7 +3,8 @@
 As Deephaven answers `headBy(n, keys)` / `tailBy(n, keys)` (an aggregation grouping every other
 column, cut to n, ungrouped): the key columns come first, then the others in the parent's order;
 the groups follow in the order they were first seen (the order agg_by gives them, a group that
-empties and comes back keeps its place), and each group's rows in the parent's order. The key
+empties and comes back soon keeps its place; once many have emptied their places go to new keys,
+as agg_by's do: `GroupIds`), and each group's rows in the parent's order. The key
 columns show the group's key (the value its first row had: -0.0 and 0.0, NaN and NaN are one key).
 
 Groups are found as agg_by finds them (key columns hashed in bulk, `KeyIndex`, the group keys in a
@@ -13,10 +14,10 @@ scan of about n elements.
 
 Row keys: the row at rank r (0-based, within the rows shown for its group) of group g has the key
 ``g << bits | r``, where ``bits`` is the number of bits of n - 1 (capped at 31: a group shows at
-most 2**31 rows), so each group owns a fixed block of keys and never moves. When a row before
-others in the shown window leaves (or one comes in), the rows after it move to their new ranks:
-that is reported as shifts within the group's block, the row pushed out of the window as removed
-and the one coming into it as added. A cycle looks only at the groups it touches (a row added,
+most 2**31 rows), so each group owns a fixed block of keys and never moves while it has rows.
+When a row before others in the shown window leaves (or one comes in), the rows after it move to
+their new ranks: that is reported as shifts within the group's block, the row pushed out of the
+window as removed and the one coming into it as added. A cycle looks only at the groups it touches (a row added,
 removed, modified, or moved to another group), at about n rows each.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pyarrow as pa
 from tickwire.server.engine.errors import OperationError, UnknownColumnError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
+from tickwire.server.engine.graph.group_ids import GroupIds
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
@@ -103,7 +105,7 @@ class HeadTailByTable(_Op):
         schema = pa.schema([ps.field(k) for k in keys] + [f for f in ps if f.name not in self.key_set])
         self._groups = KeyIndex()
         self._group_keys = ColumnStore(pa.schema([ps.field(k) for k in keys]))
-        self._ngroups = 0
+        self._ids = GroupIds(self._groups, self._group_keys, keys)  # emptied groups' ids given again
         self._count = np.zeros(1024, dtype=np.int64)   # group -> rows
         self._vis = np.zeros(1024, dtype=np.int64)     # group -> rows shown
         self._gid_of = KeyMap()                        # parent row key -> group
@@ -154,11 +156,14 @@ class HeadTailByTable(_Op):
         return pa.Table.from_arrays(cols, schema=pa.schema([self.schema.field(c) for c in names]))
 
     # -- groups ---------------------------------------------------------------------------------
+    @property
+    def _ngroups(self) -> int:
+        return self._ids.made
+
     def _new_groups(self, m: int) -> np.ndarray:
-        new = np.arange(self._ngroups, self._ngroups + m, dtype=np.int64)
-        self._ngroups += m
-        if self._ngroups > (1 << (63 - self.bits)):
+        if self._ngroups + m - min(m, self._ids.free) > (1 << (63 - self.bits)):
             raise OperationError(f"table {self.name!r}: more groups than row keys for them")
+        new = self._ids.take(m)
         size = self._count.size
         while size < self._ngroups:
             size *= 2
@@ -227,6 +232,7 @@ class HeadTailByTable(_Op):
 
     def _cycle(self, up: TableUpdate) -> Optional[TableUpdate]:
         parent, members, gid_of = self.parent, self._members, self._gid_of
+        self._ids.release(lambda g: self._count[g] == 0)
         touched: list[np.ndarray] = []
         # 1. removed rows (pre-shift keys) leave their groups
         rem_p = up.removed.keys()
@@ -321,6 +327,7 @@ class HeadTailByTable(_Op):
         self._src.set(a_okey, a_pkey)
         self._okey_of.set(a_pkey, a_okey)
         self._vis[T] = a_vis
+        self._ids.emptied(T[self._count[T] == 0])
         modified = _EMPTY
         if mod_p.size:
             mo = self._okey_of.get(mod_p)
