@@ -45,21 +45,28 @@ def pause_checkpoints(where: str, seconds: float) -> None:
 
     from tickwire.server.engine.storage import store
 
-    # the checkpoint thread writes the temporary file with store.pq.write_table, renames it, then
-    # syncs the folder ("checkpoints": the only folder of that name synced) with os.fsync before
-    # deleting the journal it covers
+    # the checkpoint thread writes the temporary file with a store.pq.ParquetWriter (closed on
+    # leaving its `with`), renames it, then syncs the folder ("checkpoints": the only folder of
+    # that name synced) with os.fsync before deleting the journal it covers
     if not hasattr(store, "pq"):
         raise SystemExit("tickwire.server.engine.storage.store no longer has pq: update --pause-checkpoint")
     if where == "tmp":
+        class SlowWriter(real_pq.ParquetWriter):
+            def __init__(self, where_to, schema, **kw):
+                super().__init__(where_to, schema, **kw)
+                self.where_to = where_to
+
+            def __exit__(self, *exc):
+                out = super().__exit__(*exc)
+                say("CKPT-TMP", self.where_to)
+                time.sleep(seconds)
+                return out
+
         class SlowParquet:
+            ParquetWriter = SlowWriter
+
             def __getattr__(self, name):
                 return getattr(real_pq, name)
-
-            @staticmethod
-            def write_table(table, where_to, **kw):
-                real_pq.write_table(table, where_to, **kw)
-                say("CKPT-TMP", where_to)
-                time.sleep(seconds)
 
         store.pq = SlowParquet()
     elif where == "renamed":

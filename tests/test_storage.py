@@ -351,3 +351,52 @@ def test_a_slow_disk_holds_cycles_back_instead_of_queueing_without_bound(tmp_pat
     engine2, found = open_engine(tmp_path)
     assert state(engine2, found["app"])[1].column("k").to_pylist() == list(range(60))
     engine2.close_storage()
+
+
+def test_an_append_tables_checkpoint_reads_its_rows_a_slice_at_a_time_while_cycles_go_on(tmp_path, monkeypatch):
+    # an append table is not copied at the boundary: the checkpoint reads its rows a slice (a row
+    # group) at a time, and rows appended meanwhile are the journal's, not the checkpoint's
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from tickwire.server.engine.storage import store
+
+    monkeypatch.setattr(store, "CHECKPOINT_SLICE", 100)
+    written: list[int] = []
+    first, go_on = threading.Event(), threading.Event()
+
+    class Writer(pq.ParquetWriter):
+        def write_table(self, table, *args, **kw):
+            super().write_table(table, *args, **kw)
+            written.append(table.num_rows)
+            if len(written) == 1:   # the checkpoint waits here, holding no lock, while cycles run
+                first.set()
+                go_on.wait(60)
+
+    monkeypatch.setattr(pq, "ParquetWriter", Writer)
+    engine, _ = open_engine(tmp_path)
+    app, keyed, ring = make_tables(engine)
+    engine.write(app, rows(np.arange(1050)), wait=False)
+    engine.write(keyed, rows(np.arange(300)), wait=False)
+    engine.run_cycle()
+    assert engine.storage.checkpoint(app)
+    assert first.wait(60)
+    for c in range(3):
+        engine.write(app, rows(np.arange(2000 + 500 * c, 2500 + 500 * c), 1.0), wait=False)
+        engine.run_cycle()
+    go_on.set()
+    engine.storage.wait_checkpoints()
+    assert written == [100] * 10 + [50]
+    [ckpt] = (tmp_path / "default").glob("*/checkpoints/checkpoint-*.parquet")
+    f = pq.ParquetFile(ckpt)
+    assert f.metadata.num_row_groups == 11
+    got = f.read()
+    assert got.column(store.ROWKEY_COLUMN).to_pylist() == list(range(1050))
+    assert got.drop_columns([store.ROWKEY_COLUMN]).equals(rows(np.arange(1050)))
+    before = state(engine, app)
+    engine.close_storage()
+    engine2, found = open_engine(tmp_path)
+    after = state(engine2, found["app"])
+    assert after[0] == before[0] == list(range(2550)) and after[1].equals(before[1])
+    engine2.close_storage()

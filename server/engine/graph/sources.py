@@ -144,6 +144,11 @@ class SourceTable(Table):
         """The row key the next new row gets."""
         return len(self.rowset)
 
+    #: the rows of `checkpoint_rows()` keep their values while the table lives (an append table's
+    #: rows are never changed or removed): a checkpoint reads them after the boundary, a slice at a
+    #: time, instead of copying the table at it
+    checkpoint_rows_stay = False
+
     def checkpoint_rows(self) -> RowSet:
         """The rows a checkpoint of this table keeps (all; a history table's intraday rows only)."""
         return self.rowset
@@ -184,6 +189,8 @@ def _concat(ops: Sequence[_Input]) -> Optional[pa.Table]:
 
 class AppendOnlyTable(SourceTable):
     """Rows are only ever appended; the row set is always [0, n)."""
+
+    checkpoint_rows_stay = True
 
     def __init__(self, graph: "UpdateGraph", name: str, schema: pa.Schema):
         super().__init__(graph, name, schema)

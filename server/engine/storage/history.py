@@ -152,6 +152,8 @@ class HistoryTable(AppendOnlyTable):
         locations; the read cache has its own lock)."""
         return rows.subset_by_key_range(0, INTRADAY_BASE - 1)
 
+    checkpoint_rows_stay = False   # a merge takes intraday rows out
+
     def checkpoint_rows(self) -> RowSet:
         """A checkpoint keeps the intraday rows; the history is the dataset's."""
         return self._intraday_rows

@@ -21,9 +21,13 @@ tables go on.
 
 Every `checkpoint_cycles` journaled cycles or `checkpoint_bytes` of journal, a table's rows are
 taken at the cycle boundary and written to Parquet in the background (to a temporary name, then
-renamed); the journal files it covers are deleted after. At start (`recover`), each table comes
-back from its last checkpoint plus the journal after it, with the same row keys and the same
-batch-id memory: a Spark query resuming from its checkpoint neither loses nor repeats a batch.
+renamed), `CHECKPOINT_SLICE` rows a row group; the journal files it covers are deleted after. A
+keyed or ring table's rows are copied at the boundary (they change after it); an append table's
+are not (they never change): the writer reads them a slice at a time, under the graph's lock for
+each, so that a checkpoint of a table of many rows costs a slice of memory, not a copy of it.
+At start (`recover`), each table comes back from its last checkpoint plus the journal after it,
+with the same row keys and the same batch-id memory: a Spark query resuming from its checkpoint
+neither loses nor repeats a batch.
 Blink tables are not journaled (they hold one cycle), nor are static and hidden (session) tables.
 """
 from __future__ import annotations
@@ -50,6 +54,7 @@ from tickwire.errors import TickwireError
 from tickwire.protocol.schema import BARRAGE_SCHEMA
 from tickwire.server.engine.catalog import TableSpec
 from tickwire.server.engine.config import Durability
+from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.sources import KeyedTable, SourceTable
 from tickwire.server.engine.storage.journal import JournalCorrupt, decode_data, encode_record, scan
 
@@ -71,8 +76,10 @@ _CKPT_RE = re.compile(r"^checkpoint-(\d{12})\.parquet$")
 
 # one queued input: ("add", rows) or ("delete", key values)
 _Op = tuple[str, pa.Table]
-# what a checkpoint starts from: the rows, their row keys, and its metadata
-_Snapshot = tuple[pa.Table, np.ndarray, dict[str, Any]]
+CHECKPOINT_SLICE = 65_536  # rows a checkpoint's row group holds (and an append table's read takes)
+# what a checkpoint starts from: the rows (None: read from the table, whose rows stay), their row
+# keys, and its metadata
+_Snapshot = tuple[Optional[pa.Table], RowSet, dict[str, Any]]
 
 
 class StorageError(TickwireError):
@@ -464,16 +471,18 @@ class Storage:
         once the checkpoint, written in the background, is on disk."""
         files.checkpointing = True
         rows = table.checkpoint_rows()
-        snapshot: _Snapshot = (table.gather(None, rows), rows.keys().copy(),
-                    {"step": step - 1, "next_key": int(table.next_key), "batches": table.applied_batch_state(),
-                     "format": FORMAT})
+        data = None
+        if not table.checkpoint_rows_stay:   # its rows (and row set) change after the boundary
+            data, rows = table.gather(None, rows), RowSet.from_keys(rows.keys().copy())
+        snapshot: _Snapshot = (data, rows, {"step": step - 1, "next_key": int(table.next_key),
+                                            "batches": table.applied_batch_state(), "format": FORMAT})
         files.cycles = 0
         with self._cond:
             self._queue.append(("rotate", files, snapshot))
             self._cond.notify_all()
 
     def _rotate(self, files: _TableFiles, snapshot: _Snapshot) -> None:
-        data, row_keys, meta = snapshot
+        data, rows, meta = snapshot
         covered = files.seq
         meta = dict(meta, journal_seq=covered)
         if not files.failed:
@@ -484,12 +493,23 @@ class Storage:
                                                  f"({exc.strerror or exc})")
         files.bytes = 0
         thread = threading.Thread(target=self._write_checkpoint,
-                                  args=(files.table, files, data, row_keys, meta, covered),
+                                  args=(files.table, files, data, rows, meta, covered),
                                   name=f"tickwire-checkpoint-{files.table.name}", daemon=True)
         self._checkpoints = [t for t in self._checkpoints if t.is_alive()] + [thread]
         thread.start()
 
-    def _write_checkpoint(self, table: SourceTable, files: _TableFiles, data: pa.Table, row_keys: np.ndarray,
+    def _slice(self, table: SourceTable, data: Optional[pa.Table], rows: RowSet, first: int) -> pa.Table:
+        """Rows [first, first + CHECKPOINT_SLICE) of a checkpoint, with their row keys."""
+        last = min(len(rows), first + CHECKPOINT_SLICE) - 1
+        part_rows = rows.subset_by_positions(first, last)
+        if data is None:
+            with self.graph.lock:   # the rows stay; the table's storage may grow meanwhile
+                part = table.gather(None, part_rows)
+        else:
+            part = data.slice(first, last - first + 1)
+        return part.append_column(pa.field(ROWKEY_COLUMN, pa.int64()), pa.array(part_rows.keys(), pa.int64()))
+
+    def _write_checkpoint(self, table: SourceTable, files: _TableFiles, data: Optional[pa.Table], rows: RowSet,
                           meta: dict[str, Any], covered: int) -> None:
         t0 = time.perf_counter()
         folder = files.root / "checkpoints"
@@ -497,11 +517,19 @@ class Storage:
         tmp = folder / (final.name + ".tmp")
         try:
             folder.mkdir(exist_ok=True)
-            out = data.append_column(pa.field(ROWKEY_COLUMN, pa.int64()), pa.array(row_keys, pa.int64()))
-            schema_meta = dict(out.schema.metadata or {})
+            part = self._slice(table, data, rows, 0)
+            schema_meta = dict(part.schema.metadata or {})
             schema_meta[_CKPT_META] = json.dumps(meta).encode()
-            out = out.replace_schema_metadata(schema_meta)
-            pq.write_table(out, tmp, compression="zstd")
+            schema = part.schema.with_metadata(schema_meta)
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+                first = 0
+                while True:
+                    writer.write_table(part.replace_schema_metadata(schema_meta), row_group_size=CHECKPOINT_SLICE)
+                    first += part.num_rows
+                    if first >= len(rows):
+                        break
+                    part = self._slice(table, data, rows, first)
+            del part
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
