@@ -2,7 +2,9 @@
 --sample seconds: does anything grow that should not?
 
 The server is `tickwire demo` (Spark feeding it unless --no-spark) in a process of its own, with a
-durable data directory (--checkpoint-cycles) and its web side. This process drives, in threads:
+durable data directory and its web side. Its append tables (ticking_append, spark_trades) keep
+their last --append-rows rows (20,000; 0 keeps every row): a table that keeps every row grows by
+design, and the question here is whether anything else does. This process drives, in threads:
 
 - churn: a keyed input table (pydeephaven, as Deephaven's clients make one) of --live keys whose
   keys are replaced at --churn keys a second (inserts and deletes; the batch grows when a round
@@ -135,6 +137,8 @@ class Soak:
                "--data-dir", str(self.data), "--host", "127.0.0.1"]
         if self.args.no_spark:
             cmd.append("--no-spark")
+        if self.args.append_rows:   # the demo's append tables hold their last rows only
+            cmd += ["--append-rows", str(self.args.append_rows)]
         self.log = open(self.data.parent / (self.data.name + ".log"), "wb")
         env = dict(os.environ)
         if self.args.memtrace:  # the server traces its memory (server/observability/memtrace.py)
@@ -485,6 +489,10 @@ def main() -> None:
     ap.add_argument("--live", type=int, default=100_000, help="live keys of the churned table")
     ap.add_argument("--churn", type=int, default=10_000, help="keys replaced a second")
     ap.add_argument("--no-spark", action="store_true")
+    ap.add_argument("--append-rows", type=int, default=20_000,
+                    help="the demo's append tables keep their last N rows (`tickwire demo --append-rows`; full "
+                    "within 7 minutes at the demo's 50 rows a second each), so that its live rows stop growing "
+                    "and RSS can be flat; 0: every row, and RSS grows with them by design")
     ap.add_argument("--quick", action="store_true", help="5 minutes, 20 s samples, no Spark")
     ap.add_argument("--drivers", default="churn,followers,browsers,uploads,abandoned",
                     help="which kinds of load run (comma-separated; all by default): to find which one a "

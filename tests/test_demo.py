@@ -27,6 +27,20 @@ def test_ticker_feeds_every_table():
     assert np.array_equal(engine.resolve("ticking_ring").to_arrow()["Seq"].to_numpy(), np.arange(500, 1500))
 
 
+def test_append_rows_keeps_the_last_rows_of_the_append_table_and_what_follows_it():
+    engine = Engine()
+    ticker = DemoTicker(engine, rows_per_tick=5, append_rows=200)
+    for _ in range(100):
+        ticker.tick()
+        engine.run_cycle()
+    app = engine.resolve("ticking_append")
+    assert np.array_equal(app.to_arrow()["Seq"].to_numpy(), np.arange(300, 500))
+    latest = engine.resolve("ticking_sorted").to_arrow()
+    tail = app.to_arrow().group_by("Sym").aggregate([("Seq", "max")])
+    assert dict(zip(latest["Sym"].to_pylist(), latest["Seq"].to_pylist())) == \
+        dict(zip(tail["Sym"].to_pylist(), tail["Seq_max"].to_pylist()))
+
+
 def test_demo_command_runs_and_stops_cleanly():
     r = subprocess.run([sys.executable, "-m", "tickwire", "demo", "--no-spark", "--no-server", "--duration", "1.5",
                         "--interval-ms", "50", "--status-interval", "0.5"],

@@ -140,7 +140,8 @@ def _demo(s: Settings) -> int:
         from tickwire.server.web.assets import locate_assets
         locate_assets(config.web_assets)  # a bad path fails now, not after Spark has started
     return run_demo(config, serve=not s.no_server, spark=not s.no_spark, duration_s=s.duration,
-                    status_interval_s=s.status_interval, out=lambda line: print(line, flush=True))
+                    status_interval_s=s.status_interval, append_rows=s.append_rows,
+                    out=lambda line: print(line, flush=True))
 
 
 def _fail(message: str, code: int, debug: bool) -> int:

@@ -105,12 +105,14 @@ def _launch_spark(quiet: bool = True) -> None:
 
 def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark: bool = False,
              duration_s: Optional[float] = None, status_interval_s: Optional[float] = None,
-             out: Callable[[str], None] = print, spark_tables_wait_s: float = 60.0) -> int:
+             out: Callable[[str], None] = print, spark_tables_wait_s: float = 60.0,
+             append_rows: Optional[int] = None) -> int:
     """Runs the demo tables until Ctrl-C (or `duration_s`) on an engine built from `config.engine`.
     With `serve`, serves them as `config` says (port 0 picks a free one) and prints how to connect
     once the tables exist (the Spark ones included). `status_interval_s`: print the tables' sizes
     that often (default: never). The ports are checked before anything starts: a port in use fails
-    at once (OSError), not after Spark's ~30 s start."""
+    at once (OSError), not after Spark's ~30 s start. `append_rows`: the append tables keep their
+    last `append_rows` rows (ring tables), for a demo that runs for days in bounded memory."""
     config = config or ServerConfig()
     if serve:
         probe_ports(config.host, {"--port": config.port, "--web-port": config.web_port if config.web else None,
@@ -120,7 +122,7 @@ def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark
         engine.open()
         out(f"data directory {config.engine.data_dir}: tables recovered: "
             f"{', '.join(t.name for t in engine.recovered) or 'none'}")
-    ticker = publish_demo_tables(engine, interval_ms=config.engine.interval_ms, big=serve)
+    ticker = publish_demo_tables(engine, interval_ms=config.engine.interval_ms, big=serve, append_rows=append_rows)
     server = None
     spark_feed = None
     done = threading.Event()
@@ -153,7 +155,7 @@ def run_demo(config: Optional[ServerConfig] = None, *, serve: bool = True, spark
             from tickwire.server.adapters.spark.pipeline_demo import start_spark_demo, stop_active_spark
 
             try:
-                spark_feed = start_spark_demo(engine, out=out, quiet=spark_quiet)
+                spark_feed = start_spark_demo(engine, out=out, quiet=spark_quiet, append_rows=append_rows)
             except KeyboardInterrupt:  # Ctrl-C while Spark starts (its own handler was in place)
                 done.set()
                 stop_active_spark()

@@ -99,6 +99,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("no-server", "bool", False, "run the tables without serving them", commands=("demo",)),
     Option("status-interval", "float", None, "print the tables' sizes every SECONDS (default: never)",
            commands=("demo",), metavar="SECONDS"),
+    Option("append-rows", "int", None, "keep the last N rows of the demo's append tables (ticking_append, "
+                                       "spark_trades), as ring tables, for a demo that runs for days in bounded "
+                                       "memory (default: every row)", commands=("demo",), metavar="N"),
     # serve only
     Option("replicate", "str", None, "follow these tables of other Barrage servers (tickwire or Deephaven) as "
                                      "local tables (=LOCAL: under another name)", commands=("serve",),

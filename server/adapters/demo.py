@@ -3,7 +3,8 @@ and the Spark pipeline).
 
 Tables (names kept stable for the server and its clients):
 - static_mixed: 1,000 deterministic rows covering the supported types, with nulls;
-- ticking_append: an append-only table of trades;
+- ticking_append: an append-only table of trades (its last N rows, a ring table, with
+  `append_rows`);
 - ticking_keyed: the latest trade per symbol (upserts over 20 keys);
 - blink: each cycle's trades only;
 - ticking_ring: the last 1,000 trades;
@@ -54,14 +55,17 @@ class DemoTicker:
     """Feeds the ticking demo tables of `engine`, from a background thread (`start`) or one tick at
     a time (`tick`); times come from the engine's clock."""
 
-    def __init__(self, engine: Engine, rows_per_tick: int = 5, interval_s: float = 0.1, seed: int = 7):
+    def __init__(self, engine: Engine, rows_per_tick: int = 5, interval_s: float = 0.1, seed: int = 7,
+                 append_rows: Optional[int] = None):
         self.rows = rows_per_tick
         self.interval = interval_s
         self.rng = np.random.default_rng(seed)
         self.seq = 0
         self.engine = engine
         engine.get_or_create(TableSpec("static_mixed", "static", data=static_mixed()))
-        self.append, _ = engine.get_or_create(TableSpec("ticking_append", "append", TRADES))
+        # append_rows: the last rows only (a ring table), for a demo that runs for days
+        self.append, _ = engine.get_or_create(TableSpec("ticking_append", "append", TRADES) if append_rows is None
+                                              else TableSpec("ticking_append", "ring", TRADES, capacity=append_rows))
         self.keyed, _ = engine.get_or_create(TableSpec("ticking_keyed", "keyed", TRADES, keys=("Sym",)))
         self.blink, _ = engine.get_or_create(TableSpec("blink", "blink", TRADES))
         self.ring, _ = engine.get_or_create(TableSpec("ticking_ring", "ring", TRADES, capacity=1000))
@@ -116,9 +120,11 @@ def big_static(n: int = 1_000_000) -> pa.Table:
     })
 
 
-def publish_demo_tables(engine: Engine, *, interval_ms: float = 100.0, big: bool = True) -> DemoTicker:
-    """Adds the demo tables (and big_static) to `engine`; returns the (not yet started) ticker."""
-    ticker = DemoTicker(engine, interval_s=interval_ms / 1000.0)
+def publish_demo_tables(engine: Engine, *, interval_ms: float = 100.0, big: bool = True,
+                        append_rows: Optional[int] = None) -> DemoTicker:
+    """Adds the demo tables (and big_static) to `engine`; returns the (not yet started) ticker.
+    `append_rows`: ticking_append keeps its last `append_rows` rows (a ring table)."""
+    ticker = DemoTicker(engine, interval_s=interval_ms / 1000.0, append_rows=append_rows)
     if big:
         engine.get_or_create(TableSpec("big_static", "static", data=big_static()))
     return ticker

@@ -109,7 +109,7 @@ class SparkDemo:
 
     def __init__(self, target, *, spark=None, prefix: str = "spark_", rows_per_batch: int = 10,
                  trigger_ms: int = 200, agg_trigger_ms: int = 1000, checkpoint_dir: Optional[str | Path] = None,
-                 quiet: bool = True):
+                 quiet: bool = True, append_rows: Optional[int] = None):
         self.target = target
         self.spark = spark
         self.quiet = quiet  # for the session made here: spark_session(quiet=...)
@@ -118,6 +118,7 @@ class SparkDemo:
         self.rows_per_batch = int(rows_per_batch)
         self.trigger_ms = int(trigger_ms)
         self.agg_trigger_ms = int(agg_trigger_ms)
+        self.append_rows = append_rows   # trades keeps its last rows only (a ring table)
         self._own_dir = checkpoint_dir is None
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.queries: list = []
@@ -150,7 +151,7 @@ class SparkDemo:
         self._start_ms = int(time.time() * 1000)  # the trades' timestamps start now
         p, t = self.prefix, self.target
         self.sinks = {
-            "trades": sink(t, p + "trades", "append"),
+            "trades": sink(t, p + "trades", "append", max_rows=self.append_rows),
             "recent": sink(t, p + "recent", "append", max_rows=1000),
             "ticks": sink(t, p + "ticks", "blink"),
             "latest": sink(t, p + "latest", "upsert", keys=["Sym"]),
