@@ -15,7 +15,9 @@ Row keys:
 - `last_by` gives each group a row key when the group first appears (in the order of its first
   row) and keeps it while the group has rows; groups are never shifted. Once many groups have
   emptied, their ids and row keys go to new groups (a cycle after their removal), so its memory
-  follows the live groups; over an AddOnly parent it keeps nothing per parent row.
+  follows the live groups; over an AddOnly parent it keeps nothing per parent row;
+- `agg_by` (a group's id is its row key) and `head_by`/`tail_by` (a block of row keys per group)
+  reuse the ids of emptied groups the same way (`GroupIds`).
 
 The row set of an operation lives in a private roaring bitmap changed in place each cycle; the
 immutable `rowset` is built from it only when read (and the previous one is kept or rebuilt from
