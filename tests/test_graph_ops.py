@@ -19,7 +19,7 @@ from tests.scripted import random_update, scripted_table
 from tests.soak import seeds
 from tickwire.server.engine import Engine, OperationError, TableSpec
 from tickwire.server.engine.graph import ROW_KEY, RowSet, SortTable, TableUpdate, WhereTable, apply_update, equal_mask
-from tickwire.server.engine.graph.ops import LastByTable
+from tickwire.server.engine.graph.ops import Agg, LastByTable
 from tickwire.server.engine.graph.ops import base as ops_base
 
 SEEDS = seeds([11, 12, 13, 14, 15, 16], 3)  # all under `make soak`
@@ -723,3 +723,28 @@ def test_last_by_gives_new_groups_row_keys_after_every_other_while_few_are_free(
     engine.write(k, quotes([("s20", 1.0, 20, "v20")]))
     up = engine.run_cycle()[lb.name]
     assert up.added.keys().tolist() == [10]   # not 2: two free keys are too few to reuse
+
+
+def test_group_member_indexes_leave_fewer_free_keys_than_a_sort():
+    # a sort's keys are its row keys (room between them spares subscribers shifts); the indexes of
+    # groups' members (agg_by, last_by, head_by, joins) are nobody's row keys, so they spread less
+    from tickwire.server.engine.graph.order import MEMBERS_BUDGET, OrderIndex
+
+    engine = Engine()
+    n = 100_000
+    t = engine.create(TableSpec("t", "keyed", QUOTES, keys=["sym"]))
+    engine.write(t, pa.table({"sym": [f"s{i}" for i in range(n)], "px": np.arange(n) * 0.5,
+                              "vol": np.arange(n) % 977, "venue": [f"v{i % 5000}" for i in range(n)]}, schema=QUOTES))
+    engine.run_cycle()
+    srt = t.sort("px")
+    agg = t.agg_by([Agg("first", "px", "p")], ["venue"])
+    lb = t.last_by("venue")
+    hb = t._derive("head_by", "hb", 2, ["venue"])
+    ref = engine.create(TableSpec("ref", "keyed", pa.schema([("venue", pa.string()), ("x", pa.int64())]),
+                                  keys=["venue"]))
+    nj = t.natural_join(ref, on=["venue"], joins=["x"])
+    assert MEMBERS_BUDGET < OrderIndex.budget
+    assert srt.index.spacing == 32
+    members = [agg._members, lb._members, hb._members, nj.lside.members]
+    assert all(m is not None and m.budget == MEMBERS_BUDGET and m.spacing == 8 for m in members)
+    assert all(m.n == n for m in members)

@@ -51,7 +51,7 @@ from tickwire.server.engine.graph.ops.base import (
     shifted_rows,
 )
 from tickwire.server.engine.graph.ops.join_keys import group_edges, group_members
-from tickwire.server.engine.graph.order import OrderIndex
+from tickwire.server.engine.graph.order import MEMBERS_BUDGET, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
 from tickwire.server.engine.graph.tables import Rows, Table, register_operation
@@ -818,7 +818,8 @@ class AggregateTable(_Op):
         self._free = _EMPTY.copy()
         self._nslots = 0
         self._values = ColumnStore(self.in_schema)          # member slot -> input values
-        self._members = OrderIndex(2) if self._ordered else None  # (group + 1, parent row key)
+        # (group + 1, parent row key)
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET) if self._ordered else None
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, pa.schema(fields))
             self.store = ColumnStore(self.schema)

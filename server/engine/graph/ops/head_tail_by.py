@@ -34,7 +34,7 @@ from tickwire.server.engine.graph.group_ids import GroupIds
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
-from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
+from tickwire.server.engine.graph.order import MEMBERS_BUDGET, NONE_HI, NONE_LO, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet, RowSetShiftData
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
 from tickwire.server.engine.graph.tables import Rows, Table, register_operation
@@ -109,7 +109,7 @@ class HeadTailByTable(_Op):
         self._count = np.zeros(1024, dtype=np.int64)   # group -> rows
         self._vis = np.zeros(1024, dtype=np.int64)     # group -> rows shown
         self._gid_of = KeyMap()                        # parent row key -> group
-        self._members = OrderIndex(2)                  # (group + 1, parent row key), in order
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET)  # (group + 1, parent row key), in order
         self._src = KeyMap()                           # row key -> parent row key
         self._okey_of = KeyMap()                       # parent row key of a shown row -> row key
         with graph.lock, _unregistered_on_error(graph, self):

@@ -25,7 +25,7 @@ from tickwire.server.engine.graph.column_store import ColumnStore, check_hashabl
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, shifted_rows
-from tickwire.server.engine.graph.order import NONE_HI, NONE_LO, OrderIndex
+from tickwire.server.engine.graph.order import MEMBERS_BUDGET, NONE_HI, NONE_LO, OrderIndex
 from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import Table
 
@@ -173,7 +173,7 @@ class JoinSide:
         self.keys = list(keys)
         self.group_of = KeyMap()
         self.count = np.zeros(max(1024, space.n), dtype=np.int64)
-        self.members: Optional[OrderIndex] = OrderIndex(2) if members else None
+        self.members: Optional[OrderIndex] = OrderIndex(2, budget=MEMBERS_BUDGET) if members else None
 
     def _grow(self) -> None:
         n = self.space.n

@@ -12,7 +12,7 @@ from tickwire.server.engine.graph.column_store import ColumnStore, check_hashabl
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
-from tickwire.server.engine.graph.order import NONE_LO, OrderIndex
+from tickwire.server.engine.graph.order import MEMBERS_BUDGET, NONE_LO, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate, column_names
 from tickwire.server.engine.graph.tables import Rows, Table, register_operation
@@ -61,7 +61,7 @@ class LastByTable(_Op):
         self._group_keys = ColumnStore(pa.schema([parent.schema.field(k) for k in keys]))
         self._ngroups = 0
         self._gid_of = KeyMap()                       # parent row key -> group
-        self._members = OrderIndex(2)                 # (group, parent row key) in order
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET)  # (group, parent row key) in order
         self._rep = np.full(1024, -1, dtype=np.int64)    # group -> its latest parent row key
         self._count = np.zeros(1024, dtype=np.int64)     # group -> rows
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
@@ -265,7 +265,7 @@ class LastByTable(_Op):
         now_p = parent.rowset.keys()
         now_g = self._group_of(parent.gather(self.keys, now_p))
         self._gid_of = KeyMap()
-        self._members = OrderIndex(2)
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET)
         self._gid_of.set(now_p, now_g)
         self._members.insert([now_g.astype(np.uint64), now_p.astype(np.uint64)])
         self._count[:] = 0
