@@ -14,7 +14,7 @@ Touches only the key index and key store it is given; the caller resets its own 
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -35,12 +35,13 @@ class GroupIds:
     never given again."""
 
     def __init__(self, index: KeyIndex, store: ColumnStore, keys: Sequence[str], reuse: bool = True,
-                 minimum: int = REUSE_MIN):
+                 minimum: Optional[int] = None):
         self.index = index
         self.store = store
         self.keys = list(keys)
         self.reuse = bool(reuse) and bool(self.keys)
-        self.minimum = int(minimum)
+        # read when made, not when this module was imported: bench_keyed_churn --no-reuse sets it
+        self.minimum = int(REUSE_MIN if minimum is None else minimum)
         self.made = 0               # ids ever made: every id is below this
         self.reused = 0             # ids given again (for tests and metrics)
         self._free = _EMPTY         # ids free for new keys, ascending
