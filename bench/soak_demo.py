@@ -19,14 +19,15 @@ design, and the question here is whether anything else does. This process drives
 - abandoned sessions: sessions opened with an export and never used again, left to expire
   (`session_duration_ms`, Deephaven's five minutes by default).
 
-Every --sample seconds: the server's RSS, open file descriptors and threads (from /proc), Arrow's
-and Python's allocations (from its /metrics), the data directory's bytes, latency p50/p99 of the
-last period, and the counts of the clients' work.
+Every --sample seconds: the server's RSS, open file descriptors and threads (from /proc, with the
+threads' kernel names), Arrow's, Python's and the C heap's allocations and the Python threads by
+name (from its /metrics), the data directory's bytes, latency p50/p99 of the last period, and the
+counts of the clients' work.
 At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
 last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
-stated; Arrow's and Python's slopes are reported too, though the engine's numpy arrays are in
-neither), the
-disk's peak, latency at the end against the start, every follower's state against
+stated; Arrow's, Python's and the C heap's slopes are reported too: the engine's numpy arrays are
+in the C heap's "in use"), the threads whose count changed between the first sample and the last,
+by name, the disk's peak, latency at the end against the start, every follower's state against
 the server's, and the churned table against what the driver acknowledged. Printed, and written
 as JSON (--report).
 
@@ -74,6 +75,23 @@ def proc_stats(pid: int) -> dict:
                 elif line.startswith("Threads:"):
                     out["threads"] = int(line.split()[1])
         out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        pass
+    return out
+
+
+def native_thread_names(pid: int) -> dict:
+    """The process's threads by the name the kernel knows (gRPC's and Arrow's name their own; a
+    Python thread shows as its interpreter's name), digits dropped."""
+    out: dict = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                    name = "".join("N" if c.isdigit() else c for c in fh.read().strip())
+            except OSError:
+                continue
+            out[name] = out.get(name, 0) + 1
     except OSError:
         pass
     return out
@@ -379,7 +397,7 @@ class Soak:
         with self.lock:
             lat, self.latencies = self.latencies, []
             counts = dict(self.counts)
-        row = {"t": t, **server, **self.scrape_memory(),
+        row = {"t": t, **server, **self.scrape_memory(), "native_threads": native_thread_names(self.proc.pid),
                "children_rss_mb": sum(r["rss_mb"] for r in rest if r["rss_mb"] == r["rss_mb"]),
                "disk_mb": dir_bytes(self.data) / 2**20,
                "lat_p50_ms": float(np.percentile(lat, 50)) if lat else float("nan"),
@@ -387,19 +405,27 @@ class Soak:
         self.samples.append(row)
         print(f"{t / 60:6.1f} min  RSS {row['rss_mb']:7.1f} MB  fds {row['fds']:4d}  threads {row['threads']:3d}  "
               f"arrow {row['arrow_mb']:6.1f} MB  py blocks {row['py_blocks']:9.0f}  "
+              f"C heap {row['heap_in_use_mb']:6.1f} used {row['heap_free_mb']:6.1f} free MB  "
               f"disk {row['disk_mb']:7.1f} MB  latency p50 {row['lat_p50_ms']:6.1f} p99 {row['lat_p99_ms']:6.1f} ms  "
               f"{counts}", flush=True)
 
     def scrape_memory(self) -> dict:
-        """Arrow's and Python's share of the server's memory, from its /metrics."""
-        out = {"arrow_mb": float("nan"), "py_blocks": float("nan")}
+        """Arrow's, Python's and the C heap's share of the server's memory and its Python threads by
+        name, from its /metrics."""
+        out: dict = {"arrow_mb": float("nan"), "py_blocks": float("nan"), "heap_in_use_mb": float("nan"),
+                     "heap_free_mb": float("nan"), "py_threads": {}}
+        mb = {"tickwire_arrow_allocated_bytes": "arrow_mb", "tickwire_malloc_in_use_bytes": "heap_in_use_mb",
+              "tickwire_malloc_free_bytes": "heap_free_mb"}
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=30) as r:
                 for line in r.read().decode().splitlines():
-                    if line.startswith("tickwire_arrow_allocated_bytes "):
-                        out["arrow_mb"] = float(line.split()[1]) / 2**20
-                    elif line.startswith("tickwire_python_allocated_blocks "):
-                        out["py_blocks"] = float(line.split()[1])
+                    name, _, value = line.rpartition(" ")
+                    if name in mb:
+                        out[mb[name]] = float(value) / 2**20
+                    elif name == "tickwire_python_allocated_blocks":
+                        out["py_blocks"] = float(value)
+                    elif name.startswith('tickwire_threads{name="'):
+                        out["py_threads"][name[len('tickwire_threads{name="'):-2]] = int(float(value))
         except Exception as exc:  # noqa: BLE001
             self._error("metrics", exc)
         return out
@@ -466,10 +492,15 @@ class Soak:
         ts = [r["t"] for r in tail]
         out: dict = {"minutes": self.args.minutes, "samples": len(s), "counts": dict(self.counts),
                      "errors": self.errors[:20], **converged}
-        for key in ("rss_mb", "fds", "threads", "arrow_mb", "py_blocks"):
+        for key in ("rss_mb", "fds", "threads", "arrow_mb", "py_blocks", "heap_in_use_mb", "heap_free_mb"):
             slope, noise = slope_per_hour(ts, [r[key] for r in tail])
             out[f"{key}_slope_per_hour"] = slope
             out[f"{key}_noise"] = noise
+        if s:  # which threads came or went between the first sample and the last, by name
+            for key in ("native_threads", "py_threads"):
+                a, b = s[0][key], s[-1][key]
+                out[f"{key}_changed"] = {n: [a.get(n, 0), b.get(n, 0)] for n in sorted(set(a) | set(b))
+                                         if a.get(n, 0) != b.get(n, 0)}
         out["disk_peak_mb"] = max((r["disk_mb"] for r in s), default=float("nan"))
         if s:  # what the churn driver achieved (keys deleted and as many inserted, a second)
             out["churn_keys_per_s"] = s[-1]["churn_keys"] / s[-1]["t"]

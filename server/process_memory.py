@@ -23,7 +23,7 @@ import os
 import threading
 from typing import Optional
 
-__all__ = ["limit_malloc_arenas", "MallocTrimmer"]
+__all__ = ["limit_malloc_arenas", "MallocTrimmer", "malloc_figures"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,26 @@ def _libc() -> Optional[ctypes.CDLL]:
     except (OSError, AttributeError):
         return None
     return libc
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost")]
+
+
+def malloc_figures() -> Optional[dict]:
+    """The C heap in MB, from glibc's mallinfo2 (None elsewhere): `in_use_mb` (allocated and not
+    freed, mmapped blocks included) and `free_mb` (freed but still held by the arenas). A growing
+    first figure is memory somebody holds (numpy arrays, gRPC, Arrow buffers outside its pool); a
+    growing second is fragmentation."""
+    libc = _libc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is None:
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return {"in_use_mb": (info.uordblks + info.hblkhd) / 2**20, "free_mb": info.fordblks / 2**20}
 
 
 def limit_malloc_arenas(arenas: int = 2) -> Optional[int]:

@@ -22,6 +22,7 @@ from tickwire.clients.client import BarrageClient, ClientError
 from tickwire.server.app import TickwireServer
 from tickwire.server.config import ServerConfig
 from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.process_memory import malloc_figures
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -220,6 +221,9 @@ def test_metrics_move_with_traffic():
         assert before["tickwire_table_rows{table=src}"] == 1000
         assert before["tickwire_resident_bytes"] > 0 and before["tickwire_python_allocated_blocks"] > 0
         assert before["tickwire_arrow_allocated_bytes"] >= 0
+        if malloc_figures() is not None:  # glibc: the C heap, held and freed-but-kept
+            assert before["tickwire_malloc_in_use_bytes"] > 0 and before["tickwire_malloc_free_bytes"] >= 0
+        assert before["tickwire_threads{name=tickwire-update-graph}"] == 1  # threads by name
 
         # DoGet: count, rows and bytes
         assert client.snapshot("src").num_rows == 1000

@@ -28,11 +28,16 @@ counted once per call, per FlightData message or per cycle, never per row:
 * memory: `tickwire_resident_bytes`, `tickwire_arrow_allocated_bytes` (Arrow's default pool),
   `tickwire_python_allocated_blocks` (pymalloc's). numpy arrays, where the engine keeps its
   columns, are in neither of the last two: resident growth alone does not tell a growing table
-  from the allocators' fragmentation.
+  from the allocators' fragmentation; `tickwire_malloc_in_use_bytes` and
+  `tickwire_malloc_free_bytes` (glibc's C heap: held by someone, or freed and kept by the
+  arenas) do;
+* `tickwire_threads{name}`: the process's Python threads by name (digits dropped, so a pool's
+  threads count under one name).
 """
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import weakref
 from typing import Iterable, Optional
@@ -40,6 +45,7 @@ from typing import Iterable, Optional
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ..process_memory import malloc_figures
 from .memtrace import memory_figures
 
 __all__ = ["Metrics", "TransferCounters", "ErrorCounts", "CYCLE_BUCKETS"]
@@ -334,6 +340,17 @@ class _Collector:
                      mem["py_blocks"])
         if mem["rss_mb"] == mem["rss_mb"]:
             yield _gauge("tickwire_resident_bytes", "The process's resident set size", int(mem["rss_mb"] * 2**20))
+        heap = malloc_figures()
+        if heap is not None:
+            yield _gauge("tickwire_malloc_in_use_bytes", "C heap bytes allocated and not freed (glibc)",
+                         int(heap["in_use_mb"] * 2**20))
+            yield _gauge("tickwire_malloc_free_bytes", "C heap bytes freed but kept by malloc's arenas (glibc)",
+                         int(heap["free_mb"] * 2**20))
+        names = collections.Counter(re.sub(r"\d+", "N", t.name) for t in threading.enumerate())
+        g = GaugeMetricFamily("tickwire_threads", "Python threads by name (digits as N)", labels=["name"])
+        for name, n in sorted(names.items()):
+            g.add_metric([name], n)
+        yield g
 
 
 def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
