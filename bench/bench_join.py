@@ -67,10 +67,14 @@ class Setup:
         syms = np.arange(KEYS, dtype=np.int64)
         engine.write(self.prices, pa.table({"Sym": syms, "Px": rng.random(KEYS) * 100}, schema=PRICES), wait=False)
         engine.write(self.quotes, quotes(np.repeat(syms, QUOTES_PER_KEY), rng), wait=False)
+        # each id's Sym, kept here: the table's row keys are not its ids once deleted keys are reused
+        self.sym = np.zeros(table_rows, dtype=np.int64)
         chunk = 1_000_000
         for start in range(0, table_rows, chunk):
             ids = np.arange(start, min(table_rows, start + chunk), dtype=np.int64)
-            engine.write(left, left_rows(ids, rng, left_keys), wait=False)
+            rows = left_rows(ids, rng, left_keys)
+            self.sym[ids] = rows["Sym"].to_numpy()
+            engine.write(left, rows, wait=False)
             engine.run_cycle()
         self.live = np.arange(table_rows, dtype=np.int64)
         self.next_id = table_rows
@@ -101,10 +105,14 @@ class Setup:
         self.next_id += 300
         upd = left_rows(changed, rng, self.left_keys)
         keep_sym = rng.random(400) < 0.75  # three quarters keep their key
-        old_sym = self.left.gather(["Sym"], changed)["Sym"].to_numpy()
-        upd = upd.set_column(1, "Sym", pa.array(np.where(keep_sym, old_sym, upd["Sym"].to_numpy())))
+        upd = upd.set_column(1, "Sym", pa.array(np.where(keep_sym, self.sym[changed], upd["Sym"].to_numpy())))
+        added = left_rows(new, rng, self.left_keys)
+        if self.next_id > self.sym.size:
+            self.sym = np.concatenate((self.sym, np.zeros(self.sym.size, dtype=np.int64)))
+        self.sym[changed] = upd["Sym"].to_numpy()
+        self.sym[new] = added["Sym"].to_numpy()
         with self.engine.writes(wait=False) as w:
-            w.write(self.left, pa.concat_tables([upd, left_rows(new, rng, self.left_keys)]))
+            w.write(self.left, pa.concat_tables([upd, added]))
             w.write(self.left, delete=pa.table({"id": gone}))
         mask = np.ones(self.live.size, dtype=bool)
         mask[pick[400:]] = False
