@@ -473,3 +473,133 @@ def test_as_of_ranks_of_left_stamps_against_right_ones_order_as_the_joint_rankin
         bl, br = both[:nl], both[nl:]
         assert np.array_equal(np.sign(lr[:, None] - rr[None, :]), np.sign(bl[:, None] - br[None, :]))
         assert np.array_equal(np.sign(rr[:, None] - rr[None, :]), np.sign(br[:, None] - br[None, :]))
+
+
+ORDERS = pa.schema([("id", pa.int64()), ("oid", pa.int64()), ("ts", pa.int64()), ("qty", pa.int64())])
+REFS = pa.schema([("oid", pa.int64()), ("ts", pa.int64()), ("px", pa.float64())])
+
+
+def test_joins_give_the_key_groups_of_keys_gone_from_every_input_back():
+    """Orders by an id that come and go (two order rows and one reference row per id; the oldest
+    ids lose their reference row and, a cycle later, their orders; ids with a reference row only
+    come and go too; some ids come back right after they went, some rows move to another id): the
+    joins' key groups of ids gone from every input are given to new ids once many are gone (the
+    threshold lowered to 50 here), and every join still equals its recomputation each cycle, its
+    followers agree, and multi_join (whose row keys are its groups) never shows a new id under a
+    row key that held another one in the cycle before, nor removes and adds a row key at once."""
+    rng = np.random.default_rng(7)
+    engine = Engine()
+    orders = engine.create(TableSpec("orders", "keyed", ORDERS, keys=["id"]))
+    refs = engine.create(TableSpec("refs", "keyed", REFS, keys=["oid"]))
+    held: dict = {}          # order id -> its oid
+    with_refs: set = set()   # oids with a reference row
+    next_oid = [0]
+
+    def add_orders(oids):
+        oids = np.asarray(oids, dtype=np.int64)
+        ids = np.concatenate((2 * oids, 2 * oids + 1))
+        engine.write(orders, pa.table({"id": ids, "oid": np.concatenate((oids, oids)),
+                                       "ts": rng.integers(0, 100, ids.size), "qty": rng.integers(0, 9, ids.size)},
+                                      schema=ORDERS))
+        held.update(zip(ids.tolist(), np.concatenate((oids, oids)).tolist()))
+
+    def add_refs(oids):
+        oids = np.asarray(oids, dtype=np.int64)
+        engine.write(refs, pa.table({"oid": oids, "ts": rng.integers(0, 100, oids.size),
+                                     "px": rng.random(oids.size)}, schema=REFS))
+        with_refs.update(oids.tolist())
+
+    def del_orders(oids):
+        gone = set(oids)
+        ids = [i for i, o in held.items() if o in gone]
+        engine.write(orders, delete=pa.table({"id": pa.array(ids, pa.int64())}))
+        for i in ids:
+            del held[i]
+
+    def del_refs(oids):
+        gone = sorted(set(oids) & with_refs)
+        engine.write(refs, delete=pa.table({"oid": pa.array(gone, pa.int64())}))
+        with_refs.difference_update(gone)
+
+    def new_oids(n):
+        out = np.arange(next_oid[0], next_oid[0] + n, dtype=np.int64)
+        next_oid[0] += n
+        return out
+
+    first = new_oids(60)
+    add_orders(first)
+    add_refs(first)
+    engine.run_cycle()
+    on = [("oid", "oid")]
+    checks = []
+    nj = orders.natural_join(refs, ["oid"], ["Px=px"], name="nj")
+    checks.append((nj, lambda: rows_equal(rows(nj), ref_natural_join(rows(orders), rows(refs), on, [("Px", "px")],
+                                                                      "error"))))
+    wi = orders.where_in(refs, ["oid"], name="wi")
+    checks.append((wi, lambda: rows_equal(rows(wi), ref_where_in(rows(orders), rows(refs), on, False))))
+    aj = orders.aj(refs, ["oid", "ts"], ["Px=px"], name="aj")
+    checks.append((aj, lambda: rows_equal(rows(aj), ref_as_of(rows(orders), rows(refs), on, ("ts", "ts"), ">=",
+                                                              [("Px", "px")]))))
+    cj = orders.join(refs, ["oid"], ["Px=px"], name="cj", reserve_bits=1)
+    checks.append((cj, lambda: rows_equal(drop_key(rows(cj)), ref_cross_join(rows(orders), rows(refs), on,
+                                                                             [("Px", "px")]))))
+    last = orders.last_by(["oid"], name="last")
+    mj = last.multi_join([(last, ["oid"], ["Q=qty"]), (refs, ["oid"], ["P=px"])], name="mj")
+
+    def mj_check():
+        want = {r["oid"]: {"oid": r["oid"], "Q": r["qty"], "P": None} for r in rows(last)}
+        for r in rows(refs):
+            want.setdefault(r["oid"], {"oid": r["oid"], "Q": None, "P": None})["P"] = r["px"]
+        got = {r["oid"]: {c: v for c, v in r.items() if c != ROW_KEY} for r in rows(mj)}
+        return set(got) == set(want) and all(rows_equal([got[k]], [want[k]]) for k in want)
+    checks.append((mj, mj_check))
+    joins = [t for t, _c in checks]
+    for t in joins:
+        t.space.ids.minimum = 50
+    nodes = [Checked(t, c) for t, c in checks]
+    updates: list = []
+    mj.add_listener(lambda t, up, step: updates.append(up))
+    shown: dict = {}         # multi_join row key -> oid, as of the cycle before
+    pending: list = []       # oids whose reference row went last cycle: their orders go now
+    refs_only: list = []     # (cycle, oids) with a reference row only
+    came_back = 0
+    for cycle in range(40):
+        del_orders(pending)
+        if cycle % 3 == 1:  # ids that went right back come back
+            add_orders(pending[:3])
+            add_refs(pending[:3])
+            came_back += 3
+        live = sorted(set(held.values()) - set(pending))
+        pending = live[:30]
+        del_refs(pending)
+        fresh = new_oids(30)
+        add_orders(fresh)
+        add_refs(fresh)
+        add_refs(new_oids(10))
+        refs_only.append((cycle, list(range(next_oid[0] - 10, next_oid[0]))))
+        while refs_only and refs_only[0][0] <= cycle - 2:
+            del_refs(refs_only.pop(0)[1])
+        ids = rng.choice(sorted(held), 5, replace=False)  # rows moved to another id
+        to = rng.choice(sorted(set(held.values())), 5)
+        engine.write(orders, pa.table({"id": ids, "oid": to, "ts": rng.integers(0, 100, 5),
+                                       "qty": rng.integers(0, 9, 5)}, schema=ORDERS))
+        held.update(zip(ids.tolist(), to.tolist()))
+        updates.clear()
+        engine.run_cycle()
+        assert not engine.errors, engine.errors[0]
+        for node in nodes:
+            assert node.check(), f"{node.table.name} differs from its recomputation at cycle {cycle}"
+            assert same_table(node.follower.state, node.table.gather_with_keys()), node.table.name
+        for up in updates:
+            assert up.added.intersect(up.removed).is_empty(), f"a row key left and came back at cycle {cycle}"
+        now = {r[ROW_KEY]: r["oid"] for r in rows(mj)}
+        assert all(shown[k] == o for k, o in now.items() if k in shown), f"a row key changed id at cycle {cycle}"
+        shown = now
+    assert came_back > 0
+    groups = len(set(held.values()) | with_refs)
+    for t in joins:
+        ids = t.space.ids
+        assert ids.reused > 300, (t.name, ids.reused)
+        # ids stay near the live groups: never more than two thresholds and a cycle's new ones above
+        assert t.space.n <= groups + 2 * 50 + 80, (t.name, t.space.n, groups)
+    assert sum(n.prev_checked for n in nodes) > 0

@@ -158,7 +158,7 @@ class AsOfJoinTable(LeftRowsJoin):
         self.left, self.right = left, right
         self.left_names = set(left.schema.names)
         rfields = [right.schema.field(c).with_name(n) for n, c in self.joins]
-        self.space = KeySpace([left.schema.field(a).type for a, _b in on])
+        self.space = KeySpace([left.schema.field(a).type for a, _b in on], reuse=True)
         self.lside = JoinSide(self.space, left, [a for a, _b in on])
         self.rside = JoinSide(self.space, right, [b for _a, b in on])
         self.values = ColumnStore(pa.schema(rfields))  # right slot -> the right row's added columns
@@ -245,6 +245,7 @@ class AsOfJoinTable(LeftRowsJoin):
 
     # -- the cycle ------------------------------------------------------------------------------
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        self.space.begin_cycle()
         lup = updates.get(self.left.name)
         rup = updates.get(self.right.name)
         self._lup = lup

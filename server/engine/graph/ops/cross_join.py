@@ -89,7 +89,7 @@ class CrossJoinTable(_Op):
         self.reserve = int(reserve_bits)
         self.bits = self.reserve
         self.base = 0
-        self.space = KeySpace([left.schema.field(a).type for a, _b in on])
+        self.space = KeySpace([left.schema.field(a).type for a, _b in on], reuse=True)
         self.lside = JoinSide(self.space, left, [a for a, _b in on])
         self.rside = JoinSide(self.space, right, [b for _a, b in on])
         self._lup: Optional[TableUpdate] = None
@@ -150,6 +150,7 @@ class CrossJoinTable(_Op):
 
     # -- the cycle ------------------------------------------------------------------------------
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        self.space.begin_cycle()
         lup = updates.get(self.left.name)
         rup = updates.get(self.right.name)
         self._lup = lup

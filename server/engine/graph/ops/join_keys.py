@@ -2,8 +2,12 @@
 
 A join matches rows of several tables on key columns (`on` pairs, possibly named differently on
 each side, of one type). `KeySpace` gives every distinct key tuple a group id the first time any
-input shows it (hashed in bulk, `groups_of`); ids are never reused, so a group's state (a right
-row, counts) lives in numpy arrays indexed by group. `JoinSide` follows one input's updates: each
+input shows it (hashed in bulk, `groups_of`), so a group's state (a right row, counts) lives in
+numpy arrays indexed by group. With `reuse`, a group that no input has rows of any more gives its
+id back once many have (`GroupIds`: from a later cycle, `begin_cycle`), so a join over keys that
+come and go (orders by id) holds state for its live keys, not for every key it has seen; the
+owner's per-group state must be what a new group's is whenever every side is empty (the owner
+resets the rest in `on_new`). `JoinSide` follows one input's updates: each
 row's group (a `KeyMap` from row key to group), the number of rows per group and, when asked for,
 the rows of each group in row-key order (an `OrderIndex` of (group + 1, row key)), so that a
 change to one side finds the other side's rows of the groups it touched without reading the table.
@@ -22,6 +26,7 @@ from tickwire.protocol.schema import deephaven_type_for
 from tickwire.server.engine.errors import OperationError, UnknownColumnError
 from tickwire.server.engine.graph.arrays import unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
+from tickwire.server.engine.graph.group_ids import GroupIds
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, shifted_rows
@@ -78,14 +83,33 @@ class KeySpace:
     """Group ids of the distinct key tuples of a join's inputs (see the module docstring). With no
     key columns there is one group, 0."""
 
-    def __init__(self, types: Sequence[pa.DataType]):
+    def __init__(self, types: Sequence[pa.DataType], reuse: bool = False):
         self.names = [f"__k{i}" for i in range(len(types))]
         self.schema = pa.schema([pa.field(n, t) for n, t in zip(self.names, types)])
         self.index = KeyIndex()
         self.store = ColumnStore(self.schema)
-        self.n = 0 if types else 1
+        self.n = 0 if types else 1   # every group id is below this
         # called with the ids of groups just made (their key values already stored)
         self.on_new: list[Callable[[np.ndarray], None]] = []
+        self.sides: list["JoinSide"] = []
+        self.ids: Optional[GroupIds] = GroupIds(self.index, self.store, self.names) if reuse and types else None
+
+    def emptied(self, groups: np.ndarray) -> None:
+        """Groups one side has just lost its last row of (the others may have rows)."""
+        if self.ids is not None and groups.size:
+            self.ids.emptied(groups)
+
+    def begin_cycle(self) -> None:
+        """Before the cycle's first group is made: groups that have had no rows on any side since
+        an earlier cycle give their ids back, once there are many."""
+        if self.ids is not None:
+            self.ids.release(self._empty_everywhere)
+
+    def _empty_everywhere(self, groups: np.ndarray) -> np.ndarray:
+        empty = np.ones(groups.size, dtype=bool)
+        for side in self.sides:
+            empty &= side.counts(groups) == 0
+        return empty
 
     def groups(self, values: pa.Table) -> np.ndarray:
         """The group of each row of `values` (the key columns, in key order, any names)."""
@@ -94,8 +118,12 @@ class KeySpace:
         vals = pa.Table.from_arrays([c.combine_chunks() for c in values.columns], schema=self.schema)
 
         def make(kv: pa.Table) -> np.ndarray:
-            new = np.arange(self.n, self.n + kv.num_rows, dtype=np.int64)
-            self.n += kv.num_rows
+            if self.ids is not None:
+                new = self.ids.take(kv.num_rows)
+                self.n = self.ids.made
+            else:
+                new = np.arange(self.n, self.n + kv.num_rows, dtype=np.int64)
+                self.n += kv.num_rows
             self.store.ensure(self.n)
             self.store.write(new, kv)
             for fn in self.on_new:
@@ -174,6 +202,7 @@ class JoinSide:
         self.group_of = KeyMap()
         self.count = np.zeros(max(1024, space.n), dtype=np.int64)
         self.members: Optional[OrderIndex] = OrderIndex(2, budget=MEMBERS_BUDGET) if members else None
+        space.sides.append(self)
 
     def _grow(self) -> None:
         n = self.space.n
@@ -257,6 +286,11 @@ class JoinSide:
             touched.append(g)
         self._grow()
         ch.touched = unique(np.concatenate(touched)) if touched else _EMPTY
+        if self.space.ids is not None:
+            left = [g for g in (ch.removed_groups, ch.moved_from) if g.size]
+            if left:
+                g = unique(np.concatenate(left))
+                self.space.emptied(g[self.count[g] == 0])
         return ch
 
     def rows_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -119,7 +119,7 @@ class MultiJoinTable(_Op):
                     raise OperationError(f"Column {n} defined in table {owner[n]} and table {i}")
                 owner[n] = i
         self.key_names = key_names
-        self.space = KeySpace([f.type for f in fields])
+        self.space = KeySpace([f.type for f in fields], reuse=True)
         self.parts = [_Part(self.space, t, on, joins) for t, on, joins in parts_spec]
         self.space.on_new.append(self._new_groups)
         self._new_groups(np.arange(self.space.n, dtype=np.int64))
@@ -185,6 +185,7 @@ class MultiJoinTable(_Op):
         return G[ch], old.filter(pa.array(ch))
 
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        self.space.begin_cycle()
         touched: list[np.ndarray] = []
         changed: list[np.ndarray] = []
         cols: set[str] = set()

@@ -181,7 +181,7 @@ class NaturalJoinTable(LeftRowsJoin):
         self.left, self.right = left, right
         self.left_names = set(left.schema.names)
         rfields = [right.schema.field(c).with_name(n) for n, c in self.joins]
-        self.space = KeySpace([left.schema.field(a).type for a, _b in on])
+        self.space = KeySpace([left.schema.field(a).type for a, _b in on], reuse=True)
         self.values = ColumnStore(pa.schema(rfields))   # key group -> the right row's values
         self.space.on_new.append(self._new_groups)
         self._new_groups(np.arange(self.space.n, dtype=np.int64))
@@ -261,6 +261,7 @@ class NaturalJoinTable(LeftRowsJoin):
                                      f"{self.space.describe(int(bad[-1]))}.")
 
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        self.space.begin_cycle()
         lup = updates.get(self.left.name)
         rup = updates.get(self.right.name)
         self._lup = lup

@@ -44,7 +44,7 @@ class WhereInTable(WhereTable):
         self.predicate = self._passing
         self.columns = [a for a, _b in on] or None
         self.space = KeySpace([pa.int64() if epoch_pair(left.schema.field(a).type, right.schema.field(b).type)
-                               else left.schema.field(a).type for a, b in on])
+                               else left.schema.field(a).type for a, b in on], reuse=True)
         self.lside = JoinSide(self.space, left, [a for a, _b in on])
         self.rside = JoinSide(self.space, right, [b for _a, b in on], members=False)
         with graph.lock, _unregistered_on_error(graph, self):
@@ -73,6 +73,7 @@ class WhereInTable(WhereTable):
         return None  # whether a row was in is read from the row set
 
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
+        self.space.begin_cycle()
         lup = updates.get(self.parent.name)
         rup = updates.get(self.right.name)
         flipped = _EMPTY
