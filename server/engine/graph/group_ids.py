@@ -64,18 +64,21 @@ class GroupIds:
         if self.reuse and gids.size:
             self._emptied.append(np.asarray(gids, dtype=np.int64))
 
-    def release(self, still_empty: Callable[[np.ndarray], np.ndarray]) -> None:
+    @property
+    def pending(self) -> int:
+        """Emptied groups not yet released (counted once per time they emptied)."""
+        return sum(a.size for a in self._emptied)
+
+    def release(self, still_empty: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """At the start of a cycle, before any group is made: once many groups have emptied in
         earlier cycles, those still empty (`still_empty(gids)` -> mask) leave the key index and
-        their ids become free."""
-        if not self._emptied:
-            return
-        n = sum(a.size for a in self._emptied)
-        if n < max(self.minimum, (self.made - self._free.size) // 8):
-            return
-        dead = unique(np.concatenate(self._emptied))
+        their ids become free. Returns the ids freed (the caller resets what it keeps of them)."""
+        if not self._emptied or self.pending < max(self.minimum, (self.made - self._free.size) // 8):
+            return _EMPTY
+        emptied = unique(np.concatenate(self._emptied))
         self._emptied = []
-        dead = dead[still_empty(dead)]
+        dead: np.ndarray = emptied[still_empty(emptied)]
         if dead.size:
             forget_groups(self.index, self.store, self.keys, dead)
             self._free = np.union1d(self._free, dead)
+        return dead

@@ -8,7 +8,8 @@ import pyarrow as pa
 
 from tickwire.server.engine.errors import OperationError
 from tickwire.server.engine.graph.arrays import unique
-from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, forget_groups, groups_of
+from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
+from tickwire.server.engine.graph.group_ids import GroupIds
 from tickwire.server.engine.graph.keyindex import KeyIndex
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error, shifted_rows
@@ -59,7 +60,8 @@ class LastByTable(_Op):
         self.value_columns = [n for n in parent.schema.names if n not in keys]
         self._groups = KeyIndex()
         self._group_keys = ColumnStore(pa.schema([parent.schema.field(k) for k in keys]))
-        self._ngroups = 0
+        # group ids, given again once many groups have emptied (read here: benchmarks set _REUSE_MIN)
+        self._ids = GroupIds(self._groups, self._group_keys, keys, minimum=_REUSE_MIN)
         self._gid_of = KeyMap()                       # parent row key -> group
         self._members = OrderIndex(2, budget=MEMBERS_BUDGET)  # (group, parent row key) in order
         self._rep = np.full(1024, -1, dtype=np.int64)    # group -> its latest parent row key
@@ -70,8 +72,6 @@ class LastByTable(_Op):
         self._dying_o: list[np.ndarray] = []     # output keys removed by the last cycle
         self._free_o = _EMPTY                     # output keys free for new groups, ascending
         self._spare_o: list[np.ndarray] = []     # freed since `_free_o` was sorted (merged on taking)
-        self._dead_g: list[np.ndarray] = []      # groups that emptied (and may have come back)
-        self._free_g = _EMPTY                     # group ids free for new keys
         self._lean = bool(parent.attributes.get("AddOnly"))   # no per-row state (see the class)
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, parent.schema)
@@ -109,11 +109,7 @@ class LastByTable(_Op):
     def _group_of(self, values: pa.Table) -> np.ndarray:
         """Group of each row of key values, creating groups for new keys."""
         def make(key_vals: pa.Table) -> np.ndarray:
-            k = key_vals.num_rows
-            reused, self._free_g = self._free_g[:k], self._free_g[k:]
-            fresh = np.arange(self._ngroups, self._ngroups + k - reused.size, dtype=np.int64)
-            new = np.concatenate((reused, fresh))
-            self._ngroups += fresh.size
+            new = self._ids.take(key_vals.num_rows)
             self._grow(self._ngroups)
             self._group_keys.ensure(self._ngroups)
             self._group_keys.write(new, key_vals)
@@ -142,13 +138,12 @@ class LastByTable(_Op):
         and, once many groups have emptied, those groups' ids."""
         self._spare_o += self._dying_o
         self._dying_o = []
-        if self._dead_g and sum(a.size for a in self._dead_g) >= self._reuse_threshold():
-            dead = unique(np.concatenate(self._dead_g))
-            self._dead_g = []
-            dead = dead[(self._count[dead] == 0) & (self._okey[dead] < 0)]   # not come back since
-            forget_groups(self._groups, self._group_keys, self.keys, dead)
-            self._rep[dead] = -1
-            self._free_g = np.concatenate((self._free_g, dead))
+        dead = self._ids.release(lambda g: (self._count[g] == 0) & (self._okey[g] < 0))  # not come back since
+        self._rep[dead] = -1
+
+    @property
+    def _ngroups(self) -> int:
+        return self._ids.made
 
     def _free_count(self) -> int:
         return self._free_o.size + sum(a.size for a in self._spare_o)
@@ -295,7 +290,7 @@ class LastByTable(_Op):
             self._dying_o.append(gone_o)
         emptied = G[~now]
         if emptied.size and self.keys:
-            self._dead_g.append(emptied)
+            self._ids.emptied(emptied)
         born = G[~existed & now]
         if born.size:
             # new groups in the order of their first rows (all their rows came in this cycle)
