@@ -26,10 +26,10 @@ counts of the clients' work.
 At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
 last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
 stated; Arrow's, Python's and the C heap's slopes are reported too: the engine's numpy arrays are
-in the C heap's "in use"), the threads whose count changed between the first sample and the last,
-by name, the disk's peak, latency at the end against the start, every follower's state against
-the server's, and the churned table against what the driver acknowledged. Printed, and written
-as JSON (--report).
+in the C heap's "in use"; and what is resident outside that heap), the threads whose count
+changed between the first sample and the last, by name, the disk's peak, latency at the end
+against the start, every follower's state against the server's, and the churned table against
+what the driver acknowledged. Printed, and written as JSON (--report).
 
 `--memtrace FILE`: the server also writes where its memory grew (server/observability/memtrace.py).
 
@@ -397,7 +397,10 @@ class Soak:
         with self.lock:
             lat, self.latencies = self.latencies, []
             counts = dict(self.counts)
-        row = {"t": t, **server, **self.scrape_memory(), "native_threads": native_thread_names(self.proc.pid),
+        mem = self.scrape_memory()
+        # resident memory outside glibc's heap: Python's arenas, Arrow's jemalloc, stacks, code
+        mem["outside_heap_mb"] = server["rss_mb"] - mem["heap_in_use_mb"] - mem["heap_free_mb"]
+        row = {"t": t, **server, **mem, "native_threads": native_thread_names(self.proc.pid),
                "children_rss_mb": sum(r["rss_mb"] for r in rest if r["rss_mb"] == r["rss_mb"]),
                "disk_mb": dir_bytes(self.data) / 2**20,
                "lat_p50_ms": float(np.percentile(lat, 50)) if lat else float("nan"),
@@ -492,7 +495,8 @@ class Soak:
         ts = [r["t"] for r in tail]
         out: dict = {"minutes": self.args.minutes, "samples": len(s), "counts": dict(self.counts),
                      "errors": self.errors[:20], **converged}
-        for key in ("rss_mb", "fds", "threads", "arrow_mb", "py_blocks", "heap_in_use_mb", "heap_free_mb"):
+        for key in ("rss_mb", "fds", "threads", "arrow_mb", "py_blocks", "heap_in_use_mb", "heap_free_mb",
+                    "outside_heap_mb"):
             slope, noise = slope_per_hour(ts, [r[key] for r in tail])
             out[f"{key}_slope_per_hour"] = slope
             out[f"{key}_noise"] = noise
