@@ -113,6 +113,12 @@ async def _subscribe(channel, viewport, stats, kind, state, ready):
                 out.append((now - newest) / 1e6)
             if state["stop"]:
                 break
+    except Exception as exc:
+        if snapshot:  # which subscriber, and the status its call ended with
+            print(f"client: a {kind} subscriber failed before its snapshot: {exc!r} "
+                  f"call status {await call.code()} {await call.details()!r} "
+                  f"trailing {await call.trailing_metadata()!r}", file=sys.stderr, flush=True)
+        raise
     finally:
         done.set()
         call.cancel()
@@ -133,13 +139,22 @@ def client(port: int, full: int, viewports: list, warmup: float, seconds: float)
             if count[0] == total:
                 all_ready.set()
 
-        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
+        # a connection per 100 subscribers: channels of one target and options share one
+        # connection (gRPC's global subchannel pool) unless each has a pool of its own
+        channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1),
+                                                                          ("grpc.use_local_subchannel_pool", 1)])
                     for _ in range(max(1, total // 100))]
         tasks = [asyncio.create_task(_subscribe(channels[i % len(channels)], None, stats, "full", state, ready))
                  for i in range(full)]
         tasks += [asyncio.create_task(_subscribe(channels[(full + i) % len(channels)], vp, stats, "viewport",
                                                  state, ready)) for i, vp in enumerate(viewports)]
-        await asyncio.wait_for(all_ready.wait(), 120)
+        try:
+            await asyncio.wait_for(all_ready.wait(), 120)
+        except asyncio.TimeoutError:
+            ended = sum(1 for t in tasks if t.done())
+            print(f"client: {count[0]} of {total} subscribers ready after 120 s, {ended} ended (reported above)",
+                  file=sys.stderr, flush=True)
+            raise
         await asyncio.sleep(warmup)
         cpu0 = time.process_time()
         state["started"] = time.time_ns()
