@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ["limit_malloc_arenas", "MallocTrimmer", "malloc_figures"]
 
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 _M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
+@functools.lru_cache(maxsize=None)
 def _libc() -> Optional[ctypes.CDLL]:
+    """The C library, looked up once (find_library runs ldconfig in a subprocess)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt, libc.malloc_trim  # noqa: B018 - glibc only
@@ -45,16 +48,23 @@ class _MallInfo2(ctypes.Structure):
         "keepcost")]
 
 
+@functools.lru_cache(maxsize=None)
+def _mallinfo2() -> Optional[Callable[[], _MallInfo2]]:
+    libc = _libc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
+
+
 def malloc_figures() -> Optional[dict]:
     """The C heap in MB, from glibc's mallinfo2 (None elsewhere): `in_use_mb` (allocated and not
     freed, mmapped blocks included) and `free_mb` (freed but still held by the arenas). A growing
     first figure is memory somebody holds (numpy arrays, gRPC, Arrow buffers outside its pool); a
     growing second is fragmentation."""
-    libc = _libc()
-    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    fn = _mallinfo2()
     if fn is None:
         return None
-    fn.restype = _MallInfo2
     info = fn()
     return {"in_use_mb": (info.uordblks + info.hblkhd) / 2**20, "free_mb": info.fordblks / 2**20}
 
