@@ -22,6 +22,7 @@ from tests.soak import seeds
 from tests.test_graph_ops import MARKET, Follower, market_rows, rows_equal, same_table
 from tickwire.server.engine import Engine, OperationError, TableSpec
 from tickwire.server.engine.graph import ROW_KEY
+from tickwire.server.engine.graph.order import OrderIndex
 
 SEEDS = seeds([31, 32, 33, 34], 2)
 CYCLES = 100  # per seed; `make soak` runs more seeds
@@ -187,7 +188,10 @@ def drop_key(rs):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_joins_match_recomputation(seed):
+def test_random_joins_match_recomputation(seed, monkeypatch):
+    if seed % 2:  # the members indexes look near a known slot before searching and are packed,
+        monkeypatch.setattr(OrderIndex, "local_first", 0)  # as large ones are
+        monkeypatch.setattr(OrderIndex, "max_spacing", 4)
     rng, engine, t = setup(seed)
     nodes: list[Checked] = []
 

@@ -156,9 +156,12 @@ def _check_against(idx: OrderIndex, model: dict) -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("spacing", [2, 4])
-def test_order_index_keeps_order_under_random_inserts_deletes_and_moves(seed, spacing):
+@pytest.mark.parametrize("local", [False, True], ids=["search", "look-near-first"])
+def test_order_index_keeps_order_under_random_inserts_deletes_and_moves(seed, spacing, local):
     rng = np.random.default_rng(seed)
     idx = OrderIndex(2, spacing)
+    if local:  # the looks near a known slot that large indexes make before searching
+        idx.local_first = 0
     model: dict[int, int] = {}
     next_id = 0
     total_moves = 0

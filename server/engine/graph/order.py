@@ -17,6 +17,13 @@ which a sorted table turns into shifts. New elements go right after the element 
 (the next rows of a run of equal values come after them), so an insert rewrites only the free
 slots just before it. Costs: locating m elements is O(m log n) in C; inserting costs O(m) plus the
 windows it re-spreads; deleting costs the gaps before the deleted elements.
+
+A binary search of a large index (tens of millions of slots, a join's members on a 10M-row table)
+misses the cache at nearly every step, so that a cycle's few hundred searches cost more than the
+rest of its work. An index of `local_first` slots or more also keeps a *fence*, the words of every
+FENCE-th slot, small enough to stay in the caches: a search goes through the fence to two samples
+and then halves the FENCE slots between them. The element before a deleted one is looked for among
+the few slots just before it (the free slots there copy the deleted one's key) before any search.
 """
 from __future__ import annotations
 
@@ -218,6 +225,9 @@ _U64_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)
 #: memory for tables of 16,000 to 1,000,000 rows (100,000 rows: 8 keys a member instead of 32)
 MEMBERS_BUDGET = 1 << 20
 
+_NEAR = 8  # slots a look near a known key reads before it searches
+FENCE = 256  # slots per sample of a large index's fence (see OrderIndex._fenced_search)
+
 
 class OrderIndex:
     """Elements (word tuples; the last word is a unique id) in order, with keys that follow the
@@ -229,6 +239,10 @@ class OrderIndex:
     budget = 1 << 22   # slots an adaptive index spreads over before its spacing falls to the minimum
     min_spacing = 4
     max_spacing = 64
+    #: slots from which an index keeps a fence for its searches and finds the element before a
+    #: deleted one among the slots just before it (below, its arrays stay in the caches, where a
+    #: plain binary search is cheaper)
+    local_first = 1 << 22
 
     def __init__(self, nwords: int, spacing: Optional[int] = None, budget: Optional[int] = None):
         if nwords < 1:
@@ -246,6 +260,7 @@ class OrderIndex:
         self.hi = -1
         self.n = 0
         self.ids = KeyMap()  # element id (last word) -> key
+        self.F: Optional[list[np.ndarray]] = None  # the fence of a large index: W[k][::FENCE]
 
     # -- basic ----------------------------------------------------------------------------------
     @property
@@ -379,8 +394,23 @@ class OrderIndex:
         if self.n == 0:
             return np.full(m, NONE_LO, dtype=np.int64), np.full(m, NONE_HI, dtype=np.int64)
         lo, hi = self.lo, self.hi
+        fenced = self._fenced_search(q) if self.F is not None else None
+        res = fenced if fenced is not None else self._search(q)
+        # p: the first slot greater than the query. A free slot holds the words of the element
+        # after it, so slot p - 1 (not greater) is an element: the one before the query.
+        p = lo + res
+        succ = np.full(m, NONE_HI, dtype=np.int64)
+        inside = p <= hi
+        succ[inside] = self.src[p[inside]]
+        pred = np.where(p > lo, p - 1 + self.base, NONE_LO)
+        return pred, succ
+
+    def _search(self, q: list[np.ndarray]) -> np.ndarray:
+        """Index into the occupied region of the first slot greater than each query: a binary
+        search of the first words, then of the next words among the slots tied on the first."""
+        lo, hi = self.lo, self.hi
         w0 = self.W[0][lo:hi + 1]
-        res = np.searchsorted(w0, q[0], side="right")
+        res: np.ndarray = np.searchsorted(w0, q[0], side="right")
         # queries that tie on the first word with some slot: resolve on the next words
         amb = np.flatnonzero(res > 0)
         amb = amb[w0[res[amb] - 1] == q[0][amb]]
@@ -405,14 +435,87 @@ class OrderIndex:
                 b = np.where(go & gt, mid, b)
                 a = np.where(go & ~gt, mid + 1, a)
             res[amb] = a
-        # p: the first slot greater than the query. A free slot holds the words of the element
-        # after it, so slot p - 1 (not greater) is an element: the one before the query.
-        p = lo + res
-        succ = np.full(m, NONE_HI, dtype=np.int64)
-        inside = p <= hi
-        succ[inside] = self.src[p[inside]]
-        pred = np.where(p > lo, p - 1 + self.base, NONE_LO)
-        return pred, succ
+        return res
+
+    def _fenced_search(self, q: list[np.ndarray]) -> Optional[np.ndarray]:
+        """`_search` through the fence (the words of every FENCE-th slot): the fence is searched
+        for the two samples around each query, then the FENCE slots between them. On a large
+        index a search of the whole arrays misses the cache at nearly every step; the fence is
+        a 256th of their size and mostly stays in the caches. None when the region holds
+        no sample."""
+        assert self.F is not None
+        B = FENCE
+        lo, hi = self.lo, self.hi
+        jl, jh = -(-lo // B), hi // B          # the samples inside the region
+        if jh < jl:
+            return None
+        F = [f[jl:jh + 1] for f in self.F]
+        c = np.searchsorted(F[0], q[0], side="right")   # samples not greater on the first word
+        if self.K > 1:
+            # among the samples tied with the query on the first word, the first greater
+            left = np.searchsorted(F[0], q[0], side="left")
+            tie = np.flatnonzero(c > left)
+            if tie.size:
+                a, b = left[tie], c[tie]
+                rest = [w[tie] for w in q[1:]]
+                while True:
+                    go = a < b
+                    if not go.any():
+                        break
+                    mid = (a + b) // 2
+                    gt = _lex_greater([f[np.minimum(mid, F[0].size - 1)] for f in F[1:]], rest)
+                    b = np.where(go & gt, mid, b)
+                    a = np.where(go & ~gt, mid + 1, a)
+                c[tie] = a
+        # c samples are not greater than the query: the first greater slot is after the last of
+        # them (or is the region's first) and at or before the next sample (or the region's end)
+        a = np.where(c > 0, (jl + c - 1) * B + 1, lo) - lo
+        b = np.where(c <= jh - jl, (jl + c) * B, hi + 1) - lo
+        size = hi - lo + 1
+        while True:
+            go = a < b
+            if not go.any():
+                return a
+            mid = (a + b) // 2
+            slots = lo + np.minimum(mid, size - 1)
+            gt = _lex_greater([w[slots] for w in self.W], q)
+            b = np.where(go & gt, mid, b)
+            a = np.where(go & ~gt, mid + 1, a)
+
+    def _refence(self, slots: Optional[np.ndarray] = None) -> None:
+        """Brings the fence up to date after writes to `slots` (all slots when None); an index
+        below `local_first` slots has none."""
+        if slots is None:
+            self.F = [w[::FENCE].copy() for w in self.W] if self.cap >= self.local_first else None
+            return
+        if self.F is None or slots.size == 0:
+            return
+        s = slots[slots % FENCE == 0]
+        if s.size:
+            for f, w in zip(self.F, self.W):
+                f[s // FENCE] = w[s]
+
+    def _before_elements(self, keys: np.ndarray) -> np.ndarray:
+        """Key of the element before each of these element keys (NONE_LO for the first). The
+        free slots before an element copy its key into `src`, so the element before it is the
+        last slot before it whose `src` differs: looked for among the few slots just before
+        first, as a search of a large index misses the cache at every step."""
+        keys = np.asarray(keys, dtype=np.int64)
+        if keys.size == 0 or self.cap < self.local_first:
+            return self._prv(keys - 1)
+        probe = (keys - self.base)[:, None] - np.arange(1, _NEAR + 1, dtype=np.int64)
+        inside = probe >= self.lo
+        differs = (self.src[np.maximum(probe, self.lo)] != keys[:, None]) & inside
+        found = differs.any(axis=1)
+        out = np.full(keys.size, NONE_LO, dtype=np.int64)
+        f = np.flatnonzero(found)
+        out[f] = probe[f, differs[f].argmax(axis=1)] + self.base
+        # not found among them: the first element when the window passed the region's start,
+        # else a wider gap, searched for
+        far = np.flatnonzero(~found & inside[:, -1])
+        if far.size:
+            out[far] = self._prv(keys[far] - 1)
+        return out
 
     # -- storage --------------------------------------------------------------------------------
     def _ensure(self, kmin: int, kmax: int) -> None:
@@ -438,6 +541,7 @@ class OrderIndex:
             self.lo += off
             self.hi += off
         self.W, self.src, self.base = W, src, new_base
+        self._refence()
 
     def _paint(self, first: np.ndarray, last: np.ndarray, right: np.ndarray,
                reals: np.ndarray, real_words: list[np.ndarray]) -> None:
@@ -450,6 +554,7 @@ class OrderIndex:
             for w, v in zip(self.W, real_words):
                 w[rs] = v
             self.src[rs] = reals
+            self._refence(rs)
         lengths = last - first + 1
         keys, owner = _ranges(first, lengths)
         if keys.size == 0:
@@ -471,6 +576,7 @@ class OrderIndex:
         for w in self.W:
             w[slots] = w[fk]
         self.src[slots] = srck
+        self._refence(slots)
 
     # -- building -------------------------------------------------------------------------------
     def build(self, words: list[np.ndarray]) -> np.ndarray:
@@ -494,6 +600,7 @@ class OrderIndex:
         self.src[lo] = keys_sorted[0]
         self.src[lo + 1:hi + 1].reshape(m - 1, s)[:] = keys_sorted[1:, None]
         self.lo, self.hi = lo, hi
+        self._refence()
         self.ids.set(sw[-1].astype(np.int64), keys_sorted)
         keys = np.empty(m, dtype=np.int64)
         keys[order] = keys_sorted
@@ -507,6 +614,7 @@ class OrderIndex:
         words = [w[order] for w in words]
         self.K = nwords
         self.W = [np.zeros(self.cap, dtype=np.uint64) for _ in range(nwords)]
+        self._refence()
         if self.n:
             lo_k, hi_k = self.lo + self.base, self.hi + self.base
             self._paint(np.array([lo_k]), np.array([hi_k]), np.array([hi_k]), keys, words)
@@ -522,7 +630,7 @@ class OrderIndex:
             self.ids.delete(ids)
             self.n, self.lo, self.hi = 0, 0, -1
             return
-        prv = self._prv(keys - 1)         # the element before each deleted one
+        prv = self._before_elements(keys)  # the element before each deleted one
         head = np.ones(keys.size, dtype=bool)
         head[1:] = prv[1:] != keys[:-1]   # a chain of deleted neighbours starts here
         heads = np.flatnonzero(head)
@@ -865,7 +973,7 @@ class OrderIndex:
         self._repaint_elements(keys[order], [w[order] for w in words])
 
     def _repaint_elements(self, keys: np.ndarray, words: list[np.ndarray]) -> None:
-        prv = self._prv(keys - 1)
+        prv = self._before_elements(keys)
         first = np.where(prv == NONE_LO, keys, prv + 1)
         self._paint(first, keys, keys, keys, words)
 
@@ -889,6 +997,10 @@ class OrderIndex:
         rw = [w[lo:hi + 1][real] for w in self.W]
         if self.n > 1:
             assert np.all(_lex_greater([w[1:] for w in rw], [w[:-1] for w in rw])), "elements out of order"
+        if self.F is not None:
+            js = np.arange(-(-lo // FENCE), hi // FENCE + 1)
+            for f, w in zip(self.F, self.W):
+                assert np.array_equal(f[js], w[js * FENCE]), "fence out of date"
         keys = slots[real]
         assert np.array_equal(self.ids.get(rw[-1].astype(np.int64)), keys)
         assert len(self.ids) == self.n
