@@ -10,6 +10,8 @@ pydeephaven and pydeephaven-ticking talk to a server on a socket; the TableServi
 are checked in process (tests.harness.Services)."""
 from __future__ import annotations
 
+import re
+
 import grpc
 import numpy as np
 import pyarrow as pa
@@ -19,6 +21,7 @@ import pytest
 from tests.harness import Services, until
 from tickwire.protocol.proto import table_pb2
 from tickwire.protocol.proto.methods import TABLE_SERVICE
+from tickwire.protocol.tickets import export_ticket
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine, TableSpec
 from tickwire.server.engine.perf_tables import NAMES as PERF_TABLES
@@ -190,6 +193,49 @@ def test_structured_filter_and_batch_with_offsets(svc):
     # the export is a table like any other: DoGet it with the same session
     got = s.doget(b"e" + (3).to_bytes(4, "little"), token=token)
     assert _plain(got).equals(want.sort_by([("Sym", "descending")]))
+
+
+def test_a_batch_step_the_engine_cannot_make_fails_inside_the_stream_with_its_dependents(svc):
+    """As Deephaven answers it: the failed step success=false with "<ref> cause: <status>: ...",
+    each step made from it success=false with the same "<ref>", independent steps made; then the
+    call ends with the failed step's status, and a ticket of a dependent says DEPENDENCY_FAILED."""
+    s = svc
+    s.engine.create(TableSpec("dups", "static", data=pa.table({"K": [1, 1, 2], "V": [1.0, 2.0, 3.0]})))
+    token = s.new_session()
+    batch = table_pb2.BatchTableRequest()
+    nj = batch.ops.add().natural_join  # K 1 twice: a duplicate right key
+    nj.left_id.ticket.ticket = nj.right_id.ticket.ticket = b"s/dups"
+    nj.columns_to_match.append("K")
+    nj.columns_to_add.append("V2=V")
+    batch.ops.add().head.source_id.batch_offset = 0
+    batch.ops[1].head.num_rows = 1
+    ok = batch.ops.add().head
+    ok.source_id.ticket.ticket = b"s/quotes"
+    ok.num_rows = 3
+    ok.result_id.ticket = export_ticket(30)
+    dep = batch.ops.add().tail
+    dep.source_id.batch_offset = 1
+    dep.num_rows = 1
+    dep.result_id.ticket = export_ticket(31)
+    got = []
+    code, details = s.status(lambda: got.extend(s.stream(TABLE_SERVICE, "Batch", batch, token=token)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "duplicate right key" in details
+    assert [r.success for r in got] == [False, False, True, False]
+    assert [r.result_id.WhichOneof("ref") for r in got] == ["batch_offset", "batch_offset", "ticket", "ticket"]
+    assert [r.result_id.batch_offset for r in got[:2]] == [0, 1]
+    assert [r.result_id.ticket.ticket for r in got[2:]] == [export_ticket(30), export_ticket(31)]
+    m = re.fullmatch(r"([0-9a-f-]{36}) cause: INVALID_ARGUMENT: (.*)", got[0].error_info)
+    assert m is not None and "duplicate right key" in m.group(2), got[0].error_info
+    assert got[1].error_info == got[3].error_info == m.group(1)
+    assert got[2].size == 3 and s.doget(export_ticket(30), token=token).num_rows == 3
+    code, details = s.status(lambda: s.doget(export_ticket(31), token=token))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "DEPENDENCY_FAILED" in details
+    # a one-shot of the same operation ends with the status alone
+    one = table_pb2.NaturalJoinTablesRequest()
+    one.CopyFrom(nj)
+    one.result_id.ticket = export_ticket(32)
+    code, details = s.status(lambda: s.call(TABLE_SERVICE, "NaturalJoinTables", one, token=token))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "duplicate right key" in details
 
 
 def test_row_variables_are_refused_on_a_ticking_table_that_is_not_append_only(svc):

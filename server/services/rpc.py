@@ -60,6 +60,13 @@ class CallError(TickwireError):
     "INVALID_ARGUMENT" (the default), in the order every TickwireError takes them."""
 
 
+class CreationError(CallError):
+    """A well-formed request for a table the engine could not make from its sources (a column
+    they lack, a duplicate right key): Deephaven's failure of an export once it runs, as opposed
+    to a request refused on its face. A one-shot call ends with its status; a Batch answers it
+    inside its stream, for that step and the steps made from it (TableService.batch)."""
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status a handler's exception is answered with: a TickwireError's own, anything else
     INTERNAL with a reference id that the log line of its traceback carries too."""

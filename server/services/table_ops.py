@@ -17,7 +17,7 @@ from tickwire.server.engine import Engine, OperationError, Table
 from tickwire.server.engine.graph.ops.project import ROW_VARIABLES
 from tickwire.server.services.conditions import conditions_expression
 from tickwire.server.services.dh_expr import ExpressionError, parse_column_specs, parse_filters
-from tickwire.server.services.rpc import CallError
+from tickwire.server.services.rpc import CallError, CreationError
 
 __all__ = ["OPERATIONS", "BUILDERS", "EXTRA_SOURCES", "SOURCE_FIELDS", "SOURCE_LISTS", "Builder", "TableOps",
            "register"]
@@ -217,7 +217,7 @@ class TableOps:
             with self.engine.writing():
                 return self.adopt(make())
         except OperationError as exc:  # arguments the operation refuses: said with the operation's name
-            raise CallError(f"{kind} on {source.name!r}: {exc}", exc.code) from None
+            raise CreationError(f"{kind} on {source.name!r}: {exc}", exc.code) from None
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             # pyarrow refusing the request's expressions (types that do not go together)
-            raise CallError(f"{kind} on {source.name!r}: {exc}", "INVALID_ARGUMENT") from None
+            raise CreationError(f"{kind} on {source.name!r}: {exc}", "INVALID_ARGUMENT") from None

@@ -7,7 +7,8 @@ sizes of a session's exports, held open). Every other method answers UNIMPLEMENT
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import uuid
+from typing import Any, Union
 
 from tickwire.protocol.proto import table_pb2
 from tickwire.protocol.proto.methods import TABLE_SERVICE
@@ -25,7 +26,7 @@ from tickwire.server.services.basic_ops import SOURCELESS, answers_source, make_
 from tickwire.server.services.context import ServerContext
 from tickwire.server.services.exports import claim, export, export_id
 from tickwire.server.services.input_table_service import create_input_table, input_table_for
-from tickwire.server.services.rpc import CallError, service_handlers, short
+from tickwire.server.services.rpc import CallError, CreationError, service_handlers, short
 from tickwire.server.services.sessions import ExportClaim, Session
 from tickwire.server.services.table_ops import EXTRA_SOURCES, OPERATIONS, SOURCE_FIELDS, SOURCE_LISTS
 
@@ -33,6 +34,28 @@ __all__ = ["TableService"]
 
 #: operations whose result is their source table itself
 _AS_IS = ("fetch_table", "apply_preview_columns")
+
+
+class _FailedStep:
+    """A Batch step the engine could not make, or one made from such a step: `context` is the
+    reference its answer and its dependents' answers carry, as Deephaven's do."""
+
+    __slots__ = ("context",)
+
+    def __init__(self, context: str):
+        self.context = context
+
+
+class _DependencyFailed(Exception):
+    """A Batch step names a failed step by its batch_offset."""
+
+    def __init__(self, failed: _FailedStep):
+        super().__init__(failed.context)
+        self.failed = failed
+
+
+#: what a Batch step names by batch_offset: a table made, or a failed step
+_Step = Union[Table, _FailedStep]
 
 
 class TableService:
@@ -69,7 +92,18 @@ class TableService:
             resp.result_id.batch_offset = batch_offset
         return resp
 
-    async def _source(self, ref, session: Session, earlier: list[Table] | None = None) -> Table:
+    @staticmethod
+    def _failure_response(result_ticket: bytes, batch_offset: int,
+                          error_info: str) -> table_pb2.ExportedTableCreationResponse:
+        """The answer for a Batch step that was not made (see `batch`)."""
+        resp = table_pb2.ExportedTableCreationResponse(success=False, error_info=error_info)
+        if result_ticket:
+            resp.result_id.ticket.ticket = result_ticket
+        else:
+            resp.result_id.batch_offset = batch_offset
+        return resp
+
+    async def _source(self, ref, session: Session, earlier: list[_Step] | None = None) -> Table:
         """The source table of an operation; an export of the session still being made (by a
         call the client sent before this one, or an earlier step of this batch) is waited for."""
         which = ref.WhichOneof("ref")
@@ -79,11 +113,14 @@ class TableService:
             i = ref.batch_offset
             if earlier is None or not 0 <= i < len(earlier):
                 raise CallError(f"batch_offset {i} does not name an earlier operation", "INVALID_ARGUMENT")
-            return earlier[i]
+            step = earlier[i]
+            if isinstance(step, _FailedStep):
+                raise _DependencyFailed(step)
+            return step
         raise CallError("source_id not supplied", "INVALID_ARGUMENT")
 
     async def _main_source(self, kind: str, req, session: Session,
-                           earlier: list[Table] | None = None) -> Table | None:
+                           earlier: list[_Step] | None = None) -> Table | None:
         """An operation's main source: None for an operation without one, the first of the
         list for an operation on a list of tables, else the table its source field names."""
         if kind in SOURCELESS:
@@ -99,7 +136,7 @@ class TableService:
         return await self._source(getattr(req, SOURCE_FIELDS.get(kind, "source_id")), session, earlier)
 
     async def _extra_sources(self, kind: str, req, session: Session,
-                             earlier: list[Table] | None = None) -> dict[str, Any]:
+                             earlier: list[_Step] | None = None) -> dict[str, Any]:
         """The tables an operation's other TableReference fields name (those set), by field, and
         for an operation on a list of tables, all of them (`sources`)."""
         out: dict[str, Any] = {f: await self._source(getattr(req, f), session, earlier)
@@ -207,8 +244,14 @@ class TableService:
         batch's later steps need it (as the parent of what they made).
 
         Every result ticket is claimed before anything is awaited, so that a call the client
-        sends right after the Batch, naming one of them, waits for it. A step that fails ends
-        the batch, and every result not made yet fails with that step's status."""
+        sends right after the Batch, naming one of them, waits for it.
+
+        A step the engine cannot make (a CreationError) is answered as Deephaven answers it:
+        success=false with error_info "<reference> cause: <status>: <message>", and every later
+        step made from it success=false with error_info "<reference>" (their tickets fail with
+        DEPENDENCY_FAILED); the other steps are made, and the call then ends with the first such
+        step's status. Any other refusal ends the batch at once, and every result not made yet
+        fails with its status."""
         session = self.ctx.session_of(context)
         results: dict[int, ExportClaim] = {}
         try:
@@ -229,24 +272,43 @@ class TableService:
                 r.fail(exc)
             await self.ctx.send_session_header(context, session)
             raise
-        done: list[Table] = []
+        done: list[_Step] = []
         unexported: list[Table] = []  # held only while this batch runs
+        first_failure: CreationError | None = None
         try:
             await self.ctx.send_session_header(context, session)
             for i, op in enumerate(req.ops):
                 which = op.WhichOneof("op")
                 step = getattr(op, which)
-                if which == "create_input_table":  # its source, if any, is the table whose schema it takes
-                    source = await self._source(step.source_table_id, session, done) \
-                        if step.WhichOneof("definition") == "source_table_id" else None
-                else:
-                    source = await self._main_source(which, step, session, done)
-                extras = await self._extra_sources(which, step, session, done)
-                resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i, extras)
+                try:
+                    if which == "create_input_table":  # its source, if any, is the table whose schema it takes
+                        source = await self._source(step.source_table_id, session, done) \
+                            if step.WhichOneof("definition") == "source_table_id" else None
+                    else:
+                        source = await self._main_source(which, step, session, done)
+                    extras = await self._extra_sources(which, step, session, done)
+                    resp, table = await self.ctx.run(self._apply_op, which, step, source, results.get(i), i, extras)
+                except _DependencyFailed as dep:
+                    done.append(dep.failed)
+                    if i in results:
+                        results[i].fail(dep)  # (not a status of its own: DEPENDENCY_FAILED)
+                    yield self._failure_response(step.result_id.ticket, i, dep.failed.context)
+                    continue
+                except CreationError as exc:
+                    failed = _FailedStep(str(uuid.uuid4()))
+                    done.append(failed)
+                    first_failure = first_failure or exc
+                    if i in results:
+                        results[i].fail(exc)
+                    yield self._failure_response(step.result_id.ticket, i,
+                                                 f"{failed.context} cause: {exc.code}: {exc}")
+                    continue
                 done.append(table)
                 if i not in results:
                     unexported.append(table)
                 yield resp
+            if first_failure is not None:
+                raise first_failure
         except BaseException as exc:  # a refused step, or the call cancelled: nothing more is made
             for r in results.values():
                 r.fail(exc)  # (those already made stay)
