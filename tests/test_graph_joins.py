@@ -607,3 +607,24 @@ def test_joins_give_the_key_groups_of_keys_gone_from_every_input_back():
         # ids stay near the live groups: never more than two thresholds and a cycle's new ones above
         assert t.space.n <= groups + 2 * 50 + 80, (t.name, t.space.n, groups)
     assert sum(n.prev_checked for n in nodes) > 0
+
+
+def test_a_history_stamped_with_every_trigger_column_takes_a_clashing_name_with_the_base_values():
+    """As Deephaven 42.7 answers it (tests/test_join_conformance.py compares the two): the
+    trigger's K keeps its place among the stamps but holds the base's K; named stamps that clash,
+    or a snapshot without history, are refused."""
+    engine = Engine()
+    base = engine.create(TableSpec("b", "static", data=pa.table({"K": pa.array([7, 8], pa.int32()),
+                                                                  "V": [1.5, 2.5]})))
+    trig = engine.create(TableSpec("t", "append", pa.schema([("K", pa.int64()), ("Tick", pa.int64())])))
+    engine.write(trig, pa.table({"K": [100], "Tick": [1]}), wait=False)
+    engine.run_cycle()
+    h = base.snapshot_when(trig, None, history=True, name="h")
+    assert h.schema.names == ["K", "Tick", "V"] and h.schema.field("K").type == pa.int32()
+    engine.write(trig, pa.table({"K": [200], "Tick": [2]}), wait=False)
+    engine.run_cycle()
+    got = engine.snapshot(h)[1].to_pydict()
+    assert got == {"K": [7, 8, 7, 8], "Tick": [1, 1, 2, 2], "V": [1.5, 2.5, 1.5, 2.5]}
+    for stamps, history in (([("K", "Tick")], True), (None, False), ([("K", "K")], False)):
+        with pytest.raises(OperationError, match="Column name conflicts: K"):
+            base.snapshot_when(trig, stamps, history=history, name="refused")

@@ -582,15 +582,6 @@ for _case_name in ("merge-order_by-string-nulls", "merge-order_by-nulls"):
     KNOWN[_case_name] = ("Deephaven refuses merge_tables with order_by when the ordering column holds a null "
                          "(INVALID_ARGUMENT; its log: NullPointerException in MergeSortedHelper); tickwire answers, "
                          "nulls first")
-for _case_name in ("snapshot_when-stamp_collides-history",):  # renamed onto a base column: both refuse
-    KNOWN[_case_name] = ("snapshot_when with history and a stamp column named like a base column: Deephaven accepts "
-                         "it (columns K, Tick, V with the BASE's K values: a quirk), tickwire refuses it "
-                         "(INVALID_ARGUMENT, as Deephaven does without history)")
-for _case_name in ("batch-snapshot_when-unknown_stamp", "batch-natural_join-duplicate"):
-    KNOWN[_case_name] = ("an operation of a Batch that fails in the engine: Deephaven answers it inside the Batch "
-                         "stream (an ExportedTableCreationResponse with success=false and error_info '<id> cause: "
-                         "INVALID_ARGUMENT: Details Logged w/ID ...'), tickwire ends the Batch call with status "
-                         "INVALID_ARGUMENT")
 
 
 # ------------------------------------------------------------------------------------------------

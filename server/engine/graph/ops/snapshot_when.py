@@ -14,7 +14,9 @@ of them) hold the trigger's last row at that moment (nulls when it has none).
   base's, then the stamps.
 - With `history`: each trigger row added appends a whole copy of the base stamped with that row
   (stamp columns first); the result only grows. A trigger row modified or removed fails the table,
-  as in Deephaven.
+  as in Deephaven. Stamped with every trigger column (none named), a trigger column named like a
+  base column keeps its place among the stamps with the base's values, as Deephaven answers;
+  otherwise such a name is refused.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class SnapshotWhenTable(_Op):
     def __init__(self, graph: "UpdateGraph", name: str, base: Table, trigger: Table,
                  stamps: Optional[Sequence[tuple[str, str]]] = None, initial: bool = False,
                  incremental: bool = False, history: bool = False):
+        every = stamps is None or not len(stamps)
         if stamps is None or not len(stamps):
             stamps = [(c, c) for c in trigger.schema.names]
         # as Deephaven: an output name given twice keeps its first place and its last column
@@ -72,15 +75,17 @@ class SnapshotWhenTable(_Op):
         if missing:
             raise unknown_columns(trigger, missing)
         clash = [n for n, _c in stamps if n in base.schema.names]
-        if clash:
+        # as Deephaven: a history stamped with every trigger column (none named) takes a trigger
+        # column named like a base column, in its place among the stamps, with the base's values
+        if clash and not (history and every):
             raise OperationError(f"Column name conflicts: {', '.join(clash)}")
         if history and (initial or incremental):
             raise OperationError("snapshotWhen with history does not currently support incremental nor initial")
         self.base, self.trigger = base, trigger
         self.stamps = stamps
         self.initial, self.incremental, self.history = bool(initial), bool(incremental), bool(history)
-        sfields = [trigger.schema.field(c).with_name(n) for n, c in stamps]
-        fields = sfields + list(base.schema) if history else list(base.schema) + sfields
+        sfields = [base.schema.field(n) if n in clash else trigger.schema.field(c).with_name(n) for n, c in stamps]
+        fields = sfields + [f for f in base.schema if f.name not in clash] if history else list(base.schema) + sfields
         self._slot_of = KeyMap()            # row key -> slot (without history; with it a row key is its slot)
         self._free = _EMPTY.copy()
         self._nslots = 0
@@ -132,7 +137,8 @@ class SnapshotWhenTable(_Op):
         """Result rows: base rows `base_keys` with the stamps of trigger rows `stamp_keys` (one each)."""
         vals = self.base.gather(None, base_keys)
         st = self._stamp_rows(stamp_keys)
-        cols = {**dict(zip(vals.column_names, vals.columns)), **dict(zip(st.column_names, st.columns))}
+        base_cols, stamp_cols = dict(zip(vals.column_names, vals.columns)), dict(zip(st.column_names, st.columns))
+        cols = {**stamp_cols, **base_cols} if self.history else {**base_cols, **stamp_cols}  # (see __init__)
         return pa.Table.from_arrays([cols[f.name] for f in self.schema], schema=self.schema)
 
     # -- snapshots ------------------------------------------------------------------------------
