@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import weakref
 
 import grpc
@@ -23,7 +24,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.harness import Services, chain_batch, until
-from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2
+from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2, ticket_pb2
 from tickwire.protocol.proto.methods import (
     APPLICATION_SERVICE,
     CONFIG_SERVICE,
@@ -467,6 +468,62 @@ def test_batch_replies_and_one_shots_without_result_ticket_match_deephaven(tw, d
     assert shape == [("batch_offset", 0, b"", True, n, True), ("batch_offset", 1, b"", True, n, True),
                      ("ticket", 0, export_ticket(1), True, 7, True)]
     assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _failing_batch_shape(target) -> tuple[list, grpc.StatusCode, grpc.StatusCode]:
+    """A Batch of a step that fails once made (a natural_join whose right key Price repeats), a
+    step made from it, an independent step and a step made from the second: each answer as
+    (result_id, success, error_info with its references written <ref> and only the status kept of
+    its cause), in result_id order; the call's status; and the status of the dependent's ticket."""
+    c = SocketClient(target)
+    try:
+        batch = table_pb2.BatchTableRequest()
+        nj = batch.ops.add().natural_join
+        nj.left_id.ticket.ticket = nj.right_id.ticket.ticket = b"s/lc_quotes"
+        nj.columns_to_match.append("Price")
+        nj.columns_to_add.append("S2=Sym")
+        head = batch.ops.add().head
+        head.source_id.batch_offset, head.num_rows = 0, 1
+        ok = batch.ops.add().head
+        ok.source_id.ticket.ticket, ok.num_rows, ok.result_id.ticket = b"s/lc_quotes", 3, export_ticket(40)
+        dep = batch.ops.add().tail
+        dep.source_id.batch_offset, dep.num_rows, dep.result_id.ticket = 1, 1, export_ticket(41)
+        m = METHODS[TABLE + "Batch"]
+        call = c.channel.unary_stream(TABLE + "Batch", request_serializer=m.request.SerializeToString,
+                                      response_deserializer=m.response.FromString)(batch, metadata=c.md)
+        got = []
+        try:
+            for r in call:
+                got.append(r)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as exc:
+            code = exc.code()
+        refs = {}
+
+        def ref(match) -> str:
+            return refs.setdefault(match.group(0), f"<ref{len(refs)}>")
+
+        shape = sorted((r.result_id.WhichOneof("ref"), r.result_id.batch_offset, r.result_id.ticket.ticket,
+                        r.success, re.sub(r"(cause: [A-Z_]+):.*", r"\1", re.sub(r"[0-9a-f-]{36}", ref, r.error_info)))
+                       for r in got)
+        dependent = _code(c.unary, TABLE + "GetExportedTableCreationResponse",
+                          ticket_pb2.Ticket(ticket=export_ticket(41)))
+        return shape, code, dependent
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_a_batch_step_that_fails_once_made_is_answered_in_the_stream_like_deephaven(tw, dh):
+    got, dh_got = _failing_batch_shape(tw), _failing_batch_shape(dh)
+    assert got == dh_got
+    shape, code, dependent = got
+    assert shape == [("batch_offset", 0, b"", False, "<ref0> cause: INVALID_ARGUMENT"),
+                     ("batch_offset", 1, b"", False, "<ref0>"),
+                     ("ticket", 0, export_ticket(40), True, ""),
+                     ("ticket", 0, export_ticket(41), False, "<ref0>")]
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and dependent == grpc.StatusCode.FAILED_PRECONDITION
 
 
 @pytest.mark.slow
