@@ -31,12 +31,17 @@ TABLE = "fanout"
 
 
 # -- the server process ----------------------------------------------------------------------------
-def serve(keys: int, rows_per_tick: int, interval_ms: float) -> None:
+def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "") -> None:
+    import logging
+
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import Engine, TableSpec
 
+    if log_path:  # each subscription's start and end (with how it ended), to tell who ended a call
+        logging.basicConfig(filename=log_path, level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s %(message)s")
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
     engine = Engine(interval_ms=interval_ms)
     table = engine.create(TableSpec(TABLE, "keyed", schema, keys=("Key",)))
@@ -228,13 +233,15 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=2, help="client processes")
     ap.add_argument("--interval-ms", type=float, default=100.0, help="the engine's cycle and the producer's tick")
     ap.add_argument("--quick", action="store_true", help="10 full + 100 viewport subscribers for 5 s")
+    ap.add_argument("--server-log", default="", help="the server process logs here at INFO (subscriptions' "
+                    "starts and ends)")
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--client", type=int)
     ap.add_argument("--client-full", type=int, default=0)
     ap.add_argument("--client-viewports", default="[]")
     args = ap.parse_args()
     if args.serve:
-        serve(args.keys, args.rows_per_tick, args.interval_ms)
+        serve(args.keys, args.rows_per_tick, args.interval_ms, args.server_log)
         return 0
     if args.client is not None:
         client(args.client, args.client_full, [tuple(v) for v in json.loads(args.client_viewports)],
@@ -244,7 +251,8 @@ def main() -> int:
         args.full, args.viewport, args.seconds = 10, 100, 5.0
 
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--keys", str(args.keys),
-                               "--rows-per-tick", str(args.rows_per_tick), "--interval-ms", str(args.interval_ms)],
+                               "--rows-per-tick", str(args.rows_per_tick), "--interval-ms", str(args.interval_ms),
+                               "--server-log", args.server_log],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
