@@ -50,6 +50,13 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.keepalive_permit_without_calls", 1),
+    # calls that arrive before the server's loop has asked grpcio for them wait in grpcio's queue,
+    # which by default refuses calls at random past 1,000 waiting (all past 3,000): a thousand
+    # subscribers connecting at once lost one to three calls (their clients saw CANCELLED, or
+    # INTERNAL from a failed send) that the server never saw. Room for a burst of 16,384; a call
+    # waits there at most 30 s (grpcio's server_max_unrequested_time_in_server) all the same.
+    ("grpc.server.max_pending_requests", 16384),
+    ("grpc.server.max_pending_requests_hard_limit", 32768),
 ]
 
 

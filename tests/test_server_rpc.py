@@ -187,8 +187,9 @@ def test_tls(tmp_path):
 
 @pytest.mark.parametrize("case", ["malformed", "unknown_type", "no_ticket", "missing_table", "late_no_metadata",
                                   "bad_column", "reverse_full", "mixed_types", "full_to_viewport"])
-def test_do_exchange_bad_input_gets_a_clear_status(svc, case):
+def test_do_exchange_bad_input_gets_a_clear_status(svc, case, caplog):
     s = svc
+    caplog.set_level(logging.INFO, logger="tickwire.server.services.flight_service")
     ex = s.exchange()
     if case == "malformed":
         ex.send(b"\x01\x02garbage")
@@ -227,6 +228,9 @@ def test_do_exchange_bad_input_gets_a_clear_status(svc, case):
     assert error is not None and error.code() == want, error
     assert text in error.details()
     assert released(s), s.ctx.registry.subscriptions  # everything the stream held is released
+    # the server's log says how each call ended: a call refused before its subscription started too
+    ends = [r for r in caplog.records if getattr(r, "event", None) in ("exchange_end", "subscription_end")]
+    assert len(ends) == 1 and ends[0].outcome.startswith(f"failed: {want.name}"), [r.getMessage() for r in ends]
 
 
 def test_server_keeps_serving_after_bad_requests(svc):

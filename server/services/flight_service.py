@@ -302,6 +302,10 @@ class FlightService:
                 log.info("subscription %d %s: table %r (session %d)", sub_id, outcome, handle.table.name, session.id,
                          extra={"event": "subscription_end", "subscription": sub_id, "table": handle.table.name,
                                 "outcome": outcome, "session": session.id})
+            elif outcome != "ended (OK)":  # before a subscription started: a refused request, or the client gone
+                log.info("exchange %s before a subscription started (session %d, peer %s)", outcome, session.id,
+                         context.peer(), extra={"event": "exchange_end", "outcome": outcome, "session": session.id,
+                                                "peer": context.peer()})
             reader.cancel()
             if follower is not None:
                 follower.cancel()
