@@ -282,6 +282,39 @@ def test_keyed_cycle_with_several_operations_reports_net_change_and_previous_val
         t.prev_gather()  # only during the cycle
 
 
+def test_a_restating_write_reports_every_row_of_a_key_already_there_as_modified():
+    """Deephaven's input tables report an add of a key they have as a modification of every
+    column, values changed or not (engine.write(..., restate=True), as AddTableToInputTable
+    writes); a plain upsert reports only the values that changed."""
+    engine = Engine()
+    s = pa.schema([("k", pa.int64()), ("v", pa.float64()), ("w", pa.string())])
+    t = engine.create(TableSpec("t", "keyed", s, keys=["k"]))
+    engine.write(t, pa.table({"k": [1, 2, 3], "v": [1.0, 2.0, 3.0], "w": ["a", "b", "c"]}, schema=s), wait=False)
+    engine.run_cycle()
+    prev: list = []
+    t.add_listener(lambda table, up, step: prev.append(table.prev_gather(None, up.modified).to_pylist()))
+    same = pa.table({"k": [2, 3], "v": [2.0, 3.0], "w": ["b", "c"]}, schema=s)
+    engine.write(t, same, wait=False)
+    assert engine.run_cycle().get("t") is None  # unchanged: no update at all
+    # restated: 2 unchanged and 3 with a new w, a new key 4; then a plain write changes 2's v in
+    # the same cycle and back again (2 stays modified: it was restated)
+    engine.write(t, pa.table({"k": [2, 3, 4], "v": [2.0, 3.0, 4.0], "w": ["b", "c2", "d"]}, schema=s),
+                 wait=False, restate=True)
+    engine.write(t, pa.table({"k": [2], "v": [9.0], "w": ["b"]}, schema=s), wait=False)
+    engine.write(t, pa.table({"k": [2], "v": [2.0], "w": ["b"]}, schema=s), wait=False)
+    up = engine.run_cycle()["t"]
+    assert up.added.keys().tolist() == [3]
+    assert up.modified.keys().tolist() == [1, 2] and up.modified_columns == {"v", "w"}
+    assert prev[-1] == [{"k": 2, "v": 2.0, "w": "b"}, {"k": 3, "v": 3.0, "w": "c"}]
+    # restating a deleted key adds it; restating nothing already there modifies nothing
+    with engine.writes(wait=False) as w:
+        w.write(t, delete=pa.table({"k": [4]}))
+    engine.run_cycle()
+    engine.write(t, pa.table({"k": [4], "v": [4.0], "w": ["d"]}, schema=s), wait=False, restate=True)
+    up = engine.run_cycle()["t"]
+    assert up.modified.is_empty() and up.added.size == 1 and up.removed.is_empty()
+
+
 def test_batch_ids_make_every_source_exactly_once():
     engine = Engine()
     s = pa.schema([("k", pa.int64()), ("v", pa.int64())])

@@ -1394,9 +1394,6 @@ STORIES = {"multi_join": MULTI_JOIN_STORY, "snapshot_when": SNAPSHOT_STORY,
 #: differences in the stories from Deephaven 42.7 that are known and not (yet) matched:
 #: (story, step, table) -> what differs
 KNOWN_STORY: dict[tuple[str, str, str], str] = {}
-KNOWN_STORY[("snapshot_when-unchanged_upsert", "trigger_adds_another", "snapshot_when-incremental")] = (
-    "a keyed input table's row added again with the same values: Deephaven reports it modified (an incremental "
-    "snapshot_when restamps it: b gets Tick 2), tickwire's input table reports no change (b keeps Tick 1)")
 
 
 @pytest.fixture(scope="module")

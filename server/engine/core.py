@@ -766,7 +766,7 @@ class Engine:
     # -- ingest -------------------------------------------------------------------------------------
     def write(self, target: Target, data: Any = None, *, delete: Optional[TableInput] = None,
               batch_id: Optional[Hashable] = None, wait: bool = True, timeout: float = 30.0,
-              timing: Optional[dict[str, Any]] = None) -> bool:
+              timing: Optional[dict[str, Any]] = None, restate: bool = False) -> bool:
         """The one way rows enter a table. Queues `data` (rows to append or upsert, or, for an
         UpdateSourceTable, one operation of its own form) and/or `delete` (keys to remove, keyed
         tables) under `batch_id`; False when that batch id was applied before (nothing is queued).
@@ -775,9 +775,12 @@ class Engine:
         or a Destination (a table written by mode, made from the batch's schema unless it exists).
         With `wait`, returns once a cycle has applied the write, and for a durable table once it
         is on disk (at once when no cycle thread runs: the caller steps the engine). `timing`, a
-        dict, gets the figures of a write by mode ("rows"; "removed" and "upserted" in replace mode)."""
+        dict, gets the figures of a write by mode ("rows"; "removed" and "upserted" in replace mode).
+        `restate`: a keyed table reports every row of `data` whose key it has as modified (every
+        value column), also when its values do not change, as Deephaven's input tables report an
+        add; otherwise only values that changed are modifications."""
         writes = _Writes(self, self._replace_state)
-        table, ok = writes.put(target, data, delete=delete, batch_id=batch_id, timing=timing)
+        table, ok = writes.put(target, data, delete=delete, batch_id=batch_id, timing=timing, restate=restate)
         if ok and wait:
             self.flush(timeout)
             refusal = getattr(table, "refusal", None)
@@ -877,7 +880,8 @@ class _Writes:
         return self.put(target, data, delete=delete, batch_id=batch_id, timing=timing)[1]
 
     def put(self, target: Target, data: Any = None, *, delete: Optional[TableInput] = None,
-            batch_id: Optional[Hashable] = None, timing: Optional[dict[str, Any]] = None) -> tuple[Table, bool]:
+            batch_id: Optional[Hashable] = None, timing: Optional[dict[str, Any]] = None,
+            restate: bool = False) -> tuple[Table, bool]:
         engine = self.engine
         if isinstance(target, Destination):
             if delete is not None:
@@ -885,7 +889,7 @@ class _Writes:
             table, ok = self._by_mode(target, data, batch_id, timing)
         else:
             table = engine.get_or_create(target)[0] if isinstance(target, TableSpec) else target
-            ok = self._to_table(table, data, delete, batch_id)
+            ok = self._to_table(table, data, delete, batch_id, restate)
         if ok:
             self.queued += 1
             self.tables.append(table)
@@ -904,7 +908,8 @@ class _Writes:
         return table, bool(prepare_ops(dest, table, data, batch_id, state, timing)())
 
     @staticmethod
-    def _to_table(table: Table, data: Any, delete: Optional[TableInput], batch_id: Optional[Hashable]) -> bool:
+    def _to_table(table: Table, data: Any, delete: Optional[TableInput], batch_id: Optional[Hashable],
+                  restate: bool = False) -> bool:
         if isinstance(table, UpdateSourceTable):
             if delete is not None or batch_id is not None:
                 raise IngestError(f"table {table.name!r} is fed whole updates; it takes no deletes or batch ids")
@@ -920,4 +925,6 @@ class _Writes:
             return table.queue_ops(ops, batch_id=batch_id)
         if data is None:
             raise IngestError(f"a write into table {table.name!r} needs rows or keys to delete")
+        if restate and isinstance(table, KeyedTable):
+            return table.queue_ops([("restate", data)], batch_id=batch_id)
         return table.queue_rows(data, batch_id=batch_id)

@@ -287,8 +287,8 @@ class InputTableService:
     def _add(self, target: Table, source: Table) -> None:
         engine = self.ctx.engine
         _step, data = engine.snapshot(source)
-        if data.num_rows:
-            engine.write(target, _as_columns(data, target.schema, list(target.schema.names)))
+        if data.num_rows:  # an add is a modification of every row of a key already there, as in Deephaven
+            engine.write(target, _as_columns(data, target.schema, list(target.schema.names)), restate=True)
 
     async def delete_from_input_table(self, req, context):
         target, info, source = await self._tables(context, req.input_table, req.table_to_remove, "tableToRemove")

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
-#: queued input: ("add", rows) or ("delete", key values)
+#: queued input: ("add", rows), ("restate", rows) (an add whose rewrites are all modifications) or
+#: ("delete", key values)
 _Input = tuple[str, pa.Table]
 
 #: freed row keys a keyed table holds before new keys take them (or an eighth of its live rows)
@@ -328,11 +329,13 @@ class KeyedTable(SourceTable):
         return self._queue([("delete", self._key_input(keys_data))], batch_id)
 
     def queue_ops(self, ops: Iterable[tuple[str, TableInput]], batch_id: Optional[Hashable] = None) -> bool:
-        """Queues ("add", rows) and ("delete", keys) operations in order, under one batch id."""
+        """Queues ("add", rows) and ("delete", keys) operations in order, under one batch id;
+        ("restate", rows) is an add whose rows of keys already there are all modifications (see
+        `Engine.write`)."""
         checked: list[_Input] = []
         for kind, data in ops:
-            if kind in ("add", "upsert"):
-                checked.append(("add", conform(self.name, self.schema, data)))
+            if kind in ("add", "upsert", "restate"):
+                checked.append(("restate" if kind == "restate" else "add", conform(self.name, self.schema, data)))
             elif kind == "delete":
                 checked.append(("delete", self._key_input(data)))
             else:
@@ -456,6 +459,7 @@ class KeyedTable(SourceTable):
         saved_vals: list[pa.Table] = []
         written: list[pa.Table] = []  # the new values of the rows saved, per upsert that saved some
         rewrites = 0  # upserts that wrote rows existing before the cycle
+        restated: list[np.ndarray] = []  # rows existing before the cycle that a "restate" wrote
         for kind, t in ops:
             if kind == "delete":
                 rows, where = self._find(t, hash_columns([t.column(k) for k in self.keys]))
@@ -475,6 +479,8 @@ class KeyedTable(SourceTable):
                 rk = rows[at]
                 pre = existed(rk)
                 rewrites += bool(pre.any())
+                if kind == "restate":
+                    restated.append(rk[pre])
                 first_touch = pre & ~np.isin(rk, touched) if touched.size else pre
                 new_vals = t.take(pa.array(at))
                 if first_touch.any():
@@ -521,6 +527,11 @@ class KeyedTable(SourceTable):
                     if diff.any():
                         modified_cols.add(name)
                         changed_rows |= diff
+                if restated:
+                    forced = np.isin(keys, np.concatenate(restated))
+                    if forced.any():
+                        changed_rows |= forced
+                        modified_cols.update(self.value_columns)
                 if changed_rows.any():
                     order = np.argsort(keys[changed_rows])
                     mkeys = keys[changed_rows][order]
