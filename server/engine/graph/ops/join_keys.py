@@ -310,14 +310,15 @@ def group_members(m: OrderIndex, groups: np.ndarray) -> tuple[np.ndarray, np.nda
     groups = np.asarray(groups, dtype=np.int64)
     if groups.size == 0 or len(m) == 0:
         return _EMPTY, _EMPTY
-    _p, first = m.locate([groups.astype(np.uint64), np.full(groups.size, _U64_MAX)])
-    last, _s = m.locate([(groups + 1).astype(np.uint64), np.full(groups.size, _U64_MAX)])
+    # one search for both ends: the element after group - 1's and the last of the group's
+    n = groups.size
+    pred, succ = m.locate([np.concatenate((groups, groups + 1)).astype(np.uint64), np.full(2 * n, _U64_MAX)])
+    first, last = succ[:n], pred[n:]
     ok = (first != NONE_HI) & (last != NONE_LO)
-    keys, _which = m.keys_between(np.where(ok, first, 0), np.where(ok, last, -1))
+    keys, which = m.keys_between(np.where(ok, first, 0), np.where(ok, last, -1))
     if keys.size == 0:
         return _EMPTY, _EMPTY
-    w = m.words_at(keys)
-    return w[0].astype(np.int64) - 1, w[1].astype(np.int64)
+    return groups[which], m.id_at(keys)
 
 
 def group_edges(m: OrderIndex, groups: np.ndarray, front: bool) -> np.ndarray:
