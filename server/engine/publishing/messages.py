@@ -90,7 +90,7 @@ class Message:
     """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
 
     __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step", "_base",
-                 "limits", "added_rows")
+                 "limits", "added_rows", "_nbytes")
 
     def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
                  modified: Optional[list[Optional[pa.Array]]], step: int = 0,
@@ -108,6 +108,16 @@ class Message:
         self._lock = threading.Lock()
         self._base: Optional[Message] = None
         self.limits = limits
+        self._nbytes = -1
+
+    @property
+    def nbytes(self) -> int:
+        """Its size before FlightData framing: its metadata and its columns' buffers (computed
+        once: a message shared by many subscribers is counted for each of them)."""
+        if self._nbytes < 0:
+            cols = (*(self.added or ()), *(self.modified or ()))
+            self._nbytes = len(self.metadata) + sum(c.nbytes for c in cols if c is not None)
+        return self._nbytes
 
     def with_metadata(self, metadata: bytes, step: int) -> "Message":
         """The same rows under other metadata (the same snapshot at a later step of an unchanged
@@ -159,7 +169,7 @@ class Message:
         """Rows per record batch for the cached encoding: at most about `shared_batch_bytes` per
         FlightData, so that a subscriber that stops reading holds one small piece of a shared
         message in its transport, not a copy of the whole message."""
-        nbytes = sum(c.nbytes for c in (*(self.added or ()), *(self.modified or ())) if c is not None)
+        nbytes = self.nbytes - len(self.metadata)
         target = self.limits.shared_batch_bytes
         if nbytes <= target or self.cells == 0:
             return opts.batch_size

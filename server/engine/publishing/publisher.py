@@ -69,9 +69,7 @@ SnapshotHook = Callable[[Table, int, int, int, float, int, int], None]
 
 def message_bytes(msg: Message) -> int:
     """A message's size before FlightData framing: its metadata and its columns' buffers."""
-    cols = (*(msg.added or ()), *(msg.modified or ()))
-    nbytes: int = sum(c.nbytes for c in cols if c is not None)
-    return len(msg.metadata) + nbytes
+    return msg.nbytes
 
 
 def _message_rows(msg: Message) -> int:
