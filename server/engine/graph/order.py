@@ -27,7 +27,7 @@ the few slots just before it (the free slots there copy the deleted one's key) b
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -205,6 +205,20 @@ def _lex_greater(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
         gt |= eq & (x > y)
         eq &= x == y
     return gt
+
+
+def _halve(a: np.ndarray, b: np.ndarray, greater: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """For ranges [a[i], b[i]) over which `greater` (of an array of indexes) is false and then
+    true: the first index of each at which it is true (b[i] where it never is), by halving them
+    all at once."""
+    while True:
+        go = a < b
+        if not go.any():
+            return a
+        mid = (a + b) // 2
+        gt = greater(mid)
+        b = np.where(go & gt, mid, b)
+        a = np.where(go & ~gt, mid + 1, a)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -423,18 +437,9 @@ class OrderIndex:
         if amb.size and self.K > 1:
             left = np.searchsorted(w0, q[0][amb], side="left")
             # first index in [left, res) whose remaining words are greater than the query's
-            a, b = left, res[amb]
             rest = [w[amb] for w in q[1:]]
-            while True:
-                go = a < b
-                if not go.any():
-                    break
-                mid = (a + b) // 2
-                slots = lo + np.minimum(mid, hi - lo)
-                gt = _lex_greater([w[slots] for w in self.W[1:]], rest)
-                b = np.where(go & gt, mid, b)
-                a = np.where(go & ~gt, mid + 1, a)
-            res[amb] = a
+            res[amb] = _halve(left, res[amb], lambda mid: _lex_greater(
+                [w[lo + np.minimum(mid, hi - lo)] for w in self.W[1:]], rest))
         return res
 
     def _fence_pays(self, q: list[np.ndarray]) -> bool:
@@ -470,31 +475,14 @@ class OrderIndex:
             left = np.searchsorted(F[0], q[0], side="left")
             tie = np.flatnonzero(c > left)
             if tie.size:
-                a, b = left[tie], c[tie]
                 rest = [w[tie] for w in q[1:]]
-                while True:
-                    go = a < b
-                    if not go.any():
-                        break
-                    mid = (a + b) // 2
-                    gt = _lex_greater([f[np.minimum(mid, F[0].size - 1)] for f in F[1:]], rest)
-                    b = np.where(go & gt, mid, b)
-                    a = np.where(go & ~gt, mid + 1, a)
-                c[tie] = a
+                c[tie] = _halve(left[tie], c[tie], lambda mid: _lex_greater(
+                    [f[np.minimum(mid, F[0].size - 1)] for f in F[1:]], rest))
         # c samples are not greater than the query: the first greater slot is after the last of
         # them (or is the region's first) and at or before the next sample (or the region's end)
         a = np.where(c > 0, (jl + c - 1) * B + 1, lo) - lo
         b = np.where(c <= jh - jl, (jl + c) * B, hi + 1) - lo
-        size = hi - lo + 1
-        while True:
-            go = a < b
-            if not go.any():
-                return a
-            mid = (a + b) // 2
-            slots = lo + np.minimum(mid, size - 1)
-            gt = _lex_greater([w[slots] for w in self.W], q)
-            b = np.where(go & gt, mid, b)
-            a = np.where(go & ~gt, mid + 1, a)
+        return _halve(a, b, lambda mid: _lex_greater([w[lo + np.minimum(mid, hi - lo)] for w in self.W], q))
 
     def _refence(self, slots: Optional[np.ndarray] = None) -> None:
         """Brings the fence up to date after writes to `slots` (all slots when None); an index
