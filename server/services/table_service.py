@@ -58,6 +58,15 @@ class _DependencyFailed(Exception):
 _Step = Union[Table, _FailedStep]
 
 
+def _set_result_id(resp: table_pb2.ExportedTableCreationResponse, result_ticket: bytes,
+                   batch_offset: int | None) -> None:
+    """An answer's result_id: the export ticket, or, for a Batch step without one, its batch_offset."""
+    if result_ticket or batch_offset is None:
+        resp.result_id.ticket.ticket = result_ticket
+    else:
+        resp.result_id.batch_offset = batch_offset
+
+
 class TableService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
@@ -86,10 +95,7 @@ class TableService:
         resp = table_pb2.ExportedTableCreationResponse(success=True, is_static=not table.is_refreshing,
                                                        size=table.size,
                                                        schema_header=ipc_encapsulated_schema(wire.schema))
-        if result_ticket or batch_offset is None:
-            resp.result_id.ticket.ticket = result_ticket
-        else:
-            resp.result_id.batch_offset = batch_offset
+        _set_result_id(resp, result_ticket, batch_offset)
         return resp
 
     @staticmethod
@@ -97,10 +103,7 @@ class TableService:
                           error_info: str) -> table_pb2.ExportedTableCreationResponse:
         """The answer for a Batch step that was not made (see `batch`)."""
         resp = table_pb2.ExportedTableCreationResponse(success=False, error_info=error_info)
-        if result_ticket:
-            resp.result_id.ticket.ticket = result_ticket
-        else:
-            resp.result_id.batch_offset = batch_offset
+        _set_result_id(resp, result_ticket, batch_offset)
         return resp
 
     async def _source(self, ref, session: Session, earlier: list[_Step] | None = None) -> Table:

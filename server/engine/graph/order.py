@@ -207,6 +207,16 @@ def _lex_greater(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
     return gt
 
 
+def _after_every_tie(rest: list[np.ndarray]) -> np.ndarray:
+    """Per query, given its words after the first: whether they are all the largest value, so
+    that it sorts after every element tied with it on the first word (as the ends of groups are
+    asked for)."""
+    top = np.ones(rest[0].size, dtype=bool)
+    for w in rest:
+        top &= w == _U64_TOP
+    return top
+
+
 def _halve(a: np.ndarray, b: np.ndarray, greater: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """For ranges [a[i], b[i]) over which `greater` (of an array of indexes) is false and then
     true: the first index of each at which it is true (b[i] where it never is), by halving them
@@ -429,11 +439,7 @@ class OrderIndex:
         amb = np.flatnonzero(res > 0)
         amb = amb[w0[res[amb] - 1] == q[0][amb]]
         if amb.size and self.K > 1:
-            # a query whose next words are all the largest value sorts after every tie already
-            top = np.ones(amb.size, dtype=bool)
-            for w in q[1:]:
-                top &= w[amb] == _U64_TOP
-            amb = amb[~top]
+            amb = amb[~_after_every_tie([w[amb] for w in q[1:]])]
         if amb.size and self.K > 1:
             left = np.searchsorted(w0, q[0][amb], side="left")
             # first index in [left, res) whose remaining words are greater than the query's
@@ -450,10 +456,7 @@ class OrderIndex:
         m = q[0].size
         if self.K == 1 or m < 16:
             return m >= 160
-        top = np.ones(m, dtype=bool)
-        for w in q[1:]:
-            top &= w == _U64_TOP
-        n_top = int(top.sum())
+        n_top = int(_after_every_tie(q[1:]).sum())
         return (m - n_top) >= 16 or n_top >= 160
 
     def _fenced_search(self, q: list[np.ndarray]) -> Optional[np.ndarray]:

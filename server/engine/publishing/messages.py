@@ -112,8 +112,8 @@ class Message:
 
     @property
     def nbytes(self) -> int:
-        """Its size before FlightData framing: its metadata and its columns' buffers (computed
-        once: a message shared by many subscribers is counted for each of them)."""
+        """Its size before FlightData framing: its metadata and its columns' buffers. Computed
+        once, though a message shared by many subscribers is counted for each of them."""
         if self._nbytes < 0:
             cols = (*(self.added or ()), *(self.modified or ()))
             self._nbytes = len(self.metadata) + sum(c.nbytes for c in cols if c is not None)

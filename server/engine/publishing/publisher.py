@@ -67,11 +67,6 @@ _Shared = dict[tuple[Any, ...], tuple[Optional[TableUpdate], RowSet, RowSet, Mes
 SnapshotHook = Callable[[Table, int, int, int, float, int, int], None]
 
 
-def message_bytes(msg: Message) -> int:
-    """A message's size before FlightData framing: its metadata and its columns' buffers."""
-    return msg.nbytes
-
-
 def _message_rows(msg: Message) -> int:
     """The rows a message carries: added, and modified."""
     return msg.n_added + max((len(c) for c in msg.modified or () if c is not None), default=0)
@@ -102,7 +97,7 @@ class Subscriber:
         self.last_sent = 0.0
         self.messages = 0
         self.coalesced = 0  # cycles folded into an earlier pending change because the client was slow
-        self.bytes = 0  # of the messages queued (`message_bytes`)
+        self.bytes = 0  # of the messages queued (`Message.nbytes`)
         self.rows = 0  # carried by the messages queued (added and modified)
         self.snapshot_messages = 0  # messages of snapshots (an initial one may come in pieces)
         self.log: Optional[SnapshotLog] = None  # a shared initial snapshot this subscriber is replaying
@@ -144,7 +139,7 @@ class Subscriber:
         with self.lock:
             self.outbox.append(msg)
         self.messages += 1
-        self.bytes += message_bytes(msg)
+        self.bytes += msg.nbytes
         self.rows += _message_rows(msg)
         if snapshot:
             self.snapshot_messages += 1
@@ -539,7 +534,7 @@ class Publisher:
         if hook is None:
             return
         try:
-            hook(self.table, rows, columns, sum(message_bytes(m) for m in messages), seconds, step, len(messages))
+            hook(self.table, rows, columns, sum(m.nbytes for m in messages), seconds, step, len(messages))
         except Exception:  # recording never changes what is published
             log.debug("on_snapshot", exc_info=True)
 
