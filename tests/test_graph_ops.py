@@ -728,6 +728,32 @@ def test_last_by_gives_new_groups_row_keys_after_every_other_while_few_are_free(
     assert up.added.keys().tolist() == [10]   # not 2: two free keys are too few to reuse
 
 
+def test_group_member_indexes_follow_the_live_rows_of_a_ring_table():
+    # a last_by of a ring table: rows come at the end of their groups while the oldest go, which
+    # made the members index's region drift and its arrays grow with the rows that ever passed
+    from tickwire.server.engine.graph import order as order_module
+
+    engine = Engine()
+    cap, syms = 2000, [f"s{i}" for i in range(20)]
+    ring = engine.create(TableSpec("ring", "ring", QUOTES, capacity=cap))
+    lb = ring.last_by("sym")
+    agg = ring.agg_by([Agg("first", "px", "p")], ["sym"])
+    rng = np.random.default_rng(5)
+    for step in range(400):
+        n = 100
+        engine.write(ring, pa.table({"sym": np.array(syms, dtype=object)[rng.integers(0, 20, n)],
+                                     "px": np.full(n, float(step)), "vol": np.arange(n) + step * n,
+                                     "venue": ["v"] * n}, schema=QUOTES))
+        engine.run_cycle()
+        for members in (lb._members, agg._members):
+            assert len(members) == min(cap, (step + 1) * n)
+            assert members.cap <= (order_module.SPARSE * len(members) * members.spacing
+                                   + order_module.SPARSE_SLACK)
+    want = ring.to_arrow().to_pandas().groupby("sym").last()
+    got = lb.to_arrow().to_pandas().set_index("sym").sort_index()
+    assert got["vol"].tolist() == want.loc[got.index, "vol"].tolist() and len(got) == 20
+
+
 def test_group_member_indexes_leave_fewer_free_keys_than_a_sort():
     # a sort's keys are its row keys (room between them spares subscribers shifts); the indexes of
     # groups' members (agg_by, last_by, head_by, joins) are nobody's row keys, so they spread less

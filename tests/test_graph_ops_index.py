@@ -236,3 +236,61 @@ def test_first_and_last_keys_and_lex_compare():
     # (1, 5) < (1, 6) < (1, 7) < (1, 9) < (2, 0)
     assert moved.size == 0 and new[0] < old[0] < new[2] < old[1] < new[1]
     idx.check()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_members_index_re_lays_itself_when_its_arrays_outgrow_its_elements(seed, monkeypatch):
+    # rows come at the end of their groups while the oldest go (a last_by of a ring table), and
+    # the table shrinks and grows back: the arrays of an index of members must follow its elements
+    from tickwire.server.engine.graph import order as order_module
+
+    # the slots a new array adds beyond its elements' (a smaller slack would re-lay it at once)
+    monkeypatch.setattr(order_module, "SPARSE_SLACK", 4096)
+    monkeypatch.setattr(order_module, "SPARSE", 2)
+    relays = []
+    real = OrderIndex._relay_if_sparse
+
+    def counting(self):
+        did = real(self)
+        relays.append(did)
+        return did
+
+    monkeypatch.setattr(OrderIndex, "_relay_if_sparse", counting)
+    rng = np.random.default_rng(seed)
+    idx = OrderIndex(2, budget=order_module.MEMBERS_BUDGET, members=True)
+    assert idx.spacing == order_module.MEMBERS_MAX_SPACING
+    model: dict[int, int] = {}  # id (the parent's row key, ever larger) -> group
+    next_id = 0
+    for step in range(300):
+        live = 1500 if (step // 60) % 2 == 0 else 150
+        m = int(rng.integers(1, 80))
+        groups = rng.integers(0, 12, m)
+        new = np.arange(next_id, next_id + m, dtype=np.int64)
+        next_id += m
+        hint = None
+        if step % 3 and model:
+            # the element before each new one, as a caller that knows it passes it: the last
+            # element of its group, or of the nearest group before it
+            ids = np.array(sorted(model, key=lambda i: (model[i], i)), dtype=np.int64)
+            g_of = np.array([model[i] for i in ids.tolist()])
+            at = np.searchsorted(g_of, groups, side="right") - 1
+            hint = np.where(at >= 0, idx.key_of(ids[np.maximum(at, 0)]), -1)
+        idx.insert([groups.astype(np.uint64), new.astype(np.uint64)], before=hint)
+        model.update(zip(new.tolist(), groups.tolist()))
+        _check_against(idx, model)
+        if len(model) > live:
+            oldest = np.array(sorted(model)[:len(model) - live], dtype=np.int64)
+            # now and then the delete leaves the re-lay to the next insert (which then moves the
+            # keys the caller passed it)
+            lazy = step % 5 == 0
+            monkeypatch.setattr(order_module, "SPARSE", 1000 if lazy else 2)
+            idx.delete(idx.key_of(oldest))
+            monkeypatch.setattr(order_module, "SPARSE", 2)
+            for i in oldest.tolist():
+                del model[i]
+            _check_against(idx, model)
+            if not lazy:
+                assert idx.cap <= order_module.SPARSE * len(idx) * idx.spacing + order_module.SPARSE_SLACK
+    assert any(relays)
+    idx.delete(idx.key_of(np.array(list(model), dtype=np.int64)))
+    assert len(idx) == 0 and idx.cap == 0  # an emptied index keeps no arrays

@@ -248,6 +248,14 @@ _U64_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)
 #: subscribers as a sort's does; a quarter of a sort's budget keeps them at about a quarter of the
 #: memory for tables of 16,000 to 1,000,000 rows (100,000 rows: 8 keys a member instead of 32)
 MEMBERS_BUDGET = 1 << 20
+#: and at most 8 keys a member, so that a small table's members do not take the budget's megabytes
+MEMBERS_MAX_SPACING = 8
+#: an index that re-lays itself does so when its arrays hold more than SPARSE slots a spacing's
+#: worth of keys (and SPARSE_SLACK more): rows that come at the end of their groups while the
+#: groups' first rows go (a last_by of a ring table) make its region drift and thin out, and a
+#: table that shrank leaves its arrays at their largest
+SPARSE = 3
+SPARSE_SLACK = 8192
 
 _NEAR = 8  # slots a look near a known key reads before it searches
 FENCE = 256  # slots per sample of a large index's fence (see OrderIndex._fenced_search)
@@ -267,14 +275,21 @@ class OrderIndex:
     #: deleted one among the slots just before it (below, its arrays stay in the caches, where a
     #: plain binary search is cheaper)
     local_first = 1 << 22
+    #: re-lays its elements when its arrays hold more than SPARSE times the slots its spacing gives
+    #: its elements (`members`: keys nobody keeps between calls, so nothing is told of the move)
+    relays = False
 
-    def __init__(self, nwords: int, spacing: Optional[int] = None, budget: Optional[int] = None):
+    def __init__(self, nwords: int, spacing: Optional[int] = None, budget: Optional[int] = None,
+                 members: bool = False):
         if nwords < 1:
             raise ValueError("an order index needs at least one word")
         if spacing is not None and spacing < 2:
             raise ValueError("spacing must be at least 2")
         if budget is not None:   # an index whose keys nobody sees (MEMBERS_BUDGET) spreads less
             self.budget = int(budget)
+        if members:
+            self.relays = True
+            self.max_spacing = MEMBERS_MAX_SPACING
         self.K = nwords
         self.fixed_spacing = None if spacing is None else int(spacing)
         self.W = [np.zeros(0, dtype=np.uint64) for _ in range(nwords)]
@@ -634,6 +649,8 @@ class OrderIndex:
         if keys.size == self.n:
             self.ids.delete(ids)
             self.n, self.lo, self.hi = 0, 0, -1
+            if self.relays:   # its arrays go too
+                OrderIndex.__init__(self, self.K, self.fixed_spacing)
             return
         prv = self._before_elements(keys)  # the element before each deleted one
         head = np.ones(keys.size, dtype=bool)
@@ -658,6 +675,34 @@ class OrderIndex:
             hi_k = int(pred[back][-1])
         self.lo, self.hi = lo_k - self.base, hi_k - self.base
         self.n -= keys.size
+        self._relay_if_sparse()
+
+    def _relay_keeping(self, keys: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """`_relay_if_sparse`, and the keys of the given elements (-1: none) after it."""
+        if keys is None or not self._sparse():
+            self._relay_if_sparse()
+            return keys
+        keys = np.asarray(keys, dtype=np.int64)
+        known = keys >= 0
+        ids = self.id_at(keys[known])
+        self._relay_if_sparse()
+        keys = keys.copy()
+        keys[known] = self.key_of(ids)
+        return keys
+
+    def _sparse(self) -> bool:
+        return self.relays and self.n > 0 and self.cap > SPARSE * self.n * self.spacing + SPARSE_SLACK
+
+    def _relay_if_sparse(self) -> bool:
+        """Re-lays an index that re-lays itself (`members`) when its arrays hold more than SPARSE
+        times the slots its elements take at its spacing: every element's key changes. Returns
+        whether it did."""
+        if not self._sparse():
+            return False
+        a, b = self.lo, self.hi + 1
+        real = np.flatnonzero(self.src[a:b] == np.arange(a + self.base, b + self.base, dtype=np.int64))
+        self.build([w[a:b][real] for w in self.W])   # in order already; build copies nothing old
+        return True
 
     # -- inserting ------------------------------------------------------------------------------
     def insert(self, words: list[np.ndarray], prefer: Optional[np.ndarray] = None,
@@ -679,6 +724,8 @@ class OrderIndex:
             return self.build(words), empty, empty, np.zeros(0, dtype=bool), np.zeros(m, dtype=bool)
         if len(words) != self.K:
             raise ValueError(f"{len(words)} words per element for an index of {self.K}")
+        if self.relays and prefer is None:   # (a preferred key is a free key: a re-lay loses it)
+            before = self._relay_keeping(before)
         order = np.lexsort(words[::-1])
         sw = [w[order] for w in words]
         pref = None if prefer is None else np.asarray(prefer, dtype=np.int64)[order]

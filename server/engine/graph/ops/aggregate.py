@@ -819,7 +819,7 @@ class AggregateTable(_Op):
         self._nslots = 0
         self._values = ColumnStore(self.in_schema)          # member slot -> input values
         # (group + 1, parent row key)
-        self._members = OrderIndex(2, budget=MEMBERS_BUDGET) if self._ordered else None
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET, members=True) if self._ordered else None
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, pa.schema(fields))
             self.store = ColumnStore(self.schema)

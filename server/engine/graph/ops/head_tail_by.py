@@ -109,7 +109,7 @@ class HeadTailByTable(_Op):
         self._count = np.zeros(1024, dtype=np.int64)   # group -> rows
         self._vis = np.zeros(1024, dtype=np.int64)     # group -> rows shown
         self._gid_of = KeyMap()                        # parent row key -> group
-        self._members = OrderIndex(2, budget=MEMBERS_BUDGET)  # (group + 1, parent row key), in order
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET, members=True)  # (group + 1, parent row key), in order
         self._src = KeyMap()                           # row key -> parent row key
         self._okey_of = KeyMap()                       # parent row key of a shown row -> row key
         with graph.lock, _unregistered_on_error(graph, self):

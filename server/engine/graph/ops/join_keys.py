@@ -201,7 +201,7 @@ class JoinSide:
         self.keys = list(keys)
         self.group_of = KeyMap()
         self.count = np.zeros(max(1024, space.n), dtype=np.int64)
-        self.members: Optional[OrderIndex] = OrderIndex(2, budget=MEMBERS_BUDGET) if members else None
+        self.members: Optional[OrderIndex] = OrderIndex(2, budget=MEMBERS_BUDGET, members=True) if members else None
         space.sides.append(self)
 
     def _grow(self) -> None:

@@ -63,7 +63,7 @@ class LastByTable(_Op):
         # group ids, given again once many groups have emptied (read here: benchmarks set _REUSE_MIN)
         self._ids = GroupIds(self._groups, self._group_keys, keys, minimum=_REUSE_MIN)
         self._gid_of = KeyMap()                       # parent row key -> group
-        self._members = OrderIndex(2, budget=MEMBERS_BUDGET)  # (group, parent row key) in order
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET, members=True)  # (group, parent row key) in order
         self._rep = np.full(1024, -1, dtype=np.int64)    # group -> its latest parent row key
         self._count = np.zeros(1024, dtype=np.int64)     # group -> rows
         self._okey = np.full(1024, -1, dtype=np.int64)   # group -> output row key
@@ -260,7 +260,7 @@ class LastByTable(_Op):
         now_p = parent.rowset.keys()
         now_g = self._group_of(parent.gather(self.keys, now_p))
         self._gid_of = KeyMap()
-        self._members = OrderIndex(2, budget=MEMBERS_BUDGET)
+        self._members = OrderIndex(2, budget=MEMBERS_BUDGET, members=True)
         self._gid_of.set(now_p, now_g)
         self._members.insert([now_g.astype(np.uint64), now_p.astype(np.uint64)])
         self._count[:] = 0
