@@ -320,46 +320,100 @@ def _command_info() -> tuple[Optional[tuple[int, int]], ...]:
 _COMMAND_INFO = _command_info()
 
 
+_OFFSET_SIZE = tuple(1 + info[1] if info is not None and info[0] == 0 else 0 for info in _COMMAND_INFO)
+_SHORT_COUNT_ELEM = tuple(info[0] if info is not None and info[0] and info[1] == 1 else 0 for info in _COMMAND_INFO)
+_ELEM = np.array([-1 if info is None else info[0] for info in _COMMAND_INFO], dtype=np.int64)
+_WIDTH = np.array([0 if info is None else info[1] for info in _COMMAND_INFO], dtype=np.int64)
+
+
 def _scan_headers(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
-    """The command stream read header by header in Python (one step per command, not per value
-    or per byte), the arrays' values then gathered in one vectorized pass: a row set of scattered
-    keys is a few hundred commands over a few kilobytes, which this reads several times faster
-    than the pointer doubling of `_decode_commands_vectorized` (O(bytes x log commands))."""
+    """The command stream followed header by header in Python (one step per command, not per
+    value or per byte: an OFFSET is one table lookup), every value then read in one vectorized
+    pass: a row set of scattered keys is a few hundred commands over a few kilobytes, which this
+    reads several times faster than the pointer doubling of `_decode_commands_vectorized`
+    (O(bytes x log commands))."""
     data = buf.tobytes()
     n = len(data)
     p = pos
-    from_bytes = int.from_bytes
-    info = _COMMAND_INFO
-    # per command, flat: 0, the OFFSET value, 1; or element size, an array's first byte, its count
-    cmds: list[int] = []
-    append = cmds.extend
+    skip = _OFFSET_SIZE
+    short_count = _SHORT_COUNT_ELEM
+    heads: list[int] = []
+    head = heads.append
+    arrays: list[int] = []   # per array: its index among the commands, then its count
     while True:
         if p >= n:
+            if heads and p > n:
+                raise ProtocolError(f"row set: truncated command 0x{data[heads[-1]]:02x} at offset {heads[-1]}")
             raise ProtocolError(f"row set: truncated, no END command (ran out of bytes at offset {p})")
         cmd = data[p]
+        s = skip[cmd]
+        if s:                      # an OFFSET
+            head(p)
+            p += s
+            continue
+        e = short_count[cmd]
+        if e and p + 1 < n and data[p + 1] < 128:   # an array with a one-byte count
+            v = data[p + 1]
+            q = p + 2 + v * e
+            if q > n:
+                raise ProtocolError(f"row set: array of {v} values at offset {p} runs past the end of the input")
+            arrays += (len(heads), v)
+            head(p)
+            p = q
+            continue
         if cmd == END:
             break
-        got = info[cmd]
+        got = _COMMAND_INFO[cmd]
         if got is None:
             raise ProtocolError(f"row set: bad command byte 0x{cmd:02x} at offset {p}")
         elem, w = got
         q = p + 1 + w
         if q > n:
             raise ProtocolError(f"row set: truncated command 0x{cmd:02x} at offset {p}")
-        v = from_bytes(data[p + 1:q], "little", signed=True)
-        if not elem:
-            append((0, v, 1))
-            p = q
-            continue
+        v = int.from_bytes(data[p + 1:q], "little", signed=True)
         if v < 0:
             raise ProtocolError(f"row set: negative array length {v} at offset {p}")
         if q + v * elem > n:
             raise ProtocolError(f"row set: array of {v} values at offset {p} runs past the end of the input")
-        append((elem, q, v))
+        arrays += (len(heads), v)
+        head(p)
         p = q + v * elem
     end = p + 1
-    table = np.array(cmds, dtype=np.int64)
-    return _command_values(buf, table[0::3], table[1::3], table[2::3]), end
+    at = np.array(heads, dtype=np.int64)
+    cmds = buf[at]
+    elem, width = _ELEM[cmds], _WIDTH[cmds]
+    if arrays:
+        # an array's values follow its count, `elem` bytes each; an OFFSET's one value its header
+        a = np.array(arrays, dtype=np.int64)
+        nvals = np.ones(at.size, dtype=np.int64)
+        nvals[a[0::2]] = a[1::2]
+        is_array = elem > 0
+        vw = np.where(is_array, elem, width)
+        first = at + 1 + np.where(is_array, width, 0)
+        cmd_of = np.repeat(np.arange(at.size, dtype=np.int64), nvals)
+        within = np.arange(cmd_of.size, dtype=np.int64) - np.repeat(np.cumsum(nvals) - nvals, nvals)
+        at_value = first[cmd_of] + within * vw[cmd_of]
+        vw = vw[cmd_of]
+    else:
+        at_value, vw = at + 1, width
+    return _read_values(buf, at_value, vw), end
+
+
+_BYTE_STEPS = np.arange(8, dtype=np.int64)
+_LOW_BITS = np.array([0] + [(1 << (8 * w)) - 1 for w in range(1, 8)] + [(1 << 64) - 1], dtype=np.uint64)
+_SIGN_BIT = np.array([0] + [1 << (8 * w - 1) for w in range(1, 9)], dtype=np.uint64)
+
+
+def _read_values(buf: np.ndarray, at: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The signed little-endian integers of `width[i]` bytes (1 to 8) at byte `at[i]` of `buf`,
+    in one gather: eight bytes are read at each, then cut to the width and sign-extended."""
+    if at.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    padded = np.concatenate((buf, np.zeros(8, dtype=np.uint8)))
+    raw = padded[at[:, None] + _BYTE_STEPS].view("<u8").ravel() & _LOW_BITS[width]
+    sign = _SIGN_BIT[width]
+    out: np.ndarray = ((raw ^ sign) - sign).view(np.int64)
+    return out
 
 
 def _read_le(buf: np.ndarray, p: int, nbytes: int) -> int:
