@@ -70,7 +70,7 @@ threading.Thread(target=_produce, daemon=True).start()
 '''
 
 
-def serve_tickwire(interval_ms: float, rows_per_tick: int) -> None:
+def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True) -> None:
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
@@ -79,7 +79,9 @@ def serve_tickwire(interval_ms: float, rows_per_tick: int) -> None:
     schema = pa.schema([("Seq", pa.int64()), ("Ts", pa.int64()), ("Px", pa.float64())])
     engine = Engine(interval_ms=interval_ms)
     table = engine.create(TableSpec("t", "append", schema))
-    server = TickwireServer(engine, port=0).start()
+    # web=False: gRPC alone on its port (`tickwire serve --no-web`); by default the port is shared
+    # with the web side and gRPC is reached through its splitter
+    server = TickwireServer(engine, port=0, web=web).start()
     stop = threading.Event()
 
     go = threading.Event()
@@ -256,6 +258,8 @@ def main() -> int:
     ap.add_argument("--client-procs", type=int, default=0,
                     help="client processes the subscribers are spread over (default: one per 10, at most 4)")
     ap.add_argument("--only", choices=["tickwire", "deephaven"], help="run one server only")
+    ap.add_argument("--no-web", action="store_true",
+                    help="tickwire serves gRPC alone on its port (no shared port, no splitter hop)")
     ap.add_argument("--client", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--client-subscribers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -263,7 +267,7 @@ def main() -> int:
     args = ap.parse_args()
     rows_per_tick = max(1, int(round(args.rate * args.interval_ms / 1000.0)))
     if args.serve:
-        serve_tickwire(args.interval_ms, args.rows_per_tick)
+        serve_tickwire(args.interval_ms, args.rows_per_tick, web=not args.no_web)
         return 0
     if args.client is not None:
         client(args.client, args.client_subscribers, args.warmup, args.seconds)
@@ -276,7 +280,8 @@ def main() -> int:
     results: dict[str, dict] = {}
     if args.only in (None, "tickwire"):
         proc = subprocess.Popen([sys.executable, __file__, "--serve", "--interval-ms", str(args.interval_ms),
-                                 "--rows-per-tick", str(rows_per_tick)], stdin=subprocess.PIPE,
+                                 "--rows-per-tick", str(rows_per_tick)] + (["--no-web"] if args.no_web else []),
+                                stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         try:
             port = int(proc.stdout.readline())

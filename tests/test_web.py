@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -104,6 +105,106 @@ def test_a_silent_connection_does_not_stop_others(served):
     finally:
         for s in idle:
             s.close()
+
+
+class _Relayed:
+    """A PortSplitter on its own event loop (a thread) in front of a plain TCP server standing in
+    for grpcio: each connection it accepts is handed to `serve(conn)` on a thread of its own."""
+
+    def __init__(self, serve):
+        from tickwire.server.web.splitter import PortSplitter
+
+        self.upstream = socket.create_server(("127.0.0.1", 0))
+        self.serve = serve
+        threading.Thread(target=self._accept, daemon=True).start()
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.port = listener.getsockname()[1]
+        self.splitter = PortSplitter(listener, self.upstream.getsockname()[:2])
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self):
+        self.splitter.start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.upstream.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def connect(self) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", self.port))
+        s.sendall(HTTP2_PREFACE)
+        return s
+
+    def close(self):
+        asyncio.run_coroutine_threadsafe(self.splitter.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.upstream.close()
+
+
+def _recv_all(s: socket.socket) -> bytes:
+    parts = []
+    while True:
+        b = s.recv(1 << 16)
+        if not b:
+            return b"".join(parts)
+        parts.append(b)
+
+
+def test_the_relay_carries_both_ways_under_backpressure_and_passes_half_closes_on():
+    # 8 MB each way, more than the pipes and socket buffers hold, read late on both sides: the
+    # relay must wait for each side to take more; then each side's end reaches the other
+    payload = np.random.default_rng(3).integers(0, 256, 8 << 20, dtype=np.uint8).tobytes()
+    got: dict = {}
+
+    def echo_after_eof(conn):
+        with conn:
+            got["up"] = _recv_all(conn)          # until the client's half-close arrives
+            time.sleep(0.2)                       # the client is not reading yet either
+            conn.sendall(got["up"][len(HTTP2_PREFACE):][::-1])
+
+    relayed = _Relayed(echo_after_eof)
+    try:
+        c = relayed.connect()
+        c.settimeout(30)
+        sender = threading.Thread(target=lambda: (c.sendall(payload), c.shutdown(socket.SHUT_WR)))
+        sender.start()
+        time.sleep(0.3)                          # the upstream reads while the client still sends
+        back = _recv_all(c)                      # ends when the upstream closes
+        sender.join(30)
+        c.close()
+        assert got["up"] == HTTP2_PREFACE + payload
+        assert back == payload[::-1]
+        assert wait_until(lambda: relayed.splitter.bridged == 0, 10)
+        relay = relayed.splitter._relay
+        assert relay is not None and not relay._links and not relay._masks  # nothing left registered
+    finally:
+        relayed.close()
+
+
+def test_closing_the_splitter_cuts_relayed_connections_and_ends_the_relay():
+    started = threading.Event()
+
+    def hold(conn):
+        with conn:
+            started.set()
+            _recv_all(conn)                       # until the relay cuts it
+
+    relayed = _Relayed(hold)
+    c = relayed.connect()
+    c.settimeout(10)
+    assert started.wait(10) and wait_until(lambda: relayed.splitter.bridged == 1, 10)
+    relay = relayed.splitter._relay
+    relayed.close()
+    assert c.recv(10) == b""                      # the client sees its connection end
+    assert wait_until(lambda: relayed.splitter.bridged == 0, 10)
+    relay._thread.join(10)
+    assert not relay._thread.is_alive()
+    c.close()
 
 
 def test_web_port_apart_and_web_off():

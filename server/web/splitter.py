@@ -4,10 +4,15 @@ An HTTP/2 client (every gRPC client, Flight and Barrage included) opens with the
 preface `PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n`; a browser opens with an HTTP/1.1 request line. The
 splitter owns the listening socket, peeks at each new connection without consuming anything, and
 
-  * hands an HTTP/2 connection to grpcio, which listens on a private loopback port: two threads per
-    connection move the bytes with `splice(2)` (kernel to kernel, never through Python objects).
-    The extra hop is not free on one machine: bench/bench_web.py measures a bulk DoGet through the
-    splitter against grpcio's own port (`--web-port`, or `web=False`, serves gRPC directly);
+  * hands an HTTP/2 connection to grpcio, which listens on a private loopback port: one relay
+    thread moves the bytes of every such connection with non-blocking `splice(2)` (kernel to
+    kernel, never through Python objects) as epoll reports them ready. splice is called without
+    releasing the interpreter lock: it returns at once, and a thread that released the lock for
+    each call would wait to take it back behind every busy thread, for each message (a thread per
+    connection and direction did: a third of the server's CPU and most of its latency tail with 50
+    subscribers at a 10 ms cycle). The extra hop is still not free on one machine:
+    bench/bench_web.py measures a bulk DoGet through the splitter against grpcio's own port
+    (`--web-port`, or `web=False`, serves gRPC directly);
   * hands anything else to the web side's protocol factory (aiohttp) as an accepted socket, on the
     event loop, with the peeked bytes still unread.
 
@@ -23,11 +28,16 @@ that sessions, logs and handlers name the client.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import errno
 import logging
 import os
+import select
 import socket
+import sys
 import threading
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 __all__ = ["PortSplitter", "HTTP2_PREFACE", "classify", "peer_name", "parse_peer"]
 
@@ -103,6 +113,214 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
+_SPLICE_F_MOVE = 1
+_SPLICE_F_NONBLOCK = 2
+
+
+def _splice_holding_the_lock() -> Optional[Callable[..., int]]:
+    """libc's splice(2) through ctypes.PyDLL, which keeps the interpreter lock during the call
+    (None where there is none: not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.splice
+    except (OSError, AttributeError):  # pragma: no cover - a Linux without it
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+    fn.restype = ctypes.c_ssize_t
+    return fn  # type: ignore[no-any-return]
+
+
+_splice = _splice_holding_the_lock()
+
+
+class _Flow:
+    """One direction of a relayed connection: src -> a pipe -> dst."""
+
+    __slots__ = ("src", "dst", "dst_sock", "r", "w", "held", "ended", "done")
+
+    def __init__(self, src: socket.socket, dst: socket.socket):
+        self.src, self.dst, self.dst_sock = src.fileno(), dst.fileno(), dst
+        self.r, self.w = os.pipe()
+        try:
+            import fcntl
+            fcntl.fcntl(self.w, _F_SETPIPE_SZ, _PIPE_BYTES)
+        except OSError:  # past the user's pipe allowance: the default size still works
+            pass
+        self.held = 0        # bytes in the pipe, not yet written to dst
+        self.ended = False   # src has ended (read all it sent)
+        self.done = False    # ... and dst's writing side is shut
+
+    @property
+    def reading(self) -> bool:
+        return not self.ended and not self.held
+
+
+class _Link:
+    """One relayed gRPC connection (client <-> grpcio): two flows; both sockets close when both
+    flows are done or either side fails."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket, done: Callable[[Any], None],
+                 hop: Optional[tuple[str, int]] = None):
+        self.client, self.upstream, self.done = client, upstream, done
+        self.hop = hop  # the upstream socket's (host, port): how grpcio sees this connection
+        client.setblocking(False)
+        upstream.setblocking(False)
+        self.socks = {client.fileno(): client, upstream.fileno(): upstream}
+        self.flows = (_Flow(client, upstream), _Flow(upstream, client))
+        self.closed = False
+
+    def flow_from(self, fd: int) -> _Flow:
+        return self.flows[0] if self.flows[0].src == fd else self.flows[1]
+
+    def flow_to(self, fd: int) -> _Flow:
+        return self.flows[0] if self.flows[0].dst == fd else self.flows[1]
+
+    def abort(self) -> None:
+        """Cuts both sides (from any thread): the relay sees them end and closes the link."""
+        for sock in (self.client, self.upstream):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class _Relay:
+    """The thread that moves the bytes of every relayed connection (see the module docstring):
+    an fd is in its epoll set with what its flows wait for (readable while its outgoing flow's
+    pipe is empty, writable while its incoming flow's pipe holds bytes), and nothing else."""
+
+    def __init__(self, splice: Callable[..., int]):
+        self._splice = splice
+        self._ep = select.epoll()
+        self._links: dict[int, _Link] = {}   # fd -> its link
+        self._masks: dict[int, int] = {}     # fd -> the events it is registered for
+        self._lock = threading.Lock()        # _links and _masks: add() runs on other threads
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._ep.register(self._wake_r, select.EPOLLIN)
+        self._thread = threading.Thread(target=self._run, name="tickwire-splice", daemon=True)
+        self._thread.start()
+
+    def add(self, link: _Link) -> None:
+        with self._lock:
+            for fd in link.socks:
+                self._links[fd] = link
+                self._set_mask(fd, select.EPOLLIN)
+
+    def stop(self) -> None:
+        """Ends the thread once every link has closed (the caller aborts them)."""
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _set_mask(self, fd: int, mask: int) -> None:
+        old = self._masks.get(fd, 0)
+        if mask == old:
+            return
+        if not mask:
+            self._ep.unregister(fd)   # an fd waiting for nothing must not report its hang-up
+            del self._masks[fd]
+        elif old:
+            self._ep.modify(fd, mask)
+        else:
+            self._ep.register(fd, mask)
+        if mask:
+            self._masks[fd] = mask
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping and not self._links:
+                    break
+            try:
+                events = self._ep.poll(1.0 if self._stopping else -1)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries
+                continue
+            for fd, ev in events:
+                if fd == self._wake_r:
+                    os.read(self._wake_r, 64)
+                    continue
+                with self._lock:
+                    link = self._links.get(fd)
+                if link is None or link.closed:
+                    continue
+                try:
+                    self._serve(link, fd, ev)
+                except OSError as exc:
+                    log.debug("relayed connection failed: %s", exc)
+                    self._close(link)
+        self._ep.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _serve(self, link: _Link, fd: int, ev: int) -> None:
+        if ev & select.EPOLLERR:
+            raise OSError(errno.ECONNRESET, "socket error")
+        out, back = link.flow_from(fd), link.flow_to(fd)
+        if ev & (select.EPOLLIN | select.EPOLLHUP) and out.reading:
+            self._fill(out)
+        if ev & (select.EPOLLOUT | select.EPOLLHUP) and back.held:
+            self._drain(back)
+        if all(f.done for f in link.flows):
+            self._close(link)
+            return
+        with self._lock:
+            for s in link.socks:
+                f_out, f_back = link.flow_from(s), link.flow_to(s)
+                self._set_mask(s, (select.EPOLLIN if f_out.reading else 0)
+                               | (select.EPOLLOUT if f_back.held else 0))
+
+    def _call(self, *args: Any) -> int:
+        n = self._splice(*args)
+        if n < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EINTR):
+                return -1
+            raise OSError(err, os.strerror(err))
+        return n
+
+    def _fill(self, f: _Flow) -> None:
+        n = self._call(f.src, None, f.w, None, _PIPE_BYTES, _SPLICE_F_MOVE | _SPLICE_F_NONBLOCK)
+        if n == 0:
+            f.ended = True
+        elif n > 0:
+            f.held += n
+        self._drain(f)
+
+    def _drain(self, f: _Flow) -> None:
+        while f.held:
+            n = self._call(f.r, None, f.dst, None, f.held, _SPLICE_F_MOVE | _SPLICE_F_NONBLOCK)
+            if n < 0:  # dst is full: the flow waits for it to take more
+                return
+            f.held -= n
+        if f.ended and not f.done:  # src ended and everything it sent is through: so does dst
+            f.done = True
+            try:
+                f.dst_sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def _close(self, link: _Link) -> None:
+        link.closed = True
+        with self._lock:
+            for fd in link.socks:
+                self._set_mask(fd, 0)
+                self._links.pop(fd, None)
+        for f in link.flows:
+            os.close(f.r)
+            os.close(f.w)
+        for sock in link.socks.values():
+            try:
+                sock.close()
+            except OSError:
+                pass
+        link.done(link)
+
+
 def _wake(ready: "asyncio.Future[None]") -> None:
     """A reader callback: the socket has bytes to read."""
     if not ready.done():
@@ -110,7 +328,8 @@ def _wake(ready: "asyncio.Future[None]") -> None:
 
 
 class _Bridge:
-    """One proxied gRPC connection: a pump each way; both sockets close when both pumps end."""
+    """One proxied gRPC connection where there is no splice(2) to relay it: a pump (a thread)
+    each way; both sockets close when both pumps end."""
 
     def __init__(self, client: socket.socket, upstream: socket.socket, done: Callable[["_Bridge"], None],
                  hop: Optional[tuple[str, int]] = None):
@@ -158,7 +377,8 @@ class PortSplitter:
         self.first_bytes_timeout = first_bytes_timeout
         self.max_waiting = max_waiting
         self._waiting: dict[socket.socket, asyncio.Task] = {}
-        self._bridges: set[_Bridge] = set()
+        self._bridges: set[Union[_Bridge, _Link]] = set()
+        self._relay: Optional[_Relay] = None   # started with the first relayed connection
         self._bridges_lock = threading.Lock()
         self._peers: dict[tuple[str, int], str] = {}  # a hop's (host, port) -> the client's peer name
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -234,13 +454,20 @@ class PortSplitter:
                     client = None
                 await loop.sock_connect(upstream, self.upstream)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.setblocking(True)
-                upstream.setblocking(True)
                 self.counts["grpc"] += 1
                 with self._bridges_lock:
                     if client is not None:
                         self._peers[hop] = client  # before the first byte reaches grpcio
-                    self._bridges.add(_Bridge(conn, upstream, self._bridge_done, hop))
+                    if _splice is not None:
+                        if self._relay is None:
+                            self._relay = _Relay(_splice)
+                        link = _Link(conn, upstream, self._bridge_done, hop)
+                        self._bridges.add(link)
+                        self._relay.add(link)
+                    else:  # pragma: no cover - platforms without splice
+                        conn.setblocking(True)
+                        upstream.setblocking(True)
+                        self._bridges.add(_Bridge(conn, upstream, self._bridge_done, hop))
                 return
             if kind == "web" and self.web_factory is not None:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -256,7 +483,7 @@ class PortSplitter:
         finally:
             self._waiting.pop(conn, None)
 
-    def _bridge_done(self, bridge: _Bridge) -> None:
+    def _bridge_done(self, bridge: Union[_Bridge, _Link]) -> None:
         with self._bridges_lock:
             self._bridges.discard(bridge)
             if bridge.hop is not None:
@@ -283,5 +510,8 @@ class PortSplitter:
         await self.stop_accepting()
         with self._bridges_lock:
             bridges = list(self._bridges)
+            relay, self._relay = self._relay, None
         for b in bridges:
             b.abort()
+        if relay is not None:
+            relay.stop()
