@@ -250,11 +250,11 @@ _U64_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)
 MEMBERS_BUDGET = 1 << 20
 #: and at most 8 keys a member, so that a small table's members do not take the budget's megabytes
 MEMBERS_MAX_SPACING = 8
-#: an index that re-lays itself does so when its arrays hold more than SPARSE slots a spacing's
-#: worth of keys (and SPARSE_SLACK more): rows that come at the end of their groups while the
+#: an index that re-lays itself does so when its arrays hold more than SPARSE times the slots its
+#: elements take at its spacing (and SPARSE_SLACK more): rows that come at the end of their groups while the
 #: groups' first rows go (a last_by of a ring table) make its region drift and thin out, and a
 #: table that shrank leaves its arrays at their largest
-SPARSE = 3
+SPARSE = 2
 SPARSE_SLACK = 8192
 
 _NEAR = 8  # slots a look near a known key reads before it searches
