@@ -135,6 +135,15 @@ def _splice_holding_the_lock() -> Optional[Callable[..., int]]:
 _splice = _splice_holding_the_lock()
 
 
+def _cut(*socks: socket.socket) -> None:
+    """Shuts both directions of each socket (whoever reads or writes them sees them end)."""
+    for sock in socks:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class _Flow:
     """One direction of a relayed connection: src -> a pipe -> dst."""
 
@@ -179,11 +188,7 @@ class _Link:
 
     def abort(self) -> None:
         """Cuts both sides (from any thread): the relay sees them end and closes the link."""
-        for sock in (self.client, self.upstream):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _cut(self.client, self.upstream)
 
 
 class _Relay:
@@ -356,11 +361,7 @@ class _Bridge:
         self._done(self)
 
     def abort(self) -> None:
-        for s in (self.client, self.upstream):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _cut(self.client, self.upstream)
 
 
 class PortSplitter:
