@@ -19,10 +19,10 @@ design, and the question here is whether anything else does. This process drives
 - abandoned sessions: sessions opened with an export and never used again, left to expire
   (`session_duration_ms`, Deephaven's five minutes by default).
 
-Every --sample seconds: the server's RSS, open file descriptors and threads (from /proc, with the
-threads' kernel names), Arrow's, Python's and the C heap's allocations and the Python threads by
-name (from its /metrics), the data directory's bytes, latency p50/p99 of the last period, and the
-counts of the clients' work.
+Every --sample seconds: the server's RSS (and its anonymous and file-backed parts), open file
+descriptors and threads (from /proc, with the threads' kernel names), Arrow's, Python's and the C
+heap's allocations and the Python threads by name (from its /metrics), the data directory's bytes,
+latency p50/p99 of the last period, and the counts of the clients' work.
 At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
 last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
 stated; Arrow's, Python's and the C heap's slopes are reported too: the engine's numpy arrays are
@@ -66,12 +66,16 @@ def free_port() -> int:
 
 
 def proc_stats(pid: int) -> dict:
-    out = {"rss_mb": float("nan"), "fds": -1, "threads": -1}
+    # RSS, and its anonymous and file-backed parts (mapped files: checkpoints, journals, libraries)
+    out = {"rss_mb": float("nan"), "rss_anon_mb": float("nan"), "rss_file_mb": float("nan"), "fds": -1,
+           "threads": -1}
+    fields = {"VmRSS:": "rss_mb", "RssAnon:": "rss_anon_mb", "RssFile:": "rss_file_mb"}
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
-                    out["rss_mb"] = int(line.split()[1]) / 1024
+                name = line.split(None, 1)[0] if line.strip() else ""
+                if name in fields:
+                    out[fields[name]] = int(line.split()[1]) / 1024
                 elif line.startswith("Threads:"):
                     out["threads"] = int(line.split()[1])
         out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
@@ -495,8 +499,8 @@ class Soak:
         ts = [r["t"] for r in tail]
         out: dict = {"minutes": self.args.minutes, "samples": len(s), "counts": dict(self.counts),
                      "errors": self.errors[:20], **converged}
-        for key in ("rss_mb", "fds", "threads", "arrow_mb", "py_blocks", "heap_in_use_mb", "heap_free_mb",
-                    "outside_heap_mb"):
+        for key in ("rss_mb", "rss_anon_mb", "rss_file_mb", "fds", "threads", "arrow_mb", "py_blocks",
+                    "heap_in_use_mb", "heap_free_mb", "outside_heap_mb"):
             slope, noise = slope_per_hour(ts, [r[key] for r in tail])
             out[f"{key}_slope_per_hour"] = slope
             out[f"{key}_noise"] = noise
