@@ -258,6 +258,9 @@ class _Relay:
                 except OSError as exc:
                     log.debug("relayed connection failed: %s", exc)
                     self._close(link)
+                except Exception:  # pragma: no cover - a defect: that link goes, the others are served
+                    log.exception("relaying a connection failed")
+                    self._close(link)
         self._ep.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -310,14 +313,19 @@ class _Relay:
                 pass
 
     def _close(self, link: _Link) -> None:
+        if link.closed:
+            return
         link.closed = True
         with self._lock:
             for fd in link.socks:
                 self._set_mask(fd, 0)
                 self._links.pop(fd, None)
         for f in link.flows:
-            os.close(f.r)
-            os.close(f.w)
+            for pipe_end in (f.r, f.w):
+                try:
+                    os.close(pipe_end)
+                except OSError:
+                    pass
         for sock in link.socks.values():
             try:
                 sock.close()
