@@ -381,22 +381,11 @@ def _scan_headers(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
     end = p + 1
     at = np.array(heads, dtype=np.int64)
     cmds = buf[at]
-    elem, width = _ELEM[cmds], _WIDTH[cmds]
+    count = np.zeros(at.size, dtype=np.int64)
     if arrays:
-        # an array's values follow its count, `elem` bytes each; an OFFSET's one value its header
         a = np.array(arrays, dtype=np.int64)
-        nvals = np.ones(at.size, dtype=np.int64)
-        nvals[a[0::2]] = a[1::2]
-        is_array = elem > 0
-        vw = np.where(is_array, elem, width)
-        first = at + 1 + np.where(is_array, width, 0)
-        cmd_of = np.repeat(np.arange(at.size, dtype=np.int64), nvals)
-        within = np.arange(cmd_of.size, dtype=np.int64) - np.repeat(np.cumsum(nvals) - nvals, nvals)
-        at_value = first[cmd_of] + within * vw[cmd_of]
-        vw = vw[cmd_of]
-    else:
-        at_value, vw = at + 1, width
-    return _read_values(buf, at_value, vw), end
+        count[a[0::2]] = a[1::2]
+    return _command_values(buf, at, _ELEM[cmds], _WIDTH[cmds], count), end
 
 
 _BYTE_STEPS = np.arange(8, dtype=np.int64)
@@ -452,26 +441,20 @@ def _scan_commands(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
         p += v * elem
 
 
-def _command_values(buf: np.ndarray, elem: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """The values of a row set's commands, in command order: for an OFFSET (`elem` 0) its value
-    `first`; for an array, `count` little-endian values of `elem` bytes (1 or 2) from byte `first`
-    of `buf` (one gather for all of them)."""
-    is_off = elem == 0
-    per_cmd = np.where(is_off, 1, count)
-    cmd_first = np.cumsum(per_cmd) - per_cmd
-    values = np.empty(int(per_cmd.sum()), dtype=np.int64)
-    values[cmd_first[is_off]] = first[is_off]
-    arr = ~is_off & (count > 0)
-    if arr.any():
-        c, e = count[arr], elem[arr]
-        within = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
-        dest = np.repeat(cmd_first[arr], c) + within
-        each = np.repeat(e, c)
-        at = np.repeat(first[arr], c) + within * each
-        short = each == 2
-        values[dest[short]] = _gather_le(buf, at[short], 2)
-        values[dest[~short]] = _gather_le(buf, at[~short], 1)
-    return values
+def _command_values(buf: np.ndarray, at: np.ndarray, elem: np.ndarray, width: np.ndarray,
+                    count: np.ndarray) -> np.ndarray:
+    """The values of a row set's commands (headers at bytes `at`), in command order: an OFFSET
+    (`elem` 0) has one value of `width` bytes after its header; an array has `count` values of
+    `elem` bytes each after its header and its count (`width` bytes). Read in one gather."""
+    is_array = elem > 0
+    if not is_array.any():
+        return _read_values(buf, at + 1, width)
+    nvals = np.where(is_array, count, 1)
+    vw = np.where(is_array, elem, width)
+    first = at + 1 + np.where(is_array, width, 0)
+    cmd_of = np.repeat(np.arange(at.size, dtype=np.int64), nvals)
+    within = np.arange(cmd_of.size, dtype=np.int64) - np.repeat(np.cumsum(nvals) - nvals, nvals)
+    return _read_values(buf, first[cmd_of] + within * vw[cmd_of], vw[cmd_of])
 
 
 def _gather_le(buf_padded: np.ndarray, positions: np.ndarray, nbytes: int) -> np.ndarray:
@@ -533,10 +516,7 @@ def _decode_commands_vectorized(buf: np.ndarray, pos: int) -> tuple[np.ndarray, 
     body = cmds[:-1]
     if body.size and int(body[-1] + size[body[-1]]) > n:
         raise ProtocolError(f"row set: truncated command at offset {int(body[-1])}")
-    is_off = kind[body] == OFFSET
-    first = np.where(is_off, val[body], body + 1 + wbytes[body])
-    values = _command_values(padded, elem[body], first, count[body])
-    return values, last + 1
+    return _command_values(buf, body, elem[body], wbytes[body], count[body]), last + 1
 
 
 def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:

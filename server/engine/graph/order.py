@@ -251,9 +251,9 @@ MEMBERS_BUDGET = 1 << 20
 #: and at most 8 keys a member, so that a small table's members do not take the budget's megabytes
 MEMBERS_MAX_SPACING = 8
 #: an index that re-lays itself does so when its arrays hold more than SPARSE times the slots its
-#: elements take at its spacing (and SPARSE_SLACK more): rows that come at the end of their groups while the
-#: groups' first rows go (a last_by of a ring table) make its region drift and thin out, and a
-#: table that shrank leaves its arrays at their largest
+#: elements take at its spacing (and SPARSE_SLACK more): rows that come at the end of their groups
+#: while the groups' first rows go (a last_by of a ring table) make its region drift and thin out,
+#: and a table that shrank leaves its arrays at their largest
 SPARSE = 2
 SPARSE_SLACK = 8192
 
@@ -675,34 +675,33 @@ class OrderIndex:
             hi_k = int(pred[back][-1])
         self.lo, self.hi = lo_k - self.base, hi_k - self.base
         self.n -= keys.size
-        self._relay_if_sparse()
+        if self._sparse():
+            self._relay()
 
     def _relay_keeping(self, keys: Optional[np.ndarray]) -> Optional[np.ndarray]:
-        """`_relay_if_sparse`, and the keys of the given elements (-1: none) after it."""
-        if keys is None or not self._sparse():
-            self._relay_if_sparse()
+        """Re-lays the index when it is sparse (`_sparse`); returns the keys of the given elements
+        (-1: none) after that."""
+        if not self._sparse():
             return keys
+        if keys is None:
+            self._relay()
+            return None
         keys = np.asarray(keys, dtype=np.int64)
         known = keys >= 0
         ids = self.id_at(keys[known])
-        self._relay_if_sparse()
+        self._relay()
         keys = keys.copy()
         keys[known] = self.key_of(ids)
         return keys
 
     def _sparse(self) -> bool:
+        """Whether an index that re-lays itself (`members`) holds more than SPARSE times the slots
+        its elements take at its spacing."""
         return self.relays and self.n > 0 and self.cap > SPARSE * self.n * self.spacing + SPARSE_SLACK
 
-    def _relay_if_sparse(self) -> bool:
-        """Re-lays an index that re-lays itself (`members`) when its arrays hold more than SPARSE
-        times the slots its elements take at its spacing: every element's key changes. Returns
-        whether it did."""
-        if not self._sparse():
-            return False
-        a, b = self.lo, self.hi + 1
-        real = np.flatnonzero(self.src[a:b] == np.arange(a + self.base, b + self.base, dtype=np.int64))
-        self.build([w[a:b][real] for w in self.W])   # in order already; build copies nothing old
-        return True
+    def _relay(self) -> None:
+        """Lays the elements out afresh (`build`): every element's key changes."""
+        self.build(self.words_at(self.keys()))
 
     # -- inserting ------------------------------------------------------------------------------
     def insert(self, words: list[np.ndarray], prefer: Optional[np.ndarray] = None,
