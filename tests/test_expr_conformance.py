@@ -14,6 +14,7 @@ One Deephaven server serves the whole module (starting one takes most of the run
 from __future__ import annotations
 
 import math
+import time
 
 import pyarrow as pa
 import pytest
@@ -624,6 +625,21 @@ TIME_TABLE_REFUSED = [
 ]
 
 
+def _first_rows(table, attempts=300):
+    """The timestamps of a new time table once its first row is in.
+
+    Deephaven adds a time table's first row on the update-graph cycle after
+    the table is made, so a read straight after making it can race that
+    cycle; read again (a bounded number of times) until a row is there.
+    """
+    for _ in range(attempts):
+        rows = _normal(table.to_arrow())["Timestamp"].to_pylist()
+        if rows:
+            return rows
+        time.sleep(0.1)
+    return rows
+
+
 def test_time_table_start_times_as_deephaven(time_servers):
     from pydeephaven import DHError
 
@@ -631,8 +647,7 @@ def test_time_table_start_times_as_deephaven(time_servers):
     period = 10 * 365 * 86_400 * NS
     bad = {}
     for start in TIME_TABLE_STARTS:
-        firsts = [_normal(t.session.time_table(period, start_time=start).to_arrow())["Timestamp"].to_pylist()
-                  for t in (dh, tw)]
+        firsts = [_first_rows(t.session.time_table(period, start_time=start)) for t in (dh, tw)]
         if firsts[0] != firsts[1] or len(firsts[0]) != 1:
             bad[start] = f"Deephaven {firsts[0]} vs tickwire {firsts[1]}"
     for start in TIME_TABLE_REFUSED:
