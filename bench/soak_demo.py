@@ -31,7 +31,9 @@ changed between the first sample and the last, by name, the disk's peak, latency
 against the start, every follower's state against the server's, and the churned table against
 what the driver acknowledged. Printed, and written as JSON (--report).
 
-`--memtrace FILE`: the server also writes where its memory grew (server/observability/memtrace.py).
+`--memtrace FILE`: the server also writes its memory by holder each sample (each table, publisher, the
+sessions, the web side), and with --memtrace-python where Python allocated it
+(server/observability/memtrace.py).
 
 `--quick` (5 minutes, 20 s samples, no Spark) is the short form tests/test_soak_demo.py runs.
 """
@@ -166,6 +168,7 @@ class Soak:
         if self.args.memtrace:  # the server traces its memory (server/observability/memtrace.py)
             env["TICKWIRE_MEMTRACE"] = str(Path(self.args.memtrace).resolve())
             env["TICKWIRE_MEMTRACE_SECONDS"] = str(self.args.sample)
+            env["TICKWIRE_MEMTRACE_PYTHON"] = "1" if self.args.memtrace_python else "0"
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                                      env=env)
         from tickwire.clients.client import BarrageClient
@@ -536,8 +539,12 @@ def main() -> None:
     ap.add_argument("--drivers", default="churn,followers,browsers,uploads,abandoned",
                     help="which kinds of load run (comma-separated; all by default): to find which one a "
                     "growth follows")
-    ap.add_argument("--memtrace", help="the server writes a memory trace (JSON lines, one a sample) here; "
-                    "tracemalloc slows it down: for finding a leak, not for the latency figures")
+    ap.add_argument("--memtrace", help="the server writes a memory trace (JSON lines, one a sample) here: its "
+                    "memory by holder (each table, publisher, the sessions, the web side) and, with "
+                    "--memtrace-python, where Python allocated it")
+    ap.add_argument("--memtrace-python", action="store_true",
+                    help="the trace also runs tracemalloc, which slows the server: for finding a leak in "
+                    "Python objects, not for the latency figures")
     ap.add_argument("--report", help="write the report (with every sample) as JSON here")
     args = ap.parse_args()
     if args.quick:

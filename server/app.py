@@ -170,6 +170,31 @@ class TickwireServer:
         if self.web_enabled:
             self.web_assets = locate_assets(cfg.web_assets)  # a bad path fails here, before anything starts
 
+    def memory_by_holder(self) -> dict[str, int]:
+        """Bytes held by each table ("table:NAME"), each table's publisher ("publisher:NAME"), the
+        sessions with their exports, and the web side: where a long run's memory grows (the
+        memory trace writes it each line). A diagnosis aid, see engine/footprint.py."""
+        from .engine.footprint import reachable_bytes
+        from .engine.graph import Table
+        from .engine.publishing.publisher import Publisher, PublisherRegistry
+
+        def stop(o: object) -> bool:
+            return isinstance(o, (Table, Engine, Publisher, PublisherRegistry, asyncio.AbstractEventLoop,
+                                  TickwireServer, grpc.aio.Server))
+
+        out = {f"table:{k}": v for k, v in self.engine.memory_by_table().items()}
+        out.update({f"publisher:{k}": v for k, v in self.registry.memory_by_table().items()})
+        for name, root in (("sessions", self.sessions), ("web", self.web)):
+            if root is None:
+                continue
+            for _ in range(3):  # sessions come and go on other threads while they are walked
+                try:
+                    out[name] = reachable_bytes(root, stop=stop)
+                    break
+                except RuntimeError:
+                    continue
+        return out
+
     def _real_peer(self, peer: str) -> str:
         """The client's own address for a peer grpcio reports (the splitter's loopback hop)."""
         splitter = self.splitter
@@ -289,7 +314,7 @@ class TickwireServer:
         prefer_memory_pool()
         from .observability.memtrace import start_from_environment
 
-        start_from_environment()
+        start_from_environment(self.memory_by_holder)
         loop = asyncio.new_event_loop()
         self._loop = loop
         ready = threading.Event()

@@ -60,3 +60,46 @@ def test_the_thread_appends_lines_until_stopped(tmp_path):
     finally:
         if not was_tracing:
             tracemalloc.stop()
+
+
+def test_reachable_bytes_counts_each_buffer_once_and_stops_where_told():
+    from tickwire.server.engine.footprint import reachable_bytes
+
+    class Holder:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    a = np.zeros(1_000_000, dtype=np.int64)  # 8 MB
+    views = [a[:10], a[5:], a]
+    arrow = pa.array(np.arange(500_000, dtype=np.int64))  # 4 MB
+    other = Holder(big=np.zeros(2_000_000))  # 16 MB behind a stop
+    root = Holder(views=views, arrow=arrow, other=other, listener=lambda: other)
+    n = reachable_bytes(root, stop=lambda o: o is other)
+    assert 12_000_000 <= n < 12_100_000
+    assert reachable_bytes(root) >= n + 16_000_000
+    assert reachable_bytes(other, stop=lambda o: o is other) >= 16_000_000  # the root itself is walked
+
+
+def test_the_trace_says_which_table_grew(tmp_path):
+    from tickwire.server.engine import Engine, TableSpec
+
+    engine = Engine(interval_ms=100)
+    schema = pa.schema([("Key", pa.int64()), ("V", pa.float64())])
+    small, _ = engine.get_or_create(TableSpec("small", "keyed", schema, keys=("Key",)))
+    grows, _ = engine.get_or_create(TableSpec("grows", "append", schema))
+    engine.write(small, pa.table({"Key": [1, 2], "V": [1.0, 2.0]}), wait=False)
+    engine.run_cycle()
+
+    def holders():
+        return {f"table:{k}": v for k, v in engine.memory_by_table().items()}
+
+    trace = memtrace.MemTrace(str(tmp_path / "mem.jsonl"), seconds=3600, holders=holders, python=False)
+    first = trace.line()
+    assert "traced_mb" not in first and dict(first["holders"])["table:small"] > 0
+    engine.write(grows, pa.table({"Key": np.arange(1_000_000), "V": np.ones(1_000_000)}), wait=False)
+    engine.run_cycle()
+    second = trace.line()
+    name, grew = second["holders_grown"][0]
+    assert name == "table:grows" and grew >= 16_000_000
+    assert dict(second["holders_grown"])["table:small"] == 0
+    json.dumps(second)

@@ -720,6 +720,29 @@ class Engine:
         with self.graph.lock:
             return [t for t in self.graph.tables.values() if self._listed(t, hidden, system)]
 
+    def memory_by_table(self) -> dict[str, int]:
+        """Bytes each table holds (its columns, indexes, row sets and state; data it shares with
+        another table is counted under each), read at a cycle boundary one table at a time: a
+        diagnosis aid whose cost follows the tables' Python objects (engine/footprint.py)."""
+        from .footprint import reachable_bytes
+
+        with self.graph.lock:
+            tables = list(self.graph.tables.values())
+        out = {}
+        for t in tables:
+            with self.graph.lock:
+                if self.graph.tables.get(t.name) is t:
+                    out[t.name] = reachable_bytes(t, stop=self._not_this_table)
+        return out
+
+    @staticmethod
+    def _not_this_table(o: object) -> bool:
+        """Where a walk from one table stops: other tables, the graph, the engine, publishing."""
+        from .publishing.publisher import Publisher, PublisherRegistry
+
+        return isinstance(o, (Table, UpdateGraph, Engine, Publisher, PublisherRegistry, Storage, Staging, PerfTables,
+                              threading.Thread))
+
     def drop(self, name: str) -> None:
         """Removes a table; refused while tables derived from it or subscribers hold it."""
         with self.graph.lock:

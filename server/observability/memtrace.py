@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import tracemalloc
-from typing import Optional
+from typing import Callable, Optional
 
 __all__ = ["MemTrace", "start_from_environment", "memory_figures"]
 
@@ -60,10 +60,14 @@ def _type_counts() -> collections.Counter:
 class MemTrace:
     """Appends a memory line to `path` every `seconds` until `stop()`."""
 
-    def __init__(self, path: str, seconds: float = 60.0, frames: int = 4):
+    def __init__(self, path: str, seconds: float = 60.0, frames: int = 4, *,
+                 holders: Optional[Callable[[], dict[str, int]]] = None, python: bool = True):
         self.path = path
         self.seconds = seconds
         self.frames = frames
+        self.holders = holders
+        self.python = python
+        self._first_holders: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tickwire-memtrace", daemon=True)
         self._first: Optional[tracemalloc.Snapshot] = None
@@ -71,7 +75,7 @@ class MemTrace:
         self._t0 = time.monotonic()
 
     def start(self) -> "MemTrace":
-        if not tracemalloc.is_tracing():
+        if self.python and not tracemalloc.is_tracing():
             tracemalloc.start(self.frames)
         self._thread.start()
         return self
@@ -81,11 +85,23 @@ class MemTrace:
 
     def line(self) -> dict:
         """One line of the trace (the first call sets the baseline the later ones are compared with)."""
+        out: dict = {"t": round(time.monotonic() - self._t0, 1), **memory_figures()}
+        if self.holders is not None:
+            held = self.holders()
+            first = self._first_holders = self._first_holders or held
+            out["held_mb"] = sum(held.values()) / 2**20
+            out["holders"] = [[k, v] for k, v in sorted(held.items(), key=lambda kv: -kv[1])[:20]]
+            grown = {k: v - first.get(k, 0) for k, v in held.items()}
+            out["holders_grown"] = [[k, v] for k, v in sorted(grown.items(), key=lambda kv: -kv[1])[:20]]
+        if not self.python:
+            return out
+        return self._python_line(out)
+
+    def _python_line(self, out: dict) -> dict:
         snap = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, __file__)))
         types = _type_counts()
-        out = {"t": round(time.monotonic() - self._t0, 1), **memory_figures(),
-               "traced_mb": tracemalloc.get_traced_memory()[0] / 2**20}
+        out["traced_mb"] = tracemalloc.get_traced_memory()[0] / 2**20
         if self._first is None:
             self._first, self._first_types = snap, types
             out["types"] = [[k, n] for k, n in types.most_common(20)]
@@ -113,13 +129,17 @@ class MemTrace:
                 return
 
 
-def start_from_environment() -> Optional[MemTrace]:
-    """Starts the trace once per process if TICKWIRE_MEMTRACE names a file."""
+def start_from_environment(holders: Optional[Callable[[], dict[str, int]]] = None) -> Optional[MemTrace]:
+    """Starts the trace once per process if TICKWIRE_MEMTRACE names a file; `holders` gives the
+    bytes by holder (a server's tables, publishers, sessions) for each line.
+    TICKWIRE_MEMTRACE_PYTHON=0 leaves tracemalloc off (the holders and figures only, at little
+    cost to the server)."""
     global _started
     path = os.environ.get("TICKWIRE_MEMTRACE")
     if not path:
         return None
     with _lock:
         if _started is None:
-            _started = MemTrace(path, float(os.environ.get("TICKWIRE_MEMTRACE_SECONDS", "60"))).start()
+            _started = MemTrace(path, float(os.environ.get("TICKWIRE_MEMTRACE_SECONDS", "60")), holders=holders,
+                                python=os.environ.get("TICKWIRE_MEMTRACE_PYTHON", "1") != "0").start()
         return _started
