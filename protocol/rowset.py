@@ -326,12 +326,67 @@ _ELEM = np.array([-1 if info is None else info[0] for info in _COMMAND_INFO], dt
 _WIDTH = np.array([0 if info is None else info[1] for info in _COMMAND_INFO], dtype=np.int64)
 
 
+def _step_table() -> list[int]:
+    """Per (command byte, next byte): the bytes to the next command when the header alone says it
+    (an OFFSET, or an array with a one-byte count under 128); 0 for anything else."""
+    out = [0] * 65536
+    for cmd in range(256):
+        off = _OFFSET_SIZE[cmd]
+        if off:
+            out[cmd << 8:(cmd + 1) << 8] = [off] * 256
+        elem = _SHORT_COUNT_ELEM[cmd]
+        if elem:
+            out[cmd << 8:(cmd << 8) + 128] = [2 + count * elem for count in range(128)]
+    return out
+
+
 def _scan_headers(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
-    """The command stream followed header by header in Python (one step per command, not per
-    value or per byte: an OFFSET is one table lookup), every value then read in one vectorized
-    pass: a row set of scattered keys is a few hundred commands over a few kilobytes, which this
-    reads several times faster than the pointer doubling of `_decode_commands_vectorized`
-    (O(bytes x log commands))."""
+    """The command stream followed header by header in Python, one table lookup a command (an
+    OFFSET or an array with a one-byte count: what a row set of scattered keys is made of), every
+    value then read in one vectorized pass: a row set of scattered keys is a few hundred commands
+    over a few kilobytes, which this reads several times faster than the pointer doubling of
+    `_decode_commands_vectorized` (O(bytes x log commands)). Anything unusual (a bad byte, a
+    command past the end) is read again by `_scan_headers_checked`, which names the fault."""
+    data = buf.tobytes() + b"\x00"
+    n = buf.size
+    step = _STEP
+    heads: list[int] = []
+    head = heads.append
+    p = pos
+    try:
+        while True:
+            s = step[(data[p] << 8) | data[p + 1]]
+            if s:
+                head(p)
+                p += s
+                continue
+            cmd = data[p]
+            if cmd == END and p < n:
+                break
+            got = _COMMAND_INFO[cmd]
+            if got is None or p >= n:
+                return _scan_headers_checked(buf, pos)
+            elem, w = got   # an array with a wider count
+            v = int.from_bytes(data[p + 1:p + 1 + w], "little", signed=True)
+            if v < 0 or p + 1 + w + v * elem > n:
+                return _scan_headers_checked(buf, pos)
+            head(p)
+            p += 1 + w + v * elem
+    except IndexError:   # ran past the end
+        return _scan_headers_checked(buf, pos)
+    at = np.array(heads, dtype=np.int64)
+    cmds = buf[at]
+    elem_of, width = _ELEM[cmds], _WIDTH[cmds]
+    count = np.zeros(at.size, dtype=np.int64)
+    arrays = np.flatnonzero(elem_of > 0)
+    if arrays.size:
+        count[arrays] = _read_values(buf, at[arrays] + 1, width[arrays])
+    return _command_values(buf, at, elem_of, width, count), p + 1
+
+
+def _scan_headers_checked(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
+    """`_scan_headers` step by step, each command checked as it is read: the same values, and
+    for a malformed row set the error that names what is wrong."""
     data = buf.tobytes()
     n = len(data)
     p = pos
@@ -388,6 +443,9 @@ def _scan_headers(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
     return _command_values(buf, at, _ELEM[cmds], _WIDTH[cmds], count), end
 
 
+_STEP = _step_table()
+
+
 _BYTE_STEPS = np.arange(8, dtype=np.int64)
 _LOW_BITS = np.array([0] + [(1 << (8 * w)) - 1 for w in range(1, 8)] + [(1 << 64) - 1], dtype=np.uint64)
 _SIGN_BIT = np.array([0] + [1 << (8 * w - 1) for w in range(1, 9)], dtype=np.uint64)
@@ -395,11 +453,13 @@ _SIGN_BIT = np.array([0] + [1 << (8 * w - 1) for w in range(1, 9)], dtype=np.uin
 
 def _read_values(buf: np.ndarray, at: np.ndarray, width: np.ndarray) -> np.ndarray:
     """The signed little-endian integers of `width[i]` bytes (1 to 8) at byte `at[i]` of `buf`,
-    in one gather: eight bytes are read at each, then cut to the width and sign-extended."""
+    in one gather: the eight bytes at each (a window over the bytes, one byte apart), then cut to
+    the width and sign-extended."""
     if at.size == 0:
         return np.zeros(0, dtype=np.int64)
     padded = np.concatenate((buf, np.zeros(8, dtype=np.uint8)))
-    raw = padded[at[:, None] + _BYTE_STEPS].view("<u8").ravel() & _LOW_BITS[width]
+    window = np.ndarray(shape=(buf.size,), dtype="<u8", buffer=padded, strides=(1,))
+    raw = window[at] & _LOW_BITS[width]
     sign = _SIGN_BIT[width]
     out: np.ndarray = ((raw ^ sign) - sign).view(np.int64)
     return out
@@ -450,11 +510,13 @@ def _command_values(buf: np.ndarray, at: np.ndarray, elem: np.ndarray, width: np
     if not is_array.any():
         return _read_values(buf, at + 1, width)
     nvals = np.where(is_array, count, 1)
-    vw = np.where(is_array, elem, width)
-    first = at + 1 + np.where(is_array, width, 0)
     cmd_of = np.repeat(np.arange(at.size, dtype=np.int64), nvals)
-    within = np.arange(cmd_of.size, dtype=np.int64) - np.repeat(np.cumsum(nvals) - nvals, nvals)
-    return _read_values(buf, first[cmd_of] + within * vw[cmd_of], vw[cmd_of])
+    # value i of the whole row set is at byte base + i * step of its command: an array's step is
+    # its element size and its base folds in how many values come before it; an OFFSET's step is 0
+    step = np.where(is_array, elem, 0)
+    base = at + 1 + np.where(is_array, width, 0) - (np.cumsum(nvals) - nvals) * step
+    pos = base[cmd_of] + np.arange(cmd_of.size, dtype=np.int64) * step[cmd_of]
+    return _read_values(buf, pos, np.where(is_array, elem, width)[cmd_of])
 
 
 def _gather_le(buf_padded: np.ndarray, positions: np.ndarray, nbytes: int) -> np.ndarray:
@@ -523,9 +585,22 @@ def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:
     if v.size == 0:
         empty: np.ndarray = EMPTY_RANGES.copy()
         return empty
-    # the usual case in a few numpy calls (a message carries several row sets); anything
+    # the usual cases in a few numpy calls (a message carries several row sets); anything
     # unusual goes the checked way below, which names what is wrong
     neg = v < 0
+    if not neg.any():  # starts only: scattered keys, each a delta from the one before
+        if v.size == 1 or (v[1:].min() > 0 and float(v.sum(dtype=np.float64)) < 9.2e18):
+            keys = np.cumsum(v)
+            if v.size == 1 or v[1:].max() > 1:
+                breaks = np.flatnonzero(v[1:] != 1)
+                out = np.empty((breaks.size + 1, 2), dtype=np.int64)
+                out[0, 0] = keys[0]
+                out[1:, 0] = keys[breaks + 1]
+                out[:-1, 1] = keys[breaks]
+                out[-1, 1] = keys[-1]
+                return out
+            return np.array([[keys[0], keys[-1]]], dtype=np.int64)
+        return _deltas_to_ranges_checked(v)
     mag = np.abs(v)
     if not neg[0] and mag[0] >= 0 and (v.size == 1 or (
             not (neg[1:] & neg[:-1]).any() and mag[1:].min() > 0 and float(mag.sum(dtype=np.float64)) < 9.2e18)):

@@ -471,6 +471,8 @@ def test_the_three_command_scanners_and_both_delta_paths_agree_on_random_and_cor
         assert np.array_equal(r._deltas_to_ranges(outs[0][0]), want)
         assert np.array_equal(r.decode_rowset(raw), want)
         deltas = rng.integers(-50, 50, int(rng.integers(1, 30)))
+        if rng.random() < 0.3:  # starts only (scattered keys), runs of 1 (adjacent keys) among them
+            deltas = np.where(rng.random(deltas.size) < 0.3, 1, np.abs(deltas) + (rng.random(deltas.size) < 0.9))
         got = []
         for fn in (r._deltas_to_ranges, r._deltas_to_ranges_checked):
             try:
