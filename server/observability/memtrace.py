@@ -1,23 +1,31 @@
 """Where a long-running server's memory goes: an optional trace, off unless asked for.
 
-With `TICKWIRE_MEMTRACE=<file>` in the environment, a server started in this process starts
-`tracemalloc` and a daemon thread that appends one JSON line to `<file>` every
-`TICKWIRE_MEMTRACE_SECONDS` (60 by default):
+With `TICKWIRE_MEMTRACE=<file>` in the environment, a server started in this process starts a
+daemon thread that appends one JSON line to `<file>` every `TICKWIRE_MEMTRACE_SECONDS` (60 by
+default):
 
 * `rss_mb` (from /proc), `arrow_mb` (bytes allocated by Arrow's default memory pool),
-  `py_blocks` (`sys.getallocatedblocks()`), `traced_mb` (what tracemalloc sees Python hold);
+  `py_blocks` (`sys.getallocatedblocks()`);
+* `held_mb`, `holders` and `holders_grown`: the bytes each holder the server names holds (each
+  table, each table's publisher, the sessions, the web side: `TickwireServer.memory_by_holder`,
+  which counts numpy arrays, Arrow data and Python objects reachable from each, see
+  engine/footprint.py), the 20 largest and the 20 that grew most since the first line.
+
+With `TICKWIRE_MEMTRACE_PYTHON=1` it also runs `tracemalloc` and adds:
+
+* `traced_mb` (what tracemalloc sees Python hold);
 * `types`: the 20 object types whose live count grew most since the first line (from the garbage
   collector's list of tracked objects);
 * `sites`: the 20 allocation sites (file:line, 4 frames deep) whose held bytes grew most since the
   first line.
 
-It says whether Python objects or Arrow's pool grow and, for Python objects, where. It does not
-see every numpy array the engine grows (a soak's server grew its tables' numpy arrays while this
-trace's total stayed flat): for native and numpy memory, attach a native profiler (memray attach
---native). tracemalloc slows allocation down, so this is for diagnosis runs (the soak's
-`--memtrace`), never for measuring latency.
+The holders say which table or part of the server holds memory that grows; for memory no
+holder accounts for (the allocator's, gRPC's core), attach a native profiler (memray attach
+--native). tracemalloc slows allocation down, so the Python part is for diagnosis runs, never
+for measuring latency.
 
-Touches nothing of the engine: it reads process-wide figures only.
+Touches nothing of the engine: it reads process-wide figures, and what the server's holders
+function returns.
 """
 from __future__ import annotations
 
@@ -132,8 +140,8 @@ class MemTrace:
 def start_from_environment(holders: Optional[Callable[[], dict[str, int]]] = None) -> Optional[MemTrace]:
     """Starts the trace once per process if TICKWIRE_MEMTRACE names a file; `holders` gives the
     bytes by holder (a server's tables, publishers, sessions) for each line.
-    TICKWIRE_MEMTRACE_PYTHON=0 leaves tracemalloc off (the holders and figures only, at little
-    cost to the server)."""
+    TICKWIRE_MEMTRACE_PYTHON=1 also runs tracemalloc (the allocation sites and object types that
+    grew; it slows the server down); without it, the holders and the figures only, at little cost."""
     global _started
     path = os.environ.get("TICKWIRE_MEMTRACE")
     if not path:
@@ -141,5 +149,5 @@ def start_from_environment(holders: Optional[Callable[[], dict[str, int]]] = Non
     with _lock:
         if _started is None:
             _started = MemTrace(path, float(os.environ.get("TICKWIRE_MEMTRACE_SECONDS", "60")), holders=holders,
-                                python=os.environ.get("TICKWIRE_MEMTRACE_PYTHON", "1") != "0").start()
+                                python=os.environ.get("TICKWIRE_MEMTRACE_PYTHON", "0") == "1").start()
         return _started
