@@ -172,7 +172,7 @@ class TickwireServer:
 
     def memory_by_holder(self) -> dict[str, int]:
         """Bytes held by each table ("table:NAME"), each table's publisher ("publisher:NAME"), the
-        sessions with their exports, and the web side: where a long run's memory grows (the
+        sessions with their exports, the web side and the shared port's splitter: where a long run's memory grows (the
         memory trace writes it each line). A diagnosis aid, see engine/footprint.py."""
         from .engine.footprint import reachable_bytes
         from .engine.graph import Table
@@ -184,7 +184,7 @@ class TickwireServer:
 
         out = {f"table:{k}": v for k, v in self.engine.memory_by_table().items()}
         out.update({f"publisher:{k}": v for k, v in self.registry.memory_by_table().items()})
-        for name, root in (("sessions", self.sessions), ("web", self.web)):
+        for name, root in (("sessions", self.sessions), ("web", self.web), ("splitter", self.splitter)):
             if root is None:
                 continue
             for _ in range(3):  # sessions come and go on other threads while they are walked

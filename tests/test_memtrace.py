@@ -103,3 +103,23 @@ def test_the_trace_says_which_table_grew(tmp_path):
     assert name == "table:grows" and grew >= 16_000_000
     assert dict(second["holders_grown"])["table:small"] == 0
     json.dumps(second)
+
+
+def test_a_server_names_its_tables_sessions_and_publishers_as_holders():
+    from tickwire.clients.client import BarrageClient
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import TableSpec
+
+    server = TickwireServer(port=0, web=False).start()
+    try:
+        table, _ = server.engine.get_or_create(TableSpec("held", "append", pa.schema([("V", pa.int64())])))
+        server.engine.write(table, pa.table({"V": np.arange(100_000)}))
+        with BarrageClient(server.target) as client:
+            sub = client.subscribe("held")
+            assert sub.wait_for(lambda s: s.table.num_rows == 100_000, timeout=60)
+            held = server.memory_by_holder()
+            sub.close()
+        assert held["table:held"] >= 800_000
+        assert held["publisher:held"] > 0 and held["sessions"] > 0
+    finally:
+        server.stop()
