@@ -102,7 +102,8 @@ def reachable_bytes(root: object, *, stop: Callable[[object], bool] = lambda o: 
             if isinstance(d, dict):
                 todo.append(d)
             for cls in type(o).__mro__:
-                for name in getattr(cls, "__slots__", ()):
+                slots = getattr(cls, "__slots__", ())
+                for name in (slots,) if isinstance(slots, str) else slots:
                     if name not in ("__dict__", "__weakref__"):
                         v = getattr(o, name, None)
                         if v is not None:
