@@ -93,7 +93,7 @@ def test_bytes_columns_compact_under_churn_and_keep_values(monkeypatch):
     store = ColumnStore(schema, capacity=16)
     heaps = {type(column) for column in store.columns}  # the class of the byte heaps of both columns
     assert len(heaps) == 1
-    monkeypatch.setattr(heaps.pop(), "min_garbage", 4096)  # compacted from 4 KiB of garbage (not 1 MiB)
+    monkeypatch.setattr(heaps.pop(), "min_garbage", 4096)  # compacted from 4 KiB of garbage (not 64 KiB)
     rng = np.random.default_rng(3)
     model_s = [None] * 1000
     model_b = [None] * 1000
@@ -109,3 +109,23 @@ def test_bytes_columns_compact_under_churn_and_keep_values(monkeypatch):
     got = store.gather(np.arange(1000, dtype=np.int64))
     assert got.column("s").to_pylist()[:1000] == model_s
     assert got.column("b").to_pylist() == [b if b is not None else None for b in model_b]
+
+
+def test_a_small_string_column_that_churns_holds_a_few_times_its_live_bytes():
+    """A ring's short symbols, rewritten for hours: the heap is compacted once its garbage passes
+    its live bytes or 64 KiB, so it stays within a bound of its live bytes, not growing to a
+    megabyte of garbage."""
+    store = ColumnStore(pa.schema([("Sym", pa.string())]), capacity=2_000)
+    rng = np.random.default_rng(5)
+    heap = store.columns[0]
+    peak = 0
+    for i in range(5_000):  # 500,000 writes (1.7 MB) into 2,000 slots of 2 to 4 bytes each
+        slots = (np.arange(100, dtype=np.int64) + 100 * i) % 2_000
+        syms = np.char.add("S", rng.integers(0, 500, 100).astype(str))
+        store.write(slots, pa.table({"Sym": pa.array(syms.tolist())}))
+        peak = max(peak, heap.heap.size)
+    live = int(heap.length.sum())
+    assert live < 8_000
+    assert peak <= 4 * (live + (1 << 16))
+    want = store.gather(np.arange(2_000, dtype=np.int64)).column("Sym").to_pylist()
+    assert all(isinstance(v, str) and v.startswith("S") for v in want)

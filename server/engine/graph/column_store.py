@@ -246,7 +246,11 @@ class _BytesColumn:
     costs O(heap), amortised over at least as many bytes written."""
 
     __slots__ = ("type", "fixed", "large", "start", "length", "valid", "heap", "used", "garbage")
-    min_garbage = 1 << 20  # bytes of garbage below which the heap is never compacted
+    # bytes of garbage below which the heap is never compacted: small, so that a small column
+    # that churns (a ring's or a keyed table's symbols) holds a few times its live bytes, not the
+    # megabytes a larger floor let its garbage reach over hours; a compaction copies the live
+    # bytes only, at least as many as written since the last one
+    min_garbage = 1 << 16
 
     def __init__(self, t: pa.DataType, capacity: int):
         # fixed_size_binary is kept as binary (the same bytes) and cast back when read
