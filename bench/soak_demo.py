@@ -21,7 +21,9 @@ design, and the question here is whether anything else does. This process drives
 
 Every --sample seconds: the server's RSS (and its anonymous and file-backed parts), open file
 descriptors and threads (from /proc, with the threads' kernel names), Arrow's, Python's and the C
-heap's allocations and the Python threads by name (from its /metrics), the data directory's bytes,
+heap's allocations and the Python threads by name (from its /metrics), its resident anonymous
+memory by kind of mapping (glibc's brk heap and other arenas, Python's arenas, the rest: from
+/proc/PID/smaps), the data directory's bytes,
 latency p50/p99 of the last period, and the counts of the clients' work.
 At the end: a least-squares slope of RSS, descriptors and threads over the last 40 minutes (the
 last two thirds of a shorter run), as a share of the mean per hour (flat: within the noise
@@ -83,6 +85,40 @@ def proc_stats(pid: int) -> dict:
         out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         pass
+    return out
+
+
+def anon_by_mapping(pid: int) -> dict:
+    """Resident anonymous memory (MB) by the kind of mapping it is in, from /proc/PID/smaps: the
+    brk heap (glibc's main arena), glibc's other arenas (each a 64 MiB reservation: a read-write
+    part followed by an inaccessible rest), Python's object arenas (mappings of 256 KiB to
+    1 MiB), and the rest (large allocations glibc or numpy mapped on their own, thread stacks)."""
+    maps: list[list] = []  # [lo, hi, perms, name, anonymous kB]
+    try:
+        with open(f"/proc/{pid}/smaps") as fh:
+            for line in fh:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):  # a mapping's first line
+                    parts = line.split()
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    maps.append([lo, hi, parts[1], parts[5] if len(parts) > 5 else "", 0])
+                elif head == "Anonymous:" and maps:
+                    maps[-1][4] = int(line.split()[1])
+    except OSError:
+        pass
+    out = {"anon_brk_mb": 0.0, "anon_arenas_mb": 0.0, "anon_pyarenas_mb": 0.0, "anon_other_mb": 0.0}
+    for i, (lo, hi, perms, name, kb) in enumerate(maps):
+        nxt = maps[i + 1] if i + 1 < len(maps) else None
+        if name == "[heap]":
+            key = "anon_brk_mb"
+        elif (nxt is not None and nxt[2].startswith("---") and nxt[0] == hi and nxt[1] - lo == 64 << 20) or \
+                (perms.startswith("rw") and hi - lo == 64 << 20):
+            key = "anon_arenas_mb"
+        elif (256 << 10) <= hi - lo <= (1 << 20) and not name:
+            key = "anon_pyarenas_mb"
+        else:
+            key = "anon_other_mb"
+        out[key] += kb / 1024
     return out
 
 
@@ -399,7 +435,7 @@ class Soak:
     # -- sampling --------------------------------------------------------------------------------
     def sample(self, t: float) -> None:
         pids = tree_pids(self.proc.pid)
-        server = proc_stats(self.proc.pid)
+        server = {**proc_stats(self.proc.pid), **anon_by_mapping(self.proc.pid)}
         rest = [proc_stats(p) for p in pids[1:]]
         with self.lock:
             lat, self.latencies = self.latencies, []
@@ -503,7 +539,8 @@ class Soak:
         out: dict = {"minutes": self.args.minutes, "samples": len(s), "counts": dict(self.counts),
                      "errors": self.errors[:20], **converged}
         for key in ("rss_mb", "rss_anon_mb", "rss_file_mb", "fds", "threads", "arrow_mb", "py_blocks",
-                    "heap_in_use_mb", "heap_free_mb", "outside_heap_mb"):
+                    "heap_in_use_mb", "heap_free_mb", "outside_heap_mb", "anon_brk_mb", "anon_arenas_mb",
+                    "anon_pyarenas_mb", "anon_other_mb"):
             slope, noise = slope_per_hour(ts, [r[key] for r in tail])
             out[f"{key}_slope_per_hour"] = slope
             out[f"{key}_noise"] = noise
