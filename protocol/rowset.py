@@ -74,7 +74,11 @@ def keys_to_ranges(keys: npt.ArrayLike) -> np.ndarray:
     d = np.diff(k)
     if d.size and d.min() <= 0:
         raise ValueError("row keys must be strictly ascending")
-    breaks = np.flatnonzero(d != 1)
+    return _runs(k, np.flatnonzero(d != 1))
+
+
+def _runs(k: np.ndarray, breaks: np.ndarray) -> np.ndarray:
+    """Ascending keys `k` as closed ranges, a range ending after each index in `breaks`."""
     out = np.empty((breaks.size + 1, 2), dtype=np.int64)
     out[0, 0] = k[0]
     out[1:, 0] = k[breaks + 1]
@@ -591,15 +595,7 @@ def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:
     if not neg.any():  # starts only: scattered keys, each a delta from the one before
         if v.size == 1 or (v[1:].min() > 0 and float(v.sum(dtype=np.float64)) < 9.2e18):
             keys = np.cumsum(v)
-            if v.size == 1 or v[1:].max() > 1:
-                breaks = np.flatnonzero(v[1:] != 1)
-                out = np.empty((breaks.size + 1, 2), dtype=np.int64)
-                out[0, 0] = keys[0]
-                out[1:, 0] = keys[breaks + 1]
-                out[:-1, 1] = keys[breaks]
-                out[-1, 1] = keys[-1]
-                return out
-            return np.array([[keys[0], keys[-1]]], dtype=np.int64)
+            return _runs(keys, np.flatnonzero(v[1:] != 1))
         return _deltas_to_ranges_checked(v)
     mag = np.abs(v)
     if not neg[0] and mag[0] >= 0 and (v.size == 1 or (
