@@ -326,6 +326,10 @@ _COMMAND_INFO = _command_info()
 
 _OFFSET_SIZE = tuple(1 + info[1] if info is not None and info[0] == 0 else 0 for info in _COMMAND_INFO)
 _SHORT_COUNT_ELEM = tuple(info[0] if info is not None and info[0] and info[1] == 1 else 0 for info in _COMMAND_INFO)
+# per command byte: header bytes before its first value, each value's width, bytes between values
+_FIRST_VALUE = np.array([1 if info is None or not info[0] else 1 + info[1] for info in _COMMAND_INFO], dtype=np.int64)
+_VALUE_WIDTH = np.array([1 if info is None else (info[0] or info[1]) for info in _COMMAND_INFO], dtype=np.int64)
+_STRIDE = np.array([0 if info is None else info[0] for info in _COMMAND_INFO], dtype=np.int64)
 _ELEM = np.array([-1 if info is None else info[0] for info in _COMMAND_INFO], dtype=np.int64)
 _WIDTH = np.array([0 if info is None else info[1] for info in _COMMAND_INFO], dtype=np.int64)
 
@@ -378,14 +382,18 @@ def _scan_headers(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
             p += 1 + w + v * elem
     except IndexError:   # ran past the end
         return _scan_headers_checked(buf, pos)
-    at = np.array(heads, dtype=np.int64)
+    heads.append(p)
+    bounds = np.array(heads, dtype=np.int64)
+    at = bounds[:-1]
     cmds = buf[at]
-    elem_of, width = _ELEM[cmds], _WIDTH[cmds]
-    count = np.zeros(at.size, dtype=np.int64)
-    arrays = np.flatnonzero(elem_of > 0)
-    if arrays.size:
-        count[arrays] = _read_values(buf, at[arrays] + 1, width[arrays])
-    return _command_values(buf, at, elem_of, width, count), p + 1
+    # each command's values from its length: after `_FIRST_VALUE` header bytes, values of
+    # `_VALUE_WIDTH` bytes each, `_STRIDE` bytes apart (0 for an OFFSET's one value)
+    first, width, stride = _FIRST_VALUE[cmds], _VALUE_WIDTH[cmds], _STRIDE[cmds]
+    nvals = (bounds[1:] - at - first) // width
+    cmd_of = np.repeat(np.arange(at.size, dtype=np.int64), nvals)
+    base = at + first - (np.cumsum(nvals) - nvals) * stride
+    where = base[cmd_of] + np.arange(cmd_of.size, dtype=np.int64) * stride[cmd_of]
+    return _read_values(buf, where, width[cmd_of]), p + 1
 
 
 def _scan_headers_checked(buf: np.ndarray, pos: int) -> tuple[np.ndarray, int]:
@@ -591,12 +599,11 @@ def _deltas_to_ranges(v: np.ndarray) -> np.ndarray:
         return empty
     # the usual cases in a few numpy calls (a message carries several row sets); anything
     # unusual goes the checked way below, which names what is wrong
-    neg = v < 0
-    if not neg.any():  # starts only: scattered keys, each a delta from the one before
-        if v.size == 1 or (v[1:].min() > 0 and float(v.sum(dtype=np.float64)) < 9.2e18):
-            keys = np.cumsum(v)
-            return _runs(keys, np.flatnonzero(v[1:] != 1))
+    if v[0] >= 0 and (v.size == 1 or v[1:].min() > 0):  # starts only: scattered keys, each a delta
+        if float(v.sum(dtype=np.float64)) < 9.2e18:           # from the one before
+            return _runs(np.cumsum(v), np.flatnonzero(v[1:] != 1))
         return _deltas_to_ranges_checked(v)
+    neg = v < 0
     mag = np.abs(v)
     if not neg[0] and mag[0] >= 0 and (v.size == 1 or (
             not (neg[1:] & neg[:-1]).any() and mag[1:].min() > 0 and float(mag.sum(dtype=np.float64)) < 9.2e18)):
