@@ -381,21 +381,18 @@ class OrderIndex:
         total = int(width.sum())
         if total == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        which = np.repeat(np.arange(first.size, dtype=np.int64), width)
-        starts = np.cumsum(width) - width
-        keys = first[which] + (np.arange(total, dtype=np.int64) - starts[which])
-        real = self._is_real_slots(keys - self.base)
-        return keys[real], which[real]
+        ends = np.cumsum(width)
+        # every key of the ranges, one after another: one repeat of each range's shift
+        keys = np.repeat(first - (ends - width), width) + np.arange(total, dtype=np.int64)
+        real = np.flatnonzero(self.src[keys - self.base] == keys)
+        # the range of each element: found for the elements only (a fraction of the keys spanned)
+        return keys[real], np.searchsorted(ends, real, side="right")
 
     def after(self, keys: np.ndarray) -> np.ndarray:
         """Key of the first element after each key (NONE_HI when none)."""
         return self._nxt(np.asarray(keys, dtype=np.int64) + 1)
 
     # -- search ---------------------------------------------------------------------------------
-    def _is_real_slots(self, slots: np.ndarray) -> np.ndarray:
-        real: np.ndarray = self.src[slots] == slots + self.base
-        return real
-
     def _nxt(self, keys: np.ndarray) -> np.ndarray:
         """Key of the first element at or after each key (NONE_HI when none)."""
         keys = np.asarray(keys, dtype=np.int64)
