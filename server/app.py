@@ -174,13 +174,8 @@ class TickwireServer:
         """Bytes held by each table ("table:NAME"), each table's publisher ("publisher:NAME"), the
         sessions with their exports, the web side and the shared port's splitter: where a long run's memory grows (the
         memory trace writes it each line). A diagnosis aid, see engine/footprint.py."""
-        from .engine.footprint import reachable_bytes
-        from .engine.graph import Table
-        from .engine.publishing.publisher import Publisher, PublisherRegistry
-
         def stop(o: object) -> bool:
-            return isinstance(o, (Table, Engine, Publisher, PublisherRegistry, asyncio.AbstractEventLoop,
-                                  TickwireServer, grpc.aio.Server))
+            return isinstance(o, (asyncio.AbstractEventLoop, TickwireServer, grpc.aio.Server))
 
         out = {f"table:{k}": v for k, v in self.engine.memory_by_table().items()}
         out.update({f"publisher:{k}": v for k, v in self.registry.memory_by_table().items()})
@@ -189,7 +184,7 @@ class TickwireServer:
                 continue
             for _ in range(3):  # sessions come and go on other threads while they are walked
                 try:
-                    out[name] = reachable_bytes(root, stop=stop)
+                    out[name] = self.engine.held_bytes(root, stop)
                     break
                 except RuntimeError:
                     continue

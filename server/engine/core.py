@@ -735,6 +735,13 @@ class Engine:
                     out[t.name] = reachable_bytes(t, stop=self._not_this_table)
         return out
 
+    def held_bytes(self, root: object, stop: Optional[Callable[[object], bool]] = None) -> int:
+        """Bytes reachable from `root` (a server part: its sessions, its web side), not counting
+        tables, the graph, the engine or publishing, nor what `stop` names (engine/footprint.py)."""
+        from .footprint import reachable_bytes
+
+        return reachable_bytes(root, stop=lambda o: self._not_this_table(o) or (stop is not None and stop(o)))
+
     @staticmethod
     def _not_this_table(o: object) -> bool:
         """Where a walk from one table stops: other tables, the graph, the engine, publishing."""
