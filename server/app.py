@@ -182,12 +182,7 @@ class TickwireServer:
         for name, root in (("sessions", self.sessions), ("web", self.web), ("splitter", self.splitter)):
             if root is None:
                 continue
-            for _ in range(3):  # sessions come and go on other threads while they are walked
-                try:
-                    out[name] = self.engine.held_bytes(root, stop)
-                    break
-                except RuntimeError:
-                    continue
+            out[name] = self.engine.held_bytes(root, stop)
         return out
 
     def _real_peer(self, peer: str) -> str:

@@ -736,8 +736,9 @@ class Engine:
         return out
 
     def held_bytes(self, root: object, stop: Optional[Callable[[object], bool]] = None) -> int:
-        """Bytes reachable from `root` (a server part: its sessions, its web side), not counting
-        tables, the graph, the engine or publishing, nor what `stop` names (engine/footprint.py)."""
+        """Bytes reachable from `root` (a publisher, a server part: its sessions, its web side), not
+        counting other tables and publishers, the graph, the engine, nor what `stop` names
+        (engine/footprint.py)."""
         from .footprint import reachable_bytes
 
         return reachable_bytes(root, stop=lambda o: self._not_this_table(o) or (stop is not None and stop(o)))

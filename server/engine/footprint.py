@@ -50,8 +50,20 @@ def _roaring_bytes(bm: Any) -> int:
 
 
 def reachable_bytes(root: object, *, stop: Callable[[object], bool] = lambda o: False,
-                    max_objects: int = 5_000_000) -> int:
-    """Bytes held by what is reachable from `root` (see the module's docstring)."""
+                    max_objects: int = 5_000_000, attempts: int = 3) -> int:
+    """Bytes held by what is reachable from `root` (see the module's docstring). A container
+    another thread changes while it is read makes the walk start again, `attempts` times at
+    most (then the RuntimeError is raised)."""
+    for attempt in range(attempts):
+        try:
+            return _walk(root, stop, max_objects)
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+    return 0
+
+
+def _walk(root: object, stop: Callable[[object], bool], max_objects: int) -> int:
     seen: set[int] = set()
     buffers: set[int] = set()
     total = 0

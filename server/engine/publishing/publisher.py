@@ -30,7 +30,7 @@ import numpy as np
 
 from tickwire.server.engine.config import EncodeLimits, PublishingConfig
 from tickwire.server.engine.graph import ModifiedColumnSet, RowSet, RowSetShiftData, Table, TableUpdate
-from tickwire.server.engine.graph.graph import TableFailedError, TableFailure, TableListener, UpdateGraph
+from tickwire.server.engine.graph.graph import TableFailedError, TableFailure, TableListener
 from tickwire.server.engine.publishing.messages import (
     EncodeOptions,
     Message,
@@ -629,22 +629,11 @@ class PublisherRegistry:
     def memory_by_table(self) -> dict[str, int]:
         """Bytes each publisher holds (its subscribers, their queued messages, kept snapshots),
         by table name: a diagnosis aid (engine/footprint.py)."""
-        from ..footprint import reachable_bytes
-
         with self._lock:
             pubs = list(self._by_table.values())
-
-        def stop(o: object) -> bool:
-            return isinstance(o, (Table, Publisher, PublisherRegistry, UpdateGraph)) or o is self.engine
-
         out: dict[str, int] = {}
         for p in pubs:
-            for _ in range(3):  # its subscribers come and go on other threads while it is walked
-                try:
-                    out[p.table.name] = out.get(p.table.name, 0) + reachable_bytes(p, stop=stop)
-                    break
-                except RuntimeError:
-                    continue
+            out[p.table.name] = out.get(p.table.name, 0) + self.engine.held_bytes(p)
         return out
 
     def publisher(self, table: Table) -> Publisher:
