@@ -13,6 +13,11 @@ adds or modifies (change -> client, including the cycle wait). Reported: p50/p99
 messages/s received, server CPU (user + system, % of one core) and client CPU, over --seconds
 after a warm-up. The reference printed beside it is the same latency with a single full
 subscriber, measured in the same run.
+
+The server process sets Python's garbage collector as `tickwire serve` does
+(tickwire.server.process_gc); so do the client processes, each of which stands in for hundreds of
+clients. With Python's defaults the server's full collections (every 1.5 s, 75-135 ms each)
+delayed every subscriber's message of one cycle in 15, which was the whole of the p99.
 """
 from __future__ import annotations
 
@@ -38,17 +43,20 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "")
 
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import Engine, TableSpec
+    from tickwire.server.process_gc import freeze_startup, tune_gc
 
     if log_path:  # each subscription's start and end (with how it ended), to tell who ended a call
         logging.basicConfig(filename=log_path, level=logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s %(message)s")
     schema = pa.schema([("Key", pa.int64()), ("Value", pa.float64()), ("Ts", pa.int64())])
+    tune_gc()  # the collector as `tickwire serve` sets it (tickwire.server.process_gc)
     engine = Engine(interval_ms=interval_ms)
     table = engine.create(TableSpec(TABLE, "keyed", schema, keys=("Key",)))
     rng = np.random.default_rng(1)
     engine.write(table, pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
                                   "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema), wait=False)
     server = TickwireServer(engine, port=0, workers=4).start()
+    freeze_startup()  # as `tickwire serve` does once its server has started
     stop = threading.Event()
 
     def produce():
@@ -131,6 +139,12 @@ async def _subscribe(channel, viewport, stats, kind, state, ready):
 
 def client(port: int, full: int, viewports: list, warmup: float, seconds: float) -> None:
     import grpc
+
+    from tickwire.server.process_gc import tune_gc
+
+    # hundreds of subscribers share this process, where each would have one of its own: its
+    # collections (up to 60 ms each with Python's defaults) would stall all of them at once
+    tune_gc()
 
     async def main():
         stats = {"full": [], "viewport": []}

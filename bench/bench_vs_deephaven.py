@@ -75,13 +75,16 @@ def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True) -> 
 
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import Engine, TableSpec
+    from tickwire.server.process_gc import freeze_startup, tune_gc
 
     schema = pa.schema([("Seq", pa.int64()), ("Ts", pa.int64()), ("Px", pa.float64())])
+    tune_gc()  # the collector as `tickwire serve` sets it (tickwire.server.process_gc)
     engine = Engine(interval_ms=interval_ms)
     table = engine.create(TableSpec("t", "append", schema))
     # web=False: gRPC alone on its port (`tickwire serve --no-web`); by default the port is shared
     # with the web side and gRPC is reached through its splitter
     server = TickwireServer(engine, port=0, web=web).start()
+    freeze_startup()  # as `tickwire serve` does once its server has started
     stop = threading.Event()
 
     go = threading.Event()

@@ -58,11 +58,12 @@ def test_a_users_malloc_arena_max_is_left_alone():
 
 def test_the_cli_sets_it_before_serving(monkeypatch):
     from tickwire import cli, logs
-    from tickwire.server import process_memory
+    from tickwire.server import process_gc, process_memory
 
     calls: list[str] = []
     monkeypatch.setattr(logs, "configure", lambda *a, **k: None)  # the test process's logging stays as it is
     monkeypatch.setattr(process_memory, "limit_malloc_arenas", lambda: calls.append("cap"))
+    monkeypatch.setattr(process_gc, "tune_gc", lambda young: calls.append(f"gc {young}"))
 
     class Trimmer:
         def start(self):
@@ -76,8 +77,8 @@ def test_the_cli_sets_it_before_serving(monkeypatch):
     monkeypatch.setattr(cli, "_serve", lambda settings: calls.append("serve") or 0)
     monkeypatch.setattr(cli, "_demo", lambda settings: calls.append("demo") or 0)
     assert cli.main(["serve", "--port", "0"]) == 0
-    assert cli.main(["demo", "--port", "0"]) == 0
-    assert calls == ["cap", "trim", "serve", "stop", "cap", "trim", "demo", "stop"]
+    assert cli.main(["demo", "--port", "0", "--gc-young", "5000"]) == 0
+    assert calls == ["cap", "gc 20000", "trim", "serve", "stop", "cap", "gc 5000", "trim", "demo", "stop"]
 
 
 def test_the_trimmer_gives_freed_pages_back_and_stops():

@@ -98,6 +98,7 @@ def _serve(s: Settings) -> int:
     from tickwire.demo import connect_help
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import Engine
+    from tickwire.server.process_gc import freeze_startup
 
     config = server_config(s)
     probe_ports(config.host, _ports(config))
@@ -107,6 +108,7 @@ def _serve(s: Settings) -> int:
     except BaseException:
         engine.stop()
         raise
+    freeze_startup()  # what startup built lives for the whole run: no full collection walks it again
     done = threading.Event()
     clock = engine.clock
     try:
@@ -134,11 +136,13 @@ def _serve(s: Settings) -> int:
 
 def _demo(s: Settings) -> int:
     from tickwire.demo import run_demo
+    from tickwire.server.process_gc import freeze_startup
 
     config = server_config(s)
     if config.web_assets is not None and config.web and not s.no_server:
         from tickwire.server.web.assets import locate_assets
         locate_assets(config.web_assets)  # a bad path fails now, not after Spark has started
+    freeze_startup()  # the modules imported by now live for the whole run
     return run_demo(config, serve=not s.no_server, spark=not s.no_spark, duration_s=s.duration,
                     status_interval_s=s.status_interval, append_rows=s.append_rows,
                     out=lambda line: print(line, flush=True))
@@ -188,9 +192,11 @@ def _main(argv: list[str] | None) -> int:
     if settings.print_config:
         print(render(settings), flush=True)
         return 0
+    from tickwire.server.process_gc import tune_gc
     from tickwire.server.process_memory import MallocTrimmer, limit_malloc_arenas
 
     limit_malloc_arenas()  # before the server's threads start (see tickwire.server.process_memory)
+    tune_gc(settings.gc_young)  # (see tickwire.server.process_gc)
     trimmer = MallocTrimmer().start()
     try:
         return _serve(settings) if args.command == "serve" else _demo(settings)

@@ -90,6 +90,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fsync", "words", ("cycle",), "when journals reach the disk: 'cycle' (before each cycle applies its "
                                          "input; a write acknowledged is on disk), 'interval MS', or 'off'",
            metavar="POLICY"),
+    Option("gc-young", "int", 20_000, "allocations between Python's young garbage collections (Python's own "
+                                      "default is 700; fewer collections, fewer pauses of every thread)",
+           metavar="N"),
     Option("duration", "float", None, "stop after this many seconds", metavar="SECONDS"),
     Option("log-level", "choice", "info", "what to log (debug also prints tracebacks of startup errors)",
            choices=LOG_LEVELS),
