@@ -213,12 +213,16 @@ class AsOfJoinTable(LeftRowsJoin):
         return pa.Table.from_arrays(got.columns, schema=self.values.schema)
 
     # -- matching ---------------------------------------------------------------------------------
-    def _rematch(self, keys: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Finds the match of left rows `keys` (groups `groups`); returns their old and new slots."""
+    def _rematch(self, keys: np.ndarray, groups: np.ndarray, G: Optional[np.ndarray] = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Finds the match of left rows `keys` (distinct; groups `groups`, which are `G` sorted and
+        distinct when given); returns their old and new slots. Only rows whose match changed
+        are written."""
         old = self.match.get(keys)
         if keys.size == 0:
             return old, old
-        G = unique(groups)
+        if G is None:
+            G = unique(groups)
         rg, rk = self.rside.rows_of(G)
         new = np.full(keys.size, -1, dtype=np.int64)
         if rk.size:
@@ -240,7 +244,8 @@ class AsOfJoinTable(LeftRowsJoin):
             ok[ok] = rg_sorted[pos[ok]] == groups[ok]
             slots = self._slot_of.get(rk[order])  # once per right row, however many left rows match it
             new[ok] = slots[pos[ok]]
-        self.match.set(keys, new)
+        diff = new != old
+        self.match.set(keys[diff], new[diff])
         return old, new
 
     # -- the cycle ------------------------------------------------------------------------------
@@ -308,10 +313,17 @@ class AsOfJoinTable(LeftRowsJoin):
                 redo_g.append(g)
         moved_k, moved_from = _EMPTY, _EMPTY
         if redo_k:
-            k_all = np.concatenate(redo_k)
-            g_all = np.concatenate(redo_g)
-            k_u, first = np.unique(k_all, return_index=True)
-            old, new = self._rematch(k_u, g_all[first])
+            if len(redo_k) == 1 and lup is None:
+                # the rows of the groups the right side changed, alone: distinct, ordered by group
+                k_u, g = redo_k[0], redo_g[0]
+                first = np.ones(g.size, dtype=bool)
+                np.not_equal(g[1:], g[:-1], out=first[1:])
+                old, new = self._rematch(k_u, g, g[first])
+            else:
+                k_all = np.concatenate(redo_k)
+                g_all = np.concatenate(redo_g)
+                k_u, first = np.unique(k_all, return_index=True)
+                old, new = self._rematch(k_u, g_all[first])
             changed = old != new
             if rewritten.size:
                 changed |= np.isin(new, rewritten)
