@@ -1,7 +1,8 @@
 """Fan-out: many Barrage subscribers to one ticking table.
 
 A tickwire server (its own process) serves `fanout`, a keyed table of --keys rows whose engine
-cycles every 100 ms; a producer thread upserts --rows-per-tick random keys every 100 ms, stamping
+cycles every 100 ms; a producer thread upserts --rows-per-tick random keys about every 100 ms (on
+deadlines a little over a cycle apart, so that the writes meet every phase of the cycle), stamping
 each row's `Ts` column with the wall-clock time of the change. Client processes hold --full full
 subscriptions and --viewport viewport subscriptions (each a window of --window rows at one of
 --pages page offsets, the way many grid users look at a few pages of one table), all over
@@ -36,7 +37,16 @@ TABLE = "fanout"
 
 
 # -- the server process ----------------------------------------------------------------------------
-def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "") -> None:
+def producer_period(interval_ms: float, seconds: float) -> float:
+    """Seconds between the producer's writes: a little over the cycle, so that over the measured
+    `seconds` the writes meet every phase of the cycle once and the cycle wait in each latency is
+    spread evenly from 0 to one cycle (with a period of one cycle the run keeps the phase it
+    started with, and its percentiles measure that phase)."""
+    interval = interval_ms / 1000.0
+    return interval + interval * interval / max(seconds, interval)
+
+
+def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "", period_s: float = 0.0) -> None:
     import logging
 
     import pyarrow as pa
@@ -60,7 +70,11 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "")
     stop = threading.Event()
 
     def produce():
-        while not stop.wait(interval_ms / 1000.0):
+        due = time.monotonic()
+        while True:
+            due += period_s or interval_ms / 1000.0
+            if stop.wait(max(0.0, due - time.monotonic())):
+                break
             k = rng.choice(keys, rows_per_tick, replace=False).astype(np.int64)
             # queued, not waited for: the producer keeps its own pace (one write per cycle)
             engine.write(table, pa.table({"Key": k, "Value": rng.random(rows_per_tick),
@@ -250,12 +264,13 @@ def main() -> int:
     ap.add_argument("--server-log", default="", help="the server process logs here at INFO (subscriptions' "
                     "starts and ends)")
     ap.add_argument("--serve", action="store_true")
+    ap.add_argument("--period-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--client", type=int)
     ap.add_argument("--client-full", type=int, default=0)
     ap.add_argument("--client-viewports", default="[]")
     args = ap.parse_args()
     if args.serve:
-        serve(args.keys, args.rows_per_tick, args.interval_ms, args.server_log)
+        serve(args.keys, args.rows_per_tick, args.interval_ms, args.server_log, args.period_s)
         return 0
     if args.client is not None:
         client(args.client, args.client_full, [tuple(v) for v in json.loads(args.client_viewports)],
@@ -266,14 +281,15 @@ def main() -> int:
 
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--keys", str(args.keys),
                                "--rows-per-tick", str(args.rows_per_tick), "--interval-ms", str(args.interval_ms),
-                               "--server-log", args.server_log],
+                               "--server-log", args.server_log,
+                               "--period-s", repr(producer_period(args.interval_ms, args.seconds))],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())
         rng = np.random.default_rng(3)
         starts = (np.arange(args.pages) * args.window) % max(1, args.keys - args.window)
         viewports = [(int(s), int(s) + args.window - 1) for s in rng.choice(starts, args.viewport)]
-        ref = run(port, server.pid, 1, [], 1, args.warmup, min(args.seconds, 5.0))
+        ref = run(port, server.pid, 1, [], 1, args.warmup, args.seconds)  # every phase, as the main run
         res = run(port, server.pid, args.full, viewports, args.procs, args.warmup, args.seconds)
     finally:
         server.stdin.close()
@@ -287,7 +303,7 @@ def main() -> int:
     print("  " + describe("full", res["full"], args.seconds))
     print("  " + describe("viewport", res["viewport"], args.seconds))
     print(f"  server CPU {res['server_cpu'] * 100:.0f}% of one core; client processes {res['client_cpu'] * 100:.0f}%")
-    print("  reference, one full subscriber alone: " + describe("full", ref["full"], min(args.seconds, 5.0))
+    print("  reference, one full subscriber alone: " + describe("full", ref["full"], args.seconds)
           + f"; server CPU {ref['server_cpu'] * 100:.0f}%")
     if res["full"] and ref["full"]:
         print(f"  p50 latency ratio, fan-out full / single subscriber: "

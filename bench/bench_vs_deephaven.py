@@ -1,9 +1,10 @@
 """Streaming side by side: tickwire and a real Deephaven 42.7, the same producer and the same client.
 
 Each server runs in its own process with a producer inside it that appends `--rate` rows per
-second to an append-only table `t` (columns Seq, Ts, Px), one batch per cycle, stamping `Ts` with
-the wall-clock time of the write: in tickwire an engine write per cycle, in Deephaven a
-`table_publisher` batch per cycle through `blink_to_append_only` (the interop extra's
+second to an append-only table `t` (columns Seq, Ts, Px), one batch about every cycle (on deadlines
+a little over a cycle apart, so that over the measured seconds the batches meet every phase of
+the cycle once: `producer_period`), stamping `Ts` with the wall-clock time of the write: in
+tickwire an engine write, in Deephaven a `table_publisher` batch through `blink_to_append_only` (the interop extra's
 deephaven-server, with `PeriodicUpdateGraph.targetCycleDurationMillis` and
 `barrage.minUpdateInterval` set to the cycle). The client is Deephaven's own pydeephaven-ticking
 (`listen`), `--subscribers` subscriptions of the whole table spread over `--client-procs` client
@@ -58,8 +59,10 @@ def _produce():
     seq = 0
     n = ROWS_PER_TICK
     _go.wait()
+    due = time.monotonic()
     while True:
-        time.sleep(INTERVAL_S)
+        due += PERIOD_S  # a deadline per batch: the batches' phase against the cycle sweeps at a set pace
+        time.sleep(max(0.0, due - time.monotonic()))
         ts = time.time_ns()
         s = np.arange(seq, seq + n, dtype=np.int64)
         _pub.add(new_table([long_col("Seq", s), long_col("Ts", np.full(n, ts, dtype=np.int64)),
@@ -70,7 +73,17 @@ threading.Thread(target=_produce, daemon=True).start()
 '''
 
 
-def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True) -> None:
+def producer_period(interval_ms: float, seconds: float) -> float:
+    """Seconds between the producer's batches: a little over the cycle, so that over the measured
+    `seconds` the batches arrive at every point of the cycle once (the wait for the next cycle,
+    part of every latency, is then spread evenly from 0 to one cycle). A producer whose period
+    equals the cycle keeps one phase for the whole run, and its latencies measure that phase: at
+    a 100 ms cycle the same server gave a p50 of 47 or 75 ms with its startup 25 ms longer."""
+    interval = interval_ms / 1000.0
+    return interval + interval * interval / max(seconds, interval)
+
+
+def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True, period_s: float = 0.0) -> None:
     import pyarrow as pa
 
     from tickwire.server.app import TickwireServer
@@ -92,7 +105,11 @@ def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True) -> 
     def produce():
         seq = 0
         go.wait()
-        while not stop.wait(interval_ms / 1000.0):
+        due = time.monotonic()
+        while True:
+            due += period_s or interval_ms / 1000.0  # deadlines, as the Deephaven producer's
+            if stop.wait(max(0.0, due - time.monotonic())):
+                break
             s = np.arange(seq, seq + rows_per_tick, dtype=np.int64)
             engine.write(table, pa.table({"Seq": s, "Ts": np.full(rows_per_tick, time.time_ns(), dtype=np.int64),
                                           "Px": s * 0.5}, schema=schema), wait=False)
@@ -267,23 +284,26 @@ def main() -> int:
     ap.add_argument("--client-subscribers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows-per-tick", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--period-s", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows_per_tick = max(1, int(round(args.rate * args.interval_ms / 1000.0)))
     if args.serve:
-        serve_tickwire(args.interval_ms, args.rows_per_tick, web=not args.no_web)
+        serve_tickwire(args.interval_ms, args.rows_per_tick, web=not args.no_web, period_s=args.period_s)
         return 0
     if args.client is not None:
         client(args.client, args.client_subscribers, args.warmup, args.seconds)
         return 0
     procs = args.client_procs or max(1, min(4, args.subscribers // 10))
-    rate = rows_per_tick * 1000.0 / args.interval_ms
+    period = producer_period(args.interval_ms, args.seconds)
+    rate = rows_per_tick / period
     print(f"append {rate:,.0f} rows/s ({rows_per_tick:,} per {args.interval_ms:g} ms cycle), {args.subscribers} "
           f"pydeephaven-ticking subscriber(s) in {procs} client process(es), {args.seconds:g} s after "
           f"{args.warmup:g} s of warm-up")
     results: dict[str, dict] = {}
     if args.only in (None, "tickwire"):
         proc = subprocess.Popen([sys.executable, __file__, "--serve", "--interval-ms", str(args.interval_ms),
-                                 "--rows-per-tick", str(rows_per_tick)] + (["--no-web"] if args.no_web else []),
+                                 "--rows-per-tick", str(rows_per_tick), "--period-s", repr(period)]
+                                + (["--no-web"] if args.no_web else []),
                                 stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         try:
@@ -301,8 +321,7 @@ def main() -> int:
     if args.only in (None, "deephaven"):
         from tests.interop.dh_server import start_dh_server
 
-        script = (DH_SCRIPT.replace("ROWS_PER_TICK", str(rows_per_tick))
-                  .replace("INTERVAL_S", repr(args.interval_ms / 1000.0)))
+        script = DH_SCRIPT.replace("ROWS_PER_TICK", str(rows_per_tick)).replace("PERIOD_S", repr(period))
         cycle = str(int(args.interval_ms))
         with start_dh_server(free_port(), script, heap="2g",
                              extra_jvm_args=[f"-DPeriodicUpdateGraph.targetCycleDurationMillis={cycle}",
