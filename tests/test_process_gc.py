@@ -45,7 +45,8 @@ def test_freeze_startup_takes_what_exists_out_of_later_collections_and_not_garba
     gc.callbacks.append(seen)
     try:
         frozen = freeze_startup()
-        assert frozen == gc.get_freeze_count() > 0
+        # what it froze, counted then: other threads may free frozen objects right after
+        assert frozen > 0 and gc.get_freeze_count() > 0
         assert sum(collected) >= 1  # the cycle went in the collection before the freeze
         assert not any(o is kept for o in gc.get_objects())  # frozen: no generation holds it
         later = [Node()]
