@@ -8,18 +8,23 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["unique", "has_duplicates"]
+__all__ = ["unique", "distinct_sorted", "has_duplicates"]
 
 
 def unique(a: npt.ArrayLike) -> np.ndarray:
     """The sorted distinct values of `a` (flattened), as np.unique gives them."""
-    s = np.sort(np.asarray(a).ravel())
+    return distinct_sorted(np.sort(np.asarray(a).ravel()))
+
+
+def distinct_sorted(s: np.ndarray) -> np.ndarray:
+    """The distinct values of sorted array `s` (the first of each run of equal values)."""
     if s.size < 2:
         return s
     keep = np.empty(s.size, dtype=bool)
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
+    out: np.ndarray = s[keep]
+    return out
 
 
 def has_duplicates(a: npt.ArrayLike) -> bool:
@@ -47,10 +52,7 @@ def union_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return out
     s = np.concatenate((a, b))
     s.sort(kind="stable")
-    keep = np.empty(s.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
+    return distinct_sorted(s)
 
 
 def _in_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.server.engine.errors import OperationError
-from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.arrays import distinct_sorted, unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
@@ -316,9 +316,7 @@ class AsOfJoinTable(LeftRowsJoin):
             if len(redo_k) == 1 and lup is None:
                 # the rows of the groups the right side changed, alone: distinct, ordered by group
                 k_u, g = redo_k[0], redo_g[0]
-                first = np.ones(g.size, dtype=bool)
-                np.not_equal(g[1:], g[:-1], out=first[1:])
-                old, new = self._rematch(k_u, g, g[first])
+                old, new = self._rematch(k_u, g, distinct_sorted(g))
             else:
                 k_all = np.concatenate(redo_k)
                 g_all = np.concatenate(redo_g)
