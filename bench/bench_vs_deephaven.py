@@ -41,6 +41,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+from bench_fanout import deadlines, producer_period  # noqa: E402 - the streaming benches' producer schedule
 
 DH_SCRIPT = r'''
 import threading, time
@@ -73,16 +74,6 @@ threading.Thread(target=_produce, daemon=True).start()
 '''
 
 
-def producer_period(interval_ms: float, seconds: float) -> float:
-    """Seconds between the producer's batches: a little over the cycle, so that over the measured
-    `seconds` the batches arrive at every point of the cycle once (the wait for the next cycle,
-    part of every latency, is then spread evenly from 0 to one cycle). A producer whose period
-    equals the cycle keeps one phase for the whole run, and its latencies measure that phase: at
-    a 100 ms cycle the same server gave a p50 of 47 or 75 ms with its startup 25 ms longer."""
-    interval = interval_ms / 1000.0
-    return interval + interval * interval / max(seconds, interval)
-
-
 def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True, period_s: float = 0.0) -> None:
     import pyarrow as pa
 
@@ -105,11 +96,7 @@ def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True, per
     def produce():
         seq = 0
         go.wait()
-        due = time.monotonic()
-        while True:
-            due += period_s or interval_ms / 1000.0  # deadlines, as the Deephaven producer's
-            if stop.wait(max(0.0, due - time.monotonic())):
-                break
+        for _ in deadlines(period_s or interval_ms / 1000.0, stop):  # as the Deephaven producer's
             s = np.arange(seq, seq + rows_per_tick, dtype=np.int64)
             engine.write(table, pa.table({"Seq": s, "Ts": np.full(rows_per_tick, time.time_ns(), dtype=np.int64),
                                           "Px": s * 0.5}, schema=schema), wait=False)

@@ -93,6 +93,7 @@ def anon_by_mapping(pid: int) -> dict:
     brk heap (glibc's main arena), glibc's other arenas (each a 64 MiB reservation: a read-write
     part followed by an inaccessible rest), Python's object arenas (mappings of 256 KiB to
     1 MiB), and the rest (large allocations glibc or numpy mapped on their own, thread stacks)."""
+    out = {"anon_brk_mb": 0.0, "anon_arenas_mb": 0.0, "anon_pyarenas_mb": 0.0, "anon_other_mb": 0.0}
     maps: list[list] = []  # [lo, hi, perms, name, anonymous kB]
     try:
         with open(f"/proc/{pid}/smaps") as fh:
@@ -104,9 +105,8 @@ def anon_by_mapping(pid: int) -> dict:
                     maps.append([lo, hi, parts[1], parts[5] if len(parts) > 5 else "", 0])
                 elif head == "Anonymous:" and maps:
                     maps[-1][4] = int(line.split()[1])
-    except OSError:
-        pass
-    out = {"anon_brk_mb": 0.0, "anon_arenas_mb": 0.0, "anon_pyarenas_mb": 0.0, "anon_other_mb": 0.0}
+    except OSError:  # the server exited between samples: nothing of it is resident
+        return out
     for i, (lo, hi, perms, name, kb) in enumerate(maps):
         nxt = maps[i + 1] if i + 1 < len(maps) else None
         if name == "[heap]":

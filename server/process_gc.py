@@ -4,14 +4,15 @@ of startup kept out of the full ones.
 Why: a full collection walks every tracked object with the interpreter lock held, so every
 thread of the server (the cycle, publishing, gRPC) stops for its length. With 100 full and 1,000
 viewport subscribers at a 100 ms cycle (bench/bench_fanout.py) Python's default thresholds
-(700, 10, 10) ran a young collection every 7 ms and a full one every 1.5 s, of 75-135 ms each:
+(700, 10, 10) ran a young collection every 7 ms and a full one every 1.5 s, of 67-136 ms each:
 the messages of every 15th cycle arrived that much later, which was the whole of the fan-out's
-p99 (190-240 ms against a median of 55-80). Almost every object a cycle allocates (messages,
-their buffers' wrappers, futures) dies by its reference count before any collection sees it;
-collections mostly walk objects that live on. With a young threshold of 20,000 the same run had
-seven young collections in 15 s and no full one: p99 147-163 ms over four runs, the server at 51%
-of a core instead of 64%. At a 10 ms cycle with 50 subscribers the server's CPU per row fell by a
-quarter and its p99 from 20.6 to 16.0 ms.
+p99 (223-247 ms through the shared port, 190-210 on gRPC's own, against a median of 63-93).
+Almost every object a cycle allocates (messages, their buffers' wrappers, futures) dies by its
+reference count before any collection sees it; collections mostly walk objects that live on.
+With a young threshold of 20,000 the same run had seven young collections in 15 s and no full
+one: p99 147-163 ms over four runs, the server at 51% of a core instead of 64%. At a 10 ms
+cycle with 50 subscribers the server's CPU per row fell by a quarter and its p99 from 20.6 to
+16.0 ms.
 
 `tickwire serve` and `tickwire demo` set the young threshold (`--gc-young`) before serving and,
 once the server has started, collect and *freeze* what exists (`gc.freeze`: modules, functions,
