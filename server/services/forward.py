@@ -1,0 +1,136 @@
+"""Forwarding: calls passed to another gRPC server as raw bytes, with their metadata and status.
+
+    forwarder = Forwarder("engine-host:10000")
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([forwarder])    # every method, any service
+    ...
+    await forwarder.close()
+
+A `Forwarder` is a catch-all generic handler of a grpc.aio server: each call it receives is made
+again on `target` under the same method name, with the caller's metadata (authorization headers
+included, so sessions, tokens and exports stay the target's), its deadline, and every request
+message as it arrives; the target's initial metadata, responses, trailing metadata and status
+(code and details) come back unchanged. Unary, server-streaming, client-streaming and bidi calls
+all travel as bidi streams of raw bytes: the wire is the same for every kind, and nothing is
+decoded. A client that cancels cancels the forwarded call; a target that cannot be reached answers
+UNAVAILABLE naming it. `forward(method, requests, context, first=...)` passes one call on from a
+handler of one's own that has already read its first request (to look at it and decide).
+
+This module holds no state of the calls it passes on beyond each call's own; it knows nothing of
+tickwire's engine, sessions or methods.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator, Optional, Sequence
+
+import grpc
+
+__all__ = ["Forwarder", "passed_metadata"]
+
+log = logging.getLogger(__name__)
+
+# headers of one hop, which grpc sets itself on each connection and call
+_HOP = frozenset({"content-type", "te", "user-agent", "host", "connection", "keep-alive", "transfer-encoding",
+                  "upgrade", "accept-encoding", "content-encoding"})
+
+
+def passed_metadata(md: Optional[Sequence[tuple[str, object]]]) -> list[tuple[str, object]]:
+    """The metadata a call passes on: everything but HTTP/2 pseudo-headers, grpc's reserved
+    `grpc-` keys and per-hop headers."""
+    out: list[tuple[str, object]] = []
+    for key, value in md or ():
+        k = key.lower()
+        if k.startswith((":", "grpc-")) or k in _HOP:
+            continue
+        out.append((k, value))
+    return out
+
+
+class Forwarder(grpc.GenericRpcHandler):
+    """A grpc.aio generic handler that forwards every call to `target` (see the module
+    docstring). `options`: channel options of the connection to the target (message size
+    limits, keepalive); `credentials`: TLS to the target (None: plaintext)."""
+
+    def __init__(self, target: str, *, options: Sequence[tuple[str, object]] = (),
+                 credentials: Optional[grpc.ChannelCredentials] = None):
+        self.target = target
+        self._options = list(options)
+        self._credentials = credentials
+        self._channel: Optional[grpc.aio.Channel] = None
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        method = method.decode() if isinstance(method, bytes) else str(method)
+
+        async def serve(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            async for raw in self.forward(method, requests, context):
+                yield raw
+        return grpc.stream_stream_rpc_method_handler(serve)
+
+    def channel(self) -> grpc.aio.Channel:
+        """The connection to the target (made on first use, on the running loop)."""
+        if self._channel is None:
+            if self._credentials is not None:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        return self._channel
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def forward(self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                      first: Optional[bytes] = None) -> AsyncIterator[bytes]:
+        """Makes the call `method` ("/package.Service/Method") on the target with `first` (a
+        request already read, when given) and then `requests`, yields its responses and ends as
+        it ends: its status, details and trailing metadata become this call's."""
+        remaining = context.time_remaining()
+        call = self.channel().stream_stream(method)(
+            metadata=passed_metadata(context.invocation_metadata()),
+            timeout=remaining if remaining is not None and remaining < 1e9 else None)
+        writer = asyncio.ensure_future(_pump(call, requests, first))
+        failure: Optional[grpc.aio.AioRpcError] = None
+        try:
+            try:
+                initial = passed_metadata(await call.initial_metadata())
+                if initial:
+                    await context.send_initial_metadata(initial)
+                async for raw in call:
+                    yield raw
+            except grpc.aio.AioRpcError as exc:
+                failure = exc
+            trailing = passed_metadata(failure.trailing_metadata() if failure is not None
+                                       else await call.trailing_metadata())
+            if failure is None:
+                if trailing:
+                    context.set_trailing_metadata(trailing)
+                return
+        finally:
+            writer.cancel()
+            if not call.done():
+                call.cancel()  # this call ended first (cancelled by its client): so does the target's
+        code, details = failure.code(), failure.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE and not trailing:
+            details = f"forwarding to {self.target}: {details}"
+        await context.abort(code, details, trailing_metadata=tuple(trailing))
+
+
+async def _pump(call: grpc.aio.StreamStreamCall, requests: AsyncIterator[bytes], first: Optional[bytes]) -> None:
+    """The client's requests to the forwarded call, then its half-close."""
+    try:
+        if first is not None:
+            await call.write(first)
+        async for raw in requests:
+            await call.write(raw)
+        await call.done_writing()
+    except asyncio.CancelledError:
+        raise
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+        pass  # the forwarded call is over: its status reaches the client through the responses
+    except Exception:  # noqa: BLE001 - the client's stream failed: the forwarded call ends with it
+        log.debug("forwarding requests failed", exc_info=True)
+        call.cancel()
