@@ -35,11 +35,11 @@ SCHEMA = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
 class Front:
     """A grpc.aio server that forwards every call to `target`, on a loop of its own."""
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, **options):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.forwarder = Forwarder(target)
+        self.forwarder = Forwarder(target, **options)
         self.port = self._run(self._start())
         self.target = f"127.0.0.1:{self.port}"
 
@@ -170,3 +170,27 @@ def test_a_client_that_cancels_cancels_the_forwarded_call(target, front):
         call.cancel()
         assert until(lambda: len(srv.registry.subscriptions) == before, 20)
     hold.set()
+
+
+def test_a_refused_stream_keeps_the_target_status_when_its_requests_are_held(target):
+    """A DoExchange without credentials: tickwire refuses it before reading. Passed on at once, its
+    requests could meet the refusal and grpcio would report INTERNAL instead; held until the
+    target's headers, none is sent under a call already refused."""
+    f = Front(target[1].target, hold=[f"/{FLIGHT_SERVICE}/DoExchange"])
+    try:
+        for _ in range(20):
+            hold = threading.Event()
+
+            def requests(hold: threading.Event = hold):
+                yield from exchange_opening(subscription_request(b"s/quotes"))
+                hold.wait(20)
+
+            with grpc.insecure_channel(f.target) as ch:
+                call = ch.stream_stream(f"/{FLIGHT_SERVICE}/DoExchange")(requests(), timeout=20)
+                with pytest.raises(grpc.RpcError) as err:
+                    for _ in call:
+                        pass
+            hold.set()
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value.details()
+    finally:
+        f.close()

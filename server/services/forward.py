@@ -14,7 +14,7 @@ message as it arrives; the target's initial metadata, responses, trailing metada
 all travel as bidi streams of raw bytes: the wire is the same for every kind, and nothing is
 decoded. A client that cancels cancels the forwarded call; a target that cannot be reached answers
 UNAVAILABLE naming it. `forward(method, requests, context, first=...)` passes one call on from a
-handler of one's own that has already read its first request (to look at it and decide).
+handler of one's own that has already read its first requests (to look at them and decide).
 
 This module holds no state of the calls it passes on beyond each call's own; it knows nothing of
 tickwire's engine, sessions or methods.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator, Optional, Sequence
+from typing import AsyncIterator, Collection, Optional, Sequence
 
 import grpc
 
@@ -51,11 +51,19 @@ def passed_metadata(md: Optional[Sequence[tuple[str, object]]]) -> list[tuple[st
 class Forwarder(grpc.GenericRpcHandler):
     """A grpc.aio generic handler that forwards every call to `target` (see the module
     docstring). `options`: channel options of the connection to the target (message size
-    limits, keepalive); `credentials`: TLS to the target (None: plaintext)."""
+    limits, keepalive); `credentials`: TLS to the target (None: plaintext).
+
+    `hold`: methods whose requests are passed on only once the target has answered the call's
+    headers (or ended it), for a target that answers them before it reads any request, as
+    tickwire does for its streaming-request methods (it checks credentials first). A request
+    sent under a call the target has just refused fails, and grpcio then reports the call as
+    INTERNAL ("Internal error from Core") in place of the target's status; holding the requests
+    until the headers keeps the target's refusal."""
 
     def __init__(self, target: str, *, options: Sequence[tuple[str, object]] = (),
-                 credentials: Optional[grpc.ChannelCredentials] = None):
+                 credentials: Optional[grpc.ChannelCredentials] = None, hold: Collection[str] = ()):
         self.target = target
+        self.hold = frozenset(hold)
         self._options = list(options)
         self._credentials = credentials
         self._channel: Optional[grpc.aio.Channel] = None
@@ -84,15 +92,15 @@ class Forwarder(grpc.GenericRpcHandler):
             await channel.close()
 
     async def forward(self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
-                      first: Optional[bytes] = None) -> AsyncIterator[bytes]:
-        """Makes the call `method` ("/package.Service/Method") on the target with `first` (a
-        request already read, when given) and then `requests`, yields its responses and ends as
+                      first: Sequence[bytes] = ()) -> AsyncIterator[bytes]:
+        """Makes the call `method` ("/package.Service/Method") on the target with `first` (the
+        requests already read, when any) and then `requests`, yields its responses and ends as
         it ends: its status, details and trailing metadata become this call's."""
         remaining = context.time_remaining()
         call = self.channel().stream_stream(method)(
             metadata=passed_metadata(context.invocation_metadata()),
             timeout=remaining if remaining is not None and remaining < 1e9 else None)
-        writer = asyncio.ensure_future(_pump(call, requests, first))
+        writer = asyncio.ensure_future(_pump(call, requests, first, method in self.hold))
         failure: Optional[grpc.aio.AioRpcError] = None
         try:
             try:
@@ -119,11 +127,17 @@ class Forwarder(grpc.GenericRpcHandler):
         await context.abort(code, details, trailing_metadata=tuple(trailing))
 
 
-async def _pump(call: grpc.aio.StreamStreamCall, requests: AsyncIterator[bytes], first: Optional[bytes]) -> None:
-    """The client's requests to the forwarded call, then its half-close."""
+async def _pump(call: grpc.aio.StreamStreamCall, requests: AsyncIterator[bytes], first: Sequence[bytes],
+                hold: bool) -> None:
+    """The client's requests to the forwarded call (with `hold`, once the target has answered its
+    headers), then its half-close."""
     try:
-        if first is not None:
-            await call.write(first)
+        if hold:
+            await call.initial_metadata()
+            if call.done():
+                return
+        for raw in first:
+            await call.write(raw)
         async for raw in requests:
             await call.write(raw)
         await call.done_writing()
