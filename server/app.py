@@ -40,6 +40,7 @@ from tickwire.server.services.rpc import build_handlers, guarded_methods, with_s
 from tickwire.server.web import PortSplitter, WebSide
 from tickwire.server.web.assets import locate_assets
 from tickwire.server.web.https import HttpsFront
+from tickwire.server.worker import DO_EXCHANGE, WorkerRouter
 
 __all__ = ["TickwireServer"]
 
@@ -160,7 +161,8 @@ class TickwireServer:
         self._refresh_stop = threading.Event()  # ends the history refresher and the daily merge
         self.daily_merges = 0  # daily merges run (each may merge nothing)
         self._refresher: Optional[threading.Thread] = None
-        self.web_enabled = bool(cfg.web)
+        self.web_enabled = bool(cfg.web) and not cfg.worker_of  # a worker serves gRPC only
+        self.router: Optional[WorkerRouter] = None  # a fan-out worker's (ServerConfig.worker_of)
         self.requested_web_port = cfg.web_port
         self.web_port: Optional[int] = None  # where browsers connect (the main port when shared)
         self.web: Optional[WebSide] = None  # the web side once started
@@ -224,13 +226,22 @@ class TickwireServer:
 
     async def _start(self) -> int:
         options = GRPC_OPTIONS + [("grpc.max_receive_message_length", self.config.max_inbound_message_size)]
+        if self.config.reuse_port:  # one of several processes on the port (an engine process's workers)
+            options = [o for o in options if o[0] != "grpc.so_reuseport"] + [("grpc.so_reuseport", 1)]
         server = grpc.aio.server(options=options)
         impls = with_stubs(self._handlers)
         observability = self.observability
-        server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate,
-                                                       peer_resolver=self._real_peer,
-                                                       on_error=observability.errors))
-        await observability.health.add_to_server(server)  # grpc.health.v1, answered without credentials
+        if self.config.worker_of:
+            # a fan-out worker: its router serves scope subscriptions itself and forwards the rest
+            # (health included: the engine process's)
+            local = guarded_methods(impls, on_error=observability.errors)[DO_EXCHANGE]
+            self.router = WorkerRouter(self, self.config.worker_of, local, psk=self.config.upstream_psk)
+            server.add_generic_rpc_handlers([self.router])
+        else:
+            server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate,
+                                                           peer_resolver=self._real_peer,
+                                                           on_error=observability.errors))
+            await observability.health.add_to_server(server)  # grpc.health.v1, answered without credentials
         addr = f"{self.host}:{self.requested_port}"
         web_on_main = self.web_enabled and self.requested_web_port is None and self.tls is None
         if self.web_enabled:
@@ -418,6 +429,8 @@ class TickwireServer:
         for rep in self.replicas:
             rep.stop()
         self.replicas = []
+        if self.router is not None:
+            self.router.stop_replicas()
         loop = self._loop
         if loop is None:
             return
@@ -451,6 +464,11 @@ class TickwireServer:
             except Exception:
                 log.debug("server stop", exc_info=True)
             self._server = None
+        if self.router is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self.router.close(), loop).result(5)
+            except Exception:
+                log.debug("worker router stop", exc_info=True)
         if self.splitter is not None:
             try:
                 asyncio.run_coroutine_threadsafe(self.splitter.close(), loop).result(5)

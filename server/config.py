@@ -59,6 +59,11 @@ class ServerConfig:
       "HOST:PORT/TABLE=LOCAL" to serve one under another name),
       with `upstream_psk` and `upstream_tls`.
 
+    - `worker_of`: the target of an engine process this server is a fan-out worker of
+      (tickwire.server.worker): it serves scope-table subscriptions from replicas and forwards
+      every other call there; `reuse_port`: share the port with other processes (SO_REUSEPORT),
+      as an engine process's workers do.
+
     How it serves:
     - `workers`: threads of the pool that runs blocking work (reading tables, encoding, decoding).
     - `session_duration_ms`: a session without calls for this long expires (Deephaven's
@@ -95,6 +100,8 @@ class ServerConfig:
     upstream_psk: Optional[str] = None
     upstream_tls: bool = False
     workers: int = 4
+    worker_of: Optional[str] = None
+    reuse_port: bool = False
     session_duration_ms: int = 300_000
     max_inbound_message_size: int = DEFAULT_MAX_INBOUND_MESSAGE_SIZE
     inline_cells: int = 16_384

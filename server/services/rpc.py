@@ -30,7 +30,7 @@ from tickwire.protocol.proto.methods import (
 )
 
 __all__ = ["CallError", "build_handlers", "guarded_methods", "GuardedMethod", "call_session", "status_of",
-           "UNAUTHENTICATED_METHODS", "service_handlers", "with_stubs", "unimplemented", "RAW",
+           "UNAUTHENTICATED_METHODS", "bind_call_session", "service_handlers", "with_stubs", "unimplemented", "RAW",
            "short", "MAX_DETAILS", "PeerResolver", "CallContext"]
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,12 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 
 _CALL_SESSION: contextvars.ContextVar = contextvars.ContextVar("tickwire_call_session", default=None)
+
+def bind_call_session(session: Any) -> None:
+    """Makes `session` the current call's (what `call_session` returns in it), for a call whose
+    credentials were checked elsewhere."""
+    _CALL_SESSION.set(session)
+
 
 def call_session() -> Any:
     """The session the running call's credentials were checked for (by `guarded_methods`'

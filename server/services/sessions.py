@@ -538,6 +538,14 @@ class SessionManager:
         """Seconds between expiry checks: a session outlives its duration by at most this."""
         return min(1.0, max(0.01, self.duration_ms / 4000.0))
 
+    def own_session(self) -> Session:
+        """A session of the server itself, which never expires and no client holds (a fan-out
+        worker's local calls run under it: the engine process checked their own credentials)."""
+        s = Session(token=str(uuid.uuid4()), expires=float("inf"), auth="worker")
+        with self._lock:
+            self._sessions[s.token] = s
+        return s
+
     def _new(self, auth: str = "", peer: Optional[str] = None, *, announce: bool = False) -> Session:
         s = Session(token=str(uuid.uuid4()), expires=self.clock.monotonic() + self.duration_ms / 1000.0, auth=auth,
                     peer=peer or "", announced=announce)

@@ -1,0 +1,205 @@
+"""Fan-out workers: processes that serve an engine process's subscribers from local replicas.
+
+    tickwire serve --fanout-workers 2 --port 10000      # one engine process, two workers
+
+A worker is a tickwire server (`ServerConfig.worker_of`: the engine process's target) whose
+engine holds only replicas. Every call it receives goes through its `WorkerRouter`:
+
+  * a DoExchange that subscribes to a scope table (`s/NAME`, full or viewport) is served by the
+    worker itself, from a replica of NAME (`Replicator`, made on the first such subscription and
+    kept), once the engine process has answered a GetSchema of NAME with the caller's own
+    metadata: the engine decides who may read what, as if the call had reached it, and its
+    answer's headers (the caller's session token) are the ones the caller gets;
+  * everything else (sessions, exports and table operations, DoPut and other writes, DoGet,
+    snapshot requests, subscriptions to exports, a subscription whose check the engine refused
+    or whose replica is not in sync) is forwarded to the engine process as raw bytes
+    (`tickwire.server.services.forward`), so that it answers them as one process would.
+
+What a worker's subscriber sees: the engine's table as its replica follows it, each engine cycle
+whole (a replica applies one upstream message per cycle of its own, never part of one), at most
+one worker cycle and one loopback hop after the engine's own subscribers. A write acknowledged by
+the engine process reaches a worker's subscribers within those cycles, not necessarily in the
+snapshot of a subscription that starts right after it. A replica stays while its worker runs; a
+table the engine drops stays in the worker as it last was for the subscribers it has, and new
+subscriptions to it are forwarded (the engine answers them NOT_FOUND).
+
+The workers share the public port (SO_REUSEPORT: the kernel spreads new connections over them);
+the engine process serves them on a loopback port of its own. This module reads the worker
+server's parts (its context, engine and handlers) and never the engine process's.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, AsyncIterator, Optional
+
+import grpc
+
+from tickwire.errors import ProtocolError
+from tickwire.protocol import barrage
+from tickwire.protocol.exchange import ExchangeError, ExchangeReader, Opening
+from tickwire.protocol.proto import flight_pb2
+from tickwire.protocol.proto.methods import FLIGHT_SERVICE, METHODS
+from tickwire.protocol.tickets import ScopeTicket, parse_ticket
+from tickwire.server.adapters.replica import Replicator
+from tickwire.server.services.forward import Forwarder, passed_metadata
+from tickwire.server.services.rpc import GuardedMethod, bind_call_session
+
+if TYPE_CHECKING:
+    from tickwire.server.app import TickwireServer
+
+__all__ = ["WorkerRouter"]
+
+log = logging.getLogger(__name__)
+
+DO_EXCHANGE = f"/{FLIGHT_SERVICE}/DoExchange"
+GET_SCHEMA = f"/{FLIGHT_SERVICE}/GetSchema"
+
+
+class _LocalContext:
+    """The caller's context for a call the worker serves itself: the engine's response headers
+    (from the check) are sent instead of the worker's own session header."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, headers: list[tuple[str, object]]):
+        self._context = context
+        self._headers: Optional[list[tuple[str, object]]] = headers
+
+    async def send_initial_metadata(self, _metadata) -> None:
+        headers, self._headers = self._headers, None
+        if headers is not None:
+            await self._context.send_initial_metadata(tuple(headers))
+
+    def __getattr__(self, name: str):
+        return getattr(self._context, name)
+
+
+class WorkerRouter(grpc.GenericRpcHandler):
+    """Every call of a worker server (see the module docstring). `local`: the worker's own
+    DoExchange (a GuardedMethod without a credentials check: the engine's check stands for it)."""
+
+    def __init__(self, server: "TickwireServer", upstream: str, local: GuardedMethod, *,
+                 psk: Optional[str] = None, check_timeout: float = 10.0, ready_timeout: float = 30.0):
+        self.server = server
+        self.upstream = upstream
+        self.local = local
+        self.psk = psk
+        self.check_timeout = check_timeout
+        self.ready_timeout = ready_timeout
+        # the engine process answers the headers of its streaming-request methods before it reads
+        self.forwarder = Forwarder(upstream, options=[("grpc.max_receive_message_length", -1),
+                                                      ("grpc.max_send_message_length", -1)],
+                                   hold=[path for path, m in METHODS.items() if m.client_streaming])
+        self.replicas: dict[str, Replicator] = {}
+        self._starting: dict[str, asyncio.Future] = {}
+        self._session = None  # the worker's own session, under which its local calls run
+        self.counts = {"local": 0, "forwarded": 0}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        method = method.decode() if isinstance(method, bytes) else str(method)
+        if method == DO_EXCHANGE:
+            return grpc.stream_stream_rpc_method_handler(self._exchange)
+        return self.forwarder.service(handler_call_details)
+
+    async def close(self) -> None:
+        await self.forwarder.close()
+
+    def stop_replicas(self) -> None:
+        for rep in list(self.replicas.values()):
+            rep.stop()
+        self.replicas.clear()
+
+    # -- DoExchange -------------------------------------------------------------------------------
+    async def _exchange(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[bytes]:
+        it = requests.__aiter__()
+        read: list[bytes] = []
+        name = None
+        try:
+            reader = ExchangeReader()
+            while True:  # up to the first request: pyarrow's clients send a descriptor-only message first
+                try:
+                    raw = await it.__anext__()
+                except StopAsyncIteration:
+                    break
+                read.append(raw)
+                event = reader.feed(raw)
+                if not isinstance(event, Opening):
+                    name = self._scope_name(getattr(event, "request", None))
+                    break
+        except (ExchangeError, ProtocolError):
+            name = None  # the engine refuses it in its own words
+        headers = await self._check(name, context) if name is not None else None
+        if name is None or headers is None or not await self._replica_ready(name):
+            self.counts["forwarded"] += 1
+            async for out in self.forwarder.forward(DO_EXCHANGE, it, context, first=read):
+                yield out
+            return
+        self.counts["local"] += 1
+        bind_call_session(self._own_session())
+
+        async def replay() -> AsyncIterator[bytes]:
+            for raw in read:
+                yield raw
+            async for raw in it:
+                yield raw
+        async for out in self.local.fn(replay(), _LocalContext(context, headers)):
+            yield out
+
+    @staticmethod
+    def _scope_name(request: object) -> Optional[str]:
+        """NAME of a subscription to `s/NAME`; None for anything else (a snapshot request, an export)."""
+        if not isinstance(request, barrage.SubscriptionRequest) or not request.ticket:
+            return None
+        try:
+            t = parse_ticket(bytes(request.ticket))
+        except Exception:  # noqa: BLE001 - a ticket the engine refuses in its own words
+            return None
+        return t.name if isinstance(t, ScopeTicket) else None
+
+    async def _check(self, name: str, context: grpc.aio.ServicerContext) -> Optional[list[tuple[str, object]]]:
+        """The engine's headers for a GetSchema of `name` with the caller's metadata, or None
+        when it refuses (the call is then forwarded and refused by the engine itself)."""
+        path = ScopeTicket(name).to_path()
+        desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=path).SerializeToString()
+        call = self.forwarder.channel().unary_unary(GET_SCHEMA)(
+            desc, metadata=passed_metadata(context.invocation_metadata()), timeout=self.check_timeout)
+        try:
+            await call
+            return passed_metadata(await call.initial_metadata())
+        except grpc.aio.AioRpcError:
+            return None
+
+    async def _replica_ready(self, name: str) -> bool:
+        """Whether the worker's replica of `name` is in sync, made first when there is none."""
+        rep = self.replicas.get(name)
+        if rep is None:
+            pending = self._starting.get(name)
+            if pending is None:
+                loop = asyncio.get_running_loop()
+                pending = self._starting[name] = loop.run_in_executor(self.server.executor, self._start_replica, name)
+            try:
+                rep = await asyncio.shield(pending)
+            finally:
+                self._starting.pop(name, None)
+        return rep is not None and rep.status == "connected"
+
+    def _start_replica(self, name: str) -> Optional[Replicator]:
+        rep = self.replicas.get(name)
+        if rep is not None:
+            return rep
+        rep = Replicator(self.server.engine, self.upstream, name, psk=self.psk, connect_timeout=self.ready_timeout)
+        try:
+            rep.start(wait=True)
+        except (TimeoutError, ValueError) as exc:
+            log.warning("worker: no replica of %r from %s (%s); its subscriptions are forwarded", name,
+                        self.upstream, exc)
+            rep.stop()
+            return None
+        self.replicas[name] = rep
+        return rep
+
+    def _own_session(self):
+        if self._session is None:
+            self._session = self.server.sessions.own_session()
+        return self._session
