@@ -92,6 +92,7 @@ def _ports(config) -> dict[str, Optional[int]]:
 
 
 def _serve(s: Settings) -> int:
+    import dataclasses
     import signal
     import threading
 
@@ -101,17 +102,33 @@ def _serve(s: Settings) -> int:
     from tickwire.server.process_gc import freeze_startup
 
     config = server_config(s)
+    if s.values.get("worker_of"):
+        return _serve_worker(s, config, str(s.values["worker_of"]))
+    nworkers = int(s.values.get("fanout_workers") or 0)
     probe_ports(config.host, _ports(config))
+    public = (config.host, config.port)
+    if nworkers:
+        if config.tls_cert is not None:
+            raise ConfigError("--fanout-workers: the workers serve plaintext gRPC; TLS with workers is not supported")
+        public = (config.host, config.port or _free_port(config.host))
+        # this process serves the workers on a loopback port of its own, and browsers on --web-port
+        config = dataclasses.replace(config, host="127.0.0.1", port=0,
+                                     web=config.web and config.web_port is not None)
     engine = Engine(config.engine)
     try:
         server = TickwireServer(engine, config).start()
     except BaseException:
         engine.stop()
         raise
-    freeze_startup()  # what startup built lives for the whole run: no full collection walks it again
+    workers: list = []
     done = threading.Event()
     clock = engine.clock
     try:
+        if nworkers:
+            workers = start_workers(nworkers, server.target, public, interval_ms=float(s.values["interval_ms"]),
+                                    psk=s.values.get("psk"), log_level=s.log_level, log_format=s.log_format,
+                                    gc_young=s.gc_young)
+        freeze_startup()  # what startup built lives for the whole run: no full collection walks it again
         if config.engine.data_dir is not None:
             names = ", ".join(t.name for t in server.recovered) or "none"
             print(f"data directory {s.data_dir}: tables recovered: {names}", flush=True)  # as given
@@ -121,16 +138,126 @@ def _serve(s: Settings) -> int:
         signal.signal(signal.SIGTERM, lambda *_: done.set())
         tables = server.ctx.scope.names()
         assert server.port is not None  # bound by start()
-        print(connect_help(config.host, server.port, config.psk, server.web_url, tls=server.tls is not None,
+        host, port = public if nworkers else (config.host, server.port)
+        print(connect_help(host, port, config.psk, server.web_url, tls=server.tls is not None,
                            tables=tables, tls_cert=config.tls_cert), flush=True)
+        if nworkers:
+            print(f"{nworkers} fan-out workers share port {port}; this process serves them on {server.target}",
+                  flush=True)
         started = clock.monotonic()
         while not clock.wait(done, 0.2):
             if s.duration is not None and clock.monotonic() - started >= s.duration:
                 break
+            if any(w.poll() is not None for w in workers):
+                print("tickwire: a fan-out worker ended; stopping", file=sys.stderr, flush=True)
+                break
     finally:
+        stop_workers(workers)
         server.stop()
         engine.stop()
     print("tickwire: stopped", flush=True)
+    return 0
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+WORKER_READY = "tickwire worker: serving"
+
+
+def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms: float, psk: Optional[str] = None,
+                  log_level: str = "info", log_format: str = "text", gc_young: int = 20_000) -> list:
+    """Starts `n` fan-out worker processes (`tickwire serve --worker-of UPSTREAM`) on the public
+    (host, port) and waits for each to serve; their output follows this process's. They end when
+    this process does (their stdin closes); `stop_workers` ends them sooner. A worker's cycle is
+    a tenth of the engine's (at least 5 ms): an update reaches its subscribers soon after the
+    engine's own."""
+    import os
+    import subprocess
+    import threading
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TICKWIRE_")}  # only what is passed here
+    if psk:
+        env["TICKWIRE_UPSTREAM_PSK"] = psk  # the replicas' credentials, not on the command line
+    cmd = [sys.executable, "-m", "tickwire", "serve", "--worker-of", upstream, "--host", public[0],
+           "--port", str(public[1]), "--interval-ms", str(max(5.0, interval_ms / 10)), "--no-web",
+           "--log-level", log_level, "--log-format", log_format, "--gc-young", str(gc_young)]
+    procs = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True))
+        for p in procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if not line.startswith(WORKER_READY):
+                raise OSError(f"a fan-out worker did not start (exit code {p.wait(10)})")
+            threading.Thread(target=_follow_output, args=(p.stdout,), daemon=True).start()
+    except BaseException:
+        stop_workers(procs)
+        raise
+    return procs
+
+
+def _follow_output(stream) -> None:
+    for line in stream:
+        print(line, end="", flush=True)
+
+
+def stop_workers(procs: list) -> None:
+    """Ends the worker processes (SIGTERM, then SIGKILL after 15 s)."""
+    import subprocess
+
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def _serve_worker(s: Settings, config, upstream: str) -> int:
+    """A fan-out worker (tickwire.server.worker): replicas only, on a port shared with the others;
+    ends with SIGTERM or when its stdin closes (the engine process is gone)."""
+    import dataclasses
+    import signal
+    import threading
+
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import Engine, EngineConfig
+    from tickwire.server.process_gc import freeze_startup
+
+    if config.engine.data_dir is not None or config.replicate or config.history:
+        raise ConfigError("--worker-of: a worker holds replicas only (no --data-dir, --replicate or --history)")
+    engine = Engine(EngineConfig(interval_ms=config.engine.interval_ms))
+    config = dataclasses.replace(config, worker_of=upstream, reuse_port=True, web=False, metrics_port=None)
+    try:
+        server = TickwireServer(engine, config).start()
+    except BaseException:
+        engine.stop()
+        raise
+    freeze_startup()
+    done = threading.Event()
+
+    def parent_gone() -> None:
+        sys.stdin.read()
+        done.set()
+    threading.Thread(target=parent_gone, name="tickwire-worker-parent", daemon=True).start()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        print(f"{WORKER_READY} {config.host}:{server.port} for {upstream}", flush=True)
+        done.wait()
+    finally:
+        server.stop()
+        engine.stop()
     return 0
 
 

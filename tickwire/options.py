@@ -117,6 +117,12 @@ OPTIONS: tuple[Option, ...] = (
                                     "day's into locations (needs --data-dir)", commands=("serve",), metavar="HH:MM"),
     Option("history-refresh", "float", None, "look for new files in the --history datasets every SECONDS (default: "
                                              "only at start)", commands=("serve",), metavar="SECONDS"),
+    Option("fanout-workers", "int", None, "serve subscribers from N more processes that share --port (gRPC only "
+                                          "there: browsers need --web-port): each serves subscriptions to tables "
+                                          "from replicas of its own and passes every other call to this process",
+           commands=("serve",), metavar="N"),
+    Option("worker-of", "str", None, "serve as a fan-out worker of the engine process at HOST:PORT (what "
+                                     "--fanout-workers starts)", commands=("serve",), metavar="HOST:PORT"),
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
            secret=True),
     Option("upstream-tls", "bool", False, "connect to the --replicate servers with TLS", commands=("serve",)),

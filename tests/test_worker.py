@@ -1,0 +1,194 @@
+"""Fan-out workers (tickwire.server.worker): a worker serves scope-table subscriptions from its own
+replicas, checked by the engine process with the caller's credentials, and forwards every other
+call, so that a client sees one server.
+
+An engine process (a tickwire server on its own port) holds a keyed table; a worker (a tickwire
+server with `worker_of` its target, its own engine of replicas) runs in the same test process.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Iterator
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+
+from tests.harness import until
+from tickwire.clients.client import BarrageClient
+from tickwire.protocol.opening import exchange_opening, subscription_request
+from tickwire.protocol.proto.methods import FLIGHT_SERVICE
+from tickwire.server.app import TickwireServer
+from tickwire.server.engine import Engine, TableSpec
+
+SCHEMA = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
+EXCHANGE = f"/{FLIGHT_SERVICE}/DoExchange"
+
+
+@pytest.fixture()
+def main() -> Iterator[tuple[Engine, TickwireServer]]:
+    engine = Engine(interval_ms=10).start()
+    t = engine.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
+    engine.write(t, pa.table({"Sym": ["A", "B", "C"], "Px": [1.0, 2.0, 3.0]}, schema=SCHEMA))
+    srv = TickwireServer(engine, port=0, web=False).start()
+    yield engine, srv
+    srv.stop()
+    engine.stop()
+
+
+@pytest.fixture()
+def worker(main) -> Iterator[TickwireServer]:
+    w = TickwireServer(Engine(interval_ms=10), port=0, worker_of=main[1].target).start()
+    yield w
+    w.stop()
+
+
+def _rows(sub) -> dict[str, float]:
+    t = sub.table
+    return dict(zip(t.column("Sym").to_pylist(), t.column("Px").to_pylist()))
+
+
+def test_a_scope_subscription_is_served_by_the_worker_from_its_replica(main, worker):
+    engine, srv = main
+    with BarrageClient(worker.target) as client:
+        full = client.subscribe("quotes")
+        view = client.subscribe("quotes", viewport=[(0, 1)])
+        assert full.wait_for(lambda s: s.size == 3, 20)
+        assert worker.router.counts == {"local": 2, "forwarded": 0}
+        # the worker publishes both; the engine process has one subscriber: the worker's replica
+        assert len(worker.registry.subscriptions) == 2
+        assert len(srv.registry.subscriptions) == 1
+        rng = np.random.default_rng(3)
+        t = engine.resolve("quotes")
+        for step in range(20):  # the engine's updates reach the worker's subscribers, every one
+            syms = [f"S{int(i)}" for i in rng.integers(0, 8, 3)]
+            engine.write(t, pa.table({"Sym": syms, "Px": rng.random(3).tolist()}, schema=SCHEMA))
+            if step % 5 == 4:
+                engine.write(t, delete=pa.table({"Sym": [syms[0]]}))
+        engine.flush()
+        with BarrageClient(srv.target) as direct:
+            expected = direct.snapshot("quotes")
+        want = dict(zip(expected.column("Sym").to_pylist(), expected.column("Px").to_pylist()))
+        assert full.wait_for(lambda s: _rows(s) == want, 20)
+        # the viewport: the first two rows in the engine's order
+        assert view.wait_for(lambda s: s.table.num_rows == 2
+                             and s.table.column("Sym").to_pylist() == expected.column("Sym").to_pylist()[:2], 20)
+
+
+def test_every_other_call_is_forwarded_and_answered_by_the_engine_process(main, worker):
+    pydeephaven = pytest.importorskip("pydeephaven")
+    host, port = worker.target.rsplit(":", 1)
+    s = pydeephaven.Session(host=host, port=int(port))
+    try:
+        assert sorted(s.open_table("quotes").to_arrow().column("Px").to_pylist()) == [1.0, 2.0, 3.0]
+        assert s.empty_table(3).update(["X = i + 1"]).to_arrow().column("X").to_pylist() == [1, 2, 3]
+        up = s.import_table(pa.table({"N": pa.array([4, 5], pa.int64())}))
+        assert up.update(["M = N * 2"]).to_arrow().column("M").to_pylist() == [8, 10]
+        # the session lives in the engine process, not in the worker
+        assert main[1].sessions.count >= 1 and worker.sessions.count == 0
+    finally:
+        s.close()
+    with BarrageClient(worker.target) as client:
+        assert client.snapshot("quotes").num_rows == 3  # DoGet
+        assert client.snapshot("quotes", viewport=[(0, 1)]).num_rows == 2  # a Barrage snapshot request
+    assert worker.router.counts == {"local": 0, "forwarded": 1}
+
+
+def _exchange_error(target: str, ticket: bytes, metadata=()) -> grpc.RpcError:
+    hold = threading.Event()
+
+    def requests():
+        yield from exchange_opening(subscription_request(ticket))
+        hold.wait(20)
+
+    with grpc.insecure_channel(target) as ch:
+        call = ch.stream_stream(EXCHANGE)(requests(), metadata=metadata, timeout=20)
+        with pytest.raises(grpc.RpcError) as err:
+            for _ in call:
+                pass
+    hold.set()
+    return err.value
+
+
+@pytest.mark.parametrize("ticket, metadata", [(b"s/quotes", ()), (b"s/nope", (("authorization", "Anonymous"),))],
+                         ids=["no credentials", "no such table"])
+def test_a_refused_subscription_is_refused_in_the_engine_process_words(main, worker, ticket, metadata):
+    direct = _exchange_error(main[1].target, ticket, metadata)
+    through = _exchange_error(worker.target, ticket, metadata)
+    assert direct.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.NOT_FOUND)
+    assert (through.code(), through.details()) == (direct.code(), direct.details())
+    assert worker.router.counts["local"] == 0
+    assert not worker.router.replicas  # nothing replicated for a call the engine refused
+
+
+def test_a_worker_subscriber_that_leaves_is_released_by_the_worker(main, worker):
+    with BarrageClient(worker.target) as client:
+        sub = client.subscribe("quotes")
+        assert sub.wait_for(lambda s: s.size == 3, 20)
+        assert len(worker.registry.subscriptions) == 1
+        sub.close()
+        assert until(lambda: len(worker.registry.subscriptions) == 0, 20)
+    # the replica stays for the next subscriber
+    assert len(main[1].registry.subscriptions) == 1
+
+
+def _workers_of(port: int) -> list[int]:
+    """Pids of the processes running `tickwire serve --worker-of ... --port PORT`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"--worker-of" in argv and str(port).encode() in argv:
+                out.append(int(d))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT and /proc: Linux")
+def test_serve_with_fanout_workers_shares_the_port_and_ends_with_its_workers():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "tickwire", "serve", "--fanout-workers", "2", "--port", str(port),
+                             "--no-web", "--interval-ms", "20", "--duration", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "fan-out workers share port" in line:
+                break
+        assert f"2 fan-out workers share port {port}" in lines[-1], "".join(lines)
+        assert len(_workers_of(port)) == 2
+        # a write through the public port reaches the engine process; subscriptions over several
+        # connections (the kernel spreads them over the workers) all see it
+        c = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        opts = flight.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
+        data = pa.table({"a": pa.array([1, 2, 3], pa.int64())})
+        writer, _ = c.do_put(flight.FlightDescriptor.for_path("scope", "t"), data.schema, opts)
+        writer.write_table(data)
+        writer.close()
+        clients = [BarrageClient(f"127.0.0.1:{port}") for _ in range(6)]
+        try:
+            subs = [cl.subscribe("t") for cl in clients]
+            assert all(s.wait_for(lambda s: s.size == 3, 30) for s in subs)
+            assert all(sorted(s.table.column("a").to_pylist()) == [1, 2, 3] for s in subs)
+        finally:
+            for cl in clients:
+                cl.close()
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert until(lambda: not _workers_of(port), 20)
