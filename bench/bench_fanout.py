@@ -58,7 +58,8 @@ def deadlines(period_s: float, stop: threading.Event):
         yield
 
 
-def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "", period_s: float = 0.0) -> None:
+def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "", period_s: float = 0.0,
+          fanout_workers: int = 0) -> None:
     import logging
 
     import pyarrow as pa
@@ -77,7 +78,16 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "",
     rng = np.random.default_rng(1)
     engine.write(table, pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
                                   "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema), wait=False)
-    server = TickwireServer(engine, port=0, workers=4).start()
+    if fanout_workers:  # as `tickwire serve --fanout-workers N`: this process serves the workers only
+        from tickwire.cli import start_workers, stop_workers
+
+        server = TickwireServer(engine, port=0, workers=4, web=False).start()
+        public = ("127.0.0.1", _free_port())
+        procs = start_workers(fanout_workers, server.target, public, interval_ms=interval_ms, log_level="warning")
+        port = public[1]
+    else:
+        server = TickwireServer(engine, port=0, workers=4).start()
+        procs, port = [], server.port
     freeze_startup()  # as `tickwire serve` does once its server has started
     stop = threading.Event()
 
@@ -90,11 +100,21 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "",
                                          schema=schema), wait=False)
 
     threading.Thread(target=produce, daemon=True).start()
-    print(server.port, flush=True)
+    print(json.dumps({"port": port, "pids": [os.getpid()] + [p.pid for p in procs]}), flush=True)
     sys.stdin.read()
     stop.set()
+    if procs:
+        stop_workers(procs)
     server.stop()
     engine.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # -- a client process --------------------------------------------------------------------------------
@@ -159,7 +179,7 @@ async def _subscribe(channel, viewport, stats, kind, state, ready):
         call.cancel()
 
 
-def client(port: int, full: int, viewports: list, warmup: float, seconds: float) -> None:
+def client(port: int, full: int, viewports: list, warmup: float, seconds: float, per_connection: int = 100) -> None:
     import grpc
 
     from tickwire.server.process_gc import tune_gc
@@ -180,11 +200,11 @@ def client(port: int, full: int, viewports: list, warmup: float, seconds: float)
             if count[0] == total:
                 all_ready.set()
 
-        # a connection per 100 subscribers: channels of one target and options share one
-        # connection (gRPC's global subchannel pool) unless each has a pool of its own
+        # a connection per `per_connection` subscribers: channels of one target and options share
+        # one connection (gRPC's global subchannel pool) unless each has a pool of its own
         channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1),
                                                                           ("grpc.use_local_subchannel_pool", 1)])
-                    for _ in range(max(1, total // 100))]
+                    for _ in range(max(1, total // per_connection))]
         tasks = [asyncio.create_task(_subscribe(channels[i % len(channels)], None, stats, "full", state, ready))
                  for i in range(full)]
         tasks += [asyncio.create_task(_subscribe(channels[(full + i) % len(channels)], vp, stats, "viewport",
@@ -219,7 +239,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(port: int, server_pid: int, full: int, viewports: list, procs: int, warmup: float, seconds: float):
+def run(port: int, server_pids: list, full: int, viewports: list, procs: int, warmup: float, seconds: float,
+        per_connection: int = 100):
     """Runs the subscribers in `procs` client processes; returns latencies and CPU figures."""
     shares = []
     for p in range(procs):
@@ -227,11 +248,12 @@ def run(port: int, server_pid: int, full: int, viewports: list, procs: int, warm
                        viewports[len(viewports) * p // procs: len(viewports) * (p + 1) // procs]))
     children = [subprocess.Popen([sys.executable, __file__, "--client", str(port), "--client-full", str(f),
                                   "--client-viewports", json.dumps(v), "--warmup", str(warmup),
-                                  "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+                                  "--seconds", str(seconds), "--per-connection", str(per_connection)],
+                                 stdout=subprocess.PIPE, text=True)
                 for f, v in shares if f or v]
     # server CPU over the measured window: from the end of the warm-up to the deadline
     time.sleep(max(0.0, warmup))
-    cpu0, t0 = cpu_seconds(server_pid), time.monotonic()
+    cpu0, t0 = sum(cpu_seconds(p) for p in server_pids), time.monotonic()
     out = {"full": [], "viewport": [], "client_cpu": 0.0}
     for ch in children:
         line = ch.stdout.readline()
@@ -243,7 +265,7 @@ def run(port: int, server_pid: int, full: int, viewports: list, procs: int, warm
         out["viewport"] += r["viewport"]
         out["client_cpu"] += r["cpu"]
     elapsed = time.monotonic() - t0
-    out["server_cpu"] = (cpu_seconds(server_pid) - cpu0) / elapsed
+    out["server_cpu"] = (sum(cpu_seconds(p) for p in server_pids) - cpu0) / elapsed
     out["client_cpu"] /= seconds
     return out
 
@@ -271,6 +293,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="10 full + 100 viewport subscribers for 5 s")
     ap.add_argument("--server-log", default="", help="the server process logs here at INFO (subscriptions' "
                     "starts and ends)")
+    ap.add_argument("--fanout-workers", type=int, default=0, help="serve the subscribers from N worker "
+                    "processes on one port, as `tickwire serve --fanout-workers N` (server CPU: all processes)")
+    ap.add_argument("--per-connection", type=int, default=100, help="subscribers per client connection (the "
+                    "kernel spreads connections, not subscribers, over the workers)")
     ap.add_argument("--serve", action="store_true")
     ap.add_argument("--period-s", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--client", type=int)
@@ -278,11 +304,11 @@ def main() -> int:
     ap.add_argument("--client-viewports", default="[]")
     args = ap.parse_args()
     if args.serve:
-        serve(args.keys, args.rows_per_tick, args.interval_ms, args.server_log, args.period_s)
+        serve(args.keys, args.rows_per_tick, args.interval_ms, args.server_log, args.period_s, args.fanout_workers)
         return 0
     if args.client is not None:
         client(args.client, args.client_full, [tuple(v) for v in json.loads(args.client_viewports)],
-               args.warmup, args.seconds)
+               args.warmup, args.seconds, args.per_connection)
         return 0
     if args.quick:
         args.full, args.viewport, args.seconds = 10, 100, 5.0
@@ -290,15 +316,17 @@ def main() -> int:
     server = subprocess.Popen([sys.executable, __file__, "--serve", "--keys", str(args.keys),
                                "--rows-per-tick", str(args.rows_per_tick), "--interval-ms", str(args.interval_ms),
                                "--server-log", args.server_log,
-                               "--period-s", repr(producer_period(args.interval_ms, args.seconds))],
+                               "--period-s", repr(producer_period(args.interval_ms, args.seconds)),
+                               "--fanout-workers", str(args.fanout_workers)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        port = int(server.stdout.readline())
+        started = json.loads(server.stdout.readline())
+        port, pids = started["port"], started["pids"]
         rng = np.random.default_rng(3)
         starts = (np.arange(args.pages) * args.window) % max(1, args.keys - args.window)
         viewports = [(int(s), int(s) + args.window - 1) for s in rng.choice(starts, args.viewport)]
-        ref = run(port, server.pid, 1, [], 1, args.warmup, args.seconds)  # every phase, as the main run
-        res = run(port, server.pid, args.full, viewports, args.procs, args.warmup, args.seconds)
+        ref = run(port, pids, 1, [], 1, args.warmup, args.seconds)  # every phase, as the main run
+        res = run(port, pids, args.full, viewports, args.procs, args.warmup, args.seconds, args.per_connection)
     finally:
         server.stdin.close()
         try:
@@ -307,7 +335,8 @@ def main() -> int:
             server.kill()
     print(f"table: {args.keys:,} keyed rows, {args.rows_per_tick} upserts per {args.interval_ms:g} ms cycle; "
           f"{args.full} full + {args.viewport} viewport subscribers ({args.window}-row windows on {args.pages} pages), "
-          f"{args.procs} client processes, {args.seconds:.0f} s")
+          f"{args.procs} client processes, {args.seconds:.0f} s"
+          + (f"; {args.fanout_workers} fan-out workers" if args.fanout_workers else "; one server process"))
     print("  " + describe("full", res["full"], args.seconds))
     print("  " + describe("viewport", res["viewport"], args.seconds))
     print(f"  server CPU {res['server_cpu'] * 100:.0f}% of one core; client processes {res['client_cpu'] * 100:.0f}%")
