@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tickwire.errors import ProtocolError
 
 __all__ = [
+    "SCOPE_TABLE_HEADER",
     "TicketError",
     "ScopeTicket",
     "ExportTicket",
@@ -85,6 +86,11 @@ class SharedTicket:
 
 
 Ticket = ScopeTicket | ExportTicket | AppTicket | SharedTicket
+
+#: trailing metadata of a tickwire server's GetSchema when the table it names (an export made by
+#: FetchTable, say) is a scope table itself: its name. A fan-out worker serves a subscription to
+#: such an export from its replica of that table (tickwire.server.worker).
+SCOPE_TABLE_HEADER = "x-tickwire-scope-table"
 
 
 def scope_ticket(name: str) -> bytes:

@@ -5,15 +5,18 @@
 A worker is a tickwire server (`ServerConfig.worker_of`: the engine process's target) whose
 engine holds only replicas. Every call it receives goes through its `WorkerRouter`:
 
-  * a DoExchange that subscribes to a scope table (`s/NAME`, full or viewport) is served by the
-    worker itself, from a replica of NAME (`Replicator`, made on the first such subscription and
-    kept), once the engine process has answered a GetSchema of NAME with the caller's own
-    metadata: the engine decides who may read what, as if the call had reached it, and its
-    answer's headers (the caller's session token) are the ones the caller gets;
+  * a DoExchange that subscribes to a scope table NAME (`s/NAME`, or an export of the caller's
+    session that is that table itself, as FetchTable and pydeephaven's `open_table` make; full or
+    viewport) is served by the worker itself, from a replica of NAME (`Replicator`, made on the
+    first such subscription and kept), once the engine process has answered a GetSchema of the
+    ticket with the caller's own metadata, naming the table (SCOPE_TABLE_HEADER): the engine
+    decides who may read what, as if the call had reached it, and its answer's headers (the
+    caller's session token) are the ones the caller gets;
   * everything else (sessions, exports and table operations, DoPut and other writes, DoGet,
-    snapshot requests, subscriptions to exports, a subscription whose check the engine refused
-    or whose replica is not in sync) is forwarded to the engine process as raw bytes
-    (`tickwire.server.services.forward`), so that it answers them as one process would.
+    snapshot requests, subscriptions to exports the engine derived (a sort, a filter), a
+    subscription whose check the engine refused or whose replica is not in sync) is forwarded
+    to the engine process as raw bytes (`tickwire.server.services.forward`), so that it answers
+    them as one process would.
 
 What a worker's subscriber sees: the engine's table as its replica follows it, each engine cycle
 whole (a replica applies one upstream message per cycle of its own, never part of one), at most
@@ -30,6 +33,7 @@ server's parts (its context, engine and handlers) and never the engine process's
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, AsyncIterator, Optional
 
@@ -38,9 +42,10 @@ import grpc
 from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.exchange import ExchangeError, ExchangeReader, Opening
+from tickwire.protocol.opening import request_message
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE, METHODS
-from tickwire.protocol.tickets import ScopeTicket, parse_ticket
+from tickwire.protocol.tickets import SCOPE_TABLE_HEADER, ExportTicket, ScopeTicket, parse_ticket
 from tickwire.server.adapters.replica import Replicator
 from tickwire.server.services.forward import Forwarder, passed_metadata
 from tickwire.server.services.rpc import GuardedMethod, bind_call_session
@@ -114,7 +119,7 @@ class WorkerRouter(grpc.GenericRpcHandler):
                         ) -> AsyncIterator[bytes]:
         it = requests.__aiter__()
         read: list[bytes] = []
-        name = None
+        request: Optional[barrage.SubscriptionRequest] = None
         try:
             reader = ExchangeReader()
             while True:  # up to the first request: pyarrow's clients send a descriptor-only message first
@@ -125,18 +130,22 @@ class WorkerRouter(grpc.GenericRpcHandler):
                 read.append(raw)
                 event = reader.feed(raw)
                 if not isinstance(event, Opening):
-                    name = self._scope_name(getattr(event, "request", None))
+                    got = getattr(event, "request", None)
+                    request = got if isinstance(got, barrage.SubscriptionRequest) and got.ticket else None
                     break
         except (ExchangeError, ProtocolError):
-            name = None  # the engine refuses it in its own words
-        headers = await self._check(name, context) if name is not None else None
-        if name is None or headers is None or not await self._replica_ready(name):
+            request = None  # the engine refuses it in its own words
+        found = await self._check(bytes(request.ticket), context) if request is not None and request.ticket else None
+        if request is None or found is None or not await self._replica_ready(found[0]):
             self.counts["forwarded"] += 1
             async for out in self.forwarder.forward(DO_EXCHANGE, it, context, first=read):
                 yield out
             return
+        name, headers = found
         self.counts["local"] += 1
         bind_call_session(self._own_session())
+        # the table by its scope name (an export of the caller's session is the engine's, not ours)
+        read[-1] = request_message(barrage.wrap(dataclasses.replace(request, ticket=ScopeTicket(name).to_bytes())))
 
         async def replay() -> AsyncIterator[bytes]:
             for raw in read:
@@ -146,29 +155,31 @@ class WorkerRouter(grpc.GenericRpcHandler):
         async for out in self.local.fn(replay(), _LocalContext(context, headers)):
             yield out
 
-    @staticmethod
-    def _scope_name(request: object) -> Optional[str]:
-        """NAME of a subscription to `s/NAME`; None for anything else (a snapshot request, an export)."""
-        if not isinstance(request, barrage.SubscriptionRequest) or not request.ticket:
-            return None
+    async def _check(self, ticket: bytes, context: grpc.aio.ServicerContext
+                     ) -> Optional[tuple[str, list[tuple[str, object]]]]:
+        """(scope name, the engine's response headers) of a subscription the worker can serve: to
+        a scope table, or to an export that is one (FetchTable's), as the engine answers a
+        GetSchema of it with the caller's metadata. None when the engine refuses the GetSchema
+        (the call is then forwarded and refused by the engine itself) or names no scope table."""
         try:
-            t = parse_ticket(bytes(request.ticket))
+            t = parse_ticket(ticket)
         except Exception:  # noqa: BLE001 - a ticket the engine refuses in its own words
             return None
-        return t.name if isinstance(t, ScopeTicket) else None
-
-    async def _check(self, name: str, context: grpc.aio.ServicerContext) -> Optional[list[tuple[str, object]]]:
-        """The engine's headers for a GetSchema of `name` with the caller's metadata, or None
-        when it refuses (the call is then forwarded and refused by the engine itself)."""
-        path = ScopeTicket(name).to_path()
-        desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=path).SerializeToString()
+        if not isinstance(t, (ScopeTicket, ExportTicket)):
+            return None
+        desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=t.to_path()).SerializeToString()
         call = self.forwarder.channel().unary_unary(GET_SCHEMA)(
             desc, metadata=passed_metadata(context.invocation_metadata()), timeout=self.check_timeout)
         try:
             await call
-            return passed_metadata(await call.initial_metadata())
+            headers = passed_metadata(await call.initial_metadata())
+            trailers = await call.trailing_metadata()
         except grpc.aio.AioRpcError:
             return None
+        name = next((str(v) for k, v in trailers or () if k == SCOPE_TABLE_HEADER), None)
+        if name is None or (isinstance(t, ScopeTicket) and name != t.name):
+            return None
+        return name, headers
 
     async def _replica_ready(self, name: str) -> bool:
         """Whether the worker's replica of `name` is in sync, made first when there is none."""

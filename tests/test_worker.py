@@ -192,3 +192,34 @@ def test_serve_with_fanout_workers_shares_the_port_and_ends_with_its_workers():
         _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert until(lambda: not _workers_of(port), 20)
+
+
+def test_deephaven_clients_subscribing_to_a_fetched_table_are_served_by_the_worker(main, worker):
+    """pydeephaven-ticking subscribes to the export `open_table` made (FetchTable: the scope table
+    itself, as the engine's GetSchema says): served from the worker's replica. An export the
+    engine derived (a sort) is the engine's to serve: forwarded."""
+    pydeephaven = pytest.importorskip("pydeephaven")
+    ticking = pytest.importorskip("pydeephaven_ticking.table_listener")
+    engine, srv = main
+    host, port = worker.target.rsplit(":", 1)
+    s = pydeephaven.Session(host=host, port=int(port))
+    seen: dict[str, list] = {"fetched": [], "sorted": []}
+    handles = []
+    try:
+        def keep(into: list):
+            return lambda update: into.extend(update.added().get("Sym", pa.array([])).to_pylist())
+
+        for kind, table in (("fetched", s.open_table("quotes")), ("sorted", s.open_table("quotes").sort(["Px"]))):
+            h = ticking.listen(table, keep(seen[kind]))
+            h.start()
+            handles.append(h)
+        assert until(lambda: len(seen["fetched"]) == 3 and len(seen["sorted"]) == 3, 20)
+        assert worker.router.counts == {"local": 1, "forwarded": 1}
+        assert list(worker.router.replicas) == ["quotes"]
+        t = engine.resolve("quotes")
+        engine.write(t, pa.table({"Sym": ["D"], "Px": [4.0]}, schema=SCHEMA))
+        assert until(lambda: "D" in seen["fetched"] and "D" in seen["sorted"], 20)
+    finally:
+        for h in handles:
+            h.stop()
+        s.close()

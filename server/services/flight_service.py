@@ -25,7 +25,14 @@ from tickwire.protocol.exchange import ExchangeReader, Opening
 from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.protocol.schema import BARRAGE_SCHEMA, attributes_from_schema, ipc_encapsulated_schema
-from tickwire.protocol.tickets import ExportTicket, ScopeTicket, SharedTicket, parse_ticket, ticket_from_path
+from tickwire.protocol.tickets import (
+    SCOPE_TABLE_HEADER,
+    ExportTicket,
+    ScopeTicket,
+    SharedTicket,
+    parse_ticket,
+    ticket_from_path,
+)
 from tickwire.protocol.txn import (
     ACTION_ABORT,
     ACTION_COMMIT,
@@ -157,6 +164,8 @@ class FlightService:
     async def get_schema(self, desc, context):
         session = await self.ctx.authenticate(context)
         table, _ = await self._resolve_descriptor(desc, session)
+        if self.ctx.engine.resolve(table.name) is table:  # a scope table, whatever named it: say which
+            context.set_trailing_metadata(((SCOPE_TABLE_HEADER, table.name),))
         return flight_pb2.SchemaResult(schema=ipc_encapsulated_schema(TableWire(table).schema))
 
     # -- DoGet ----------------------------------------------------------------------------------------
