@@ -19,8 +19,9 @@ engine holds only replicas. Every call it receives goes through its `WorkerRoute
     them as one process would.
 
 What a worker's subscriber sees: the engine's table as its replica follows it, each engine cycle
-whole (a replica applies one upstream message per cycle of its own, never part of one), at most
-one worker cycle and one loopback hop after the engine's own subscribers. A write acknowledged by
+whole (a replica applies one upstream message per cycle of its own, never part of one; a worker
+made by `tickwire serve` runs that cycle as the message arrives, EngineConfig.cycle_on_write), one
+loopback hop after the engine's own subscribers. A write acknowledged by
 the engine process reaches a worker's subscribers within those cycles, not necessarily in the
 snapshot of a subscription that starts right after it. A replica stays while its worker runs; a
 table the engine drops stays in the worker as it last was for the subscribers it has, and new

@@ -426,3 +426,21 @@ def test_a_refused_or_cut_doput_leaves_the_table_and_the_catalog_as_they_were(se
     assert after[0] == before[0]
     assert after[1].equals(before[1]), "a refused upload changed the table"
     client.close()
+
+
+def test_with_cycle_on_write_a_write_runs_the_next_cycle_at_once():
+    """The clock never moves: the 60 s cycle's time never comes, so only the writes' kicks run
+    cycles (a fan-out worker's replicas apply each upstream update as it arrives)."""
+    from tickwire.clock import ManualClock
+    from tickwire.server.engine import EngineConfig
+
+    engine = Engine(EngineConfig(interval_ms=60_000, cycle_on_write=True), clock=ManualClock()).start()
+    try:
+        t = engine.create(TableSpec("t", "append", pa.schema([("x", pa.int64())])))
+        for i in range(3):
+            engine.write(t, pa.table({"x": [i]}), timeout=30)  # waits for the cycle that applies it
+        with engine.writes() as w:
+            w.write(t, pa.table({"x": [3, 4]}))
+        assert engine.resolve("t").size == 5
+    finally:
+        engine.stop()

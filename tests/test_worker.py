@@ -26,7 +26,7 @@ from tickwire.clients.client import BarrageClient
 from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine import Engine, EngineConfig, TableSpec
 
 SCHEMA = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
 EXCHANGE = f"/{FLIGHT_SERVICE}/DoExchange"
@@ -45,7 +45,9 @@ def main() -> Iterator[tuple[Engine, TickwireServer]]:
 
 @pytest.fixture()
 def worker(main) -> Iterator[TickwireServer]:
-    w = TickwireServer(Engine(interval_ms=10), port=0, worker_of=main[1].target).start()
+    # as `tickwire serve --worker-of` makes it: a cycle as each upstream update arrives
+    w = TickwireServer(Engine(EngineConfig(interval_ms=60_000, cycle_on_write=True)), port=0,
+                       worker_of=main[1].target).start()
     yield w
     w.stop()
 

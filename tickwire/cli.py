@@ -174,9 +174,8 @@ def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms
                   log_level: str = "info", log_format: str = "text", gc_young: int = 20_000) -> list:
     """Starts `n` fan-out worker processes (`tickwire serve --worker-of UPSTREAM`) on the public
     (host, port) and waits for each to serve; their output follows this process's. They end when
-    this process does (their stdin closes); `stop_workers` ends them sooner. A worker's cycle is
-    a tenth of the engine's (at least 5 ms): an update reaches its subscribers soon after the
-    engine's own."""
+    this process does (their stdin closes); `stop_workers` ends them sooner. A worker runs a cycle
+    as each upstream update arrives (EngineConfig.cycle_on_write), and every `interval_ms` without."""
     import os
     import subprocess
     import threading
@@ -185,7 +184,7 @@ def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms
     if psk:
         env["TICKWIRE_UPSTREAM_PSK"] = psk  # the replicas' credentials, not on the command line
     cmd = [sys.executable, "-m", "tickwire", "serve", "--worker-of", upstream, "--host", public[0],
-           "--port", str(public[1]), "--interval-ms", str(max(5.0, interval_ms / 10)), "--no-web",
+           "--port", str(public[1]), "--interval-ms", str(interval_ms), "--no-web",
            "--log-level", log_level, "--log-format", log_format, "--gc-young", str(gc_young)]
     procs = []
     try:
@@ -236,7 +235,8 @@ def _serve_worker(s: Settings, config, upstream: str) -> int:
 
     if config.engine.data_dir is not None or config.replicate or config.history:
         raise ConfigError("--worker-of: a worker holds replicas only (no --data-dir, --replicate or --history)")
-    engine = Engine(EngineConfig(interval_ms=config.engine.interval_ms))
+    # each upstream update is applied, and published, as it arrives
+    engine = Engine(EngineConfig(interval_ms=config.engine.interval_ms, cycle_on_write=True))
     config = dataclasses.replace(config, worker_of=upstream, reuse_port=True, web=False, metrics_port=None)
     try:
         server = TickwireServer(engine, config).start()

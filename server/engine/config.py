@@ -80,9 +80,13 @@ class EngineConfig:
       `durability` sets the fsync policy and the checkpoint interval. None: in memory only.
     - `staging`: the bounds of staged exactly-once writes (`StagingLimits`).
     - `perf_tables`: the performance tables' settings, or None for none.
-    - `max_errors`: cycle errors remembered (`Engine.errors`)."""
+    - `max_errors`: cycle errors remembered (`Engine.errors`).
+    - `cycle_on_write`: a write starts the next cycle at once instead of waiting for its time
+      (a fan-out worker's replicas: each upstream update reaches its subscribers as it comes;
+      without writes, cycles still run every `interval_ms`)."""
 
     interval_ms: float = 100.0
+    cycle_on_write: bool = False
     data_dir: Optional[Path] = None
     durability: Durability = field(default_factory=Durability)
     staging: StagingLimits = field(default_factory=StagingLimits)

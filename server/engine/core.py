@@ -812,6 +812,8 @@ class Engine:
         add; otherwise only values that changed are modifications."""
         writes = _Writes(self, self._replace_state)
         table, ok = writes.put(target, data, delete=delete, batch_id=batch_id, timing=timing, restate=restate)
+        if ok and self.config.cycle_on_write:
+            self.graph.kick()
         if ok and wait:
             self.flush(timeout)
             refusal = getattr(table, "refusal", None)
@@ -838,6 +840,8 @@ class Engine:
         with self.graph.lock:  # no cycle runs meanwhile: the next one to start takes every write
             yield w
             target = self.graph.step + 1
+        if w.queued and self.config.cycle_on_write:
+            self.graph.kick()
         if wait and w.queued and self.graph.running:
             if not self._waiter.wait_for(target, timeout):
                 raise WriteTimeout(f"the update graph did not apply a write within {timeout:.0f} s")

@@ -141,8 +141,8 @@ class TableListener:
 
 
 class UpdateGraph:
-    """Runs cycles every `interval_ms` of `clock` on one daemon thread (`start`/`stop`), or on
-    demand with `run_cycle()` (deterministic stepping for tests)."""
+    """Runs cycles every `interval_ms` of `clock` on one daemon thread (`start`/`stop`), sooner
+    when kicked (`kick`), or on demand with `run_cycle()` (deterministic stepping for tests)."""
 
     def __init__(self, interval_ms: float = 100.0, max_errors: int = 1000, clock: Clock = SYSTEM_CLOCK):
         if not interval_ms > 0:
@@ -157,6 +157,7 @@ class UpdateGraph:
         self._input_journal: Optional[InputJournal] = None
         self._order: list[Table] = []
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by kick() and stop(): the cycle thread stops waiting
         self._thread: Optional[threading.Thread] = None
         self._cycle_listeners: list[Callable[[int], None]] = []
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=1000)
@@ -375,15 +376,21 @@ class UpdateGraph:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def kick(self) -> None:
+        """Runs the next cycle now instead of at its time (a write that should not wait)."""
+        self._wake.set()
+
     def start(self) -> "UpdateGraph":
         if not self.running:
             self._stop.clear()
+            self._wake.clear()
             self._thread = threading.Thread(target=self._run, name="tickwire-update-graph", daemon=True)
             self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -393,8 +400,11 @@ class UpdateGraph:
         next_at = clock.monotonic()
         while not self._stop.is_set():
             now = clock.monotonic()
-            if now < next_at and clock.wait(self._stop, next_at - now):
-                break
+            if now < next_at:
+                clock.wait(self._wake, next_at - now)  # the cycle's time, a kick or stop
+                if self._stop.is_set():
+                    break
+            self._wake.clear()
             next_at = max(next_at + self.interval, clock.monotonic())
             try:
                 self.run_cycle()
