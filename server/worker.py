@@ -23,9 +23,11 @@ whole (a replica applies one upstream message per cycle of its own, never part o
 made by `tickwire serve` runs that cycle as the message arrives, EngineConfig.cycle_on_write), one
 loopback hop after the engine's own subscribers. A write acknowledged by
 the engine process reaches a worker's subscribers within those cycles, not necessarily in the
-snapshot of a subscription that starts right after it. A replica stays while its worker runs; a
-table the engine drops stays in the worker as it last was for the subscribers it has, and new
-subscriptions to it are forwarded (the engine answers them NOT_FOUND).
+snapshot of a subscription that starts right after it. A replica that no call has used for
+`keep_s` (60 s of the worker engine's clock) is stopped and its table dropped, so that a worker's
+memory follows what its clients subscribe to; the next subscription makes a new one. A table the
+engine drops stays in the worker as it last was for the subscribers it has, and new subscriptions
+to it are forwarded (the engine answers them NOT_FOUND).
 
 The workers share the public port (SO_REUSEPORT: the kernel spreads new connections over them);
 the engine process serves them on a loopback port of its own. This module reads the worker
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import threading
 from typing import TYPE_CHECKING, AsyncIterator, Optional
 
 import grpc
@@ -48,6 +51,7 @@ from tickwire.protocol.proto import flight_pb2
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE, METHODS
 from tickwire.protocol.tickets import SCOPE_TABLE_HEADER, ExportTicket, ScopeTicket, parse_ticket
 from tickwire.server.adapters.replica import Replicator
+from tickwire.server.engine import CatalogError, TableInUseError
 from tickwire.server.services.forward import Forwarder, passed_metadata
 from tickwire.server.services.rpc import GuardedMethod, bind_call_session
 
@@ -84,19 +88,27 @@ class WorkerRouter(grpc.GenericRpcHandler):
     DoExchange (a GuardedMethod without a credentials check: the engine's check stands for it)."""
 
     def __init__(self, server: "TickwireServer", upstream: str, local: GuardedMethod, *,
-                 psk: Optional[str] = None, check_timeout: float = 10.0, ready_timeout: float = 30.0):
+                 psk: Optional[str] = None, check_timeout: float = 10.0, ready_timeout: float = 30.0,
+                 keep_s: float = 60.0, sweep_s: float = 10.0):
         self.server = server
         self.upstream = upstream
         self.local = local
         self.psk = psk
         self.check_timeout = check_timeout
         self.ready_timeout = ready_timeout
+        self.keep_s = keep_s    # a replica no call has used for this long (engine clock) is dropped
+        self.sweep_s = sweep_s  # how often that is looked at
         # the engine process answers the headers of its streaming-request methods before it reads
         self.forwarder = Forwarder(upstream, options=[("grpc.max_receive_message_length", -1),
                                                       ("grpc.max_send_message_length", -1)],
                                    hold=[path for path, m in METHODS.items() if m.client_streaming])
         self.replicas: dict[str, Replicator] = {}
         self._starting: dict[str, asyncio.Future] = {}
+        self._active: dict[str, int] = {}           # table -> calls using (or making) its replica
+        self._idle_since: dict[str, float] = {}     # table -> when its last call ended
+        self._lifecycle = threading.Lock()          # a replica is made, or stopped and dropped, whole
+        self._undropped: set[str] = set()           # stopped replicas whose table is still held
+        self._sweeper: Optional[asyncio.Task] = None
         self._session = None  # the worker's own session, under which its local calls run
         self.counts = {"local": 0, "forwarded": 0}
 
@@ -107,7 +119,13 @@ class WorkerRouter(grpc.GenericRpcHandler):
             return grpc.stream_stream_rpc_method_handler(self._exchange)
         return self.forwarder.service(handler_call_details)
 
+    def in_use(self) -> dict[str, int]:
+        """Tables whose replicas calls are using (or making), with how many calls."""
+        return dict(self._active)
+
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         await self.forwarder.close()
 
     def stop_replicas(self) -> None:
@@ -137,12 +155,33 @@ class WorkerRouter(grpc.GenericRpcHandler):
         except (ExchangeError, ProtocolError):
             request = None  # the engine refuses it in its own words
         found = await self._check(bytes(request.ticket), context) if request is not None and request.ticket else None
-        if request is None or found is None or not await self._replica_ready(found[0]):
+        if request is None or found is None:
             self.counts["forwarded"] += 1
             async for out in self.forwarder.forward(DO_EXCHANGE, it, context, first=read):
                 yield out
             return
         name, headers = found
+        if self._sweeper is None:
+            self._sweeper = asyncio.ensure_future(self._sweep_loop())
+        self._active[name] = self._active.get(name, 0) + 1
+        try:
+            async for out in self._serve(request, name, headers, read, it, context):
+                yield out
+        finally:
+            self._active[name] -= 1
+            if not self._active[name]:
+                del self._active[name]
+                self._idle_since[name] = self.server.engine.clock.monotonic()
+
+    async def _serve(self, request: barrage.SubscriptionRequest, name: str, headers: list[tuple[str, object]],
+                     read: list[bytes], it: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+                     ) -> AsyncIterator[bytes]:
+        """A subscription to table `name` the engine allowed: from the replica when it is in sync."""
+        if not await self._replica_ready(name):
+            self.counts["forwarded"] += 1
+            async for out in self.forwarder.forward(DO_EXCHANGE, it, context, first=read):
+                yield out
+            return
         self.counts["local"] += 1
         bind_call_session(self._own_session())
         # the table by its scope name (an export of the caller's session is the engine's, not ours)
@@ -197,19 +236,65 @@ class WorkerRouter(grpc.GenericRpcHandler):
         return rep is not None and rep.status == "connected"
 
     def _start_replica(self, name: str) -> Optional[Replicator]:
-        rep = self.replicas.get(name)
-        if rep is not None:
+        with self._lifecycle:
+            rep = self.replicas.get(name)
+            if rep is not None:
+                return rep
+            rep = Replicator(self.server.engine, self.upstream, name, psk=self.psk, connect_timeout=self.ready_timeout)
+            try:
+                rep.start(wait=True)
+            except (TimeoutError, ValueError) as exc:
+                log.warning("worker: no replica of %r from %s (%s); its subscriptions are forwarded", name,
+                            self.upstream, exc)
+                rep.stop()
+                return None
+            self._undropped.discard(name)  # its table is the new replica's
+            self.replicas[name] = rep
             return rep
-        rep = Replicator(self.server.engine, self.upstream, name, psk=self.psk, connect_timeout=self.ready_timeout)
-        try:
-            rep.start(wait=True)
-        except (TimeoutError, ValueError) as exc:
-            log.warning("worker: no replica of %r from %s (%s); its subscriptions are forwarded", name,
-                        self.upstream, exc)
-            rep.stop()
-            return None
-        self.replicas[name] = rep
-        return rep
+
+    # -- dropping replicas nobody uses --------------------------------------------------------------
+    async def _sweep_loop(self) -> None:
+        clock = self.server.engine.clock
+        loop = asyncio.get_running_loop()
+        while True:
+            await clock.sleep(self.sweep_s)
+            idle = self.idle_replicas()
+            if idle or self._undropped:
+                await loop.run_in_executor(self.server.executor, self.drop_replicas, idle)
+
+    def idle_replicas(self) -> list[Replicator]:
+        """Takes out the replicas no call has used for `keep_s` (on the event loop, where calls
+        find them: a call that comes later makes a new one)."""
+        now = self.server.engine.clock.monotonic()
+        out = []
+        for name in list(self.replicas):
+            if self._active.get(name) or name in self._starting:
+                continue
+            since = self._idle_since.setdefault(name, now)
+            if now - since >= self.keep_s:
+                out.append(self.replicas.pop(name))
+                self._idle_since.pop(name, None)
+        return out
+
+    def drop_replicas(self, replicas: list[Replicator]) -> None:
+        """Stops `replicas` and drops their tables from the worker's engine (a table a departing
+        subscriber still holds is dropped by a later sweep)."""
+        with self._lifecycle:
+            for rep in replicas:
+                rep.stop()
+                self._undropped.add(rep.name)
+            for name in list(self._undropped):
+                if name in self.replicas:  # made again meanwhile: its table is in use
+                    self._undropped.discard(name)
+                    continue
+                try:
+                    self.server.engine.drop(name)
+                except CatalogError:  # gone already
+                    pass
+                except TableInUseError:
+                    continue
+                self._undropped.discard(name)
+                log.info("worker: dropped the replica of %r (no subscriber for %.0f s)", name, self.keep_s)
 
     def _own_session(self):
         if self._session is None:

@@ -225,3 +225,33 @@ def test_deephaven_clients_subscribing_to_a_fetched_table_are_served_by_the_work
         for h in handles:
             h.stop()
         s.close()
+
+
+def test_a_replica_nobody_uses_is_dropped_and_made_again_when_needed(main):
+    """Memory follows what is subscribed: a replica without calls for a minute (the worker
+    engine's clock) is stopped and its table dropped; the next subscription makes a new one."""
+    from tickwire.clock import ManualClock
+
+    engine, srv = main
+    clock = ManualClock()
+    w = TickwireServer(Engine(EngineConfig(interval_ms=60_000, cycle_on_write=True), clock=clock), port=0,
+                       worker_of=srv.target).start()
+    try:
+        with BarrageClient(w.target) as client:
+            sub = client.subscribe("quotes")
+            assert sub.wait_for(lambda s: s.size == 3, 20)
+            sub.close()
+            assert until(lambda: len(w.registry.subscriptions) == 0 and not w.router.in_use(), 20)
+        assert list(w.router.replicas) == ["quotes"] and len(srv.registry.subscriptions) == 1
+        clock.advance(30)  # not long enough
+        clock.advance(10)
+        assert list(w.router.replicas) == ["quotes"]
+        clock.advance(31)
+        assert until(lambda: not w.router.replicas and w.engine.resolve("quotes") is None, 20)
+        assert until(lambda: len(srv.registry.subscriptions) == 0, 20)  # the worker's upstream subscription ended
+        with BarrageClient(w.target) as client:
+            sub = client.subscribe("quotes")
+            assert sub.wait_for(lambda s: s.size == 3, 20)
+            assert list(w.router.replicas) == ["quotes"] and w.router.counts["local"] == 2
+    finally:
+        w.stop()
