@@ -38,10 +38,11 @@ waits on the clock while the test moves it; `s.running_tasks()` counts the handl
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import queue
 import threading
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import grpc
 import pyarrow as pa
@@ -86,6 +87,27 @@ def until(predicate: Callable[[], object], timeout: float = 30.0) -> bool:
         return bool(predicate())
     finally:
         timer.cancel()
+
+
+QUOTES = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
+
+
+@contextlib.contextmanager
+def quotes_server() -> Iterator[tuple[Engine, Any]]:
+    """(engine, a tickwire server on a port of its own) holding `quotes`, a keyed table of three
+    rows (QUOTES): the server another one forwards to or replicates from."""
+    from tickwire.server.app import TickwireServer
+    from tickwire.server.engine import TableSpec
+
+    engine = Engine(interval_ms=10).start()
+    t = engine.create(TableSpec("quotes", "keyed", QUOTES, keys=["Sym"]))
+    engine.write(t, pa.table({"Sym": ["A", "B", "C"], "Px": [1.0, 2.0, 3.0]}, schema=QUOTES))
+    srv = TickwireServer(engine, port=0, web=False).start()
+    try:
+        yield engine, srv
+    finally:
+        srv.stop()
+        engine.stop()
 
 
 class Services:

@@ -19,17 +19,17 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from tests.harness import until
+from tests.harness import QUOTES, quotes_server, until
 from tickwire.clients.client import BarrageClient
 from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE, TABLE_SERVICE
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine import Engine, TableSpec
+from tickwire.server.engine import Engine
 from tickwire.server.services.forward import Forwarder, passed_metadata
 
 pydeephaven = pytest.importorskip("pydeephaven")
 
-SCHEMA = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
+SCHEMA = QUOTES
 
 
 class Front:
@@ -64,13 +64,8 @@ class Front:
 
 @pytest.fixture(scope="module")
 def target() -> Iterator[tuple[Engine, TickwireServer]]:
-    engine = Engine(interval_ms=10).start()
-    t = engine.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
-    engine.write(t, pa.table({"Sym": ["A", "B", "C"], "Px": [1.0, 2.0, 3.0]}, schema=SCHEMA))
-    srv = TickwireServer(engine, port=0, web=False).start()
-    yield engine, srv
-    srv.stop()
-    engine.stop()
+    with quotes_server() as (engine, srv):
+        yield engine, srv
 
 
 @pytest.fixture(scope="module")

@@ -21,26 +21,21 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from tests.harness import until
+from tests.harness import QUOTES, quotes_server, until
 from tickwire.clients.client import BarrageClient
 from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.proto.methods import FLIGHT_SERVICE
 from tickwire.server.app import TickwireServer
-from tickwire.server.engine import Engine, EngineConfig, TableSpec
+from tickwire.server.engine import Engine, EngineConfig
 
-SCHEMA = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
+SCHEMA = QUOTES
 EXCHANGE = f"/{FLIGHT_SERVICE}/DoExchange"
 
 
 @pytest.fixture()
 def main() -> Iterator[tuple[Engine, TickwireServer]]:
-    engine = Engine(interval_ms=10).start()
-    t = engine.create(TableSpec("quotes", "keyed", SCHEMA, keys=["Sym"]))
-    engine.write(t, pa.table({"Sym": ["A", "B", "C"], "Px": [1.0, 2.0, 3.0]}, schema=SCHEMA))
-    srv = TickwireServer(engine, port=0, web=False).start()
-    yield engine, srv
-    srv.stop()
-    engine.stop()
+    with quotes_server() as (engine, srv):
+        yield engine, srv
 
 
 @pytest.fixture()
