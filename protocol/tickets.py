@@ -87,7 +87,7 @@ class SharedTicket:
 
 Ticket = ScopeTicket | ExportTicket | AppTicket | SharedTicket
 
-#: trailing metadata of a tickwire server's GetSchema when the table it names (an export made by
+#: a response header of a tickwire server's GetSchema when the table it names (an export made by
 #: FetchTable, say) is a scope table itself: its name. A fan-out worker serves a subscription to
 #: such an export from its replica of that table (tickwire.server.worker).
 SCOPE_TABLE_HEADER = "x-tickwire-scope-table"

@@ -9,7 +9,7 @@ engine holds only replicas. Every call it receives goes through its `WorkerRoute
     session that is that table itself, as FetchTable and pydeephaven's `open_table` make; full or
     viewport) is served by the worker itself, from a replica of NAME (`Replicator`, made on the
     first such subscription and kept), once the engine process has answered a GetSchema of the
-    ticket with the caller's own metadata, naming the table (SCOPE_TABLE_HEADER): the engine
+    ticket with the caller's own metadata, naming the table in a header (SCOPE_TABLE_HEADER): the engine
     decides who may read what, as if the call had reached it, and its answer's headers (the
     caller's session token) are the ones the caller gets;
   * everything else (sessions, exports and table operations, DoPut and other writes, DoGet,
@@ -212,14 +212,13 @@ class WorkerRouter(grpc.GenericRpcHandler):
             desc, metadata=passed_metadata(context.invocation_metadata()), timeout=self.check_timeout)
         try:
             await call
-            headers = passed_metadata(await call.initial_metadata())
-            trailers = await call.trailing_metadata()
+            answered = passed_metadata(await call.initial_metadata())
         except grpc.aio.AioRpcError:
             return None
-        name = next((str(v) for k, v in trailers or () if k == SCOPE_TABLE_HEADER), None)
+        name = next((str(v) for k, v in answered if k == SCOPE_TABLE_HEADER), None)
         if name is None or (isinstance(t, ScopeTicket) and name != t.name):
             return None
-        return name, headers
+        return name, [(k, v) for k, v in answered if k != SCOPE_TABLE_HEADER]
 
     async def _replica_ready(self, name: str) -> bool:
         """Whether the worker's replica of `name` is in sync, made first when there is none."""

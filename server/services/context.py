@@ -54,10 +54,11 @@ class ServerContext:
         return session
 
     @staticmethod
-    async def send_session_header(context, session: Session) -> None:
+    async def send_session_header(context, session: Session, extra: tuple[tuple[str, str], ...] = ()) -> None:
         """The response header that tells the client its session's bearer token, and the auth
-        cookie too when the call asked for it (`x-deephaven-auth-cookie-request: true`)."""
-        await context.send_initial_metadata(session_headers(session, context.invocation_metadata() or ()))
+        cookie too when the call asked for it (`x-deephaven-auth-cookie-request: true`), with
+        `extra` headers of the call's own."""
+        await context.send_initial_metadata(session_headers(session, context.invocation_metadata() or ()) + extra)
 
     async def authenticate(self, context, *, send_header: bool = True) -> Session:
         """The call's session (`session_of`), its header sent unless `send_header` is False."""

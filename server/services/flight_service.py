@@ -162,10 +162,15 @@ class FlightService:
         return self._flight_info(table, path)
 
     async def get_schema(self, desc, context):
-        session = await self.ctx.authenticate(context)
-        table, _ = await self._resolve_descriptor(desc, session)
-        if self.ctx.engine.resolve(table.name) is table:  # a scope table, whatever named it: say which
-            context.set_trailing_metadata(((SCOPE_TABLE_HEADER, table.name),))
+        session = await self.ctx.authenticate(context, send_header=False)
+        try:
+            table, _ = await self._resolve_descriptor(desc, session)
+        except BaseException:
+            await self.ctx.send_session_header(context, session)
+            raise
+        # a scope table, whatever named it (an export FetchTable made): the header says which
+        scope = ((SCOPE_TABLE_HEADER, table.name),) if self.ctx.engine.resolve(table.name) is table else ()
+        await self.ctx.send_session_header(context, session, scope)
         return flight_pb2.SchemaResult(schema=ipc_encapsulated_schema(TableWire(table).schema))
 
     # -- DoGet ----------------------------------------------------------------------------------------
