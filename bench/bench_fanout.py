@@ -15,6 +15,11 @@ messages/s received, server CPU (user + system, % of one core) and client CPU, o
 after a warm-up. The reference printed beside it is the same latency with a single full
 subscriber, measured in the same run.
 
+With --fanout-workers N the subscribers are served by N worker processes on one port, as
+`tickwire serve --fanout-workers N` sets them up (tickwire.server.worker), and the server CPU is
+that of the engine process and every worker; the kernel spreads client connections over the
+workers, so --per-connection (subscribers per connection) decides how evenly.
+
 The server process sets Python's garbage collector as `tickwire serve` does
 (tickwire.server.process_gc); so do the client processes, each of which stands in for hundreds of
 clients. With Python's defaults the server's full collections (every 1.5 s, 75-135 ms each)
