@@ -69,6 +69,7 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "",
 
     import pyarrow as pa
 
+    from tickwire.cli import start_workers, stop_workers
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import Engine, TableSpec
     from tickwire.server.process_gc import freeze_startup, tune_gc
@@ -83,16 +84,12 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "",
     rng = np.random.default_rng(1)
     engine.write(table, pa.table({"Key": np.arange(keys, dtype=np.int64), "Value": rng.random(keys),
                                   "Ts": np.full(keys, time.time_ns(), dtype=np.int64)}, schema=schema), wait=False)
-    if fanout_workers:  # as `tickwire serve --fanout-workers N`: this process serves the workers only
-        from tickwire.cli import start_workers, stop_workers
-
-        server = TickwireServer(engine, port=0, workers=4, web=False).start()
-        public = ("127.0.0.1", _free_port())
-        procs = start_workers(fanout_workers, server.target, public, interval_ms=interval_ms, log_level="warning")
-        port = public[1]
-    else:
-        server = TickwireServer(engine, port=0, workers=4).start()
-        procs, port = [], server.port
+    # with workers (as `tickwire serve --fanout-workers N`) this process serves them only, gRPC alone
+    server = TickwireServer(engine, port=0, workers=4, web=not fanout_workers).start()
+    procs, port = [], server.port
+    if fanout_workers:
+        procs, (_host, port) = start_workers(fanout_workers, server.target, ("127.0.0.1", 0),
+                                             interval_ms=interval_ms, log_level="warning")
     freeze_startup()  # as `tickwire serve` does once its server has started
     stop = threading.Event()
 
@@ -108,18 +105,9 @@ def serve(keys: int, rows_per_tick: int, interval_ms: float, log_path: str = "",
     print(json.dumps({"port": port, "pids": [os.getpid()] + [p.pid for p in procs]}), flush=True)
     sys.stdin.read()
     stop.set()
-    if procs:
-        stop_workers(procs)
+    stop_workers(procs)
     server.stop()
     engine.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- a client process --------------------------------------------------------------------------------

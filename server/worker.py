@@ -156,8 +156,7 @@ class WorkerRouter(grpc.GenericRpcHandler):
             request = None  # the engine refuses it in its own words
         found = await self._check(bytes(request.ticket), context) if request is not None and request.ticket else None
         if request is None or found is None:
-            self.counts["forwarded"] += 1
-            async for out in self.forwarder.forward(DO_EXCHANGE, it, context, first=read):
+            async for out in self._forwarded(read, it, context):
                 yield out
             return
         name, headers = found
@@ -178,8 +177,7 @@ class WorkerRouter(grpc.GenericRpcHandler):
                      ) -> AsyncIterator[bytes]:
         """A subscription to table `name` the engine allowed: from the replica when it is in sync."""
         if not await self._replica_ready(name):
-            self.counts["forwarded"] += 1
-            async for out in self.forwarder.forward(DO_EXCHANGE, it, context, first=read):
+            async for out in self._forwarded(read, it, context):
                 yield out
             return
         self.counts["local"] += 1
@@ -194,6 +192,12 @@ class WorkerRouter(grpc.GenericRpcHandler):
                 yield raw
         async for out in self.local.fn(replay(), _LocalContext(context, headers)):
             yield out
+
+    def _forwarded(self, read: list[bytes], it: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+                   ) -> AsyncIterator[bytes]:
+        """The DoExchange passed to the engine process, with the requests already `read`."""
+        self.counts["forwarded"] += 1
+        return self.forwarder.forward(DO_EXCHANGE, it, context, first=read)
 
     async def _check(self, ticket: bytes, context: grpc.aio.ServicerContext
                      ) -> Optional[tuple[str, list[tuple[str, object]]]]:

@@ -110,7 +110,6 @@ def _serve(s: Settings) -> int:
     if nworkers:
         if config.tls_cert is not None:
             raise ConfigError("--fanout-workers: the workers serve plaintext gRPC; TLS with workers is not supported")
-        public = (config.host, config.port or _free_port(config.host))
         # this process serves the workers on a loopback port of its own, and browsers on --web-port
         config = dataclasses.replace(config, host="127.0.0.1", port=0,
                                      web=config.web and config.web_port is not None)
@@ -125,9 +124,9 @@ def _serve(s: Settings) -> int:
     clock = engine.clock
     try:
         if nworkers:
-            workers = start_workers(nworkers, server.target, public, interval_ms=float(s.values["interval_ms"]),
-                                    psk=s.values.get("psk"), log_level=s.log_level, log_format=s.log_format,
-                                    gc_young=s.gc_young)
+            workers, public = start_workers(nworkers, server.target, public,
+                                            interval_ms=float(s.values["interval_ms"]), psk=s.values.get("psk"),
+                                            log_level=s.log_level, log_format=s.log_format, gc_young=s.gc_young)
         freeze_startup()  # what startup built lives for the whole run: no full collection walks it again
         if config.engine.data_dir is not None:
             names = ", ".join(t.name for t in server.recovered) or "none"
@@ -159,26 +158,26 @@ def _serve(s: Settings) -> int:
     return 0
 
 
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 WORKER_READY = "tickwire worker: serving"
 
 
 def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms: float, psk: Optional[str] = None,
-                  log_level: str = "info", log_format: str = "text", gc_young: int = 20_000) -> list:
+                  log_level: str = "info", log_format: str = "text", gc_young: int = 20_000
+                  ) -> tuple[list, tuple[str, int]]:
     """Starts `n` fan-out worker processes (`tickwire serve --worker-of UPSTREAM`) on the public
-    (host, port) and waits for each to serve; their output follows this process's. They end when
-    this process does (their stdin closes); `stop_workers` ends them sooner. A worker runs a cycle
-    as each upstream update arrives (EngineConfig.cycle_on_write), and every `interval_ms` without."""
+    (host, port) (port 0: a free one, the same for all) and waits for each to serve; returns them
+    and the (host, port) they share. Their output follows this process's. They end when this
+    process does (their stdin closes); `stop_workers` ends them sooner. A worker runs a cycle as
+    each upstream update arrives (EngineConfig.cycle_on_write), and every `interval_ms` without."""
     import os
+    import socket
     import subprocess
     import threading
+
+    if not public[1]:
+        with socket.socket() as sock:
+            sock.bind((public[0], 0))
+            public = (public[0], int(sock.getsockname()[1]))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TICKWIRE_")}  # only what is passed here
     if psk:
@@ -199,7 +198,7 @@ def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms
     except BaseException:
         stop_workers(procs)
         raise
-    return procs
+    return procs, public
 
 
 def _follow_output(stream) -> None:

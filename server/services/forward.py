@@ -143,8 +143,9 @@ async def _pump(call: grpc.aio.StreamStreamCall, requests: AsyncIterator[bytes],
         await call.done_writing()
     except asyncio.CancelledError:
         raise
-    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
-        pass  # the forwarded call is over: its status reaches the client through the responses
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+        # the forwarded call is over: its status reaches the client through the responses
+        log.debug("forwarded call over while passing requests on: %r", exc)
     except Exception:  # noqa: BLE001 - the client's stream failed: the forwarded call ends with it
         log.debug("forwarding requests failed", exc_info=True)
         call.cancel()
