@@ -147,7 +147,9 @@ class WorkerRouter(grpc.GenericRpcHandler):
                 except StopAsyncIteration:
                     break
                 read.append(raw)
-                event = reader.feed(raw)
+                # a large request is parsed off the event loop, as the engine process's own DoExchange does
+                big = len(raw) > self.server.config.inline_request_bytes
+                event = await self.server.ctx.run(reader.feed, raw) if big else reader.feed(raw)
                 if not isinstance(event, Opening):
                     got = getattr(event, "request", None)
                     request = got if isinstance(got, barrage.SubscriptionRequest) and got.ticket else None

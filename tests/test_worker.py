@@ -250,3 +250,15 @@ def test_a_replica_nobody_uses_is_dropped_and_made_again_when_needed(main):
             assert list(w.router.replicas) == ["quotes"] and w.router.counts["local"] == 2
     finally:
         w.stop()
+
+
+def test_a_large_subscription_request_is_served_by_the_worker_too(main, worker):
+    """A request over `inline_request_bytes` (a viewport of 1,001 scattered ranges) is parsed off
+    the event loop, and served from the replica like any other."""
+    ranges = [(0, 0)] + [(2 + i * 1_000_003, 2 + i * 1_000_003) for i in range(1000)]  # rows 0 and 2 of three
+    request = exchange_opening(subscription_request(b"s/quotes", viewport=np.array(ranges)))[-1]
+    assert len(request) > worker.config.inline_request_bytes
+    with BarrageClient(worker.target) as client:
+        sub = client.subscribe("quotes", viewport=ranges)
+        assert sub.wait_for(lambda s: s.table.num_rows == 2, 20)
+        assert worker.router.counts == {"local": 1, "forwarded": 0}
