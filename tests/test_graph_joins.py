@@ -479,6 +479,85 @@ def test_as_of_ranks_of_left_stamps_against_right_ones_order_as_the_joint_rankin
         assert np.array_equal(np.sign(rr[:, None] - rr[None, :]), np.sign(br[:, None] - br[None, :]))
 
 
+@pytest.mark.parametrize("kind", ["int64", "int32", "uint64", "timestamp", "float64", "float32", "nulls"])
+def test_as_of_stamp_words_keep_the_stamps_order(kind):
+    """A stamp's word bounds the rows a right-side change can move: a stamp ranked below another
+    never has a greater word, equal stamps have equal words, and an Instant has its epoch
+    nanoseconds' word."""
+    from tickwire.server.engine.graph.ops.as_of_join import _ranks, _stamp_words
+
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 80))
+        if kind.startswith("float"):
+            pool = np.array([-np.inf, -2.5, -0.0, 0.0, 1e-300, 3.0, 7.25, np.inf, np.nan])
+            values = pa.array(rng.choice(pool, n), type=pa.float64() if kind == "float64" else pa.float32(),
+                              mask=rng.random(n) < 0.2)
+        elif kind == "uint64":
+            values = pa.array(rng.choice(np.array([0, 1, 5, 2**63, 2**64 - 1], dtype=np.uint64), n))
+        else:
+            pool = np.array([np.iinfo(np.int64).min + 1, -9, 0, 4, 5, np.iinfo(np.int64).max])
+            if kind == "int32":
+                pool = np.array([-2**31, -9, 0, 4, 5, 2**31 - 1])
+            t = {"int32": pa.int32(), "timestamp": pa.timestamp("ns", "UTC")}.get(kind, pa.int64())
+            values = pa.array(rng.choice(pool, n), type=t, mask=rng.random(n) < 0.2 if kind == "nulls" else None)
+        ranks, words = _ranks(values), _stamp_words(values)
+        below = ranks[:, None] < ranks[None, :]
+        assert not (below & (words[:, None] > words[None, :])).any()
+        same = ranks[:, None] == ranks[None, :]
+        assert (words[:, None] == words[None, :])[same].all()
+        if kind == "timestamp":
+            assert np.array_equal(words, _stamp_words(values.cast(pa.int64())))
+
+
+@pytest.mark.parametrize("rule", [">=", ">", "<=", "<"])
+def test_a_right_side_change_rematches_only_the_left_rows_between_its_stamps_and_the_next(rule, monkeypatch):
+    """aj and raj of 100 left rows of one key (stamps 0 to 99) against quotes at 10, 50 and 90:
+    a right-side change rematches the left rows from its stamps to the next unchanged quote's
+    (aj: at or after the least changed stamp; raj: the mirror image), and a quote past every left
+    stamp (aj) or before them (raj) none; the join equals a recomputation after each change."""
+    from tickwire.server.engine.graph.ops.as_of_join import AsOfJoinTable
+
+    engine = Engine()
+    left = engine.create(TableSpec("l", "keyed", pa.schema([("id", pa.int64()), ("k", pa.int64()), ("ts", pa.int64())]),
+                                   keys=["id"]))
+    quotes_schema = pa.schema([("q", pa.int64()), ("k", pa.int64()), ("qts", pa.int64()), ("px", pa.float64())])
+    right = engine.create(TableSpec("r", "keyed", quotes_schema, keys=["q"]))
+    engine.write(left, pa.table({"id": np.arange(100), "k": np.zeros(100, dtype=np.int64), "ts": np.arange(100)}))
+    engine.write(right, pa.table({"q": [1, 2, 3], "k": [0, 0, 0], "qts": [10, 50, 90], "px": [1.0, 2.0, 3.0]},
+                                 schema=quotes_schema))
+    engine.run_cycle()
+    joined = (left.aj if rule[0] == ">" else left.raj)(right, ["k", f"ts{rule}qts"], ["px"], name="j")
+    seen: list[np.ndarray] = []
+    rematch = AsOfJoinTable._rematch
+
+    def spy(self, keys, *args, **kw):
+        seen.append(np.sort(left.gather(["ts"], keys).column(0).to_numpy()))
+        return rematch(self, keys, *args, **kw)
+
+    monkeypatch.setattr(AsOfJoinTable, "_rematch", spy)
+    aj = rule[0] == ">"
+    steps = [  # (write, the left stamps rematched)
+        ({"q": [4], "k": [0], "qts": [60], "px": [4.0]}, np.arange(60, 91) if aj else np.arange(50, 61)),
+        ({"q": [5], "k": [0], "qts": [200 if aj else -5], "px": [5.0]}, np.arange(0)),
+        ({"q": [1], "k": [0], "qts": [10], "px": [9.0]}, np.arange(10, 51) if aj else np.arange(0, 11)),
+        (None, np.arange(50, 61) if aj else np.arange(10, 51)),   # quote 2 (at 50) goes
+    ]
+    for write, want in steps:
+        seen.clear()
+        if write is None:
+            engine.write(right, delete=pa.table({"q": [2]}))
+        else:
+            engine.write(right, pa.table(write, schema=quotes_schema))
+        engine.run_cycle()
+        assert len(seen) <= 1
+        assert np.array_equal(seen[0] if seen else np.arange(0), want)
+        got = sorted(drop_key(rows(joined)), key=lambda r: r["id"])
+        want_rows = ref_as_of(drop_key(rows(left)), drop_key(rows(right)), [("k", "k")], ("ts", "qts"), rule,
+                              [("qts", "qts"), ("px", "px")])
+        assert got == sorted(want_rows, key=lambda r: r["id"])
+
+
 ORDERS = pa.schema([("id", pa.int64()), ("oid", pa.int64()), ("ts", pa.int64()), ("qty", pa.int64())])
 REFS = pa.schema([("oid", pa.int64()), ("ts", pa.int64()), ("px", pa.float64())])
 

@@ -336,6 +336,10 @@ class OrderIndex:
         slots = np.asarray(keys, dtype=np.int64) - self.base
         return [w[slots] for w in self.W]
 
+    def word_at(self, k: int, keys: np.ndarray) -> np.ndarray:
+        """Word `k` of the element at each key."""
+        return self.W[k][np.asarray(keys, dtype=np.int64) - self.base]
+
     def id_at(self, keys: np.ndarray) -> np.ndarray:
         """Element id at each key (keys must be element keys)."""
         return self.W[-1][np.asarray(keys, dtype=np.int64) - self.base].astype(np.int64)

@@ -30,7 +30,14 @@ from tickwire.server.engine.graph.arrays import distinct_sorted, unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
-from tickwire.server.engine.graph.ops.join_keys import JoinSide, KeySpace, check_keys, java_type, unknown_columns
+from tickwire.server.engine.graph.ops.join_keys import (
+    JoinSide,
+    KeySpace,
+    check_keys,
+    group_range,
+    java_type,
+    unknown_columns,
+)
 from tickwire.server.engine.graph.ops.natural_join import LeftRowsJoin, _JoinStore, right_columns, take_two
 from tickwire.server.engine.graph.order import check_sortable
 from tickwire.server.engine.graph.table_update import TableUpdate, column_names
@@ -82,6 +89,7 @@ def _ranks(values: pa.Array) -> np.ndarray:
 
 
 _SIGN = np.uint64(1 << 63)
+_U64_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 def _order_keys(values: pa.Array) -> Optional[np.ndarray]:
@@ -100,6 +108,34 @@ def _order_keys(values: pa.Array) -> Optional[np.ndarray]:
     ints = values.cast(pa.int64()) if pa.types.is_timestamp(t) else values
     keys: np.ndarray = np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64).view(np.uint64) ^ _SIGN
     return keys
+
+
+def _words_type(t: pa.DataType) -> bool:
+    """Stamps of this type have order words (`_stamp_words`)."""
+    return bool(pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_floating(t))
+
+
+def _stamp_words(values: pa.Array) -> np.ndarray:
+    """Stamps (integer, Instant or float) as uint64 words in their order: null lowest, NaN
+    highest, -0.0 as 0.0, an Instant as its epoch nanoseconds; equal stamps have equal words, and a
+    null shares the word of the lowest value (the words bound the stamps, `_order_keys` ranks them)."""
+    t = values.type
+    if pa.types.is_timestamp(t):
+        values = values.cast(pa.int64())
+    valid = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else None
+    if pa.types.is_floating(t):
+        v = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.float64) + 0.0
+        v[np.isnan(v)] = np.nan
+        bits = v.view(np.uint64)
+        words = np.where(bits & _SIGN, ~bits, bits | _SIGN)
+    elif pa.types.is_unsigned_integer(t):
+        words = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.uint64)
+    else:
+        words = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64).view(np.uint64) ^ _SIGN
+    if valid is not None:
+        words[~np.asarray(valid, dtype=bool)] = 0
+    out: np.ndarray = words
+    return out
 
 
 def _joint_ranks(left: pa.Array, right: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +195,13 @@ class AsOfJoinTable(LeftRowsJoin):
         self.left_names = set(left.schema.names)
         rfields = [right.schema.field(c).with_name(n) for n, c in self.joins]
         self.space = KeySpace([left.schema.field(a).type for a, _b in on], reuse=True)
-        self.lside = JoinSide(self.space, left, [a for a, _b in on])
+        # with stamps that have order words, the left side's members are ordered by stamp within
+        # a group and each right slot keeps its row's stamp word (`_slot_words`), so that a
+        # right-side change rematches only the left rows between the stamps it changed and the
+        # next unchanged right stamp (`_stamp_bounds`)
+        self._ordered = _words_type(lt) and _words_type(rt)
+        self.lside = JoinSide(self.space, left, [a for a, _b in on],
+                              order=(ls, _stamp_words) if self._ordered else None)
         self.rside = JoinSide(self.space, right, [b for _a, b in on])
         self.values = ColumnStore(pa.schema(rfields))  # right slot -> the right row's added columns
         self.match = KeyMap()                           # left row key -> right slot (-1: none)
@@ -167,6 +209,7 @@ class AsOfJoinTable(LeftRowsJoin):
         self._free = _EMPTY.copy()
         self._dying = _EMPTY.copy()                     # slots of removed right rows, freed after the cycle
         self._nslots = 0
+        self._slot_words = np.zeros(0, dtype=np.uint64)  # right slot -> its row's stamp word (when ordered)
         self._lup: Optional[TableUpdate] = None
         # previous values: (rows whose match changed, their old slots, slots rewritten, their old values)
         self._pinfo: Optional[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]] = None
@@ -207,23 +250,34 @@ class AsOfJoinTable(LeftRowsJoin):
         self.values.ensure(self._nslots)
         self.values.write(slots, self._right_values(keys))
         self._slot_of.set(keys, slots)
+        self._stamp_slots(slots, keys)
+
+    def _stamp_slots(self, slots: np.ndarray, keys: np.ndarray) -> None:
+        """Keeps the stamp words of right rows `keys` at their slots (when ordered)."""
+        if not self._ordered or slots.size == 0:
+            return
+        if self._slot_words.size < self._nslots:
+            grown = np.zeros(max(self._nslots, 2 * self._slot_words.size, 1024), dtype=np.uint64)
+            grown[:self._slot_words.size] = self._slot_words
+            self._slot_words = grown
+        self._slot_words[slots] = _stamp_words(self.right.gather([self.stamp[1]], keys).column(0).combine_chunks())
 
     def _right_values(self, keys: np.ndarray) -> pa.Table:
         got = self.right.gather([c for _n, c in self.joins], keys)
         return pa.Table.from_arrays(got.columns, schema=self.values.schema)
 
     # -- matching ---------------------------------------------------------------------------------
-    def _rematch(self, keys: np.ndarray, groups: np.ndarray, G: Optional[np.ndarray] = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-        """Finds the match of left rows `keys` (distinct; groups `groups`, which are `G` sorted and
-        distinct when given); returns their old and new slots. Only rows whose match changed
-        are written."""
+    def _rematch(self, keys: np.ndarray, groups: np.ndarray, G: Optional[np.ndarray] = None,
+                 right_rows: Optional[tuple[np.ndarray, np.ndarray]] = None) -> tuple[np.ndarray, np.ndarray]:
+        """Finds the match of left rows `keys` (distinct; groups `groups`, which are among `G`,
+        sorted and distinct, when given, whose right rows (group, row key) are `right_rows` when
+        given); returns their old and new slots. Only rows whose match changed are written."""
         old = self.match.get(keys)
         if keys.size == 0:
             return old, old
         if G is None:
             G = unique(groups)
-        rg, rk = self.rside.rows_of(G)
+        rg, rk = right_rows if right_rows is not None else self.rside.rows_of(G)
         new = np.full(keys.size, -1, dtype=np.int64)
         if rk.size:
             ls, rs = self.stamp
@@ -247,6 +301,43 @@ class AsOfJoinTable(LeftRowsJoin):
         diff = new != old
         self.match.set(keys[diff], new[diff])
         return old, new
+
+    def _stamp_bounds(self, groups: np.ndarray, words: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        """Given the (group, stamp word) of every right row a cycle added, removed or changed:
+        the groups, sorted and distinct; for each the range [lo, hi] of stamp words outside which
+        no left row's match can have changed; and the right rows of the groups (group, row key).
+        For aj the range runs from the least changed stamp to the first unchanged right stamp
+        after the greatest (a left row at or past it matches that row or a later one, as before);
+        for raj it is the mirror image."""
+        order = np.lexsort((words, groups))
+        g, w = groups[order], words[order]
+        first = np.ones(g.size, dtype=bool)
+        first[1:] = g[1:] != g[:-1]
+        starts = np.flatnonzero(first)
+        G = g[starts]
+        least = w[starts]
+        greatest = w[np.append(starts[1:], g.size) - 1]
+        rg, rk = self.rside.rows_of(G)
+        which = np.searchsorted(G, rg)
+        rw = self._slot_words[self._slot_of.get(rk)]
+        if self.rule in (">=", ">"):
+            hi = np.full(G.size, _U64_TOP)
+            past = np.flatnonzero(rw > greatest[which])
+            if past.size:   # the least stamp past the greatest changed one, per group
+                o = past[np.lexsort((rw[past], which[past]))]
+                firsts = np.ones(o.size, dtype=bool)
+                firsts[1:] = which[o[1:]] != which[o[:-1]]
+                hi[which[o[firsts]]] = rw[o[firsts]]
+            return G, least, hi, (rg, rk)
+        lo = np.zeros(G.size, dtype=np.uint64)
+        ahead = np.flatnonzero(rw < least[which])
+        if ahead.size:   # the greatest stamp before the least changed one, per group
+            o = ahead[np.lexsort((rw[ahead], which[ahead]))]
+            lasts = np.ones(o.size, dtype=bool)
+            lasts[:-1] = which[o[1:]] != which[o[:-1]]
+            lo[which[o[lasts]]] = rw[o[lasts]]
+        return G, lo, greatest, (rg, rk)
 
     # -- the cycle ------------------------------------------------------------------------------
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
@@ -278,21 +369,34 @@ class AsOfJoinTable(LeftRowsJoin):
                     redo_g.append(self.lside.group_of.get(mk))
             self._moves = (lc.shift_old, lc.shift_new) if lc.shift_old.size else None
         rewritten, old_vals = _EMPTY, self.values.gather(_EMPTY)
+        right_rows = None
         if rup is not None:
+            rem = rup.removed.keys()
+            mk = rup.modified.keys()
+            stamp_moved = bool(mk.size) and bool({self.stamp[1], *(b for _a, b in self.on)} & rup.modified_columns)
+            value_cols = {c for _n, c in self.joins} & rup.modified_columns if mk.size else set()
+            # the right rows that changed, by (group, stamp word): removed ones read before they go
+            ranged = self._ordered and not stamp_moved
+            changed_g: list[np.ndarray] = []
+            changed_w: list[np.ndarray] = []
+            if ranged and rem.size:
+                changed_g.append(self.rside.group_of.get(rem))
+                changed_w.append(self._slot_words[self._slot_of.get(rem)])
             rc = self.rside.follow(rup)
             touched = [rc.touched]
-            rem = rup.removed.keys()
             if rem.size:
                 self._dying = np.concatenate((self._dying, self._slot_of.get(rem)))
                 self._slot_of.delete(rem)
             if rc.shift_old.size:
                 self._slot_of.remap(rc.shift_old, rc.shift_new)
-            if not rup.modified.is_empty():
-                mk = rup.modified.keys()
-                stamp_moved = bool({self.stamp[1], *(b for _a, b in self.on)} & rup.modified_columns)
-                value_cols = {c for _n, c in self.joins} & rup.modified_columns
+            if mk.size:
                 if stamp_moved or value_cols:
                     touched.append(self.rside.group_of.get(mk))
+                    if ranged:
+                        changed_g.append(touched[-1])
+                        changed_w.append(self._slot_words[self._slot_of.get(mk)])
+                    elif self._ordered:   # a stamp or key that moved: the slots keep the new stamps
+                        self._stamp_slots(self._slot_of.get(mk), mk)
                 if value_cols:
                     slots = self._slot_of.get(mk)
                     new_vals = self._right_values(mk)
@@ -306,17 +410,30 @@ class AsOfJoinTable(LeftRowsJoin):
                         old_vals = before.filter(pa.array(ch))
                         self.values.write(rewritten, new_vals.filter(pa.array(ch)))
             self._new_right(rup.added.keys())
-            G = unique(np.concatenate(touched))
-            if G.size:
-                g, k = self.lside.rows_of(G)
-                redo_k.append(k)
-                redo_g.append(g)
+            if ranged:
+                if rc.added.size:
+                    changed_g.append(rc.added_groups)
+                    changed_w.append(self._slot_words[self._slot_of.get(rc.added)])
+                if changed_g:
+                    G, lo, hi, right_rows = self._stamp_bounds(np.concatenate(changed_g), np.concatenate(changed_w))
+                    g, k = group_range(self.lside.members, G, lo, hi)
+                    redo_k.append(k)
+                    redo_g.append(g)
+            else:
+                G = unique(np.concatenate(touched))
+                if G.size:
+                    g, k = self.lside.rows_of(G)
+                    redo_k.append(k)
+                    redo_g.append(g)
         moved_k, moved_from = _EMPTY, _EMPTY
         if redo_k:
             if len(redo_k) == 1 and lup is None:
                 # the rows of the groups the right side changed, alone: distinct, ordered by group
                 k_u, g = redo_k[0], redo_g[0]
-                old, new = self._rematch(k_u, g, distinct_sorted(g))
+                if right_rows is not None:   # the right rows of every group the change touched
+                    old, new = self._rematch(k_u, g, G, right_rows)
+                else:
+                    old, new = self._rematch(k_u, g, distinct_sorted(g))
             else:
                 k_all = np.concatenate(redo_k)
                 g_all = np.concatenate(redo_g)
