@@ -3,7 +3,7 @@
 A keyed left table of 10,000,000 rows (1,000,000 with --quick) and one of 10,000 rows, their `Sym`
 spread over 100,000 keys, are each joined to two right tables of those 100,000 keys: a keyed table
 of prices (one row per key) by natural_join, and an append table of quotes (three stamps per key)
-by aj on (Sym, Ts). Two kinds of traffic, each in its own phase:
+by aj on (Sym, Ts). Three kinds of traffic, each in its own phase:
 
 - left update: each cycle changes 1,000 left rows — 400 existing rows get new values (a new stamp;
   a quarter of them move to another key), 300 new rows arrive and 300 rows are deleted;
@@ -13,7 +13,10 @@ by aj on (Sym, Ts). Two kinds of traffic, each in its own phase:
   per join and the small one about 1. The right phase also runs on a third, *dense* left table of
   10,000 rows whose `Sym` take only 100 keys (as many rows per key as the large table), where the
   same 10-key change touches as many left rows as on the large table: that ratio is the one that
-  compares equal changes on tables of different sizes.
+  compares equal changes on tables of different sizes;
+- newest: as the right update, but the new quotes come as a live feed's do, each stamped after
+  every left row, so that no left row's aj match changes: what aj costs then is what finding that
+  out costs.
 
 The per-cycle cost of a join is the time it spends following its parents' updates
 (`cycle_seconds`, median over the measured cycles after warm-up); the two left tables live in one
@@ -42,7 +45,7 @@ LEFT = pa.schema([("id", pa.int64()), ("Sym", pa.int64()), ("Ts", pa.int64()), (
 PRICES = pa.schema([("Sym", pa.int64()), ("Px", pa.float64())])
 QUOTES = pa.schema([("Sym", pa.int64()), ("QuoteTs", pa.int64()), ("Bid", pa.float64())])
 JOINS = ("natural_join", "aj")
-PHASES = ("left", "right")
+PHASES = ("left", "right", "newest")
 
 
 def left_rows(ids: np.ndarray, rng: np.random.Generator, keys: int = KEYS) -> pa.Table:
@@ -78,6 +81,7 @@ class Setup:
             engine.run_cycle()
         self.live = np.arange(table_rows, dtype=np.int64)
         self.next_id = table_rows
+        self.newest = 0   # the last stamp past STAMPS given to a quote of the "newest" phase
         self.build: dict[str, float] = {}
         t0 = time.perf_counter()
         nj = left.natural_join(self.prices, ["Sym"], ["Px"], name="nj")
@@ -118,15 +122,22 @@ class Setup:
         mask[pick[400:]] = False
         self.live = np.concatenate((self.live[mask], new))
 
-    def right_change(self) -> None:
+    def right_change(self, newest: bool = False) -> None:
         rng = self.rng
         syms = rng.choice(self.left_keys, 10, replace=False).astype(np.int64)
+        q = quotes(rng.choice(self.left_keys, 10, replace=False).astype(np.int64), rng)
+        if newest:   # as a live feed's quotes come: after every left row's stamp
+            self.newest += 1
+            q = q.set_column(1, "QuoteTs", pa.array(np.full(10, STAMPS + self.newest, dtype=np.int64)))
         with self.engine.writes(wait=False) as w:
             w.write(self.prices, pa.table({"Sym": syms, "Px": rng.random(10) * 100}, schema=PRICES))
-            w.write(self.quotes, quotes(rng.choice(self.left_keys, 10, replace=False).astype(np.int64), rng))
+            w.write(self.quotes, q)
 
     def cycle(self, phase: str, record: bool) -> None:
-        (self.left_change if phase == "left" else self.right_change)()
+        if phase == "left":
+            self.left_change()
+        else:
+            self.right_change(newest=phase == "newest")
         before = {j: len(t.cycle_seconds) for j, t in self.joins.items()}
         self._last_mod = {}
         self.engine.run_cycle()
@@ -154,17 +165,19 @@ def main() -> None:
           f"(on 10,000: {small.build['natural_join'] * 1e3:.1f} ms, {small.build['aj'] * 1e3:.1f} ms)")
     for phase in PHASES:
         for i in range(args.warmup + args.cycles):
-            for s in ((small, big, dense) if phase == "right" else (small, big)):
+            for s in ((small, big, dense) if phase != "left" else (small, big)):
                 s.cycle(phase, record=i >= args.warmup)
     for phase in PHASES:
         for j in JOINS:
+            if phase == "newest" and j != "aj":
+                continue   # its prices change as in the right phase
             sm = statistics.median(small.stats[j, phase])
             bg = statistics.median(big.stats[j, phase])
             mods = (statistics.median(big.modified[j, phase]), statistics.median(small.modified[j, phase]))
             print(f"{j} {phase} update: big {bg * 1e3:.2f} ms, small {sm * 1e3:.2f} ms, ratio {bg / sm:.2f} "
                   f"(target <= 1.2; {big_rows:,} vs 10,000 left rows, median rows modified {mods[0]:,.0f} vs "
                   f"{mods[1]:,.0f})")
-            if phase == "right":
+            if phase != "left":
                 dn = statistics.median(dense.stats[j, phase])
                 dm = statistics.median(dense.modified[j, phase])
                 print(f"{j} {phase} update, the same rows per key ({dense.left_keys:,} keys on 10,000 rows): "
