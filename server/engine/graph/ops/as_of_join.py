@@ -416,6 +416,7 @@ class AsOfJoinTable(LeftRowsJoin):
                     changed_w.append(self._slot_words[self._slot_of.get(rc.added)])
                 if changed_g:
                     G, lo, hi, right_rows = self._stamp_bounds(np.concatenate(changed_g), np.concatenate(changed_w))
+                    assert self.lside.members is not None
                     g, k = group_range(self.lside.members, G, lo, hi)
                     redo_k.append(k)
                     redo_g.append(g)
