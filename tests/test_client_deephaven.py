@@ -300,6 +300,20 @@ class Live:
     readers: dict[str, list[threading.Thread]]  # the threads that delivered each subscription's updates
 
 
+def divergence(sub: Subscription, expected: pa.Table, updates: list[Update]) -> str:
+    """What a subscription that did not catch up holds against the server's state, and the last
+    updates it applied (a failure of the live fixture is rare: this is what there is to read)."""
+    got = sub.table
+    lines = [f"held {got.num_rows} rows, the server {expected.num_rows}",
+             f"held: {got.to_pylist()}", f"server: {expected.to_pylist()}"]
+    for u in updates[-8:]:
+        lines.append(f"update seq {u.first_seq}-{u.last_seq} snapshot={u.is_snapshot} size={u.table_size} "
+                     f"added={u.added_rows.tolist()} removed={u.removed_rows.tolist()} "
+                     f"modified={ {c: r.tolist() for c, r in u.modified_rows.items()} } shifts={u.shifts.tolist()} "
+                     f"reconnected={u.reconnected}")
+    return "\n".join(lines)
+
+
 @pytest.fixture(scope="module")
 def live(dh, session, client):
     """Writes the source in steps; after each one, waits until the server has all its rows and
@@ -343,7 +357,8 @@ def live(dh, session, client):
         for name, spec in SPECS.items():
             expected = view_of(server[spec.table], **views[name])
             assert subs[name].wait_for(lambda s, expected=expected: s.table.equals(expected), 30), \
-                f"{name} did not catch up at {written} source rows: {subs[name].error}"
+                f"{name} did not catch up at {written} source rows: {subs[name].error}\n" \
+                + divergence(subs[name], expected, updates[name])
 
     try:
         for name, sub in subs.items():
