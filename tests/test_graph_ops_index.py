@@ -293,3 +293,50 @@ def test_a_members_index_re_lays_itself_when_its_arrays_outgrow_its_elements(see
     assert any(relays)
     idx.delete(idx.key_of(np.array(list(model), dtype=np.int64)))
     assert len(idx) == 0 and idx.cap == 0  # an emptied index keeps no arrays
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_group_hints_hold_through_inserts_and_moves_and_are_checked_after_deletes_and_relays(seed, monkeypatch):
+    """A members index's GroupHints (each group's first and last element): after inserts (new
+    rows at either end or inside their groups, and the moves their re-spreads make) every
+    non-empty group's hints hold without a search; after deletes and re-lays, a hint that no
+    longer holds is found out and searched for; the members read with hints are always those read
+    with searches."""
+    from tickwire.server.engine.graph import order as order_module
+    from tickwire.server.engine.graph.ops.join_keys import GroupHints, group_members
+
+    monkeypatch.setattr(order_module, "SPARSE_SLACK", 512)
+    rng = np.random.default_rng(seed)
+    idx = OrderIndex(2, budget=order_module.MEMBERS_BUDGET, members=True)
+    monkeypatch.setattr(idx, "max_spacing", 4)
+    hints = GroupHints(idx)
+    groups_n = 40
+    count = np.zeros(groups_n, dtype=np.int64)
+    model: dict[int, int] = {}
+    every = np.arange(groups_n, dtype=np.int64)
+    low, high = 1_000_000, 1_000_001   # ids come at both ends of the id range
+    for step in range(250):
+        m = int(rng.integers(1, 40))
+        g = rng.integers(0, groups_n, m)
+        front = rng.random(m) < 0.3
+        ids = np.where(front, low - np.arange(m), high + np.arange(m))
+        low, high = low - m, high + m
+        np.add.at(count, g, 1)
+        got = idx.insert([(g + 1).astype(np.uint64), ids.astype(np.uint64)])
+        hints.inserted(got[0], g, got[1], got[2], count)
+        model.update(zip(ids.tolist(), g.tolist()))
+        live = every[count[every] > 0]
+        _f, _l, ok = hints.bounds(live)
+        assert ok.all(), f"step {step}: hints of groups {live[~ok].tolist()} lost by an insert"
+        if step % 4 == 3:
+            gone = rng.choice(np.array(list(model), dtype=np.int64), min(len(model), int(rng.integers(1, 60))),
+                              replace=False)
+            idx.delete(idx.key_of(gone))
+            for i in gone.tolist():
+                count[model.pop(i)] -= 1
+        want = group_members(idx, every)
+        got_members = group_members(idx, every, hints)
+        assert all(np.array_equal(a, b) for a, b in zip(got_members, want))
+        _f, _l, ok = hints.bounds(every[count[every] > 0])
+        assert ok.all()
+    assert idx.layouts > 1   # some deletes re-laid the index

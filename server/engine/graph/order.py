@@ -278,6 +278,9 @@ class OrderIndex:
     #: re-lays its elements when its arrays hold more than SPARSE times the slots its spacing gives
     #: its elements (`members`: keys nobody keeps between calls, so nothing is told of the move)
     relays = False
+    #: layouts made afresh (`build`, and so every re-lay): each changes every element's key, as
+    #: the moves an insert returns do not say
+    layouts = 0
 
     def __init__(self, nwords: int, spacing: Optional[int] = None, budget: Optional[int] = None,
                  members: bool = False):
@@ -604,6 +607,7 @@ class OrderIndex:
         """Replaces the content with these elements; returns their keys (in input order)."""
         m = words[0].size
         OrderIndex.__init__(self, len(words), self.fixed_spacing)
+        self.layouts += 1
         if m == 0:
             return np.zeros(0, dtype=np.int64)
         order = np.lexsort(words[::-1])
@@ -652,6 +656,7 @@ class OrderIndex:
             self.n, self.lo, self.hi = 0, 0, -1
             if self.relays:   # its arrays go too
                 OrderIndex.__init__(self, self.K, self.fixed_spacing)
+            self.layouts += 1
             return
         prv = self._before_elements(keys)  # the element before each deleted one
         head = np.ones(keys.size, dtype=bool)

@@ -417,7 +417,7 @@ class AsOfJoinTable(LeftRowsJoin):
                 if changed_g:
                     G, lo, hi, right_rows = self._stamp_bounds(np.concatenate(changed_g), np.concatenate(changed_w))
                     assert self.lside.members is not None
-                    g, k = group_range(self.lside.members, G, lo, hi)
+                    g, k = group_range(self.lside.members, G, lo, hi, self.lside.hints)
                     redo_k.append(k)
                     redo_g.append(g)
             else:

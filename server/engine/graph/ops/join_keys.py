@@ -38,7 +38,7 @@ from tickwire.server.engine.graph.table_update import TableUpdate
 from tickwire.server.engine.graph.tables import Table
 
 __all__ = ["KeySpace", "JoinSide", "SideChange", "check_keys", "epoch_pair", "unknown_columns", "java_type",
-           "group_members", "group_edges", "group_range"]
+           "group_members", "group_edges", "group_range", "GroupHints"]
 
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -210,6 +210,9 @@ class JoinSide:
         nwords = 3 if self.order is not None else 2
         self.members: Optional[OrderIndex] = (OrderIndex(nwords, budget=MEMBERS_BUDGET, members=True)
                                               if members else None)
+        # the members keys of each group's first and last row, as last known (-1: not known),
+        # checked before use (`GroupHints`)
+        self.hints = GroupHints(self.members, self.count.size) if self.members is not None else None
         space.sides.append(self)
 
     def _grow(self) -> None:
@@ -222,6 +225,8 @@ class JoinSide:
         grown = np.zeros(size, dtype=np.int64)
         grown[:self.count.size] = self.count
         self.count = grown
+        if self.hints is not None:
+            self.hints.grow(size)
 
     def counts(self, groups: np.ndarray) -> np.ndarray:
         self._grow()
@@ -313,8 +318,9 @@ class JoinSide:
                     w_new = self.order_words(mod) if self.order is not None else _EMPTY
                 rk = mod[replace]
                 self.members.delete(self.members.key_of(rk))
-                self.members.insert(self._member_words(g_new[replace], rk,
-                                                       w_new[replace] if self.order is not None else _EMPTY))
+                got = self.members.insert(self._member_words(g_new[replace], rk,
+                                                             w_new[replace] if self.order is not None else _EMPTY))
+                self._inserted(got, g_new[replace])
         add = up.added.keys()
         if add.size:
             g, w = self._groups_and_words(add, True)
@@ -322,7 +328,7 @@ class JoinSide:
             np.add.at(self.count, g, 1)
             if self.members is not None:
                 hint = before(g, add) if before is not None and self.order is None else None
-                self.members.insert(self._member_words(g, add, w), before=hint)
+                self._inserted(self.members.insert(self._member_words(g, add, w), before=hint), g)
             ch.added, ch.added_groups = add, g
             touched.append(g)
         self._grow()
@@ -334,10 +340,18 @@ class JoinSide:
                 self.space.emptied(g[self.count[g] == 0])
         return ch
 
+    def _inserted(self, got: tuple[np.ndarray, ...], groups: np.ndarray) -> None:
+        """Keeps the groups' first and last members keys through an insert (`got`: what the
+        members index's insert returned) of rows of `groups`."""
+        assert self.hints is not None
+        self._grow()
+        self.hints.inserted(got[0], groups, got[1], got[2], self.count)
+
     def rows_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(group, row key) of every row of `groups` (sorted, distinct), ordered by both."""
         assert self.members is not None
-        return group_members(self.members, groups)
+        self._grow()   # groups another side has just made
+        return group_members(self.members, groups, self.hints)
 
     def edge(self, groups: np.ndarray, front: bool) -> np.ndarray:
         """The first (front) or last row key of each group (-1 when it has none)."""
@@ -351,26 +365,163 @@ def _tops(m: OrderIndex, n: int) -> list[np.ndarray]:
     return [np.full(n, _U64_MAX) for _ in range(m.K - 1)]
 
 
-def group_members(m: OrderIndex, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_members(m: OrderIndex, groups: np.ndarray, hints: Optional["GroupHints"] = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """In an OrderIndex of (group + 1, ..., row key): (group, row key) of every element of
-    `groups` (sorted, distinct), ordered by both."""
+    `groups` (sorted, distinct), ordered by both. `hints`: the index's GroupHints, which spare
+    the searches for the groups' bounds where they hold."""
     groups = np.asarray(groups, dtype=np.int64)
-    keys, which = _group_keys(m, groups)
+    keys, which = _group_keys(m, groups, hints)
     if keys.size == 0:
         return _EMPTY, _EMPTY
     return groups[which], m.id_at(keys)
 
 
-def _group_keys(m: OrderIndex, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _group_bounds(m: OrderIndex, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Searched for: the key of each group's first and last element, and whether it has any."""
+    n = groups.size
+    # one search for both ends: the element after group - 1's and the last of the group's
+    pred, succ = m.locate([np.concatenate((groups, groups + 1)).astype(np.uint64)] + _tops(m, 2 * n))
+    first, last = succ[:n], pred[n:]
+    ok = (first != NONE_HI) & (last != NONE_LO) & (first <= last)
+    return first, last, ok
+
+
+def _group_keys(m: OrderIndex, groups: np.ndarray, hints: Optional["GroupHints"] = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """The element keys of `groups` (sorted, distinct) in order, and the index in `groups` of each."""
     if groups.size == 0 or len(m) == 0:
         return _EMPTY, _EMPTY
-    # one search for both ends: the element after group - 1's and the last of the group's
-    n = groups.size
-    pred, succ = m.locate([np.concatenate((groups, groups + 1)).astype(np.uint64)] + _tops(m, 2 * n))
-    first, last = succ[:n], pred[n:]
-    ok = (first != NONE_HI) & (last != NONE_LO)
+    if hints is None:
+        first, last, ok = _group_bounds(m, groups)
+    else:
+        first, last, ok = hints.bounds(groups)
+        miss = np.flatnonzero(~ok)
+        if miss.size:
+            f, lst, has = _group_bounds(m, groups[miss])
+            hints.found(groups[miss], np.where(has, f, -1), np.where(has, lst, -1))
+            first[miss], last[miss], ok[miss] = f, lst, has
     return m.keys_between(np.where(ok, first, 0), np.where(ok, last, -1))
+
+
+#: slots a check of a group's first-element hint looks back for the element before it, in turn
+_HINT_BACK = (16, 256)
+
+
+class GroupHints:
+    """The keys of each group's first and last element in an OrderIndex of (group + 1, ...,
+    row key), as last known (-1: not known), so that a group's members are read from a few slots
+    instead of two binary searches of the whole index (tens of millions of slots on a large
+    table, where each step misses the cache). Kept through inserts (the new elements and the moves
+    an insert reports), rebuilt from the index when it is laid out afresh (`OrderIndex.layouts`),
+    and checked against the index before use: a hint that does not hold is searched for and set
+    again (`found`)."""
+
+    def __init__(self, m: OrderIndex, size: int = 1024):
+        self.m = m
+        self.first = np.full(size, -1, dtype=np.int64)
+        self.last = np.full(size, -1, dtype=np.int64)
+        self.layout = m.layouts
+
+    def grow(self, size: int) -> None:
+        if size <= self.first.size:
+            return
+        for name in ("first", "last"):
+            grown = np.full(size, -1, dtype=np.int64)
+            old = getattr(self, name)
+            grown[:old.size] = old
+            setattr(self, name, grown)
+
+    def _current(self) -> None:
+        """Rebuilt when the index was laid out afresh since (every key changed)."""
+        if self.m.layouts == self.layout:
+            return
+        self.layout = self.m.layouts
+        self.first[:] = -1
+        self.last[:] = -1
+        keys = self.m.keys()
+        if keys.size == 0:
+            return
+        g = self.m.word_at(0, keys).astype(np.int64) - 1
+        self.grow(int(g.max()) + 1)
+        start = np.ones(g.size, dtype=bool)
+        start[1:] = g[1:] != g[:-1]
+        end = np.ones(g.size, dtype=bool)
+        end[:-1] = start[1:]
+        self.first[g[start]] = keys[start]
+        self.last[g[end]] = keys[end]
+
+    def inserted(self, keys: np.ndarray, groups: np.ndarray, moved_old: np.ndarray, moved_new: np.ndarray,
+                 count: np.ndarray) -> None:
+        """After an insert of elements (their keys and groups) that moved others (old and new
+        keys); `count`: the groups' element counts, the new ones included."""
+        if self.m.layouts != self.layout:
+            self._current()
+            return
+        if moved_old.size:
+            gm = self.m.word_at(0, moved_new).astype(np.int64) - 1
+            for arr in (self.first, self.last):
+                hit = arr[gm] == moved_old
+                arr[gm[hit]] = moved_new[hit]
+        if keys.size == 0:
+            return
+        order = np.lexsort((keys, groups))
+        g, k = groups[order], keys[order]
+        start = np.ones(g.size, dtype=bool)
+        start[1:] = g[1:] != g[:-1]
+        runs = np.flatnonzero(start)
+        G = g[runs]
+        lengths = np.diff(np.append(runs, g.size))
+        lo, hi = k[runs], k[runs + lengths - 1]
+        fresh = count[G] == lengths   # the group had no element before
+        f, last = self.first[G], self.last[G]
+        self.first[G] = np.where(fresh, lo, np.where(f >= 0, np.minimum(f, lo), -1))
+        self.last[G] = np.where(fresh, hi, np.where(last >= 0, np.maximum(last, hi), -1))
+
+    def found(self, groups: np.ndarray, first: np.ndarray, last: np.ndarray) -> None:
+        """The bounds of groups just searched for (-1 for a group without elements)."""
+        self.first[groups] = first
+        self.last[groups] = last
+
+    def bounds(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The hinted first and last element keys of `groups`, and whether each pair holds: both
+        are elements of the group, the slot after the last belongs to another group (an element
+        of it, or a free slot, which copies the element after it), and so does the nearest
+        element before the first (looked for among a few slots: the free slots before an element
+        copy it)."""
+        self._current()
+        self.grow(int(groups.max()) + 1)
+        m = self.m
+        f, last = self.first[groups], self.last[groups]
+        lo_k, hi_k = m.lo + m.base, m.hi + m.base
+        ok = (f >= lo_k) & (last <= hi_k) & (f <= last)
+        idx = np.flatnonzero(ok)
+        if idx.size == 0:
+            return f, last, ok
+        W0, src = m.W[0], m.src
+        g1 = (groups[idx] + 1).astype(np.uint64)
+        fs, ls = f[idx] - m.base, last[idx] - m.base
+        good = (src[fs] == f[idx]) & (W0[fs] == g1) & (src[ls] == last[idx]) & (W0[ls] == g1)
+        good &= (ls == m.hi) | (W0[np.minimum(ls + 1, m.hi)] != g1)
+        before = np.maximum(fs - 1, m.lo)
+        first_ok = (fs == m.lo) | (W0[before] != g1)
+        # the slot before copies the first (a free slot) or is an element of the group: the
+        # nearest element before, among a few slots and then more (after deletes a run of free
+        # slots can be long); not found, the hint is searched for
+        look = np.flatnonzero(good & ~first_ok)
+        for width in _HINT_BACK:
+            if look.size == 0:
+                break
+            back = fs[look][:, None] - np.arange(1, width + 1)[None, :]   # nearest first
+            inside = back >= m.lo
+            bk = np.maximum(back, m.lo)
+            element = inside & (src[bk] == bk + m.base)
+            has = element.any(axis=1)
+            nearest = bk[np.arange(look.size), element.argmax(axis=1)]
+            first_ok[look[has]] = W0[nearest[has]] != g1[look[has]]
+            look = look[~has]
+        ok[idx] = good & first_ok
+        return f, last, ok
 
 
 def group_edges(m: OrderIndex, groups: np.ndarray, front: bool) -> np.ndarray:
@@ -393,13 +544,14 @@ def group_edges(m: OrderIndex, groups: np.ndarray, front: bool) -> np.ndarray:
     return out
 
 
-def group_range(m: OrderIndex, groups: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_range(m: OrderIndex, groups: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                hints: Optional[GroupHints] = None) -> tuple[np.ndarray, np.ndarray]:
     """In an OrderIndex of (group + 1, word, row key): (group, row key) of every element of each
     of `groups` (sorted, distinct) whose word is in [lo[i], hi[i]], ordered by group and word.
     The groups' elements are read in one pass over their slots (as `group_members` does) and
     filtered on the word: a search inside a group would halve on two words per step."""
     groups = np.asarray(groups, dtype=np.int64)
-    keys, which = _group_keys(m, groups)
+    keys, which = _group_keys(m, groups, hints)
     if keys.size == 0:
         return _EMPTY, _EMPTY
     w = m.word_at(1, keys)
