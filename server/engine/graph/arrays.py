@@ -72,3 +72,14 @@ def intersect_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out: np.ndarray = a[_in_sorted(a, b)]
     return out
 
+
+
+def group_extremes(groups: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct group (ascending): its least and greatest value and how many values it has."""
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    start = np.ones(g.size, dtype=bool)
+    start[1:] = g[1:] != g[:-1]
+    runs = np.flatnonzero(start)
+    lengths = np.diff(np.append(runs, g.size))
+    return g[runs], v[runs], v[runs + lengths - 1], lengths

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tickwire.server.engine.errors import OperationError
-from tickwire.server.engine.graph.arrays import distinct_sorted, unique
+from tickwire.server.engine.graph.arrays import distinct_sorted, group_extremes, unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, equal_mask
 from tickwire.server.engine.graph.keymap import KeyMap
 from tickwire.server.engine.graph.ops.base import _EMPTY, _Op, _unregistered_on_error
@@ -310,14 +310,7 @@ class AsOfJoinTable(LeftRowsJoin):
         For aj the range runs from the least changed stamp to the first unchanged right stamp
         after the greatest (a left row at or past it matches that row or a later one, as before);
         for raj it is the mirror image."""
-        order = np.lexsort((words, groups))
-        g, w = groups[order], words[order]
-        first = np.ones(g.size, dtype=bool)
-        first[1:] = g[1:] != g[:-1]
-        starts = np.flatnonzero(first)
-        G = g[starts]
-        least = w[starts]
-        greatest = w[np.append(starts[1:], g.size) - 1]
+        G, least, greatest, _n = group_extremes(groups, words)
         rg, rk = self.rside.rows_of(G)
         which = np.searchsorted(G, rg)
         rw = self._slot_words[self._slot_of.get(rk)]
@@ -325,18 +318,14 @@ class AsOfJoinTable(LeftRowsJoin):
             hi = np.full(G.size, _U64_TOP)
             past = np.flatnonzero(rw > greatest[which])
             if past.size:   # the least stamp past the greatest changed one, per group
-                o = past[np.lexsort((rw[past], which[past]))]
-                firsts = np.ones(o.size, dtype=bool)
-                firsts[1:] = which[o[1:]] != which[o[:-1]]
-                hi[which[o[firsts]]] = rw[o[firsts]]
+                at, nearest, _g, _n = group_extremes(which[past], rw[past])
+                hi[at] = nearest
             return G, least, hi, (rg, rk)
         lo = np.zeros(G.size, dtype=np.uint64)
         ahead = np.flatnonzero(rw < least[which])
         if ahead.size:   # the greatest stamp before the least changed one, per group
-            o = ahead[np.lexsort((rw[ahead], which[ahead]))]
-            lasts = np.ones(o.size, dtype=bool)
-            lasts[:-1] = which[o[1:]] != which[o[:-1]]
-            lo[which[o[lasts]]] = rw[o[lasts]]
+            at, _l, nearest, _n = group_extremes(which[ahead], rw[ahead])
+            lo[at] = nearest
         return G, lo, greatest, (rg, rk)
 
     # -- the cycle ------------------------------------------------------------------------------

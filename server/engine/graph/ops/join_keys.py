@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from tickwire.protocol.schema import deephaven_type_for
 from tickwire.server.engine.errors import OperationError, UnknownColumnError
-from tickwire.server.engine.graph.arrays import unique
+from tickwire.server.engine.graph.arrays import group_extremes, unique
 from tickwire.server.engine.graph.column_store import ColumnStore, check_hashable, groups_of
 from tickwire.server.engine.graph.group_ids import GroupIds
 from tickwire.server.engine.graph.keyindex import KeyIndex
@@ -465,14 +465,7 @@ class GroupHints:
                 arr[gm[hit]] = moved_new[hit]
         if keys.size == 0:
             return
-        order = np.lexsort((keys, groups))
-        g, k = groups[order], keys[order]
-        start = np.ones(g.size, dtype=bool)
-        start[1:] = g[1:] != g[:-1]
-        runs = np.flatnonzero(start)
-        G = g[runs]
-        lengths = np.diff(np.append(runs, g.size))
-        lo, hi = k[runs], k[runs + lengths - 1]
+        G, lo, hi, lengths = group_extremes(groups, keys)
         fresh = count[G] == lengths   # the group had no element before
         f, last = self.first[G], self.last[G]
         self.first[G] = np.where(fresh, lo, np.where(f >= 0, np.minimum(f, lo), -1))
