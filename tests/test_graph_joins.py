@@ -484,7 +484,7 @@ def test_as_of_stamp_words_keep_the_stamps_order(kind):
     """A stamp's word bounds the rows a right-side change can move: a stamp ranked below another
     never has a greater word, equal stamps have equal words, and an Instant has its epoch
     nanoseconds' word."""
-    from tickwire.server.engine.graph.ops.as_of_join import _ranks, _stamp_words
+    from tickwire.server.engine.graph.ops.as_of_join import _joint_ranks, _key_ranks, _ranks, _stamp_words
 
     rng = np.random.default_rng(11)
     for _ in range(30):
@@ -508,6 +508,13 @@ def test_as_of_stamp_words_keep_the_stamps_order(kind):
         assert (words[:, None] == words[None, :])[same].all()
         if kind == "timestamp":
             assert np.array_equal(words, _stamp_words(values.cast(pa.int64())))
+        # words without a zero (no null, no lowest value) rank left against right stamps as the
+        # stamps themselves do
+        half = n // 2
+        if half and words.all():
+            lr, rr = _key_ranks(words[:half], words[half:])
+            jl, jr = _joint_ranks(values.slice(0, half), values.slice(half))
+            assert np.array_equal(np.sign(lr[:, None] - rr[None, :]), np.sign(jl[:, None] - jr[None, :]))
 
 
 @pytest.mark.parametrize("rule", [">=", ">", "<=", "<"])

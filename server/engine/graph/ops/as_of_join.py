@@ -148,6 +148,11 @@ def _joint_ranks(left: pa.Array, right: pa.Array) -> tuple[np.ndarray, np.ndarra
     if lk is None or rk is None:
         ranks = _ranks(pa.concat_arrays([left, right]))
         return ranks[:len(left)], ranks[len(left):]
+    return _key_ranks(lk, rk)
+
+
+def _key_ranks(lk: np.ndarray, rk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_joint_ranks` of stamps given as order keys."""
     u = np.unique(rk)
     rrank = 2 * (np.searchsorted(u, rk) + 1)
     i = np.searchsorted(u, lk)
@@ -268,24 +273,34 @@ class AsOfJoinTable(LeftRowsJoin):
 
     # -- matching ---------------------------------------------------------------------------------
     def _rematch(self, keys: np.ndarray, groups: np.ndarray, G: Optional[np.ndarray] = None,
-                 right_rows: Optional[tuple[np.ndarray, np.ndarray]] = None) -> tuple[np.ndarray, np.ndarray]:
+                 right_rows: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None,
+                 words: Optional[np.ndarray] = None) -> tuple[np.ndarray, np.ndarray]:
         """Finds the match of left rows `keys` (distinct; groups `groups`, which are among `G`,
-        sorted and distinct, when given, whose right rows (group, row key) are `right_rows` when
-        given); returns their old and new slots. Only rows whose match changed are written."""
+        sorted and distinct, when given, whose right rows (group, row key, stamp word) are
+        `right_rows` when given; `words`: the left rows' stamp words, when known); returns their
+        old and new slots. Only rows whose match changed are written."""
         old = self.match.get(keys)
         if keys.size == 0:
             return old, old
         if G is None:
             G = unique(groups)
-        rg, rk = right_rows if right_rows is not None else self.rside.rows_of(G)
+        rw: Optional[np.ndarray] = None
+        if right_rows is not None:
+            rg, rk, rw = right_rows
+        else:
+            rg, rk = self.rside.rows_of(G)
         new = np.full(keys.size, -1, dtype=np.int64)
         if rk.size:
-            ls, rs = self.stamp
-            lstamp = self.left.gather([ls], keys).column(0).combine_chunks()
-            rstamp = self.right.gather([rs], rk).column(0).combine_chunks()
-            if self._epoch:
-                lstamp, rstamp = lstamp.cast(pa.int64()), rstamp.cast(pa.int64())
-            lrank, rrank = _joint_ranks(lstamp, rstamp)
+            if words is not None and rw is not None and words.all() and rw.all():
+                # stamp words without a zero (null, or the lowest value) are the stamps' order keys
+                lrank, rrank = _key_ranks(words, rw)
+            else:
+                ls, rs = self.stamp
+                lstamp = self.left.gather([ls], keys).column(0).combine_chunks()
+                rstamp = self.right.gather([rs], rk).column(0).combine_chunks()
+                if self._epoch:
+                    lstamp, rstamp = lstamp.cast(pa.int64()), rstamp.cast(pa.int64())
+                lrank, rrank = _joint_ranks(lstamp, rstamp)
             width = int(max(lrank.max(), rrank.max())) + 2
             order = np.lexsort((rk, rrank, rg))
             rg_sorted = rg[order]
@@ -303,10 +318,11 @@ class AsOfJoinTable(LeftRowsJoin):
         return old, new
 
     def _stamp_bounds(self, groups: np.ndarray, words: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Given the (group, stamp word) of every right row a cycle added, removed or changed:
         the groups, sorted and distinct; for each the range [lo, hi] of stamp words outside which
-        no left row's match can have changed; and the right rows of the groups (group, row key).
+        no left row's match can have changed; and the right rows of the groups (group, row key,
+        stamp word).
         For aj the range runs from the least changed stamp to the first unchanged right stamp
         after the greatest (a left row at or past it matches that row or a later one, as before);
         for raj it is the mirror image."""
@@ -320,13 +336,13 @@ class AsOfJoinTable(LeftRowsJoin):
             if past.size:   # the least stamp past the greatest changed one, per group
                 at, nearest, _g, _n = group_extremes(which[past], rw[past])
                 hi[at] = nearest
-            return G, least, hi, (rg, rk)
+            return G, least, hi, (rg, rk, rw)
         lo = np.zeros(G.size, dtype=np.uint64)
         ahead = np.flatnonzero(rw < least[which])
         if ahead.size:   # the greatest stamp before the least changed one, per group
             at, _l, nearest, _n = group_extremes(which[ahead], rw[ahead])
             lo[at] = nearest
-        return G, lo, greatest, (rg, rk)
+        return G, lo, greatest, (rg, rk, rw)
 
     # -- the cycle ------------------------------------------------------------------------------
     def _follow_all(self, step: int, updates: dict[str, TableUpdate]) -> Optional[TableUpdate]:
@@ -359,6 +375,7 @@ class AsOfJoinTable(LeftRowsJoin):
             self._moves = (lc.shift_old, lc.shift_new) if lc.shift_old.size else None
         rewritten, old_vals = _EMPTY, self.values.gather(_EMPTY)
         right_rows = None
+        left_words = None
         if rup is not None:
             rem = rup.removed.keys()
             mk = rup.modified.keys()
@@ -406,7 +423,7 @@ class AsOfJoinTable(LeftRowsJoin):
                 if changed_g:
                     G, lo, hi, right_rows = self._stamp_bounds(np.concatenate(changed_g), np.concatenate(changed_w))
                     assert self.lside.members is not None
-                    g, k = group_range(self.lside.members, G, lo, hi, self.lside.hints)
+                    g, k, left_words = group_range(self.lside.members, G, lo, hi, self.lside.hints)
                     redo_k.append(k)
                     redo_g.append(g)
             else:
@@ -421,7 +438,7 @@ class AsOfJoinTable(LeftRowsJoin):
                 # the rows of the groups the right side changed, alone: distinct, ordered by group
                 k_u, g = redo_k[0], redo_g[0]
                 if right_rows is not None:   # the right rows of every group the change touched
-                    old, new = self._rematch(k_u, g, G, right_rows)
+                    old, new = self._rematch(k_u, g, G, right_rows, left_words)
                 else:
                     old, new = self._rematch(k_u, g, distinct_sorted(g))
             else:

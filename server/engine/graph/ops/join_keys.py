@@ -538,16 +538,16 @@ def group_edges(m: OrderIndex, groups: np.ndarray, front: bool) -> np.ndarray:
 
 
 def group_range(m: OrderIndex, groups: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                hints: Optional[GroupHints] = None) -> tuple[np.ndarray, np.ndarray]:
-    """In an OrderIndex of (group + 1, word, row key): (group, row key) of every element of each
-    of `groups` (sorted, distinct) whose word is in [lo[i], hi[i]], ordered by group and word.
+                hints: Optional[GroupHints] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """In an OrderIndex of (group + 1, word, row key): (group, row key, word) of every element of
+    each of `groups` (sorted, distinct) whose word is in [lo[i], hi[i]], ordered by group and word.
     The groups' elements are read in one pass over their slots (as `group_members` does) and
     filtered on the word: a search inside a group would halve on two words per step."""
     groups = np.asarray(groups, dtype=np.int64)
     keys, which = _group_keys(m, groups, hints)
     if keys.size == 0:
-        return _EMPTY, _EMPTY
+        return _EMPTY, _EMPTY, np.zeros(0, dtype=np.uint64)
     w = m.word_at(1, keys)
     inside = (w >= np.asarray(lo, dtype=np.uint64)[which]) & (w <= np.asarray(hi, dtype=np.uint64)[which])
     keys, which = keys[inside], which[inside]
-    return groups[which], m.id_at(keys)
+    return groups[which], m.id_at(keys), w[inside]
