@@ -41,10 +41,14 @@ class Setup:
         self.groups = groups
         self.engine = engine = Engine()  # stepped here with run_cycle()
         self.t = t = engine.create(TableSpec("k", "keyed", SCHEMA, keys=("id",)))
+        # each id's group, kept here: the table's row keys are not its ids once deleted keys are reused
+        self.group_of = np.zeros(table_rows, dtype=np.int64)
         chunk = 1_000_000
         for start in range(0, table_rows, chunk):
             ids = np.arange(start, min(table_rows, start + chunk), dtype=np.int64)
-            engine.write(t, rows(ids, groups, self.rng), wait=False)
+            batch = rows(ids, groups, self.rng)
+            self.group_of[ids] = batch["g"].to_numpy()
+            engine.write(t, batch, wait=False)
             engine.run_cycle()
         self.live = np.arange(table_rows, dtype=np.int64)
         self.next_id = table_rows
@@ -65,11 +69,14 @@ class Setup:
         self.next_id += 300
         upd = rows(changed, self.groups, rng)
         keep_group = rng.random(400) < 0.75  # three quarters stay in their group
-        old_g = self.t.gather(["g"], changed)["g"].to_numpy() if keep_group.any() else None
-        if old_g is not None:
-            upd = upd.set_column(1, "g", pa.array(np.where(keep_group, old_g, upd["g"].to_numpy())))
+        upd = upd.set_column(1, "g", pa.array(np.where(keep_group, self.group_of[changed], upd["g"].to_numpy())))
+        added = rows(new, self.groups, rng)
+        if self.next_id > self.group_of.size:
+            self.group_of = np.concatenate((self.group_of, np.zeros(self.group_of.size, dtype=np.int64)))
+        self.group_of[changed] = upd["g"].to_numpy()
+        self.group_of[new] = added["g"].to_numpy()
         with self.engine.writes(wait=False) as w:
-            w.write(self.t, pa.concat_tables([upd, rows(new, self.groups, rng)]))
+            w.write(self.t, pa.concat_tables([upd, added]))
             w.write(self.t, delete=pa.table({"id": gone}))
         mask = np.ones(self.live.size, dtype=bool)
         mask[pick[400:]] = False
