@@ -50,7 +50,7 @@ from tickwire.server.engine.graph.ops.base import (
     expression_columns,
     shifted_rows,
 )
-from tickwire.server.engine.graph.ops.join_keys import group_edges, group_members
+from tickwire.server.engine.graph.ops.join_keys import GroupHints, group_edges, group_members
 from tickwire.server.engine.graph.order import MEMBERS_BUDGET, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
@@ -820,6 +820,8 @@ class AggregateTable(_Op):
         self._values = ColumnStore(self.in_schema)          # member slot -> input values
         # (group + 1, parent row key)
         self._members = OrderIndex(2, budget=MEMBERS_BUDGET, members=True) if self._ordered else None
+        # each group's first and last member, checked before use (as the joins keep them)
+        self._hints = GroupHints(self._members, cap) if self._members is not None else None
         with graph.lock, _unregistered_on_error(graph, self):
             _Op.__init__(self, graph, name, parent, pa.schema(fields))
             self.store = ColumnStore(self.schema)
@@ -844,6 +846,8 @@ class AggregateTable(_Op):
             return
         while size < need:
             size *= 2
+        if self._hints is not None:
+            self._hints.grow(size)
         for name, dtype in (("_count", np.int64), ("_live", bool)):
             old = getattr(self, name)
             new = np.zeros(size, dtype=dtype)
@@ -957,7 +961,8 @@ class AggregateTable(_Op):
                 if members is not None:
                     mk = mod[moved]
                     members.delete(members.key_of(mk))
-                    members.insert([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)])
+                    got = members.insert([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)])
+                    self._inserted(got, g_new[moved])
         # 4. added rows
         add = up.added.keys()
         if add.size:
@@ -970,9 +975,9 @@ class AggregateTable(_Op):
             in_vals = vals.select(self.inputs) if self.inputs else pa.table({})
             if self.inputs:
                 self._values.write(slots, in_vals)
-            if members is not None:
-                members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)])
             _scatter_add(self._count, g, 1)
+            if members is not None:
+                self._inserted(members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)]), g)
             came.append((g, in_vals))
         # 5. the linear kinds follow; groups that lost values are rescanned for ordered kinds
         for g, vals in left:
@@ -992,15 +997,21 @@ class AggregateTable(_Op):
             return None
         return self._emit(G, left, came)
 
+    def _inserted(self, got: tuple[np.ndarray, ...], groups: np.ndarray) -> None:
+        """Keeps the group hints through a members insert (`got`: what it returned) of `groups`'
+        rows, once the counts have them."""
+        assert self._hints is not None
+        self._hints.inserted(got[0], groups, got[1], got[2], self._count)
+
     def _members_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(group, parent row key) of every member of `groups` (sorted), ordered by both."""
         assert self._members is not None
-        return group_members(self._members, groups)
+        return group_members(self._members, groups, self._hints)
 
     def _edges(self, groups: np.ndarray, front: bool) -> np.ndarray:
         """The first (front) or last parent row key of each group (-1 when empty)."""
         assert self._members is not None
-        return group_edges(self._members, groups, front)
+        return group_edges(self._members, groups, front, self._hints)
 
     def _emit(self, G: np.ndarray, left: list[tuple[np.ndarray, pa.Table]],
               came: list[tuple[np.ndarray, pa.Table]]) -> Optional[TableUpdate]:

@@ -517,23 +517,30 @@ class GroupHints:
         return f, last, ok
 
 
-def group_edges(m: OrderIndex, groups: np.ndarray, front: bool) -> np.ndarray:
-    """In an OrderIndex of (group + 1, row key): the first (front) or last row key of each group
-    (-1 when it has none)."""
+def group_edges(m: OrderIndex, groups: np.ndarray, front: bool, hints: Optional[GroupHints] = None) -> np.ndarray:
+    """In an OrderIndex of (group + 1, ..., row key): the first (front) or last row key of each
+    group (-1 when it has none); `hints` (the index's GroupHints) spare the search where they hold."""
     groups = np.asarray(groups, dtype=np.int64)
     out = np.full(groups.size, -1, dtype=np.int64)
     if groups.size == 0 or len(m) == 0:
         return out
+    at = np.arange(groups.size)
+    if hints is not None:
+        first, last, held = hints.bounds(groups)
+        out[held] = m.id_at((first if front else last)[held])
+        at = np.flatnonzero(~held)
+        if at.size == 0:
+            return out
+    g = groups[at]
     if front:
-        _p, k = m.locate([groups.astype(np.uint64)] + _tops(m, groups.size))
+        _p, k = m.locate([g.astype(np.uint64)] + _tops(m, g.size))
         ok = k != NONE_HI
     else:
-        k, _s = m.locate([(groups + 1).astype(np.uint64)] + _tops(m, groups.size))
+        k, _s = m.locate([(g + 1).astype(np.uint64)] + _tops(m, g.size))
         ok = k != NONE_LO
     w = m.words_at(k[ok])
-    same = w[0].astype(np.int64) - 1 == groups[ok]
-    idx = np.flatnonzero(ok)[same]
-    out[idx] = w[1][same].astype(np.int64)
+    same = w[0].astype(np.int64) - 1 == g[ok]
+    out[at[np.flatnonzero(ok)[same]]] = w[-1][same].astype(np.int64)
     return out
 
 
