@@ -322,8 +322,7 @@ def test_group_hints_hold_through_inserts_and_moves_and_are_checked_after_delete
         ids = np.where(front, low - np.arange(m), high + np.arange(m))
         low, high = low - m, high + m
         np.add.at(count, g, 1)
-        got = idx.insert([(g + 1).astype(np.uint64), ids.astype(np.uint64)])
-        hints.inserted(got[0], g, got[1], got[2], count)
+        hints.insert([(g + 1).astype(np.uint64), ids.astype(np.uint64)], g, count)
         model.update(zip(ids.tolist(), g.tolist()))
         live = every[count[every] > 0]
         _f, _l, ok = hints.bounds(live)

@@ -961,8 +961,9 @@ class AggregateTable(_Op):
                 if members is not None:
                     mk = mod[moved]
                     members.delete(members.key_of(mk))
-                    got = members.insert([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)])
-                    self._inserted(got, g_new[moved])
+                    assert self._hints is not None
+                    self._hints.insert([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)], g_new[moved],
+                                       self._count)
         # 4. added rows
         add = up.added.keys()
         if add.size:
@@ -976,8 +977,8 @@ class AggregateTable(_Op):
             if self.inputs:
                 self._values.write(slots, in_vals)
             _scatter_add(self._count, g, 1)
-            if members is not None:
-                self._inserted(members.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)]), g)
+            if self._hints is not None:
+                self._hints.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)], g, self._count)
             came.append((g, in_vals))
         # 5. the linear kinds follow; groups that lost values are rescanned for ordered kinds
         for g, vals in left:
@@ -996,12 +997,6 @@ class AggregateTable(_Op):
         if G.size == 0:
             return None
         return self._emit(G, left, came)
-
-    def _inserted(self, got: tuple[np.ndarray, ...], groups: np.ndarray) -> None:
-        """Keeps the group hints through a members insert (`got`: what it returned) of `groups`'
-        rows, once the counts have them."""
-        assert self._hints is not None
-        self._hints.inserted(got[0], groups, got[1], got[2], self._count)
 
     def _members_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(group, parent row key) of every member of `groups` (sorted), ordered by both."""

@@ -94,20 +94,11 @@ _U64_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 def _order_keys(values: pa.Array) -> Optional[np.ndarray]:
     """Unsigned keys in the stamps' order (-0.0 as 0.0, NaN last) for integer, Instant and float
-    stamps without nulls; None for other types or when a null is present (ranked by `_ranks`)."""
-    t = values.type
-    if values.null_count or not (pa.types.is_integer(t) or pa.types.is_timestamp(t) or pa.types.is_floating(t)):
+    stamps without nulls (their stamp words); None for other types or when a null is present
+    (ranked by `_ranks`)."""
+    if values.null_count or not _words_type(values.type):
         return None
-    if pa.types.is_floating(t):
-        v = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64) + 0.0  # -0.0 -> 0.0
-        v[np.isnan(v)] = np.nan  # one NaN, above +inf once its bits are mapped
-        bits = v.view(np.uint64)
-        return np.where(bits & _SIGN, ~bits, bits | _SIGN)
-    if pa.types.is_unsigned_integer(t):
-        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.uint64)
-    ints = values.cast(pa.int64()) if pa.types.is_timestamp(t) else values
-    keys: np.ndarray = np.asarray(ints.to_numpy(zero_copy_only=False), dtype=np.int64).view(np.uint64) ^ _SIGN
-    return keys
+    return _stamp_words(values)
 
 
 def _words_type(t: pa.DataType) -> bool:

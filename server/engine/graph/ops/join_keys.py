@@ -318,17 +318,19 @@ class JoinSide:
                     w_new = self.order_words(mod) if self.order is not None else _EMPTY
                 rk = mod[replace]
                 self.members.delete(self.members.key_of(rk))
-                got = self.members.insert(self._member_words(g_new[replace], rk,
-                                                             w_new[replace] if self.order is not None else _EMPTY))
-                self._inserted(got, g_new[replace])
+                assert self.hints is not None
+                self.hints.insert(self._member_words(g_new[replace], rk,
+                                                     w_new[replace] if self.order is not None else _EMPTY),
+                                  g_new[replace], self.count)
         add = up.added.keys()
         if add.size:
             g, w = self._groups_and_words(add, True)
             self.group_of.set(add, g)
             np.add.at(self.count, g, 1)
             if self.members is not None:
+                assert self.hints is not None
                 hint = before(g, add) if before is not None and self.order is None else None
-                self._inserted(self.members.insert(self._member_words(g, add, w), before=hint), g)
+                self.hints.insert(self._member_words(g, add, w), g, self.count, before=hint)
             ch.added, ch.added_groups = add, g
             touched.append(g)
         self._grow()
@@ -339,13 +341,6 @@ class JoinSide:
                 g = unique(np.concatenate(left))
                 self.space.emptied(g[self.count[g] == 0])
         return ch
-
-    def _inserted(self, got: tuple[np.ndarray, ...], groups: np.ndarray) -> None:
-        """Keeps the groups' first and last members keys through an insert (`got`: what the
-        members index's insert returned) of rows of `groups`."""
-        assert self.hints is not None
-        self._grow()
-        self.hints.inserted(got[0], groups, got[1], got[2], self.count)
 
     def rows_of(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(group, row key) of every row of `groups` (sorted, distinct), ordered by both."""
@@ -451,10 +446,17 @@ class GroupHints:
         self.first[g[start]] = keys[start]
         self.last[g[end]] = keys[end]
 
-    def inserted(self, keys: np.ndarray, groups: np.ndarray, moved_old: np.ndarray, moved_new: np.ndarray,
-                 count: np.ndarray) -> None:
+    def insert(self, words: list[np.ndarray], groups: np.ndarray, count: np.ndarray,
+               before: Optional[np.ndarray] = None) -> None:
+        """Inserts elements of `groups` into the index (`OrderIndex.insert`) and keeps the hints;
+        `count`: the groups' element counts, the new ones included."""
+        keys, moved_old, moved_new, _brk, _kept = self.m.insert(words, before=before)
+        self._inserted(keys, groups, moved_old, moved_new, count)
+
+    def _inserted(self, keys: np.ndarray, groups: np.ndarray, moved_old: np.ndarray, moved_new: np.ndarray,
+                  count: np.ndarray) -> None:
         """After an insert of elements (their keys and groups) that moved others (old and new
-        keys); `count`: the groups' element counts, the new ones included."""
+        keys)."""
         if self.m.layouts != self.layout:
             self._current()
             return
