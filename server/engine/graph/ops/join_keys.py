@@ -276,6 +276,8 @@ class JoinSide:
         the element just before each added row (-1 where unknown), to spare the index's search."""
         ch = SideChange()
         touched = []
+        # (members words, groups, key of the element before or -1) of rows to put in the index
+        inserts: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]] = []
         rem = up.removed.keys()
         if rem.size:
             g = self.group_of.get(rem)
@@ -318,21 +320,27 @@ class JoinSide:
                     w_new = self.order_words(mod) if self.order is not None else _EMPTY
                 rk = mod[replace]
                 self.members.delete(self.members.key_of(rk))
-                assert self.hints is not None
-                self.hints.insert(self._member_words(g_new[replace], rk,
-                                                     w_new[replace] if self.order is not None else _EMPTY),
-                                  g_new[replace], self.count)
+                # put back with the added rows: one search of the index for both
+                inserts.append((self._member_words(g_new[replace], rk,
+                                                   w_new[replace] if self.order is not None else _EMPTY),
+                                g_new[replace], np.full(rk.size, -1, dtype=np.int64)))
         add = up.added.keys()
         if add.size:
             g, w = self._groups_and_words(add, True)
             self.group_of.set(add, g)
             np.add.at(self.count, g, 1)
             if self.members is not None:
-                assert self.hints is not None
                 hint = before(g, add) if before is not None and self.order is None else None
-                self.hints.insert(self._member_words(g, add, w), g, self.count, before=hint)
+                inserts.append((self._member_words(g, add, w), g,
+                                hint if hint is not None else np.full(add.size, -1, dtype=np.int64)))
             ch.added, ch.added_groups = add, g
             touched.append(g)
+        if inserts:
+            assert self.hints is not None
+            words = [np.concatenate([i[0][n] for i in inserts]) for n in range(len(inserts[0][0]))]
+            hints = np.concatenate([i[2] for i in inserts])
+            self.hints.insert(words, np.concatenate([i[1] for i in inserts]), self.count,
+                              before=hints if (hints >= 0).any() else None)
         self._grow()
         ch.touched = unique(np.concatenate(touched)) if touched else _EMPTY
         if self.space.ids is not None:
