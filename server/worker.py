@@ -47,8 +47,8 @@ from tickwire.errors import ProtocolError
 from tickwire.protocol import barrage
 from tickwire.protocol.exchange import ExchangeError, ExchangeReader, Opening
 from tickwire.protocol.opening import request_message
-from tickwire.protocol.proto import flight_pb2
-from tickwire.protocol.proto.methods import FLIGHT_SERVICE, METHODS
+from tickwire.protocol.proto import flight_pb2, session_pb2
+from tickwire.protocol.proto.methods import FLIGHT_SERVICE, METHODS, SESSION_SERVICE
 from tickwire.protocol.tickets import SCOPE_TABLE_HEADER, ExportTicket, ScopeTicket, parse_ticket
 from tickwire.server.adapters.replica import Replicator
 from tickwire.server.engine import CatalogError, TableInUseError
@@ -63,6 +63,7 @@ __all__ = ["WorkerRouter"]
 log = logging.getLogger(__name__)
 
 DO_EXCHANGE = f"/{FLIGHT_SERVICE}/DoExchange"
+TERMINATION = f"/{SESSION_SERVICE}/TerminationNotification"
 GET_SCHEMA = f"/{FLIGHT_SERVICE}/GetSchema"
 
 
@@ -81,6 +82,32 @@ class _LocalContext:
 
     def __getattr__(self, name: str):
         return getattr(self._context, name)
+
+
+def _session_metadata(headers: list[tuple[str, object]], context: grpc.aio.ServicerContext
+                      ) -> list[tuple[str, object]]:
+    """The caller's session in the engine process, as a call's metadata: the bearer token the
+    engine answered the check with, else the caller's own credentials."""
+    bearer = [(k, v) for k, v in headers if k == "authorization"]
+    return bearer[-1:] or [(k, v) for k, v in passed_metadata(context.invocation_metadata()) if k == "authorization"]
+
+
+async def _until(it: AsyncIterator[bytes], ended: asyncio.Event) -> AsyncIterator[bytes]:
+    """The items of `it`, ending early (as a half-close) once `ended` is set."""
+    stop = asyncio.ensure_future(ended.wait())
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            await asyncio.wait((nxt, stop), return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():
+                nxt.cancel()
+                return
+            try:
+                yield nxt.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        stop.cancel()
 
 
 class WorkerRouter(grpc.GenericRpcHandler):
@@ -187,13 +214,35 @@ class WorkerRouter(grpc.GenericRpcHandler):
         # the table by its scope name (an export of the caller's session is the engine's, not ours)
         read[-1] = request_message(barrage.wrap(dataclasses.replace(request, ticket=ScopeTicket(name).to_bytes())))
 
+        # the caller's session lives in the engine process: its end (closed, expired) ends the
+        # subscription with OK, as it does there, by ending the request stream the worker reads
+        ended = asyncio.Event()
+        watch = asyncio.ensure_future(self._watch_session(_session_metadata(headers, context), ended))
+
         async def replay() -> AsyncIterator[bytes]:
             for raw in read:
                 yield raw
-            async for raw in it:
+            async for raw in _until(it, ended):
                 yield raw
-        async for out in self.local.fn(replay(), _LocalContext(context, headers)):
-            yield out
+        try:
+            async for out in self.local.fn(replay(), _LocalContext(context, headers)):
+                yield out
+        finally:
+            watch.cancel()
+
+    async def _watch_session(self, metadata: list[tuple[str, object]], ended: asyncio.Event) -> None:
+        """Sets `ended` once the engine process says the session of `metadata` has ended
+        (TerminationNotification answers UNAUTHENTICATED). A server that stops (its answer) or a
+        lost connection to it ends nothing: the replica follows the engine process's fate."""
+        call = self.forwarder.channel().unary_unary(TERMINATION)(
+            session_pb2.TerminationNotificationRequest().SerializeToString(), metadata=metadata)
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                ended.set()
+        finally:
+            call.cancel()
 
     def _forwarded(self, read: list[bytes], it: AsyncIterator[bytes], context: grpc.aio.ServicerContext
                    ) -> AsyncIterator[bytes]:

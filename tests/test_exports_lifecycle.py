@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.harness import Services, chain_batch, until
+from tickwire.protocol.opening import subscription_request
 from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2, ticket_pb2
 from tickwire.protocol.proto.methods import (
     APPLICATION_SERVICE,
@@ -294,6 +295,58 @@ def test_expired_sessions_free_their_tables_with_no_traffic():
         # an expired token is refused, and nothing can be exported into the ended session
         assert _code(lambda: clients[0].where(b"s/quotes", ["Price > 1"], 5)) == grpc.StatusCode.UNAUTHENTICATED
         assert _table_count(engine) == base
+
+
+def test_a_subscription_ends_with_its_session(served):
+    """As Deephaven completes a session's Barrage subscriptions when the session is closed: the
+    stream ends with OK, the server lets its subscriber go, and other sessions' subscriptions go
+    on."""
+    s = served
+    a, b = Client(s), Client(s)
+    subs = []
+    for c in (a, b):
+        ex = s.exchange(token=c.token)
+        ex.send(subscription_request(b"s/quotes"))
+        ex.wait(1)  # the snapshot
+        subs.append(ex)
+    assert len(s.ctx.registry.subscriptions) == 2
+    s.call(SESSION_SERVICE, "CloseSession", session_pb2.HandshakeRequest(), token=a.token)
+    assert subs[0].ended() is None  # OK
+    assert until(lambda: len(s.ctx.registry.subscriptions) == 1)
+    s.write(s.engine.resolve("quotes"), _quotes(3).set_column(1, "Price", pa.array([1.0, 2.0, 3.0])))
+    s.cycle()
+    subs[1].wait(2)
+    assert subs[1].updates[1].metadata.is_snapshot is False and len(subs[0].updates) == 1
+    subs[1].half_close()
+    assert subs[1].ended() is None
+
+
+def test_a_subscription_ends_when_its_session_expires():
+    """A session whose lease runs out (no call at all, the subscription open) ends its
+    subscriptions with OK, as Deephaven's do; a client that keeps its session alive (every call
+    renews the lease) keeps them."""
+    duration = 3.0
+    with _services(session_duration_ms=int(duration * 1000)) as s:
+        clock = s.clock
+        a, b = Client(s), Client(s)
+        subs = []
+        for c in (a, b):
+            ex = s.exchange(token=c.token)
+            ex.send(subscription_request(b"s/quotes"))
+            ex.wait(1)
+            subs.append(ex)
+        for i in range(4):  # b keeps its session alive, a makes no call
+            assert until(lambda: clock.pending == 1)  # the reaper waits on the clock
+            s.advance(1.0)
+            b.where(b"s/quotes", ["Price > 1"], 5 + i)
+        assert subs[0].ended() is None
+        assert s.session_of(a.token) is None and s.session_of(b.token) is not None
+        assert until(lambda: len(s.ctx.registry.subscriptions) == 1)
+        s.write(s.engine.resolve("quotes"), _quotes(2).set_column(1, "Price", pa.array([1.0, 2.0])))
+        s.cycle()
+        subs[1].wait(2)
+        subs[1].half_close()
+        assert subs[1].ended() is None
 
 
 # -- no cross-session reads by name -------------------------------------------------------------------------

@@ -24,7 +24,8 @@ import pytest
 from tests.harness import QUOTES, quotes_server, until
 from tickwire.clients.client import BarrageClient
 from tickwire.protocol.opening import exchange_opening, subscription_request
-from tickwire.protocol.proto.methods import FLIGHT_SERVICE
+from tickwire.protocol.proto import session_pb2
+from tickwire.protocol.proto.methods import FLIGHT_SERVICE, SESSION_SERVICE
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine, EngineConfig
 
@@ -134,6 +135,25 @@ def test_a_worker_subscriber_that_leaves_is_released_by_the_worker(main, worker)
         assert until(lambda: len(worker.registry.subscriptions) == 0, 20)
     # the replica stays for the next subscriber
     assert len(main[1].registry.subscriptions) == 1
+
+
+def test_a_worker_subscription_ends_when_the_caller_s_session_ends(main, worker):
+    """The caller's session lives in the engine process; when it is closed there, the worker ends
+    the subscriptions it serves for it with OK, as one process does (and Deephaven), and the
+    subscriptions of other sessions go on."""
+    with BarrageClient(worker.target) as a, BarrageClient(worker.target) as b:
+        sa, sb = a.subscribe("quotes"), b.subscribe("quotes")
+        assert sa.wait_for(lambda s: s.size == 3, 20) and sb.wait_for(lambda s: s.size == 3, 20)
+        assert worker.router.counts["local"] == 2 and len(worker.registry.subscriptions) == 2
+        token = a.auth.metadata()
+        with grpc.insecure_channel(worker.target) as ch:  # CloseSession, forwarded to the engine process
+            ch.unary_unary(f"/{SESSION_SERVICE}/CloseSession")(
+                session_pb2.HandshakeRequest().SerializeToString(), metadata=token, timeout=20)
+        assert until(lambda: sa.closed, 20) and sa.error is None
+        assert until(lambda: len(worker.registry.subscriptions) == 1, 20)
+        engine = main[0]
+        engine.write(engine.resolve("quotes"), pa.table({"Sym": ["S1"], "Px": [42.0]}, schema=SCHEMA))
+        assert sb.wait_for(lambda s: _rows(s).get("S1") == 42.0, 20) and not sb.closed
 
 
 def _workers_of(port: int) -> list[int]:

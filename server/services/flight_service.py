@@ -9,13 +9,14 @@ and discovery (docs/flows.md#tickets-and-discovery).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import secrets
 import time
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import pyarrow as pa
 
@@ -67,7 +68,7 @@ from tickwire.server.services.flight_sql import (
     table_flight_info,
 )
 from tickwire.server.services.rpc import RAW, CallError, service_handlers
-from tickwire.server.services.sessions import ExportClaim, ResolveError, Session
+from tickwire.server.services.sessions import SHUTDOWN, ExportClaim, ResolveError, Session
 
 __all__ = ["FlightService", "KEYS_METADATA"]
 
@@ -275,6 +276,7 @@ class FlightService:
         reader = asyncio.ensure_future(read())
         handle: Optional[SubscriptionHandle] = None
         follower = None
+        forget_end: Optional[Callable[[], None]] = None
         sub_id, outcome = None, "ended (OK)"
         try:
             req = await requests.get()
@@ -302,6 +304,15 @@ class FlightService:
                      extra={"event": "subscription_start", "subscription": sub_id, "table": table.name,
                             "view": describe_view(view, len(table.schema)), "session": session.id,
                             "peer": context.peer()})
+            # the session's end ends its subscriptions with OK, as Deephaven completes them; a server
+            # that stops leaves them to the transport (clients reconnect to the next one)
+            loop, ending = asyncio.get_running_loop(), handle
+
+            def session_over(reason: str) -> None:  # any thread: the one that ends the session
+                if reason != SHUTDOWN:
+                    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody reads any more
+                        loop.call_soon_threadsafe(ending.end)
+            forget_end = session.on_end(session_over)
             follower = asyncio.ensure_future(self._follow(requests, handle, session, table, sub_id))
             counters = self.counters
             async for p in handle.payloads():
@@ -321,6 +332,8 @@ class FlightService:
                          context.peer(), extra={"event": "exchange_end", "outcome": outcome, "session": session.id,
                                                 "peer": context.peer()})
             reader.cancel()
+            if forget_end is not None:
+                forget_end()
             if follower is not None:
                 follower.cancel()
             if handle is not None:
