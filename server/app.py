@@ -24,7 +24,7 @@ import logging
 import socket
 import ssl
 import threading
-from typing import Optional
+from typing import Optional, Sequence
 from urllib.parse import quote
 
 import grpc
@@ -36,6 +36,7 @@ from tickwire.server.engine import Engine, EngineConfig
 from tickwire.server.observability import Observability
 from tickwire.server.services import handlers as service_handlers
 from tickwire.server.services.context import ServerContext
+from tickwire.server.services.forward import forwarded_peer
 from tickwire.server.services.rpc import build_handlers, guarded_methods, with_stubs
 from tickwire.server.web import PortSplitter, WebSide
 from tickwire.server.web.assets import locate_assets
@@ -187,8 +188,12 @@ class TickwireServer:
             out[name] = self.engine.held_bytes(root, stop)
         return out
 
-    def _real_peer(self, peer: str) -> str:
-        """The client's own address for a peer grpcio reports (the splitter's loopback hop)."""
+    def _real_peer(self, peer: str, metadata: Sequence[tuple[str, object]]) -> str:
+        """The client's own address for a peer grpcio reports: the one a fan-out worker names
+        under the shared `forward_key`, else through the splitter's loopback hop."""
+        forwarded = forwarded_peer(metadata, self.config.forward_key)
+        if forwarded is not None:
+            return forwarded
         splitter = self.splitter
         return peer if splitter is None else splitter.real_peer(peer)
 
@@ -235,7 +240,8 @@ class TickwireServer:
             # a fan-out worker: its router serves scope subscriptions itself and forwards the rest
             # (health included: the engine process's)
             local = guarded_methods(impls, on_error=observability.errors)[DO_EXCHANGE]
-            self.router = WorkerRouter(self, self.config.worker_of, local, psk=self.config.upstream_psk)
+            self.router = WorkerRouter(self, self.config.worker_of, local, psk=self.config.upstream_psk,
+                                       forwarded_key=self.config.forward_key)
             server.add_generic_rpc_handlers([self.router])
         else:
             server.add_generic_rpc_handlers(build_handlers(impls, precheck=self.sessions.authenticate,

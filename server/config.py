@@ -62,7 +62,9 @@ class ServerConfig:
     - `worker_of`: the target of an engine process this server is a fan-out worker of
       (tickwire.server.worker): it serves scope-table subscriptions from replicas and forwards
       every other call there; `reuse_port`: share the port with other processes (SO_REUSEPORT),
-      as an engine process's workers do.
+      as an engine process's workers do; `forward_key`: a key an engine process and its workers
+      share, under which a worker names each forwarded call's client (FORWARDED_FOR) and the
+      engine process believes it (None: a worker names nobody, an engine process believes nobody).
 
     How it serves:
     - `workers`: threads of the pool that runs blocking work (reading tables, encoding, decoding).
@@ -102,6 +104,7 @@ class ServerConfig:
     workers: int = 4
     worker_of: Optional[str] = None
     reuse_port: bool = False
+    forward_key: Optional[str] = None
     session_duration_ms: int = 300_000
     max_inbound_message_size: int = DEFAULT_MAX_INBOUND_MESSAGE_SIZE
     inline_cells: int = 16_384

@@ -92,22 +92,52 @@ def _session_metadata(headers: list[tuple[str, object]], context: grpc.aio.Servi
     return bearer[-1:] or [(k, v) for k, v in passed_metadata(context.invocation_metadata()) if k == "authorization"]
 
 
-async def _until(it: AsyncIterator[bytes], ended: asyncio.Event) -> AsyncIterator[bytes]:
-    """The items of `it`, ending early (as a half-close) once `ended` is set."""
-    stop = asyncio.ensure_future(ended.wait())
-    try:
-        while True:
-            nxt = asyncio.ensure_future(it.__anext__())
-            await asyncio.wait((nxt, stop), return_when=asyncio.FIRST_COMPLETED)
-            if not nxt.done():
-                nxt.cancel()
-                return
+class _CallerRequests:
+    """A caller's request stream as the worker's own DoExchange reads it: up to the caller's
+    half-close, or until `ended` is set (the caller's session ended: a half-close for the local
+    call). `rest()` then reads what the caller sends until it half-closes."""
+
+    def __init__(self, it: AsyncIterator[bytes], ended: asyncio.Event):
+        self.it = it
+        self.ended = ended
+        self.pending: Optional[asyncio.Future] = None  # a read of the caller's stream under way
+        self.finished = False                          # the caller half-closed
+
+    async def until_ended(self) -> AsyncIterator[bytes]:
+        stop = asyncio.ensure_future(self.ended.wait())
+        try:
+            while not self.finished:
+                if self.pending is None:
+                    self.pending = asyncio.ensure_future(self.it.__anext__())
+                await asyncio.wait((self.pending, stop), return_when=asyncio.FIRST_COMPLETED)
+                if not self.pending.done():
+                    return
+                read, self.pending = self.pending, None
+                try:
+                    raw = read.result()
+                except StopAsyncIteration:
+                    self.finished = True
+                    return
+                yield raw
+        finally:
+            stop.cancel()
+
+    async def rest(self) -> None:
+        """Reads (and drops) the caller's requests until it half-closes."""
+        if self.pending is not None:
+            read, self.pending = self.pending, None
             try:
-                yield nxt.result()
+                await read
             except StopAsyncIteration:
-                return
-    finally:
-        stop.cancel()
+                self.finished = True
+        if not self.finished:
+            async for _raw in self.it:
+                pass
+            self.finished = True
+
+    def cancel(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
 
 
 class WorkerRouter(grpc.GenericRpcHandler):
@@ -116,7 +146,7 @@ class WorkerRouter(grpc.GenericRpcHandler):
 
     def __init__(self, server: "TickwireServer", upstream: str, local: GuardedMethod, *,
                  psk: Optional[str] = None, check_timeout: float = 10.0, ready_timeout: float = 30.0,
-                 keep_s: float = 60.0, sweep_s: float = 10.0):
+                 keep_s: float = 60.0, sweep_s: float = 10.0, forwarded_key: Optional[str] = None):
         self.server = server
         self.upstream = upstream
         self.local = local
@@ -128,7 +158,8 @@ class WorkerRouter(grpc.GenericRpcHandler):
         # the engine process answers the headers of its streaming-request methods before it reads
         self.forwarder = Forwarder(upstream, options=[("grpc.max_receive_message_length", -1),
                                                       ("grpc.max_send_message_length", -1)],
-                                   hold=[path for path, m in METHODS.items() if m.client_streaming])
+                                   hold=[path for path, m in METHODS.items() if m.client_streaming],
+                                   forwarded_key=forwarded_key)
         self.replicas: dict[str, Replicator] = {}
         self._starting: dict[str, asyncio.Future] = {}
         self._active: dict[str, int] = {}           # table -> calls using (or making) its replica
@@ -214,21 +245,26 @@ class WorkerRouter(grpc.GenericRpcHandler):
         # the table by its scope name (an export of the caller's session is the engine's, not ours)
         read[-1] = request_message(barrage.wrap(dataclasses.replace(request, ticket=ScopeTicket(name).to_bytes())))
 
-        # the caller's session lives in the engine process: its end (closed, expired) ends the
-        # subscription with OK, as it does there, by ending the request stream the worker reads
+        # the caller's session lives in the engine process: its end (closed, expired) stops the
+        # subscription as it does there (a half-close for the local call) and the caller's call
+        # stays open until the caller half-closes
         ended = asyncio.Event()
         watch = asyncio.ensure_future(self._watch_session(_session_metadata(headers, context), ended))
+        caller = _CallerRequests(it, ended)
 
         async def replay() -> AsyncIterator[bytes]:
             for raw in read:
                 yield raw
-            async for raw in _until(it, ended):
+            async for raw in caller.until_ended():
                 yield raw
         try:
             async for out in self.local.fn(replay(), _LocalContext(context, headers)):
                 yield out
+            if ended.is_set():
+                await caller.rest()
         finally:
             watch.cancel()
+            caller.cancel()
 
     async def _watch_session(self, metadata: list[tuple[str, object]], ended: asyncio.Event) -> None:
         """Sets `ended` once the engine process says the session of `metadata` has ended
@@ -264,7 +300,7 @@ class WorkerRouter(grpc.GenericRpcHandler):
             return None
         desc = flight_pb2.FlightDescriptor(type=flight_pb2.FlightDescriptor.PATH, path=t.to_path()).SerializeToString()
         call = self.forwarder.channel().unary_unary(GET_SCHEMA)(
-            desc, metadata=passed_metadata(context.invocation_metadata()), timeout=self.check_timeout)
+            desc, metadata=self.forwarder.call_metadata(context), timeout=self.check_timeout)
         try:
             await call
             answered = passed_metadata(await call.initial_metadata())

@@ -93,16 +93,16 @@ QUOTES = pa.schema([("Sym", pa.string()), ("Px", pa.float64())])
 
 
 @contextlib.contextmanager
-def quotes_server() -> Iterator[tuple[Engine, Any]]:
-    """(engine, a tickwire server on a port of its own) holding `quotes`, a keyed table of three
-    rows (QUOTES): the server another one forwards to or replicates from."""
+def quotes_server(**server_options: Any) -> Iterator[tuple[Engine, Any]]:
+    """(engine, a tickwire server on a port of its own, with `server_options`) holding `quotes`, a
+    keyed table of three rows (QUOTES): the server another one forwards to or replicates from."""
     from tickwire.server.app import TickwireServer
     from tickwire.server.engine import TableSpec
 
     engine = Engine(interval_ms=10).start()
     t = engine.create(TableSpec("quotes", "keyed", QUOTES, keys=["Sym"]))
     engine.write(t, pa.table({"Sym": ["A", "B", "C"], "Px": [1.0, 2.0, 3.0]}, schema=QUOTES))
-    srv = TickwireServer(engine, port=0, web=False).start()
+    srv = TickwireServer(engine, port=0, web=False, **server_options).start()
     try:
         yield engine, srv
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import threading
 import weakref
 
 import grpc
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.harness import Services, chain_batch, until
-from tickwire.protocol.opening import subscription_request
+from tickwire.protocol.opening import exchange_opening, subscription_request
 from tickwire.protocol.proto import application_pb2, config_pb2, flight_pb2, session_pb2, table_pb2, ticket_pb2
 from tickwire.protocol.proto.methods import (
     APPLICATION_SERVICE,
@@ -297,56 +298,57 @@ def test_expired_sessions_free_their_tables_with_no_traffic():
         assert _table_count(engine) == base
 
 
-def test_a_subscription_ends_with_its_session(served):
-    """As Deephaven completes a session's Barrage subscriptions when the session is closed: the
-    stream ends with OK, the server lets its subscriber go, and other sessions' subscriptions go
-    on."""
-    s = served
-    a, b = Client(s), Client(s)
+def _subscribe(s: Services, clients: list) -> list:
     subs = []
-    for c in (a, b):
+    for c in clients:
         ex = s.exchange(token=c.token)
         ex.send(subscription_request(b"s/quotes"))
         ex.wait(1)  # the snapshot
         subs.append(ex)
+    return subs
+
+
+def _after_the_end(s: Services, stopped, going) -> None:
+    """`stopped` (a subscription whose session ended) gets nothing more, its call open until the
+    client half-closes (then OK); `going` (another session's) goes on."""
+    assert until(lambda: len(s.ctx.registry.subscriptions) == 1)
+    s.write(s.engine.resolve("quotes"), _quotes(2).set_column(1, "Price", pa.array([1.0, 2.0])))
+    s.cycle()
+    going.wait(2)
+    assert going.updates[1].metadata.is_snapshot is False
+    assert len(stopped.updates) == 1 and not stopped.done.is_set()
+    for ex in (stopped, going):
+        ex.half_close()
+        assert ex.ended() is None  # OK
+
+
+def test_a_subscription_stops_when_its_session_is_closed(served):
+    """As Deephaven stops a closed session's Barrage subscriptions: nothing more is sent, the server
+    lets the subscriber go, and the call stays open until the client half-closes (Deephaven never
+    half-closes a Barrage stream before its client does); other sessions' subscriptions go on."""
+    s = served
+    a, b = Client(s), Client(s)
+    subs = _subscribe(s, [a, b])
     assert len(s.ctx.registry.subscriptions) == 2
     s.call(SESSION_SERVICE, "CloseSession", session_pb2.HandshakeRequest(), token=a.token)
-    assert subs[0].ended() is None  # OK
-    assert until(lambda: len(s.ctx.registry.subscriptions) == 1)
-    s.write(s.engine.resolve("quotes"), _quotes(3).set_column(1, "Price", pa.array([1.0, 2.0, 3.0])))
-    s.cycle()
-    subs[1].wait(2)
-    assert subs[1].updates[1].metadata.is_snapshot is False and len(subs[0].updates) == 1
-    subs[1].half_close()
-    assert subs[1].ended() is None
+    _after_the_end(s, *subs)
 
 
-def test_a_subscription_ends_when_its_session_expires():
-    """A session whose lease runs out (no call at all, the subscription open) ends its
-    subscriptions with OK, as Deephaven's do; a client that keeps its session alive (every call
-    renews the lease) keeps them."""
+def test_a_subscription_stops_when_its_session_expires():
+    """A session whose lease runs out (no call at all, the subscription open) stops its
+    subscriptions in the same way; a client that keeps its session alive (every call renews the
+    lease) keeps them."""
     duration = 3.0
     with _services(session_duration_ms=int(duration * 1000)) as s:
         clock = s.clock
         a, b = Client(s), Client(s)
-        subs = []
-        for c in (a, b):
-            ex = s.exchange(token=c.token)
-            ex.send(subscription_request(b"s/quotes"))
-            ex.wait(1)
-            subs.append(ex)
+        subs = _subscribe(s, [a, b])
         for i in range(4):  # b keeps its session alive, a makes no call
             assert until(lambda: clock.pending == 1)  # the reaper waits on the clock
             s.advance(1.0)
             b.where(b"s/quotes", ["Price > 1"], 5 + i)
-        assert subs[0].ended() is None
-        assert s.session_of(a.token) is None and s.session_of(b.token) is not None
-        assert until(lambda: len(s.ctx.registry.subscriptions) == 1)
-        s.write(s.engine.resolve("quotes"), _quotes(2).set_column(1, "Price", pa.array([1.0, 2.0])))
-        s.cycle()
-        subs[1].wait(2)
-        subs[1].half_close()
-        assert subs[1].ended() is None
+        assert until(lambda: s.session_of(a.token) is None) and s.session_of(b.token) is not None
+        _after_the_end(s, *subs)
 
 
 # -- no cross-session reads by name -------------------------------------------------------------------------
@@ -612,3 +614,53 @@ def test_java_client_multi_step_table_spec_works_like_deephaven(tw, dh):
         res = results[("chain", "spec")]
         assert res.error is None, res.error
         assert _plain(res.table).equals(want), (target.target, res.table)
+
+
+#: the deadline of the call below: Deephaven's never ends by itself after the session's end
+CALL_BOUND_S = 40
+
+
+def _subscription_after_close_session(target) -> tuple[int, bool, str]:
+    """A raw Barrage subscription of one session, then CloseSession of that session, then the
+    client's half-close: (messages read before the close, whether the stream was still open after
+    the close and a call of another session, how the stream ended once the client half-closed)."""
+    c, other = SocketClient(target), SocketClient(target)
+    hold = threading.Event()
+
+    def requests():
+        yield from exchange_opening(subscription_request(b"s/lc_quotes"))
+        hold.wait(CALL_BOUND_S)
+
+    try:
+        call = c.channel.stream_stream(f"/{FLIGHT_SERVICE}/DoExchange")(requests(), metadata=c.md,
+                                                                        timeout=CALL_BOUND_S)
+        it = iter(call)
+        first = [next(it), next(it)]  # the schema and the snapshot's first message
+        c.unary(SESSION + "CloseSession", session_pb2.HandshakeRequest())
+        other.where(b"s/lc_quotes", ["Price > 100"], 1)  # a round trip after the close
+        still_open = not call.done()
+        hold.set()  # the client half-closes
+        try:
+            for _ in it:
+                pass
+            ended = "OK"
+        except grpc.RpcError as exc:
+            ended = exc.code().name
+        return len(first), still_open, ended
+    finally:
+        hold.set()
+        c.close()
+        other.close()
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+def test_close_session_stops_its_subscriptions_like_deephaven(tw, dh):
+    """Deephaven stops a closed session's subscriptions without ending their calls, and never half-
+    closes a Barrage stream before its client: both servers keep the call open after the close.
+    One difference, kept on purpose: once the client half-closes, tickwire ends the call with OK,
+    where Deephaven 42.7 leaves it open until the client's deadline (the marshaller, closed with
+    the session, no longer hears the half-close)."""
+    got, dh_got = _subscription_after_close_session(tw), _subscription_after_close_session(dh)
+    assert got[:2] == dh_got[:2] == (2, True)
+    assert got[2] == "OK" and dh_got[2] == "DEADLINE_EXCEEDED"

@@ -24,10 +24,11 @@ import pytest
 from tests.harness import QUOTES, quotes_server, until
 from tickwire.clients.client import BarrageClient
 from tickwire.protocol.opening import exchange_opening, subscription_request
-from tickwire.protocol.proto import session_pb2
-from tickwire.protocol.proto.methods import FLIGHT_SERVICE, SESSION_SERVICE
+from tickwire.protocol.proto import config_pb2, session_pb2
+from tickwire.protocol.proto.methods import CONFIG_SERVICE, FLIGHT_SERVICE, SESSION_SERVICE
 from tickwire.server.app import TickwireServer
 from tickwire.server.engine import Engine, EngineConfig
+from tickwire.server.services.forward import FORWARDED_FOR, Forwarder, forwarded_peer
 
 SCHEMA = QUOTES
 EXCHANGE = f"/{FLIGHT_SERVICE}/DoExchange"
@@ -46,6 +47,7 @@ def worker(main) -> Iterator[TickwireServer]:
                        worker_of=main[1].target).start()
     yield w
     w.stop()
+    w.engine.stop()  # the server leaves its engine to whoever made it
 
 
 def _rows(sub) -> dict[str, float]:
@@ -137,23 +139,86 @@ def test_a_worker_subscriber_that_leaves_is_released_by_the_worker(main, worker)
     assert len(main[1].registry.subscriptions) == 1
 
 
-def test_a_worker_subscription_ends_when_the_caller_s_session_ends(main, worker):
-    """The caller's session lives in the engine process; when it is closed there, the worker ends
-    the subscriptions it serves for it with OK, as one process does (and Deephaven), and the
-    subscriptions of other sessions go on."""
+def test_a_worker_subscription_stops_when_the_caller_s_session_ends(main, worker):
+    """The caller's session lives in the engine process; when it is closed there, the worker stops
+    the subscriptions it serves for it, as one process does (nothing more is sent; the call ends
+    with OK when the client half-closes), and the subscriptions of other sessions go on."""
     with BarrageClient(worker.target) as a, BarrageClient(worker.target) as b:
         sa, sb = a.subscribe("quotes"), b.subscribe("quotes")
         assert sa.wait_for(lambda s: s.size == 3, 20) and sb.wait_for(lambda s: s.size == 3, 20)
         assert worker.router.counts["local"] == 2 and len(worker.registry.subscriptions) == 2
-        token = a.auth.metadata()
         with grpc.insecure_channel(worker.target) as ch:  # CloseSession, forwarded to the engine process
             ch.unary_unary(f"/{SESSION_SERVICE}/CloseSession")(
-                session_pb2.HandshakeRequest().SerializeToString(), metadata=token, timeout=20)
-        assert until(lambda: sa.closed, 20) and sa.error is None
+                session_pb2.HandshakeRequest().SerializeToString(), metadata=a.auth.metadata(), timeout=20)
         assert until(lambda: len(worker.registry.subscriptions) == 1, 20)
         engine = main[0]
         engine.write(engine.resolve("quotes"), pa.table({"Sym": ["S1"], "Px": [42.0]}, schema=SCHEMA))
-        assert sb.wait_for(lambda s: _rows(s).get("S1") == 42.0, 20) and not sb.closed
+        assert sb.wait_for(lambda s: _rows(s).get("S1") == 42.0, 20)
+        assert _rows(sa).get("S1") != 42.0 and not sa.closed and not sb.closed
+        sa.close()  # the client half-closes: OK
+        assert until(lambda: sa.closed, 20) and sa.error is None
+
+
+FORGED = "ipv4:203.0.113.7:4242"
+
+
+def _session_peers(srv: TickwireServer, target: str, metadata=(), clients: int = 1) -> list[str]:
+    """The peers the engine process `srv` recorded for sessions opened by calls to `target` from
+    `clients` connections open at once (grpcio's channels share connections unless told not to)."""
+    channels = [grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(clients)]
+    try:
+        tokens = []
+        for ch in channels:
+            _r, call = ch.unary_unary(f"/{CONFIG_SERVICE}/GetConfigurationConstants").with_call(
+                config_pb2.ConfigurationConstantsRequest().SerializeToString(),
+                metadata=(("authorization", "Anonymous"),) + tuple(metadata), timeout=20)
+            tokens.append(dict(call.initial_metadata())["authorization"].removeprefix("Bearer "))
+    finally:
+        for ch in channels:
+            ch.close()
+    peers = {s.token: s.peer for s in srv.sessions.live()}
+    return [peers[t] for t in tokens]
+
+
+def test_the_engine_process_names_the_client_a_worker_forwards_for():
+    """A worker names the client of each call it forwards under the key it shares with the
+    engine process, which records that client (in its sessions and logs) instead of the worker;
+    the header is believed only under the key, and a client's own is never passed on."""
+    with quotes_server(forward_key="k1") as (_engine, srv):
+        # straight to the engine process: believed under the key only
+        assert _session_peers(srv, srv.target, [(FORWARDED_FOR, f"k1 {FORGED}")]) == [FORGED]
+        (direct,) = _session_peers(srv, srv.target, [(FORWARDED_FOR, f"k2 {FORGED}")])
+        assert direct != FORGED and direct.startswith("ipv4:127.0.0.1:")
+        for key in ("k1", None):  # a worker with the key, and one without
+            w = TickwireServer(Engine(EngineConfig(interval_ms=60_000, cycle_on_write=True)), port=0,
+                               worker_of=srv.target, forward_key=key).start()
+            try:
+                # the client's own header is dropped; the worker names the client itself: two
+                # clients (two connections to the worker) are two peers, where without the key
+                # both are the worker's one connection to the engine process
+                peers = set(_session_peers(srv, w.target, [(FORWARDED_FOR, f"k1 {FORGED}")], clients=2))
+                assert FORGED not in peers and all(p.startswith("ipv4:127.0.0.1:") for p in peers)
+                assert len(peers) == (2 if key else 1), peers
+            finally:
+                w.stop()
+                w.engine.stop()
+
+
+def test_a_forwarder_names_each_call_s_client_under_its_key():
+    class Context:
+        def invocation_metadata(self):
+            return (("authorization", "Bearer t"), (FORWARDED_FOR, f"k1 {FORGED}"), ("user-agent", "grpc"))
+
+        def peer(self):
+            return "ipv4:10.1.2.3:9"
+
+    assert Forwarder("x:1", forwarded_key="k1").call_metadata(Context()) == [
+        ("authorization", "Bearer t"), (FORWARDED_FOR, "k1 ipv4:10.1.2.3:9")]
+    assert Forwarder("x:1").call_metadata(Context()) == [("authorization", "Bearer t")]
+    assert forwarded_peer([(FORWARDED_FOR, "k1 ipv4:10.1.2.3:9")], "k1") == "ipv4:10.1.2.3:9"
+    assert forwarded_peer([(FORWARDED_FOR, "k1 ipv4:10.1.2.3:9")], "k2") is None
+    assert forwarded_peer([(FORWARDED_FOR, "k1 ipv4:10.1.2.3:9")], None) is None
+    assert forwarded_peer([(FORWARDED_FOR, "k1")], "k1") is None
 
 
 def _workers_of(port: int) -> list[int]:
@@ -270,6 +335,7 @@ def test_a_replica_nobody_uses_is_dropped_and_made_again_when_needed(main):
             assert list(w.router.replicas) == ["quotes"] and w.router.counts["local"] == 2
     finally:
         w.stop()
+        w.engine.stop()
 
 
 def test_a_large_subscription_request_is_served_by_the_worker_too(main, worker):

@@ -93,6 +93,7 @@ def _ports(config) -> dict[str, Optional[int]]:
 
 def _serve(s: Settings) -> int:
     import dataclasses
+    import secrets
     import signal
     import threading
 
@@ -110,9 +111,11 @@ def _serve(s: Settings) -> int:
     if nworkers:
         if config.tls_cert is not None:
             raise ConfigError("--fanout-workers: the workers serve plaintext gRPC; TLS with workers is not supported")
-        # this process serves the workers on a loopback port of its own, and browsers on --web-port
+        # this process serves the workers on a loopback port of its own, and browsers on --web-port;
+        # the workers name the clients of the calls they forward under a key only they know
         config = dataclasses.replace(config, host="127.0.0.1", port=0,
-                                     web=config.web and config.web_port is not None)
+                                     web=config.web and config.web_port is not None,
+                                     forward_key=config.forward_key or secrets.token_hex(16))
     engine = Engine(config.engine)
     try:
         server = TickwireServer(engine, config).start()
@@ -126,6 +129,7 @@ def _serve(s: Settings) -> int:
         if nworkers:
             workers, public = start_workers(nworkers, server.target, public,
                                             interval_ms=float(s.values["interval_ms"]), psk=s.values.get("psk"),
+                                            forward_key=config.forward_key,
                                             log_level=s.log_level, log_format=s.log_format, gc_young=s.gc_young)
         freeze_startup()  # what startup built lives for the whole run: no full collection walks it again
         if config.engine.data_dir is not None:
@@ -162,7 +166,8 @@ WORKER_READY = "tickwire worker: serving"
 
 
 def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms: float, psk: Optional[str] = None,
-                  log_level: str = "info", log_format: str = "text", gc_young: int = 20_000
+                  forward_key: Optional[str] = None, log_level: str = "info", log_format: str = "text",
+                  gc_young: int = 20_000
                   ) -> tuple[list, tuple[str, int]]:
     """Starts `n` fan-out worker processes (`tickwire serve --worker-of UPSTREAM`) on the public
     (host, port) (port 0: a free one, the same for all) and waits for each to serve; returns them
@@ -182,6 +187,8 @@ def start_workers(n: int, upstream: str, public: tuple[str, int], *, interval_ms
     env = {k: v for k, v in os.environ.items() if not k.startswith("TICKWIRE_")}  # only what is passed here
     if psk:
         env["TICKWIRE_UPSTREAM_PSK"] = psk  # the replicas' credentials, not on the command line
+    if forward_key:
+        env["TICKWIRE_FORWARD_KEY"] = forward_key  # under which they name their callers
     cmd = [sys.executable, "-m", "tickwire", "serve", "--worker-of", upstream, "--host", public[0],
            "--port", str(public[1]), "--interval-ms", str(interval_ms), "--no-web",
            "--log-level", log_level, "--log-format", log_format, "--gc-young", str(gc_young)]

@@ -125,6 +125,10 @@ OPTIONS: tuple[Option, ...] = (
                                      "--fanout-workers starts)", commands=("serve",), metavar="HOST:PORT"),
     Option("upstream-psk", "str", None, "pre-shared key for the --replicate servers", commands=("serve",),
            secret=True),
+    Option("forward-key", "str", None, "a key shared by an engine process and its fan-out workers (what "
+                                       "--fanout-workers makes for the ones it starts): a worker passes each "
+                                       "forwarded call's client address under it, and the engine process logs "
+                                       "that address instead of the worker's", commands=("serve",), secret=True),
     Option("upstream-tls", "bool", False, "connect to the --replicate servers with TLS", commands=("serve",)),
     Option("staging-limit-mb", "int", 256, "MiB one producer of exactly-once writes (Spark's tickwire data source, a "
                                            "DoPut naming a transaction) may have staged; uploads beyond it wait",
@@ -499,6 +503,7 @@ def server_config(s: Settings):
                             metrics_port=v["metrics_port"], show_system_tables=v["show_system_tables"],
                             max_inbound_message_size=v["max_inbound_message_size"], replicate=replicate,
                             upstream_psk=v.get("upstream_psk"), upstream_tls=bool(v.get("upstream_tls")),
+                            forward_key=v.get("forward_key"),
                             history=history, history_refresh_s=v.get("history_refresh"),
                             merge_at=v.get("merge_at"), engine=engine)
     except ValueError as exc:

@@ -304,14 +304,18 @@ class FlightService:
                      extra={"event": "subscription_start", "subscription": sub_id, "table": table.name,
                             "view": describe_view(view, len(table.schema)), "session": session.id,
                             "peer": context.peer()})
-            # the session's end ends its subscriptions with OK, as Deephaven completes them; a server
-            # that stops leaves them to the transport (clients reconnect to the next one)
-            loop, ending = asyncio.get_running_loop(), handle
+            # the session's end (closed, expired) stops its subscriptions, as Deephaven's does; a
+            # server that stops leaves them to the transport (clients reconnect to the next one)
+            loop, session_ended = asyncio.get_running_loop(), asyncio.Event()
+
+            def stop(subscription: SubscriptionHandle = handle) -> None:
+                session_ended.set()
+                subscription.end()
 
             def session_over(reason: str) -> None:  # any thread: the one that ends the session
                 if reason != SHUTDOWN:
                     with contextlib.suppress(RuntimeError):  # the loop is gone: nobody reads any more
-                        loop.call_soon_threadsafe(ending.end)
+                        loop.call_soon_threadsafe(stop)
             forget_end = session.on_end(session_over)
             follower = asyncio.ensure_future(self._follow(requests, handle, session, table, sub_id))
             counters = self.counters
@@ -319,6 +323,19 @@ class FlightService:
                 counters.exchange_messages += 1
                 counters.exchange_bytes += len(p)
                 yield p
+            if session_ended.is_set() and not follower.done():
+                # nothing more is sent, and the call stays open until the client half-closes (then
+                # OK), as Deephaven never half-closes a Barrage stream before its client does
+                outcome = "stopped (its session ended)"
+                follower.cancel()
+                self.counters.retire(handle.sub)
+                handle.close()
+                while True:
+                    req = await requests.get()
+                    if req is None:
+                        break
+                    if isinstance(req, BaseException):
+                        raise req
         except BaseException as exc:
             outcome = outcome_of(exc)
             raise

@@ -16,18 +16,24 @@ decoded. A client that cancels cancels the forwarded call; a target that cannot 
 UNAVAILABLE naming it. `forward(method, requests, context, first=...)` passes one call on from a
 handler of one's own that has already read its first requests (to look at them and decide).
 
+The target sees the forwarder as the calls' peer. A Forwarder made with a `forwarded_key` names
+each call's own client to it in one more header, FORWARDED_FOR ("KEY PEER"); a target that knows
+the key takes that peer for the call's (`forwarded_peer`), and one that does not ignores it. A
+caller's own FORWARDED_FOR header is never passed on.
+
 This module holds no state of the calls it passes on beyond each call's own; it knows nothing of
 tickwire's engine, sessions or methods.
 """
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from typing import AsyncIterator, Collection, Optional, Sequence
 
 import grpc
 
-__all__ = ["Forwarder", "passed_metadata"]
+__all__ = ["FORWARDED_FOR", "Forwarder", "forwarded_peer", "passed_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,23 @@ def passed_metadata(md: Optional[Sequence[tuple[str, object]]]) -> list[tuple[st
     return out
 
 
+#: the header under which a Forwarder with a `forwarded_key` names the client of a call it passes on
+FORWARDED_FOR = "x-tickwire-forwarded-for"
+
+
+def forwarded_peer(metadata: Optional[Sequence[tuple[str, object]]], key: Optional[str]) -> Optional[str]:
+    """The client a forwarder sharing `key` named in a call's metadata, or None (no key, no such
+    header, or another key)."""
+    if not key:
+        return None
+    for k, v in metadata or ():
+        if k == FORWARDED_FOR and isinstance(v, str):
+            given, _, peer = v.partition(" ")
+            if peer and hmac.compare_digest(given.encode(), key.encode()):
+                return peer
+    return None
+
+
 class Forwarder(grpc.GenericRpcHandler):
     """A grpc.aio generic handler that forwards every call to `target` (see the module
     docstring). `options`: channel options of the connection to the target (message size
@@ -58,12 +81,16 @@ class Forwarder(grpc.GenericRpcHandler):
     tickwire does for its streaming-request methods (it checks credentials first). A request
     sent under a call the target has just refused fails, and grpcio then reports the call as
     INTERNAL ("Internal error from Core") in place of the target's status; holding the requests
-    until the headers keeps the target's refusal."""
+    until the headers keeps the target's refusal.
+
+    `forwarded_key`: names each call's client to the target under this key (FORWARDED_FOR)."""
 
     def __init__(self, target: str, *, options: Sequence[tuple[str, object]] = (),
-                 credentials: Optional[grpc.ChannelCredentials] = None, hold: Collection[str] = ()):
+                 credentials: Optional[grpc.ChannelCredentials] = None, hold: Collection[str] = (),
+                 forwarded_key: Optional[str] = None):
         self.target = target
         self.hold = frozenset(hold)
+        self.forwarded_key = forwarded_key
         self._options = list(options)
         self._credentials = credentials
         self._channel: Optional[grpc.aio.Channel] = None
@@ -91,6 +118,14 @@ class Forwarder(grpc.GenericRpcHandler):
             channel, self._channel = self._channel, None
             await channel.close()
 
+    def call_metadata(self, context: grpc.aio.ServicerContext) -> list[tuple[str, object]]:
+        """The metadata a call of `context` passes on: its own (`passed_metadata`) but a
+        FORWARDED_FOR header, and with `forwarded_key` this forwarder's naming its client."""
+        md = [(k, v) for k, v in passed_metadata(context.invocation_metadata()) if k != FORWARDED_FOR]
+        if self.forwarded_key:
+            md.append((FORWARDED_FOR, f"{self.forwarded_key} {context.peer()}"))
+        return md
+
     async def forward(self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
                       first: Sequence[bytes] = ()) -> AsyncIterator[bytes]:
         """Makes the call `method` ("/package.Service/Method") on the target with `first` (the
@@ -98,7 +133,7 @@ class Forwarder(grpc.GenericRpcHandler):
         it ends: its status, details and trailing metadata become this call's."""
         remaining = context.time_remaining()
         call = self.channel().stream_stream(method)(
-            metadata=passed_metadata(context.invocation_metadata()),
+            metadata=self.call_metadata(context),
             timeout=remaining if remaining is not None and remaining < 1e9 else None)
         writer = asyncio.ensure_future(_pump(call, requests, first, method in self.hold))
         failure: Optional[grpc.aio.AioRpcError] = None

@@ -105,10 +105,12 @@ def short(text: str, limit: int = MAX_DETAILS) -> str:
 
 
 # -- peers ----------------------------------------------------------------------------------------------
-#: `resolve(peer)`: the client's own address for a peer as grpcio names it, else `peer` unchanged. The
-#: port splitter (tickwire.server.web) hands grpcio its connections over a loopback hop, so grpcio sees
-#: 127.0.0.1:<the hop's port>; its server passes the splitter's resolver to its handlers.
-PeerResolver = Callable[[str], str]
+#: `resolve(peer, metadata)`: the client's own address for a peer as grpcio names it (and the call's
+#: metadata), else `peer` unchanged. The port splitter (tickwire.server.web) hands grpcio its
+#: connections over a loopback hop, so grpcio sees 127.0.0.1:<the hop's port>, and a fan-out worker
+#: forwards calls under its own address (naming the client in a header); the server passes a
+#: resolver that sees through both to its handlers.
+PeerResolver = Callable[[str, Sequence[tuple[str, object]]], str]
 
 
 class _RealPeerContext:
@@ -132,7 +134,7 @@ def _with_real_peer(context, resolve: Optional[PeerResolver]):
     if resolve is None:
         return context
     peer = context.peer()
-    real = resolve(peer)
+    real = resolve(peer, context.invocation_metadata() or ())
     return context if real == peer else _RealPeerContext(context, real)
 
 
