@@ -18,6 +18,11 @@ engine holds only replicas. Every call it receives goes through its `WorkerRoute
     to the engine process as raw bytes (`tickwire.server.services.forward`), so that it answers
     them as one process would.
 
+A subscription the worker serves stops when the caller's session ends in the engine process
+(closed, expired), as one process stops it: the worker holds a TerminationNotification of that
+session open there, and on its UNAUTHENTICATED answer ends the local subscription; the caller's
+call stays open until the caller half-closes (then OK).
+
 What a worker's subscriber sees: the engine's table as its replica follows it, each engine cycle
 whole (a replica applies one upstream message per cycle of its own, never part of one; a worker
 made by `tickwire serve` runs that cycle as the message arrives, EngineConfig.cycle_on_write), one
@@ -84,12 +89,12 @@ class _LocalContext:
         return getattr(self._context, name)
 
 
-def _session_metadata(headers: list[tuple[str, object]], context: grpc.aio.ServicerContext
-                      ) -> list[tuple[str, object]]:
+def _session_metadata(headers: list[tuple[str, object]]) -> Optional[list[tuple[str, object]]]:
     """The caller's session in the engine process, as a call's metadata: the bearer token the
-    engine answered the check with, else the caller's own credentials."""
-    bearer = [(k, v) for k, v in headers if k == "authorization"]
-    return bearer[-1:] or [(k, v) for k, v in passed_metadata(context.invocation_metadata()) if k == "authorization"]
+    engine answered the check with (None without one: other credentials would open a session of
+    their own)."""
+    bearer = [(k, v) for k, v in headers if k == "authorization" and str(v).startswith("Bearer ")]
+    return bearer[-1:] or None
 
 
 class _CallerRequests:
@@ -249,7 +254,8 @@ class WorkerRouter(grpc.GenericRpcHandler):
         # subscription as it does there (a half-close for the local call) and the caller's call
         # stays open until the caller half-closes
         ended = asyncio.Event()
-        watch = asyncio.ensure_future(self._watch_session(_session_metadata(headers, context), ended))
+        session = _session_metadata(headers)
+        watch = asyncio.ensure_future(self._watch_session(session, ended)) if session is not None else None
         caller = _CallerRequests(it, ended)
 
         async def replay() -> AsyncIterator[bytes]:
@@ -263,7 +269,8 @@ class WorkerRouter(grpc.GenericRpcHandler):
             if ended.is_set():
                 await caller.rest()
         finally:
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
             caller.cancel()
 
     async def _watch_session(self, metadata: list[tuple[str, object]], ended: asyncio.Event) -> None:
