@@ -92,6 +92,17 @@ def _past_deadline(context) -> None:
 # the first batch's PutResult before it half-closes.
 
 
+async def _half_closed(requests: asyncio.Queue) -> None:
+    """Waits for the client's half-close of a DoExchange (None in its `requests`), dropping any
+    request before it; raises the error that ends the request stream instead."""
+    while True:
+        req = await requests.get()
+        if req is None:
+            return
+        if isinstance(req, BaseException):
+            raise req
+
+
 class FlightService:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
@@ -330,12 +341,7 @@ class FlightService:
                 follower.cancel()
                 self.counters.retire(handle.sub)
                 handle.close()
-                while True:
-                    req = await requests.get()
-                    if req is None:
-                        break
-                    if isinstance(req, BaseException):
-                        raise req
+                await _half_closed(requests)
         except BaseException as exc:
             outcome = outcome_of(exc)
             raise
@@ -420,12 +426,7 @@ class FlightService:
         self.ctx.record_snapshot(table, "snapshot", rows=n, columns=columns, nbytes=sent, messages=messages,
                         snapshot_s=read - started, write_s=time.perf_counter() - read, step=msg.step)
         # the stream ends (OK) once the client half-closes (docs/flows.md#half-close-and-end-of-stream)
-        while True:
-            nxt = await requests.get()
-            if nxt is None:
-                return
-            if isinstance(nxt, BaseException):
-                raise nxt
+        await _half_closed(requests)
 
     # -- DoPut ------------------------------------------------------------------------------------------
     async def do_put(self, request_iterator, context):
