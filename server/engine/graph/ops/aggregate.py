@@ -50,7 +50,7 @@ from tickwire.server.engine.graph.ops.base import (
     expression_columns,
     shifted_rows,
 )
-from tickwire.server.engine.graph.ops.join_keys import GroupHints, group_edges, group_members
+from tickwire.server.engine.graph.ops.join_keys import GroupHints, group_edges, group_members, joined
 from tickwire.server.engine.graph.order import MEMBERS_BUDGET, OrderIndex
 from tickwire.server.engine.graph.row_set import RowSet
 from tickwire.server.engine.graph.table_update import ModifiedColumnSet, TableUpdate
@@ -938,6 +938,9 @@ class AggregateTable(_Op):
                     members.set_last_word(members.key_of(old_k), new_k)
                 if self._row_keys:  # the groups' first/last row keys moved with them
                     touched.append(self._mgid[slot_of.get(new_k)])
+        # (members words, groups) of rows that moved to another group or arrived: put into the
+        # members index after step 4
+        put: list[tuple[list[np.ndarray], np.ndarray]] = []
         # 3. modified rows: old values leave, new values come (possibly to another group)
         mod = up.modified.keys()
         cols = up.modified_columns
@@ -961,9 +964,7 @@ class AggregateTable(_Op):
                 if members is not None:
                     mk = mod[moved]
                     members.delete(members.key_of(mk))
-                    assert self._hints is not None
-                    self._hints.insert([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)], g_new[moved],
-                                       self._count)
+                    put.append(([(g_new[moved] + 1).astype(np.uint64), mk.astype(np.uint64)], g_new[moved]))
         # 4. added rows
         add = up.added.keys()
         if add.size:
@@ -977,9 +978,13 @@ class AggregateTable(_Op):
             if self.inputs:
                 self._values.write(slots, in_vals)
             _scatter_add(self._count, g, 1)
-            if self._hints is not None:
-                self._hints.insert([(g + 1).astype(np.uint64), add.astype(np.uint64)], g, self._count)
+            if members is not None:
+                put.append(([(g + 1).astype(np.uint64), add.astype(np.uint64)], g))
             came.append((g, in_vals))
+        if put:   # moved and added rows into the members index in one insert: one search of it
+            assert self._hints is not None
+            words, groups = joined(put)
+            self._hints.insert(words, groups, self._count)
         # 5. the linear kinds follow; groups that lost values are rescanned for ordered kinds
         for g, vals in left:
             touched.append(g)

@@ -276,8 +276,10 @@ class JoinSide:
         the element just before each added row (-1 where unknown), to spare the index's search."""
         ch = SideChange()
         touched = []
-        # (members words, groups, key of the element before or -1) of rows to put in the index
-        inserts: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]] = []
+        # (members words, groups) of rows to put in the index, in one insert at the end (one search
+        # of the index for all); `hint`: the key of the element before each added row (-1: unknown)
+        put: list[tuple[list[np.ndarray], np.ndarray]] = []
+        hint: Optional[np.ndarray] = None
         rem = up.removed.keys()
         if rem.size:
             g = self.group_of.get(rem)
@@ -320,10 +322,8 @@ class JoinSide:
                     w_new = self.order_words(mod) if self.order is not None else _EMPTY
                 rk = mod[replace]
                 self.members.delete(self.members.key_of(rk))
-                # put back with the added rows: one search of the index for both
-                inserts.append((self._member_words(g_new[replace], rk,
-                                                   w_new[replace] if self.order is not None else _EMPTY),
-                                g_new[replace], np.full(rk.size, -1, dtype=np.int64)))
+                put.append((self._member_words(g_new[replace], rk,
+                                               w_new[replace] if self.order is not None else _EMPTY), g_new[replace]))
         add = up.added.keys()
         if add.size:
             g, w = self._groups_and_words(add, True)
@@ -331,16 +331,15 @@ class JoinSide:
             np.add.at(self.count, g, 1)
             if self.members is not None:
                 hint = before(g, add) if before is not None and self.order is None else None
-                inserts.append((self._member_words(g, add, w), g,
-                                hint if hint is not None else np.full(add.size, -1, dtype=np.int64)))
+                put.append((self._member_words(g, add, w), g))
             ch.added, ch.added_groups = add, g
             touched.append(g)
-        if inserts:
+        if put:
             assert self.hints is not None
-            words = [np.concatenate([i[0][n] for i in inserts]) for n in range(len(inserts[0][0]))]
-            hints = np.concatenate([i[2] for i in inserts])
-            self.hints.insert(words, np.concatenate([i[1] for i in inserts]), self.count,
-                              before=hints if (hints >= 0).any() else None)
+            words, groups = joined(put)
+            if hint is not None:   # the added rows come last
+                hint = np.concatenate((np.full(groups.size - hint.size, -1, dtype=np.int64), hint))
+            self.hints.insert(words, groups, self.count, before=hint)
         self._grow()
         ch.touched = unique(np.concatenate(touched)) if touched else _EMPTY
         if self.space.ids is not None:
@@ -360,6 +359,14 @@ class JoinSide:
         """The first (front) or last row key of each group (-1 when it has none)."""
         assert self.members is not None
         return group_edges(self.members, groups, front)
+
+
+def joined(parts: list[tuple[list[np.ndarray], np.ndarray]]) -> tuple[list[np.ndarray], np.ndarray]:
+    """(words, groups) of batches of elements (each its words and groups), in order, for one
+    insert into a members index: one search of the index for all of them."""
+    if len(parts) == 1:
+        return parts[0]
+    return [np.concatenate(ws) for ws in zip(*(p[0] for p in parts))], np.concatenate([p[1] for p in parts])
 
 
 def _tops(m: OrderIndex, n: int) -> list[np.ndarray]:
