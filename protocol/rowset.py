@@ -11,8 +11,8 @@ OFFSET, runs of at least four byte-sized deltas between two-byte deltas become t
 and trailing byte-sized deltas always go out as bytes.
 
 Both directions are vectorized and linear in the number of ranges (decoding large inputs is
-O(bytes * log(commands)) through pointer doubling over the command stream; small inputs take a
-direct scan, which is faster for the few bytes most messages carry).
+O(bytes * log(commands)) through pointer doubling over the command stream). Small inputs take a
+direct scan both ways, which is faster for the few ranges and bytes most messages carry.
 """
 from __future__ import annotations
 
@@ -205,10 +205,93 @@ def _deltas(r: np.ndarray) -> np.ndarray:
 
 def encode_rowset(ranges: npt.ArrayLike) -> bytes:
     """Encodes closed ranges as Deephaven's compressed-delta RowSet bytes (docs/rowsets.md#encoding-rules)."""
-    r = normalize_ranges(ranges)
+    r = _as_ranges(ranges)
+    if 0 < r.shape[0] <= _SMALL_RANGES:
+        return _encode_small(r.tolist())
+    r = normalize_ranges(r)
     if r.shape[0] == 0:
         return EMPTY_ROWSET_BYTES
     return _encode_deltas(_deltas(r)).tobytes()
+
+
+#: up to this many ranges a row set is encoded by a scan in Python: the vectorized encoder's fixed
+#: cost (some seventy numpy calls, about 200 us) is most of a message's metadata, which most often
+#: names a viewport or a few runs of rows
+_SMALL_RANGES = 32
+_WIDTH_OF = ((W_BYTE, 1), (W_SHORT, 2), (W_INT, 4))
+
+
+def _width(v: int) -> tuple[int, int]:
+    """The narrowest (width code, bytes) for a signed value."""
+    for code, nbytes in _WIDTH_OF:
+        if -(1 << (8 * nbytes - 1)) <= v < (1 << (8 * nbytes - 1)):
+            return code, nbytes
+    return W_LONG, 8
+
+
+def _encode_small(ranges: list[list[int]]) -> bytes:
+    """`encode_rowset` of a few ranges (a list of [start, end]), with the same validation and
+    merging as `normalize_ranges` and the same bytes as `_encode_deltas`."""
+    if ranges[0][0] < 0:
+        raise ValueError(f"row set values must be non-negative, got {ranges[0][0]}")
+    for i, (s, e) in enumerate(ranges):
+        if e < s:
+            raise ValueError(f"range {i} has end {e} before start {s}")
+    d: list[int] = []   # the delta sequence (`_deltas`)
+    prev_end, start, end = 0, ranges[0][0], ranges[0][0] - 1
+    for i, (s, e) in enumerate(ranges):
+        if i and s <= end:
+            raise ValueError(f"ranges must be sorted and disjoint: range {i} starts at {s} "
+                             f"but range {i - 1} ends at {end}")
+        if i and s == end + 1:   # adjacent: one range
+            end = e
+            continue
+        if i:
+            d.append(start - prev_end)
+            if end > start:
+                d.append(start - end)
+            prev_end = end
+        start, end = s, e
+    d.append(start - prev_end)
+    if end > start:
+        d.append(start - end)
+    m = len(d)
+    # labels as `_encode_deltas` gives them: 2 a big delta (alone), 1 a member of a run of
+    # byte-sized deltas that goes out as a BYTE_ARRAY, 0 a member of a SHORT_ARRAY
+    big = [abs(x) >= 32767 for x in d]
+    label = [2 if b else 0 for b in big]
+    i = 0
+    while i < m:
+        if big[i] or not -128 <= d[i] <= 127:
+            i += 1
+            continue
+        j = i
+        while j < m and not big[j] and -128 <= d[j] <= 127:
+            j += 1
+        if j == m or big[j] or j - i >= 4:
+            label[i:j] = [1] * (j - i)
+        i = j
+    out = bytearray()
+    i = 0
+    while i < m:
+        j = i + 1
+        if label[i] != 2:
+            while j < m and label[j] == label[i]:
+                j += 1
+        if j - i == 1:
+            code, nbytes = _width(d[i])
+            out.append(OFFSET | code)
+            out += d[i].to_bytes(nbytes, "little", signed=True)
+        else:
+            code, nbytes = _width(j - i)
+            out.append((BYTE_ARRAY if label[i] == 1 else SHORT_ARRAY) | code)
+            out += (j - i).to_bytes(nbytes, "little", signed=True)
+            size = 1 if label[i] == 1 else 2
+            for v in d[i:j]:
+                out += v.to_bytes(size, "little", signed=True)
+        i = j
+    out.append(END)
+    return bytes(out)
 
 
 def _encode_deltas(d: np.ndarray) -> np.ndarray:

@@ -434,3 +434,25 @@ def test_subscribers_asking_for_ever_other_columns_keep_few_shared_snapshots():
         c.pump()
     firsts = {cols: c.taken[0] for cols, c in zip(column_sets, later)}
     assert _kept_snapshots(registry, table, firsts) == [(1, 2), (0, 1)]
+
+
+@pytest.mark.parametrize("array", [
+    pa.array(np.arange(300, dtype=np.int64)),
+    pa.array([1, None, 3] * 100, type=pa.int64()),
+    pa.array([1, None, 3] * 100, type=pa.int32()).slice(5, 50),
+    pa.array([1.5, None] * 33).slice(1, 21),
+    pa.array(np.arange(40, dtype=np.int64)).cast(pa.timestamp("ns", tz="UTC")).slice(3, 30),
+    pa.array([b"abcd", None, b"efgh"], type=pa.binary(4)),
+    pa.array(["a", None, "ccc"] * 10).slice(2, 9),
+    pa.array([True, None] * 5),
+    pa.array(["x", "y", "x"]).dictionary_encode(),
+    pa.array([[1, 2], None, [3, 4]], type=pa.list_(pa.int64(), 2)),
+    pa.array([], type=pa.float32()),
+])
+def test_message_sizes_count_what_pyarrow_counts(array: pa.Array) -> None:
+    """A message's size (subscriber statistics, chunking) is computed from the lengths of
+    fixed-width columns instead of pyarrow's walk of their buffers: the same figure for the
+    arrays the graph's gathers make (a validity buffer only with nulls)."""
+    from tickwire.server.engine.publishing.messages import array_nbytes
+    assert array_nbytes(array) == array.nbytes
+    assert array_nbytes(array) == array.nbytes   # and again from the widths it keeps

@@ -492,3 +492,35 @@ def test_the_three_command_scanners_and_both_delta_paths_agree_on_random_and_cor
         assert (results[0] is None) == (results[1] is None)
         if results[0] is not None:
             assert np.array_equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+
+
+def _encode_vectorized(ranges: np.ndarray) -> bytes:
+    r = rs.normalize_ranges(ranges)
+    return rs.EMPTY_ROWSET_BYTES if r.shape[0] == 0 else rs._encode_deltas(rs._deltas(r)).tobytes()
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rowsets(max_ranges=rs._SMALL_RANGES), st.data())
+def test_the_scan_of_few_ranges_encodes_as_the_vectorized_encoder(ranges, data):
+    """Row sets of up to _SMALL_RANGES ranges (a viewport, a few runs of rows) are encoded by a
+    scan in Python; it gives the vectorized encoder's bytes, adjacent ranges included."""
+    if ranges.shape[0] > 1 and data.draw(st.booleans()):
+        # make some ranges adjacent to the one before (one range once merged)
+        adjacent = np.array(data.draw(st.lists(st.booleans(), min_size=ranges.shape[0] - 1,
+                                               max_size=ranges.shape[0] - 1)))
+        ranges = ranges.copy()
+        ranges[1:, 0] = np.where(adjacent, ranges[:-1, 1] + 1, ranges[1:, 0])
+        ranges = ranges[np.r_[True, ranges[1:, 0] <= ranges[1:, 1]]]
+        ranges = ranges[np.r_[True, ranges[1:, 0] > ranges[:-1, 1]]]
+    assert 0 < ranges.shape[0] <= rs._SMALL_RANGES or ranges.shape[0] == 0
+    assert encode_rowset(ranges) == _encode_vectorized(ranges)
+
+
+@pytest.mark.parametrize("bad", [R((5, 4)), R((0, 5), (3, 9)), R((10, 12), (0, 1)), R((-1, 3)),
+                                 R((0, 5), (3, 9), (12, 11)), R((0, 5), (5, 9))])
+def test_the_scan_of_few_ranges_refuses_what_the_vectorized_encoder_refuses(bad):
+    with pytest.raises(ValueError) as scan:
+        encode_rowset(bad)
+    with pytest.raises(ValueError) as vectorized:
+        _encode_vectorized(bad)
+    assert str(scan.value) == str(vectorized.value)
