@@ -196,6 +196,41 @@ def test_order_index_keeps_order_under_random_inserts_deletes_and_moves(seed, sp
     assert total_moves > 0  # crowded gaps did happen
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("nwords", [1, 2, 3])
+def test_the_search_through_the_fence_finds_what_the_plain_search_finds(seed, nwords):
+    """A large index searches its fence and then the slots between two samples (by lifting in
+    fixed steps); on any index it gives the plain search's answer: queries tied with elements,
+    between them, before the first, after the last, and after every element of a first word."""
+    rng = np.random.default_rng(seed)
+    idx = OrderIndex(nwords, 2)
+    idx.local_first = 0   # a fence from the first slot, as an index of millions keeps
+    for n in (1, 7, 300, 5000):
+        ids = rng.permutation(n).astype(np.uint64) * 2 + 1   # distinct, odd
+        words = [rng.integers(1, max(2, n // 20), n).astype(np.uint64)]
+        words += [rng.integers(0, 50, n).astype(np.uint64) for _ in range(nwords - 2)]
+        words = words + [ids] if nwords > 1 else [ids]
+        order = np.lexsort(words[::-1])
+        idx.build([w[order] for w in words])
+        assert idx.F is not None
+        m = 400
+        q = [rng.integers(0, max(3, n // 20) + 2, m).astype(np.uint64)]
+        if nwords == 1:
+            q = [rng.integers(0, 2 * n + 2, m).astype(np.uint64) * 2]   # even: never an element's
+        else:
+            q += [rng.integers(0, 50, m).astype(np.uint64) for _ in range(nwords - 2)]
+            q.append(rng.integers(0, 2 * n + 2, m).astype(np.uint64) * 2)   # even: never an element's
+            top = rng.random(m) < 0.25   # after every element tied on the first word
+            for w in q[1:]:
+                w[top] = np.iinfo(np.uint64).max
+        order = np.lexsort(q[::-1])
+        q = [w[order] for w in q]
+        fenced = idx._fenced_search(q)
+        if fenced is None:   # no sample inside the region
+            continue
+        assert np.array_equal(fenced, idx._search(q))
+
+
 def test_locate_finds_neighbours_and_the_ends():
     idx = OrderIndex(2, 4)
     vals = np.array([10, 20, 20, 30], dtype=np.uint64)

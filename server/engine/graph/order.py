@@ -231,6 +231,31 @@ def _halve(a: np.ndarray, b: np.ndarray, greater: Callable[[np.ndarray], np.ndar
         a = np.where(go & ~gt, mid + 1, a)
 
 
+def _lex_not_greater(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """Row-wise a <= b over word lists (lexicographic)."""
+    if len(a) == 2:
+        le: np.ndarray = (a[0] < b[0]) | ((a[0] == b[0]) & (a[1] <= b[1]))
+        return le
+    return ~_lex_greater(a, b)
+
+
+def _lift(a: np.ndarray, b: np.ndarray, width: int, W: list[np.ndarray], q: list[np.ndarray]) -> np.ndarray:
+    """For ranges [a[i], b[i]) of at most `width` slots of W (word arrays, non-decreasing over
+    each range): the first index of each whose words are greater than query i's (b[i] where none
+    is). Binary lifting from a - 1 in the same power-of-two steps for every range, which takes
+    half the numpy calls of a halving (`_halve`) per step."""
+    base = a - 1
+    top = W[0].size - 1
+    step = 1 << max(0, int(width).bit_length() - 1)
+    while step:
+        cand = base + step
+        at = np.minimum(cand, top)
+        base = np.where(_lex_not_greater([w[at] for w in W], q) & (cand < b), cand, base)
+        step >>= 1
+    out: np.ndarray = base + 1
+    return out
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated aranges: (values, owner index) for ranges [starts[i], starts[i] + lengths[i])."""
     lengths = np.maximum(lengths, 0)
@@ -480,7 +505,8 @@ class OrderIndex:
 
     def _fenced_search(self, q: list[np.ndarray]) -> Optional[np.ndarray]:
         """`_search` through the fence (the words of every FENCE-th slot): the fence is searched
-        for the two samples around each query, then the FENCE slots between them. On a large
+        for the two samples around each query, then the FENCE - 1 slots between them (`_lift`,
+        as they are the same number for every query but at the region's ends). On a large
         index a search of the whole arrays misses the cache at nearly every step; the fence is
         a 256th of their size and mostly stays in the caches. None when the region holds
         no sample."""
@@ -504,7 +530,7 @@ class OrderIndex:
         # them (or is the region's first) and at or before the next sample (or the region's end)
         a = np.where(c > 0, (jl + c - 1) * B + 1, lo) - lo
         b = np.where(c <= jh - jl, (jl + c) * B, hi + 1) - lo
-        return _halve(a, b, lambda mid: _lex_greater([w[lo + np.minimum(mid, hi - lo)] for w in self.W], q))
+        return _lift(a, b, B - 1, [w[lo:hi + 1] for w in self.W], q)
 
     def _refence(self, slots: Optional[np.ndarray] = None) -> None:
         """Brings the fence up to date after writes to `slots` (all slots when None); an index
