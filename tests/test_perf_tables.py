@@ -31,7 +31,7 @@ from tickwire.server.engine.perf_tables import (
 
 SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("sym", pa.string())])
 ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")], timeout=30)
-PERF = PerfTablesConfig(capacity=2_000, barrage_interval_s=0.1)
+PERF = PerfTablesConfig(capacity=2_000, barrage_interval_s=0.1, flush_interval_s=0.05)
 
 
 def batch(start: int, n: int) -> pa.Table:
@@ -307,3 +307,51 @@ def test_rows_shifted_counts_the_rows_the_shifts_moved():
         assert rows_shifted(update, rows) == want
         moved += want
     assert moved > 0  # the case was exercised
+
+
+def test_the_rows_of_an_interval_are_written_together_once_it_has_passed():
+    """The cycles' and the snapshots' rows are kept and written once every flush interval of the
+    engine's clock (one write a table, not one a cycle), in the order recorded; nothing is lost in
+    between, and what is kept when the recording stops is written then."""
+    from tickwire.server.engine.publishing import PublisherRegistry
+
+    clock = ManualClock()
+    config = PerfTablesConfig(capacity=1_000, barrage_interval_s=100.0, flush_interval_s=0.1)
+    engine = Engine(EngineConfig(interval_ms=10, perf_tables=config), clock=clock)
+    ticks, _ = engine.get_or_create(TableSpec("ticks", "append", SCHEMA))
+    registry = PublisherRegistry(engine)
+    engine.perf.attach(registry)
+    upl = engine.perf.tables[UPDATE_PERFORMANCE]
+    snl = engine.perf.tables[SNAPSHOT_PERFORMANCE]
+
+    def written(table) -> pa.Table:
+        return of_table(engine.snapshot(table)[1], "ticks")
+
+    def cycle(n: int = 0, seconds: float = 0.01) -> None:
+        if n:
+            engine.write(ticks, batch(0, n), wait=False)
+        clock.advance(seconds)
+        engine.run_cycle()
+
+    sizes = [3, 5, 8, 13, 21, 34, 55, 89]  # eight cycles, 80 ms of the engine's clock: under one interval
+    for n in sizes:
+        cycle(n)
+    engine.perf.snapshot(ticks, "doget", rows=7, columns=3, nbytes=99, messages=2, snapshot_s=0.001,
+                         write_s=0.002, step=engine.step)
+    assert written(upl).num_rows == 0 and written(snl).num_rows == 0
+    cycle(seconds=0.019)  # 99 ms: still under the interval
+    assert written(upl).num_rows == 0
+    cycle(seconds=0.0015)  # the interval has passed: this cycle writes all eight rows, the next applies them
+    cycle()
+    rows = written(upl)
+    assert rows["RowsAdded"].to_pylist() == sizes
+    assert rows["TableSize"].to_pylist() == list(np.cumsum(sizes))
+    steps = rows["Step"].to_pylist()
+    assert steps == sorted(steps) and len(set(steps)) == len(sizes)
+    assert written(snl)["Rows"].to_pylist() == [7]
+    # a cycle's row, then the recording stops before the interval has passed: written at the stop
+    cycle(4)
+    assert written(upl).num_rows == len(sizes)
+    engine.perf.detach(registry)
+    cycle()
+    assert written(upl)["RowsAdded"].to_pylist() == sizes + [4]

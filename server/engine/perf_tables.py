@@ -23,8 +23,11 @@ authenticated client, listed only by a server started with --show-system-tables.
 Nothing about the performance tables themselves is recorded (their changes, their subscriptions,
 their snapshots), so an idle server's performance tables stay still: a row is only ever caused by
 another table's work or a client's call. Recording happens once per cycle, per subscription per
-interval and per call, from small Python lists, never per row of data; the rows of a cycle are
-written in one batch that the next cycle applies.
+interval and per call, from small Python lists, never per row of data. The rows recorded per cycle
+and per snapshot are kept (the newest `capacity` of each) and written every `flush_interval_s` of
+the engine's clock, one batch a table, which the next cycle applies: a write costs a few hundred
+microseconds whatever its rows, so at a 10 ms cycle a write a cycle cost more than a small table's
+cycle it described. Subscriptions' rows are written every `barrage_interval_s`.
 
 One `PerfTables` per engine (`Engine.perf`, made from `EngineConfig.perf_tables`); each server on
 the engine attaches its publisher registry (`attach`) and its Flight service records its calls
@@ -128,6 +131,8 @@ class PerfTables:
         self.tables: dict[str, Table] = {}
         self._lock = threading.Lock()
         self._snapshots: collections.deque[_Row] = collections.deque(maxlen=self.config.capacity)
+        self._updates: collections.deque[_Row] = collections.deque(maxlen=self.config.capacity)  # cycle thread only
+        self._flushed = self.clock.monotonic()
         self._registries: list[PublisherRegistry] = []
         self._seen: dict[Subscriber, _Seen] = {}  # for the subscriptions recorded so far
         self._sampled = self.clock.monotonic()
@@ -159,7 +164,7 @@ class PerfTables:
                 registry.on_snapshot = self._subscription_snapshot
             if not self._listening:
                 self._listening = True
-                self._sampled = self.clock.monotonic()
+                self._sampled = self._flushed = self.clock.monotonic()
                 self.graph.add_cycle_listener(self._on_cycle)
 
     def detach(self, registry: "PublisherRegistry") -> None:
@@ -172,6 +177,7 @@ class PerfTables:
                 self._listening = False
                 self.graph.remove_cycle_listener(self._on_cycle)
                 self._seen.clear()
+                self._flush()  # what the last interval recorded, for a reader of the tables after
 
     # -- snapshots (any thread) ------------------------------------------------------------------------
     def snapshot(self, table: Table, kind: str, *, rows: int, columns: int, nbytes: int, messages: int,
@@ -199,16 +205,24 @@ class PerfTables:
 
     # -- the cycle listener (under the graph's lock) ---------------------------------------------------
     def _on_cycle(self, step: int) -> None:
-        self._write(UPDATE_PERFORMANCE, UPDATE_SCHEMA, self._update_rows(step))
-        with self._lock:
-            snaps = list(self._snapshots)
-            self._snapshots.clear()
-        self._write(SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA, snaps)
+        self._updates.extend(self._update_rows(step))
         now = self.clock.monotonic()
+        if now - self._flushed >= self.config.flush_interval_s:
+            self._flushed = now
+            self._flush()
         if now - self._sampled >= self.config.barrage_interval_s:
             rows = self._barrage_rows(now - self._sampled)
             self._sampled = now
             self._write(BARRAGE_PERFORMANCE, BARRAGE_SCHEMA, rows)
+
+    def _flush(self) -> None:
+        """Writes the cycles' and the snapshots' rows kept since the last flush."""
+        self._write(UPDATE_PERFORMANCE, UPDATE_SCHEMA, list(self._updates))
+        self._updates.clear()
+        with self._lock:
+            snaps = list(self._snapshots)
+            self._snapshots.clear()
+        self._write(SNAPSHOT_PERFORMANCE, SNAPSHOT_SCHEMA, snaps)
 
     def _update_rows(self, step: int) -> list[_Row]:
         g = self.graph
@@ -271,11 +285,19 @@ class PerfTables:
         if not rows or table is None:
             return
         columns = list(zip(*rows))
-        data = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, schema)], schema=schema)
+        data = pa.Table.from_arrays([_array(c, f.type) for c, f in zip(columns, schema)], schema=schema)
         try:
             self.engine.write(table, data, wait=False)
         except TickwireError:
             log.debug("performance table %r refused a write", name, exc_info=True)
+
+
+def _array(values: tuple[Any, ...], t: pa.DataType) -> pa.Array:
+    """A column of recorded values; times (integers of nanoseconds) are made as int64 and viewed as
+    their type, which skips pyarrow's time-zone lookups (a dozen environment reads a column)."""
+    if pa.types.is_timestamp(t):
+        return pa.array(values, type=_I64).view(t)
+    return pa.array(values, type=t)
 
 
 def _kind(sub: "Subscriber") -> str:
