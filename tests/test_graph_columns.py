@@ -129,3 +129,87 @@ def test_a_small_string_column_that_churns_holds_a_few_times_its_live_bytes():
     assert peak <= 4 * (live + (1 << 16))
     want = store.gather(np.arange(2_000, dtype=np.int64)).column("Sym").to_pylist()
     assert all(isinstance(v, str) and v.startswith("S") for v in want)
+
+
+def _appended(rng, start: int, n: int) -> pa.Table:
+    ids = np.arange(start, start + n, dtype=np.int64)
+    x = pa.array(ids * 0.5, mask=rng.random(n) < 0.1)
+    sym = pa.array([f"s{i % 13}" * (i % 4) for i in ids.tolist()], mask=rng.random(n) < 0.1)
+    pair = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 2).astype(np.int32)), 2)
+    return pa.table({"id": ids, "x": x, "sym": sym, "pair": pair, "nothing": pa.nulls(n)})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_appending_store_doubles_ahead_and_holds_what_was_written(seed, monkeypatch):
+    """Appends of random sizes through ensure_appending: each doubling is prepared on its own
+    thread once the store is three quarters full and swapped in (by the append that needs it or
+    the first after the copy is done) with the rows appended meanwhile; every value reads back."""
+    monkeypatch.setattr(ColumnStore, "ahead_from", 64)
+    rng = np.random.default_rng(seed)
+    parts = [_appended(rng, 0, 10)]
+    store = ColumnStore(parts[0].schema, capacity=64)
+    store.ensure_appending(10, 0)
+    store.write(np.arange(10, dtype=np.int64), parts[0])
+    used, swapped, started = 10, 0, 0
+    while used < 20_000:
+        n = int(rng.integers(1, 400))
+        before, job = store.capacity, store._ahead
+        store.ensure_appending(used + n, used)
+        if job is not None and store._ahead is not job and store.capacity > before:
+            copies = job.copies
+            came_in = all(getattr(c, name) is new for (c, name, _old), new in zip(job.arrays, copies))
+            swapped += came_in
+        started += store._ahead is not None and store._ahead is not job
+        part = _appended(rng, used, n)
+        store.write(np.arange(used, used + n, dtype=np.int64), part)
+        parts.append(part)
+        used += n
+        assert store.capacity >= used
+    # every doubling prepared came in (appends of up to 400 rows pass the small capacities in one step)
+    assert started >= 5 and swapped == started - (store._ahead is not None)
+    want = pa.concat_tables(parts).combine_chunks()
+    got = store.gather(np.arange(used, dtype=np.int64))
+    assert got.equals(want)
+    picks = rng.choice(used, 500)
+    assert store.gather(picks).equals(want.take(pa.array(picks)))
+
+
+def test_a_store_with_a_column_of_objects_doubles_in_place():
+    """A column kept as Python objects (decimals) is not copied on another thread: no doubling is
+    prepared, and the plain one keeps the values."""
+    import decimal
+
+    schema = pa.schema([("id", pa.int64()), ("d", pa.decimal128(10, 2))])
+    store = ColumnStore(schema, capacity=ColumnStore.ahead_from)
+    n = ColumnStore.ahead_from
+    data = pa.table({"id": np.arange(n, dtype=np.int64), "d": pa.array([decimal.Decimal(i % 100) for i in range(n)],
+                                                                         type=pa.decimal128(10, 2))})
+    store.ensure_appending(n, 0)
+    store.write(np.arange(n, dtype=np.int64), data)
+    store.ensure_appending(n + 1, n)
+    assert store._ahead is None and store.capacity == 2 * n
+    assert store.gather(np.arange(n, dtype=np.int64)).equals(data)
+
+
+def test_a_doubling_prepared_before_a_compaction_is_not_used():
+    """A byte column compacted while a doubling is under way (its slots' starts may move): the
+    prepared copies are dropped and the plain doubling keeps the values."""
+    rng = np.random.default_rng(7)
+    first, second, more = _appended(rng, 0, 40), _appended(rng, 40, 8), _appended(rng, 48, 50)
+    store = ColumnStore(first.schema, capacity=64)
+    store.ahead_from = 64
+    store.ensure_appending(40, 0)
+    store.write(np.arange(40, dtype=np.int64), first)
+    assert store._ahead is None
+    store.ensure_appending(48, 40)  # three quarters full: the doubling is prepared
+    job = store._ahead
+    assert job is not None
+    store.write(np.arange(40, 48, dtype=np.int64), second)
+    job.thread.join()
+    store.columns[2].compactions += 1  # as a compaction that moved the bytes leaves it
+    store.ensure_appending(98, 48)  # fits the prepared 128 slots: only the check keeps them out
+    store.write(np.arange(48, 98, dtype=np.int64), more)
+    assert store.capacity >= 98
+    assert not any(getattr(c, name) is new for (c, name, _old), new in zip(job.arrays, job.copies))
+    want = pa.concat_tables([first, second, more]).combine_chunks()
+    assert store.gather(np.arange(98, dtype=np.int64)).equals(want)

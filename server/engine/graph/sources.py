@@ -203,7 +203,7 @@ class AppendOnlyTable(SourceTable):
             return None
         n = data.num_rows
         first = len(self.rowset)
-        self.store.ensure(first + n)
+        self.store.ensure_appending(first + n, first)  # rows below `first` never change again
         self.store.write(np.arange(first, first + n, dtype=np.int64), data)
         self.prev_rowset = self.rowset
         self.rowset = RowSet.range(0, first + n - 1)
