@@ -456,3 +456,50 @@ def test_message_sizes_count_what_pyarrow_counts(array: pa.Array) -> None:
     from tickwire.server.engine.publishing.messages import array_nbytes
     assert array_nbytes(array) == array.nbytes
     assert array_nbytes(array) == array.nbytes   # and again from the widths it keeps
+
+
+def test_writers_that_empty_their_outbox_share_one_catch_up_job():
+    """Slow subscribers (a message still queued when the next cycle's change came) ask, as their
+    writers take that message, for the waiting change to be built at once; however many ask, one
+    job per publisher is queued until it runs, and it serves every one of them: each then has its
+    message, and applying them leaves each client equal to the table."""
+    clock = ManualClock()
+    rng = np.random.default_rng(11)
+    engine, table, registry, keys = _started(rng, 40, clock)
+    clients = [Client(registry, table, View(ALL)) for _ in range(6)]
+    clients += [Client(registry, table, View(ALL, vp((0, 4), (9, 12)))) for _ in range(6)]
+    for c in clients:
+        c.pump()  # the initial snapshots
+    for _ in range(2):  # two cycles: the first's message stays queued, the second's change waits behind it
+        upd, vals, keys = random_update(rng, keys)
+        engine.write(table, (upd, vals), wait=False)
+        clock.advance(1.0)
+        engine.run_cycle()
+    assert all(c.sub.pending() == 1 and c.sub.behind is not None for c in clients)
+    clock.advance(1.0)
+    jobs = []
+    for c in clients:
+        msg = c.sub.take(jobs.append)
+        assert msg is not None and c.sub.pending() == 0
+        c.taken.append(msg)
+        for p in msg.payloads(c.sub.encode):
+            u = c.decoder.feed(p)
+            if u is not None:
+                c.state.apply(u)
+    assert len(jobs) == 1  # twelve writers asked: one job
+    jobs.pop()()
+    for i, c in enumerate(clients):
+        assert c.sub.pending() == 1 and c.sub.behind is None, i
+        c.pump()
+        c.check(table, f"client {i} after the catch-up")
+    # the next writer to ask gets a job of its own again
+    upd, vals, keys = random_update(rng, keys)
+    engine.write(table, (upd, vals), wait=False)
+    clock.advance(1.0)
+    engine.run_cycle()
+    upd, vals, keys = random_update(rng, keys)
+    engine.write(table, (upd, vals), wait=False)
+    clock.advance(1.0)
+    engine.run_cycle()
+    first = clients[0]
+    assert first.sub.take(jobs.append) is not None and len(jobs) == 1

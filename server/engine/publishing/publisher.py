@@ -119,17 +119,13 @@ class Subscriber:
             if background is None:
                 self.publisher.catch_up(self)
             else:
-                background(self._catch_up)
+                self.publisher.catch_up_later(self, background)
         return msg
 
     @property
     def growing(self) -> bool:
         """True while the subscriber is still being sent its initial snapshot (in pieces)."""
         return self.log is not None
-
-    def _catch_up(self) -> None:
-        if not self.closed and self.failure is None:
-            self.publisher.catch_up(self)
 
     def pending(self) -> int:
         with self.lock:
@@ -221,6 +217,10 @@ class Publisher:
         self._shared: _Shared = {}  # this step's messages, shared by subscribers asking the same thing
         self._logs: dict[_LogKey, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
         self._replayed: list[SnapshotLog] = []  # logs that left `_logs` but still have readers
+        # subscribers whose writers emptied their outbox while changes wait, for one background job
+        self._catching: dict[Subscriber, None] = {}
+        self._catch_lock = threading.Lock()
+        self._catch_scheduled = False
 
     @property
     def kept_snapshots(self) -> int:
@@ -262,6 +262,41 @@ class Publisher:
         with self.graph.lock:
             step = self.graph.step
             self._service(sub, step, self.clock.monotonic(), self._shared_for(step))
+
+    def catch_up_later(self, sub: Subscriber, background: Callable[[Callable[[], None]], None]) -> None:
+        """`catch_up(sub)` by `background(fn)`, with every other subscriber asking meanwhile: one
+        job a publisher at a time, which serves all of them under one hold of the graph's lock.
+        A job a subscriber (as it was) let a thousand subscribers' writers queue thousands of jobs
+        a second on the server's worker pool, each waiting for the graph's lock: with 100 full and
+        1,000 viewport subscribers the pool's queue reached 11,000 jobs, 0.6 s of waiting at the
+        median, and everything else the pool runs (subscribing, snapshots, DoGets) waited behind them."""
+        with self._catch_lock:
+            self._catching[sub] = None
+            if self._catch_scheduled:
+                return
+            self._catch_scheduled = True
+        try:
+            background(self._catch_up_all)
+        except BaseException:
+            with self._catch_lock:
+                self._catch_scheduled = False
+            raise
+
+    def _catch_up_all(self) -> None:
+        with self._catch_lock:
+            subs, self._catching = list(self._catching), {}
+            self._catch_scheduled = False
+        subs = [s for s in subs if not s.closed and s.failure is None]
+        if not subs:
+            return
+        with self.graph.lock:
+            step = self.graph.step
+            now, shared = self.clock.monotonic(), self._shared_for(step)
+            for sub in subs:
+                try:
+                    self._service(sub, step, now, shared)
+                except Exception:
+                    log.exception("table %r: building a message for a subscriber failed", self.table.name)
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self.graph.lock:
