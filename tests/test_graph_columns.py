@@ -134,7 +134,7 @@ def test_a_small_string_column_that_churns_holds_a_few_times_its_live_bytes():
 def _appended(rng, start: int, n: int) -> pa.Table:
     ids = np.arange(start, start + n, dtype=np.int64)
     x = pa.array(ids * 0.5, mask=rng.random(n) < 0.1)
-    sym = pa.array([f"s{i % 13}" * (i % 4) for i in ids.tolist()], mask=rng.random(n) < 0.1)
+    sym = pa.array([f"s{i % 13}" * (i % 9) for i in ids.tolist()], mask=rng.random(n) < 0.1)
     pair = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 2).astype(np.int32)), 2)
     return pa.table({"id": ids, "x": x, "sym": sym, "pair": pair, "nothing": pa.nulls(n)})
 
@@ -143,30 +143,40 @@ def _appended(rng, start: int, n: int) -> pa.Table:
 def test_an_appending_store_doubles_ahead_and_holds_what_was_written(seed, monkeypatch):
     """Appends of random sizes through ensure_appending: each doubling is prepared on its own
     thread once the store is three quarters full and swapped in (by the append that needs it or
-    the first after the copy is done) with the rows appended meanwhile; every value reads back."""
+    the first after the copy is done) with the rows appended meanwhile, and so is the doubling of
+    the strings' heap; every value reads back."""
     monkeypatch.setattr(ColumnStore, "ahead_from", 64)
     rng = np.random.default_rng(seed)
     parts = [_appended(rng, 0, 10)]
     store = ColumnStore(parts[0].schema, capacity=64)
     store.ensure_appending(10, 0)
     store.write(np.arange(10, dtype=np.int64), parts[0])
-    used, swapped, started = 10, 0, 0
+    used, swapped, started, heap_swapped, heap_started = 10, 0, 0, 0, 0
     while used < 20_000:
         n = int(rng.integers(1, 400))
         before, job = store.capacity, store._ahead
+        heap_job = store.columns[2].heap_ahead
         store.ensure_appending(used + n, used)
+        if heap_job is not None and store.columns[2].heap_ahead is not heap_job:
+            heap_swapped += store.columns[2].heap is heap_job.copies[0]
+        heap_started += store.columns[2].heap_ahead not in (None, heap_job)
         if job is not None and store._ahead is not job and store.capacity > before:
             copies = job.copies
             came_in = all(getattr(c, name) is new for (c, name, _old), new in zip(job.arrays, copies))
             swapped += came_in
         started += store._ahead is not None and store._ahead is not job
         part = _appended(rng, used, n)
-        store.write(np.arange(used, used + n, dtype=np.int64), part)
+        heap_job = store.columns[2].heap_ahead
+        store.write(np.arange(used, used + n, dtype=np.int64), part)  # may need the heap's doubling
+        if heap_job is not None and store.columns[2].heap_ahead is not heap_job:
+            heap_swapped += store.columns[2].heap is heap_job.copies[0]
         parts.append(part)
         used += n
         assert store.capacity >= used
     # every doubling prepared came in (appends of up to 400 rows pass the small capacities in one step)
     assert started >= 5 and swapped == started - (store._ahead is not None)
+    # the strings' heap too, from 64 KB: every prepared doubling came in
+    assert heap_started >= 2 and heap_swapped == heap_started - (store.columns[2].heap_ahead is not None)
     want = pa.concat_tables(parts).combine_chunks()
     got = store.gather(np.arange(used, dtype=np.int64))
     assert got.equals(want)
@@ -213,3 +223,23 @@ def test_a_doubling_prepared_before_a_compaction_is_not_used():
     assert not any(getattr(c, name) is new for (c, name, _old), new in zip(job.arrays, job.copies))
     want = pa.concat_tables([first, second, more]).combine_chunks()
     assert store.gather(np.arange(98, dtype=np.int64)).equals(want)
+
+
+def test_a_write_that_outgrows_the_heap_takes_its_prepared_doubling():
+    """The append that starts the heap's doubling writes more bytes than the heap has left: the
+    write waits for the prepared heap and appends to it (no second, plain doubling)."""
+    schema = pa.schema([("s", pa.string())])
+    store = ColumnStore(schema, capacity=64)
+    store.ahead_from = 64
+    col = store.columns[0]
+    first = pa.table({"s": ["x" * 1000] * 50})  # 50,000 of the heap's 65,536 bytes: over three quarters
+    store.ensure_appending(50, 0)
+    store.write(np.arange(50, dtype=np.int64), first)
+    assert col.heap_ahead is None and col.heap.size == 1 << 16
+    second = pa.table({"s": ["y" * 1000] * 30})  # 30,000 more: past the heap's end
+    store.ensure_appending(80, 50)
+    job = col.heap_ahead
+    assert job is not None and job.kept == 50_000
+    store.write(np.arange(50, 80, dtype=np.int64), second)
+    assert col.heap_ahead is None and col.heap is job.copies[0] and col.heap.size == 1 << 17
+    assert store.gather(np.arange(80, dtype=np.int64)).equals(pa.concat_tables([first, second]).combine_chunks())

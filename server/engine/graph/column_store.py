@@ -263,7 +263,8 @@ class _BytesColumn:
     garbage until the heap is compacted, which happens when garbage exceeds the live bytes and
     costs O(heap), amortised over at least as many bytes written."""
 
-    __slots__ = ("type", "fixed", "large", "start", "length", "valid", "heap", "used", "garbage", "compactions")
+    __slots__ = ("type", "fixed", "large", "start", "length", "valid", "heap", "used", "garbage", "compactions",
+                 "heap_ahead")
     # bytes of garbage below which the heap is never compacted: small, so that a small column
     # that churns (a ring's or a keyed table's symbols) holds a few times its live bytes, not the
     # megabytes a larger floor let its garbage reach over hours; a compaction copies the live
@@ -284,6 +285,7 @@ class _BytesColumn:
         self.used = 0
         self.garbage = 0
         self.compactions = 0  # a compaction moves every slot's start: a growth ahead under way is void
+        self.heap_ahead: Optional[_Ahead] = None  # the heap's doubling under way (ColumnStore.ensure_appending)
 
     def ahead_arrays(self) -> Optional[tuple[str, ...]]:
         return ("start", "length", "valid")
@@ -295,8 +297,23 @@ class _BytesColumn:
             new[: old.size] = old
             setattr(self, name, new)
 
+    def take_heap_ahead(self) -> None:
+        """Swaps in the heap's prepared doubling (waiting for its copy), with the bytes appended
+        since; drops it if a compaction or a plain doubling overtook it."""
+        job, self.heap_ahead = self.heap_ahead, None
+        if job is None:
+            return
+        job.thread.join()
+        if job.valid() and job.capacity > self.heap.size:
+            (new,) = job.copies
+            new[job.kept: self.used] = self.heap[job.kept: self.used]
+            self.heap = new
+
     def _reserve(self, nbytes: int) -> None:
         need = self.used + nbytes
+        if need <= self.heap.size:
+            return
+        self.take_heap_ahead()
         if need <= self.heap.size:
             return
         size = self.heap.size
@@ -399,8 +416,10 @@ class ColumnStore:
 
     def ensure_appending(self, capacity: int, used: int) -> None:
         """`ensure(capacity)` for a store whose slots below `used` never change again (an
-        append-only table's): the doubling is prepared ahead of need (see the module's text). A
-        doubling prepared and finished is swapped in at the next call, so that the old arrays go."""
+        append-only table's): the doubling is prepared ahead of need (see the module's text), and
+        so is each byte column's heap's (its bytes below its `used` never change either). A
+        doubling prepared and finished is swapped in at the next call, so that the old arrays go;
+        one that a plain doubling or a compaction overtook is dropped."""
         job = self._ahead
         if job is not None and (capacity > self.capacity or not job.thread.is_alive()):
             self._ahead = None
@@ -420,6 +439,14 @@ class ColumnStore:
                 arrays.extend((c, name, getattr(c, name)) for name in names)
             self._ahead = _Ahead(2 * self.capacity, used, arrays)
             self._ahead.thread.start()
+        for c in self.columns:
+            if isinstance(c, _BytesColumn):
+                if c.heap_ahead is not None and not c.heap_ahead.thread.is_alive():
+                    c.take_heap_ahead()
+                size = c.heap.size
+                if c.heap_ahead is None and size >= self.ahead_from and 4 * c.used >= 3 * size:
+                    c.heap_ahead = _Ahead(2 * size, c.used, [(c, "heap", c.heap)])
+                    c.heap_ahead.thread.start()
 
     def ensure(self, capacity: int) -> None:
         """Makes room for slots below `capacity` (doubling)."""
