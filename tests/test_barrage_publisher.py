@@ -503,3 +503,29 @@ def test_writers_that_empty_their_outbox_share_one_catch_up_job():
     engine.run_cycle()
     first = clients[0]
     assert first.sub.take(jobs.append) is not None and len(jobs) == 1
+
+
+def test_a_cycle_tells_its_subscribers_once_all_their_messages_are_queued():
+    """A writer told of its message at once would take the interpreter lock from the cycle while
+    the cycle still builds the others' messages: every subscriber is told after the last one's
+    message is queued, each once per message."""
+    rng = np.random.default_rng(5)
+    engine, table, registry, keys = _started(rng, 30)
+    seen: list[list[int]] = []
+    subs = []
+
+    def notify():
+        seen.append([s.pending() for s in subs])
+
+    for i in range(8):
+        view = View(ALL) if i % 2 else View(ALL, vp((0, 3 + i)))
+        subs.append(registry.subscribe(table, view, None, notify))
+    for s in subs:
+        while s.take() is not None:  # the initial snapshots
+            pass
+    seen.clear()
+    upd, vals, keys = random_update(rng, keys)
+    engine.write(table, (upd, vals), wait=False)
+    engine.run_cycle()
+    assert len(seen) == len(subs)  # one notice each
+    assert all(pending == [1] * len(subs) for pending in seen)  # all queued before the first notice

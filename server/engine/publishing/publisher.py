@@ -140,6 +140,13 @@ class Subscriber:
         if snapshot:
             self.snapshot_messages += 1
         self.last_sent = self.publisher.clock.monotonic()
+        held = self.publisher.held_notices
+        if held is not None:
+            held.append(self)  # the cycle tells every writer at once when it has queued them all
+            return
+        self.wake()
+
+    def wake(self) -> None:
         try:
             self.notify()
         except Exception:  # a closed transport; the writer's end cleans up
@@ -217,6 +224,8 @@ class Publisher:
         self._shared: _Shared = {}  # this step's messages, shared by subscribers asking the same thing
         self._logs: dict[_LogKey, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
         self._replayed: list[SnapshotLog] = []  # logs that left `_logs` but still have readers
+        # while a cycle queues its messages, the subscribers to tell once they all are (see _on_cycle)
+        self.held_notices: Optional[list[Subscriber]] = None
         # subscribers whose writers emptied their outbox while changes wait, for one background job
         self._catching: dict[Subscriber, None] = {}
         self._catch_lock = threading.Lock()
@@ -363,11 +372,21 @@ class Publisher:
                 except Exception:
                     log.exception("table %r: building a shared snapshot failed", self.table.name)
                     self._retire(lg)
-        for sub in list(self.subs):
-            try:
-                self._service(sub, step, now, shared)
-            except Exception:
-                log.exception("table %r: building a message for a subscriber failed", self.table.name)
+        # the writers are told once every message of the cycle is queued: a writer woken at the
+        # first one takes the interpreter lock from the cycle for each of the rest (a hand-off of
+        # the lock per message, and a cycle that finishes behind the sending it started)
+        held: list[Subscriber] = []
+        self.held_notices = held
+        try:
+            for sub in list(self.subs):
+                try:
+                    self._service(sub, step, now, shared)
+                except Exception:
+                    log.exception("table %r: building a message for a subscriber failed", self.table.name)
+        finally:
+            self.held_notices = None
+            for sub in held:
+                sub.wake()
 
     def _service(self, sub: Subscriber, step: int, now: float, shared: Optional[_Shared] = None) -> None:
         """Queues the next message for `sub` if it has room and something to say. Reading a table
