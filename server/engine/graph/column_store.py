@@ -301,13 +301,8 @@ class _BytesColumn:
         """Swaps in the heap's prepared doubling (waiting for its copy), with the bytes appended
         since; drops it if a compaction or a plain doubling overtook it."""
         job, self.heap_ahead = self.heap_ahead, None
-        if job is None:
-            return
-        job.thread.join()
-        if job.valid() and job.capacity > self.heap.size:
-            (new,) = job.copies
-            new[job.kept: self.used] = self.heap[job.kept: self.used]
-            self.heap = new
+        if job is not None:
+            job.swap_in(self.used)
 
     def _reserve(self, nbytes: int) -> None:
         need = self.used + nbytes
@@ -400,6 +395,18 @@ class _Ahead:
             getattr(c, name) is old and getattr(c, "compactions", 0) == k
             for (c, name, old), k in zip(self.arrays, self.compactions))
 
+    def swap_in(self, end: int) -> bool:
+        """Waits for the copy, then, if still valid, puts the copies in place of the arrays with
+        what was appended since, below `end`; False if a plain doubling or a compaction overtook it
+        (an array replaced since is not the one copied, so a valid copy is always the larger)."""
+        self.thread.join()
+        if not self.valid():
+            return False
+        for (c, name, old), new in zip(self.arrays, self.copies):
+            new[self.kept: end] = old[self.kept: end]
+            setattr(c, name, new)
+        return True
+
 
 class ColumnStore:
     """The columns of one table, addressed by integer slots; bulk writes and gathers."""
@@ -423,12 +430,8 @@ class ColumnStore:
         job = self._ahead
         if job is not None and (capacity > self.capacity or not job.thread.is_alive()):
             self._ahead = None
-            job.thread.join()
-            if job.valid() and job.capacity > self.capacity:
-                for (c, name, old), new in zip(job.arrays, job.copies):
-                    new[job.kept: used] = old[job.kept: used]  # what was appended since the copy
-                    setattr(c, name, new)
-                self.capacity = job.capacity
+            if job.swap_in(used):
+                self.capacity = max(self.capacity, job.capacity)  # the same, but for a store of null columns
         self.ensure(capacity)
         if self._ahead is None and self.capacity >= self.ahead_from and 4 * capacity >= 3 * self.capacity:
             arrays: list[tuple[Any, str, np.ndarray]] = []

@@ -229,7 +229,6 @@ class Publisher:
         # subscribers whose writers emptied their outbox while changes wait, for one background job
         self._catching: dict[Subscriber, None] = {}
         self._catch_lock = threading.Lock()
-        self._catch_scheduled = False
 
     @property
     def kept_snapshots(self) -> int:
@@ -280,32 +279,34 @@ class Publisher:
         1,000 viewport subscribers the pool's queue reached 11,000 jobs, 0.6 s of waiting at the
         median, and everything else the pool runs (subscribing, snapshots, DoGets) waited behind them."""
         with self._catch_lock:
+            scheduled = bool(self._catching)  # a job is queued while anybody waits for one
             self._catching[sub] = None
-            if self._catch_scheduled:
-                return
-            self._catch_scheduled = True
+        if scheduled:
+            return
         try:
             background(self._catch_up_all)
         except BaseException:
             with self._catch_lock:
-                self._catch_scheduled = False
+                self._catching.clear()  # no job will serve them (the pool is gone); the cycle still does
             raise
 
     def _catch_up_all(self) -> None:
         with self._catch_lock:
             subs, self._catching = list(self._catching), {}
-            self._catch_scheduled = False
         subs = [s for s in subs if not s.closed and s.failure is None]
         if not subs:
             return
         with self.graph.lock:
             step = self.graph.step
-            now, shared = self.clock.monotonic(), self._shared_for(step)
-            for sub in subs:
-                try:
-                    self._service(sub, step, now, shared)
-                except Exception:
-                    log.exception("table %r: building a message for a subscriber failed", self.table.name)
+            self._service_all(subs, step, self.clock.monotonic(), self._shared_for(step))
+
+    def _service_all(self, subs: list[Subscriber], step: int, now: float, shared: Optional[_Shared]) -> None:
+        """`_service` for each of `subs`; one failing is logged and the others are still served."""
+        for sub in subs:
+            try:
+                self._service(sub, step, now, shared)
+            except Exception:
+                log.exception("table %r: building a message for a subscriber failed", self.table.name)
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self.graph.lock:
@@ -378,11 +379,7 @@ class Publisher:
         held: list[Subscriber] = []
         self.held_notices = held
         try:
-            for sub in list(self.subs):
-                try:
-                    self._service(sub, step, now, shared)
-                except Exception:
-                    log.exception("table %r: building a message for a subscriber failed", self.table.name)
+            self._service_all(list(self.subs), step, now, shared)
         finally:
             self.held_notices = None
             for sub in held:
