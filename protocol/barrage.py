@@ -27,17 +27,15 @@ import numpy as np
 import flatbuffers
 from tickwire.errors import ProtocolError
 from tickwire.protocol import rowset as rs
-from tickwire.protocol.fb.barrage import BarrageMessageWrapper as FbWrapper
-from tickwire.protocol.fb.barrage import BarrageModColumnMetadata as FbModCol
 from tickwire.protocol.fb.barrage import BarragePublicationOptions as FbPubOpts
 from tickwire.protocol.fb.barrage import BarragePublicationRequest as FbPubReq
 from tickwire.protocol.fb.barrage import BarrageSnapshotOptions as FbSnapOpts
 from tickwire.protocol.fb.barrage import BarrageSnapshotRequest as FbSnapReq
 from tickwire.protocol.fb.barrage import BarrageSubscriptionOptions as FbSubOpts
 from tickwire.protocol.fb.barrage import BarrageSubscriptionRequest as FbSubReq
-from tickwire.protocol.fb.barrage import BarrageUpdateMetadata as FbUpdate
 from tickwire.protocol.fbread import FbTable as _Table
 from tickwire.protocol.fbread import root as _root
+from tickwire.protocol.fbwrite import FbWriter
 from tickwire.protocol.flight import BytesLike
 
 __all__ = [
@@ -399,10 +397,13 @@ class UpdateMetadata(_Message):
         for `mod_column_nodes`, to a list of per-column `modified_rows` bytes; a publisher uses it to
         encode a row set once and share the bytes between subscribers. A raw value of None means absent.
         """
-        b = flatbuffers.Builder(256)
+        # the layout of flatbuffers.Builder given the calls of docs/messages.md#builder-order,
+        # through the faster writer of the same bytes (tickwire.protocol.fbwrite)
+        w = FbWriter()
 
         def vec(name: str, encode: Callable[[Any], Optional[bytes]]) -> int:
-            return _vec(b, raw[name] if name in raw else encode(getattr(self, name)))
+            data = raw[name] if name in raw else encode(getattr(self, name))
+            return 0 if data is None else w.bytes_vector(bytes(data))
 
         # step 1 (docs/messages.md#builder-order): the vectors, in Deephaven's order
         ev = vec("effective_viewport", _enc_rows)
@@ -421,37 +422,31 @@ class UpdateMetadata(_Message):
         if node_bytes is not None:
             nodes: list[int] = []
             for data in node_bytes:
-                v = _vec(b, data)
-                FbModCol.Start(b)
+                v = 0 if data is None else w.bytes_vector(bytes(data))
+                w.start(1)  # BarrageModColumnMetadata
                 if v:
-                    FbModCol.AddModifiedRows(b, v)
-                nodes.append(FbModCol.End(b))
-            FbUpdate.StartModColumnNodesVector(b, len(nodes))
-            for n in reversed(nodes):
-                b.PrependUOffsetTRelative(n)
-            mods = b.EndVector()
-        # step 2: the table, fields in Deephaven's order
-        FbUpdate.Start(b)
-        FbUpdate.AddIsSnapshot(b, bool(self.is_snapshot))
-        FbUpdate.AddFirstSeq(b, _int(self.first_seq, 64, "first_seq"))
-        FbUpdate.AddLastSeq(b, _int(self.last_seq, 64, "last_seq"))
-        if ev:
-            FbUpdate.AddEffectiveViewport(b, ev)
-        if ecs:
-            FbUpdate.AddEffectiveColumnSet(b, ecs)
-        if added:
-            FbUpdate.AddAddedRows(b, added)
-        if removed:
-            FbUpdate.AddRemovedRows(b, removed)
-        if shifts:
-            FbUpdate.AddShiftData(b, shifts)
-        if included:
-            FbUpdate.AddAddedRowsIncluded(b, included)
-        if mods:
-            FbUpdate.AddModColumnNodes(b, mods)
-        FbUpdate.AddEffectiveReverseViewport(b, bool(self.effective_reverse_viewport))
-        FbUpdate.AddTableSize(b, _int(self.table_size, 64, "table_size"))
-        return _finish(b, FbUpdate.End(b))
+                    w.offset(0, v)  # modified_rows
+                nodes.append(w.end())
+            mods = w.offsets_vector(nodes)
+        # step 2: the table (BarrageUpdateMetadata, 12 fields), fields in Deephaven's order; a
+        # scalar equal to its default is left out, as the builder's Add functions do
+        first, last, size = (_int(self.first_seq, 64, "first_seq"), _int(self.last_seq, 64, "last_seq"),
+                             _int(self.table_size, 64, "table_size"))
+        w.start(12)
+        if self.is_snapshot:
+            w.scalar(2, "<B", 1, 1)
+        if first:
+            w.scalar(0, "<q", 8, first)
+        if last:
+            w.scalar(1, "<q", 8, last)
+        for slot, off in ((3, ev), (5, ecs), (6, added), (7, removed), (8, shifts), (9, included), (10, mods)):
+            if off:
+                w.offset(slot, off)
+        if self.effective_reverse_viewport:
+            w.scalar(4, "<B", 1, 1)
+        if size:
+            w.scalar(11, "<q", 8, size)
+        return w.finish(w.end())
 
     @classmethod
     def from_bytes(cls, data: BytesLike) -> "UpdateMetadata":
@@ -526,22 +521,26 @@ class BarrageMessageWrapper(_Message):
         magic = int(self.magic)
         if not 0 <= magic <= 0xFFFFFFFF:
             raise ValueError(f"magic {magic} does not fit in a uint32")
-        b = flatbuffers.Builder(len(self.payload or b"") + 32)
-        payload = _vec(b, self.payload)
-        FbWrapper.Start(b)
+        # flatbuffers.Builder's layout for these calls, through the faster writer of the same bytes
+        w = FbWriter()
+        payload = 0 if self.payload is None else w.bytes_vector(bytes(self.payload))
+        w.start(3)  # BarrageMessageWrapper: magic (uint32), msg_type (int8), msg_payload
+
+        def head() -> None:
+            if magic:
+                w.scalar(0, "<I", 4, magic)
+            if mt:
+                w.scalar(1, "<b", 1, mt)
+
         if mt == BarrageMessageType.UPDATE_METADATA:
-            # the server's order (BarrageMessageWriterImpl)
-            FbWrapper.AddMagic(b, magic)
-            FbWrapper.AddMsgType(b, mt)
+            head()  # the server's order (BarrageMessageWriterImpl)
             if payload:
-                FbWrapper.AddMsgPayload(b, payload)
+                w.offset(2, payload)
         else:
-            # the order of the Java and C++ clients' requests: payload first
-            if payload:
-                FbWrapper.AddMsgPayload(b, payload)
-            FbWrapper.AddMagic(b, magic)
-            FbWrapper.AddMsgType(b, mt)
-        return _finish(b, FbWrapper.End(b))
+            if payload:  # the order of the Java and C++ clients' requests: payload first
+                w.offset(2, payload)
+            head()
+        return w.finish(w.end())
 
     @classmethod
     def from_bytes(cls, data: BytesLike, *, check_magic: bool = True) -> "BarrageMessageWrapper":
