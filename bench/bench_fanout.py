@@ -37,6 +37,7 @@ import threading
 import time
 
 import numpy as np
+from machine_stalls import StallProbe
 
 TABLE = "fanout"
 
@@ -247,6 +248,7 @@ def run(port: int, server_pids: list, full: int, viewports: list, procs: int, wa
     # server CPU over the measured window: from the end of the warm-up to the deadline
     time.sleep(max(0.0, warmup))
     cpu0, t0 = sum(cpu_seconds(p) for p in server_pids), time.monotonic()
+    probe = StallProbe().start()  # the driver waits meanwhile: the machine's own stalls over the run
     out = {"full": [], "viewport": [], "client_cpu": 0.0}
     for ch in children:
         line = ch.stdout.readline()
@@ -258,6 +260,7 @@ def run(port: int, server_pids: list, full: int, viewports: list, procs: int, wa
         out["viewport"] += r["viewport"]
         out["client_cpu"] += r["cpu"]
     elapsed = time.monotonic() - t0
+    out["stalls"], out["seconds"] = probe.stop().summary(), elapsed
     out["server_cpu"] = (sum(cpu_seconds(p) for p in server_pids) - cpu0) / elapsed
     out["client_cpu"] /= seconds
     return out
@@ -333,6 +336,7 @@ def main() -> int:
     print("  " + describe("full", res["full"], args.seconds))
     print("  " + describe("viewport", res["viewport"], args.seconds))
     print(f"  server CPU {res['server_cpu'] * 100:.0f}% of one core; client processes {res['client_cpu'] * 100:.0f}%")
+    print("  " + StallProbe.describe(res["stalls"], round(res["seconds"])))
     print("  reference, one full subscriber alone: " + describe("full", ref["full"], args.seconds)
           + f"; server CPU {ref['server_cpu'] * 100:.0f}%")
     if res["full"] and ref["full"]:

@@ -18,7 +18,9 @@ and at 20,000 per 100 ms cycle); the bench then says so for Deephaven and report
 Latency of an update = its arrival in the listener minus the newest `Ts` among the rows it adds
 (change -> client, the cycle wait included). Reported per server: p50 and p99 over `--seconds`
 after a warm-up, the server process's CPU (user + system) per million rows produced, and its RSS
-at the end; then the ratios tickwire / Deephaven, all measured in the same run.
+at the end; then the ratios tickwire / Deephaven, all measured in the same run. Beside each
+server's figures: how often the machine itself stalled over those seconds (bench/machine_stalls.py);
+on a virtual machine whose host takes the CPU away for bursts, a 10 ms cycle's p99 measures them.
 
     python bench/bench_vs_deephaven.py --interval-ms 10 --rate 200000
     python bench/bench_vs_deephaven.py --interval-ms 10 --rate 10000 --subscribers 50
@@ -42,6 +44,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from bench_fanout import deadlines, producer_period  # noqa: E402 - the streaming benches' producer schedule
+from machine_stalls import StallProbe  # noqa: E402 - the machine's own stalls over the measured seconds
 
 DH_SCRIPT = r'''
 import threading, time
@@ -212,8 +215,10 @@ def measure(port: int, pid: int, subscribers: int, procs: int, warmup: float, se
             ch.stdin.flush()
         time.sleep(warmup)
         cpu0, t0 = tree_cpu(pid), time.monotonic()
+        probe = StallProbe().start()
         time.sleep(seconds)
         cpu = tree_cpu(pid) - cpu0
+        stalls = probe.stop().summary()
         elapsed = time.monotonic() - t0
         rss = tree_rss_mb(pid)
         lat: list[float] = []
@@ -236,7 +241,7 @@ def measure(port: int, pid: int, subscribers: int, procs: int, warmup: float, se
     return {"p50": float(np.percentile(a, 50)) if a.size else float("nan"),
             "p99": float(np.percentile(a, 99)) if a.size else float("nan"),
             "updates": int(a.size), "cpu_per_mrow": cpu / (rate * elapsed / 1e6), "cpu_share": cpu / elapsed,
-            "rss_mb": rss}
+            "rss_mb": rss, "stalls": stalls}
 
 
 def end_child(proc: subprocess.Popen) -> None:
@@ -326,6 +331,7 @@ def main() -> int:
         print(f"  {k:9s}: p50 {r['p50']:6.1f} ms, p99 {r['p99']:6.1f} ms ({r['updates']:,} updates); server CPU "
               f"{r['cpu_per_mrow']:.2f} s per million rows ({r['cpu_share'] * 100:.0f}% of a core); RSS "
               f"{r['rss_mb']:.0f} MB")
+        print(f"             {StallProbe.describe(r['stalls'], args.seconds)}")
     if len(results) == 2:
         t, d = results["tickwire"], results["deephaven"]
         print(f"  tickwire / Deephaven: p50 {t['p50'] / d['p50']:.2f}, p99 {t['p99'] / d['p99']:.2f}, CPU per row "
