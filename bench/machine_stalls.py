@@ -63,9 +63,9 @@ class StallProbe:
         return self
 
     def summary(self) -> dict:
-        """units: probes run; median_us: a unit's median CPU time; slow_share: the share of units
-        that took `slow` times the median or more; worst_ms: the slowest unit; bursts: runs of
-        slow units less than 0.5 s apart."""
+        """units: probes run; period_ms: the time between them; median_us: a unit's median CPU
+        time; slow_share: the share of units that took `slow` times the median or more; worst_ms:
+        the slowest unit; bursts: runs of slow units less than 0.5 s apart."""
         c = np.asarray(self.cpu_us)
         if c.size == 0:
             return {"units": 0}
@@ -73,14 +73,14 @@ class StallProbe:
         slow = c >= self.slow * med
         at = np.asarray(self.at)[slow]
         bursts = int(at.size and 1 + np.count_nonzero(np.diff(at) > 0.5))
-        return {"units": int(c.size), "median_us": med, "slow_share": float(slow.mean()),
-                "worst_ms": float(c.max() / 1e3), "bursts": bursts}
+        return {"units": int(c.size), "period_ms": self.period_s * 1e3, "median_us": med,
+                "slow_share": float(slow.mean()), "worst_ms": float(c.max() / 1e3), "bursts": bursts}
 
     @staticmethod
     def describe(s: dict, seconds: float) -> str:
         if not s.get("units"):
             return "machine stalls: no probe ran"
-        return (f"machine stalls (CPU time of a {s['median_us']:.0f} us unit of work every 20 ms): "
+        return (f"machine stalls (CPU time of a {s['median_us']:.0f} us unit of work every {s['period_ms']:g} ms): "
                 f"{s['slow_share'] * 100:.1f}% of {s['units']} units took >= 3x it, the worst "
                 f"{s['worst_ms']:.1f} ms, in {s['bursts']} bursts over {seconds:g} s")
 

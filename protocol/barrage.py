@@ -403,7 +403,7 @@ class UpdateMetadata(_Message):
 
         def vec(name: str, encode: Callable[[Any], Optional[bytes]]) -> int:
             data = raw[name] if name in raw else encode(getattr(self, name))
-            return 0 if data is None else w.bytes_vector(bytes(data))
+            return w.bytes_vector(data)
 
         # step 1 (docs/messages.md#builder-order): the vectors, in Deephaven's order
         ev = vec("effective_viewport", _enc_rows)
@@ -422,7 +422,7 @@ class UpdateMetadata(_Message):
         if node_bytes is not None:
             nodes: list[int] = []
             for data in node_bytes:
-                v = 0 if data is None else w.bytes_vector(bytes(data))
+                v = w.bytes_vector(data)
                 w.start(1)  # BarrageModColumnMetadata
                 if v:
                     w.offset(0, v)  # modified_rows
@@ -523,7 +523,7 @@ class BarrageMessageWrapper(_Message):
             raise ValueError(f"magic {magic} does not fit in a uint32")
         # flatbuffers.Builder's layout for these calls, through the faster writer of the same bytes
         w = FbWriter()
-        payload = 0 if self.payload is None else w.bytes_vector(bytes(self.payload))
+        payload = w.bytes_vector(self.payload)
         w.start(3)  # BarrageMessageWrapper: magic (uint32), msg_type (int8), msg_payload
 
         def head() -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import struct
 from typing import Optional, Sequence
 
+from tickwire.protocol.flight import BytesLike
+
 __all__ = ["FbWriter"]
 
 _U32 = struct.Struct("<I").pack
@@ -55,7 +57,11 @@ class FbWriter:
             self._parts.append(_PAD[pad])
             self._off += pad
 
-    def bytes_vector(self, data: bytes) -> int:
+    def bytes_vector(self, data: Optional[BytesLike]) -> int:
+        """A byte vector's offset, or 0 (absent) for None; a written vector's offset is never 0."""
+        if data is None:
+            return 0
+        data = bytes(data)  # the same object when it already is bytes
         n = len(data)
         self._prep(4, n)
         self._parts.append(data)

@@ -487,7 +487,12 @@ def test_writers_that_empty_their_outbox_share_one_catch_up_job():
             if u is not None:
                 c.state.apply(u)
     assert len(jobs) == 1  # twelve writers asked: one job
+    seen = []
+    for c in clients:  # what each writer would find queued when told
+        c.sub.notify = lambda: seen.append([d.sub.pending() for d in clients])
     jobs.pop()()
+    assert len(seen) == len(clients)  # one notice each
+    assert all(pending == [1] * len(clients) for pending in seen)  # all queued before the first notice
     for i, c in enumerate(clients):
         assert c.sub.pending() == 1 and c.sub.behind is None, i
         c.pump()

@@ -224,7 +224,8 @@ class Publisher:
         self._shared: _Shared = {}  # this step's messages, shared by subscribers asking the same thing
         self._logs: dict[_LogKey, SnapshotLog] = {}  # usable initial snapshots, by (columns, whole)
         self._replayed: list[SnapshotLog] = []  # logs that left `_logs` but still have readers
-        # while a cycle queues its messages, the subscribers to tell once they all are (see _on_cycle)
+        # while a cycle or catch-up queues its messages, the subscribers to tell once they all are
+        # (see _service_all)
         self.held_notices: Optional[list[Subscriber]] = None
         # subscribers whose writers emptied their outbox while changes wait, for one background job
         self._catching: dict[Subscriber, None] = {}
@@ -301,12 +302,22 @@ class Publisher:
             self._service_all(subs, step, self.clock.monotonic(), self._shared_for(step))
 
     def _service_all(self, subs: list[Subscriber], step: int, now: float, shared: Optional[_Shared]) -> None:
-        """`_service` for each of `subs`; one failing is logged and the others are still served."""
-        for sub in subs:
-            try:
-                self._service(sub, step, now, shared)
-            except Exception:
-                log.exception("table %r: building a message for a subscriber failed", self.table.name)
+        """`_service` for each of `subs`; one failing is logged and the others are still served.
+        Their writers are told once every message is queued: a writer woken at the first one takes
+        the interpreter lock from this thread for each of the rest (a hand-off of the lock per
+        message, and a cycle or catch-up that finishes behind the sending it started)."""
+        held: list[Subscriber] = []
+        self.held_notices = held  # under the graph's lock, as every caller is
+        try:
+            for sub in subs:
+                try:
+                    self._service(sub, step, now, shared)
+                except Exception:
+                    log.exception("table %r: building a message for a subscriber failed", self.table.name)
+        finally:
+            self.held_notices = None
+            for sub in held:
+                sub.wake()
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self.graph.lock:
@@ -373,17 +384,7 @@ class Publisher:
                 except Exception:
                     log.exception("table %r: building a shared snapshot failed", self.table.name)
                     self._retire(lg)
-        # the writers are told once every message of the cycle is queued: a writer woken at the
-        # first one takes the interpreter lock from the cycle for each of the rest (a hand-off of
-        # the lock per message, and a cycle that finishes behind the sending it started)
-        held: list[Subscriber] = []
-        self.held_notices = held
-        try:
-            self._service_all(list(self.subs), step, now, shared)
-        finally:
-            self.held_notices = None
-            for sub in held:
-                sub.wake()
+        self._service_all(list(self.subs), step, now, shared)
 
     def _service(self, sub: Subscriber, step: int, now: float, shared: Optional[_Shared] = None) -> None:
         """Queues the next message for `sub` if it has room and something to say. Reading a table
