@@ -9,8 +9,9 @@ publishing. This writer keeps the builder's layout (back to front, the same alig
 padding, the same vtable sharing), so the bytes sent do not change; it only does fewer calls.
 tests/test_fbwrite.py checks that against the builder on random messages.
 
-It covers what the hot paths need: byte vectors, vectors of table offsets, tables of scalars and
-offsets, the root. Sans-I/O: pure functions of their input.
+It covers what the hot paths need: byte vectors, vectors of structs (an Arrow record batch's
+field nodes and buffers), vectors of table offsets, tables of scalars and offsets, the root.
+Sans-I/O: pure functions of their input.
 """
 from __future__ import annotations
 
@@ -66,6 +67,19 @@ class FbWriter:
         self._prep(4, n)
         self._parts.append(data)
         self._parts.append(_U32(n))
+        self._off += n + 4
+        return self._off
+
+    def structs_vector(self, data: bytes, count: int, alignment: int) -> int:
+        """A vector of `count` structs whose bytes, in vector order, are `data` (each struct's
+        fields little-endian at their offsets, its size a multiple of `alignment`), as the
+        builder's StartVector(len(data) // count, count, alignment), one Create<Struct> per element
+        from the last, and EndVector give."""
+        n = len(data)
+        self._prep(4, n)
+        self._prep(alignment, n)
+        self._parts.append(data)
+        self._parts.append(_U32(count))
         self._off += n + 4
         return self._off
 

@@ -1,7 +1,8 @@
 """tickwire.protocol.fbwrite writes the bytes flatbuffers.Builder writes for the same calls: the
-update metadata and its wrapper, built here through the generic builder as the reference, are
-equal byte for byte over random messages (every field present or absent, scalars at and off
-their defaults, row sets of every length modulo the alignments, shared and distinct vtables)."""
+update metadata and its wrapper, and an Arrow record batch's message header, built here through
+the generic builder as the reference, are equal byte for byte over random messages (every field
+present or absent, scalars at and off their defaults, row sets of every length modulo the
+alignments, shared and distinct vtables)."""
 from __future__ import annotations
 
 import random
@@ -11,6 +12,11 @@ import pytest
 
 import flatbuffers
 from tickwire.protocol import barrage
+from tickwire.protocol.batches import HEADER_RECORD_BATCH, METADATA_V5, _message_header, read_message_header
+from tickwire.protocol.fb.arrow import Buffer as FbBuffer
+from tickwire.protocol.fb.arrow import FieldNode as FbFieldNode
+from tickwire.protocol.fb.arrow import Message as FbMessage
+from tickwire.protocol.fb.arrow import RecordBatch as FbRecordBatch
 from tickwire.protocol.fb.barrage import BarrageMessageWrapper as FbWrapper
 from tickwire.protocol.fb.barrage import BarrageModColumnMetadata as FbModCol
 from tickwire.protocol.fb.barrage import BarrageUpdateMetadata as FbUpdate
@@ -135,3 +141,48 @@ def test_a_vtable_equal_to_an_earlier_one_is_shared():
     b.Finish(b.EndVector())
     assert got == bytes(b.Output())
     assert len(w._vtables) == 1  # two tables of one shape: one vtable written
+
+
+def reference_batch_header(length: int, nodes: list, buffers: list, body_length: int) -> bytes:
+    """Message{RecordBatch} through flatbuffers.Builder, in Deephaven's order
+    (docs/messages.md#record-batch-headers)."""
+    b = flatbuffers.Builder(128)
+    FbRecordBatch.StartNodesVector(b, len(nodes))
+    for ln, nc in reversed(nodes):
+        FbFieldNode.CreateFieldNode(b, ln, nc)
+    nodes_vec = b.EndVector()
+    FbRecordBatch.StartBuffersVector(b, len(buffers))
+    for off, ln in reversed(buffers):
+        FbBuffer.CreateBuffer(b, off, ln)
+    buffers_vec = b.EndVector()
+    FbRecordBatch.Start(b)
+    FbRecordBatch.AddNodes(b, nodes_vec)
+    FbRecordBatch.AddBuffers(b, buffers_vec)
+    FbRecordBatch.AddLength(b, length)
+    rb = FbRecordBatch.End(b)
+    FbMessage.Start(b)
+    FbMessage.AddHeaderType(b, HEADER_RECORD_BATCH)
+    FbMessage.AddHeader(b, rb)
+    FbMessage.AddVersion(b, METADATA_V5)
+    FbMessage.AddBodyLength(b, body_length)
+    b.Finish(FbMessage.End(b))
+    return bytes(b.Output())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_record_batch_headers_equal_the_builders(seed):
+    rng = random.Random(seed)
+
+    def big() -> int:
+        return rng.choice([0, 1, 8, 255, rng.randrange(0, 2**31), rng.randrange(0, 2**63)])
+
+    for _ in range(100):
+        nodes = [(big(), big()) for _ in range(rng.choice([0, 1, 2, 3, 7, rng.randrange(8, 40)]))]
+        buffers = [(big(), big()) for _ in range(rng.choice([0, 1, 2, 3, 6, rng.randrange(7, 80)]))]
+        length, body = big(), big()
+        got = _message_header(length, nodes, buffers, body)
+        assert got == reference_batch_header(length, nodes, buffers, body)
+        info = read_message_header(got)  # and it reads back as what was written
+        assert info.header_type == HEADER_RECORD_BATCH
+        assert [tuple(int(x) for x in n) for n in info.nodes] == nodes
+        assert [tuple(int(x) for x in b) for b in info.buffers] == buffers

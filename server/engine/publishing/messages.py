@@ -114,7 +114,7 @@ class Message:
     """One logical message: wrapped metadata bytes and the data of its add and mod phases."""
 
     __slots__ = ("metadata", "types", "added", "modified", "n_added", "cells", "_cache", "_lock", "step", "_base",
-                 "limits", "added_rows", "_nbytes")
+                 "limits", "added_rows", "_nbytes", "rows")
 
     def __init__(self, metadata: bytes, types: Sequence[pa.DataType], added: Optional[list[Optional[pa.Array]]],
                  modified: Optional[list[Optional[pa.Array]]], step: int = 0,
@@ -127,6 +127,8 @@ class Message:
         self.added_rows = added_rows if not self.types else 0
         self.n_added = max(max((len(a) for a in added or () if a is not None), default=0), self.added_rows)
         self.cells = sum(len(c) for c in (*(added or ()), *(modified or ())) if c is not None)  # values carried
+        # the rows it carries, added and modified (a subscriber's count; once here, not per subscriber)
+        self.rows = self.n_added + max((len(c) for c in modified or () if c is not None), default=0)
         self.step = step
         self._cache: dict[EncodeOptions, list[bytes]] = {}
         self._lock = threading.Lock()

@@ -67,11 +67,6 @@ _Shared = dict[tuple[Any, ...], tuple[Optional[TableUpdate], RowSet, RowSet, Mes
 SnapshotHook = Callable[[Table, int, int, int, float, int, int], None]
 
 
-def _message_rows(msg: Message) -> int:
-    """The rows a message carries: added, and modified."""
-    return msg.n_added + max((len(c) for c in msg.modified or () if c is not None), default=0)
-
-
 
 class Subscriber:
     """Server-side state of one subscriber (what its client holds, what it has not been sent);
@@ -136,7 +131,7 @@ class Subscriber:
             self.outbox.append(msg)
         self.messages += 1
         self.bytes += msg.nbytes
-        self.rows += _message_rows(msg)
+        self.rows += msg.rows
         if snapshot:
             self.snapshot_messages += 1
         self.last_sent = self.publisher.clock.monotonic()
@@ -599,11 +594,12 @@ class Publisher:
         key: Optional[tuple[Any, ...]] = None
         if shared is not None:
             key = (id(sub.behind), view.columns) if view.viewport is None else \
-                (id(sub.behind), view.columns, view.reverse, view.viewport.ranges().tobytes())
+                (id(sub.behind), view.columns, view.reverse, view.viewport)  # hashed and compared by its ranges' bytes
         hit = shared.get(key) if shared is not None and key is not None else None
         if hit is not None and hit[0] is not sub.behind:
             hit = None
-        if hit is not None and (view.is_full or hit[1] == sub.client_keys):
+        # the keys of subscribers that shared last cycle's message are one object: no comparison
+        if hit is not None and (view.is_full or hit[1] is sub.client_keys or hit[1] == sub.client_keys):
             msg = hit[3]
             if not view.is_full:
                 sub.client_keys = hit[2]
