@@ -14,7 +14,6 @@ shared port, >= 1.0 on gRPC's own).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.flight as fl
+from procstat import cpu_seconds
 
 ANON = fl.FlightCallOptions(headers=[(b"authorization", b"Anonymous")])
 
@@ -57,12 +57,6 @@ def serve_reference(rows: int) -> None:
     print(server.port, flush=True)
     sys.stdin.read()
     server.shutdown()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(kind: str, rows: int) -> tuple[subprocess.Popen, int]:

@@ -38,6 +38,7 @@ import time
 
 import numpy as np
 from machine_stalls import StallProbe
+from procstat import cpu_seconds
 
 TABLE = "fanout"
 
@@ -227,12 +228,6 @@ def client(port: int, full: int, viewports: list, warmup: float, seconds: float,
 
 
 # -- the driver --------------------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(port: int, server_pids: list, full: int, viewports: list, procs: int, warmup: float, seconds: float,
         per_connection: int = 100):
     """Runs the subscribers in `procs` client processes; returns latencies and CPU figures."""

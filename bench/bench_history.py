@@ -52,6 +52,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from procstat import cpu_seconds
+
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
 SEED = 20260101
@@ -309,9 +311,7 @@ class Child:
         return self.read()
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def close(self, quit_cmd: bool) -> None:
         try:

@@ -62,6 +62,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_spark import pct, trades_stream  # noqa: E402 - the same input as bench_spark
+from procstat import cpu_seconds  # noqa: E402
 
 INTERVAL_MS = 20  # the engine cycle of both servers
 
@@ -96,8 +97,7 @@ class RemoteServer:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the server process so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.stdin.close()

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -45,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from bench_fanout import deadlines, producer_period  # noqa: E402 - the streaming benches' producer schedule
 from machine_stalls import StallProbe  # noqa: E402 - the machine's own stalls over the measured seconds
+from procstat import cpu_seconds  # noqa: E402
 
 DH_SCRIPT = r'''
 import threading, time
@@ -115,16 +115,9 @@ def serve_tickwire(interval_ms: float, rows_per_tick: int, web: bool = True, per
     engine.stop()
 
 
-def proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of process `pid` and its threads (a JVM's too)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def tree_cpu(pid: int) -> float:
     """CPU of `pid` and its descendants (Deephaven's server is a JVM under a Python launcher)."""
-    total = proc_cpu(pid)
+    total = cpu_seconds(pid)
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
