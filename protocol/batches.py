@@ -329,7 +329,7 @@ def _message_header(length: int, nodes: list[tuple[int, int]], buffers: list[tup
                     body_length: int) -> bytes:
     """Message{RecordBatch} in Deephaven's builder order (docs/messages.md#record-batch-headers),
     written by FbWriter: the bytes flatbuffers.Builder gives for that order (tests/test_fbwrite.py),
-    at a third of its cost for a few columns; every message a publisher sends has one."""
+    at a fifth of its cost for a few columns; every message a publisher sends has one."""
     w = FbWriter()
     # FieldNode {length, null_count} and Buffer {offset, length}: two little-endian int64 each
     nodes_vec = w.structs_vector(struct.pack(f"<{2 * len(nodes)}q", *chain.from_iterable(nodes)), len(nodes), 8)

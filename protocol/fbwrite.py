@@ -72,9 +72,9 @@ class FbWriter:
 
     def structs_vector(self, data: bytes, count: int, alignment: int) -> int:
         """A vector of `count` structs whose bytes, in vector order, are `data` (each struct's
-        fields little-endian at their offsets, its size a multiple of `alignment`), as the
-        builder's StartVector(len(data) // count, count, alignment), one Create<Struct> per element
-        from the last, and EndVector give."""
+        fields little-endian at their offsets, its size a multiple of `alignment`): what the
+        builder's StartVector(struct size, count, alignment), one Create<Struct> per element from
+        the last, and EndVector give."""
         n = len(data)
         self._prep(4, n)
         self._prep(alignment, n)

@@ -67,7 +67,6 @@ _Shared = dict[tuple[Any, ...], tuple[Optional[TableUpdate], RowSet, RowSet, Mes
 SnapshotHook = Callable[[Table, int, int, int, float, int, int], None]
 
 
-
 class Subscriber:
     """Server-side state of one subscriber (what its client holds, what it has not been sent);
     transports reach it through a SubscriptionHandle."""
