@@ -597,8 +597,7 @@ class Publisher:
         hit = shared.get(key) if shared is not None and key is not None else None
         if hit is not None and hit[0] is not sub.behind:
             hit = None
-        # the keys of subscribers that shared last cycle's message are one object: no comparison
-        if hit is not None and (view.is_full or hit[1] is sub.client_keys or hit[1] == sub.client_keys):
+        if hit is not None and (view.is_full or hit[1] == sub.client_keys):
             msg = hit[3]
             if not view.is_full:
                 sub.client_keys = hit[2]
