@@ -228,6 +228,14 @@ def client(port: int, full: int, viewports: list, warmup: float, seconds: float,
 
 
 # -- the driver --------------------------------------------------------------------------------------
+def page_viewports(keys: int, window: int, pages: int, count: int) -> list[tuple[int, int]]:
+    """`count` viewports of `window` rows, each at one of `pages` page offsets of a `keys`-row
+    table, drawn with a fixed seed (bench_publish uses the same ones)."""
+    rng = np.random.default_rng(3)
+    starts = (np.arange(pages) * window) % max(1, keys - window)
+    return [(int(s), int(s) + window - 1) for s in rng.choice(starts, count)]
+
+
 def run(port: int, server_pids: list, full: int, viewports: list, procs: int, warmup: float, seconds: float,
         per_connection: int = 100):
     """Runs the subscribers in `procs` client processes; returns latencies and CPU figures."""
@@ -313,9 +321,7 @@ def main() -> int:
     try:
         started = json.loads(server.stdout.readline())
         port, pids = started["port"], started["pids"]
-        rng = np.random.default_rng(3)
-        starts = (np.arange(args.pages) * args.window) % max(1, args.keys - args.window)
-        viewports = [(int(s), int(s) + args.window - 1) for s in rng.choice(starts, args.viewport)]
+        viewports = page_viewports(args.keys, args.window, args.pages, args.viewport)
         ref = run(port, pids, 1, [], 1, args.warmup, args.seconds)  # every phase, as the main run
         res = run(port, pids, args.full, viewports, args.procs, args.warmup, args.seconds, args.per_connection)
     finally:

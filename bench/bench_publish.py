@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from bench_fanout import page_viewports
 
 from tickwire.protocol.barrage import SubscriptionOptions
 from tickwire.server.engine import Engine, TableSpec
@@ -85,9 +86,7 @@ def main() -> None:
     if args.quick:
         args.cycles = 40
 
-    rng = np.random.default_rng(3)  # the viewports bench_fanout gives its subscribers
-    starts = (np.arange(args.pages) * args.window) % max(1, args.keys - args.window)
-    viewports = [(int(s), int(s) + args.window - 1) for s in rng.choice(starts, args.viewport)]
+    viewports = page_viewports(args.keys, args.window, args.pages, args.viewport)  # bench_fanout's
     fan = Setup(args.keys, args.full, viewports, seed=1)
     one = Setup(args.keys, 1, [], seed=1)
     costs: dict[str, list[tuple[float, float, int]]] = {"fan": [], "one": []}

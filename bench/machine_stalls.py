@@ -64,8 +64,9 @@ class StallProbe:
 
     def summary(self) -> dict:
         """units: probes run; period_ms: the time between them; median_us: a unit's median CPU
-        time; slow_share: the share of units that took `slow` times the median or more; worst_ms:
-        the slowest unit; bursts: runs of slow units less than 0.5 s apart."""
+        time; slow: the factor over the median that makes a unit slow; slow_share: the share of
+        units that took `slow` times the median or more; worst_ms: the slowest unit; bursts: runs
+        of slow units less than 0.5 s apart."""
         c = np.asarray(self.cpu_us)
         if c.size == 0:
             return {"units": 0}
@@ -73,7 +74,7 @@ class StallProbe:
         slow = c >= self.slow * med
         at = np.asarray(self.at)[slow]
         bursts = int(at.size and 1 + np.count_nonzero(np.diff(at) > 0.5))
-        return {"units": int(c.size), "period_ms": self.period_s * 1e3, "median_us": med,
+        return {"units": int(c.size), "period_ms": self.period_s * 1e3, "median_us": med, "slow": self.slow,
                 "slow_share": float(slow.mean()), "worst_ms": float(c.max() / 1e3), "bursts": bursts}
 
     @staticmethod
@@ -81,7 +82,7 @@ class StallProbe:
         if not s.get("units"):
             return "machine stalls: no probe ran"
         return (f"machine stalls (CPU time of a {s['median_us']:.0f} us unit of work every {s['period_ms']:g} ms): "
-                f"{s['slow_share'] * 100:.1f}% of {s['units']} units took >= 3x it, the worst "
+                f"{s['slow_share'] * 100:.1f}% of {s['units']} units took >= {s['slow']:g}x it, the worst "
                 f"{s['worst_ms']:.1f} ms, in {s['bursts']} bursts over {seconds:g} s")
 
 
